@@ -1,0 +1,45 @@
+# durable_ledger: PGXS build.  The version lives only in durable_ledger.control.
+
+EXTENSION  = durable_ledger
+EXTVERSION = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" $(EXTENSION).control)
+MODULE_big = durable_ledger
+OBJS = \
+	src/module.o \
+	src/canonical.o \
+	src/keys.o \
+	src/lease.o \
+	src/store.o \
+	src/ledger.o \
+	src/drop_guard.o
+DATA = $(wildcard $(EXTENSION)--*.sql)
+PG_CPPFLAGS = -I$(srcdir)/src
+
+# pg_regress suites: one file per concern (sql/ and expected/)
+REGRESS = \
+	install \
+	decisions \
+	occurrences \
+	business_keys \
+	canonical_args \
+	keys \
+	failures \
+	resolution \
+	audit_log \
+	privileges \
+	bad_input \
+	rollback \
+	leases \
+	durability \
+	drop_guard
+REGRESS_OPTS = --load-extension=pgcrypto --load-extension=dblink
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+# The whole test suite in throwaway clusters; see README "Running the tests".
+.PHONY: test deps
+deps:
+	test/install-deps.sh
+test: all
+	test/run-all.sh

@@ -1,0 +1,343 @@
+/* durable_ledger--1.0.sql: declarations only; the work is done in C (src/). */
+
+\echo Use "CREATE EXTENSION durable_ledger" to load this file. \quit
+
+-- ---------------------------------------------------------------------------
+-- Roles.  Roles are cluster-wide: they are created once, when missing, and
+-- outlive DROP EXTENSION (see README).  They carry no LOGIN; an administrator
+-- grants them to the roles applications log in as.
+-- ---------------------------------------------------------------------------
+DO $roles$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'durable_ledger_worker') THEN
+        CREATE ROLE durable_ledger_worker NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'durable_ledger_auditor') THEN
+        CREATE ROLE durable_ledger_auditor NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'durable_ledger_admin') THEN
+        CREATE ROLE durable_ledger_admin NOLOGIN;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('durable_ledger_admin', 'durable_ledger_worker', 'MEMBER') THEN
+        GRANT durable_ledger_worker TO durable_ledger_admin;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('durable_ledger_admin', 'durable_ledger_auditor', 'MEMBER') THEN
+        GRANT durable_ledger_auditor TO durable_ledger_admin;
+    END IF;
+END
+$roles$;
+
+REVOKE ALL ON SCHEMA durable_ledger FROM PUBLIC;
+GRANT USAGE ON SCHEMA durable_ledger
+    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin;
+
+-- ---------------------------------------------------------------------------
+-- What begin_effect returns.
+-- ---------------------------------------------------------------------------
+CREATE TYPE durable_ledger.decision AS (
+    key         text,       -- the effect's idempotency key
+    decision    text,       -- execute | replay | pause | in_progress
+    status      text,       -- the effect's status after this call
+    occurrence  integer,    -- which identical call of this lease epoch; NULL for a business key
+    attempt     integer,    -- 1, or n+1 after n failures of a business key
+    result      jsonb,      -- replay of a completed effect: its result
+    error       jsonb,      -- replay of a failed effect: its error
+    reason      text        -- one sentence explaining replay, pause or in_progress
+);
+
+-- ---------------------------------------------------------------------------
+-- Tables.  Only the extension's functions write them (SECURITY DEFINER);
+-- nobody else has INSERT, UPDATE or DELETE.
+-- ---------------------------------------------------------------------------
+
+-- One row per run: how many lease epochs (attempts) it has had, and who holds
+-- or last held it.
+CREATE TABLE durable_ledger.runs (
+    run                     text PRIMARY KEY,
+    epochs                  bigint NOT NULL CHECK (epochs >= 1),
+    lock_key                bigint NOT NULL,        -- pg_locks: (classid << 32) | objid, objsubid = 17484
+    holder_pid              integer NOT NULL,
+    holder_role             text NOT NULL,
+    holder_application_name text,
+    holder_client_addr      inet,
+    acquired_at             timestamptz NOT NULL,
+    released_at             timestamptz,            -- NULL while the epoch's holder has not released it
+    created_at              timestamptz NOT NULL
+);
+CREATE INDEX runs_lock_key_idx ON durable_ledger.runs (lock_key);
+
+-- One row per idempotency key.
+CREATE TABLE durable_ledger.effects (
+    key             text PRIMARY KEY,
+    run             text NOT NULL,          -- the run whose lease started the current attempt
+    tool            text NOT NULL,
+    args            jsonb NOT NULL,
+    business_key    boolean NOT NULL,
+    occurrence      integer,                -- NULL for a business key
+    attempt         integer NOT NULL CHECK (attempt >= 1),
+    status          text NOT NULL
+                    CHECK (status IN ('started', 'completed', 'failed', 'unknown')),
+    result          jsonb,
+    error           jsonb,
+    meta            jsonb,
+    lease_epoch     bigint NOT NULL,        -- the lease epoch of run that started it
+    holder_pid      integer NOT NULL,       -- the backend that started it
+    created_at      timestamptz NOT NULL,
+    completed_at    timestamptz,
+    resolved_by     text,
+    resolution_note text,
+    conflict        boolean NOT NULL DEFAULT false,
+    CHECK ((occurrence IS NULL) = business_key),
+    CHECK (occurrence IS NULL OR occurrence >= 1)
+) WITH (fillfactor = 85);   -- room for the HOT update that completes an effect
+
+-- Append-only: one row per event.
+CREATE SEQUENCE durable_ledger.audit_log_id_seq;
+CREATE TABLE durable_ledger.audit_log (
+    id                bigint PRIMARY KEY DEFAULT pg_catalog.nextval('durable_ledger.audit_log_id_seq'),
+    logged_at         timestamptz NOT NULL,
+    run               text,
+    key               text,
+    event             text NOT NULL
+                      CHECK (event IN ('lease_acquired', 'lease_released', 'lease_broken',
+                                       'intent', 'replay', 'pause', 'in_progress',
+                                       'completed', 'late_completion', 'failed', 'late_failure',
+                                       'resolved', 'conflict')),
+    detail            jsonb,
+    role_name         text NOT NULL,         -- the calling role, as after SET ROLE
+    session_user_name text NOT NULL,
+    application_name  text,
+    client_addr       inet,
+    backend_pid       integer NOT NULL,
+    lease_epoch       bigint
+);
+ALTER SEQUENCE durable_ledger.audit_log_id_seq OWNED BY durable_ledger.audit_log.id;
+CREATE INDEX audit_log_key_idx ON durable_ledger.audit_log (key);
+CREATE INDEX audit_log_run_idx ON durable_ledger.audit_log (run);
+
+CREATE FUNCTION durable_ledger.refuse_audit_log_change() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    RAISE EXCEPTION 'durable_ledger.audit_log is append-only'
+        USING ERRCODE = '42501',
+              DETAIL = pg_catalog.format('%s is refused on the audit log, for its owner too.', TG_OP);
+END
+$fn$;
+COMMENT ON FUNCTION durable_ledger.refuse_audit_log_change() IS
+    'trigger: refuses UPDATE, DELETE and TRUNCATE on durable_ledger.audit_log';
+
+CREATE TRIGGER audit_log_append_only
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON durable_ledger.audit_log
+    FOR EACH STATEMENT EXECUTE FUNCTION durable_ledger.refuse_audit_log_change();
+
+-- pg_dump keeps the ledger's rows (and the audit sequence's position).
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.runs', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.effects', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.audit_log', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.audit_log_id_seq', '');
+
+-- ---------------------------------------------------------------------------
+-- Views for people.
+-- ---------------------------------------------------------------------------
+
+-- Live leases: granted advisory locks in the extension's lock class (17484)
+-- in this database, matched to their run by the lock key.
+CREATE VIEW durable_ledger.leases AS
+SELECT r.run,
+       l.pid                                                 AS holder_pid,
+       r.epochs                                              AS lease_epoch,
+       CASE WHEN r.holder_pid OPERATOR(pg_catalog.=) l.pid THEN r.holder_role END AS holder_role,
+       COALESCE(a.application_name, r.holder_application_name) AS application_name,
+       COALESCE(a.client_addr, r.holder_client_addr)           AS client_addr,
+       r.acquired_at                                         AS since,
+       a.state                                               AS backend_state
+  FROM pg_catalog.pg_locks l
+  JOIN durable_ledger.runs r
+    ON r.lock_key OPERATOR(pg_catalog.=)
+       ((l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+        OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8)
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+ WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+   AND l.objsubid OPERATOR(pg_catalog.=) 17484
+   AND l.granted
+   AND l.database OPERATOR(pg_catalog.=)
+       (SELECT d.oid FROM pg_catalog.pg_database d
+         WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database());
+
+-- Effects that need a person: outcome unknown (recorded, or a started effect
+-- whose lease is no longer live), or flagged by a contradicting report.
+CREATE VIEW durable_ledger.unresolved AS
+SELECT e.key,
+       e.run,
+       e.tool,
+       CASE WHEN e.status OPERATOR(pg_catalog.=) 'started' THEN 'unknown' ELSE e.status END AS status,
+       e.conflict,
+       CASE
+           WHEN e.conflict THEN
+               'a report contradicts the recorded outcome; a person must decide which is true'
+           ELSE
+               'intent recorded, no completion, and the lease that started it has ended: nobody knows whether the effect happened'
+       END                                          AS reason,
+       e.created_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) e.created_at AS age,
+       e.args,
+       e.meta,
+       e.business_key,
+       e.occurrence,
+       e.attempt,
+       e.lease_epoch
+  FROM durable_ledger.effects e
+ WHERE e.conflict
+    OR e.status OPERATOR(pg_catalog.=) 'unknown'
+    OR (e.status OPERATOR(pg_catalog.=) 'started'
+        AND NOT EXISTS (
+            SELECT 1
+              FROM durable_ledger.runs r
+              JOIN pg_catalog.pg_locks l
+                ON l.locktype OPERATOR(pg_catalog.=) 'advisory'
+               AND l.objsubid OPERATOR(pg_catalog.=) 17484
+               AND l.granted
+               AND l.pid OPERATOR(pg_catalog.=) r.holder_pid
+               AND r.lock_key OPERATOR(pg_catalog.=)
+                   ((l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+                    OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8)
+               AND l.database OPERATOR(pg_catalog.=)
+                   (SELECT d.oid FROM pg_catalog.pg_database d
+                     WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+             WHERE r.run OPERATOR(pg_catalog.=) e.run
+               AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
+               AND r.released_at IS NULL));
+
+-- ---------------------------------------------------------------------------
+-- Functions.  The writers are SECURITY DEFINER with a pinned search_path; every
+-- SQL text they run is schema-qualified (src/store.c).  None is STRICT: a NULL
+-- where a value is required is an error (22004), never a silent NULL answer.
+-- ---------------------------------------------------------------------------
+
+CREATE FUNCTION durable_ledger.canonical_args(args jsonb)
+RETURNS text
+AS 'MODULE_PATHNAME', 'dl_canonical_args'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION durable_ledger.canonical_args(jsonb) IS
+    'the canonical text of args that goes into a derived key';
+
+CREATE FUNCTION durable_ledger.effect_key(run text, tool text, args jsonb, occurrence integer)
+RETURNS text
+AS 'MODULE_PATHNAME', 'dl_effect_key'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION durable_ledger.effect_key(text, text, jsonb, integer) IS
+    'the derived idempotency key of a call, computed without writing anything';
+
+CREATE FUNCTION durable_ledger.acquire_run(run text, wait boolean DEFAULT true)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_acquire_run'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.acquire_run(text, boolean) IS
+    'takes the run''s lease (waiting unless wait is false) and starts a new lease epoch';
+
+CREATE FUNCTION durable_ledger.release_run(run text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_release_run'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.release_run(text) IS
+    'releases the run''s lease held by this session; false when it did not hold it';
+
+CREATE FUNCTION durable_ledger.begin_effect(run text, tool text, args jsonb,
+                                            business_key text DEFAULT NULL,
+                                            meta jsonb DEFAULT NULL)
+RETURNS durable_ledger.decision
+AS 'MODULE_PATHNAME', 'dl_begin_effect'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb) IS
+    'records the intent of a side effect before it happens and says whether to execute, replay, pause or wait';
+
+CREATE FUNCTION durable_ledger.complete_effect(key text, result jsonb)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_complete_effect'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.complete_effect(text, jsonb) IS
+    'records that the effect happened and what it returned';
+
+CREATE FUNCTION durable_ledger.fail_effect(key text, error jsonb)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_fail_effect'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.fail_effect(text, jsonb) IS
+    'declares that the effect definitively did not happen';
+
+CREATE FUNCTION durable_ledger.resolve_effect(key text, outcome text, result jsonb,
+                                              resolved_by text, note text DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_resolve_effect'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.resolve_effect(text, text, jsonb, text, text) IS
+    'a named person''s decision on an effect whose outcome is unknown or contradicted';
+
+CREATE FUNCTION durable_ledger.effect_status(key text)
+RETURNS SETOF durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_effect_status'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+ROWS 1;
+COMMENT ON FUNCTION durable_ledger.effect_status(text) IS
+    'the effect''s row (a started effect whose lease has ended shows as unknown), or no row';
+
+CREATE FUNCTION durable_ledger.break_lease(run text, broken_by text, note text DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_break_lease'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.break_lease(text, text, text) IS
+    'ends a hung holder''s lease by terminating its backend; audited with the name';
+
+-- The guard against dropping a ledger that holds effects.
+CREATE FUNCTION durable_ledger.guard_drop()
+RETURNS event_trigger
+AS 'MODULE_PATHNAME', 'dl_guard_drop'
+LANGUAGE C;
+COMMENT ON FUNCTION durable_ledger.guard_drop() IS
+    'event trigger: refuses DROP EXTENSION durable_ledger (or DROP SCHEMA durable_ledger) while effects exist, unless durable_ledger.allow_drop is on';
+
+CREATE EVENT TRIGGER durable_ledger_guard_drop
+    ON ddl_command_start
+    WHEN TAG IN ('DROP EXTENSION', 'DROP SCHEMA', 'DROP OWNED')
+    EXECUTE FUNCTION durable_ledger.guard_drop();
+
+-- ---------------------------------------------------------------------------
+-- Privileges: nothing for PUBLIC; three group roles carry the capabilities.
+-- ---------------------------------------------------------------------------
+REVOKE ALL ON ALL TABLES IN SCHEMA durable_ledger FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA durable_ledger FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA durable_ledger FROM PUBLIC;
+REVOKE ALL ON TYPE durable_ledger.decision FROM PUBLIC;
+
+GRANT USAGE ON TYPE durable_ledger.decision
+    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin;
+
+GRANT EXECUTE ON FUNCTION
+    durable_ledger.begin_effect(text, text, jsonb, text, jsonb),
+    durable_ledger.complete_effect(text, jsonb),
+    durable_ledger.fail_effect(text, jsonb),
+    durable_ledger.effect_status(text),
+    durable_ledger.effect_key(text, text, jsonb, integer),
+    durable_ledger.canonical_args(jsonb),
+    durable_ledger.acquire_run(text, boolean),
+    durable_ledger.release_run(text)
+    TO durable_ledger_worker;
+
+GRANT SELECT ON durable_ledger.effects, durable_ledger.runs, durable_ledger.audit_log,
+                durable_ledger.leases, durable_ledger.unresolved
+    TO durable_ledger_auditor;
+
+GRANT EXECUTE ON FUNCTION
+    durable_ledger.resolve_effect(text, text, jsonb, text, text),
+    durable_ledger.break_lease(text, text, text)
+    TO durable_ledger_admin;

@@ -1,0 +1,141 @@
+/*
+ * canonical.c: the canonical text of a call's args.
+ *
+ * Two calls whose args mean the same JSON value must get the same key, so
+ * the key material holds a canonical text of args instead of what the client
+ * sent.  jsonb has already dropped white space and duplicate object keys (the
+ * last one wins) and stores object keys in its own order: shorter keys first,
+ * keys of equal length by their bytes.  What is left is written here:
+ *
+ *   - no white space at all; ',' and ':' as separators;
+ *   - object keys in jsonb's order (above);
+ *   - strings as jsonb prints them (escape_json), byte for byte, no Unicode
+ *     normalization;
+ *   - numbers in plain decimal notation without trailing fractional zeros:
+ *     1, 1.0, 1.00 and 10e-1 all give "1"; -0 gives "0"; 1e3 gives "1000";
+ *   - true, false, null.
+ *
+ * The README documents the same rules for people recomputing keys elsewhere.
+ */
+#include "postgres.h"
+
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+#include "utils/numeric.h"
+
+#include "durable_ledger.h"
+
+static void
+append_number(StringInfo out, Numeric num)
+{
+	Datum		trimmed;
+	char	   *text;
+
+	trimmed = DirectFunctionCall1(numeric_trim_scale, NumericGetDatum(num));
+	text = DatumGetCString(DirectFunctionCall1(numeric_out, trimmed));
+
+	/* numeric keeps the sign of a negative zero ("-0"); the key must not */
+	if (strcmp(text, "-0") == 0)
+		appendStringInfoChar(out, '0');
+	else
+		appendStringInfoString(out, text);
+	pfree(text);
+}
+
+static void
+append_scalar(StringInfo out, const JsonbValue *v)
+{
+	switch (v->type)
+	{
+		case jbvNull:
+			appendStringInfoString(out, "null");
+			break;
+		case jbvBool:
+			appendStringInfoString(out, v->val.boolean ? "true" : "false");
+			break;
+		case jbvNumeric:
+			append_number(out, v->val.numeric);
+			break;
+		case jbvString:
+			{
+				char	   *s = pnstrdup(v->val.string.val, v->val.string.len);
+
+				escape_json(out, s);
+				pfree(s);
+				break;
+			}
+		default:
+			elog(ERROR, "unexpected jsonb scalar type %d", (int) v->type);
+	}
+}
+
+/*
+ * Appends the canonical text of args to out.  The iterator walks the value
+ * without recursion, so deeply nested input cannot exhaust the stack here.
+ */
+void
+dl_append_canonical_args(StringInfo out, Jsonb *args)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	bool		need_comma = false;
+
+	/* a bare scalar is stored as a one-element pseudo array: write it alone */
+	if (JB_ROOT_IS_SCALAR(args))
+	{
+		if (!JsonbExtractScalar(&args->root, &v))
+			elog(ERROR, "could not extract the scalar of a scalar jsonb");
+		append_scalar(out, &v);
+		return;
+	}
+
+	it = JsonbIteratorInit(&args->root);
+	while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	{
+		switch (tok)
+		{
+			case WJB_BEGIN_ARRAY:
+				if (need_comma)
+					appendStringInfoChar(out, ',');
+				appendStringInfoChar(out, '[');
+				need_comma = false;
+				break;
+			case WJB_BEGIN_OBJECT:
+				if (need_comma)
+					appendStringInfoChar(out, ',');
+				appendStringInfoChar(out, '{');
+				need_comma = false;
+				break;
+			case WJB_END_ARRAY:
+				appendStringInfoChar(out, ']');
+				need_comma = true;
+				break;
+			case WJB_END_OBJECT:
+				appendStringInfoChar(out, '}');
+				need_comma = true;
+				break;
+			case WJB_KEY:
+				if (need_comma)
+					appendStringInfoChar(out, ',');
+				append_scalar(out, &v);
+				appendStringInfoChar(out, ':');
+				need_comma = false;
+				break;
+			case WJB_VALUE:
+				append_scalar(out, &v);
+				need_comma = true;
+				break;
+			case WJB_ELEM:
+				if (need_comma)
+					appendStringInfoChar(out, ',');
+				append_scalar(out, &v);
+				need_comma = true;
+				break;
+			default:
+				elog(ERROR, "unexpected jsonb iterator token %d", (int) tok);
+		}
+	}
+}

@@ -1,0 +1,537 @@
+/*
+ * lease.c: the per-run lease, its epochs and its occurrence counters.
+ *
+ * A lease is a session-level advisory lock (through the lock manager, in the
+ * extension's own lock class DL_LOCK_CLASS) on a 64-bit hash of the run.  This
+ * backend keeps a table of the runs it holds, so that the lock is taken once
+ * per run however many calls follow, and so that every call can check with
+ * LockHeldByMe() that the lock is really still held: DISCARD ALL and
+ * pg_advisory_unlock_all() drop it behind our back.
+ *
+ * Each acquisition starts a lease epoch (a row update in durable_ledger.runs);
+ * within an epoch, identical calls (same tool, same canonical args) are
+ * numbered 1, 2, ... by an in-memory counter.  Counters and epochs must roll
+ * back with the (sub)transaction that advanced them, or a retried run's keys
+ * would drift and a replay would pay twice.  So every change is pushed on an
+ * undo log, which is unwound on (sub)transaction abort and forgotten on
+ * commit.  The lock itself is not transactional, like any session lock.
+ *
+ * Runs are keyed by their lock key; the run text is kept and compared, so a
+ * 64-bit hash collision is reported instead of silently sharing a lease.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "common/hashfn.h"
+#include "miscadmin.h"
+#include "storage/lock.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+
+#include "durable_ledger.h"
+
+/* The seed of the run -> lock key hash; changing it changes every lock key. */
+#define RUN_LOCK_KEY_SEED UINT64CONST(0x64757261626c65)
+
+/* What identical calls are counted by: tool and canonical args. */
+typedef struct CallKey
+{
+	uint32		hash;
+	int			len;
+	char	   *bytes;			/* tool, '\0', canonical args */
+} CallKey;
+
+typedef struct CallCounter
+{
+	CallKey		key;			/* must be first */
+	int32		count;
+} CallCounter;
+
+struct HeldRun
+{
+	uint64		lock_key;		/* hash key; must be first */
+	char	   *run;
+	int64		epoch;			/* 0: lock held, no epoch (its start rolled back) */
+	uint64		generation;		/* identifies the counters of this epoch */
+	MemoryContext epoch_cxt;	/* holds counters; NULL when epoch is 0 */
+	HTAB	   *counters;
+};
+
+typedef enum UndoKind
+{
+	UNDO_COUNT,					/* a counter was advanced */
+	UNDO_EPOCH					/* a new epoch replaced the previous one */
+} UndoKind;
+
+typedef struct UndoEntry
+{
+	UndoKind	kind;
+	SubTransactionId subid;
+	uint64		lock_key;
+	uint64		generation;		/* of the epoch the change belongs to */
+	CallCounter *counter;		/* UNDO_COUNT */
+	int64		old_epoch;		/* UNDO_EPOCH: what to restore */
+	uint64		old_generation;
+	MemoryContext old_cxt;
+	HTAB	   *old_counters;
+} UndoEntry;
+
+static MemoryContext lease_cxt = NULL;
+static HTAB *held_runs = NULL;
+static uint64 next_generation = 1;
+
+static UndoEntry *undo_log = NULL;
+static int	undo_len = 0;
+static int	undo_cap = 0;
+
+static void
+ensure_state(void)
+{
+	HASHCTL		ctl;
+
+	if (held_runs != NULL)
+		return;
+	lease_cxt = AllocSetContextCreate(TopMemoryContext, "durable_ledger leases",
+									  ALLOCSET_SMALL_SIZES);
+	ctl.keysize = sizeof(uint64);
+	ctl.entrysize = sizeof(HeldRun);
+	ctl.hcxt = lease_cxt;
+	held_runs = hash_create("durable_ledger held runs", 16, &ctl,
+							HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+}
+
+uint64
+dl_run_lock_key(const char *run)
+{
+	return hash_bytes_extended((const unsigned char *) run, strlen(run),
+							   RUN_LOCK_KEY_SEED);
+}
+
+static void
+set_lock_tag(LOCKTAG *tag, uint64 lock_key)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (lock_key >> 32),
+						 (uint32) lock_key, DL_LOCK_CLASS);
+}
+
+static bool
+lock_held_by_me(uint64 lock_key)
+{
+	LOCKTAG		tag;
+
+	set_lock_tag(&tag, lock_key);
+	return LockHeldByMe(&tag, ExclusiveLock);
+}
+
+/* ---------- counters ---------- */
+
+static uint32
+call_key_hash(const void *key, Size keysize)
+{
+	return ((const CallKey *) key)->hash;
+}
+
+static int
+call_key_match(const void *a, const void *b, Size keysize)
+{
+	const CallKey *ka = a;
+	const CallKey *kb = b;
+
+	if (ka->hash != kb->hash || ka->len != kb->len)
+		return 1;
+	return memcmp(ka->bytes, kb->bytes, ka->len);
+}
+
+static HTAB *
+create_counters(MemoryContext cxt)
+{
+	HASHCTL		ctl;
+
+	ctl.keysize = sizeof(CallKey);
+	ctl.entrysize = sizeof(CallCounter);
+	ctl.hash = call_key_hash;
+	ctl.match = call_key_match;
+	ctl.hcxt = cxt;
+	return hash_create("durable_ledger occurrence counters", 32, &ctl,
+					   HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+}
+
+/* ---------- undo log ---------- */
+
+static UndoEntry *
+push_undo(UndoKind kind, const HeldRun *held)
+{
+	UndoEntry  *e;
+
+	if (undo_len == undo_cap)
+	{
+		int			new_cap = undo_cap == 0 ? 64 : undo_cap * 2;
+
+		if (undo_log == NULL)
+			undo_log = MemoryContextAlloc(lease_cxt, new_cap * sizeof(UndoEntry));
+		else
+			undo_log = repalloc(undo_log, new_cap * sizeof(UndoEntry));
+		undo_cap = new_cap;
+	}
+	e = &undo_log[undo_len++];
+	memset(e, 0, sizeof(UndoEntry));
+	e->kind = kind;
+	e->subid = GetCurrentSubTransactionId();
+	e->lock_key = held->lock_key;
+	e->generation = held->generation;
+	return e;
+}
+
+static void
+undo_one(UndoEntry *e)
+{
+	HeldRun    *held = hash_search(held_runs, &e->lock_key, HASH_FIND, NULL);
+	bool		current = held != NULL && held->generation == e->generation;
+
+	switch (e->kind)
+	{
+		case UNDO_COUNT:
+			if (current)
+				e->counter->count--;
+			break;
+		case UNDO_EPOCH:
+			if (current)
+			{
+				if (held->epoch_cxt != NULL)
+					MemoryContextDelete(held->epoch_cxt);
+				held->epoch = e->old_epoch;
+				held->generation = e->old_generation;
+				held->epoch_cxt = e->old_cxt;
+				held->counters = e->old_counters;
+			}
+			else if (e->old_cxt != NULL)
+				MemoryContextDelete(e->old_cxt);	/* the run was released since */
+			break;
+	}
+}
+
+/* Unwinds every change made at or below subid (all of them for top level). */
+static void
+undo_to(SubTransactionId subid)
+{
+	while (undo_len > 0 && undo_log[undo_len - 1].subid >= subid)
+		undo_one(&undo_log[--undo_len]);
+}
+
+void
+dl_lease_xact_callback(bool commit)
+{
+	int			i;
+
+	if (undo_len == 0)
+		return;
+	if (commit)
+	{
+		/* the replaced epochs are gone for good */
+		for (i = 0; i < undo_len; i++)
+			if (undo_log[i].kind == UNDO_EPOCH && undo_log[i].old_cxt != NULL)
+				MemoryContextDelete(undo_log[i].old_cxt);
+		undo_len = 0;
+	}
+	else
+		undo_to(InvalidSubTransactionId);
+}
+
+void
+dl_lease_subxact_abort(SubTransactionId subid)
+{
+	undo_to(subid);
+}
+
+void
+dl_lease_subxact_commit(SubTransactionId subid, SubTransactionId parent)
+{
+	int			i;
+
+	for (i = undo_len - 1; i >= 0 && undo_log[i].subid >= subid; i--)
+		undo_log[i].subid = parent;
+}
+
+/* ---------- epochs ---------- */
+
+/* Makes epoch the held run's current epoch, with fresh counters. */
+static void
+start_epoch(HeldRun *held, int64 epoch)
+{
+	UndoEntry  *e = push_undo(UNDO_EPOCH, held);
+
+	e->old_epoch = held->epoch;
+	e->old_generation = held->generation;
+	e->old_cxt = held->epoch_cxt;
+	e->old_counters = held->counters;
+
+	held->epoch_cxt = AllocSetContextCreate(lease_cxt, "durable_ledger lease epoch",
+											ALLOCSET_DEFAULT_SIZES);
+	held->counters = create_counters(held->epoch_cxt);
+	held->generation = next_generation++;
+	held->epoch = epoch;
+	/* the undo entry belongs to the new generation: undoing it restores the old */
+	e->generation = held->generation;
+}
+
+static HeldRun *
+find_held(const char *run, uint64 lock_key)
+{
+	HeldRun    *held;
+
+	ensure_state();
+	held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
+	if (held != NULL && strcmp(held->run, run) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("runs \"%s\" and \"%s\" share a lease lock key", held->run, run),
+				 errdetail("Both hash to lock key %llu; release one before using the other.",
+						   (unsigned long long) lock_key)));
+	return held;
+}
+
+/*
+ * Takes the run's lock; returns false when wait is false and another session
+ * holds it.  *waited tells whether the lock had to be waited for.  A wait
+ * honours lock_timeout (55P03) and deadlock detection.
+ */
+static bool
+take_lock(uint64 lock_key, bool wait, bool *waited)
+{
+	LOCKTAG		tag;
+	LockAcquireResult res;
+
+	set_lock_tag(&tag, lock_key);
+	*waited = false;
+	res = LockAcquireExtended(&tag, ExclusiveLock, true, true, true, NULL);
+	if (res == LOCKACQUIRE_NOT_AVAIL)
+	{
+		if (!wait)
+			return false;
+		*waited = true;
+		res = LockAcquireExtended(&tag, ExclusiveLock, true, false, true, NULL);
+	}
+	/*
+	 * Already held without an entry (an error struck between taking the lock
+	 * and recording it): keep one hold, never a stack of them.
+	 */
+	if (res == LOCKACQUIRE_ALREADY_HELD || res == LOCKACQUIRE_ALREADY_CLEAR)
+		LockRelease(&tag, ExclusiveLock, true);
+	return true;
+}
+
+static HeldRun *
+add_held(const char *run, uint64 lock_key)
+{
+	HeldRun    *held;
+	bool		found;
+
+	held = hash_search(held_runs, &lock_key, HASH_ENTER, &found);
+	Assert(!found);
+	held->run = MemoryContextStrdup(lease_cxt, run);
+	held->epoch = 0;
+	held->generation = next_generation++;
+	held->epoch_cxt = NULL;
+	held->counters = NULL;
+	return held;
+}
+
+static void
+check_lease_capacity(const char *run)
+{
+	if (hash_get_num_entries(held_runs) >= dl_max_leases_per_session)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("this session already holds %d leases, cannot take run \"%s\"",
+						dl_max_leases_per_session, run),
+				 errdetail("Every lease is a lock in the shared lock table, which is shared by all sessions."),
+				 errhint("Release runs that are over with durable_ledger.release_run(), or raise durable_ledger.max_leases_per_session.")));
+}
+
+static void
+report_lost_lease(const char *run)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("the lease on run \"%s\" was lost", run),
+			 errdetail("This session's lock on the run was released behind the ledger's back (DISCARD ALL, pg_advisory_unlock_all() or a pooler resetting the connection)."),
+			 errhint("Start a new attempt with durable_ledger.acquire_run().")));
+}
+
+/*
+ * The lease a begin_effect relies on: the session's current epoch of run.
+ * Takes the lease (waiting) and starts an epoch when the session does not
+ * hold the run; fails when the lock was lost behind our back, since silently
+ * starting a new epoch mid-attempt would renumber the attempt's calls.
+ */
+HeldRun *
+dl_lease_for_call(const char *run)
+{
+	uint64		lock_key = dl_run_lock_key(run);
+	HeldRun    *held = find_held(run, lock_key);
+	bool		waited = false;
+
+	if (held != NULL)
+	{
+		if (!lock_held_by_me(lock_key))
+			report_lost_lease(run);
+	}
+	else
+	{
+		check_lease_capacity(run);
+		take_lock(lock_key, true, &waited);
+		held = add_held(run, lock_key);
+	}
+	if (held->epoch == 0)
+	{
+		int64		epoch = dl_store_start_epoch(run, lock_key, waited);
+
+		start_epoch(held, epoch);
+	}
+	return held;
+}
+
+int64
+dl_lease_epoch(const HeldRun *held)
+{
+	return held->epoch;
+}
+
+const char *
+dl_lease_run(const HeldRun *held)
+{
+	return held->run;
+}
+
+/* Advances and returns the occurrence number of (tool, canonical args). */
+int32
+dl_lease_next_occurrence(HeldRun *held, const char *tool, const char *canon,
+						 int canon_len)
+{
+	size_t		tool_len = strlen(tool);
+	CallKey		probe;
+	CallCounter *counter;
+	bool		found;
+	UndoEntry  *e;
+
+	probe.len = tool_len + 1 + canon_len;
+	probe.bytes = palloc(probe.len);
+	memcpy(probe.bytes, tool, tool_len + 1);
+	memcpy(probe.bytes + tool_len + 1, canon, canon_len);
+	probe.hash = hash_bytes((const unsigned char *) probe.bytes, probe.len);
+
+	counter = hash_search(held->counters, &probe, HASH_FIND, NULL);
+	if (counter == NULL)
+	{
+		char	   *kept = MemoryContextAlloc(held->epoch_cxt, probe.len);
+
+		memcpy(kept, probe.bytes, probe.len);
+		probe.bytes = kept;
+		counter = hash_search(held->counters, &probe, HASH_ENTER, &found);
+		counter->count = 0;
+	}
+	if (counter->count == PG_INT32_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("too many identical calls in one lease epoch of run \"%s\"", held->run)));
+
+	e = push_undo(UNDO_COUNT, held);
+	e->counter = counter;
+	counter->count++;
+	return counter->count;
+}
+
+/* acquire_run: take the lease if needed, and start a new epoch in any case. */
+bool
+dl_lease_acquire(const char *run, bool wait)
+{
+	uint64		lock_key = dl_run_lock_key(run);
+	HeldRun    *held = find_held(run, lock_key);
+	bool		waited = false;
+	int64		epoch;
+
+	if (held == NULL)
+	{
+		check_lease_capacity(run);
+		if (!take_lock(lock_key, wait, &waited))
+			return false;
+		held = add_held(run, lock_key);
+	}
+	else if (!lock_held_by_me(lock_key))
+	{
+		/* lost behind our back: this is the new attempt the error asked for */
+		if (!take_lock(lock_key, wait, &waited))
+			return false;
+	}
+	epoch = dl_store_start_epoch(run, lock_key, waited);
+	start_epoch(held, epoch);
+	return true;
+}
+
+/*
+ * release_run: drops the lock and forgets the run.  Returns false when this
+ * session did not hold it (also when the lock had been lost).  Not
+ * transactional: like any session lock, it stays released if the
+ * transaction then rolls back.
+ */
+bool
+dl_lease_release(const char *run)
+{
+	uint64		lock_key = dl_run_lock_key(run);
+	HeldRun    *held = find_held(run, lock_key);
+	bool		was_held;
+	int64		epoch;
+
+	if (held == NULL)
+		return false;
+
+	was_held = lock_held_by_me(lock_key);
+	if (was_held)
+	{
+		LOCKTAG		tag;
+
+		set_lock_tag(&tag, lock_key);
+		LockRelease(&tag, ExclusiveLock, true);
+	}
+	epoch = held->epoch;
+	if (held->epoch_cxt != NULL)
+		MemoryContextDelete(held->epoch_cxt);
+	pfree(held->run);
+	hash_search(held_runs, &lock_key, HASH_REMOVE, NULL);
+
+	if (was_held)
+		dl_store_end_epoch(run, epoch);
+	return was_held;
+}
+
+/*
+ * Is the lease that started an effect (run, epoch) still live?  It is when
+ * its epoch is the run's current one, not released, and somebody holds the
+ * run's lock.  A lock taken by a newcomer whose epoch is not committed yet
+ * also counts as live: the conservative answer ("may still be in flight").
+ */
+bool
+dl_lease_is_live(const char *run, int64 epoch)
+{
+	uint64		lock_key = dl_run_lock_key(run);
+	HeldRun    *held = find_held(run, lock_key);
+	int64		current_epoch;
+	bool		released;
+	LOCKTAG		tag;
+	LockAcquireResult res;
+
+	if (held != NULL && lock_held_by_me(lock_key))
+		return held->epoch == epoch;
+
+	if (!dl_store_run_state(run, &current_epoch, &released) ||
+		current_epoch != epoch || released)
+		return false;
+
+	/* probe the lock without waiting; a transaction-level hold, let go at once */
+	set_lock_tag(&tag, lock_key);
+	res = LockAcquireExtended(&tag, ExclusiveLock, false, true, true, NULL);
+	if (res == LOCKACQUIRE_NOT_AVAIL)
+		return true;
+	LockRelease(&tag, ExclusiveLock, false);
+	return false;
+}

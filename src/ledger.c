@@ -1,0 +1,633 @@
+/*
+ * ledger.c: the SQL-callable ledger functions and the decisions they make.
+ *
+ * Uniqueness comes from the primary key of durable_ledger.effects: an intent
+ * is an INSERT ... ON CONFLICT DO NOTHING, and whoever does not insert reads
+ * the row that is there and decides from it.  The lease only serialises the
+ * occurrence counting of one run.  An outcome that nobody knows is never
+ * guessed: it pauses the run until a person resolves it.
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/jsonb.h"
+#include "utils/tuplestore.h"
+
+#include "durable_ledger.h"
+
+PG_FUNCTION_INFO_V1(dl_begin_effect);
+PG_FUNCTION_INFO_V1(dl_complete_effect);
+PG_FUNCTION_INFO_V1(dl_fail_effect);
+PG_FUNCTION_INFO_V1(dl_resolve_effect);
+PG_FUNCTION_INFO_V1(dl_effect_status);
+PG_FUNCTION_INFO_V1(dl_acquire_run);
+PG_FUNCTION_INFO_V1(dl_release_run);
+PG_FUNCTION_INFO_V1(dl_break_lease);
+
+/* How often a decision is retried when the row changed under it. */
+#define MAX_DECISION_ROUNDS 16
+
+/* How long break_lease waits for the holder's backend to end. */
+#define BREAK_LEASE_WAIT_MS 10000
+
+static const char *const status_names[] = {
+	[EFFECT_STARTED] = "started",
+	[EFFECT_COMPLETED] = "completed",
+	[EFFECT_FAILED] = "failed",
+	[EFFECT_UNKNOWN] = "unknown",
+};
+
+const char *
+dl_status_name(EffectStatus status)
+{
+	return status_names[status];
+}
+
+EffectStatus
+dl_status_from_name(const char *name)
+{
+	int			i;
+
+	for (i = 0; i < lengthof(status_names); i++)
+		if (strcmp(name, status_names[i]) == 0)
+			return (EffectStatus) i;
+	elog(ERROR, "unrecognized effect status \"%s\"", name);
+	return EFFECT_UNKNOWN;		/* keep compiler quiet */
+}
+
+static bool
+jsonb_equal(Jsonb *a, Jsonb *b)
+{
+	if (a == NULL || b == NULL)
+		return a == b;
+	return compareJsonbContainers(&a->root, &b->root) == 0;
+}
+
+static void
+spi_connect(void)
+{
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+}
+
+static void
+spi_finish(void)
+{
+	if (SPI_finish() != SPI_OK_FINISH)
+		elog(ERROR, "SPI_finish failed");
+}
+
+static void
+report_unknown_key(const char *key)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_UNDEFINED_OBJECT),
+			 errmsg("effect \"%s\" does not exist", key),
+			 errhint("Keys come from durable_ledger.begin_effect().")));
+}
+
+/* ======================================================================
+ * begin_effect
+ * ====================================================================== */
+
+typedef enum DecisionKind
+{
+	DECIDE_EXECUTE,
+	DECIDE_REPLAY,
+	DECIDE_PAUSE,
+	DECIDE_IN_PROGRESS
+} DecisionKind;
+
+static const char *const decision_names[] = {
+	[DECIDE_EXECUTE] = "execute",
+	[DECIDE_REPLAY] = "replay",
+	[DECIDE_PAUSE] = "pause",
+	[DECIDE_IN_PROGRESS] = "in_progress",
+};
+
+typedef struct Decision
+{
+	DecisionKind kind;
+	EffectStatus status;
+	int32		attempt;
+	Jsonb	   *result;
+	Jsonb	   *error;
+	char	   *reason;
+} Decision;
+
+/* A business key names one operation: the same tool with the same args. */
+static void
+check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row)
+{
+	StringInfoData recorded;
+
+	if (strcmp(row->tool, intent->tool) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("business key \"%s\" is already used by a different call", intent->key),
+				 errdetail("It was begun with tool \"%s\"; this call has tool \"%s\".",
+						   row->tool, intent->tool),
+				 errhint("A business key identifies one operation: the same tool with the same arguments.")));
+
+	initStringInfo(&recorded);
+	dl_append_canonical_args(&recorded, row->args);
+	if (strcmp(recorded.data, canon) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("business key \"%s\" is already used by a different call", intent->key),
+				 errdetail("It was begun with other arguments for tool \"%s\".", row->tool),
+				 errhint("A business key identifies one operation: the same tool with the same arguments.")));
+}
+
+static void
+audit_decision(const NewIntent *intent, const char *event, const Decision *d,
+			   const char *detail_name, const char *detail_value)
+{
+	DetailBuilder detail;
+
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, detail_name, detail_value);
+	if (d->kind == DECIDE_EXECUTE)
+		dl_detail_int(&detail, "attempt", d->attempt);
+	dl_audit(intent->run, intent->key, event, dl_detail_finish(&detail),
+			 intent->lease_epoch);
+}
+
+/*
+ * Decides what to do with intent, writing what the decision needs.  The
+ * common case is one INSERT; an existing row is read with a fresh snapshot
+ * and changed only with a conditional UPDATE that re-checks what was read,
+ * so concurrent reports are never overwritten.
+ */
+static void
+decide(const NewIntent *intent, const char *canon, Decision *d)
+{
+	int			round;
+
+	for (round = 0; round < MAX_DECISION_ROUNDS; round++)
+	{
+		EffectRow	row;
+
+		if (dl_store_insert_intent(intent))
+		{
+			d->kind = DECIDE_EXECUTE;
+			d->status = EFFECT_STARTED;
+			d->attempt = 1;
+			dl_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch);
+			dl_note_durable_write();
+			return;
+		}
+		if (!dl_store_fetch_effect(intent->key, false, &row))
+			continue;			/* the conflicting insert rolled back: try again */
+
+		if (intent->business_key)
+			check_same_call(intent, canon, &row);
+
+		d->status = row.status;
+		d->attempt = row.attempt;
+
+		if (row.conflict)
+		{
+			d->kind = DECIDE_PAUSE;
+			d->reason = "contradicting reports about this effect were recorded; a person must resolve it with durable_ledger.resolve_effect()";
+			audit_decision(intent, "pause", d, "cause", "conflict");
+			return;
+		}
+
+		switch (row.status)
+		{
+			case EFFECT_COMPLETED:
+				d->kind = DECIDE_REPLAY;
+				d->result = row.result;
+				d->reason = psprintf("the effect completed in an earlier attempt; its recorded result is returned and it must not be performed again");
+				audit_decision(intent, "replay", d, "status", "completed");
+				return;
+
+			case EFFECT_FAILED:
+				if (!intent->business_key)
+				{
+					d->kind = DECIDE_REPLAY;
+					d->error = row.error;
+					d->reason = "the effect failed in an earlier attempt; its recorded error is returned (call again for a new occurrence, or start a new run)";
+					audit_decision(intent, "replay", d, "status", "failed");
+					return;
+				}
+				if (dl_store_restart_business_key(intent, row.attempt))
+				{
+					d->kind = DECIDE_EXECUTE;
+					d->status = EFFECT_STARTED;
+					d->attempt = row.attempt + 1;
+					audit_decision(intent, "intent", d, "after", "failed");
+					dl_note_durable_write();
+					return;
+				}
+				continue;		/* changed under us: read again */
+
+			case EFFECT_UNKNOWN:
+				d->kind = DECIDE_PAUSE;
+				d->reason = "the outcome of an earlier attempt is unknown: its intent was recorded and no completion arrived before its lease ended; a person must resolve it with durable_ledger.resolve_effect()";
+				audit_decision(intent, "pause", d, "cause", "unknown");
+				return;
+
+			case EFFECT_STARTED:
+				if (dl_lease_is_live(row.run, row.lease_epoch))
+				{
+					d->kind = DECIDE_IN_PROGRESS;
+					d->reason = psprintf("run \"%s\" is performing this effect right now under a live lease; ask again later",
+										 row.run);
+					audit_decision(intent, "in_progress", d, "holder_run", row.run);
+					return;
+				}
+				if (dl_store_mark_unknown(intent->key, row.lease_epoch))
+				{
+					d->kind = DECIDE_PAUSE;
+					d->status = EFFECT_UNKNOWN;
+					d->reason = "the outcome of an earlier attempt is unknown: its intent was recorded and no completion arrived before its lease ended; a person must resolve it with durable_ledger.resolve_effect()";
+					audit_decision(intent, "pause", d, "cause", "lease ended");
+					return;
+				}
+				continue;		/* completed or failed meanwhile: read again */
+		}
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("effect \"%s\" kept changing while a decision was being made", intent->key),
+			 errhint("Retry the call.")));
+}
+
+/*
+ * begin_effect(run text, tool text, args jsonb, business_key text, meta jsonb)
+ * RETURNS durable_ledger.decision
+ */
+Datum
+dl_begin_effect(PG_FUNCTION_ARGS)
+{
+	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
+	char	   *tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
+	Jsonb	   *args = dl_required_jsonb_arg(fcinfo, 2, "args");
+	char	   *business_key = NULL;
+	MemoryContext call_cxt = CurrentMemoryContext;
+	TupleDesc	desc;
+	StringInfoData canon;
+	NewIntent	intent;
+	HeldRun    *held;
+	char		derived_key[DL_KEY_HEX_LEN + 1];
+	Decision	d = {0};
+	Datum		values[8];
+	bool		nulls[8] = {false};
+	HeapTuple	tuple;
+
+	if (!PG_ARGISNULL(3))
+	{
+		business_key = dl_required_text_arg(fcinfo, 3, "business_key",
+											DL_MAX_BUSINESS_KEY_CHARS);
+		dl_check_business_key(business_key);
+	}
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "begin_effect must return durable_ledger.decision");
+	desc = BlessTupleDesc(desc);
+
+	initStringInfo(&canon);
+	dl_append_canonical_args(&canon, args);
+
+	spi_connect();
+	held = dl_lease_for_call(run);
+
+	intent.run = run;
+	intent.tool = tool;
+	intent.args = args;
+	intent.meta = dl_optional_jsonb_arg(fcinfo, 4);
+	intent.lease_epoch = dl_lease_epoch(held);
+	intent.business_key = business_key != NULL;
+	if (business_key != NULL)
+	{
+		intent.key = business_key;
+		intent.occurrence = 0;
+	}
+	else
+	{
+		intent.occurrence = dl_lease_next_occurrence(held, tool, canon.data, canon.len);
+		dl_derive_key(run, tool, canon.data, canon.len, intent.occurrence, derived_key);
+		intent.key = derived_key;
+	}
+
+	decide(&intent, canon.data, &d);
+
+	/* form the answer where it outlives SPI_finish */
+	values[0] = CStringGetTextDatum(intent.key);
+	values[1] = CStringGetTextDatum(decision_names[d.kind]);
+	values[2] = CStringGetTextDatum(dl_status_name(d.status));
+	values[3] = Int32GetDatum(intent.occurrence);
+	nulls[3] = intent.business_key;
+	values[4] = Int32GetDatum(d.attempt);
+	values[5] = PointerGetDatum(d.result);
+	nulls[5] = d.result == NULL;
+	values[6] = PointerGetDatum(d.error);
+	nulls[6] = d.error == NULL;
+	values[7] = d.reason ? CStringGetTextDatum(d.reason) : (Datum) 0;
+	nulls[7] = d.reason == NULL;
+	MemoryContextSwitchTo(call_cxt);
+	tuple = heap_form_tuple(desc, values, nulls);
+	spi_finish();
+
+	PG_RETURN_DATUM(HeapTupleGetDatum(tuple));
+}
+
+/* ======================================================================
+ * complete_effect, fail_effect: reports from the worker
+ * ====================================================================== */
+
+static Datum
+return_effect_row(FunctionCallInfo fcinfo, const char *key)
+{
+	TupleDesc	desc;
+	HeapTuple	tuple;
+	Datum		result;
+
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "function must return durable_ledger.effects");
+	desc = BlessTupleDesc(desc);
+	tuple = dl_store_effect_tuple(key, false, desc);
+	if (tuple == NULL)
+		report_unknown_key(key);
+	result = PointerGetDatum(SPI_returntuple(tuple, desc));
+	return result;
+}
+
+/*
+ * Keeps a report that contradicts the record: never applied, never lost.
+ * Raising an error would roll the evidence back, so the caller gets a WARNING.
+ */
+static void
+record_conflict(const EffectRow *row, EffectStatus reported, Jsonb *value)
+{
+	DetailBuilder detail;
+
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "report", dl_status_name(reported));
+	dl_detail_jsonb(&detail, reported == EFFECT_COMPLETED ? "result" : "error", value);
+	dl_detail_text(&detail, "recorded_status", dl_status_name(row->status));
+	dl_detail_jsonb(&detail, "recorded_result", row->result);
+	dl_detail_jsonb(&detail, "recorded_error", row->error);
+	dl_audit(row->run, row->key, "conflict", dl_detail_finish(&detail), row->lease_epoch);
+	dl_store_set_conflict(row->key);
+	dl_note_durable_write();
+
+	ereport(WARNING,
+			(errmsg("report \"%s\" for effect \"%s\" contradicts its recorded outcome",
+					dl_status_name(reported), row->key),
+			 errdetail("The effect is recorded as %s. The report was kept in the audit log as a conflict and the effect is flagged for a person; nothing else changed.",
+					   dl_status_name(row->status)),
+			 errhint("A person resolves it with durable_ledger.resolve_effect().")));
+}
+
+/* A worker's report that the effect ended as reported (completed or failed). */
+static Datum
+report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
+{
+	char	   *key = dl_required_text_arg(fcinfo, 0, "key", 0);
+	Jsonb	   *value = dl_optional_jsonb_arg(fcinfo, 1);
+	EffectRow	row;
+	Datum		result;
+
+	spi_connect();
+	if (!dl_store_fetch_effect(key, true, &row))
+		report_unknown_key(key);
+
+	if (row.status == EFFECT_STARTED || row.status == EFFECT_UNKNOWN)
+	{
+		bool		late = row.status == EFFECT_UNKNOWN ||
+			!dl_lease_is_live(row.run, row.lease_epoch);
+		const char *event;
+		DetailBuilder detail;
+		Jsonb	   *detail_value = NULL;
+
+		if (!dl_store_finish(key, row.status,
+							 reported,
+							 reported == EFFECT_COMPLETED ? value : NULL,
+							 reported == EFFECT_FAILED ? value : NULL))
+			elog(ERROR, "effect \"%s\" changed while locked", key);
+
+		if (reported == EFFECT_COMPLETED)
+			event = late ? "late_completion" : "completed";
+		else
+			event = late ? "late_failure" : "failed";
+		/* a failure's error is kept in the log: a business key may retry later */
+		if (late || reported == EFFECT_FAILED)
+		{
+			dl_detail_init(&detail);
+			if (reported == EFFECT_FAILED)
+				dl_detail_jsonb(&detail, "error", value);
+			if (late)
+				dl_detail_text(&detail, "status_before", dl_status_name(
+																		row.status == EFFECT_STARTED ? EFFECT_UNKNOWN : row.status));
+			detail_value = dl_detail_finish(&detail);
+		}
+		dl_audit(row.run, key, event, detail_value, row.lease_epoch);
+		dl_note_durable_write();
+	}
+	else if (row.status == reported &&
+			 jsonb_equal(reported == EFFECT_COMPLETED ? row.result : row.error, value))
+	{
+		/* the same report again (a retry after a network error): no change */
+	}
+	else
+		record_conflict(&row, reported, value);
+
+	result = return_effect_row(fcinfo, key);
+	spi_finish();
+	PG_RETURN_DATUM(result);
+}
+
+/* complete_effect(key text, result jsonb) RETURNS durable_ledger.effects */
+Datum
+dl_complete_effect(PG_FUNCTION_ARGS)
+{
+	return report_outcome(fcinfo, EFFECT_COMPLETED);
+}
+
+/* fail_effect(key text, error jsonb) RETURNS durable_ledger.effects */
+Datum
+dl_fail_effect(PG_FUNCTION_ARGS)
+{
+	return report_outcome(fcinfo, EFFECT_FAILED);
+}
+
+/* ======================================================================
+ * resolve_effect: a person's decision
+ * ====================================================================== */
+
+/*
+ * resolve_effect(key text, outcome text, result jsonb, resolved_by text, note text)
+ * RETURNS durable_ledger.effects
+ */
+Datum
+dl_resolve_effect(PG_FUNCTION_ARGS)
+{
+	char	   *key = dl_required_text_arg(fcinfo, 0, "key", 0);
+	char	   *outcome = dl_required_text_arg(fcinfo, 1, "outcome", 0);
+	Jsonb	   *value = dl_optional_jsonb_arg(fcinfo, 2);
+	char	   *resolved_by = dl_required_text_arg(fcinfo, 3, "resolved_by", 0);
+	char	   *note = dl_optional_text_arg(fcinfo, 4);
+	EffectStatus to;
+	EffectRow	row;
+	bool		needs_person;
+	DetailBuilder detail;
+	Datum		result;
+
+	if (strcmp(outcome, "completed") == 0)
+		to = EFFECT_COMPLETED;
+	else if (strcmp(outcome, "failed") == 0)
+		to = EFFECT_FAILED;
+	else
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid outcome \"%s\"", outcome),
+				 errdetail("The outcome of a resolution is \"completed\" (the effect happened) or \"failed\" (it did not).")));
+
+	spi_connect();
+	if (!dl_store_fetch_effect(key, true, &row))
+		report_unknown_key(key);
+
+	needs_person = row.conflict || row.status == EFFECT_UNKNOWN;
+	if (!needs_person && row.status == EFFECT_STARTED)
+	{
+		if (dl_lease_is_live(row.run, row.lease_epoch))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("effect \"%s\" is in flight under a live lease", key),
+					 errdetail("Run \"%s\" holds the lease that started it; its worker will report the outcome.", row.run),
+					 errhint("Wait for the worker, or end its lease with durable_ledger.break_lease() first.")));
+		needs_person = true;
+	}
+	if (!needs_person)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("effect \"%s\" is %s and needs no resolution", key, dl_status_name(row.status)),
+				 errdetail("Only an effect whose outcome is unknown, or that carries a conflict flag, can be resolved.")));
+
+	dl_store_resolve(key, to, value, resolved_by, note);
+
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "outcome", outcome);
+	dl_detail_jsonb(&detail, to == EFFECT_COMPLETED ? "result" : "error", value);
+	dl_detail_text(&detail, "resolved_by", resolved_by);
+	dl_detail_text(&detail, "note", note);
+	dl_detail_text(&detail, "previous_status",
+				   dl_status_name(row.status == EFFECT_STARTED ? EFFECT_UNKNOWN : row.status));
+	dl_detail_jsonb(&detail, "previous_result", row.result);
+	dl_detail_jsonb(&detail, "previous_error", row.error);
+	dl_detail_bool(&detail, "conflict_cleared", row.conflict);
+	dl_audit(row.run, key, "resolved", dl_detail_finish(&detail), row.lease_epoch);
+	dl_note_durable_write();
+
+	result = return_effect_row(fcinfo, key);
+	spi_finish();
+	PG_RETURN_DATUM(result);
+}
+
+/* ======================================================================
+ * effect_status: look, never write
+ * ====================================================================== */
+
+/* effect_status(key text) RETURNS SETOF durable_ledger.effects */
+Datum
+dl_effect_status(PG_FUNCTION_ARGS)
+{
+	char	   *key = dl_required_text_arg(fcinfo, 0, "key", 0);
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	HeapTuple	tuple;
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+
+	spi_connect();
+	tuple = dl_store_effect_tuple(key, true, rsinfo->setDesc);
+	if (tuple != NULL)
+		tuplestore_puttuple(rsinfo->setResult, tuple);
+	spi_finish();
+
+	return (Datum) 0;
+}
+
+/* ======================================================================
+ * Leases
+ * ====================================================================== */
+
+/* acquire_run(run text, wait boolean) RETURNS boolean */
+Datum
+dl_acquire_run(PG_FUNCTION_ARGS)
+{
+	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
+	bool		acquired;
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("wait must not be null")));
+
+	spi_connect();
+	acquired = dl_lease_acquire(run, PG_GETARG_BOOL(1));
+	spi_finish();
+	PG_RETURN_BOOL(acquired);
+}
+
+/* release_run(run text) RETURNS boolean */
+Datum
+dl_release_run(PG_FUNCTION_ARGS)
+{
+	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
+	bool		released;
+
+	spi_connect();
+	released = dl_lease_release(run);
+	spi_finish();
+	PG_RETURN_BOOL(released);
+}
+
+/* break_lease(run text, broken_by text, note text) RETURNS boolean */
+Datum
+dl_break_lease(PG_FUNCTION_ARGS)
+{
+	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
+	char	   *broken_by = dl_required_text_arg(fcinfo, 1, "broken_by", 0);
+	char	   *note = dl_optional_text_arg(fcinfo, 2);
+	int			holder;
+	bool		terminated;
+	DetailBuilder detail;
+	int64		epoch = 0;
+	bool		released;
+
+	spi_connect();
+	holder = dl_store_lease_holder_pid(dl_run_lock_key(run));
+	if (holder == 0)
+	{
+		spi_finish();
+		PG_RETURN_BOOL(false);
+	}
+	if (holder == MyProcPid)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("this session holds the lease on run \"%s\"", run),
+				 errhint("Use durable_ledger.release_run() to release it.")));
+
+	terminated = DatumGetBool(DirectFunctionCall2(pg_terminate_backend,
+												  Int32GetDatum(holder),
+												  Int64GetDatum(BREAK_LEASE_WAIT_MS)));
+
+	(void) dl_store_run_state(run, &epoch, &released);
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "broken_by", broken_by);
+	dl_detail_text(&detail, "note", note);
+	dl_detail_int(&detail, "holder_pid", holder);
+	dl_detail_bool(&detail, "terminated", terminated);
+	dl_audit(run, NULL, "lease_broken", dl_detail_finish(&detail), epoch);
+	dl_note_durable_write();
+	spi_finish();
+
+	PG_RETURN_BOOL(terminated);
+}

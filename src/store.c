@@ -1,0 +1,556 @@
+/*
+ * store.c: every SQL statement the extension runs, and nothing else.
+ *
+ * Statements are parameterised, schema-qualified down to the operators, and
+ * prepared once per backend (SPI_keepplan).  They run with read_only = false,
+ * so under READ COMMITTED each one reads with a fresh snapshot: a lease that
+ * had to be waited for is followed by reads that see what its previous holder
+ * committed.  The caller must have an open SPI connection.
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/numeric.h"
+
+#include "durable_ledger.h"
+
+typedef enum StatementId
+{
+	STMT_START_EPOCH,
+	STMT_END_EPOCH,
+	STMT_RUN_STATE,
+	STMT_INSERT_INTENT,
+	STMT_FETCH_EFFECT,
+	STMT_FETCH_EFFECT_FOR_UPDATE,
+	STMT_MARK_UNKNOWN,
+	STMT_RESTART_BUSINESS_KEY,
+	STMT_FINISH,
+	STMT_SET_CONFLICT,
+	STMT_RESOLVE,
+	STMT_EFFECT_ROW,
+	STMT_AUDIT,
+	STMT_LEASE_HOLDER,
+	NUM_STATEMENTS
+} StatementId;
+
+typedef struct Statement
+{
+	const char *sql;
+	int			nargs;
+	Oid			argtypes[8];
+} Statement;
+
+#define EQ " OPERATOR(pg_catalog.=) "
+
+#define EFFECT_COLUMNS \
+	"key, run, tool, args, business_key, occurrence, attempt, status, " \
+	"result, error, lease_epoch, conflict"
+
+static const Statement statements[NUM_STATEMENTS] = {
+	[STMT_START_EPOCH] = {
+		"INSERT INTO durable_ledger.runs AS r"
+		" (run, epochs, lock_key, holder_pid, holder_role, holder_application_name,"
+		"  holder_client_addr, acquired_at, released_at, created_at)"
+		" VALUES ($1, 1, $2, pg_catalog.pg_backend_pid(), $3,"
+		"  pg_catalog.current_setting('application_name'), pg_catalog.inet_client_addr(),"
+		"  pg_catalog.clock_timestamp(), NULL, pg_catalog.clock_timestamp())"
+		" ON CONFLICT (run) DO UPDATE SET"
+		"  epochs = r.epochs OPERATOR(pg_catalog.+) 1,"
+		"  lock_key = EXCLUDED.lock_key,"
+		"  holder_pid = EXCLUDED.holder_pid,"
+		"  holder_role = EXCLUDED.holder_role,"
+		"  holder_application_name = EXCLUDED.holder_application_name,"
+		"  holder_client_addr = EXCLUDED.holder_client_addr,"
+		"  acquired_at = EXCLUDED.acquired_at,"
+		"  released_at = NULL"
+		" RETURNING epochs",
+		3, {TEXTOID, INT8OID, TEXTOID}
+	},
+	[STMT_END_EPOCH] = {
+		"UPDATE durable_ledger.runs SET released_at = pg_catalog.clock_timestamp()"
+		" WHERE run" EQ "$1 AND epochs" EQ "$2"
+		"   AND holder_pid" EQ "pg_catalog.pg_backend_pid()",
+		2, {TEXTOID, INT8OID}
+	},
+	[STMT_RUN_STATE] = {
+		"SELECT epochs, released_at IS NOT NULL FROM durable_ledger.runs WHERE run" EQ "$1",
+		1, {TEXTOID}
+	},
+	[STMT_INSERT_INTENT] = {
+		"INSERT INTO durable_ledger.effects"
+		" (key, run, tool, args, business_key, occurrence, attempt, status, meta,"
+		"  lease_epoch, holder_pid, created_at)"
+		" VALUES ($1, $2, $3, $4, $5, $6, 1, 'started', $7, $8,"
+		"  pg_catalog.pg_backend_pid(), pg_catalog.clock_timestamp())"
+		" ON CONFLICT (key) DO NOTHING",
+		8, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, BOOLOID, INT4OID, JSONBOID, INT8OID}
+	},
+	[STMT_FETCH_EFFECT] = {
+		"SELECT " EFFECT_COLUMNS " FROM durable_ledger.effects WHERE key" EQ "$1",
+		1, {TEXTOID}
+	},
+	[STMT_FETCH_EFFECT_FOR_UPDATE] = {
+		"SELECT " EFFECT_COLUMNS " FROM durable_ledger.effects WHERE key" EQ "$1 FOR UPDATE",
+		1, {TEXTOID}
+	},
+	[STMT_MARK_UNKNOWN] = {
+		"UPDATE durable_ledger.effects SET status = 'unknown'"
+		" WHERE key" EQ "$1 AND status" EQ "'started' AND lease_epoch" EQ "$2",
+		2, {TEXTOID, INT8OID}
+	},
+	[STMT_RESTART_BUSINESS_KEY] = {
+		"UPDATE durable_ledger.effects SET"
+		"  run = $2, status = 'started', attempt = attempt OPERATOR(pg_catalog.+) 1,"
+		"  result = NULL, error = NULL, meta = $3, lease_epoch = $4,"
+		"  holder_pid = pg_catalog.pg_backend_pid(), completed_at = NULL,"
+		"  resolved_by = NULL, resolution_note = NULL"
+		" WHERE key" EQ "$1 AND status" EQ "'failed' AND attempt" EQ "$5 AND NOT conflict",
+		5, {TEXTOID, TEXTOID, JSONBOID, INT8OID, INT4OID}
+	},
+	[STMT_FINISH] = {
+		"UPDATE durable_ledger.effects SET status = $3, result = $4, error = $5,"
+		"  completed_at = pg_catalog.clock_timestamp()"
+		" WHERE key" EQ "$1 AND status" EQ "$2",
+		5, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID}
+	},
+	[STMT_SET_CONFLICT] = {
+		"UPDATE durable_ledger.effects SET conflict = true WHERE key" EQ "$1",
+		1, {TEXTOID}
+	},
+	[STMT_RESOLVE] = {
+		"UPDATE durable_ledger.effects SET status = $2, result = $3, error = $4,"
+		"  resolved_by = $5, resolution_note = $6, conflict = false,"
+		"  completed_at = pg_catalog.clock_timestamp()"
+		" WHERE key" EQ "$1",
+		6, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TEXTOID}
+	},
+	[STMT_EFFECT_ROW] = {
+		"SELECT * FROM durable_ledger.effects WHERE key" EQ "$1",
+		1, {TEXTOID}
+	},
+	[STMT_AUDIT] = {
+		"INSERT INTO durable_ledger.audit_log"
+		" (logged_at, run, key, event, detail, role_name, session_user_name,"
+		"  application_name, client_addr, backend_pid, lease_epoch)"
+		" VALUES (pg_catalog.clock_timestamp(), $1, $2, $3, $4, $5, SESSION_USER,"
+		"  pg_catalog.current_setting('application_name'), pg_catalog.inet_client_addr(),"
+		"  pg_catalog.pg_backend_pid(), $6)",
+		6, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, INT8OID}
+	},
+	[STMT_LEASE_HOLDER] = {
+		"SELECT l.pid FROM pg_catalog.pg_locks l"
+		" WHERE l.locktype" EQ "'advisory' AND l.database" EQ "$1"
+		"   AND l.classid" EQ "$2 AND l.objid" EQ "$3"
+		"   AND l.objsubid" EQ "$4 AND l.granted",
+		4, {OIDOID, OIDOID, OIDOID, INT2OID}
+	},
+};
+
+static SPIPlanPtr plans[NUM_STATEMENTS];
+
+/* Runs statement id with the given parameters; returns SPI_processed. */
+static uint64
+run_statement(StatementId id, Datum *values, const char *nulls, int expected)
+{
+	const Statement *stmt = &statements[id];
+	int			rc;
+
+	if (plans[id] == NULL)
+	{
+		SPIPlanPtr	plan = SPI_prepare(stmt->sql, stmt->nargs, (Oid *) stmt->argtypes);
+
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+				 stmt->sql, SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		plans[id] = plan;
+	}
+	rc = SPI_execute_plan(plans[id], values, nulls, false, 0);
+	if (rc != expected)
+		elog(ERROR, "SPI_execute_plan returned %s for \"%s\"",
+			 SPI_result_code_string(rc), stmt->sql);
+	return SPI_processed;
+}
+
+static Datum
+text_datum(const char *s)
+{
+	return PointerGetDatum(cstring_to_text(s));
+}
+
+static char *
+caller_role_name(void)
+{
+	/* the role as after SET ROLE: SECURITY DEFINER changes only the current user */
+	return GetUserNameFromId(GetOuterUserId(), false);
+}
+
+/* ---------- runs ---------- */
+
+int64
+dl_store_start_epoch(const char *run, uint64 lock_key, bool waited)
+{
+	Datum		values[3];
+	bool		isnull;
+	int64		epoch;
+	DetailBuilder detail;
+
+	values[0] = text_datum(run);
+	values[1] = Int64GetDatum((int64) lock_key);
+	values[2] = text_datum(caller_role_name());
+	if (run_statement(STMT_START_EPOCH, values, NULL, SPI_OK_INSERT_RETURNING) != 1)
+		elog(ERROR, "starting a lease epoch of run \"%s\" wrote no row", run);
+	epoch = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
+										1, &isnull));
+
+	dl_detail_init(&detail);
+	dl_detail_bool(&detail, "waited", waited);
+	dl_audit(run, NULL, "lease_acquired", dl_detail_finish(&detail), epoch);
+	return epoch;
+}
+
+/* Records the end of this backend's epoch of run (0: no epoch was started). */
+void
+dl_store_end_epoch(const char *run, int64 epoch)
+{
+	Datum		values[2];
+
+	if (epoch > 0)
+	{
+		values[0] = text_datum(run);
+		values[1] = Int64GetDatum(epoch);
+		run_statement(STMT_END_EPOCH, values, NULL, SPI_OK_UPDATE);
+	}
+	dl_audit(run, NULL, "lease_released", NULL, epoch > 0 ? epoch : 0);
+}
+
+bool
+dl_store_run_state(const char *run, int64 *epoch, bool *released)
+{
+	Datum		values[1];
+	bool		isnull;
+
+	values[0] = text_datum(run);
+	if (run_statement(STMT_RUN_STATE, values, NULL, SPI_OK_SELECT) == 0)
+		return false;
+	*epoch = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	*released = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	return true;
+}
+
+/* ---------- effects ---------- */
+
+bool
+dl_store_insert_intent(const NewIntent *intent)
+{
+	Datum		values[8];
+	char		nulls[8] = "        ";
+
+	values[0] = text_datum(intent->key);
+	values[1] = text_datum(intent->run);
+	values[2] = text_datum(intent->tool);
+	values[3] = JsonbPGetDatum(intent->args);
+	values[4] = BoolGetDatum(intent->business_key);
+	values[5] = Int32GetDatum(intent->occurrence);
+	if (intent->business_key)
+		nulls[5] = 'n';
+	values[6] = PointerGetDatum(intent->meta);
+	if (intent->meta == NULL)
+		nulls[6] = 'n';
+	values[7] = Int64GetDatum(intent->lease_epoch);
+	return run_statement(STMT_INSERT_INTENT, values, nulls, SPI_OK_INSERT) == 1;
+}
+
+static Jsonb *
+optional_jsonb(HeapTuple tuple, TupleDesc desc, int column)
+{
+	bool		isnull;
+	Datum		d = SPI_getbinval(tuple, desc, column, &isnull);
+
+	return isnull ? NULL : DatumGetJsonbP(d);
+}
+
+bool
+dl_store_fetch_effect(const char *key, bool for_update, EffectRow *row)
+{
+	Datum		values[1];
+	HeapTuple	tuple;
+	TupleDesc	desc;
+	bool		isnull;
+	Datum		d;
+
+	values[0] = text_datum(key);
+	if (run_statement(for_update ? STMT_FETCH_EFFECT_FOR_UPDATE : STMT_FETCH_EFFECT,
+					  values, NULL, SPI_OK_SELECT) == 0)
+		return false;
+
+	tuple = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	row->key = SPI_getvalue(tuple, desc, 1);
+	row->run = SPI_getvalue(tuple, desc, 2);
+	row->tool = SPI_getvalue(tuple, desc, 3);
+	row->args = DatumGetJsonbP(SPI_getbinval(tuple, desc, 4, &isnull));
+	row->business_key = DatumGetBool(SPI_getbinval(tuple, desc, 5, &isnull));
+	d = SPI_getbinval(tuple, desc, 6, &isnull);
+	row->occurrence = isnull ? 0 : DatumGetInt32(d);
+	row->attempt = DatumGetInt32(SPI_getbinval(tuple, desc, 7, &isnull));
+	row->status = dl_status_from_name(SPI_getvalue(tuple, desc, 8));
+	row->result = optional_jsonb(tuple, desc, 9);
+	row->error = optional_jsonb(tuple, desc, 10);
+	row->lease_epoch = DatumGetInt64(SPI_getbinval(tuple, desc, 11, &isnull));
+	row->conflict = DatumGetBool(SPI_getbinval(tuple, desc, 12, &isnull));
+	return true;
+}
+
+/* started -> unknown, only if the row is still what the caller saw */
+bool
+dl_store_mark_unknown(const char *key, int64 lease_epoch)
+{
+	Datum		values[2];
+
+	values[0] = text_datum(key);
+	values[1] = Int64GetDatum(lease_epoch);
+	return run_statement(STMT_MARK_UNKNOWN, values, NULL, SPI_OK_UPDATE) == 1;
+}
+
+/* failed -> started (next attempt), only if the row is still what the caller saw */
+bool
+dl_store_restart_business_key(const NewIntent *intent, int32 old_attempt)
+{
+	Datum		values[5];
+	char		nulls[5] = "     ";
+
+	values[0] = text_datum(intent->key);
+	values[1] = text_datum(intent->run);
+	values[2] = PointerGetDatum(intent->meta);
+	if (intent->meta == NULL)
+		nulls[2] = 'n';
+	values[3] = Int64GetDatum(intent->lease_epoch);
+	values[4] = Int32GetDatum(old_attempt);
+	return run_statement(STMT_RESTART_BUSINESS_KEY, values, nulls, SPI_OK_UPDATE) == 1;
+}
+
+/* from -> to with result/error, only if the row is still in status from */
+bool
+dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
+				Jsonb *result, Jsonb *error)
+{
+	Datum		values[5];
+	char		nulls[5] = "     ";
+
+	values[0] = text_datum(key);
+	values[1] = text_datum(dl_status_name(from));
+	values[2] = text_datum(dl_status_name(to));
+	values[3] = PointerGetDatum(result);
+	if (result == NULL)
+		nulls[3] = 'n';
+	values[4] = PointerGetDatum(error);
+	if (error == NULL)
+		nulls[4] = 'n';
+	return run_statement(STMT_FINISH, values, nulls, SPI_OK_UPDATE) == 1;
+}
+
+void
+dl_store_set_conflict(const char *key)
+{
+	Datum		values[1];
+
+	values[0] = text_datum(key);
+	if (run_statement(STMT_SET_CONFLICT, values, NULL, SPI_OK_UPDATE) != 1)
+		elog(ERROR, "flagging effect \"%s\" updated no row", key);
+}
+
+void
+dl_store_resolve(const char *key, EffectStatus to, Jsonb *value,
+				 const char *resolved_by, const char *note)
+{
+	Datum		values[6];
+	char		nulls[6] = "      ";
+
+	values[0] = text_datum(key);
+	values[1] = text_datum(dl_status_name(to));
+	values[2] = PointerGetDatum(value);
+	values[3] = PointerGetDatum(value);
+	/* the value is the result of a completed effect, the error of a failed one */
+	if (to != EFFECT_COMPLETED || value == NULL)
+		nulls[2] = 'n';
+	if (to != EFFECT_FAILED || value == NULL)
+		nulls[3] = 'n';
+	values[4] = text_datum(resolved_by);
+	values[5] = note ? text_datum(note) : (Datum) 0;
+	if (note == NULL)
+		nulls[5] = 'n';
+	if (run_statement(STMT_RESOLVE, values, nulls, SPI_OK_UPDATE) != 1)
+		elog(ERROR, "resolving effect \"%s\" updated no row", key);
+}
+
+/*
+ * The effect's row formed with desc (the durable_ledger.effects row type), in
+ * SPI memory, or NULL when there is no such key.  With report_unknown, a
+ * started effect whose lease has ended is shown with status unknown.
+ */
+HeapTuple
+dl_store_effect_tuple(const char *key, bool report_unknown, TupleDesc desc)
+{
+	Datum		values[1];
+	Datum	   *cols;
+	bool	   *col_nulls;
+	int			status_col;
+
+	values[0] = text_datum(key);
+	if (run_statement(STMT_EFFECT_ROW, values, NULL, SPI_OK_SELECT) == 0)
+		return NULL;
+	if (SPI_tuptable->tupdesc->natts != desc->natts)
+		elog(ERROR, "durable_ledger.effects does not have the columns this library expects");
+
+	cols = palloc(desc->natts * sizeof(Datum));
+	col_nulls = palloc(desc->natts * sizeof(bool));
+	heap_deform_tuple(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, cols, col_nulls);
+
+	status_col = SPI_fnumber(SPI_tuptable->tupdesc, "status");
+	if (report_unknown &&
+		strcmp(TextDatumGetCString(cols[status_col - 1]), "started") == 0)
+	{
+		int			run_col = SPI_fnumber(SPI_tuptable->tupdesc, "run");
+		int			epoch_col = SPI_fnumber(SPI_tuptable->tupdesc, "lease_epoch");
+
+		if (!dl_lease_is_live(TextDatumGetCString(cols[run_col - 1]),
+							  DatumGetInt64(cols[epoch_col - 1])))
+			cols[status_col - 1] = text_datum("unknown");
+	}
+	return heap_form_tuple(desc, cols, col_nulls);
+}
+
+/* The pid holding the run's lease lock, or 0. */
+int
+dl_store_lease_holder_pid(uint64 lock_key)
+{
+	Datum		values[4];
+	bool		isnull;
+
+	values[0] = ObjectIdGetDatum(MyDatabaseId);
+	values[1] = ObjectIdGetDatum((Oid) (lock_key >> 32));
+	values[2] = ObjectIdGetDatum((Oid) (uint32) lock_key);
+	values[3] = Int16GetDatum(DL_LOCK_CLASS);
+	if (run_statement(STMT_LEASE_HOLDER, values, NULL, SPI_OK_SELECT) == 0)
+		return 0;
+	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/* ---------- audit log ---------- */
+
+/* Appends one event to the audit log; a lease_epoch of 0 is stored as NULL. */
+void
+dl_audit(const char *run, const char *key, const char *event, Jsonb *detail,
+		 int64 lease_epoch)
+{
+	Datum		values[6];
+	char		nulls[6] = "      ";
+
+	values[0] = run ? text_datum(run) : (Datum) 0;
+	if (run == NULL)
+		nulls[0] = 'n';
+	values[1] = key ? text_datum(key) : (Datum) 0;
+	if (key == NULL)
+		nulls[1] = 'n';
+	values[2] = text_datum(event);
+	values[3] = PointerGetDatum(detail);
+	if (detail == NULL)
+		nulls[3] = 'n';
+	values[4] = text_datum(caller_role_name());
+	values[5] = Int64GetDatum(lease_epoch);
+	if (lease_epoch <= 0)
+		nulls[5] = 'n';
+	run_statement(STMT_AUDIT, values, nulls, SPI_OK_INSERT);
+}
+
+/* ---------- details: small flat JSON objects for the audit log ---------- */
+
+void
+dl_detail_init(DetailBuilder *d)
+{
+	d->state = NULL;
+	(void) pushJsonbValue(&d->state, WJB_BEGIN_OBJECT, NULL);
+}
+
+static void
+detail_key(DetailBuilder *d, const char *name)
+{
+	JsonbValue	k;
+
+	k.type = jbvString;
+	k.val.string.val = (char *) name;
+	k.val.string.len = strlen(name);
+	(void) pushJsonbValue(&d->state, WJB_KEY, &k);
+}
+
+void
+dl_detail_text(DetailBuilder *d, const char *name, const char *value)
+{
+	JsonbValue	v;
+
+	detail_key(d, name);
+	if (value == NULL)
+		v.type = jbvNull;
+	else
+	{
+		v.type = jbvString;
+		v.val.string.val = (char *) value;
+		v.val.string.len = strlen(value);
+	}
+	(void) pushJsonbValue(&d->state, WJB_VALUE, &v);
+}
+
+void
+dl_detail_int(DetailBuilder *d, const char *name, int64 value)
+{
+	JsonbValue	v;
+
+	detail_key(d, name);
+	v.type = jbvNumeric;
+	v.val.numeric = int64_to_numeric(value);
+	(void) pushJsonbValue(&d->state, WJB_VALUE, &v);
+}
+
+void
+dl_detail_bool(DetailBuilder *d, const char *name, bool value)
+{
+	JsonbValue	v;
+
+	detail_key(d, name);
+	v.type = jbvBool;
+	v.val.boolean = value;
+	(void) pushJsonbValue(&d->state, WJB_VALUE, &v);
+}
+
+/* A jsonb value, or JSON null for SQL NULL. */
+void
+dl_detail_jsonb(DetailBuilder *d, const char *name, Jsonb *value)
+{
+	JsonbValue	v;
+
+	detail_key(d, name);
+	if (value == NULL)
+		v.type = jbvNull;
+	else
+	{
+		v.type = jbvBinary;
+		v.val.binary.data = &value->root;
+		v.val.binary.len = VARSIZE(value) - VARHDRSZ;
+	}
+	(void) pushJsonbValue(&d->state, WJB_VALUE, &v);
+}
+
+Jsonb *
+dl_detail_finish(DetailBuilder *d)
+{
+	JsonbValue *object = pushJsonbValue(&d->state, WJB_END_OBJECT, NULL);
+
+	return JsonbValueToJsonb(object);
+}
