@@ -43,3 +43,6 @@ deps:
 	test/install-deps.sh
 test: all
 	test/run-all.sh
+
+print-%:
+	@echo $($*)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what building and testing durable_ledger needs on Debian 12, from
+# Debian's own packages.  Run as root (or with sudo); safe to run again.
+set -euo pipefail
+
+packages=(
+	make gcc                       # the build (PGXS)
+	postgresql-15                  # the server, with contrib (pgcrypto, dblink)
+	postgresql-server-dev-15       # PGXS, pg_regress, pg_isolation_regress, TAP modules
+	libipc-run-perl                # PostgreSQL's TAP tests
+	python3-psycopg                # the Python client and the fleet chaos test
+)
+
+missing=()
+for p in "${packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "dependencies installed: ${packages[*]}"
