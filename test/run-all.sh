@@ -63,6 +63,29 @@ run_suite regression "$pg_regress" \
 	--load-extension=pgcrypto --load-extension=dblink \
 	$regress_tests
 
+# TAP: what SQL cannot show (memory over a long workload; later crashes,
+# restarts, dump and restore).  Each test makes and removes its own cluster.
+count_tap() {
+	local log=$1 ok bad
+	ok=$(grep -cE '^ok [0-9]+' "$log")
+	bad=$(grep -cE '^not ok [0-9]+' "$log")
+	passed=$((passed + ok))
+	failed=$((failed + bad))
+}
+echo "== tap"
+as_cluster_user env PATH="$bindir:$PATH" TESTDIR="$work" \
+	PG_REGRESS="$pg_regress" PERL5LIB="$pgxs_dir/src/test/perl" \
+	prove -v "$work"/test/t/*.pl >"$work/tap.log" 2>&1
+tap_rc=$?
+cat "$work/tap.log"
+count_tap "$work/tap.log"
+if [ $tap_rc -ne 0 ] && ! grep -qE '^not ok [0-9]+' "$work/tap.log"; then
+	failed=$((failed + 1))
+	for log in "$work"/tmp_check/log/*; do
+		[ -f "$log" ] && { echo "---- $log"; tail -n 50 "$log"; }
+	done
+fi
+
 echo
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
