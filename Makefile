@@ -33,6 +33,17 @@ REGRESS = \
 	drop_guard
 REGRESS_OPTS = --load-extension=pgcrypto --load-extension=dblink
 
+# isolation specs: one named permutation per interleaving (test/specs, test/expected)
+ISOLATION = \
+	lease_handoff \
+	lease_nowait \
+	business_key_race \
+	report_race \
+	lease_lost \
+	break_lease \
+	rollback_while_waiting
+ISOLATION_OPTS = --inputdir=$(srcdir)/test --load-extension=durable_ledger
+
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)

@@ -63,6 +63,15 @@ run_suite regression "$pg_regress" \
 	--load-extension=pgcrypto --load-extension=dblink \
 	$regress_tests
 
+isolation_tests=$(make -s -C "$top" print-ISOLATION)
+run_suite isolation "$pgxs_dir/src/test/isolation/pg_isolation_regress" \
+	--temp-instance="$work/isolation-instance" \
+	--bindir="$bindir" \
+	--inputdir="$work/test" \
+	--outputdir="$work/isolation" \
+	--load-extension=durable_ledger \
+	$isolation_tests
+
 # TAP: what SQL cannot show (memory over a long workload; later crashes,
 # restarts, dump and restore).  Each test makes and removes its own cluster.
 count_tap() {
