@@ -143,21 +143,27 @@ SELECT pg_catalog.pg_extension_config_dump('durable_ledger.audit_log_id_seq', ''
 -- ---------------------------------------------------------------------------
 
 -- Live leases: granted advisory locks in the extension's lock class (17484)
--- in this database, matched to their run by the lock key.
+-- in this database, matched to their run by the lock key.  A lock whose
+-- acquiring transaction rolled back is live but has no epoch: lease_epoch and
+-- since are then NULL, and so is run if the run was never recorded.
 CREATE VIEW durable_ledger.leases AS
 SELECT r.run,
        l.pid                                                 AS holder_pid,
-       r.epochs                                              AS lease_epoch,
-       CASE WHEN r.holder_pid OPERATOR(pg_catalog.=) l.pid THEN r.holder_role END AS holder_role,
-       COALESCE(a.application_name, r.holder_application_name) AS application_name,
-       COALESCE(a.client_addr, r.holder_client_addr)           AS client_addr,
-       r.acquired_at                                         AS since,
-       a.state                                               AS backend_state
+       CASE WHEN current_epoch THEN r.epochs END             AS lease_epoch,
+       CASE WHEN current_epoch THEN r.holder_role END        AS holder_role,
+       COALESCE(a.application_name, CASE WHEN current_epoch THEN r.holder_application_name END)
+                                                             AS application_name,
+       COALESCE(a.client_addr, CASE WHEN current_epoch THEN r.holder_client_addr END)
+                                                             AS client_addr,
+       CASE WHEN current_epoch THEN r.acquired_at END        AS since,
+       a.state                                               AS backend_state,
+       k.lock_key
   FROM pg_catalog.pg_locks l
-  JOIN durable_ledger.runs r
-    ON r.lock_key OPERATOR(pg_catalog.=)
-       ((l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
-        OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8)
+ CROSS JOIN LATERAL (SELECT (l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+                            OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8 AS lock_key) k
+  LEFT JOIN durable_ledger.runs r ON r.lock_key OPERATOR(pg_catalog.=) k.lock_key
+ CROSS JOIN LATERAL (SELECT r.holder_pid OPERATOR(pg_catalog.=) l.pid
+                            AND r.released_at IS NULL AS current_epoch) c
   LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
  WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
    AND l.objsubid OPERATOR(pg_catalog.=) 17484

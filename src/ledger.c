@@ -238,8 +238,11 @@ decide(const NewIntent *intent, const char *canon, Decision *d)
 				if (dl_lease_is_live(row.run, row.lease_epoch))
 				{
 					d->kind = DECIDE_IN_PROGRESS;
-					d->reason = psprintf("run \"%s\" is performing this effect right now under a live lease; ask again later",
-										 row.run);
+					if (strcmp(row.run, intent->run) == 0 && row.lease_epoch == intent->lease_epoch)
+						d->reason = "this lease began this effect and has not reported its outcome yet; report it with complete_effect or fail_effect";
+					else
+						d->reason = psprintf("run \"%s\" is performing this effect right now under a live lease; ask again later",
+											 row.run);
 					audit_decision(intent, "in_progress", d, "holder_run", row.run);
 					return;
 				}
