@@ -30,6 +30,8 @@ REGRESS = \
 	rollback \
 	leases \
 	durability \
+	search_path \
+	hostile_input \
 	drop_guard
 REGRESS_OPTS = --load-extension=pgcrypto --load-extension=dblink
 

@@ -1,0 +1,54 @@
+-- hostile_input: input that tries to break the ledger gets a clear error or a
+-- correct row: never a crash, never a silent truncation.
+\set VERBOSITY sqlstate
+
+-- quotes, backslashes and NUL-free control characters in run, tool and business key
+SELECT decision, occurrence, octet_length(key) AS key_bytes
+  FROM durable_ledger.begin_effect(E'hi''"\\\x01\x1f\t\nrun', E'to''ol\x7f', '{"a": "\u0001"}');
+SELECT run = E'hi''"\\\x01\x1f\t\nrun' AS run_intact, tool = E'to''ol\x7f' AS tool_intact,
+       key = durable_ledger.effect_key(run, tool, args, occurrence) AS key_checks_out
+  FROM durable_ledger.effects WHERE run = E'hi''"\\\x01\x1f\t\nrun';
+SELECT decision, key = E'INV-\x02''; DROP TABLE x; --' AS key_is_the_text
+  FROM durable_ledger.begin_effect('hostile-bk', 'pay', '{}', E'INV-\x02''; DROP TABLE x; --');
+
+-- 1 MB of args: stored whole, keyed whole
+SELECT decision, occurrence
+  FROM durable_ledger.begin_effect('hostile-big', 'upload',
+                                   jsonb_build_object('blob', repeat('x', 1048576)));
+SELECT octet_length(args ->> 'blob') AS blob_bytes,
+       key = durable_ledger.effect_key(run, tool, args, occurrence) AS key_checks_out
+  FROM durable_ledger.effects WHERE run = 'hostile-big';
+-- one byte more is another call
+SELECT decision, occurrence
+  FROM durable_ledger.begin_effect('hostile-big', 'upload',
+                                   jsonb_build_object('blob', repeat('x', 1048576) || 'y'));
+
+-- deep nesting: 5,000 levels are canonicalised without recursion
+SELECT decision
+  FROM durable_ledger.begin_effect('hostile-deep', 'nest',
+                                   (repeat('[', 5000) || '1' || repeat(']', 5000))::jsonb);
+SELECT length(durable_ledger.canonical_args((repeat('[', 5000) || '1' || repeat(']', 5000))::jsonb)) AS canonical_length;
+SELECT durable_ledger.canonical_args((repeat('{"a":', 3000) || 'null' || repeat('}', 3000))::jsonb)
+       = repeat('{"a":', 3000) || 'null' || repeat('}', 3000) AS deep_objects_canonical;
+
+-- numbers at the edges of numeric: exact, in plain decimal
+SELECT durable_ledger.canonical_args('[1e400, -1e-400, 123456789012345678901234567890.1234567890000]')
+       = '[1' || repeat('0', 400) || ',-0.' || repeat('0', 399) || '1,'
+         || '123456789012345678901234567890.123456789]' AS exact_plain_decimals;
+-- 1e400 and 10e399 are one number: the second call is occurrence 2 of the same call
+SELECT decision, occurrence FROM durable_ledger.begin_effect('hostile-num', 'pay', '{"amount": 1e400}');
+SELECT decision, occurrence FROM durable_ledger.begin_effect('hostile-num', 'pay', '{"amount": 10e399}');
+-- a number jsonb itself cannot hold: the input is refused before the ledger sees it
+SELECT durable_ledger.begin_effect('hostile-num', 'pay', '{"amount": 1e1000000}');
+
+-- text that only looks like non-UTF-8 is ordinary text; invalid bytes never get in
+SELECT decision, key FROM durable_ledger.begin_effect('hostile-bytes', 'pay', '{"s": "\\xff\\xfe"}', '\xff\xfe Ã©');
+SELECT durable_ledger.begin_effect(convert_from('\xff'::bytea, 'UTF8'), 'pay', '{}');
+
+-- a business key as long as allowed in 4-byte characters: not truncated
+SELECT decision, char_length(key) AS chars, octet_length(key) AS bytes
+  FROM durable_ledger.begin_effect('hostile-long', 'pay', '{}', repeat('😀', 255));
+
+SELECT durable_ledger.release_run(r)
+  FROM unnest(ARRAY[E'hi''"\\\x01\x1f\t\nrun', 'hostile-bk', 'hostile-big', 'hostile-deep',
+                    'hostile-num', 'hostile-bytes', 'hostile-long']) AS r;
