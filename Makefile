@@ -51,11 +51,15 @@ PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
 # The whole test suite in throwaway clusters; see README "Running the tests".
-.PHONY: test deps
+.PHONY: test deps demo
 deps:
 	test/install-deps.sh
 test: all
 	test/run-all.sh
+
+# The main job, on a throwaway cluster: see README "The demo".
+demo:
+	demo/run.sh
 
 print-%:
 	@echo $($*)

@@ -1,0 +1,243 @@
+#!/usr/bin/python3
+"""The durable_ledger demo: the double payment, and its cure, with real processes.
+
+An accounts-payable worker pays invoice INV-9 ($4,200) into a "bank" table that,
+like a real payment API, accepts whatever it is sent.  Workers are separate OS
+processes; "the pod is evicted" is a SIGKILL sent by the orchestrator (this
+script).  Run by demo/run.sh (`make demo`) against a throwaway cluster.
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+PAY_ARGS = {"invoice": "INV-9", "amount": 4200, "currency": "USD"}
+
+
+# --------------------------------------------------------------------------
+# Workers (each runs in its own process)
+# --------------------------------------------------------------------------
+
+def say(text):
+    print(f"      [worker {os.getpid()}] {text}", flush=True)
+
+
+def bank_pay(conn, run, invoice, amount, idempotency_key=None):
+    """The downstream payment API: it pays whatever it is asked to pay."""
+    return conn.execute(
+        "INSERT INTO bank_payments (invoice, amount, idempotency_key, run)"
+        " VALUES (%s, %s, %s, %s) RETURNING id",
+        (invoice, amount, idempotency_key, run)).fetchone()[0]
+
+
+def naive_worker(dsn, run):
+    """Pays, then would acknowledge the job; no ledger."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        payment = bank_pay(conn, run, PAY_ARGS["invoice"], PAY_ARGS["amount"])
+        say(f"paid INV-9 $4,200 (payment {payment}); acknowledging the job ...")
+        time.sleep(30)  # the orchestrator kills us here
+
+
+def ledger_worker(dsn, run, calls, die_after):
+    """Pays through the ledger.  calls: how many identical payments the run makes.
+    die_after: 'paid' (killed after recording the result), 'intent' (killed
+    between intent and completion), or 'never'."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(calls):
+            key, decision, status, occurrence, result, reason = conn.execute(
+                "SELECT key, decision, status, occurrence, result, reason"
+                "  FROM durable_ledger.begin_effect(%s, 'bank.pay', %s)",
+                (run, Jsonb(PAY_ARGS))).fetchone()
+            say(f"begin_effect -> {decision} (occurrence {occurrence}, key {key[:12]}…)")
+            if decision == "execute":
+                if die_after == "intent":
+                    say("intent recorded; calling the bank ...")
+                    payment = bank_pay(conn, run, PAY_ARGS["invoice"], PAY_ARGS["amount"], key)
+                    time.sleep(30)  # killed before complete_effect: nobody knows the bank answered
+                payment = bank_pay(conn, run, PAY_ARGS["invoice"], PAY_ARGS["amount"], key)
+                conn.execute("SELECT durable_ledger.complete_effect(%s, %s)",
+                             (key, Jsonb({"payment_id": payment})))
+                say(f"paid (payment {payment}) and recorded it with complete_effect")
+            elif decision == "replay":
+                say(f"not paying again: recorded result {result}")
+            elif decision == "pause":
+                say("PAUSE: " + reason)
+                sys.exit(3)
+            else:
+                say(f"{decision}: {reason}")
+                sys.exit(4)
+        if die_after == "paid":
+            say("acknowledging the job ...")
+            time.sleep(30)  # the orchestrator kills us here
+        conn.execute("SELECT durable_ledger.release_run(%s)", (run,))
+        say("done; lease released")
+
+
+# --------------------------------------------------------------------------
+# The orchestrator and the story
+# --------------------------------------------------------------------------
+
+def spawn(dsn, *args):
+    return subprocess.Popen([sys.executable, __file__, "--dsn", dsn, *args],
+                            stdout=subprocess.PIPE, text=True, bufsize=1)
+
+
+def follow_together(*procs):
+    """Echo several workers' lines in the order they arrive, until all exit."""
+    threads = [threading.Thread(target=follow, args=(p,)) for p in procs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def follow(proc, until=None):
+    """Echo a worker's lines; return when it exits or prints `until`."""
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        if until and until in line:
+            return
+    proc.wait()
+
+
+def evict(proc):
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    print("      [orchestrator] SIGKILL: the pod is evicted before it acknowledged the job")
+
+
+def bank_count(conn, run):
+    return conn.execute("SELECT count(*) FROM bank_payments WHERE run = %s", (run,)).fetchone()[0]
+
+
+def heading(n, title):
+    print(f"\n{'=' * 78}\n {n}. {title}\n{'=' * 78}")
+
+
+def verdict(conn, run, expected, text):
+    paid = bank_count(conn, run)
+    mark = "OK " if paid == expected else "!! "
+    print(f"   {mark}the bank shows {paid} payment{'s' if paid != 1 else ''} for {run}: {text}")
+    return paid == expected
+
+
+def story(dsn):
+    ok = True
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        # least privilege: workers may use the ledger and pay; Maria may resolve
+        admin.execute("""
+            CREATE TABLE bank_payments (id serial, invoice text, amount integer,
+                                        idempotency_key text, run text,
+                                        paid_at timestamptz DEFAULT now());
+            CREATE ROLE ap_worker LOGIN;
+            CREATE ROLE maria LOGIN;
+            GRANT durable_ledger_worker TO ap_worker;
+            GRANT durable_ledger_admin TO maria;
+            GRANT INSERT, SELECT ON bank_payments TO ap_worker;
+            GRANT USAGE ON SEQUENCE bank_payments_id_seq TO ap_worker;
+            GRANT SELECT ON bank_payments TO maria;""")
+    worker_dsn = psycopg.conninfo.make_conninfo(dsn, user="ap_worker", application_name="ap-worker")
+    maria_dsn = psycopg.conninfo.make_conninfo(dsn, user="maria", application_name="ledger-console")
+    with psycopg.connect(maria_dsn, autocommit=True) as conn:
+
+        heading(1, "WITHOUT the ledger: the worker is evicted after paying; the retry pays again")
+        w = spawn(worker_dsn, "naive", "--run", "ap-1")
+        follow(w, until="acknowledging")
+        evict(w)
+        print("      [orchestrator] the job was never acknowledged: retrying it")
+        w = spawn(worker_dsn, "naive", "--run", "ap-1")
+        follow(w, until="acknowledging")
+        w.kill(); w.wait(); w.stdout.close()
+        ok &= verdict(conn, "ap-1", 2, "INV-9 was paid twice ($8,400)")
+
+        heading(2, "WITH the ledger: the same crash and retry")
+        w = spawn(worker_dsn, "ledger", "--run", "ap-2", "--die-after", "paid")
+        follow(w, until="acknowledging")
+        evict(w)
+        print("      [orchestrator] retrying the job on a new worker")
+        follow(spawn(worker_dsn, "ledger", "--run", "ap-2"))
+        ok &= verdict(conn, "ap-2", 1, "the retry replayed the recorded result")
+
+        heading(3, "The worker dies between intent and completion: nobody can tell")
+        w = spawn(worker_dsn, "ledger", "--run", "ap-3", "--die-after", "intent")
+        follow(w, until="calling the bank")
+        time.sleep(0.5)
+        evict(w)
+        print("      [orchestrator] retrying the job on a new worker")
+        follow(spawn(worker_dsn, "ledger", "--run", "ap-3"))
+        print("      [orchestrator] the run is paused; it is listed for a person:")
+        for key, tool, status, reason in conn.execute(
+                "SELECT key, tool, status, reason FROM durable_ledger.unresolved WHERE run = 'ap-3'"):
+            print(f"        {key[:12]}…  {tool}  {status}: {reason}")
+            print("      [Maria Lopez, accounts payable] checks the bank for idempotency key", key[:12] + "…")
+            payment = conn.execute("SELECT id FROM bank_payments WHERE idempotency_key = %s",
+                                   (key,)).fetchone()
+            outcome = ("completed", {"payment_id": payment[0]}) if payment else ("failed", None)
+            print(f"      [Maria Lopez] the bank {'has payment ' + str(payment[0]) if payment else 'has nothing'}:"
+                  f" resolve_effect(..., '{outcome[0]}', ..., resolved_by => 'maria.lopez')")
+            conn.execute("SELECT durable_ledger.resolve_effect(%s, %s, %s, 'maria.lopez',"
+                         " 'checked the bank statement for the idempotency key')",
+                         (key, outcome[0], Jsonb(outcome[1]) if outcome[1] else None))
+        print("      [orchestrator] retrying the job")
+        follow(spawn(worker_dsn, "ledger", "--run", "ap-3"))
+        ok &= verdict(conn, "ap-3", 1, "paid once, resolved by a named person, then replayed")
+
+        heading(4, "Two workers are handed the same run at once")
+        follow_together(spawn(worker_dsn, "ledger", "--run", "ap-4"),
+                        spawn(worker_dsn, "ledger", "--run", "ap-4"))
+        ok &= verdict(conn, "ap-4", 1, "the lease serialized them; the second replayed")
+
+        heading(5, '"Again" versus "twice": a run that pays the same amount twice on purpose')
+        follow(spawn(worker_dsn, "ledger", "--run", "ap-5", "--calls", "2"))
+        print("      [orchestrator] the run is replayed (say, the queue redelivers it)")
+        follow(spawn(worker_dsn, "ledger", "--run", "ap-5", "--calls", "2"))
+        ok &= verdict(conn, "ap-5", 2, "two payments on purpose (occurrences 1 and 2), none on replay")
+
+        heading(6, "The audit trail of INV-9 in run ap-3, read with plain SQL")
+        query = textwrap.dedent("""\
+            SELECT a.id, a.event, a.role_name, a.application_name,
+                   coalesce(a.detail ->> 'resolved_by', '') AS resolved_by,
+                   coalesce(a.detail ->> 'note', a.detail ->> 'cause', '') AS note
+              FROM durable_ledger.audit_log a
+             WHERE a.run = 'ap-3' AND (a.key IS NULL OR a.key IN (
+                   SELECT key FROM durable_ledger.effects WHERE args ->> 'invoice' = 'INV-9'))
+             ORDER BY a.id;""")
+        print(textwrap.indent(query, "   "))
+        rows = conn.execute(query).fetchall()
+        widths = [4, 15, 10, 16, 12, 40]
+        header = ["id", "event", "role", "application", "resolved_by", "note"]
+        print("   " + " ".join(h.ljust(w) for h, w in zip(header, widths)))
+        for row in rows:
+            print("   " + " ".join(str(v)[:w].ljust(w) for v, w in zip(row, widths)))
+
+    print("\n" + ("Every story ended as told." if ok else "SOMETHING WENT WRONG: see the !! lines."))
+    return ok
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("role", nargs="?", default="story", choices=["story", "naive", "ledger"])
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--run")
+    parser.add_argument("--calls", type=int, default=1)
+    parser.add_argument("--die-after", default="never", choices=["never", "paid", "intent"])
+    args = parser.parse_args()
+    if args.role == "naive":
+        naive_worker(args.dsn, args.run)
+    elif args.role == "ledger":
+        ledger_worker(args.dsn, args.run, args.calls, args.die_after)
+    else:
+        sys.exit(0 if story(args.dsn) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+# 040_demo: the demo's story (demo/demo.py, run by `make demo`) ends as told
+# against a real cluster: two payments without the ledger, one with it, a
+# pause resolved by a named person, a lease that serializes two workers, and
+# "again" paying twice while its replay pays nothing.
+use strict;
+use warnings;
+use lib "$ENV{TESTDIR}/test/perl";
+use DurableLedger::TestNode;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $node = ledger_node('demo');
+my ($stdout, $stderr);
+my $ok = IPC::Run::run(
+	[ '/usr/bin/python3', "$ENV{TESTDIR}/demo/demo.py", '--dsn', $node->connstr('postgres') ],
+	'>', \$stdout, '2>', \$stderr);
+note($stdout);
+diag($stderr) if $stderr ne '';
+ok($ok, 'the demo ran to its end');
+like($stdout, qr/OK the bank shows 2 payments for ap-1/, 'without the ledger, INV-9 is paid twice');
+like($stdout, qr/OK the bank shows 1 payment for ap-2/, 'with the ledger, the retry replays');
+like($stdout, qr/maria\.lopez/, 'the unknown outcome is resolved by a named person');
+like($stdout, qr/OK the bank shows 1 payment for ap-4/, 'two workers on one run pay once');
+like($stdout, qr/OK the bank shows 2 payments for ap-5/, '"again" pays twice, its replay nothing');
+like($stdout, qr/Every story ended as told\./, 'every story ended as told');
+
+$node->stop;
+done_testing();
