@@ -33,7 +33,7 @@ REGRESS = \
 	search_path \
 	hostile_input \
 	drop_guard
-REGRESS_OPTS = --load-extension=pgcrypto --load-extension=dblink
+REGRESS_OPTS = --encoding=UTF8 --load-extension=pgcrypto --load-extension=dblink
 
 # isolation specs: one named permutation per interleaving (test/specs, test/expected)
 ISOLATION = \
@@ -44,7 +44,7 @@ ISOLATION = \
 	lease_lost \
 	break_lease \
 	rollback_while_waiting
-ISOLATION_OPTS = --inputdir=$(srcdir)/test --load-extension=durable_ledger
+ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)

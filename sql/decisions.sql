@@ -187,6 +187,23 @@ SELECT count(*) = :audit_rows AS nothing_written FROM durable_ledger.audit_log;
 SELECT count(*) AS effects_rows FROM durable_ledger.effects WHERE key = 'no-such-key';
 
 -- ===================================================================
+-- a paused call does not use up its occurrence: asking again in the same
+-- epoch asks about the same effect (pause, then its outcome once resolved),
+-- so an agent that retries after a pause can never execute a second payment
+-- ===================================================================
+SELECT decision FROM durable_ledger.begin_effect('dec-5', 'pay', '{"invoice": 55}');
+SELECT durable_ledger.release_run('dec-5');
+SELECT durable_ledger.acquire_run('dec-5');
+SELECT decision, status, occurrence FROM durable_ledger.begin_effect('dec-5', 'pay', '{"invoice": 55}');
+SELECT decision, status, occurrence FROM durable_ledger.begin_effect('dec-5', 'pay', '{"invoice": 55}');
+SELECT status FROM durable_ledger.resolve_effect(
+    durable_ledger.effect_key('dec-5', 'pay', '{"invoice": 55}', 1), 'completed', '{"payment": "p55"}', 'regress');
+SELECT decision, status, occurrence, result FROM durable_ledger.begin_effect('dec-5', 'pay', '{"invoice": 55}');
+-- only a call after that is a second one
+SELECT decision, occurrence FROM durable_ledger.begin_effect('dec-5', 'pay', '{"invoice": 55}');
+SELECT durable_ledger.release_run('dec-5');
+
+-- ===================================================================
 -- clean up: release every lease this file took
 -- ===================================================================
 SELECT durable_ledger.release_run('dec-1') AS dec1, durable_ledger.release_run('dec-2') AS dec2,

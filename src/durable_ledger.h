@@ -71,8 +71,12 @@ typedef struct HeldRun HeldRun;
 extern HeldRun *dl_lease_for_call(const char *run);
 extern int64 dl_lease_epoch(const HeldRun *held);
 extern const char *dl_lease_run(const HeldRun *held);
-extern int32 dl_lease_next_occurrence(HeldRun *held, const char *tool,
-									  const char *canon, int canon_len);
+typedef struct CallCounter CallCounter;
+
+extern CallCounter *dl_lease_call_counter(HeldRun *held, const char *tool,
+										  const char *canon, int canon_len,
+										  int32 *next);
+extern void dl_lease_count_call(HeldRun *held, CallCounter *counter);
 extern bool dl_lease_acquire(const char *run, bool wait);
 extern bool dl_lease_release(const char *run);
 extern bool dl_lease_is_live(const char *run, int64 epoch);

@@ -41,11 +41,11 @@ typedef struct CallKey
 	char	   *bytes;			/* tool, '\0', canonical args */
 } CallKey;
 
-typedef struct CallCounter
+struct CallCounter
 {
 	CallKey		key;			/* must be first */
 	int32		count;
-} CallCounter;
+};
 
 struct HeldRun
 {
@@ -337,8 +337,37 @@ add_held(const char *run, uint64 lock_key)
 }
 
 static void
+forget_held(HeldRun *held)
+{
+	uint64		lock_key = held->lock_key;
+
+	if (held->epoch_cxt != NULL)
+		MemoryContextDelete(held->epoch_cxt);
+	pfree(held->run);
+	hash_search(held_runs, &lock_key, HASH_REMOVE, NULL);
+}
+
+/*
+ * Room for one more lease.  Runs whose lock was lost behind our back are
+ * remembered so that their next call fails instead of silently starting a
+ * new epoch; they hold no lock, so under pressure they are forgotten first.
+ */
+static void
 check_lease_capacity(const char *run)
 {
+	HASH_SEQ_STATUS scan;
+	HeldRun    *held;
+
+	if (hash_get_num_entries(held_runs) < dl_max_leases_per_session)
+		return;
+
+	hash_seq_init(&scan, held_runs);
+	while ((held = hash_seq_search(&scan)) != NULL)
+	{
+		if (!lock_held_by_me(held->lock_key))
+			forget_held(held);	/* deleting the current entry is allowed */
+	}
+
 	if (hash_get_num_entries(held_runs) >= dl_max_leases_per_session)
 		ereport(ERROR,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
@@ -403,42 +432,54 @@ dl_lease_run(const HeldRun *held)
 	return held->run;
 }
 
-/* Advances and returns the occurrence number of (tool, canonical args). */
-int32
-dl_lease_next_occurrence(HeldRun *held, const char *tool, const char *canon,
-						 int canon_len)
+/*
+ * The counter of identical calls (tool, canonical args) in the held run's
+ * current epoch; *next is the occurrence number the next such call gets.
+ * Nothing is counted until dl_lease_count_call().
+ */
+CallCounter *
+dl_lease_call_counter(HeldRun *held, const char *tool, const char *canon,
+					  int canon_len, int32 *next)
 {
 	size_t		tool_len = strlen(tool);
+	char	   *bytes;
 	CallKey		probe;
 	CallCounter *counter;
 	bool		found;
-	UndoEntry  *e;
 
 	probe.len = tool_len + 1 + canon_len;
-	probe.bytes = palloc(probe.len);
-	memcpy(probe.bytes, tool, tool_len + 1);
-	memcpy(probe.bytes + tool_len + 1, canon, canon_len);
-	probe.hash = hash_bytes((const unsigned char *) probe.bytes, probe.len);
+	bytes = palloc(probe.len);
+	memcpy(bytes, tool, tool_len + 1);
+	memcpy(bytes + tool_len + 1, canon, canon_len);
+	probe.bytes = bytes;
+	probe.hash = hash_bytes((const unsigned char *) bytes, probe.len);
 
 	counter = hash_search(held->counters, &probe, HASH_FIND, NULL);
 	if (counter == NULL)
 	{
-		char	   *kept = MemoryContextAlloc(held->epoch_cxt, probe.len);
-
-		memcpy(kept, probe.bytes, probe.len);
-		probe.bytes = kept;
+		/* the table keeps its own copy of the key, in the epoch's memory */
+		probe.bytes = MemoryContextAlloc(held->epoch_cxt, probe.len);
+		memcpy(probe.bytes, bytes, probe.len);
 		counter = hash_search(held->counters, &probe, HASH_ENTER, &found);
 		counter->count = 0;
 	}
+	pfree(bytes);
 	if (counter->count == PG_INT32_MAX)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("too many identical calls in one lease epoch of run \"%s\"", held->run)));
+	*next = counter->count + 1;
+	return counter;
+}
 
-	e = push_undo(UNDO_COUNT, held);
+/* Counts a call: its occurrence number is used up (undone on rollback). */
+void
+dl_lease_count_call(HeldRun *held, CallCounter *counter)
+{
+	UndoEntry  *e = push_undo(UNDO_COUNT, held);
+
 	e->counter = counter;
 	counter->count++;
-	return counter->count;
 }
 
 /* acquire_run: take the lease if needed, and start a new epoch in any case. */
@@ -494,10 +535,7 @@ dl_lease_release(const char *run)
 		LockRelease(&tag, ExclusiveLock, true);
 	}
 	epoch = held->epoch;
-	if (held->epoch_cxt != NULL)
-		MemoryContextDelete(held->epoch_cxt);
-	pfree(held->run);
-	hash_search(held_runs, &lock_key, HASH_REMOVE, NULL);
+	forget_held(held);
 
 	if (was_held)
 		dl_store_end_epoch(run, epoch);

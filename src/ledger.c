@@ -279,6 +279,7 @@ dl_begin_effect(PG_FUNCTION_ARGS)
 	StringInfoData canon;
 	NewIntent	intent;
 	HeldRun    *held;
+	CallCounter *counter = NULL;
 	char		derived_key[DL_KEY_HEX_LEN + 1];
 	Decision	d = {0};
 	Datum		values[8];
@@ -314,12 +315,21 @@ dl_begin_effect(PG_FUNCTION_ARGS)
 	}
 	else
 	{
-		intent.occurrence = dl_lease_next_occurrence(held, tool, canon.data, canon.len);
+		counter = dl_lease_call_counter(held, tool, canon.data, canon.len,
+										&intent.occurrence);
 		dl_derive_key(run, tool, canon.data, canon.len, intent.occurrence, derived_key);
 		intent.key = derived_key;
 	}
 
 	decide(&intent, canon.data, &d);
+
+	/*
+	 * A paused call did not happen: it does not use up its occurrence, so
+	 * asking again in this epoch asks about the same effect (pause until a
+	 * person resolves it, then its outcome) and never executes a new one.
+	 */
+	if (counter != NULL && d.kind != DECIDE_PAUSE)
+		dl_lease_count_call(held, counter);
 
 	/* form the answer where it outlives SPI_finish */
 	values[0] = CStringGetTextDatum(intent.key);

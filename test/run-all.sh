@@ -13,10 +13,13 @@ pgxs_dir=$(dirname "$("$PG_CONFIG" --pgxs)")/../..
 pg_regress=$pgxs_dir/src/test/regress/pg_regress
 
 make -s -C "$top" install >/dev/null || { echo "make install failed"; echo "0 passed, 1 failed"; exit 1; }
+# the JavaScript client's one dependency (node-postgres), from the lock file
+(cd "$top/clients/js" && npm ci --no-audit --no-fund --silent) ||
+	{ echo "npm ci in clients/js failed"; echo "0 passed, 1 failed"; exit 1; }
 
 work=$(mktemp -d /tmp/durable_ledger_tests.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-cp -r "$top/sql" "$top/expected" "$top/test" "$top/demo" "$work/"
+cp -r "$top/sql" "$top/expected" "$top/test" "$top/demo" "$top/clients" "$work/"
 
 if [ "$(id -u)" = 0 ]; then
 	chown -R postgres: "$work"
@@ -60,6 +63,7 @@ run_suite regression "$pg_regress" \
 	--bindir="$bindir" \
 	--inputdir="$work" \
 	--outputdir="$work/regress" \
+	--encoding=UTF8 \
 	--load-extension=pgcrypto --load-extension=dblink \
 	$regress_tests
 
@@ -69,6 +73,7 @@ run_suite isolation "$pgxs_dir/src/test/isolation/pg_isolation_regress" \
 	--bindir="$bindir" \
 	--inputdir="$work/test" \
 	--outputdir="$work/isolation" \
+	--encoding=UTF8 \
 	--load-extension=durable_ledger \
 	$isolation_tests
 

@@ -14,7 +14,7 @@ At the end: every invoice paid exactly as often as planned, no key paid twice,
 nothing unresolved, no conflict.  Prints "ok - ..." / "not ok - ..." lines and
 exits non-zero when a check fails.
 
-    fleet_chaos.py --dsn DSN [--seed 42] [--runs 40] [--kills 60] [--workers 6]
+    fleet_chaos.py --dsn DSN [--seed 42] [--runs 40] [--kills 60] [--workers 6] [--kill-chance 0.15]
 
 The default size runs in well under a minute; a soak run raises --runs and
 --kills (see README).  Needs Debian's python3-psycopg (psycopg 3).
@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import selectors
 import signal
 import subprocess
 import sys
@@ -40,9 +41,11 @@ TIMEOUT_SECONDS = 240
 # The worker: one attempt at one run.
 # --------------------------------------------------------------------------
 
-def jitter(rng):
-    """A short random pause, so that SIGKILLs land between any two steps."""
-    time.sleep(rng.random() * 0.004)
+def phase(rng, name):
+    """Tells the orchestrator where the worker is, then pauses a moment: a
+    SIGKILL sent on hearing it lands exactly between two steps."""
+    print(name, flush=True)
+    time.sleep(rng.random() * 0.005)
 
 
 def worker(dsn, run, plan):
@@ -58,12 +61,12 @@ def worker(dsn, run, plan):
                 "SELECT key, decision, status FROM durable_ledger.begin_effect(%s, 'bank.pay', %s, %s)",
                 (run, Jsonb(args), step.get("business_key"))).fetchone()
             if decision == "execute":
-                jitter(rng)
+                phase(rng, "intent recorded")
                 payment_id = conn.execute(
                     "INSERT INTO bank_payments (invoice, amount, idempotency_key, run)"
                     " VALUES (%s, %s, %s, %s) RETURNING id",
                     (step["invoice"], step["amount"], key, run)).fetchone()[0]
-                jitter(rng)
+                phase(rng, "paid at the bank")
                 conn.execute("SELECT durable_ledger.complete_effect(%s, %s)",
                              (key, Jsonb({"payment_id": payment_id})))
                 break
@@ -74,7 +77,7 @@ def worker(dsn, run, plan):
             if decision == "pause":
                 sys.exit(PAUSED)
             time.sleep(0.01)  # in_progress: another run is paying this business key now
-        jitter(rng)
+        phase(rng, "step done")
     conn.execute("SELECT durable_ledger.release_run(%s)", (run,))
     conn.close()
     sys.exit(0)
@@ -163,6 +166,7 @@ def orchestrate(args):
     pending = sorted(plans)           # runs to (re)deliver
     done = set()
     live = []                         # (process, run)
+    selector = selectors.DefaultSelector()
     stats = {"workers started": 0, "killed": 0, "delivered twice": 0,
              "paused": 0, "resolved by the reconciler": 0, "errors": 0}
     kills_left = args.kills
@@ -172,8 +176,9 @@ def orchestrate(args):
         proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "worker", "--dsn", worker_dsn,
              "--run", run, "--plan", json.dumps(plans[run])],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         live.append((proc, run))
+        selector.register(proc.stdout, selectors.EVENT_READ, proc)
         stats["workers started"] += 1
 
     while (pending or live) and time.monotonic() < deadline:
@@ -184,10 +189,14 @@ def orchestrate(args):
                 start(run)  # the queue redelivers: two workers on one run at once
                 stats["delivered twice"] += 1
 
-        time.sleep(0.005)
-        if kills_left > 0 and live and rng.random() < 0.25:
-            proc, run = rng.choice(live)
-            if proc.poll() is None:
+        # a worker reports each step; now and then it is killed right there
+        for event, _ in selector.select(timeout=0.01):
+            proc = event.data
+            line = proc.stdout.readline()
+            if not line:
+                selector.unregister(proc.stdout)
+                continue
+            if kills_left > 0 and rng.random() < args.kill_chance and proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)  # the pod is evicted
                 kills_left -= 1
                 stats["killed"] += 1
@@ -198,6 +207,9 @@ def orchestrate(args):
             if code is None:
                 continue
             live.remove((proc, run))
+            if proc.stdout in selector.get_map():
+                selector.unregister(proc.stdout)
+            proc.stdout.close()
             err = proc.stderr.read().decode(errors="replace")
             proc.stderr.close()
             if code == 0:
@@ -265,6 +277,8 @@ def main():
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--kills", type=int, default=60)
     parser.add_argument("--workers", type=int, default=6)
+    parser.add_argument("--kill-chance", type=float, default=0.15,
+                        help="chance that a worker is killed at a step it reports")
     parser.add_argument("--run")
     parser.add_argument("--plan")
     args = parser.parse_args()

@@ -1,0 +1,151 @@
+// Type declarations for durable-ledger (hand-written; the package is plain ES modules).
+
+/** Anything with node-postgres' query(): a pg Client or PoolClient. */
+export interface Queryable {
+  query(text: string, values?: unknown[]): Promise<{ rows: any[] }>;
+  /** pg >= 8.21: 'I' idle, 'T' in a transaction, 'E' in a failed transaction. */
+  getTransactionStatus?(): string | null;
+}
+
+export type DecisionWord = 'execute' | 'replay' | 'pause' | 'in_progress';
+export type EffectStatusWord = 'started' | 'completed' | 'failed' | 'unknown';
+
+/** A row of durable_ledger.decision, as begin_effect returns it. */
+export interface Decision {
+  key: string;
+  decision: DecisionWord;
+  status: EffectStatusWord;
+  occurrence: number | null;
+  attempt: number;
+  result: unknown;
+  error: unknown;
+  reason: string | null;
+}
+
+/** A row of durable_ledger.effects, as effect_status returns it. */
+export interface EffectRow {
+  key: string;
+  run: string;
+  tool: string;
+  args: unknown;
+  business_key: boolean;
+  occurrence: number | null;
+  attempt: number;
+  status: EffectStatusWord;
+  result: unknown;
+  error: unknown;
+  meta: unknown;
+  /** bigint: node-postgres returns it as a string */
+  lease_epoch: string;
+  holder_pid: number;
+  created_at: Date;
+  completed_at: Date | null;
+  resolved_by: string | null;
+  resolution_note: string | null;
+  conflict: boolean;
+}
+
+export interface CallOptions {
+  /** An operation identity shared across runs (invoice number, order id). */
+  businessKey?: string | null;
+  /** Free JSON stored with the intent (model, prompt version, trace id...). */
+  meta?: unknown;
+}
+
+export interface GuardedCall<T> extends CallOptions {
+  run: string;
+  tool: string;
+  /** Any JSON value; key order, white space and number spelling do not matter. */
+  args: unknown;
+  /** Performs the effect; pass `key` downstream as the idempotency key. */
+  perform: (key: string) => T | Promise<T>;
+}
+
+/** Base class of every error raised about a ledger decision. */
+export class LedgerError extends Error {
+  constructor(
+    message: string,
+    fields?: { key?: string | null; decision?: string | null; reason?: string | null; cause?: unknown }
+  );
+  key: string | null;
+  decision: string | null;
+  reason: string | null;
+}
+
+/** The effect is recorded as failed (now, or replayed from an earlier attempt). Nothing happened. */
+export class EffectFailed extends LedgerError {
+  constructor(
+    message: string,
+    fields: { key: string; decision: string; reason?: string | null; error?: unknown; replayed: boolean; cause?: unknown }
+  );
+  key: string;
+  /** The recorded error (JSON). */
+  error: unknown;
+  /** true when an earlier attempt's recorded failure was replayed. */
+  replayed: boolean;
+}
+
+/** `pause`: an earlier attempt's outcome is unknown; a person must resolve_effect it. */
+export class EffectPaused extends LedgerError {
+  key: string;
+}
+
+/** `in_progress`: another live lease is performing this business key right now. */
+export class EffectInProgress extends LedgerError {
+  key: string;
+}
+
+/**
+ * A guarded call on a run whose current attempt already hit an unknown outcome or a pause.
+ * Going on would be unsafe (a repeated call is the next occurrence, with a new key, and would
+ * execute). End the attempt; once resolved, a new attempt (acquireRun / attempt()) replays it.
+ * `key` is the effect that stopped the run.
+ */
+export class RunStopped extends LedgerError {
+  key: string;
+}
+
+/** Throw from perform() when the downstream API definitively refused before changing anything. */
+export class EffectDidNotHappen extends Error {
+  constructor(error?: unknown, message?: string);
+  /** JSON recorded with fail_effect. */
+  error: unknown;
+}
+
+export class Ledger {
+  /**
+   * @param client a connected pg Client or PoolClient. A lease is a session lock: use the
+   *   same client for a whole attempt; never a transaction-pooling PgBouncer.
+   */
+  constructor(client: Queryable);
+  readonly client: Queryable;
+
+  /** durable_ledger.begin_effect, as is (no transaction check, no control flow). */
+  beginEffect(run: string, tool: string, args: unknown, options?: CallOptions): Promise<Decision>;
+
+  /**
+   * Runs one side effect at most once. Resolves to the result as recorded in the ledger
+   * (a JSON round trip of what perform returned; undefined becomes null).
+   * @throws EffectFailed, EffectPaused, EffectInProgress, LedgerError, or perform's own
+   *   error (outcome unknown: the next attempt pauses).
+   */
+  guarded<T = unknown>(call: GuardedCall<T>): Promise<any>;
+
+  /** Wraps a side-effecting tool: fn(args, idempotencyKey) runs only on `execute`. */
+  tool<A = unknown, R = unknown>(
+    name: string,
+    fn: (args: A, idempotencyKey: string) => R | Promise<R>
+  ): (run: string, args: A, options?: CallOptions) => Promise<any>;
+
+  /** durable_ledger.acquire_run: takes the lease and starts a new attempt. */
+  acquireRun(run: string, options?: { wait?: boolean }): Promise<boolean>;
+
+  /** durable_ledger.release_run: false when this session did not hold the run. */
+  releaseRun(run: string): Promise<boolean>;
+
+  /** durable_ledger.effect_status: the row, or null for a key never seen. */
+  effectStatus(key: string): Promise<EffectRow | null>;
+
+  /** acquireRun(run), fn(run), releaseRun(run) in finally. */
+  attempt<T>(run: string, fn: (run: string) => T | Promise<T>): Promise<T>;
+}

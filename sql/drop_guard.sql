@@ -1,0 +1,162 @@
+-- drop_guard (runs last): DROP EXTENSION durable_ledger, a DROP SCHEMA ... CASCADE and a
+-- DROP OWNED that would take the ledger along are refused (55006) while it holds effects,
+-- unless the session sets durable_ledger.allow_drop = on; other extensions, schemas and
+-- roles drop as usual; the group roles outlive the extension; it can be created again
+-- and an empty ledger drops without the setting. Ends with a fresh, empty ledger installed.
+\set VERBOSITY sqlstate
+
+SELECT decision FROM durable_ledger.begin_effect('drop-1', 'pay', '{}');
+SELECT durable_ledger.release_run('drop-1') AS released;
+SELECT count(*) AS effects FROM durable_ledger.effects \gset
+SELECT :effects > 0 AS ledger_holds_effects;
+SHOW durable_ledger.allow_drop;
+
+-- ==== refused while the ledger holds effects (each in a transaction, rolled back anyway) ====
+BEGIN;
+DROP EXTENSION durable_ledger;
+ROLLBACK;
+BEGIN;
+DROP EXTENSION durable_ledger CASCADE;
+ROLLBACK;
+BEGIN;
+DROP EXTENSION IF EXISTS durable_ledger;
+ROLLBACK;
+BEGIN;
+DROP EXTENSION pg_trgm_not_installed_regress, durable_ledger;
+ROLLBACK;
+BEGIN;
+DROP EXTENSION "durable_ledger" RESTRICT;
+ROLLBACK;
+BEGIN;
+DROP SCHEMA durable_ledger CASCADE;
+ROLLBACK;
+BEGIN;
+DROP SCHEMA IF EXISTS regress_no_such_schema, durable_ledger CASCADE;
+ROLLBACK;
+-- allow_drop set to off explicitly is no permission either
+SET durable_ledger.allow_drop = off;
+BEGIN;
+DROP EXTENSION durable_ledger;
+ROLLBACK;
+RESET durable_ledger.allow_drop;
+\set VERBOSITY default
+DROP EXTENSION durable_ledger;
+\set VERBOSITY sqlstate
+-- its tables are extension members: they cannot be dropped one by one either
+BEGIN;
+DROP TABLE durable_ledger.effects;
+ROLLBACK;
+BEGIN;
+DROP TABLE durable_ledger.effects CASCADE;
+ROLLBACK;
+-- a fresh session, where only the event trigger loads the library, is refused too
+SELECT dblink_connect('regress_fresh', 'dbname=' || current_database());
+SELECT * FROM dblink('regress_fresh',
+         $$SELECT count(*) FROM pg_settings WHERE name = 'durable_ledger.allow_drop'$$) AS t(loaded bigint);
+\set VERBOSITY terse
+DO $$
+BEGIN
+    PERFORM dblink_exec('regress_fresh', 'DROP EXTENSION durable_ledger');
+    RAISE NOTICE 'fresh session: dropped';
+EXCEPTION WHEN OTHERS THEN
+    RAISE NOTICE 'fresh session: refused with %', SQLSTATE;
+END
+$$;
+\set VERBOSITY sqlstate
+SELECT dblink_disconnect('regress_fresh');
+-- the extension, its schema and every effect are still there
+SELECT extname, extversion FROM pg_extension WHERE extname = 'durable_ledger';
+SELECT count(*) = :effects AS same_effects FROM durable_ledger.effects;
+SELECT count(*) AS tables FROM pg_tables WHERE schemaname = 'durable_ledger';
+
+-- ==== unrelated drops are not affected ====
+CREATE EXTENSION hstore;
+DROP EXTENSION hstore;
+CREATE EXTENSION pg_trgm;
+CREATE EXTENSION fuzzystrmatch;
+DROP EXTENSION pg_trgm, fuzzystrmatch CASCADE;
+SELECT count(*) AS leftover FROM pg_extension WHERE extname IN ('hstore', 'pg_trgm', 'fuzzystrmatch');
+CREATE SCHEMA regress_drop_other;
+CREATE TABLE regress_drop_other.t (x int);
+DROP SCHEMA regress_drop_other CASCADE;
+CREATE ROLE regress_drop_someone NOLOGIN;
+CREATE TABLE public.regress_drop_owned (x int);
+ALTER TABLE public.regress_drop_owned OWNER TO regress_drop_someone;
+DROP OWNED BY regress_drop_someone;
+DROP ROLE regress_drop_someone;
+SELECT to_regclass('public.regress_drop_owned') AS dropped_table;
+-- without CASCADE PostgreSQL itself refuses to drop the ledger's schema
+DROP SCHEMA durable_ledger;
+SELECT extname FROM pg_extension WHERE extname = 'durable_ledger';
+
+-- ==== with allow_drop = on the drop goes through ====
+-- (in a fresh session, set before the library is loaded: the setting is picked up)
+SELECT dblink_connect('regress_fresh', 'dbname=' || current_database());
+SELECT dblink_exec('regress_fresh', 'SET durable_ledger.allow_drop = on');
+SELECT dblink_exec('regress_fresh', 'DROP EXTENSION durable_ledger');
+SELECT * FROM dblink('regress_fresh', 'SHOW durable_ledger.allow_drop') AS t(allow_drop text);
+SELECT dblink_disconnect('regress_fresh');
+SELECT count(*) AS extension FROM pg_extension WHERE extname = 'durable_ledger';
+SELECT count(*) AS ledger_tables FROM pg_class WHERE relname IN ('effects', 'runs', 'audit_log')
+   AND relnamespace::regnamespace::text = 'durable_ledger';
+SELECT count(*) AS event_triggers FROM pg_event_trigger WHERE evtname = 'durable_ledger_guard_drop';
+-- the group roles are cluster-wide and survive, with their memberships
+SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname LIKE 'durable_ledger_%' ORDER BY rolname;
+SELECT pg_has_role('durable_ledger_admin', 'durable_ledger_worker', 'MEMBER') AS admin_is_worker,
+       pg_has_role('durable_ledger_admin', 'durable_ledger_auditor', 'MEMBER') AS admin_is_auditor;
+
+-- ==== created again: works with the roles already there; the ledger is empty ====
+CREATE EXTENSION durable_ledger;
+SELECT extname, extversion FROM pg_extension WHERE extname = 'durable_ledger';
+SELECT count(*) AS effects FROM durable_ledger.effects;
+SELECT rolname FROM pg_roles WHERE rolname LIKE 'durable_ledger_%' ORDER BY rolname;
+SELECT has_function_privilege('durable_ledger_worker', 'durable_ledger.begin_effect(text,text,jsonb,text,jsonb)', 'EXECUTE') AS worker_can_begin,
+       has_table_privilege('durable_ledger_auditor', 'durable_ledger.effects', 'SELECT') AS auditor_can_read,
+       has_function_privilege('public', 'durable_ledger.begin_effect(text,text,jsonb,text,jsonb)', 'EXECUTE') AS public_can_begin;
+-- an empty ledger drops without the setting, even after leases were taken
+SELECT durable_ledger.acquire_run('drop-2') AS acquired, durable_ledger.release_run('drop-2') AS released;
+SELECT count(*) AS effects, (SELECT count(*) FROM durable_ledger.runs) AS runs FROM durable_ledger.effects;
+DROP EXTENSION durable_ledger;
+SELECT count(*) AS extension FROM pg_extension WHERE extname = 'durable_ledger';
+
+-- ==== the same session can use a re-created ledger ====
+CREATE EXTENSION durable_ledger;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-3', 'pay', '{}');
+SELECT status FROM durable_ledger.complete_effect(durable_ledger.effect_key('drop-3', 'pay', '{}', 1), '{"ok": 1}');
+SELECT durable_ledger.release_run('drop-3') AS released;
+BEGIN;
+DROP EXTENSION durable_ledger;
+ROLLBACK;
+SET durable_ledger.allow_drop = on;
+DROP EXTENSION durable_ledger;
+RESET durable_ledger.allow_drop;
+
+-- ==== DROP OWNED BY the extension's owner is guarded too ====
+CREATE ROLE regress_drop_owner SUPERUSER NOLOGIN;
+SET ROLE regress_drop_owner;
+CREATE EXTENSION durable_ledger;
+SELECT decision FROM durable_ledger.begin_effect('drop-4', 'pay', '{}');
+SELECT durable_ledger.release_run('drop-4') AS released;
+RESET ROLE;
+SELECT pg_get_userbyid(extowner) AS owner FROM pg_extension WHERE extname = 'durable_ledger';
+BEGIN;
+DROP OWNED BY regress_drop_owner;
+ROLLBACK;
+CREATE ROLE regress_drop_bystander NOLOGIN;
+BEGIN;
+DROP OWNED BY regress_drop_bystander, regress_drop_owner;
+ROLLBACK;
+DROP ROLE regress_drop_bystander;
+SELECT count(*) AS extension FROM pg_extension WHERE extname = 'durable_ledger';
+SET durable_ledger.allow_drop = on;
+DROP OWNED BY regress_drop_owner;
+RESET durable_ledger.allow_drop;
+SELECT count(*) AS extension FROM pg_extension WHERE extname = 'durable_ledger';
+DROP ROLE regress_drop_owner;
+
+-- ==== leave a clean database: the extension installed, its ledger empty ====
+CREATE EXTENSION durable_ledger;
+SELECT extname, pg_get_userbyid(extowner) = current_user AS owned_by_me,
+       (SELECT count(*) FROM durable_ledger.effects) AS effects
+  FROM pg_extension WHERE extname = 'durable_ledger';
+SELECT count(*) AS regress_roles FROM pg_roles WHERE rolname LIKE 'regress_drop%';
