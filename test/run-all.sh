@@ -19,7 +19,7 @@ make -s -C "$top" install >/dev/null || { echo "make install failed"; echo "0 pa
 
 work=$(mktemp -d /tmp/durable_ledger_tests.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-cp -r "$top/sql" "$top/expected" "$top/test" "$top/demo" "$top/clients" "$work/"
+cp -r "$top/sql" "$top/expected" "$top/test" "$top/demo" "$top/clients" "$top/README.md" "$work/"
 
 if [ "$(id -u)" = 0 ]; then
 	chown -R postgres: "$work"
