@@ -117,7 +117,8 @@ typedef struct NewIntent
 
 extern int64 dl_store_start_epoch(const char *run, uint64 lock_key, bool waited);
 extern void dl_store_end_epoch(const char *run, int64 epoch);
-extern bool dl_store_run_state(const char *run, int64 *epoch, bool *released);
+extern bool dl_store_run_state(const char *run, int64 *epoch, bool *released,
+							   int *holder_pid);
 extern bool dl_store_insert_intent(const NewIntent *intent);
 extern bool dl_store_fetch_effect(const char *key, bool for_update, EffectRow *row);
 extern bool dl_store_mark_unknown(const char *key, int64 lease_epoch);

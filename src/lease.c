@@ -543,10 +543,11 @@ dl_lease_release(const char *run)
 }
 
 /*
- * Is the lease that started an effect (run, epoch) still live?  It is when
- * its epoch is the run's current one, not released, and somebody holds the
- * run's lock.  A lock taken by a newcomer whose epoch is not committed yet
- * also counts as live: the conservative answer ("may still be in flight").
+ * Is the lease that started an effect (run, epoch) still live?  It is while
+ * epoch is the run's current one, not released, and the backend that took it
+ * still holds the run's lock.  The durable_ledger.unresolved view asks the
+ * same question in SQL; both must agree, or a person could be shown an effect
+ * that resolve_effect then refuses.
  */
 bool
 dl_lease_is_live(const char *run, int64 epoch)
@@ -555,21 +556,13 @@ dl_lease_is_live(const char *run, int64 epoch)
 	HeldRun    *held = find_held(run, lock_key);
 	int64		current_epoch;
 	bool		released;
-	LOCKTAG		tag;
-	LockAcquireResult res;
+	int			holder_pid;
 
 	if (held != NULL && lock_held_by_me(lock_key))
 		return held->epoch == epoch;
 
-	if (!dl_store_run_state(run, &current_epoch, &released) ||
+	if (!dl_store_run_state(run, &current_epoch, &released, &holder_pid) ||
 		current_epoch != epoch || released)
 		return false;
-
-	/* probe the lock without waiting; a transaction-level hold, let go at once */
-	set_lock_tag(&tag, lock_key);
-	res = LockAcquireExtended(&tag, ExclusiveLock, false, true, true, NULL);
-	if (res == LOCKACQUIRE_NOT_AVAIL)
-		return true;
-	LockRelease(&tag, ExclusiveLock, false);
-	return false;
+	return dl_store_lease_holder_pid(lock_key) == holder_pid;
 }

@@ -614,6 +614,7 @@ dl_break_lease(PG_FUNCTION_ARGS)
 	DetailBuilder detail;
 	int64		epoch = 0;
 	bool		released;
+	int			epoch_holder;
 
 	spi_connect();
 	holder = dl_store_lease_holder_pid(dl_run_lock_key(run));
@@ -632,7 +633,7 @@ dl_break_lease(PG_FUNCTION_ARGS)
 												  Int32GetDatum(holder),
 												  Int64GetDatum(BREAK_LEASE_WAIT_MS)));
 
-	(void) dl_store_run_state(run, &epoch, &released);
+	(void) dl_store_run_state(run, &epoch, &released, &epoch_holder);
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "broken_by", broken_by);
 	dl_detail_text(&detail, "note", note);

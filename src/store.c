@@ -78,7 +78,7 @@ static const Statement statements[NUM_STATEMENTS] = {
 		2, {TEXTOID, INT8OID}
 	},
 	[STMT_RUN_STATE] = {
-		"SELECT epochs, released_at IS NOT NULL FROM durable_ledger.runs WHERE run" EQ "$1",
+		"SELECT epochs, released_at IS NOT NULL, holder_pid FROM durable_ledger.runs WHERE run" EQ "$1",
 		1, {TEXTOID}
 	},
 	[STMT_INSERT_INTENT] = {
@@ -230,8 +230,9 @@ dl_store_end_epoch(const char *run, int64 epoch)
 	dl_audit(run, NULL, "lease_released", NULL, epoch > 0 ? epoch : 0);
 }
 
+/* The run's current epoch, whether it was released, and who took it. */
 bool
-dl_store_run_state(const char *run, int64 *epoch, bool *released)
+dl_store_run_state(const char *run, int64 *epoch, bool *released, int *holder_pid)
 {
 	Datum		values[1];
 	bool		isnull;
@@ -241,6 +242,7 @@ dl_store_run_state(const char *run, int64 *epoch, bool *released)
 		return false;
 	*epoch = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	*released = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	*holder_pid = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
 	return true;
 }
 
