@@ -14,7 +14,8 @@ At the end: every invoice paid exactly as often as planned, no key paid twice,
 nothing unresolved, no conflict.  Prints "ok - ..." / "not ok - ..." lines and
 exits non-zero when a check fails.
 
-    fleet_chaos.py --dsn DSN [--seed 42] [--runs 40] [--kills 60] [--workers 6] [--kill-chance 0.15]
+    fleet_chaos.py --dsn DSN [--seed 42] [--runs 40] [--kills 60] [--workers 6]
+                   [--kill-chance 0.15] [--timeout 240]
 
 The default size runs in well under a minute; a soak run raises --runs and
 --kills (see README).  Needs Debian's python3-psycopg (psycopg 3).
@@ -34,7 +35,6 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 PAUSED = 3  # a worker's exit status when the run pauses for a person
-TIMEOUT_SECONDS = 240
 
 
 # --------------------------------------------------------------------------
@@ -174,7 +174,7 @@ def orchestrate(args):
     stats = {"workers started": 0, "killed": 0, "delivered twice": 0,
              "paused": 0, "resolved by the reconciler": 0, "errors": 0}
     kills_left = args.kills
-    deadline = time.monotonic() + TIMEOUT_SECONDS
+    deadline = time.monotonic() + args.timeout
 
     def start(run):
         proc = subprocess.Popen(
@@ -281,6 +281,8 @@ def main():
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--kills", type=int, default=60)
     parser.add_argument("--workers", type=int, default=6)
+    parser.add_argument("--timeout", type=float, default=240,
+                        help="seconds before the orchestrator gives up")
     parser.add_argument("--kill-chance", type=float, default=0.15,
                         help="chance that a worker is killed at a step it reports")
     parser.add_argument("--run")
