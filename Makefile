@@ -51,7 +51,7 @@ PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
 # The whole test suite in throwaway clusters; see README "Running the tests".
-.PHONY: test deps demo
+.PHONY: test deps demo bench
 deps:
 	test/install-deps.sh
 test: all
@@ -60,6 +60,10 @@ test: all
 # The main job, on a throwaway cluster: see README "The demo".
 demo:
 	demo/run.sh
+
+# Speed against the floor of what durability costs; not part of the tests.
+bench:
+	bench/run.sh $(BENCH_ARGS)
 
 print-%:
 	@echo $($*)

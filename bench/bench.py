@@ -1,0 +1,242 @@
+#!/usr/bin/python3
+"""make bench: durable_ledger against the floor of what durability costs.
+
+The floor is the same writes done by hand, one round trip each (bench/floor_pair.sql).
+Every comparison runs interleaved in one cluster (A B A B ...) and reports the
+median of its rounds as a ratio; absolute numbers are context only.  Run by
+bench/run.sh against a throwaway cluster.
+"""
+
+import argparse
+import datetime
+import glob
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def pgbench(args, script, clients, seconds, logdir, tag):
+    """Runs one pgbench round; returns (tps, p50 ms, p99 ms)."""
+    prefix = os.path.join(logdir, tag)
+    cmd = [args.pgbench, "-n", "-M", "prepared", "-f", os.path.join(HERE, script), "-c", str(clients),
+           "-j", str(min(clients, os.cpu_count() or 2)), "-T", str(seconds),
+           "-l", f"--log-prefix={prefix}", "-d", args.dsn]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"pgbench failed: {done.stderr.strip()}")
+    out = done.stdout
+    tps = next(float(line.split("=")[1].split()[0]) for line in out.splitlines()
+               if line.startswith("tps ="))
+    latencies = []
+    for path in glob.glob(prefix + ".*"):
+        with open(path) as f:
+            latencies += [int(line.split()[2]) for line in f]
+        os.remove(path)
+    latencies.sort()
+    q = lambda p: latencies[min(len(latencies) - 1, int(p * len(latencies)))] / 1000.0
+    return tps, q(0.50), q(0.99)
+
+
+def interleaved(rounds, a, b):
+    """Runs a() and b() alternately, rounds times each; returns the lists of results."""
+    ra, rb = [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            ra.append(a()); rb.append(b())
+        else:
+            rb.append(b()); ra.append(a())
+    return ra, rb
+
+
+def med(results, i):
+    return statistics.median(r[i] for r in results)
+
+
+def timed(conn, sql, params=None):
+    t = time.perf_counter()
+    conn.execute(sql, params)
+    return time.perf_counter() - t
+
+
+def cpu_bound(conn, rounds, n):
+    ledger_sql = f"""SELECT count(*) FROM generate_series(1, {n}) g,
+        LATERAL durable_ledger.begin_effect(%s, 'bank.pay', jsonb_build_object('invoice', g, 'amount', 4200))"""
+    floor_sql = f"""WITH i AS (
+        INSERT INTO floor_effects (key, run, tool, args, business_key, occurrence, attempt,
+                                   status, lease_epoch, holder_pid, created_at)
+        SELECT encode(sha256(convert_to(%s || '|' || g || '|' || random(), 'UTF8')), 'hex'), %s, 'bank.pay',
+               jsonb_build_object('invoice', g, 'amount', 4200), false, 1, 1, 'started', 1,
+               pg_backend_pid(), clock_timestamp()
+          FROM generate_series(1, {n}) g
+        RETURNING key, run)
+      INSERT INTO floor_audit (logged_at, run, key, event, role_name, session_user_name,
+                               application_name, client_addr, backend_pid, lease_epoch)
+      SELECT clock_timestamp(), run, key, 'intent', current_user, session_user,
+             current_setting('application_name'), inet_client_addr(), pg_backend_pid(), 1 FROM i"""
+    counter = iter(range(10 ** 6))
+
+    def ledger():
+        run = f"bench-cpu-{next(counter)}"
+        with conn.transaction():
+            t = timed(conn, ledger_sql, (run,))
+        conn.execute("SELECT durable_ledger.release_run(%s)", (run,))
+        return (t,)
+
+    def floor():
+        run = f"bench-cpu-floor-{next(counter)}"
+        with conn.transaction():
+            return (timed(conn, floor_sql, (run, run)),)
+
+    return interleaved(rounds, ledger, floor)
+
+
+def replay(conn, rounds, n):
+    """begin_effect of completed effects in a new lease epoch, against a plain
+    primary-key SELECT of the same rows; n calls in one transaction each."""
+    run = "bench-replay"
+    conn.execute(f"""SELECT durable_ledger.complete_effect(d.key, '{{"payment_id": "p"}}')
+                       FROM generate_series(1, {n}) g,
+                            LATERAL durable_ledger.begin_effect('{run}', 'bank.pay', jsonb_build_object('invoice', g)) d""")
+    keys = [r[0] for r in conn.execute(
+        "SELECT key FROM durable_ledger.effects WHERE run = %s ORDER BY occurrence, key", (run,))]
+    args = [Jsonb({"invoice": g}) for g in range(1, n + 1)]
+
+    def ledger():
+        conn.execute("SELECT durable_ledger.acquire_run(%s)", (run,))
+        t = time.perf_counter()
+        with conn.transaction():
+            for a in args:
+                conn.execute("SELECT decision FROM durable_ledger.begin_effect(%s, 'bank.pay', %s)",
+                             (run, a), prepare=True)
+        return (n / (time.perf_counter() - t),)
+
+    def select():
+        t = time.perf_counter()
+        with conn.transaction():
+            for k in keys:
+                conn.execute("SELECT * FROM durable_ledger.effects WHERE key = %s", (k,), prepare=True)
+        return (n / (time.perf_counter() - t),)
+
+    return interleaved(rounds, ledger, select)
+
+
+def ledger_bytes(conn):
+    return conn.execute("""
+        SELECT sum(pg_total_relation_size(c)) FROM unnest(ARRAY[
+            'durable_ledger.effects', 'durable_ledger.audit_log', 'durable_ledger.runs']::regclass[]) c""").fetchone()[0]
+
+
+def populate(conn, target):
+    """Grows the ledger to about target effects with rows shaped like real ones
+    (completed, an intent and a completion in the audit log), written in bulk."""
+    have = conn.execute("SELECT count(*) FROM durable_ledger.effects").fetchone()[0]
+    batch = 200000
+    while have < target:
+        n = min(batch, target - have)
+        conn.execute(f"""
+            WITH e AS (
+              INSERT INTO durable_ledger.effects (key, run, tool, args, business_key, occurrence, attempt,
+                  status, result, lease_epoch, holder_pid, created_at, completed_at)
+              SELECT encode(sha256(convert_to('fill|' || {have} + g, 'UTF8')), 'hex'),
+                     'fill-' || (({have} + g) / 100), 'bank.pay',
+                     jsonb_build_object('invoice', {have} + g, 'amount', 4200, 'currency', 'USD'),
+                     false, 1, 1, 'completed', '{{"payment_id": "pay_1"}}', 1, 0,
+                     clock_timestamp(), clock_timestamp()
+                FROM generate_series(1, {n}) g
+              RETURNING key, run)
+            INSERT INTO durable_ledger.audit_log (logged_at, run, key, event, role_name, session_user_name,
+                  application_name, backend_pid, lease_epoch)
+            SELECT clock_timestamp(), run, key, ev, 'bench', 'bench', 'bench', 0, 1
+              FROM e, unnest(ARRAY['intent', 'completed']) ev""")
+        have += n
+    conn.execute("VACUUM ANALYZE durable_ledger.effects")
+    conn.execute("VACUUM ANALYZE durable_ledger.audit_log")
+    conn.execute("CHECKPOINT")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dsn", required=True)
+    p.add_argument("--pgbench", default="pgbench")
+    p.add_argument("--seconds", type=int, default=8, help="length of one pgbench round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of each side, interleaved")
+    p.add_argument("--clients", default="1,8,32")
+    p.add_argument("--big", type=int, default=2000000, help="effects in the ledger for the growth test")
+    args = p.parse_args()
+
+    conn = psycopg.connect(args.dsn, autocommit=True)
+    conn.execute(open(os.path.join(HERE, "floor.sql")).read())
+    logdir = tempfile.mkdtemp(prefix="durable_ledger_bench_logs.")
+    rows = []
+    say = lambda *a: print(*a, flush=True)
+
+    say("begin+complete against the floor ...")
+    for c in [int(x) for x in args.clients.split(",")]:
+        led, flo = interleaved(args.rounds,
+                               lambda: pgbench(args, "ledger_pair.sql", c, args.seconds, logdir, f"l{c}"),
+                               lambda: pgbench(args, "floor_pair.sql", c, args.seconds, logdir, f"f{c}"))
+        rows.append((f"begin+complete, {c} client{'s' if c > 1 else ''}",
+                     med(led, 0) / med(flo, 0), "≥ 0.97",
+                     f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "
+                     f"floor {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms)"))
+        say("  ", rows[-1])
+
+    say("20,000 intents in one transaction ...")
+    led, flo = cpu_bound(conn, args.rounds, 20000)
+    rows.append(("20,000 begin_effect in one transaction (time)", med(led, 0) / med(flo, 0), "≤ 1.3",
+                 f"ledger {med(led, 0) * 1000:.0f} ms; floor {med(flo, 0) * 1000:.0f} ms"))
+    say("  ", rows[-1])
+
+    say("replay against a primary-key SELECT ...")
+    led, sel = replay(conn, args.rounds, 5000)
+    rows.append(("replay in a new epoch vs PK SELECT (throughput)", med(led, 0) / med(sel, 0), "≥ 0.8",
+                 f"ledger {med(led, 0):.0f}/s; SELECT {med(sel, 0):.0f}/s (5,000 calls per transaction)"))
+    say("  ", rows[-1])
+
+    say("contention: 8 workers on 1 run ...")
+    hand = [pgbench(args, "handoff.sql", 8, args.seconds, logdir, "h8") for _ in range(args.rounds)]
+    one = [pgbench(args, "handoff.sql", 1, args.seconds, logdir, "h1") for _ in range(args.rounds)]
+    rows.append(("8 workers on 1 run: handoffs/s vs 1 worker", med(hand, 0) / med(one, 0), "(context)",
+                 f"{med(hand, 0):.0f} handoffs/s with 8 workers; {med(one, 0):.0f}/s with 1 (p99 {med(hand, 2):.2f} ms)"))
+    say("  ", rows[-1])
+
+    say("growth: 10,000 vs %d effects ..." % args.big)
+    before_bytes = ledger_bytes(conn)
+    before_n = conn.execute("SELECT count(*) FROM durable_ledger.effects").fetchone()[0]
+    populate(conn, 10000)
+    small = [pgbench(args, "ledger_pair.sql", 8, args.seconds, logdir, "g_small") for _ in range(args.rounds)]
+    n_small = conn.execute("SELECT count(*) FROM durable_ledger.effects").fetchone()[0]
+    bytes_small = ledger_bytes(conn)
+    populate(conn, args.big)
+    big = [pgbench(args, "ledger_pair.sql", 8, args.seconds, logdir, "g_big") for _ in range(args.rounds)]
+    rows.append((f"p99 at {args.big:,} effects vs at 10,000", med(big, 2) / med(small, 2), "≤ 1.2",
+                 f"p99 {med(big, 2):.2f} ms vs {med(small, 2):.2f} ms (8 clients); "
+                 f"p50 {med(big, 1):.2f} vs {med(small, 1):.2f} ms"))
+    say("  ", rows[-1])
+    per_effect = (bytes_small - before_bytes) / max(1, n_small - before_n)
+    rows.append(("bytes per effect (effects + audit log + runs, with indexes)", per_effect, "(context)",
+                 "measured over the effects written by real begin/complete pairs"))
+
+    cores = os.cpu_count()
+    print()
+    print(f"durable_ledger bench, {datetime.date.today()}, {cores} cores, PostgreSQL "
+          + conn.execute("SHOW server_version").fetchone()[0] + f", {platform.machine()}; "
+          f"median of {args.rounds} interleaved rounds of {args.seconds} s")
+    print()
+    print("| measure | ratio | target | context |")
+    print("| --- | --- | --- | --- |")
+    for name, ratio, target, ctx in rows:
+        value = f"{ratio:.0f}" if name.startswith("bytes") else f"{ratio:.2f}x"
+        print(f"| {name} | {value} | {target} | {ctx} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+-- The floor: the same writes as the ledger, done by hand.  Tables with the
+-- ledger's own columns, constraints and indexes, so that the comparison
+-- measures what the extension adds, not a different schema.
+CREATE TABLE floor_effects (LIKE durable_ledger.effects INCLUDING ALL) WITH (fillfactor = 85);
+CREATE TABLE floor_audit (LIKE durable_ledger.audit_log INCLUDING ALL);
+CREATE SEQUENCE floor_audit_id_seq OWNED BY floor_audit.id;
+ALTER TABLE floor_audit ALTER COLUMN id SET DEFAULT nextval('floor_audit_id_seq');
