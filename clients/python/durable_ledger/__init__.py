@@ -1,0 +1,47 @@
+"""durable_ledger: at-most-once side effects for agents and workers (psycopg 3 client).
+
+    import psycopg
+    from durable_ledger import Ledger, EffectDidNotHappen
+
+    ledger = Ledger(psycopg.connect(dsn, autocommit=True))
+
+    @ledger.tool("bank.pay")
+    def pay(args, idempotency_key):
+        return bank.pay(args["invoice"], args["amount"], idempotency_key=idempotency_key)
+
+    with ledger.attempt(run_id):
+        receipt = pay(run_id, {"invoice": "INV-9", "amount": 4200})
+
+Run it twice (a crash, a redelivery, an LLM calling the tool again on replay) and the
+bank is paid once: the second time the recorded receipt is returned.  See README.md next
+to this package and the SQL contract of the extension.
+"""
+
+from .errors import (
+    EffectDidNotHappen,
+    EffectFailed,
+    EffectInProgress,
+    EffectPaused,
+    LedgerError,
+    LedgerUsageError,
+    OutcomeNotRecorded,
+    RunBusy,
+)
+from .ledger import Ledger, Perform, ToolFunction, side_effect
+
+__version__ = "1.0"
+
+__all__ = [
+    "Ledger",
+    "side_effect",
+    "Perform",
+    "ToolFunction",
+    "LedgerError",
+    "EffectFailed",
+    "EffectPaused",
+    "EffectInProgress",
+    "OutcomeNotRecorded",
+    "RunBusy",
+    "LedgerUsageError",
+    "EffectDidNotHappen",
+]

@@ -1,0 +1,484 @@
+"""Tests of the durable_ledger Python client against a real server.
+
+DURABLE_LEDGER_DSN must name a database where ``CREATE EXTENSION durable_ledger`` has
+been run, as a superuser (some tests resolve effects and read the leases view).  Every
+test uses runs and business keys of its own (uuid), and closes its connections, which
+ends their leases.
+
+    DURABLE_LEDGER_DSN="dbname=postgres" /usr/bin/python3 -m unittest discover -v -s clients/python/tests
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import unittest
+import uuid
+from typing import Any, List
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # clients/python, if PYTHONPATH lacks it
+
+from durable_ledger import (  # noqa: E402
+    EffectDidNotHappen,
+    EffectFailed,
+    EffectInProgress,
+    EffectPaused,
+    Ledger,
+    LedgerError,
+    LedgerUsageError,
+    OutcomeNotRecorded,
+    RunBusy,
+    side_effect,
+)
+
+DSN = os.environ.get("DURABLE_LEDGER_DSN")
+EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "agent_loop.py")
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def setUpModule() -> None:
+    if not DSN:
+        raise unittest.SkipTest("DURABLE_LEDGER_DSN is not set")
+
+
+class Recorder:
+    """A side effect that remembers every call: the downstream system of the tests."""
+
+    def __init__(self, result: Any = None, raises: BaseException | None = None) -> None:
+        self.keys: List[str] = []
+        self.result = result
+        self.raises = raises
+
+    def __call__(self, key: str) -> Any:
+        self.keys.append(key)
+        if self.raises is not None:
+            raise self.raises
+        return self.result
+
+
+class ClientTest(unittest.TestCase):
+
+    def setUp(self) -> None:
+        self.run_id = f"pytest-{uuid.uuid4()}"
+        self.admin = self.connect()
+
+    def connect(self, autocommit: bool = True) -> "psycopg.Connection[Any]":
+        conn = psycopg.connect(DSN, autocommit=autocommit, application_name="durable-ledger-pytest")
+        self.addCleanup(conn.close)  # closing the session ends any lease it holds
+        return conn
+
+    def ledger(self) -> Ledger:
+        """A new connection: a new session, so a new lease epoch for any run."""
+        return Ledger(self.connect())
+
+    def wait_gone(self, pid: int) -> None:
+        """A closed connection's backend ends (and drops its lease) asynchronously."""
+        for _ in range(1000):
+            if not self.admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                                      (pid,)).fetchone():
+                return
+            time.sleep(0.01)
+        self.fail(f"backend {pid} did not end")
+
+    def close(self, ledger: Ledger) -> None:
+        pid = ledger.conn.info.backend_pid
+        ledger.conn.close()
+        self.wait_gone(pid)
+
+    def row(self, key: str) -> dict:
+        with self.admin.cursor(row_factory=psycopg.rows.dict_row) as cur:
+            cur.execute("SELECT * FROM durable_ledger.effect_status(%s)", (key,))
+            row = cur.fetchone()
+        self.assertIsNotNone(row, f"no effect row for {key}")
+        return row
+
+    def effect_count(self, run: str) -> int:
+        return self.admin.execute("SELECT count(*) FROM durable_ledger.effects WHERE run = %s",
+                                  (run,)).fetchone()[0]
+
+    def derived_key(self, tool: str, args: Any, occurrence: int = 1) -> str:
+        return self.admin.execute("SELECT durable_ledger.effect_key(%s, %s, %s, %s)",
+                                  (self.run_id, tool, Jsonb(args), occurrence)).fetchone()[0]
+
+    # ------------------------------------------------------------- execute
+
+    def test_execute_completes_and_records_result(self) -> None:
+        args = {"invoice": "INV-9", "amount": 4200, "currency": "USD"}
+        pay = Recorder({"payment_id": "pay_81"})
+        result = self.ledger().guarded(self.run_id, "bank.pay", args, pay,
+                                       meta={"model": "test-model"})
+        self.assertEqual(result, {"payment_id": "pay_81"})
+        self.assertEqual(len(pay.keys), 1)
+        key = pay.keys[0]
+        self.assertEqual(key, self.derived_key("bank.pay", args))
+        row = self.row(key)
+        self.assertEqual(row["status"], "completed")
+        self.assertEqual(row["result"], {"payment_id": "pay_81"})
+        self.assertEqual(row["meta"], {"model": "test-model"})
+        self.assertEqual(row["tool"], "bank.pay")
+
+    def test_execute_returns_recorded_value(self) -> None:
+        # the first run gets what a replay will get: the JSON the ledger recorded
+        ledger = self.ledger()
+        first = ledger.guarded(self.run_id, "t", {}, Recorder(("a", 1)))
+        self.assertEqual(first, ["a", 1])
+        nothing = ledger.guarded(self.run_id, "t2", {}, Recorder(None))
+        self.assertIsNone(nothing)
+        self.assertEqual(self.row(self.derived_key("t2", {}))["status"], "completed")
+
+    # -------------------------------------------------------------- replay
+
+    def test_replay_returns_recorded_result_without_performing(self) -> None:
+        args = {"invoice": "INV-1", "amount": 10}
+        first = self.ledger()
+        self.assertEqual(first.guarded(self.run_id, "bank.pay", args, Recorder({"id": 1})), {"id": 1})
+        first.conn.close()  # the worker dies after the payment; a new one takes over
+        again = Recorder({"id": 2})
+        result = self.ledger().guarded(self.run_id, "bank.pay", args, again)
+        self.assertEqual(result, {"id": 1})
+        self.assertEqual(again.keys, [], "perform was called on a replay")
+
+    def test_replay_with_args_in_another_key_order(self) -> None:
+        ledger = self.ledger()
+        ledger.guarded(self.run_id, "bank.pay", {"invoice": "INV-2", "amount": 4200,
+                                                 "currency": "USD"}, Recorder({"id": "p1"}))
+        self.assertTrue(ledger.acquire_run(self.run_id))  # a new attempt, same connection
+        again = Recorder({"id": "p2"})
+        result = ledger.guarded(self.run_id, "bank.pay",
+                                {"currency": "USD", "amount": 4200.0, "invoice": "INV-2"}, again)
+        self.assertEqual(result, {"id": "p1"})
+        self.assertEqual(again.keys, [])
+
+    def test_again_is_not_twice(self) -> None:
+        # the same call twice in one attempt is two effects; a replay maps onto both, in order
+        ledger = self.ledger()
+        args = {"to": "ACME", "amount": 5}
+        first = Recorder({"n": 1})
+        second = Recorder({"n": 2})
+        self.assertEqual(ledger.guarded(self.run_id, "bank.pay", args, first), {"n": 1})
+        self.assertEqual(ledger.guarded(self.run_id, "bank.pay", args, second), {"n": 2})
+        self.assertNotEqual(first.keys, second.keys)
+        self.assertEqual(second.keys, [self.derived_key("bank.pay", args, 2)])
+        ledger.conn.close()  # this worker ends; the next one replays the run
+        replay = self.ledger()
+        never = Recorder({"n": 99})
+        self.assertEqual(replay.guarded(self.run_id, "bank.pay", args, never), {"n": 1})
+        self.assertEqual(replay.guarded(self.run_id, "bank.pay", args, never), {"n": 2})
+        self.assertEqual(never.keys, [])
+
+    # ------------------------------------------------------------- failure
+
+    def test_did_not_happen_records_failure(self) -> None:
+        error = {"code": "card_declined"}
+        pay = Recorder(raises=EffectDidNotHappen(error))
+        with self.assertRaises(EffectFailed) as caught:
+            self.ledger().guarded(self.run_id, "bank.pay", {"amount": 1}, pay)
+        failed = caught.exception
+        self.assertIsInstance(failed, LedgerError)
+        self.assertFalse(failed.replayed)
+        self.assertEqual(failed.error, error)
+        self.assertEqual(failed.key, pay.keys[0])
+        self.assertEqual(failed.decision, "execute")
+        row = self.row(pay.keys[0])
+        self.assertEqual(row["status"], "failed")
+        self.assertEqual(row["error"], error)
+
+    def test_replayed_failure_raises_and_next_call_executes(self) -> None:
+        args = {"amount": 1}
+        first = self.ledger()
+        self.assertRaises(EffectFailed, first.guarded, self.run_id, "bank.pay", args,
+                          Recorder(raises=EffectDidNotHappen({"code": "declined"})))
+        first.conn.close()
+        ledger = self.ledger()
+        never = Recorder({"paid": True})
+        with self.assertRaises(EffectFailed) as caught:
+            ledger.guarded(self.run_id, "bank.pay", args, never)
+        self.assertTrue(caught.exception.replayed)
+        self.assertEqual(caught.exception.decision, "replay")
+        self.assertEqual(caught.exception.error, {"code": "declined"})
+        self.assertTrue(caught.exception.reason)
+        self.assertEqual(never.keys, [])
+        # to try again, call again: the next occurrence, a key of its own
+        retry = Recorder({"paid": True})
+        self.assertEqual(ledger.guarded(self.run_id, "bank.pay", args, retry), {"paid": True})
+        self.assertEqual(retry.keys, [self.derived_key("bank.pay", args, 2)])
+
+    # ------------------------------------------------------ unknown outcome
+
+    def test_unknown_outcome_is_not_guessed_and_next_attempt_pauses(self) -> None:
+        ledger = self.ledger()
+        boom = TimeoutError("bank did not answer")
+        pay = Recorder(raises=boom)
+        with self.assertRaises(TimeoutError) as caught:
+            ledger.guarded(self.run_id, "bank.pay", {"amount": 7}, pay)
+        self.assertIs(caught.exception, boom)
+        key = pay.keys[0]
+        self.assertEqual(self.row(key)["status"], "started")  # not failed: never guessed
+        self.assertIsNone(self.row(key)["error"])
+        self.close(ledger)
+        self.assertEqual(self.row(key)["status"], "unknown")
+
+        never = Recorder({"paid": True})
+        with self.assertRaises(EffectPaused) as paused:
+            self.ledger().guarded(self.run_id, "bank.pay", {"amount": 7}, never)
+        self.assertEqual(paused.exception.key, key)
+        self.assertEqual(paused.exception.decision, "pause")
+        self.assertIn("unknown", paused.exception.reason)
+        self.assertEqual(never.keys, [])
+
+    def test_same_attempt_stops_after_unknown_outcome_or_pause(self) -> None:
+        # retrying in the same attempt would be occurrence 2, a new key: it must not execute
+        ledger = self.ledger()
+        pay = Recorder(raises=ConnectionResetError("reset by peer"))
+        self.assertRaises(ConnectionResetError, ledger.guarded,
+                          self.run_id, "bank.pay", {"amount": 3}, pay)
+        never = Recorder({"paid": True})
+        for tool in ("bank.pay", "mail.send"):
+            with self.assertRaises(EffectPaused) as paused:
+                ledger.guarded(self.run_id, tool, {"amount": 3}, never)
+            self.assertEqual(paused.exception.key, pay.keys[0])
+        self.assertEqual(never.keys, [])
+        self.assertEqual(self.effect_count(self.run_id), 1)
+
+        # the same after a pause from the ledger: a new connection, paused, asked again
+        ledger.conn.close()
+        other = self.ledger()
+        for _ in range(2):
+            with self.assertRaises(EffectPaused):
+                other.guarded(self.run_id, "bank.pay", {"amount": 3}, never)
+        self.assertEqual(never.keys, [])
+        self.assertEqual(self.effect_count(self.run_id), 1)
+
+    def test_resolve_turns_pause_into_replay(self) -> None:
+        first = self.ledger()
+        pay = Recorder(raises=TimeoutError())
+        self.assertRaises(TimeoutError, first.guarded, self.run_id, "bank.pay", {"amount": 9}, pay)
+        first.conn.close()
+        ledger = self.ledger()
+        never = Recorder({"payment_id": "wrong"})
+        self.assertRaises(EffectPaused, ledger.guarded, self.run_id, "bank.pay", {"amount": 9}, never)
+        self.admin.execute(
+            "SELECT durable_ledger.resolve_effect(%s, 'completed', %s, 'pytest', 'found at the bank')",
+            (pay.keys[0], Jsonb({"payment_id": "pay_found"})))
+        self.assertTrue(ledger.acquire_run(self.run_id))  # a new attempt
+        self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"amount": 9}, never),
+                         {"payment_id": "pay_found"})
+        self.assertEqual(never.keys, [])
+
+    def test_outcome_not_recorded_when_connection_breaks(self) -> None:
+        ledger = self.ledger()
+        pid = ledger.conn.info.backend_pid
+
+        def pay(key: str) -> Any:
+            ledger.conn.close()  # the worker's connection dies while the bank pays
+            return {"payment_id": "pay_lost"}
+
+        with self.assertRaises(OutcomeNotRecorded) as caught:
+            ledger.guarded(self.run_id, "bank.pay", {"amount": 4}, pay)
+        self.assertEqual(caught.exception.result, {"payment_id": "pay_lost"})
+        key = caught.exception.key
+        self.wait_gone(pid)
+        self.assertEqual(self.row(key)["status"], "unknown")
+        self.assertRaises(EffectPaused, self.ledger().guarded, self.run_id, "bank.pay",
+                          {"amount": 4}, Recorder())
+
+    def test_contradicting_completion_raises(self) -> None:
+        ledger = self.ledger()
+
+        def pay(key: str) -> Any:
+            # someone else reports this very effect with another result first
+            ledger.conn.execute("SELECT durable_ledger.complete_effect(%s, %s)",
+                                (key, Jsonb({"payment_id": "A"})))
+            return {"payment_id": "B"}
+
+        with self.assertRaises(OutcomeNotRecorded) as caught:
+            ledger.guarded(self.run_id, "bank.pay", {"amount": 5}, pay)
+        self.assertEqual(caught.exception.result, {"payment_id": "B"})
+        row = self.row(caught.exception.key)
+        self.assertTrue(row["conflict"])
+        self.assertEqual(row["result"], {"payment_id": "A"})
+
+    def test_unserialisable_result_is_not_recorded(self) -> None:
+        ledger = self.ledger()
+        with self.assertRaises(OutcomeNotRecorded) as caught:
+            ledger.guarded(self.run_id, "t", {}, Recorder(object()))
+        self.assertEqual(self.row(caught.exception.key)["status"], "started")
+        self.assertIsInstance(caught.exception.__cause__, Exception)
+
+    # --------------------------------------------------------- in progress
+
+    def test_in_progress_with_business_key_held_elsewhere(self) -> None:
+        invoice = f"INV-{uuid.uuid4()}"
+        holder = self.connect()
+        key = holder.execute(
+            "SELECT key FROM durable_ledger.begin_effect(%s, 'bank.pay', %s, %s)",
+            (f"{self.run_id}-other", Jsonb({"invoice": invoice}), invoice)).fetchone()[0]
+        self.assertEqual(key, invoice)
+        ledger = self.ledger()
+        never = Recorder({"paid": "twice"})
+        with self.assertRaises(EffectInProgress) as caught:
+            ledger.guarded(self.run_id, "bank.pay", {"invoice": invoice}, never, business_key=invoice)
+        self.assertEqual(caught.exception.key, invoice)
+        self.assertEqual(caught.exception.decision, "in_progress")
+        self.assertTrue(caught.exception.reason)
+        self.assertEqual(never.keys, [])
+        # the other worker finishes; asking again (same attempt) replays its outcome
+        holder.execute("SELECT durable_ledger.complete_effect(%s, %s)", (invoice, Jsonb({"paid": "once"})))
+        self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"invoice": invoice}, never,
+                                        business_key=invoice), {"paid": "once"})
+        self.assertEqual(never.keys, [])
+
+    # ----------------------------------------------------------- decorator
+
+    def test_decorator_passes_key_as_idempotency_key(self) -> None:
+        ledger = self.ledger()
+        sent: List[tuple] = []
+
+        @ledger.tool("mail.send")
+        def send_email(args: dict, idempotency_key: str) -> dict:
+            """Sends an email."""
+            sent.append((args, idempotency_key))
+            return {"message_id": f"m{len(sent)}"}
+
+        args = {"to": "a@example.com", "subject": "hi"}
+        self.assertEqual(send_email(self.run_id, args), {"message_id": "m1"})
+        self.assertEqual(send_email.__name__, "send_email")
+        self.assertEqual(send_email.__doc__, "Sends an email.")
+        self.assertEqual(len(sent), 1)
+        self.assertEqual(sent[0][0], args)
+        key = sent[0][1]
+        self.assertRegex(key, HEX64)
+        self.assertEqual(key, self.derived_key("mail.send", args))
+        self.assertEqual(self.row(key)["tool"], "mail.send")
+        self.assertEqual(self.row(key)["result"], {"message_id": "m1"})
+
+        ledger.acquire_run(self.run_id)  # a new attempt replays
+        self.assertEqual(send_email(self.run_id, dict(reversed(list(args.items())))), {"message_id": "m1"})
+        self.assertEqual(len(sent), 1)
+
+    def test_side_effect_decorator_with_business_key(self) -> None:
+        ledger = self.ledger()
+        invoice = f"INV-{uuid.uuid4()}"
+        keys: List[str] = []
+
+        @side_effect(ledger, "bank.pay", business_key=lambda a: a["invoice"])
+        def pay(args: dict, idempotency_key: str) -> dict:
+            keys.append(idempotency_key)
+            return {"paid": args["invoice"]}
+
+        self.assertEqual(pay(self.run_id, {"invoice": invoice}), {"paid": invoice})
+        self.assertEqual(keys, [invoice])
+        self.assertTrue(self.row(invoice)["business_key"])
+        # another run, another worker: the business key is one operation across runs
+        other = self.ledger()
+        pay_elsewhere = other.tool("bank.pay", business_key=lambda a: a["invoice"])(pay.perform)
+        self.assertEqual(pay_elsewhere(f"{self.run_id}-b", {"invoice": invoice}), {"paid": invoice})
+        self.assertEqual(keys, [invoice])
+
+    def test_decorated_failure_and_read_only_tool(self) -> None:
+        ledger = self.ledger()
+        lookups: List[str] = []
+
+        def lookup(invoice: str) -> str:  # read-only: not decorated, never in the ledger
+            lookups.append(invoice)
+            return "due"
+
+        @ledger.tool("bank.pay")
+        def pay(args: dict, idempotency_key: str) -> dict:
+            raise EffectDidNotHappen({"code": "closed"})
+
+        self.assertEqual(lookup("INV-1"), "due")
+        with self.assertRaises(EffectFailed) as caught:
+            pay(self.run_id, {"invoice": "INV-1"})
+        self.assertEqual(caught.exception.error, {"code": "closed"})
+        self.assertEqual(self.effect_count(self.run_id), 1)
+        self.assertEqual(self.row(caught.exception.key)["tool"], "bank.pay")
+
+    # -------------------------------------------------------- connections
+
+    def test_non_autocommit_connection_refused(self) -> None:
+        with self.assertRaises(LedgerUsageError) as caught:
+            Ledger(self.connect(autocommit=False))
+        self.assertIn("autocommit", str(caught.exception))
+
+        ledger = self.ledger()
+        never = Recorder({"x": 1})
+        with ledger.conn.transaction():
+            self.assertRaises(LedgerUsageError, ledger.guarded, self.run_id, "t", {}, never)
+        ledger.conn.autocommit = False
+        self.assertRaises(LedgerUsageError, ledger.guarded, self.run_id, "t", {}, never)
+        self.assertEqual(never.keys, [])
+        self.assertEqual(self.effect_count(self.run_id), 0)
+
+    def test_acquire_release_and_attempt(self) -> None:
+        def holder() -> Any:
+            row = self.admin.execute("SELECT holder_pid FROM durable_ledger.leases WHERE run = %s",
+                                     (self.run_id,)).fetchone()
+            return row and row[0]
+
+        ledger = self.ledger()
+        pid = ledger.conn.info.backend_pid
+        with ledger.attempt(self.run_id) as run:
+            self.assertEqual(run, self.run_id)
+            self.assertEqual(holder(), pid)
+            busy = self.ledger()
+            self.assertFalse(busy.acquire_run(self.run_id, wait=False))
+            with self.assertRaises(RunBusy):
+                with busy.attempt(self.run_id, wait=False):
+                    self.fail("entered an attempt on a run held elsewhere")
+        self.assertIsNone(holder())
+
+        with self.assertRaises(KeyError):
+            with ledger.attempt(self.run_id):
+                self.assertEqual(holder(), pid)
+                raise KeyError("the agent crashed")
+        self.assertIsNone(holder(), "the lease outlived a failed attempt")
+
+        self.assertTrue(ledger.acquire_run(self.run_id))
+        self.assertTrue(ledger.release_run(self.run_id))
+        self.assertFalse(ledger.release_run(self.run_id))
+
+    def test_effect_status(self) -> None:
+        ledger = self.ledger()
+        self.assertIsNone(ledger.effect_status("0" * 64))
+        pay = Recorder({"ok": True})
+        ledger.guarded(self.run_id, "t", [1, 2], pay)
+        status = ledger.effect_status(pay.keys[0])
+        self.assertEqual(status["status"], "completed")
+        self.assertEqual(status["args"], [1, 2])
+
+    # -------------------------------------------------------------- example
+
+    def test_example_agent_loop_runs(self) -> None:
+        proc = subprocess.run([sys.executable, EXAMPLE, "--dsn", DSN, "--run", self.run_id],
+                              capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        out = proc.stdout
+        first, _, second = out.partition("== attempt 2")
+        self.assertIn("== attempt 1", first)
+        self.assertEqual(first.count("EXECUTED"), 3, out)
+        self.assertEqual(first.count("REFUSED downstream"), 1, out)
+        self.assertEqual(second.count("EXECUTED"), 0, out)
+        self.assertEqual(second.count("replayed (not performed)"), 4, out)  # 3 results, 1 failure
+        self.assertEqual(second.count("failure replayed"), 1, out)
+        self.assertEqual(out.count("read-only (no ledger)"), 6, out)
+        self.assertIn("downstream calls made in this attempt: 0", second)
+        self.assertIn("bank payments 1, bank refusals 1, emails sent 2", out)
+        self.assertRegex(out, r"(?m)^ok - ")
+        # read-only tools bypass the ledger: 2 payments and 2 emails recorded, nothing else
+        tools = self.admin.execute(
+            "SELECT tool, status FROM durable_ledger.effects WHERE run = %s ORDER BY created_at",
+            (self.run_id,)).fetchall()
+        self.assertEqual(tools, [("bank.pay", "completed"), ("mail.send", "completed"),
+                                 ("bank.pay", "failed"), ("mail.send", "completed")])
+
+
+if __name__ == "__main__":
+    unittest.main()

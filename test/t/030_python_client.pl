@@ -1,0 +1,68 @@
+# 030_python_client: the Python client (clients/python) against a real cluster.
+# Runs its unittest suite (clients/python/tests, which also runs the example
+# agent loop once) with Debian's /usr/bin/python3 and python3-psycopg, and
+# turns every unittest result line into a TAP ok / not ok, plus one check that
+# every test reported a result and one for the suite's exit status.
+# Needs clients/ copied into $TESTDIR next to test/.
+use strict;
+use warnings;
+use lib "$ENV{TESTDIR}/test/perl";
+use DurableLedger::TestNode;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $client = "$ENV{TESTDIR}/clients/python";
+BAIL_OUT("$client not found: copy clients/ into TESTDIR") unless -d "$client/tests";
+
+my $node = ledger_node('python_client');
+
+my ($stdout, $stderr);
+my $exit_ok;
+{
+	local $ENV{DURABLE_LEDGER_DSN} = $node->connstr('postgres');
+	local $ENV{PYTHONPATH} =
+	  join(':', $client, grep { defined && $_ ne '' } $ENV{PYTHONPATH});
+	my @cmd = ('/usr/bin/python3', '-m', 'unittest', 'discover', '-v',
+		'-s', "$client/tests");
+	$exit_ok = IPC::Run::run(\@cmd, '<', \undef, '>', \$stdout, '2>', \$stderr);
+}
+# unittest -v writes its report to stderr: "test_x (module.Class.test_x) ... ok".
+# A test's own output (or a docstring line) may come between the name and the
+# verdict, so a verdict belongs to the last test name seen.
+my $report = $stdout . $stderr;
+my ($current, $results) = (undef, 0);
+for my $line (split /\n/, $report)
+{
+	if ($line =~ /^(test\w*) \(([\w.]+)\)/)
+	{
+		$current = $1;
+	}
+	next unless defined $current;
+	if ($line =~ /(?:^| \.\.\. )(ok|FAIL|ERROR|skipped(?: .*)?|expected failure|unexpected success)$/)
+	{
+		my $verdict = $1;
+		$results++;
+		if ($verdict eq 'ok' || $verdict eq 'expected failure')
+		{
+			pass("python: $current");
+		}
+		elsif ($verdict =~ /^skipped ?(.*)/)
+		{
+		  SKIP: { skip("python: $current: $1", 1); }
+		}
+		else
+		{
+			fail("python: $current ($verdict)");
+		}
+		$current = undef;
+	}
+}
+my ($ran) = $report =~ /^Ran (\d+) tests? in /m;
+ok(defined $ran && $ran > 0 && $ran == $results,
+	'every python test reported a result (' . ($ran // 'none') . " ran, $results read)");
+ok($exit_ok, 'the python client test suite passed');
+unlike($report, qr/ \.\.\. skipped|^OK \(.*skipped/m, 'no python test was skipped');
+diag($report) unless $exit_ok && defined $ran && $ran == $results;
+
+$node->stop;
+done_testing();
