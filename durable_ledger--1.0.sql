@@ -45,6 +45,17 @@ CREATE TYPE durable_ledger.decision AS (
     reason      text        -- one sentence explaining replay, pause or in_progress
 );
 
+-- The statuses of an effect and the events of the audit log: text, checked by
+-- a domain.  (A table's CHECK constraint is read back from its stored form by
+-- every statement that writes the table; a domain's is kept by the type cache.)
+CREATE DOMAIN durable_ledger.effect_state AS text
+    CHECK (VALUE IN ('started', 'completed', 'failed', 'unknown'));
+CREATE DOMAIN durable_ledger.audit_event AS text
+    CHECK (VALUE IN ('lease_acquired', 'lease_released', 'lease_broken',
+                     'intent', 'replay', 'pause', 'in_progress',
+                     'completed', 'late_completion', 'failed', 'late_failure',
+                     'resolved', 'conflict'));
+
 -- ---------------------------------------------------------------------------
 -- Tables.  Only the extension's functions write them (SECURITY DEFINER);
 -- nobody else has INSERT, UPDATE or DELETE.
@@ -54,7 +65,7 @@ CREATE TYPE durable_ledger.decision AS (
 -- or last held it.
 CREATE TABLE durable_ledger.runs (
     run                     text PRIMARY KEY,
-    epochs                  bigint NOT NULL CHECK (epochs >= 1),
+    epochs                  bigint NOT NULL,
     lock_key                bigint NOT NULL,        -- pg_locks: (classid << 32) | objid, objsubid = 17484
     holder_pid              integer NOT NULL,
     holder_role             text NOT NULL,
@@ -74,9 +85,8 @@ CREATE TABLE durable_ledger.effects (
     args            jsonb NOT NULL,
     business_key    boolean NOT NULL,
     occurrence      integer,                -- NULL for a business key
-    attempt         integer NOT NULL CHECK (attempt >= 1),
-    status          text NOT NULL
-                    CHECK (status IN ('started', 'completed', 'failed', 'unknown')),
+    attempt         integer NOT NULL,
+    status          durable_ledger.effect_state NOT NULL,
     result          jsonb,
     error           jsonb,
     meta            jsonb,
@@ -86,10 +96,12 @@ CREATE TABLE durable_ledger.effects (
     completed_at    timestamptz,
     resolved_by     text,
     resolution_note text,
-    conflict        boolean NOT NULL DEFAULT false,
-    CHECK ((occurrence IS NULL) = business_key),
-    CHECK (occurrence IS NULL OR occurrence >= 1)
+    conflict        boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 85);   -- room for the HOT update that completes an effect
+-- (No table CHECK constraints here: every statement that writes a table reads
+-- its CHECKs back from their stored form, which costs more than the write.
+-- The only writer is the extension's C code, which sets occurrence exactly
+-- when the key is derived, and attempt from 1.)
 
 -- Append-only: one row per event.
 CREATE SEQUENCE durable_ledger.audit_log_id_seq;
@@ -98,11 +110,7 @@ CREATE TABLE durable_ledger.audit_log (
     logged_at         timestamptz NOT NULL,
     run               text,
     key               text,
-    event             text NOT NULL
-                      CHECK (event IN ('lease_acquired', 'lease_released', 'lease_broken',
-                                       'intent', 'replay', 'pause', 'in_progress',
-                                       'completed', 'late_completion', 'failed', 'late_failure',
-                                       'resolved', 'conflict')),
+    event             durable_ledger.audit_event NOT NULL,
     detail            jsonb,
     role_name         text NOT NULL,         -- the calling role, as after SET ROLE
     session_user_name text NOT NULL,
@@ -178,7 +186,8 @@ CREATE VIEW durable_ledger.unresolved AS
 SELECT e.key,
        e.run,
        e.tool,
-       CASE WHEN e.status OPERATOR(pg_catalog.=) 'started' THEN 'unknown' ELSE e.status END AS status,
+       CASE WHEN e.status OPERATOR(pg_catalog.=) 'started' THEN 'unknown'
+            ELSE e.status END::durable_ledger.effect_state AS status,
        e.conflict,
        CASE
            WHEN e.conflict THEN
@@ -323,9 +332,11 @@ CREATE EVENT TRIGGER durable_ledger_guard_drop
 REVOKE ALL ON ALL TABLES IN SCHEMA durable_ledger FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA durable_ledger FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA durable_ledger FROM PUBLIC;
-REVOKE ALL ON TYPE durable_ledger.decision FROM PUBLIC;
+REVOKE ALL ON TYPE durable_ledger.decision, durable_ledger.effect_state,
+                   durable_ledger.audit_event FROM PUBLIC;
 
-GRANT USAGE ON TYPE durable_ledger.decision
+GRANT USAGE ON TYPE durable_ledger.decision, durable_ledger.effect_state,
+                    durable_ledger.audit_event
     TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin;
 
 GRANT EXECUTE ON FUNCTION

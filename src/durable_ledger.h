@@ -123,8 +123,10 @@ extern bool dl_store_insert_intent(const NewIntent *intent);
 extern bool dl_store_fetch_effect(const char *key, bool for_update, EffectRow *row);
 extern bool dl_store_mark_unknown(const char *key, int64 lease_epoch);
 extern bool dl_store_restart_business_key(const NewIntent *intent, int32 old_attempt);
-extern bool dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
-							Jsonb *result, Jsonb *error);
+extern HeapTuple dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
+								 Jsonb *result, Jsonb *error);
+extern void dl_store_row_lease(HeapTuple row, TupleDesc desc, char **run,
+							   int64 *lease_epoch);
 extern void dl_store_set_conflict(const char *key);
 extern void dl_store_resolve(const char *key, EffectStatus to, Jsonb *value,
 							 const char *resolved_by, const char *note);

@@ -159,31 +159,39 @@ audit_decision(const NewIntent *intent, const char *event, const Decision *d,
 }
 
 /*
- * Decides what to do with intent, writing what the decision needs.  The
- * common case is one INSERT; an existing row is read with a fresh snapshot
- * and changed only with a conditional UPDATE that re-checks what was read,
- * so concurrent reports are never overwritten.
+ * Decides what to do with intent, writing what the decision needs.  Uniqueness
+ * comes from the primary key: the intent is an INSERT ... ON CONFLICT DO
+ * NOTHING, and whoever does not insert reads the row that is there, with a
+ * fresh snapshot, and changes it only with a conditional UPDATE that re-checks
+ * what was read, so concurrent reports are never overwritten.
+ *
+ * In a run's first epoch a derived key is new, so the INSERT comes first; in
+ * a later epoch (a retry) it has most likely been recorded, so the row is
+ * looked for first and the INSERT is only tried when it is missing.
  */
 static void
 decide(const NewIntent *intent, const char *canon, Decision *d)
 {
 	int			round;
+	bool		look_first = !intent->business_key && intent->lease_epoch > 1;
 
 	for (round = 0; round < MAX_DECISION_ROUNDS; round++)
 	{
 		EffectRow	row;
 
-		if (dl_store_insert_intent(intent))
+		if (!(look_first && round == 0 && dl_store_fetch_effect(intent->key, false, &row)))
 		{
-			d->kind = DECIDE_EXECUTE;
-			d->status = EFFECT_STARTED;
-			d->attempt = 1;
-			dl_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch);
-			dl_note_durable_write();
-			return;
+			if (dl_store_insert_intent(intent))
+			{
+				d->kind = DECIDE_EXECUTE;
+				d->status = EFFECT_STARTED;
+				d->attempt = 1;
+				dl_note_durable_write();
+				return;
+			}
+			if (!dl_store_fetch_effect(intent->key, false, &row))
+				continue;		/* the conflicting insert rolled back: try again */
 		}
-		if (!dl_store_fetch_effect(intent->key, false, &row))
-			continue;			/* the conflicting insert rolled back: try again */
 
 		if (intent->business_key)
 			check_same_call(intent, canon, &row);
@@ -355,21 +363,23 @@ dl_begin_effect(PG_FUNCTION_ARGS)
  * complete_effect, fail_effect: reports from the worker
  * ====================================================================== */
 
+/*
+ * The effects row that complete_effect, fail_effect and resolve_effect
+ * return: row when the caller has it already, else read by key.
+ */
 static Datum
-return_effect_row(FunctionCallInfo fcinfo, const char *key)
+return_effect_row(FunctionCallInfo fcinfo, const char *key, HeapTuple row)
 {
 	TupleDesc	desc;
-	HeapTuple	tuple;
-	Datum		result;
 
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "function must return durable_ledger.effects");
 	desc = BlessTupleDesc(desc);
-	tuple = dl_store_effect_tuple(key, false, desc);
-	if (tuple == NULL)
+	if (row == NULL)
+		row = dl_store_effect_tuple(key, false, desc);
+	if (row == NULL)
 		report_unknown_key(key);
-	result = PointerGetDatum(SPI_returntuple(tuple, desc));
-	return result;
+	return PointerGetDatum(SPI_returntuple(row, desc));
 }
 
 /*
@@ -399,60 +409,82 @@ record_conflict(const EffectRow *row, EffectStatus reported, Jsonb *value)
 			 errhint("A person resolves it with durable_ledger.resolve_effect().")));
 }
 
-/* A worker's report that the effect ended as reported (completed or failed). */
+/* Logs a report that was applied: on time, or late (its lease had ended). */
+static void
+audit_applied_report(const char *key, const char *run, int64 lease_epoch,
+					 EffectStatus before, EffectStatus reported, Jsonb *value)
+{
+	bool		late = before == EFFECT_UNKNOWN || !dl_lease_is_live(run, lease_epoch);
+	const char *event;
+	Jsonb	   *detail_value = NULL;
+
+	if (reported == EFFECT_COMPLETED)
+		event = late ? "late_completion" : "completed";
+	else
+		event = late ? "late_failure" : "failed";
+	/* a failure's error is kept in the log: a business key may retry later */
+	if (late || reported == EFFECT_FAILED)
+	{
+		DetailBuilder detail;
+
+		dl_detail_init(&detail);
+		if (reported == EFFECT_FAILED)
+			dl_detail_jsonb(&detail, "error", value);
+		if (late)
+			dl_detail_text(&detail, "status_before", dl_status_name(EFFECT_UNKNOWN));
+		detail_value = dl_detail_finish(&detail);
+	}
+	dl_audit(run, key, event, detail_value, lease_epoch);
+	dl_note_durable_write();
+}
+
+/*
+ * A worker's report that the effect ended as reported (completed or failed).
+ * The common case, a started effect, is one UPDATE; anything else is read
+ * under a row lock and decided.
+ */
 static Datum
 report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
 {
 	char	   *key = dl_required_text_arg(fcinfo, 0, "key", 0);
 	Jsonb	   *value = dl_optional_jsonb_arg(fcinfo, 1);
+	Jsonb	   *result_value = reported == EFFECT_COMPLETED ? value : NULL;
+	Jsonb	   *error_value = reported == EFFECT_FAILED ? value : NULL;
 	EffectRow	row;
+	HeapTuple	finished;
+	char	   *run;
+	int64		lease_epoch;
 	Datum		result;
 
 	spi_connect();
-	if (!dl_store_fetch_effect(key, true, &row))
-		report_unknown_key(key);
-
-	if (row.status == EFFECT_STARTED || row.status == EFFECT_UNKNOWN)
+	finished = dl_store_finish(key, EFFECT_STARTED, reported, result_value, error_value);
+	if (finished != NULL)
 	{
-		bool		late = row.status == EFFECT_UNKNOWN ||
-			!dl_lease_is_live(row.run, row.lease_epoch);
-		const char *event;
-		DetailBuilder detail;
-		Jsonb	   *detail_value = NULL;
-
-		if (!dl_store_finish(key, row.status,
-							 reported,
-							 reported == EFFECT_COMPLETED ? value : NULL,
-							 reported == EFFECT_FAILED ? value : NULL))
-			elog(ERROR, "effect \"%s\" changed while locked", key);
-
-		if (reported == EFFECT_COMPLETED)
-			event = late ? "late_completion" : "completed";
-		else
-			event = late ? "late_failure" : "failed";
-		/* a failure's error is kept in the log: a business key may retry later */
-		if (late || reported == EFFECT_FAILED)
-		{
-			dl_detail_init(&detail);
-			if (reported == EFFECT_FAILED)
-				dl_detail_jsonb(&detail, "error", value);
-			if (late)
-				dl_detail_text(&detail, "status_before", dl_status_name(
-																		row.status == EFFECT_STARTED ? EFFECT_UNKNOWN : row.status));
-			detail_value = dl_detail_finish(&detail);
-		}
-		dl_audit(row.run, key, event, detail_value, row.lease_epoch);
-		dl_note_durable_write();
-	}
-	else if (row.status == reported &&
-			 jsonb_equal(reported == EFFECT_COMPLETED ? row.result : row.error, value))
-	{
-		/* the same report again (a retry after a network error): no change */
+		dl_store_row_lease(finished, SPI_tuptable->tupdesc, &run, &lease_epoch);
+		audit_applied_report(key, run, lease_epoch, EFFECT_STARTED, reported, value);
 	}
 	else
-		record_conflict(&row, reported, value);
+	{
+		if (!dl_store_fetch_effect(key, true, &row))
+			report_unknown_key(key);
 
-	result = return_effect_row(fcinfo, key);
+		if (row.status == EFFECT_STARTED || row.status == EFFECT_UNKNOWN)
+		{
+			finished = dl_store_finish(key, row.status, reported, result_value, error_value);
+			if (finished == NULL)
+				elog(ERROR, "effect \"%s\" changed while locked", key);
+			audit_applied_report(key, row.run, row.lease_epoch, row.status, reported, value);
+		}
+		else if (row.status == reported &&
+				 jsonb_equal(reported == EFFECT_COMPLETED ? row.result : row.error, value))
+		{
+			/* the same report again (a retry after a network error): no change */
+		}
+		else
+			record_conflict(&row, reported, value);
+	}
+
+	result = return_effect_row(fcinfo, key, finished);
 	spi_finish();
 	PG_RETURN_DATUM(result);
 }
@@ -539,7 +571,7 @@ dl_resolve_effect(PG_FUNCTION_ARGS)
 	dl_audit(row.run, key, "resolved", dl_detail_finish(&detail), row.lease_epoch);
 	dl_note_durable_write();
 
-	result = return_effect_row(fcinfo, key);
+	result = return_effect_row(fcinfo, key, NULL);
 	spi_finish();
 	PG_RETURN_DATUM(result);
 }

@@ -14,6 +14,7 @@
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
 #include "utils/jsonb.h"
 #include "utils/numeric.h"
 
@@ -42,10 +43,18 @@ typedef struct Statement
 {
 	const char *sql;
 	int			nargs;
-	Oid			argtypes[8];
+	Oid			argtypes[9];
 } Statement;
 
 #define EQ " OPERATOR(pg_catalog.=) "
+
+/* who and where, for every audit row; the role comes from C (see caller_role_name) */
+#define AUDIT_COLUMNS \
+	" (logged_at, run, key, event, detail, role_name, session_user_name," \
+	"  application_name, client_addr, backend_pid, lease_epoch)"
+#define AUDIT_SESSION_VALUES \
+	"SESSION_USER, pg_catalog.current_setting('application_name')," \
+	" pg_catalog.inet_client_addr(), pg_catalog.pg_backend_pid()"
 
 #define EFFECT_COLUMNS \
 	"key, run, tool, args, business_key, occurrence, attempt, status, " \
@@ -82,13 +91,19 @@ static const Statement statements[NUM_STATEMENTS] = {
 		1, {TEXTOID}
 	},
 	[STMT_INSERT_INTENT] = {
-		"INSERT INTO durable_ledger.effects"
-		" (key, run, tool, args, business_key, occurrence, attempt, status, meta,"
-		"  lease_epoch, holder_pid, created_at)"
-		" VALUES ($1, $2, $3, $4, $5, $6, 1, 'started', $7, $8,"
-		"  pg_catalog.pg_backend_pid(), pg_catalog.clock_timestamp())"
-		" ON CONFLICT (key) DO NOTHING",
-		8, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, BOOLOID, INT4OID, JSONBOID, INT8OID}
+		/* the intent and its audit row in one statement: one executor run */
+		"WITH intent AS ("
+		"  INSERT INTO durable_ledger.effects"
+		"   (key, run, tool, args, business_key, occurrence, attempt, status, meta,"
+		"    lease_epoch, holder_pid, created_at)"
+		"  VALUES ($1, $2, $3, $4, $5, $6, 1, 'started', $7, $8,"
+		"   pg_catalog.pg_backend_pid(), pg_catalog.clock_timestamp())"
+		"  ON CONFLICT (key) DO NOTHING"
+		"  RETURNING key, run, lease_epoch)"
+		" INSERT INTO durable_ledger.audit_log" AUDIT_COLUMNS
+		" SELECT pg_catalog.clock_timestamp(), intent.run, intent.key, 'intent', NULL, $9,"
+		AUDIT_SESSION_VALUES ", intent.lease_epoch FROM intent",
+		9, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, BOOLOID, INT4OID, JSONBOID, INT8OID, TEXTOID}
 	},
 	[STMT_FETCH_EFFECT] = {
 		"SELECT " EFFECT_COLUMNS " FROM durable_ledger.effects WHERE key" EQ "$1",
@@ -113,9 +128,10 @@ static const Statement statements[NUM_STATEMENTS] = {
 		5, {TEXTOID, TEXTOID, JSONBOID, INT8OID, INT4OID}
 	},
 	[STMT_FINISH] = {
-		"UPDATE durable_ledger.effects SET status = $3, result = $4, error = $5,"
-		"  completed_at = pg_catalog.clock_timestamp()"
-		" WHERE key" EQ "$1 AND status" EQ "$2",
+		"UPDATE durable_ledger.effects SET status = $3,"
+		"  result = $4, error = $5, completed_at = pg_catalog.clock_timestamp()"
+		" WHERE key" EQ "$1 AND status" EQ "$2"
+		" RETURNING *",
 		5, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID}
 	},
 	[STMT_SET_CONFLICT] = {
@@ -123,7 +139,8 @@ static const Statement statements[NUM_STATEMENTS] = {
 		1, {TEXTOID}
 	},
 	[STMT_RESOLVE] = {
-		"UPDATE durable_ledger.effects SET status = $2, result = $3, error = $4,"
+		"UPDATE durable_ledger.effects SET status = $2,"
+		"  result = $3, error = $4,"
 		"  resolved_by = $5, resolution_note = $6, conflict = false,"
 		"  completed_at = pg_catalog.clock_timestamp()"
 		" WHERE key" EQ "$1",
@@ -134,12 +151,9 @@ static const Statement statements[NUM_STATEMENTS] = {
 		1, {TEXTOID}
 	},
 	[STMT_AUDIT] = {
-		"INSERT INTO durable_ledger.audit_log"
-		" (logged_at, run, key, event, detail, role_name, session_user_name,"
-		"  application_name, client_addr, backend_pid, lease_epoch)"
-		" VALUES (pg_catalog.clock_timestamp(), $1, $2, $3, $4, $5, SESSION_USER,"
-		"  pg_catalog.current_setting('application_name'), pg_catalog.inet_client_addr(),"
-		"  pg_catalog.pg_backend_pid(), $6)",
+		"INSERT INTO durable_ledger.audit_log" AUDIT_COLUMNS
+		" VALUES (pg_catalog.clock_timestamp(), $1, $2, $3, $4, $5, "
+		AUDIT_SESSION_VALUES ", $6)",
 		6, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, INT8OID}
 	},
 	[STMT_LEASE_HOLDER] = {
@@ -248,11 +262,12 @@ dl_store_run_state(const char *run, int64 *epoch, bool *released, int *holder_pi
 
 /* ---------- effects ---------- */
 
+/* Inserts the intent and its audit row; false when the key already exists. */
 bool
 dl_store_insert_intent(const NewIntent *intent)
 {
-	Datum		values[8];
-	char		nulls[8] = "        ";
+	Datum		values[9];
+	char		nulls[9] = "         ";
 
 	values[0] = text_datum(intent->key);
 	values[1] = text_datum(intent->run);
@@ -266,6 +281,7 @@ dl_store_insert_intent(const NewIntent *intent)
 	if (intent->meta == NULL)
 		nulls[6] = 'n';
 	values[7] = Int64GetDatum(intent->lease_epoch);
+	values[8] = text_datum(caller_role_name());
 	return run_statement(STMT_INSERT_INTENT, values, nulls, SPI_OK_INSERT) == 1;
 }
 
@@ -338,8 +354,11 @@ dl_store_restart_business_key(const NewIntent *intent, int32 old_attempt)
 	return run_statement(STMT_RESTART_BUSINESS_KEY, values, nulls, SPI_OK_UPDATE) == 1;
 }
 
-/* from -> to with result/error, only if the row is still in status from */
-bool
+/*
+ * from -> to with result/error, only if the row is in status from.  Returns
+ * the changed row (in SPI memory), or NULL when the row was not in status from.
+ */
+HeapTuple
 dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
 				Jsonb *result, Jsonb *error)
 {
@@ -355,7 +374,20 @@ dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
 	values[4] = PointerGetDatum(error);
 	if (error == NULL)
 		nulls[4] = 'n';
-	return run_statement(STMT_FINISH, values, nulls, SPI_OK_UPDATE) == 1;
+	if (run_statement(STMT_FINISH, values, nulls, SPI_OK_UPDATE_RETURNING) != 1)
+		return NULL;
+	return SPI_copytuple(SPI_tuptable->vals[0]);
+}
+
+/* The run and lease epoch that started an effect, from its row. */
+void
+dl_store_row_lease(HeapTuple row, TupleDesc desc, char **run, int64 *lease_epoch)
+{
+	bool		isnull;
+
+	*run = SPI_getvalue(row, desc, SPI_fnumber(desc, "run"));
+	*lease_epoch = DatumGetInt64(SPI_getbinval(row, desc, SPI_fnumber(desc, "lease_epoch"),
+											   &isnull));
 }
 
 void
@@ -417,7 +449,8 @@ dl_store_effect_tuple(const char *key, bool report_unknown, TupleDesc desc)
 
 	status_col = SPI_fnumber(SPI_tuptable->tupdesc, "status");
 	if (report_unknown &&
-		strcmp(TextDatumGetCString(cols[status_col - 1]), "started") == 0)
+		strcmp(SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, status_col),
+			   "started") == 0)
 	{
 		int			run_col = SPI_fnumber(SPI_tuptable->tupdesc, "run");
 		int			epoch_col = SPI_fnumber(SPI_tuptable->tupdesc, "lease_epoch");
