@@ -9,6 +9,7 @@ OBJS = \
 	src/keys.o \
 	src/lease.o \
 	src/store.o \
+	src/direct.o \
 	src/ledger.o \
 	src/drop_guard.o
 DATA = $(wildcard $(EXTENSION)--*.sql)

@@ -4,9 +4,9 @@
 WITH i AS (
     INSERT INTO floor_effects (key, run, tool, args, business_key, occurrence, attempt,
                                status, lease_epoch, holder_pid, created_at)
-    VALUES (encode(sha256(convert_to('bench-' || :client_id || '|' || :n || '|' || random(), 'UTF8')), 'hex'),
-            'bench-' || :client_id, 'bank.pay',
-            jsonb_build_object('invoice', :n, 'amount', 4200, 'currency', 'USD'),
+    VALUES (encode(sha256(convert_to('bench-' || (:client_id)::int || '|' || (:n)::bigint || '|' || random(), 'UTF8')), 'hex'),
+            'bench-' || (:client_id)::int, 'bank.pay',
+            jsonb_build_object('invoice', (:n)::bigint, 'amount', 4200, 'currency', 'USD'),
             false, 1, 1, 'started', 1, pg_backend_pid(), clock_timestamp())
     RETURNING key, run)
 INSERT INTO floor_audit (logged_at, run, key, event, role_name, session_user_name,

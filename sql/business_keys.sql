@@ -109,6 +109,33 @@ SELECT dblink_disconnect('other');
 SELECT key, decision, status FROM durable_ledger.begin_effect('bk-2', 'ship_order', '{"order": 4}', 'ORDER-4');
 
 -- ===================================================================
+-- a late report cannot land on a later attempt: the key names no attempt, so
+-- a report from another session while a business key's next attempt is in
+-- flight under a live lease is kept as a conflict, not applied
+-- ===================================================================
+SELECT dblink_connect('late', 'dbname=' || current_database());
+SELECT * FROM dblink('late', $$SELECT decision FROM durable_ledger.begin_effect('bk-late-1', 'pay',
+                                '{"invoice": 77}', 'INV-LATE')$$) AS t(decision text);
+SELECT dblink_disconnect('late');
+DO $$ BEGIN
+  FOR i IN 1..200 LOOP
+    EXIT WHEN NOT EXISTS (SELECT 1 FROM durable_ledger.leases WHERE run = 'bk-late-1');
+    PERFORM pg_sleep(0.05);
+  END LOOP;
+END $$;
+SELECT status FROM durable_ledger.resolve_effect('INV-LATE', 'failed', '{"bank": "nothing"}', 'regress');
+SELECT decision, attempt FROM durable_ledger.begin_effect('bk-late-2', 'pay', '{"invoice": 77}', 'INV-LATE');
+SELECT dblink_connect('late', 'dbname=' || current_database());
+SELECT * FROM dblink('late', $$SELECT status || ' ' || conflict FROM durable_ledger.fail_effect('INV-LATE', '"declined"')$$)
+    AS t(after text);
+SELECT dblink_disconnect('late');
+SELECT status, attempt, conflict, run FROM durable_ledger.effects WHERE key = 'INV-LATE';
+SELECT decision FROM durable_ledger.begin_effect('bk-late-3', 'pay', '{"invoice": 77}', 'INV-LATE');
+SELECT event, detail->>'report' AS report, detail->>'recorded_status' AS recorded
+  FROM durable_ledger.audit_log WHERE key = 'INV-LATE' AND event = 'conflict';
+SELECT durable_ledger.release_run('bk-late-2'), durable_ledger.release_run('bk-late-3');
+
+-- ===================================================================
 -- a failed business key is executed again by the next begin_effect, with
 -- attempt n+1 (whichever run asks)
 -- ===================================================================

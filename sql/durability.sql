@@ -122,6 +122,19 @@ SELECT status FROM durable_ledger.effect_status(:'k_dur2');
 BEGIN;
 SELECT decision FROM durable_ledger.begin_effect('dur-2', 'mail', '{}');
 PREPARE TRANSACTION 'regress_dur_prepare';
+-- nor a transaction that only replayed: its occurrence count must roll back with
+-- it, which a prepared transaction's outcome cannot tell us (ROLLBACK PREPARED
+-- would otherwise leave the count advanced, and the same call would execute anew)
+SELECT status FROM durable_ledger.complete_effect(:'k_dur2', '{"ok": 1}');
+SELECT durable_ledger.release_run('dur-2');
+BEGIN;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('dur-2', 'pay', '{}');
+PREPARE TRANSACTION 'regress_dur_prepare';
+SELECT decision, occurrence FROM durable_ledger.begin_effect('dur-2', 'pay', '{}');
+-- nor an acquire_run alone
+BEGIN;
+SELECT durable_ledger.acquire_run('dur-2');
+PREPARE TRANSACTION 'regress_dur_prepare';
 \set VERBOSITY sqlstate
 -- a transaction that did not write the ledger can be prepared (also by a session holding a lease)
 BEGIN;

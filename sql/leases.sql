@@ -160,12 +160,27 @@ SELECT decision FROM durable_ledger.begin_effect('lease-m2', 'pay', '{}');
 -- after a release there is room again
 SELECT durable_ledger.release_run('lease-m3') AS released;
 SELECT durable_ledger.acquire_run('lease-m4') AS m4;
--- leases lost behind the ledger's back hold no lock: at the limit they are
--- forgotten (their later release answers false) to make room
+-- leases lost behind the ledger's back hold no lock, so they do not count
+-- against the limit; but they are remembered: their runs' next calls fail
+-- instead of silently going on in a new epoch
 SELECT pg_advisory_unlock_all();
-SELECT durable_ledger.acquire_run('lease-m5') AS m5;
+SELECT durable_ledger.acquire_run('lease-m5') AS m5, durable_ledger.acquire_run('lease-m6') AS m6,
+       durable_ledger.acquire_run('lease-m7') AS m7;
+SELECT durable_ledger.begin_effect('lease-m1', 'pay', '{}');
 SELECT r AS run, durable_ledger.release_run(r) AS released
-  FROM unnest(ARRAY['lease-m1', 'lease-m2', 'lease-m4', 'lease-m5']) AS r;
+  FROM unnest(ARRAY['lease-m1', 'lease-m2', 'lease-m4', 'lease-m5', 'lease-m6', 'lease-m7']) AS r;
+-- a lost lease taken again in a transaction that rolls back does not bring the
+-- lost attempt back: the next call starts a new epoch (and finds the lost
+-- attempt's intent unknown), it never continues the lost one
+SELECT durable_ledger.acquire_run('lease-lr') AS lr;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('lease-lr', 'pay', '{}');
+SELECT pg_advisory_unlock_all();
+BEGIN;
+SELECT durable_ledger.acquire_run('lease-lr') AS lr;
+ROLLBACK;
+SELECT decision, status, occurrence FROM durable_ledger.begin_effect('lease-lr', 'pay', '{}');
+SELECT epochs FROM durable_ledger.runs WHERE run = 'lease-lr';
+SELECT durable_ledger.release_run('lease-lr');
 -- the limit is for superusers to set
 CREATE ROLE regress_lease_user NOLOGIN;
 SET ROLE regress_lease_user;

@@ -6,6 +6,7 @@
  *   keys.c        key material and SHA-256, argument checks
  *   lease.c       the per-run advisory lock, lease epochs, occurrence counters
  *   store.c       every SQL statement the extension runs (SPI, saved plans)
+ *   direct.c      the hottest inserts, without the executor
  *   ledger.c      the SQL-callable ledger functions and their decisions
  *   drop_guard.c  the event trigger that protects a ledger holding effects
  */
@@ -49,6 +50,7 @@ extern EffectStatus dl_status_from_name(const char *name);
 extern bool dl_allow_drop;
 extern int	dl_max_leases_per_session;
 extern void dl_note_durable_write(void);
+extern void dl_note_ledger_write(void);
 
 /* canonical.c */
 extern void dl_append_canonical_args(StringInfo out, Jsonb *args);
@@ -80,6 +82,8 @@ extern void dl_lease_count_call(HeldRun *held, CallCounter *counter);
 extern bool dl_lease_acquire(const char *run, bool wait);
 extern bool dl_lease_release(const char *run);
 extern bool dl_lease_is_live(const char *run, int64 epoch);
+extern bool dl_lease_is_mine(const char *run, int64 epoch);
+extern bool dl_lease_touched_in_xact(void);
 extern uint64 dl_run_lock_key(const char *run);
 extern void dl_lease_xact_callback(bool commit);
 extern void dl_lease_subxact_abort(SubTransactionId subid);
@@ -120,11 +124,12 @@ extern void dl_store_end_epoch(const char *run, int64 epoch);
 extern bool dl_store_run_state(const char *run, int64 *epoch, bool *released,
 							   int *holder_pid);
 extern bool dl_store_insert_intent(const NewIntent *intent);
+extern void dl_store_insert_new_intent(const NewIntent *intent);
 extern bool dl_store_fetch_effect(const char *key, bool for_update, EffectRow *row);
-extern bool dl_store_mark_unknown(const char *key, int64 lease_epoch);
+extern bool dl_store_mark_unknown(const EffectRow *row);
 extern bool dl_store_restart_business_key(const NewIntent *intent, int32 old_attempt);
 extern HeapTuple dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
-								 Jsonb *result, Jsonb *error);
+								 Jsonb *result, Jsonb *error, bool mine_only);
 extern void dl_store_row_lease(HeapTuple row, TupleDesc desc, char **run,
 							   int64 *lease_epoch);
 extern void dl_store_set_conflict(const char *key);
@@ -136,6 +141,11 @@ extern void dl_audit(const char *run, const char *key, const char *event,
 					 Jsonb *detail, int64 lease_epoch);
 extern int	dl_store_lease_holder_pid(uint64 lock_key);
 extern bool dl_store_effects_exist(void);
+
+/* direct.c: the hottest inserts without the executor (false: use SQL) */
+extern bool dl_direct_insert_intent(const NewIntent *intent);
+extern bool dl_direct_audit(const char *run, const char *key, const char *event,
+							Jsonb *detail, int64 lease_epoch, const char *role_name);
 
 /* A small builder for audit details: a flat JSON object. */
 typedef struct DetailBuilder

@@ -258,16 +258,23 @@ dl_lease_subxact_commit(SubTransactionId subid, SubTransactionId parent)
 static void
 start_epoch(HeldRun *held, int64 epoch)
 {
-	UndoEntry  *e = push_undo(UNDO_EPOCH, held);
+	MemoryContext cxt;
+	HTAB	   *counters;
+	UndoEntry  *e;
 
+	/* allocate first: an out-of-memory error must leave the old epoch intact */
+	cxt = AllocSetContextCreate(lease_cxt, "durable_ledger lease epoch",
+								ALLOCSET_DEFAULT_SIZES);
+	counters = create_counters(cxt);
+
+	e = push_undo(UNDO_EPOCH, held);
 	e->old_epoch = held->epoch;
 	e->old_generation = held->generation;
 	e->old_cxt = held->epoch_cxt;
 	e->old_counters = held->counters;
 
-	held->epoch_cxt = AllocSetContextCreate(lease_cxt, "durable_ledger lease epoch",
-											ALLOCSET_DEFAULT_SIZES);
-	held->counters = create_counters(held->epoch_cxt);
+	held->epoch_cxt = cxt;
+	held->counters = counters;
 	held->generation = next_generation++;
 	held->epoch = epoch;
 	/* the undo entry belongs to the new generation: undoing it restores the old */
@@ -348,27 +355,43 @@ forget_held(HeldRun *held)
 }
 
 /*
- * Room for one more lease.  Runs whose lock was lost behind our back are
- * remembered so that their next call fails instead of silently starting a
- * new epoch; they hold no lock, so under pressure they are forgotten first.
+ * Room for one more lease.  Only runs whose lock is held count: every one is
+ * an entry in the shared lock table.  Runs whose lock was lost behind our
+ * back are remembered, so that their next call fails instead of silently
+ * starting a new epoch mid-attempt; they cost only backend memory, and are
+ * forgotten only when more than DL_MAX_LOST_LEASES of them pile up (a pooled
+ * connection reset many times).
  */
+#define DL_MAX_LOST_LEASES 1024
+
 static void
 check_lease_capacity(const char *run)
 {
 	HASH_SEQ_STATUS scan;
 	HeldRun    *held;
-
-	if (hash_get_num_entries(held_runs) < dl_max_leases_per_session)
-		return;
+	int			held_locks = 0;
+	int			lost = 0;
 
 	hash_seq_init(&scan, held_runs);
 	while ((held = hash_seq_search(&scan)) != NULL)
 	{
-		if (!lock_held_by_me(held->lock_key))
-			forget_held(held);	/* deleting the current entry is allowed */
+		if (lock_held_by_me(held->lock_key))
+			held_locks++;
+		else
+			lost++;
 	}
 
-	if (hash_get_num_entries(held_runs) >= dl_max_leases_per_session)
+	if (lost > DL_MAX_LOST_LEASES)
+	{
+		hash_seq_init(&scan, held_runs);
+		while ((held = hash_seq_search(&scan)) != NULL)
+		{
+			if (!lock_held_by_me(held->lock_key))
+				forget_held(held);	/* deleting the current entry is allowed */
+		}
+	}
+
+	if (held_locks >= dl_max_leases_per_session)
 		ereport(ERROR,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 				 errmsg("this session already holds %d leases, cannot take run \"%s\"",
@@ -500,9 +523,15 @@ dl_lease_acquire(const char *run, bool wait)
 	}
 	else if (!lock_held_by_me(lock_key))
 	{
-		/* lost behind our back: this is the new attempt the error asked for */
+		/*
+		 * Lost behind our back: this is the new attempt the error asked for.
+		 * It starts from a fresh entry, so that rolling it back leaves no
+		 * epoch (the next call starts one) rather than the lost attempt's.
+		 */
 		if (!take_lock(lock_key, wait, &waited))
 			return false;
+		forget_held(held);
+		held = add_held(run, lock_key);
 	}
 	epoch = dl_store_start_epoch(run, lock_key, waited);
 	start_epoch(held, epoch);
@@ -565,4 +594,21 @@ dl_lease_is_live(const char *run, int64 epoch)
 		current_epoch != epoch || released)
 		return false;
 	return dl_store_lease_holder_pid(lock_key) == holder_pid;
+}
+
+/* Is (run, epoch) this session's current, still held lease? */
+bool
+dl_lease_is_mine(const char *run, int64 epoch)
+{
+	uint64		lock_key = dl_run_lock_key(run);
+	HeldRun    *held = find_held(run, lock_key);
+
+	return held != NULL && held->epoch == epoch && lock_held_by_me(lock_key);
+}
+
+/* Did this transaction change the session's epochs or occurrence counters? */
+bool
+dl_lease_touched_in_xact(void)
+{
+	return undo_len > 0;
 }

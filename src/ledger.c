@@ -175,6 +175,20 @@ decide(const NewIntent *intent, const char *canon, Decision *d)
 	int			round;
 	bool		look_first = !intent->business_key && intent->lease_epoch > 1;
 
+	/*
+	 * A derived key in the run's first epoch cannot exist yet: the key names
+	 * the run, and nobody else can have held this epoch of it.
+	 */
+	if (!intent->business_key && intent->lease_epoch == 1)
+	{
+		dl_store_insert_new_intent(intent);
+		d->kind = DECIDE_EXECUTE;
+		d->status = EFFECT_STARTED;
+		d->attempt = 1;
+		dl_note_durable_write();
+		return;
+	}
+
 	for (round = 0; round < MAX_DECISION_ROUNDS; round++)
 	{
 		EffectRow	row;
@@ -254,7 +268,7 @@ decide(const NewIntent *intent, const char *canon, Decision *d)
 					audit_decision(intent, "in_progress", d, "holder_run", row.run);
 					return;
 				}
-				if (dl_store_mark_unknown(intent->key, row.lease_epoch))
+				if (dl_store_mark_unknown(&row))
 				{
 					d->kind = DECIDE_PAUSE;
 					d->status = EFFECT_UNKNOWN;
@@ -457,7 +471,7 @@ report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
 	Datum		result;
 
 	spi_connect();
-	finished = dl_store_finish(key, EFFECT_STARTED, reported, result_value, error_value);
+	finished = dl_store_finish(key, EFFECT_STARTED, reported, result_value, error_value, true);
 	if (finished != NULL)
 	{
 		dl_store_row_lease(finished, SPI_tuptable->tupdesc, &run, &lease_epoch);
@@ -468,9 +482,19 @@ report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
 		if (!dl_store_fetch_effect(key, true, &row))
 			report_unknown_key(key);
 
-		if (row.status == EFFECT_STARTED || row.status == EFFECT_UNKNOWN)
+		/*
+		 * A business key in flight under another session's live lease is a
+		 * later attempt than any this session can report on (the key carries
+		 * no attempt): such a report cannot be matched to it, so it is kept
+		 * as evidence instead of being applied.
+		 */
+		if (row.status == EFFECT_STARTED && row.business_key &&
+			dl_lease_is_live(row.run, row.lease_epoch) &&
+			!dl_lease_is_mine(row.run, row.lease_epoch))
+			record_conflict(&row, reported, value);
+		else if (row.status == EFFECT_STARTED || row.status == EFFECT_UNKNOWN)
 		{
-			finished = dl_store_finish(key, row.status, reported, result_value, error_value);
+			finished = dl_store_finish(key, row.status, reported, result_value, error_value, false);
 			if (finished == NULL)
 				elog(ERROR, "effect \"%s\" changed while locked", key);
 			audit_applied_report(key, row.run, row.lease_epoch, row.status, reported, value);
@@ -540,7 +564,7 @@ dl_resolve_effect(PG_FUNCTION_ARGS)
 		report_unknown_key(key);
 
 	needs_person = row.conflict || row.status == EFFECT_UNKNOWN;
-	if (!needs_person && row.status == EFFECT_STARTED)
+	if (row.status == EFFECT_STARTED || row.status == EFFECT_UNKNOWN)
 	{
 		if (dl_lease_is_live(row.run, row.lease_epoch))
 			ereport(ERROR,

@@ -24,10 +24,20 @@ int			dl_max_leases_per_session = 64;
 /* Did this transaction write something that must survive a crash? */
 static bool durable_write_in_xact = false;
 
+/* Did it write the ledger at all (an audit row at least)? */
+static bool ledger_write_in_xact = false;
+
 void
 dl_note_durable_write(void)
 {
 	durable_write_in_xact = true;
+	ledger_write_in_xact = true;
+}
+
+void
+dl_note_ledger_write(void)
+{
+	ledger_write_in_xact = true;
 }
 
 static void
@@ -51,21 +61,23 @@ ledger_xact_callback(XactEvent event, void *arg)
 				raise_synchronous_commit();
 			break;
 		case XACT_EVENT_PRE_PREPARE:
-			if (durable_write_in_xact)
+			if (ledger_write_in_xact || dl_lease_touched_in_xact())
 				ereport(ERROR,
 						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-						 errmsg("cannot PREPARE a transaction that wrote the ledger"),
+						 errmsg("cannot PREPARE a transaction that used the ledger"),
 						 errdetail("The ledger's occurrence counters and durability rules need the transaction's outcome at COMMIT.")));
 			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PREPARE:
 			durable_write_in_xact = false;
+			ledger_write_in_xact = false;
 			dl_lease_xact_callback(true);
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 			durable_write_in_xact = false;
+			ledger_write_in_xact = false;
 			dl_lease_xact_callback(false);
 			break;
 		default:

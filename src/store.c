@@ -115,8 +115,9 @@ static const Statement statements[NUM_STATEMENTS] = {
 	},
 	[STMT_MARK_UNKNOWN] = {
 		"UPDATE durable_ledger.effects SET status = 'unknown'"
-		" WHERE key" EQ "$1 AND status" EQ "'started' AND lease_epoch" EQ "$2",
-		2, {TEXTOID, INT8OID}
+		" WHERE key" EQ "$1 AND status" EQ "'started' AND run" EQ "$2"
+		"   AND lease_epoch" EQ "$3 AND attempt" EQ "$4",
+		4, {TEXTOID, TEXTOID, INT8OID, INT4OID}
 	},
 	[STMT_RESTART_BUSINESS_KEY] = {
 		"UPDATE durable_ledger.effects SET"
@@ -131,8 +132,9 @@ static const Statement statements[NUM_STATEMENTS] = {
 		"UPDATE durable_ledger.effects SET status = $3,"
 		"  result = $4, error = $5, completed_at = pg_catalog.clock_timestamp()"
 		" WHERE key" EQ "$1 AND status" EQ "$2"
+		"   AND ($6 OR holder_pid" EQ "pg_catalog.pg_backend_pid())"
 		" RETURNING *",
-		5, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID}
+		6, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, BOOLOID}
 	},
 	[STMT_SET_CONFLICT] = {
 		"UPDATE durable_ledger.effects SET conflict = true WHERE key" EQ "$1",
@@ -262,6 +264,21 @@ dl_store_run_state(const char *run, int64 *epoch, bool *released, int *holder_pi
 
 /* ---------- effects ---------- */
 
+/*
+ * Inserts the intent of a key that cannot exist yet, and its audit row.  A
+ * duplicate would be a unique violation (an error), never a second intent.
+ */
+void
+dl_store_insert_new_intent(const NewIntent *intent)
+{
+	if (dl_direct_insert_intent(intent))
+		dl_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch);
+	else if (!dl_store_insert_intent(intent))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("effect \"%s\" already exists", intent->key)));
+}
+
 /* Inserts the intent and its audit row; false when the key already exists. */
 bool
 dl_store_insert_intent(const NewIntent *intent)
@@ -326,14 +343,19 @@ dl_store_fetch_effect(const char *key, bool for_update, EffectRow *row)
 	return true;
 }
 
-/* started -> unknown, only if the row is still what the caller saw */
+/*
+ * started -> unknown, only if the row is still the attempt the caller saw
+ * (a business key's next attempt may reuse an epoch number of another run).
+ */
 bool
-dl_store_mark_unknown(const char *key, int64 lease_epoch)
+dl_store_mark_unknown(const EffectRow *row)
 {
-	Datum		values[2];
+	Datum		values[4];
 
-	values[0] = text_datum(key);
-	values[1] = Int64GetDatum(lease_epoch);
+	values[0] = text_datum(row->key);
+	values[1] = text_datum(row->run);
+	values[2] = Int64GetDatum(row->lease_epoch);
+	values[3] = Int32GetDatum(row->attempt);
 	return run_statement(STMT_MARK_UNKNOWN, values, NULL, SPI_OK_UPDATE) == 1;
 }
 
@@ -355,15 +377,16 @@ dl_store_restart_business_key(const NewIntent *intent, int32 old_attempt)
 }
 
 /*
- * from -> to with result/error, only if the row is in status from.  Returns
- * the changed row (in SPI memory), or NULL when the row was not in status from.
+ * from -> to with result/error, only if the row is in status from (and, with
+ * mine_only, was started by this backend).  Returns the changed row (in SPI
+ * memory), or NULL when no row matched.
  */
 HeapTuple
 dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
-				Jsonb *result, Jsonb *error)
+				Jsonb *result, Jsonb *error, bool mine_only)
 {
-	Datum		values[5];
-	char		nulls[5] = "     ";
+	Datum		values[6];
+	char		nulls[6] = "      ";
 
 	values[0] = text_datum(key);
 	values[1] = text_datum(dl_status_name(from));
@@ -374,6 +397,7 @@ dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
 	values[4] = PointerGetDatum(error);
 	if (error == NULL)
 		nulls[4] = 'n';
+	values[5] = BoolGetDatum(!mine_only);
 	if (run_statement(STMT_FINISH, values, nulls, SPI_OK_UPDATE_RETURNING) != 1)
 		return NULL;
 	return SPI_copytuple(SPI_tuptable->vals[0]);
@@ -498,6 +522,9 @@ dl_audit(const char *run, const char *key, const char *event, Jsonb *detail,
 	values[3] = PointerGetDatum(detail);
 	if (detail == NULL)
 		nulls[3] = 'n';
+	dl_note_ledger_write();
+	if (dl_direct_audit(run, key, event, detail, lease_epoch, caller_role_name()))
+		return;
 	values[4] = text_datum(caller_role_name());
 	values[5] = Int64GetDatum(lease_epoch);
 	if (lease_epoch <= 0)
