@@ -122,3 +122,22 @@ SELECT count(*) AS audit_1_events FROM durable_ledger.audit_log WHERE run = 'aud
 -- clean up (the effects stay: the ledger keeps its records)
 DROP ROLE regress_audit_worker;
 DROP ROLE regress_audit_admin;
+
+-- an INSERT trigger someone adds to a ledger table fires: the rows that are
+-- otherwise written without the executor then go through SQL
+CREATE FUNCTION regress_audit_notice() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE NOTICE 'trigger saw a new % row', TG_TABLE_NAME;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER regress_audit_notice AFTER INSERT ON durable_ledger.audit_log
+    FOR EACH ROW EXECUTE FUNCTION regress_audit_notice();
+CREATE TRIGGER regress_effects_notice AFTER INSERT ON durable_ledger.effects
+    FOR EACH ROW EXECUTE FUNCTION regress_audit_notice();
+\set VERBOSITY terse
+SELECT decision FROM durable_ledger.begin_effect('audit-trig', 'pay', '{"event": "intent"}');
+SELECT durable_ledger.release_run('audit-trig');
+\set VERBOSITY sqlstate
+DROP TRIGGER regress_audit_notice ON durable_ledger.audit_log;
+DROP TRIGGER regress_effects_notice ON durable_ledger.effects;
+DROP FUNCTION regress_audit_notice();
