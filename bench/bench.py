@@ -209,9 +209,9 @@ def main():
     say("  ", rows[-1])
 
     say("growth: 10,000 vs %d effects ..." % args.big)
+    populate(conn, 10000)
     before_bytes = ledger_bytes(conn)
     before_n = conn.execute("SELECT count(*) FROM durable_ledger.effects").fetchone()[0]
-    populate(conn, 10000)
     small = [pgbench(args, "ledger_pair.sql", 8, args.seconds, logdir, "g_small") for _ in range(args.rounds)]
     n_small = conn.execute("SELECT count(*) FROM durable_ledger.effects").fetchone()[0]
     bytes_small = ledger_bytes(conn)
