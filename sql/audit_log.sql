@@ -141,3 +141,16 @@ SELECT durable_ledger.release_run('audit-trig');
 DROP TRIGGER regress_audit_notice ON durable_ledger.audit_log;
 DROP TRIGGER regress_effects_notice ON durable_ledger.effects;
 DROP FUNCTION regress_audit_notice();
+
+-- an index someone adds to a ledger table is kept up to date by the inserts
+-- that bypass the executor (they learn the table's indexes again)
+CREATE INDEX regress_effects_tool ON durable_ledger.effects (tool);
+SELECT decision FROM durable_ledger.begin_effect('audit-idx', 'regress-indexed-tool', '{}');
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+EXPLAIN (COSTS OFF) SELECT count(*) FROM durable_ledger.effects WHERE tool = 'regress-indexed-tool';
+SELECT count(*) FROM durable_ledger.effects WHERE tool = 'regress-indexed-tool';
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+SELECT durable_ledger.release_run('audit-idx');
+DROP INDEX durable_ledger.regress_effects_tool;

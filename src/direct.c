@@ -32,7 +32,9 @@
 #include "utils/fmgrprotos.h"
 #include "utils/guc.h"
 #include "utils/inet.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/timestamp.h"
 
@@ -97,20 +99,139 @@ ledger_relid(const char *name)
 }
 
 /*
+ * What a direct insert into one ledger table needs, kept across calls and
+ * looked at again whenever the relcache says the table or one of its indexes
+ * changed (a new trigger or index, ANALYZE, DROP EXTENSION, ...).  The
+ * invalidation callback only marks it stale: it can fire in the middle of an
+ * insert (any lock acquisition reads invalidations), so the memory in use
+ * stays until the next insert into that table learns the table again.
+ */
+typedef struct DirectTable
+{
+	const char *name;
+	const char *const *columns;
+	int			ncolumns;
+	Oid			relid;			/* InvalidOid: stale, look again */
+	Oid			known_relid;	/* what the arrays below describe */
+	bool		usable;			/* expected columns, no INSERT triggers */
+	int			nindexes;
+	Oid		   *index_oids;
+	IndexInfo **index_infos;
+	MemoryContext cxt;			/* holds the arrays and the IndexInfos */
+} DirectTable;
+
+static DirectTable effects_table = {"effects", effects_columns, EFF_NCOLUMNS};
+static DirectTable audit_table = {"audit_log", audit_columns, AUD_NCOLUMNS};
+static Oid	audit_seq_relid = InvalidOid;
+static bool callback_registered = false;
+
+static bool
+concerns(const DirectTable *t, Oid relid)
+{
+	int			i;
+
+	if (relid == t->known_relid)
+		return true;
+	for (i = 0; i < t->nindexes; i++)
+		if (relid == t->index_oids[i])
+			return true;
+	return false;
+}
+
+static void
+relcache_changed(Datum arg, Oid relid)
+{
+	if (!OidIsValid(relid) || concerns(&effects_table, relid))
+		effects_table.relid = InvalidOid;
+	if (!OidIsValid(relid) || concerns(&audit_table, relid))
+		audit_table.relid = InvalidOid;
+	if (!OidIsValid(relid) || relid == audit_seq_relid)
+		audit_seq_relid = InvalidOid;
+}
+
+static bool
+has_insert_triggers(Relation rel)
+{
+	TriggerDesc *t = rel->trigdesc;
+
+	return t != NULL &&
+		(t->trig_insert_before_row || t->trig_insert_after_row ||
+		 t->trig_insert_instead_row || t->trig_insert_before_statement ||
+		 t->trig_insert_after_statement);
+}
+
+/* Looks at the open table rel and remembers what inserting into it takes. */
+static void
+learn_table(DirectTable *t, Relation rel)
+{
+	List	   *indexes = RelationGetIndexList(rel);
+	ListCell   *lc;
+	MemoryContext cxt;
+	MemoryContext old;
+	Oid		   *oids;
+	IndexInfo **infos;
+	int			n = 0;
+	bool		usable;
+
+	if (!callback_registered)
+	{
+		CacheRegisterRelcacheCallback(relcache_changed, (Datum) 0);
+		callback_registered = true;
+	}
+
+	cxt = AllocSetContextCreate(TopMemoryContext, "durable_ledger direct inserts",
+								ALLOCSET_SMALL_SIZES);
+	old = MemoryContextSwitchTo(cxt);
+	oids = palloc(sizeof(Oid) * Max(1, list_length(indexes)));
+	infos = palloc(sizeof(IndexInfo *) * Max(1, list_length(indexes)));
+	MemoryContextSwitchTo(old);
+
+	usable = has_columns(rel, t->columns, t->ncolumns) && !has_insert_triggers(rel);
+	foreach(lc, indexes)
+	{
+		Relation	index = index_open(lfirst_oid(lc), AccessShareLock);
+
+		if (index->rd_index->indisready)
+		{
+			old = MemoryContextSwitchTo(cxt);
+			infos[n] = BuildIndexInfo(index);
+			MemoryContextSwitchTo(old);
+			if (infos[n]->ii_Expressions != NIL || infos[n]->ii_Predicate != NIL)
+				usable = false; /* the ledger's own indexes are plain */
+			oids[n++] = lfirst_oid(lc);
+		}
+		index_close(index, AccessShareLock);
+	}
+	list_free(indexes);
+
+	/* swap in the new description; nothing below reads invalidations */
+	t->nindexes = 0;
+	t->index_oids = oids;
+	t->index_infos = infos;
+	t->nindexes = n;
+	if (t->cxt != NULL)
+		MemoryContextDelete(t->cxt);
+	t->cxt = cxt;
+	t->usable = usable;
+	t->known_relid = RelationGetRelid(rel);
+	t->relid = t->known_relid;
+}
+
+/*
  * Opens a ledger table for a direct insert, or returns NULL when it must go
  * through the executor (INSERT triggers) or does not have the expected
  * columns (a schema this library does not know, say mid-upgrade).
  */
 static Relation
-open_for_direct_insert(const char *name, const char *const *columns, int ncolumns)
+open_for_direct_insert(DirectTable *t)
 {
-	Relation	rel = table_open(ledger_relid(name), RowExclusiveLock);
+	Oid			relid = OidIsValid(t->relid) ? t->relid : ledger_relid(t->name);
+	Relation	rel = table_open(relid, RowExclusiveLock);
 
-	if (!has_columns(rel, columns, ncolumns) ||
-		(rel->trigdesc != NULL &&
-		 (rel->trigdesc->trig_insert_before_row || rel->trigdesc->trig_insert_after_row ||
-		  rel->trigdesc->trig_insert_instead_row || rel->trigdesc->trig_insert_before_statement ||
-		  rel->trigdesc->trig_insert_after_statement)))
+	/* opening it may have read invalidations that made what we knew stale */
+	if (t->relid != relid)
+		learn_table(t, rel);
+	if (!t->usable)
 	{
 		table_close(rel, RowExclusiveLock);
 		return NULL;
@@ -118,33 +239,27 @@ open_for_direct_insert(const char *name, const char *const *columns, int ncolumn
 	return rel;
 }
 
-/* heap_insert, then an index_insert into every ready index. */
+/* heap_insert, then an index_insert into every index. */
 static void
-insert_row(Relation rel, Datum *values, bool *nulls)
+insert_row(DirectTable *t, Relation rel, Datum *values, bool *nulls)
 {
 	HeapTuple	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
-	List	   *indexes = RelationGetIndexList(rel);
-	ListCell   *lc;
+	int			nindexes = t->nindexes;
+	Oid		   *index_oids = t->index_oids;
+	IndexInfo **index_infos = t->index_infos;
+	int			n;
 
 	heap_insert(rel, tuple, GetCurrentCommandId(true), 0, NULL);
 
-	foreach(lc, indexes)
+	/* the arrays stay valid even if an invalidation marks t stale meanwhile */
+	for (n = 0; n < nindexes; n++)
 	{
-		Relation	index = index_open(lfirst_oid(lc), RowExclusiveLock);
-		IndexInfo  *info;
+		Relation	index = index_open(index_oids[n], RowExclusiveLock);
+		IndexInfo  *info = index_infos[n];
 		Datum		key_values[INDEX_MAX_KEYS];
 		bool		key_nulls[INDEX_MAX_KEYS];
 		int			i;
 
-		if (!index->rd_index->indisready)
-		{
-			index_close(index, RowExclusiveLock);
-			continue;
-		}
-		info = BuildIndexInfo(index);
-		if (info->ii_Expressions != NIL || info->ii_Predicate != NIL)
-			elog(ERROR, "index \"%s\" has expressions or a predicate; the ledger's indexes are plain",
-				 RelationGetRelationName(index));
 		for (i = 0; i < info->ii_NumIndexAttrs; i++)
 		{
 			AttrNumber	attno = info->ii_IndexAttrNumbers[i];
@@ -157,7 +272,6 @@ insert_row(Relation rel, Datum *values, bool *nulls)
 					 false, info);
 		index_close(index, RowExclusiveLock);
 	}
-	list_free(indexes);
 	heap_freetuple(tuple);
 }
 
@@ -169,7 +283,7 @@ insert_row(Relation rel, Datum *values, bool *nulls)
 bool
 dl_direct_insert_intent(const NewIntent *intent)
 {
-	Relation	rel = open_for_direct_insert("effects", effects_columns, EFF_NCOLUMNS);
+	Relation	rel = open_for_direct_insert(&effects_table);
 	Datum		values[EFF_NCOLUMNS];
 	bool		nulls[EFF_NCOLUMNS];
 
@@ -194,7 +308,7 @@ dl_direct_insert_intent(const NewIntent *intent)
 	SET(EFF_CREATED_AT, TimestampTzGetDatum(GetCurrentTimestamp()));
 	SET(EFF_CONFLICT, BoolGetDatum(false));
 
-	insert_row(rel, values, nulls);
+	insert_row(&effects_table, rel, values, nulls);
 	table_close(rel, NoLock);
 	return true;
 }
@@ -218,7 +332,7 @@ bool
 dl_direct_audit(const char *run, const char *key, const char *event, Jsonb *detail,
 				int64 lease_epoch, const char *role_name)
 {
-	Relation	rel = open_for_direct_insert("audit_log", audit_columns, AUD_NCOLUMNS);
+	Relation	rel = open_for_direct_insert(&audit_table);
 	Datum		values[AUD_NCOLUMNS];
 	bool		nulls[AUD_NCOLUMNS];
 	Datum		addr;
@@ -227,7 +341,9 @@ dl_direct_audit(const char *run, const char *key, const char *event, Jsonb *deta
 		return false;
 
 	memset(nulls, true, sizeof(nulls));
-	SET(AUD_ID, Int64GetDatum(nextval_internal(ledger_relid("audit_log_id_seq"), false)));
+	if (!OidIsValid(audit_seq_relid))
+		audit_seq_relid = ledger_relid("audit_log_id_seq");
+	SET(AUD_ID, Int64GetDatum(nextval_internal(audit_seq_relid, false)));
 	SET(AUD_LOGGED_AT, TimestampTzGetDatum(GetCurrentTimestamp()));
 	if (run != NULL)
 		SET(AUD_RUN, CStringGetTextDatum(run));
@@ -247,7 +363,7 @@ dl_direct_audit(const char *run, const char *key, const char *event, Jsonb *deta
 		SET(AUD_LEASE_EPOCH, Int64GetDatum(lease_epoch));
 #undef SET
 
-	insert_row(rel, values, nulls);
+	insert_row(&audit_table, rel, values, nulls);
 	table_close(rel, NoLock);
 	return true;
 }
