@@ -7,14 +7,6 @@
 -- n+1; the key is 1 to 255 characters and not 64 lowercase hex digits.
 \set VERBOSITY terse
 
-CREATE FUNCTION pg_temp.try(stmt text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE stmt;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END
-$$;
 
 -- ===================================================================
 -- the key is the business key; occurrence NULL, attempt 1
@@ -48,13 +40,13 @@ SELECT event, run, detail FROM durable_ledger.audit_log WHERE key = 'INV-1001' O
 -- error naming the key; nothing is written
 -- ===================================================================
 SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
-SELECT pg_temp.try($$SELECT durable_ledger.begin_effect('bk-2', 'refund_invoice',
+SELECT regress_try($$SELECT durable_ledger.begin_effect('bk-2', 'refund_invoice',
        '{"invoice": "INV-1001", "amount": 120}', 'INV-1001')$$) AS other_tool;
-SELECT pg_temp.try($$SELECT durable_ledger.begin_effect('bk-2', 'pay_invoice',
+SELECT regress_try($$SELECT durable_ledger.begin_effect('bk-2', 'pay_invoice',
        '{"invoice": "INV-1001", "amount": 121}', 'INV-1001')$$) AS other_args;
-SELECT pg_temp.try($$SELECT durable_ledger.begin_effect('bk-2', 'pay_invoice',
+SELECT regress_try($$SELECT durable_ledger.begin_effect('bk-2', 'pay_invoice',
        '{"invoice": "INV-1001", "amount": "120"}', 'INV-1001')$$) AS number_as_string;
-SELECT pg_temp.try($$SELECT durable_ledger.begin_effect('bk-2', 'pay_invoice',
+SELECT regress_try($$SELECT durable_ledger.begin_effect('bk-2', 'pay_invoice',
        '{"invoice": "INV-1001", "amount": 120, "memo": null}', 'INV-1001')$$) AS extra_member;
 SELECT count(*) = :audit_rows AS nothing_written FROM durable_ledger.audit_log;
 SELECT key, run, tool, args, status, attempt, result FROM durable_ledger.effects WHERE key = 'INV-1001';
@@ -167,12 +159,12 @@ SELECT length(key) AS key_length, decision, occurrence
 SELECT length(key) AS key_length, decision, occurrence
   FROM durable_ledger.begin_effect('bk-4', 'tag', '{"n": 2}', repeat(chr(233), 255));
 SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
-SELECT pg_temp.try($$SELECT durable_ledger.begin_effect('bk-4', 'tag', '{"n": 3}', repeat('k', 256))$$) AS too_long;
-SELECT pg_temp.try($$SELECT durable_ledger.begin_effect('bk-4', 'tag', '{"n": 3}', repeat(chr(233), 256))$$) AS too_long_multibyte;
-SELECT pg_temp.try($$SELECT durable_ledger.begin_effect('bk-4', 'tag', '{"n": 3}', '')$$) AS empty;
-SELECT pg_temp.try($$SELECT durable_ledger.begin_effect('bk-4', 'tag', '{"n": 3}',
+SELECT regress_try($$SELECT durable_ledger.begin_effect('bk-4', 'tag', '{"n": 3}', repeat('k', 256))$$) AS too_long;
+SELECT regress_try($$SELECT durable_ledger.begin_effect('bk-4', 'tag', '{"n": 3}', repeat(chr(233), 256))$$) AS too_long_multibyte;
+SELECT regress_try($$SELECT durable_ledger.begin_effect('bk-4', 'tag', '{"n": 3}', '')$$) AS empty;
+SELECT regress_try($$SELECT durable_ledger.begin_effect('bk-4', 'tag', '{"n": 3}',
        encode(sha256('x'), 'hex'))$$) AS lowercase_hex_64;
-SELECT pg_temp.try($$SELECT durable_ledger.begin_effect('bk-4', 'tag', '{"n": 3}',
+SELECT regress_try($$SELECT durable_ledger.begin_effect('bk-4', 'tag', '{"n": 3}',
        durable_ledger.effect_key('bk-4', 'tag', '{"n": 3}', 1))$$) AS a_derived_key;
 SELECT count(*) = :audit_rows AS nothing_written FROM durable_ledger.audit_log;
 SELECT count(*) AS effects FROM durable_ledger.effects WHERE run = 'bk-4';

@@ -6,14 +6,6 @@
 -- (in_progress needs a business key shared across runs: see business_keys.)
 \set VERBOSITY terse
 
-CREATE FUNCTION pg_temp.try(stmt text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE stmt;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END
-$$;
 
 -- ===================================================================
 -- execute: a call never seen before
@@ -182,7 +174,7 @@ SELECT decision, status, result, error
 
 -- completing a key that does not exist is an error, and writes nothing
 SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
-SELECT pg_temp.try($$SELECT durable_ledger.complete_effect('no-such-key', '{}')$$);
+SELECT regress_try($$SELECT durable_ledger.complete_effect('no-such-key', '{}')$$);
 SELECT count(*) = :audit_rows AS nothing_written FROM durable_ledger.audit_log;
 SELECT count(*) AS effects_rows FROM durable_ledger.effects WHERE key = 'no-such-key';
 

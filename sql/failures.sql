@@ -8,14 +8,6 @@
 -- begin_effect on a flagged effect pauses.
 \set VERBOSITY terse
 
-CREATE FUNCTION pg_temp.try(stmt text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE stmt;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END
-$$;
 
 -- ===================================================================
 -- started -> failed
@@ -82,7 +74,7 @@ SELECT event, detail FROM durable_ledger.audit_log WHERE key = :'f4' ORDER BY id
 
 -- failing a key that does not exist is an error, and writes nothing
 SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
-SELECT pg_temp.try($$SELECT durable_ledger.fail_effect('no-such-key', '{}')$$);
+SELECT regress_try($$SELECT durable_ledger.fail_effect('no-such-key', '{}')$$);
 SELECT count(*) = :audit_rows AS nothing_written FROM durable_ledger.audit_log;
 
 -- ===================================================================

@@ -50,3 +50,14 @@ SELECT has_schema_privilege('public', 'durable_ledger', 'USAGE') AS public_schem
 -- the ledger tables are dumped by pg_dump
 SELECT unnest(extconfig)::regclass AS dumped
   FROM pg_extension WHERE extname = 'durable_ledger' ORDER BY 1;
+
+-- a helper for the other files: runs a statement, answers 'ok' or its SQLSTATE
+-- and message (an error in a DO block or a function call would stop the file)
+CREATE FUNCTION regress_try(stmt text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE stmt;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END
+$$;

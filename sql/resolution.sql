@@ -7,14 +7,6 @@
 -- NULL or empty resolved_by and an unknown key are errors that write nothing.
 \set VERBOSITY terse
 
-CREATE FUNCTION pg_temp.try(stmt text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE stmt;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END
-$$;
 
 -- ===================================================================
 -- unknown -> completed
@@ -128,20 +120,20 @@ SELECT md5(string_agg(e::text, '|' ORDER BY key)) AS effects_before
   FROM durable_ledger.effects e WHERE run LIKE 'res-%' \gset
 
 -- its lease is live (this session's current epoch): the worker will report
-SELECT pg_temp.try(format($$SELECT durable_ledger.resolve_effect(%L, 'completed', '{}', 'alice')$$, :'r7')) AS live_lease;
+SELECT regress_try(format($$SELECT durable_ledger.resolve_effect(%L, 'completed', '{}', 'alice')$$, :'r7')) AS live_lease;
 -- completed, or failed, without a flag: nothing to resolve
-SELECT pg_temp.try(format($$SELECT durable_ledger.resolve_effect(%L, 'failed', NULL, 'alice')$$, :'r1')) AS completed_unflagged;
-SELECT pg_temp.try(format($$SELECT durable_ledger.resolve_effect(%L, 'completed', '{}', 'alice')$$, :'r2')) AS failed_unflagged;
-SELECT pg_temp.try(format($$SELECT durable_ledger.resolve_effect(%L, 'completed', '{}', 'alice')$$, :'r4')) AS flag_already_cleared;
+SELECT regress_try(format($$SELECT durable_ledger.resolve_effect(%L, 'failed', NULL, 'alice')$$, :'r1')) AS completed_unflagged;
+SELECT regress_try(format($$SELECT durable_ledger.resolve_effect(%L, 'completed', '{}', 'alice')$$, :'r2')) AS failed_unflagged;
+SELECT regress_try(format($$SELECT durable_ledger.resolve_effect(%L, 'completed', '{}', 'alice')$$, :'r4')) AS flag_already_cleared;
 -- a bad outcome, a missing or empty name, an unknown key
-SELECT pg_temp.try(format($$SELECT durable_ledger.resolve_effect(%L, 'done', '{}', 'alice')$$, :'r7')) AS bad_outcome;
-SELECT pg_temp.try(format($$SELECT durable_ledger.resolve_effect(%L, 'unknown', '{}', 'alice')$$, :'r7')) AS outcome_unknown;
-SELECT pg_temp.try(format($$SELECT durable_ledger.resolve_effect(%L, 'Completed', '{}', 'alice')$$, :'r7')) AS outcome_case;
-SELECT pg_temp.try(format($$SELECT durable_ledger.resolve_effect(%L, NULL, '{}', 'alice')$$, :'r7')) AS null_outcome;
-SELECT pg_temp.try(format($$SELECT durable_ledger.resolve_effect(%L, 'completed', '{}', NULL)$$, :'r7')) AS null_resolved_by;
-SELECT pg_temp.try(format($$SELECT durable_ledger.resolve_effect(%L, 'completed', '{}', '')$$, :'r7')) AS empty_resolved_by;
-SELECT pg_temp.try($$SELECT durable_ledger.resolve_effect(NULL, 'completed', '{}', 'alice')$$) AS null_key;
-SELECT pg_temp.try($$SELECT durable_ledger.resolve_effect('no-such-key', 'completed', '{}', 'alice')$$) AS unknown_key;
+SELECT regress_try(format($$SELECT durable_ledger.resolve_effect(%L, 'done', '{}', 'alice')$$, :'r7')) AS bad_outcome;
+SELECT regress_try(format($$SELECT durable_ledger.resolve_effect(%L, 'unknown', '{}', 'alice')$$, :'r7')) AS outcome_unknown;
+SELECT regress_try(format($$SELECT durable_ledger.resolve_effect(%L, 'Completed', '{}', 'alice')$$, :'r7')) AS outcome_case;
+SELECT regress_try(format($$SELECT durable_ledger.resolve_effect(%L, NULL, '{}', 'alice')$$, :'r7')) AS null_outcome;
+SELECT regress_try(format($$SELECT durable_ledger.resolve_effect(%L, 'completed', '{}', NULL)$$, :'r7')) AS null_resolved_by;
+SELECT regress_try(format($$SELECT durable_ledger.resolve_effect(%L, 'completed', '{}', '')$$, :'r7')) AS empty_resolved_by;
+SELECT regress_try($$SELECT durable_ledger.resolve_effect(NULL, 'completed', '{}', 'alice')$$) AS null_key;
+SELECT regress_try($$SELECT durable_ledger.resolve_effect('no-such-key', 'completed', '{}', 'alice')$$) AS unknown_key;
 
 SELECT count(*) = :audit_rows AS no_audit_row_written FROM durable_ledger.audit_log;
 SELECT md5(string_agg(e::text, '|' ORDER BY key)) = :'effects_before' AS no_effect_changed
