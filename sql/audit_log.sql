@@ -154,3 +154,20 @@ RESET enable_seqscan;
 RESET enable_bitmapscan;
 SELECT durable_ledger.release_run('audit-idx');
 DROP INDEX durable_ledger.regress_effects_tool;
+
+-- an index those inserts do not keep themselves (here GIN) sends the rows
+-- through SQL: the index still finds them
+CREATE INDEX regress_effects_args ON durable_ledger.effects USING gin (args);
+SELECT decision FROM durable_ledger.begin_effect('audit-gin', 'pay', '{"regress": "gin"}');
+SET enable_seqscan = off;
+SELECT count(*) FROM durable_ledger.effects WHERE args @> '{"regress": "gin"}';
+RESET enable_seqscan;
+SELECT durable_ledger.release_run('audit-gin');
+DROP INDEX durable_ledger.regress_effects_args;
+-- and a read-only transaction writes nothing
+SELECT durable_ledger.acquire_run('audit-ro');
+BEGIN READ ONLY;
+SELECT durable_ledger.begin_effect('audit-ro', 'pay', '{}');
+ROLLBACK;
+SELECT count(*) AS effects FROM durable_ledger.effects WHERE run = 'audit-ro';
+SELECT durable_ledger.release_run('audit-ro');

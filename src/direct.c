@@ -23,11 +23,14 @@
 #include "access/heapam.h"
 #include "access/table.h"
 #include "access/xact.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_type.h"
 #include "catalog/index.h"
 #include "catalog/namespace.h"
 #include "commands/sequence.h"
 #include "commands/trigger.h"
 #include "miscadmin.h"
+#include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
 #include "utils/guc.h"
@@ -56,32 +59,59 @@ enum AuditColumn
 	AUD_LEASE_EPOCH, AUD_NCOLUMNS
 };
 
-static const char *const effects_columns[EFF_NCOLUMNS] = {
-	"key", "run", "tool", "args", "business_key", "occurrence", "attempt", "status",
-	"result", "error", "meta", "lease_epoch", "holder_pid", "created_at",
-	"completed_at", "resolved_by", "resolution_note", "conflict"
+/* The columns a direct insert writes: name and base type, in order. */
+typedef struct Column
+{
+	const char *name;
+	Oid			base_type;
+} Column;
+
+static const Column effects_columns[EFF_NCOLUMNS] = {
+	{"key", TEXTOID}, {"run", TEXTOID}, {"tool", TEXTOID}, {"args", JSONBOID},
+	{"business_key", BOOLOID}, {"occurrence", INT4OID}, {"attempt", INT4OID},
+	{"status", TEXTOID}, {"result", JSONBOID}, {"error", JSONBOID}, {"meta", JSONBOID},
+	{"lease_epoch", INT8OID}, {"holder_pid", INT4OID}, {"created_at", TIMESTAMPTZOID},
+	{"completed_at", TIMESTAMPTZOID}, {"resolved_by", TEXTOID},
+	{"resolution_note", TEXTOID}, {"conflict", BOOLOID}
 };
 
-static const char *const audit_columns[AUD_NCOLUMNS] = {
-	"id", "logged_at", "run", "key", "event", "detail", "role_name",
-	"session_user_name", "application_name", "client_addr", "backend_pid",
-	"lease_epoch"
+static const Column audit_columns[AUD_NCOLUMNS] = {
+	{"id", INT8OID}, {"logged_at", TIMESTAMPTZOID}, {"run", TEXTOID}, {"key", TEXTOID},
+	{"event", TEXTOID}, {"detail", JSONBOID}, {"role_name", TEXTOID},
+	{"session_user_name", TEXTOID}, {"application_name", TEXTOID},
+	{"client_addr", INETOID}, {"backend_pid", INT4OID}, {"lease_epoch", INT8OID}
 };
 
-/* Does rel have exactly these columns, in this order? */
+/*
+ * Is rel a plain heap table with exactly these columns (names and types, in
+ * order), no CHECK constraints, no rules and no INSERT triggers?  Anything
+ * else is written through SQL, where the executor does what it needs.
+ */
 static bool
-has_columns(Relation rel, const char *const *names, int ncolumns)
+is_plain_table(Relation rel, const Column *columns, int ncolumns)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
+	TriggerDesc *trig = rel->trigdesc;
 	int			i;
 
-	if (desc->natts != ncolumns)
+	if (rel->rd_rel->relkind != RELKIND_RELATION ||
+		rel->rd_rel->relam != HEAP_TABLE_AM_OID ||
+		rel->rd_rel->relhasrules ||
+		(desc->constr != NULL && desc->constr->num_check > 0) ||
+		desc->natts != ncolumns)
+		return false;
+	if (trig != NULL &&
+		(trig->trig_insert_before_row || trig->trig_insert_after_row ||
+		 trig->trig_insert_instead_row || trig->trig_insert_before_statement ||
+		 trig->trig_insert_after_statement))
 		return false;
 	for (i = 0; i < ncolumns; i++)
 	{
 		Form_pg_attribute att = TupleDescAttr(desc, i);
 
-		if (att->attisdropped || strcmp(NameStr(att->attname), names[i]) != 0)
+		if (att->attisdropped || att->attgenerated ||
+			strcmp(NameStr(att->attname), columns[i].name) != 0 ||
+			getBaseType(att->atttypid) != columns[i].base_type)
 			return false;
 	}
 	return true;
@@ -109,7 +139,7 @@ ledger_relid(const char *name)
 typedef struct DirectTable
 {
 	const char *name;
-	const char *const *columns;
+	const Column *columns;
 	int			ncolumns;
 	Oid			relid;			/* InvalidOid: stale, look again */
 	Oid			known_relid;	/* what the arrays below describe */
@@ -124,6 +154,7 @@ static DirectTable effects_table = {"effects", effects_columns, EFF_NCOLUMNS};
 static DirectTable audit_table = {"audit_log", audit_columns, AUD_NCOLUMNS};
 static Oid	audit_seq_relid = InvalidOid;
 static bool callback_registered = false;
+static uint64 invalidations = 0;	/* relcache invalidations seen, ever */
 
 static bool
 concerns(const DirectTable *t, Oid relid)
@@ -141,6 +172,7 @@ concerns(const DirectTable *t, Oid relid)
 static void
 relcache_changed(Datum arg, Oid relid)
 {
+	invalidations++;
 	if (!OidIsValid(relid) || concerns(&effects_table, relid))
 		effects_table.relid = InvalidOid;
 	if (!OidIsValid(relid) || concerns(&audit_table, relid))
@@ -149,21 +181,17 @@ relcache_changed(Datum arg, Oid relid)
 		audit_seq_relid = InvalidOid;
 }
 
-static bool
-has_insert_triggers(Relation rel)
-{
-	TriggerDesc *t = rel->trigdesc;
-
-	return t != NULL &&
-		(t->trig_insert_before_row || t->trig_insert_after_row ||
-		 t->trig_insert_instead_row || t->trig_insert_before_statement ||
-		 t->trig_insert_after_statement);
-}
-
-/* Looks at the open table rel and remembers what inserting into it takes. */
+/*
+ * Looks at the open table rel and remembers what inserting into it takes:
+ * every index (ready or not: readiness is checked at each insert), and
+ * whether the direct path may be used at all (only btree indexes without
+ * expressions, predicates or exclusion constraints: their IndexInfo holds no
+ * pointers into relcache entries, so it can be kept).
+ */
 static void
 learn_table(DirectTable *t, Relation rel)
 {
+	uint64		seen = invalidations;
 	List	   *indexes = RelationGetIndexList(rel);
 	ListCell   *lc;
 	MemoryContext cxt;
@@ -179,32 +207,33 @@ learn_table(DirectTable *t, Relation rel)
 		callback_registered = true;
 	}
 
-	cxt = AllocSetContextCreate(TopMemoryContext, "durable_ledger direct inserts",
+	/* under the caller's context until complete, so that an error frees it */
+	cxt = AllocSetContextCreate(CurrentMemoryContext, "durable_ledger direct inserts",
 								ALLOCSET_SMALL_SIZES);
 	old = MemoryContextSwitchTo(cxt);
 	oids = palloc(sizeof(Oid) * Max(1, list_length(indexes)));
 	infos = palloc(sizeof(IndexInfo *) * Max(1, list_length(indexes)));
 	MemoryContextSwitchTo(old);
 
-	usable = has_columns(rel, t->columns, t->ncolumns) && !has_insert_triggers(rel);
+	usable = is_plain_table(rel, t->columns, t->ncolumns);
 	foreach(lc, indexes)
 	{
-		Relation	index = index_open(lfirst_oid(lc), AccessShareLock);
+		Relation	index = index_open(lfirst_oid(lc), RowExclusiveLock);
 
-		if (index->rd_index->indisready)
-		{
-			old = MemoryContextSwitchTo(cxt);
-			infos[n] = BuildIndexInfo(index);
-			MemoryContextSwitchTo(old);
-			if (infos[n]->ii_Expressions != NIL || infos[n]->ii_Predicate != NIL)
-				usable = false; /* the ledger's own indexes are plain */
-			oids[n++] = lfirst_oid(lc);
-		}
-		index_close(index, AccessShareLock);
+		old = MemoryContextSwitchTo(cxt);
+		infos[n] = BuildIndexInfo(index);
+		MemoryContextSwitchTo(old);
+		if (index->rd_rel->relam != BTREE_AM_OID ||
+			infos[n]->ii_Expressions != NIL || infos[n]->ii_Predicate != NIL ||
+			infos[n]->ii_ExclusionOps != NULL)
+			usable = false;
+		oids[n++] = lfirst_oid(lc);
+		index_close(index, NoLock);
 	}
 	list_free(indexes);
 
 	/* swap in the new description; nothing below reads invalidations */
+	MemoryContextSetParent(cxt, TopMemoryContext);
 	t->nindexes = 0;
 	t->index_oids = oids;
 	t->index_infos = infos;
@@ -214,29 +243,41 @@ learn_table(DirectTable *t, Relation rel)
 	t->cxt = cxt;
 	t->usable = usable;
 	t->known_relid = RelationGetRelid(rel);
-	t->relid = t->known_relid;
+	/* an invalidation read while learning leaves it stale: learn again next time */
+	t->relid = invalidations == seen ? t->known_relid : InvalidOid;
 }
 
 /*
  * Opens a ledger table for a direct insert, or returns NULL when it must go
- * through the executor (INSERT triggers) or does not have the expected
- * columns (a schema this library does not know, say mid-upgrade).
+ * through the executor.  When what we knew went stale (opening the table
+ * reads invalidations), the name is looked up again: the table may have been
+ * renamed or replaced while we waited for its lock.
  */
 static Relation
 open_for_direct_insert(DirectTable *t)
 {
-	Oid			relid = OidIsValid(t->relid) ? t->relid : ledger_relid(t->name);
-	Relation	rel = table_open(relid, RowExclusiveLock);
-
-	/* opening it may have read invalidations that made what we knew stale */
-	if (t->relid != relid)
-		learn_table(t, rel);
-	if (!t->usable)
+	for (;;)
 	{
-		table_close(rel, RowExclusiveLock);
-		return NULL;
+		Oid			relid = OidIsValid(t->relid) ? t->relid : ledger_relid(t->name);
+		Relation	rel = table_open(relid, RowExclusiveLock);
+
+		if (t->relid != relid)
+		{
+			if (ledger_relid(t->name) != relid)
+			{
+				table_close(rel, RowExclusiveLock);
+				t->relid = InvalidOid;
+				continue;
+			}
+			learn_table(t, rel);
+		}
+		if (!t->usable)
+		{
+			table_close(rel, RowExclusiveLock);
+			return NULL;
+		}
+		return rel;
 	}
-	return rel;
 }
 
 /* heap_insert, then an index_insert into every index. */
@@ -260,6 +301,13 @@ insert_row(DirectTable *t, Relation rel, Datum *values, bool *nulls)
 		bool		key_nulls[INDEX_MAX_KEYS];
 		int			i;
 
+		/* as ExecOpenIndices: an index being built concurrently may not want rows yet */
+		if (!index->rd_index->indisready)
+		{
+			index_close(index, NoLock);
+			continue;
+		}
+
 		for (i = 0; i < info->ii_NumIndexAttrs; i++)
 		{
 			AttrNumber	attno = info->ii_IndexAttrNumbers[i];
@@ -270,7 +318,7 @@ insert_row(DirectTable *t, Relation rel, Datum *values, bool *nulls)
 		index_insert(index, key_values, key_nulls, &tuple->t_self, rel,
 					 index->rd_index->indisunique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
 					 false, info);
-		index_close(index, RowExclusiveLock);
+		index_close(index, NoLock);	/* held to the end of the transaction */
 	}
 	heap_freetuple(tuple);
 }
@@ -283,10 +331,13 @@ insert_row(DirectTable *t, Relation rel, Datum *values, bool *nulls)
 bool
 dl_direct_insert_intent(const NewIntent *intent)
 {
-	Relation	rel = open_for_direct_insert(&effects_table);
+	Relation	rel;
 	Datum		values[EFF_NCOLUMNS];
 	bool		nulls[EFF_NCOLUMNS];
 
+	PreventCommandIfReadOnly("begin_effect");
+	PreventCommandDuringRecovery("begin_effect");
+	rel = open_for_direct_insert(&effects_table);
 	if (rel == NULL)
 		return false;
 
@@ -332,11 +383,14 @@ bool
 dl_direct_audit(const char *run, const char *key, const char *event, Jsonb *detail,
 				int64 lease_epoch, const char *role_name)
 {
-	Relation	rel = open_for_direct_insert(&audit_table);
+	Relation	rel;
 	Datum		values[AUD_NCOLUMNS];
 	bool		nulls[AUD_NCOLUMNS];
 	Datum		addr;
 
+	PreventCommandIfReadOnly("a write to the ledger's audit log");
+	PreventCommandDuringRecovery("a write to the ledger's audit log");
+	rel = open_for_direct_insert(&audit_table);
 	if (rel == NULL)
 		return false;
 

@@ -262,12 +262,16 @@ start_epoch(HeldRun *held, int64 epoch)
 	HTAB	   *counters;
 	UndoEntry  *e;
 
-	/* allocate first: an out-of-memory error must leave the old epoch intact */
-	cxt = AllocSetContextCreate(lease_cxt, "durable_ledger lease epoch",
+	/*
+	 * Allocate first, under the caller's context: an error before the epoch
+	 * is in place must leave the old one intact and leak nothing.
+	 */
+	cxt = AllocSetContextCreate(CurrentMemoryContext, "durable_ledger lease epoch",
 								ALLOCSET_DEFAULT_SIZES);
 	counters = create_counters(cxt);
 
 	e = push_undo(UNDO_EPOCH, held);
+	MemoryContextSetParent(cxt, lease_cxt);
 	e->old_epoch = held->epoch;
 	e->old_generation = held->generation;
 	e->old_cxt = held->epoch_cxt;
@@ -528,6 +532,7 @@ dl_lease_acquire(const char *run, bool wait)
 		 * It starts from a fresh entry, so that rolling it back leaves no
 		 * epoch (the next call starts one) rather than the lost attempt's.
 		 */
+		check_lease_capacity(run);
 		if (!take_lock(lock_key, wait, &waited))
 			return false;
 		forget_held(held);
