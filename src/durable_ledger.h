@@ -72,7 +72,6 @@ typedef struct HeldRun HeldRun;
 
 extern HeldRun *dl_lease_for_call(const char *run);
 extern int64 dl_lease_epoch(const HeldRun *held);
-extern const char *dl_lease_run(const HeldRun *held);
 typedef struct CallCounter CallCounter;
 
 extern CallCounter *dl_lease_call_counter(HeldRun *held, const char *tool,
@@ -140,7 +139,6 @@ extern HeapTuple dl_store_effect_tuple(const char *key, bool report_unknown,
 extern void dl_audit(const char *run, const char *key, const char *event,
 					 Jsonb *detail, int64 lease_epoch);
 extern int	dl_store_lease_holder_pid(uint64 lock_key);
-extern bool dl_store_effects_exist(void);
 
 /* direct.c: the hottest inserts without the executor (false: use SQL) */
 extern bool dl_direct_insert_intent(const NewIntent *intent);

@@ -453,12 +453,6 @@ dl_lease_epoch(const HeldRun *held)
 	return held->epoch;
 }
 
-const char *
-dl_lease_run(const HeldRun *held)
-{
-	return held->run;
-}
-
 /*
  * The counter of identical calls (tool, canonical args) in the held run's
  * current epoch; *next is the occurrence number the next such call gets.

@@ -158,6 +158,16 @@ audit_decision(const NewIntent *intent, const char *event, const Decision *d,
 			 intent->lease_epoch);
 }
 
+/* The intent is recorded: the caller performs the effect. */
+static void
+decide_execute(Decision *d, int32 attempt)
+{
+	d->kind = DECIDE_EXECUTE;
+	d->status = EFFECT_STARTED;
+	d->attempt = attempt;
+	dl_note_durable_write();
+}
+
 /*
  * Decides what to do with intent, writing what the decision needs.  Uniqueness
  * comes from the primary key: the intent is an INSERT ... ON CONFLICT DO
@@ -165,9 +175,11 @@ audit_decision(const NewIntent *intent, const char *event, const Decision *d,
  * fresh snapshot, and changes it only with a conditional UPDATE that re-checks
  * what was read, so concurrent reports are never overwritten.
  *
- * In a run's first epoch a derived key is new, so the INSERT comes first; in
- * a later epoch (a retry) it has most likely been recorded, so the row is
- * looked for first and the INSERT is only tried when it is missing.
+ * A derived key in the run's first epoch cannot exist yet (the key names the
+ * run, and nobody else can have held this epoch of it), so it is inserted
+ * straight away (a duplicate would still be a unique violation).  In a later
+ * epoch (a retry) it has most likely been recorded, so the row is looked for
+ * first and the INSERT is only tried when it is missing.
  */
 static void
 decide(const NewIntent *intent, const char *canon, Decision *d)
@@ -175,17 +187,10 @@ decide(const NewIntent *intent, const char *canon, Decision *d)
 	int			round;
 	bool		look_first = !intent->business_key && intent->lease_epoch > 1;
 
-	/*
-	 * A derived key in the run's first epoch cannot exist yet: the key names
-	 * the run, and nobody else can have held this epoch of it.
-	 */
 	if (!intent->business_key && intent->lease_epoch == 1)
 	{
 		dl_store_insert_new_intent(intent);
-		d->kind = DECIDE_EXECUTE;
-		d->status = EFFECT_STARTED;
-		d->attempt = 1;
-		dl_note_durable_write();
+		decide_execute(d, 1);
 		return;
 	}
 
@@ -197,10 +202,7 @@ decide(const NewIntent *intent, const char *canon, Decision *d)
 		{
 			if (dl_store_insert_intent(intent))
 			{
-				d->kind = DECIDE_EXECUTE;
-				d->status = EFFECT_STARTED;
-				d->attempt = 1;
-				dl_note_durable_write();
+				decide_execute(d, 1);
 				return;
 			}
 			if (!dl_store_fetch_effect(intent->key, false, &row))
@@ -241,11 +243,8 @@ decide(const NewIntent *intent, const char *canon, Decision *d)
 				}
 				if (dl_store_restart_business_key(intent, row.attempt))
 				{
-					d->kind = DECIDE_EXECUTE;
-					d->status = EFFECT_STARTED;
-					d->attempt = row.attempt + 1;
+					decide_execute(d, row.attempt + 1);
 					audit_decision(intent, "intent", d, "after", "failed");
-					dl_note_durable_write();
 					return;
 				}
 				continue;		/* changed under us: read again */
