@@ -6,12 +6,8 @@
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
-if [ "$(id -u)" = 0 ]; then
-	"$top/test/install-deps.sh" >/dev/null
-fi
-make -s -C "$top" install >/dev/null
-
 . "$top/test/throwaway-cluster.sh"
+install_extension "$top"
 start_throwaway_cluster bench 5434 \
 	"max_connections = 100" \
 	"shared_buffers = 1GB" \

@@ -5,12 +5,8 @@
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
-if [ "$(id -u)" = 0 ]; then
-	"$top/test/install-deps.sh" >/dev/null
-fi
-make -s -C "$top" install >/dev/null
-
 . "$top/test/throwaway-cluster.sh"
+install_extension "$top"
 echo "Starting a throwaway PostgreSQL cluster ..."
 start_throwaway_cluster demo 5433
 

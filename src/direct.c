@@ -256,6 +256,10 @@ learn_table(DirectTable *t, Relation rel)
 static Relation
 open_for_direct_insert(DirectTable *t)
 {
+	/* what the executor would refuse for an INSERT, refused here too */
+	PreventCommandIfReadOnly("INSERT into the ledger");
+	PreventCommandDuringRecovery("INSERT into the ledger");
+
 	for (;;)
 	{
 		Oid			relid = OidIsValid(t->relid) ? t->relid : ledger_relid(t->name);
@@ -335,8 +339,6 @@ dl_direct_insert_intent(const NewIntent *intent)
 	Datum		values[EFF_NCOLUMNS];
 	bool		nulls[EFF_NCOLUMNS];
 
-	PreventCommandIfReadOnly("begin_effect");
-	PreventCommandDuringRecovery("begin_effect");
 	rel = open_for_direct_insert(&effects_table);
 	if (rel == NULL)
 		return false;
@@ -388,8 +390,6 @@ dl_direct_audit(const char *run, const char *key, const char *event, Jsonb *deta
 	bool		nulls[AUD_NCOLUMNS];
 	Datum		addr;
 
-	PreventCommandIfReadOnly("a write to the ledger's audit log");
-	PreventCommandDuringRecovery("a write to the ledger's audit log");
 	rel = open_for_direct_insert(&audit_table);
 	if (rel == NULL)
 		return false;

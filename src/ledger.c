@@ -2,8 +2,9 @@
  * ledger.c: the SQL-callable ledger functions and the decisions they make.
  *
  * Uniqueness comes from the primary key of durable_ledger.effects: an intent
- * is an INSERT ... ON CONFLICT DO NOTHING, and whoever does not insert reads
- * the row that is there and decides from it.  The lease only serialises the
+ * that may already exist is an INSERT ... ON CONFLICT DO NOTHING, and whoever
+ * does not insert reads the row that is there and decides from it (decide()
+ * says which intent cannot exist yet).  The lease only serialises the
  * occurrence counting of one run.  An outcome that nobody knows is never
  * guessed: it pauses the run until a person resolves it.
  */
@@ -185,7 +186,7 @@ static void
 decide(const NewIntent *intent, const char *canon, Decision *d)
 {
 	int			round;
-	bool		look_first = !intent->business_key && intent->lease_epoch > 1;
+	bool		look_first;
 
 	if (!intent->business_key && intent->lease_epoch == 1)
 	{
@@ -193,6 +194,7 @@ decide(const NewIntent *intent, const char *canon, Decision *d)
 		decide_execute(d, 1);
 		return;
 	}
+	look_first = !intent->business_key;	/* a derived key in a later epoch */
 
 	for (round = 0; round < MAX_DECISION_ROUNDS; round++)
 	{
@@ -488,8 +490,8 @@ report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
 		 * as evidence instead of being applied.
 		 */
 		if (row.status == EFFECT_STARTED && row.business_key &&
-			dl_lease_is_live(row.run, row.lease_epoch) &&
-			!dl_lease_is_mine(row.run, row.lease_epoch))
+			!dl_lease_is_mine(row.run, row.lease_epoch) &&
+			dl_lease_is_live(row.run, row.lease_epoch))
 			record_conflict(&row, reported, value);
 		else if (row.status == EFFECT_STARTED || row.status == EFFECT_UNKNOWN)
 		{

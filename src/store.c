@@ -1,5 +1,7 @@
 /*
- * store.c: every SQL statement the extension runs, and nothing else.
+ * store.c: every SQL statement the extension runs, and the ledger's reads
+ * and writes built on them (new intents and audit rows go to direct.c first,
+ * which writes them without the executor when it can).
  *
  * Statements are parameterised, schema-qualified down to the operators, and
  * prepared once per backend (SPI_keepplan).  They run with read_only = false,

@@ -1,11 +1,23 @@
 # throwaway-cluster.sh: sourced by demo/run.sh and bench/run.sh.
 #
+#   install_extension TOP
+#
+# installs the Debian packages when run as root, then builds and installs
+# the extension from the source tree TOP.
+#
 #   start_throwaway_cluster NAME PORT [postgresql.conf lines ...]
 #
 # initdb's a cluster in a new /tmp folder (as the postgres OS user when run
 # as root: initdb and postgres refuse root), starts it on a Unix socket only,
 # creates the extension, and sets $work, $bindir and $dsn.  An EXIT trap
 # stops the cluster and removes the folder.
+
+install_extension() {
+	if [ "$(id -u)" = 0 ]; then
+		"$1/test/install-deps.sh" >/dev/null
+	fi
+	make -s -C "$1" install >/dev/null
+}
 
 start_throwaway_cluster() {
 	local name=$1 port=$2
