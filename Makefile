@@ -44,7 +44,8 @@ ISOLATION = \
 	report_race \
 	lease_lost \
 	break_lease \
-	rollback_while_waiting
+	rollback_while_waiting \
+	direct_writes
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 
 PG_CONFIG ?= pg_config

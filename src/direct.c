@@ -1,19 +1,28 @@
 /*
- * direct.c: the two hottest writes, without the executor.
+ * direct.c: the hottest writes, without the executor.
  *
  * Every begin_effect of a new call writes an intent row and an audit row, and
- * every report writes an audit row.  Through SPI each of those is a whole
- * executor start-up and shut-down, which costs more than the insert itself.
- * Here they are a heap_insert plus an index_insert per index, as the catalog
- * code does for system tables.
+ * every report writes an audit row and completes (or fails) its effect.
+ * Through SPI each of those is a whole executor start-up and shut-down, which
+ * costs more than the write itself.  Here they are a heap_insert (or
+ * heap_update) plus an index_insert per index, as the catalog code does for
+ * system tables.
  *
  * Used only where nothing is lost by it:
- *   - the tables have no INSERT triggers (were one added, SPI is used, so the
+ *   - the tables are plain heap tables with the extension's own columns,
+ *     plain btree indexes, no CHECK constraints, rules, row security or
+ *     triggers on the writes done here (were one added, SPI is used, so the
  *     trigger fires);
- *   - an intent row goes in directly only when its key cannot exist yet (a
- *     derived key in the run's first lease epoch, see ledger.c); everything
- *     else keeps INSERT ... ON CONFLICT, so uniqueness still comes from the
- *     primary key, which index_insert enforces here too (UNIQUE_CHECK_YES).
+ *   - an intent row goes in directly only when its key cannot exist yet: a
+ *     derived key in the run's first lease epoch, or one that a unique
+ *     check's look at the primary key finds nowhere, committed or in
+ *     progress (see ledger.c); everything else keeps INSERT ... ON CONFLICT,
+ *     and uniqueness still comes from the primary key, which index_insert
+ *     enforces here too (UNIQUE_CHECK_YES);
+ *   - a report is applied directly only to a started effect of this backend,
+ *     read with the snapshot an UPDATE statement would take, and only when
+ *     heap_update finds that version still current; anything else (a
+ *     concurrent change, SERIALIZABLE) goes to the locked read in ledger.c.
  * Values are the ones the SQL statements in store.c would write; the domains
  * on status and event hold by construction (the values are C constants).
  */
@@ -21,7 +30,9 @@
 
 #include "access/genam.h"
 #include "access/heapam.h"
+#include "access/stratnum.h"
 #include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_type.h"
@@ -29,9 +40,11 @@
 #include "catalog/namespace.h"
 #include "commands/sequence.h"
 #include "commands/trigger.h"
+#include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "tcop/utility.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/fmgrprotos.h"
 #include "utils/guc.h"
 #include "utils/inet.h"
@@ -39,6 +52,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #include "durable_ledger.h"
@@ -84,11 +98,12 @@ static const Column audit_columns[AUD_NCOLUMNS] = {
 
 /*
  * Is rel a plain heap table with exactly these columns (names and types, in
- * order), no CHECK constraints, no rules and no INSERT triggers?  Anything
- * else is written through SQL, where the executor does what it needs.
+ * order), no CHECK constraints, no rules, no row security and no triggers on
+ * INSERT (nor on UPDATE, when it is updated directly)?  Anything else is
+ * written through SQL, where the executor does what it needs.
  */
 static bool
-is_plain_table(Relation rel, const Column *columns, int ncolumns)
+is_plain_table(Relation rel, const Column *columns, int ncolumns, bool updated)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
 	TriggerDesc *trig = rel->trigdesc;
@@ -97,6 +112,7 @@ is_plain_table(Relation rel, const Column *columns, int ncolumns)
 	if (rel->rd_rel->relkind != RELKIND_RELATION ||
 		rel->rd_rel->relam != HEAP_TABLE_AM_OID ||
 		rel->rd_rel->relhasrules ||
+		rel->rd_rel->relrowsecurity ||
 		(desc->constr != NULL && desc->constr->num_check > 0) ||
 		desc->natts != ncolumns)
 		return false;
@@ -104,6 +120,11 @@ is_plain_table(Relation rel, const Column *columns, int ncolumns)
 		(trig->trig_insert_before_row || trig->trig_insert_after_row ||
 		 trig->trig_insert_instead_row || trig->trig_insert_before_statement ||
 		 trig->trig_insert_after_statement))
+		return false;
+	if (updated && trig != NULL &&
+		(trig->trig_update_before_row || trig->trig_update_after_row ||
+		 trig->trig_update_instead_row || trig->trig_update_before_statement ||
+		 trig->trig_update_after_statement))
 		return false;
 	for (i = 0; i < ncolumns; i++)
 	{
@@ -141,17 +162,19 @@ typedef struct DirectTable
 	const char *name;
 	const Column *columns;
 	int			ncolumns;
+	bool		updated;		/* also updated directly (effects) */
 	Oid			relid;			/* InvalidOid: stale, look again */
 	Oid			known_relid;	/* what the arrays below describe */
 	bool		usable;			/* expected columns, no INSERT triggers */
 	int			nindexes;
 	Oid		   *index_oids;
 	IndexInfo **index_infos;
+	Oid			primary_key;	/* its primary key index, or InvalidOid */
 	MemoryContext cxt;			/* holds the arrays and the IndexInfos */
 } DirectTable;
 
-static DirectTable effects_table = {"effects", effects_columns, EFF_NCOLUMNS};
-static DirectTable audit_table = {"audit_log", audit_columns, AUD_NCOLUMNS};
+static DirectTable effects_table = {"effects", effects_columns, EFF_NCOLUMNS, true};
+static DirectTable audit_table = {"audit_log", audit_columns, AUD_NCOLUMNS, false};
 static Oid	audit_seq_relid = InvalidOid;
 static bool callback_registered = false;
 static uint64 invalidations = 0;	/* relcache invalidations seen, ever */
@@ -200,6 +223,7 @@ learn_table(DirectTable *t, Relation rel)
 	IndexInfo **infos;
 	int			n = 0;
 	bool		usable;
+	Oid			primary_key = InvalidOid;
 
 	if (!callback_registered)
 	{
@@ -215,7 +239,7 @@ learn_table(DirectTable *t, Relation rel)
 	infos = palloc(sizeof(IndexInfo *) * Max(1, list_length(indexes)));
 	MemoryContextSwitchTo(old);
 
-	usable = is_plain_table(rel, t->columns, t->ncolumns);
+	usable = is_plain_table(rel, t->columns, t->ncolumns, t->updated);
 	foreach(lc, indexes)
 	{
 		Relation	index = index_open(lfirst_oid(lc), RowExclusiveLock);
@@ -227,6 +251,8 @@ learn_table(DirectTable *t, Relation rel)
 			infos[n]->ii_Expressions != NIL || infos[n]->ii_Predicate != NIL ||
 			infos[n]->ii_ExclusionOps != NULL)
 			usable = false;
+		if (index->rd_index->indisprimary)
+			primary_key = lfirst_oid(lc);
 		oids[n++] = lfirst_oid(lc);
 		index_close(index, NoLock);
 	}
@@ -238,6 +264,7 @@ learn_table(DirectTable *t, Relation rel)
 	t->index_oids = oids;
 	t->index_infos = infos;
 	t->nindexes = n;
+	t->primary_key = primary_key;
 	if (t->cxt != NULL)
 		MemoryContextDelete(t->cxt);
 	t->cxt = cxt;
@@ -248,17 +275,17 @@ learn_table(DirectTable *t, Relation rel)
 }
 
 /*
- * Opens a ledger table for a direct insert, or returns NULL when it must go
+ * Opens a ledger table for a direct write, or returns NULL when it must go
  * through the executor.  When what we knew went stale (opening the table
  * reads invalidations), the name is looked up again: the table may have been
  * renamed or replaced while we waited for its lock.
  */
 static Relation
-open_for_direct_insert(DirectTable *t)
+open_for_direct_write(DirectTable *t)
 {
-	/* what the executor would refuse for an INSERT, refused here too */
-	PreventCommandIfReadOnly("INSERT into the ledger");
-	PreventCommandDuringRecovery("INSERT into the ledger");
+	/* what the executor would refuse for a write, refused here too */
+	PreventCommandIfReadOnly("a write to the ledger");
+	PreventCommandDuringRecovery("a write to the ledger");
 
 	for (;;)
 	{
@@ -284,17 +311,18 @@ open_for_direct_insert(DirectTable *t)
 	}
 }
 
-/* heap_insert, then an index_insert into every index. */
+/*
+ * An index_insert into every index of t for the heap tuple at tid, whose
+ * columns are values/nulls.
+ */
 static void
-insert_row(DirectTable *t, Relation rel, Datum *values, bool *nulls)
+insert_index_entries(DirectTable *t, Relation rel, Datum *values, bool *nulls,
+					 ItemPointer tid)
 {
-	HeapTuple	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
 	int			nindexes = t->nindexes;
 	Oid		   *index_oids = t->index_oids;
 	IndexInfo **index_infos = t->index_infos;
 	int			n;
-
-	heap_insert(rel, tuple, GetCurrentCommandId(true), 0, NULL);
 
 	/* the arrays stay valid even if an invalidation marks t stale meanwhile */
 	for (n = 0; n < nindexes; n++)
@@ -319,11 +347,21 @@ insert_row(DirectTable *t, Relation rel, Datum *values, bool *nulls)
 			key_values[i] = values[attno - 1];
 			key_nulls[i] = nulls[attno - 1];
 		}
-		index_insert(index, key_values, key_nulls, &tuple->t_self, rel,
+		index_insert(index, key_values, key_nulls, tid, rel,
 					 index->rd_index->indisunique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
 					 false, info);
 		index_close(index, NoLock);	/* held to the end of the transaction */
 	}
+}
+
+/* heap_insert, then an index_insert into every index. */
+static void
+insert_row(DirectTable *t, Relation rel, Datum *values, bool *nulls)
+{
+	HeapTuple	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+
+	heap_insert(rel, tuple, GetCurrentCommandId(true), 0, NULL);
+	insert_index_entries(t, rel, values, nulls, &tuple->t_self);
 	heap_freetuple(tuple);
 }
 
@@ -339,7 +377,7 @@ dl_direct_insert_intent(const NewIntent *intent)
 	Datum		values[EFF_NCOLUMNS];
 	bool		nulls[EFF_NCOLUMNS];
 
-	rel = open_for_direct_insert(&effects_table);
+	rel = open_for_direct_write(&effects_table);
 	if (rel == NULL)
 		return false;
 
@@ -366,6 +404,171 @@ dl_direct_insert_intent(const NewIntent *intent)
 	return true;
 }
 
+/*
+ * Opens t's primary key for a lookup by key, or returns NULL when there is
+ * none that a lookup can trust (the lookup then goes through SQL).
+ */
+static Relation
+open_primary_key(DirectTable *t)
+{
+	Relation	index;
+
+	if (!OidIsValid(t->primary_key))
+		return NULL;
+	index = index_open(t->primary_key, RowExclusiveLock);
+	if (!index->rd_index->indisvalid || !index->rd_index->indimmediate)
+	{
+		index_close(index, NoLock);
+		return NULL;
+	}
+	return index;
+}
+
+/* Fetches into slot the version of key's row that snapshot sees, if any. */
+static bool
+fetch_by_key(Relation rel, Relation primary_key, Snapshot snapshot,
+			 const char *key, TupleTableSlot *slot)
+{
+	ScanKeyData scankey;
+	IndexScanDesc scan;
+	bool		found;
+
+	ScanKeyEntryInitialize(&scankey, 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   primary_key->rd_indcollation[0], F_TEXTEQ,
+						   CStringGetTextDatum(key));
+	scan = index_beginscan(rel, primary_key, snapshot, 1, 0);
+	index_rescan(scan, &scankey, 1, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	index_endscan(scan);
+	return found;
+}
+
+/*
+ * Is key certainly new: no version of it in effects, committed or written by
+ * a transaction still in progress (what a unique check sees)?  false also
+ * when that cannot be told without SQL.  Under SERIALIZABLE the answer is
+ * always false, so that the caller's reads take their predicate locks.
+ */
+bool
+dl_direct_key_is_new(const char *key)
+{
+	Relation	rel;
+	Relation	primary_key;
+	SnapshotData dirty;
+	TupleTableSlot *slot;
+	bool		found;
+
+	if (IsolationIsSerializable())
+		return false;
+	rel = open_for_direct_write(&effects_table);
+	if (rel == NULL)
+		return false;
+	primary_key = open_primary_key(&effects_table);
+	if (primary_key == NULL)
+	{
+		table_close(rel, NoLock);
+		return false;
+	}
+
+	InitDirtySnapshot(dirty);
+	slot = table_slot_create(rel, NULL);
+	found = fetch_by_key(rel, primary_key, &dirty, key, slot);
+	ExecDropSingleTupleTableSlot(slot);
+
+	index_close(primary_key, NoLock);
+	table_close(rel, NoLock);
+	return !found;
+}
+
+/*
+ * Reports the outcome of an effect that this backend started: status started
+ * -> to, with result or error and completed_at, as STMT_FINISH of store.c
+ * does for mine_only.  The row is read as an UPDATE statement reads it (after
+ * a CommandCounterIncrement, with the transaction's snapshot, which under
+ * READ COMMITTED is a fresh one) and changed with heap_update, which waits
+ * for a concurrent writer.  When that version is no longer current, the
+ * caller reads the row again under a lock and decides: nothing was changed.
+ */
+DirectOutcome
+dl_direct_finish(const char *key, EffectStatus to, Jsonb *result, Jsonb *error,
+				 HeapTuple *finished, char **run, int64 *lease_epoch)
+{
+	Relation	rel;
+	Relation	primary_key;
+	Snapshot	snapshot;
+	TupleTableSlot *slot;
+	Datum		values[EFF_NCOLUMNS];
+	bool		nulls[EFF_NCOLUMNS];
+	HeapTuple	tuple = NULL;
+	ItemPointerData tid;
+	DirectOutcome outcome = DIRECT_NOT_DONE;
+
+	if (IsolationIsSerializable())
+		return DIRECT_USE_SQL;
+	rel = open_for_direct_write(&effects_table);
+	if (rel == NULL)
+		return DIRECT_USE_SQL;
+	primary_key = open_primary_key(&effects_table);
+	if (primary_key == NULL)
+	{
+		table_close(rel, NoLock);
+		return DIRECT_USE_SQL;
+	}
+
+	CommandCounterIncrement();
+	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	slot = table_slot_create(rel, NULL);
+	if (fetch_by_key(rel, primary_key, snapshot, key, slot))
+	{
+		slot_getallattrs(slot);
+		memcpy(values, slot->tts_values, sizeof(values));
+		memcpy(nulls, slot->tts_isnull, sizeof(nulls));
+		if (strcmp(TextDatumGetCString(values[EFF_STATUS]),
+				   dl_status_name(EFFECT_STARTED)) == 0 &&
+			DatumGetInt32(values[EFF_HOLDER_PID]) == MyProcPid)
+		{
+			values[EFF_STATUS] = CStringGetTextDatum(dl_status_name(to));
+			values[EFF_RESULT] = PointerGetDatum(result);
+			nulls[EFF_RESULT] = result == NULL;
+			values[EFF_ERROR] = PointerGetDatum(error);
+			nulls[EFF_ERROR] = error == NULL;
+			values[EFF_COMPLETED_AT] = TimestampTzGetDatum(GetCurrentTimestamp());
+			nulls[EFF_COMPLETED_AT] = false;
+			/* formed while the slot still pins the page its values point into */
+			tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+			tid = slot->tts_tid;
+			*run = TextDatumGetCString(values[EFF_RUN]);
+			*lease_epoch = DatumGetInt64(values[EFF_LEASE_EPOCH]);
+		}
+	}
+	ExecDropSingleTupleTableSlot(slot);
+	UnregisterSnapshot(snapshot);
+
+	if (tuple != NULL)
+	{
+		TM_FailureData tmfd;
+		LockTupleMode lockmode;
+		bool		new_index_entries;
+
+		if (dl_heap_update(rel, &tid, tuple, GetCurrentCommandId(true),
+						   &tmfd, &lockmode, &new_index_entries) == TM_Ok)
+		{
+			/* not a HOT update: every index needs an entry for the new version */
+			if (new_index_entries)
+			{
+				heap_deform_tuple(tuple, RelationGetDescr(rel), values, nulls);
+				insert_index_entries(&effects_table, rel, values, nulls, &tuple->t_self);
+			}
+			*finished = tuple;
+			outcome = DIRECT_DONE;
+		}
+	}
+
+	index_close(primary_key, NoLock);
+	table_close(rel, NoLock);
+	return outcome;
+}
+
 /* The client's address, as inet_client_addr() gives it (NULL for a socket). */
 static bool
 client_addr(Datum *addr)
@@ -390,7 +593,7 @@ dl_direct_audit(const char *run, const char *key, const char *event, Jsonb *deta
 	bool		nulls[AUD_NCOLUMNS];
 	Datum		addr;
 
-	rel = open_for_direct_insert(&audit_table);
+	rel = open_for_direct_write(&audit_table);
 	if (rel == NULL)
 		return false;
 

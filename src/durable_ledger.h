@@ -6,7 +6,7 @@
  *   keys.c        key material and SHA-256, argument checks
  *   lease.c       the per-run advisory lock, lease epochs, occurrence counters
  *   store.c       every SQL statement the extension runs (SPI, saved plans)
- *   direct.c      the hottest inserts, without the executor
+ *   direct.c      the hottest writes, without the executor
  *   ledger.c      the SQL-callable ledger functions and their decisions
  *   drop_guard.c  the event trigger that protects a ledger holding effects
  */
@@ -128,9 +128,8 @@ extern bool dl_store_fetch_effect(const char *key, bool for_update, EffectRow *r
 extern bool dl_store_mark_unknown(const EffectRow *row);
 extern bool dl_store_restart_business_key(const NewIntent *intent, int32 old_attempt);
 extern HeapTuple dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
-								 Jsonb *result, Jsonb *error, bool mine_only);
-extern void dl_store_row_lease(HeapTuple row, TupleDesc desc, char **run,
-							   int64 *lease_epoch);
+								 Jsonb *result, Jsonb *error, bool mine_only,
+								 char **run, int64 *lease_epoch);
 extern void dl_store_set_conflict(const char *key);
 extern void dl_store_resolve(const char *key, EffectStatus to, Jsonb *value,
 							 const char *resolved_by, const char *note);
@@ -140,8 +139,20 @@ extern void dl_audit(const char *run, const char *key, const char *event,
 					 Jsonb *detail, int64 lease_epoch);
 extern int	dl_store_lease_holder_pid(uint64 lock_key);
 
-/* direct.c: the hottest inserts without the executor (false: use SQL) */
+/* direct.c: the hottest writes without the executor (false: use SQL) */
+typedef enum DirectOutcome
+{
+	DIRECT_DONE,
+	DIRECT_NOT_DONE,			/* no such row of this backend, or it changed */
+	DIRECT_USE_SQL				/* the table must be written through SQL */
+} DirectOutcome;
+
 extern bool dl_direct_insert_intent(const NewIntent *intent);
+extern bool dl_direct_key_is_new(const char *key);
+extern DirectOutcome dl_direct_finish(const char *key, EffectStatus to,
+									  Jsonb *result, Jsonb *error,
+									  HeapTuple *finished, char **run,
+									  int64 *lease_epoch);
 extern bool dl_direct_audit(const char *run, const char *key, const char *event,
 							Jsonb *detail, int64 lease_epoch, const char *role_name);
 

@@ -176,11 +176,14 @@ decide_execute(Decision *d, int32 attempt)
  * fresh snapshot, and changes it only with a conditional UPDATE that re-checks
  * what was read, so concurrent reports are never overwritten.
  *
- * A derived key in the run's first epoch cannot exist yet (the key names the
- * run, and nobody else can have held this epoch of it), so it is inserted
- * straight away (a duplicate would still be a unique violation).  In a later
- * epoch (a retry) it has most likely been recorded, so the row is looked for
- * first and the INSERT is only tried when it is missing.
+ * A derived key is only ever written under its run's lease, which this
+ * session holds.  In the run's first epoch it cannot exist yet (nobody else
+ * can have held this epoch of the run), so it is inserted straight away; in a
+ * later epoch (a retry) it is inserted straight away when a look at the
+ * primary key, as a unique check looks, finds no version of it, committed or
+ * in progress.  Either way a duplicate would still be a unique violation.
+ * Otherwise (a retry of a recorded call) the row is read first and the INSERT
+ * is only tried when it is missing.
  */
 static void
 decide(const NewIntent *intent, const char *canon, Decision *d)
@@ -188,7 +191,8 @@ decide(const NewIntent *intent, const char *canon, Decision *d)
 	int			round;
 	bool		look_first;
 
-	if (!intent->business_key && intent->lease_epoch == 1)
+	if (!intent->business_key &&
+		(intent->lease_epoch == 1 || dl_direct_key_is_new(intent->key)))
 	{
 		dl_store_insert_new_intent(intent);
 		decide_execute(d, 1);
@@ -472,12 +476,10 @@ report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
 	Datum		result;
 
 	spi_connect();
-	finished = dl_store_finish(key, EFFECT_STARTED, reported, result_value, error_value, true);
+	finished = dl_store_finish(key, EFFECT_STARTED, reported, result_value, error_value,
+							   true, &run, &lease_epoch);
 	if (finished != NULL)
-	{
-		dl_store_row_lease(finished, SPI_tuptable->tupdesc, &run, &lease_epoch);
 		audit_applied_report(key, run, lease_epoch, EFFECT_STARTED, reported, value);
-	}
 	else
 	{
 		if (!dl_store_fetch_effect(key, true, &row))
@@ -495,7 +497,8 @@ report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
 			record_conflict(&row, reported, value);
 		else if (row.status == EFFECT_STARTED || row.status == EFFECT_UNKNOWN)
 		{
-			finished = dl_store_finish(key, row.status, reported, result_value, error_value, false);
+			finished = dl_store_finish(key, row.status, reported, result_value, error_value,
+									   false, &run, &lease_epoch);
 			if (finished == NULL)
 				elog(ERROR, "effect \"%s\" changed while locked", key);
 			audit_applied_report(key, row.run, row.lease_epoch, row.status, reported, value);

@@ -380,15 +380,34 @@ dl_store_restart_business_key(const NewIntent *intent, int32 old_attempt)
 
 /*
  * from -> to with result/error, only if the row is in status from (and, with
- * mine_only, was started by this backend).  Returns the changed row (in SPI
- * memory), or NULL when no row matched.
+ * mine_only, was started by this backend).  Returns the changed row, laid out
+ * as durable_ledger.effects, with the run and lease epoch that started it; or
+ * NULL when no row matched.  mine_only is a worker's report on its own
+ * effect, the hot path: direct.c applies it without the executor when it can.
  */
 HeapTuple
 dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
-				Jsonb *result, Jsonb *error, bool mine_only)
+				Jsonb *result, Jsonb *error, bool mine_only,
+				char **run, int64 *lease_epoch)
 {
 	Datum		values[6];
 	char		nulls[6] = "      ";
+	HeapTuple	row;
+	TupleDesc	desc;
+	bool		isnull;
+
+	if (mine_only && from == EFFECT_STARTED)
+	{
+		switch (dl_direct_finish(key, to, result, error, &row, run, lease_epoch))
+		{
+			case DIRECT_DONE:
+				return row;
+			case DIRECT_NOT_DONE:
+				return NULL;
+			case DIRECT_USE_SQL:
+				break;
+		}
+	}
 
 	values[0] = text_datum(key);
 	values[1] = text_datum(dl_status_name(from));
@@ -402,18 +421,13 @@ dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
 	values[5] = BoolGetDatum(!mine_only);
 	if (run_statement(STMT_FINISH, values, nulls, SPI_OK_UPDATE_RETURNING) != 1)
 		return NULL;
-	return SPI_copytuple(SPI_tuptable->vals[0]);
-}
 
-/* The run and lease epoch that started an effect, from its row. */
-void
-dl_store_row_lease(HeapTuple row, TupleDesc desc, char **run, int64 *lease_epoch)
-{
-	bool		isnull;
-
+	row = SPI_copytuple(SPI_tuptable->vals[0]);
+	desc = SPI_tuptable->tupdesc;
 	*run = SPI_getvalue(row, desc, SPI_fnumber(desc, "run"));
 	*lease_epoch = DatumGetInt64(SPI_getbinval(row, desc, SPI_fnumber(desc, "lease_epoch"),
 											   &isnull));
+	return row;
 }
 
 void

@@ -1,0 +1,155 @@
+-- direct_writes: the writes done without the executor (src/direct.c) leave
+-- the same rows and index entries as SQL would, and step aside (to SQL) for
+-- anything they do not handle themselves: triggers, other index kinds,
+-- SERIALIZABLE.  amcheck verifies that every heap row is in every index.
+\set VERBOSITY sqlstate
+CREATE EXTENSION amcheck;
+CREATE FUNCTION regress_ledger_indexes_intact() RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    index regclass;
+BEGIN
+    FOR index IN
+        SELECT i.indexrelid::regclass
+          FROM pg_index i
+         WHERE i.indrelid IN ('durable_ledger.effects'::regclass,
+                              'durable_ledger.audit_log'::regclass)
+           AND i.indexrelid::regclass::text NOT LIKE '%args%'  -- GIN: not btree
+    LOOP
+        PERFORM bt_index_check(index, heapallindexed => true);
+    END LOOP;
+    RETURN true;
+END $$;
+
+-- a first epoch: new intents and completions, written directly
+SELECT durable_ledger.acquire_run('direct-1');
+SELECT key AS k1 FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 1}') \gset
+SELECT key AS k2 FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 2}') \gset
+SELECT key AS k3 FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 3}') \gset
+SELECT status, result, conflict, completed_at IS NOT NULL AS completed_at_set
+  FROM durable_ledger.complete_effect(:'k1', '{"paid": 1}');
+SELECT status, error FROM durable_ledger.fail_effect(:'k2', '{"declined": 2}');
+SELECT durable_ledger.release_run('direct-1');
+
+-- a later epoch: the recorded calls are answered from the record, and calls
+-- that are new in this epoch are written directly too
+SELECT durable_ledger.acquire_run('direct-1');
+SELECT decision, status, result FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 1}');
+SELECT decision, status, error FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 2}');
+SELECT decision, status FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 3}');
+SELECT key AS k4, decision AS k4_decision, occurrence AS k4_occurrence
+  FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 4}') \gset
+SELECT :'k4_decision' AS decision, :k4_occurrence AS occurrence;
+-- the same call again in this epoch is its next occurrence, also new
+SELECT decision, occurrence FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 4}');
+SELECT status, result FROM durable_ledger.complete_effect(:'k4', '{"paid": 4}');
+-- a report on someone else's key, or a second report, is not for the fast path
+SELECT status FROM durable_ledger.complete_effect(:'k4', '{"paid": 4}');
+SELECT status, conflict FROM durable_ledger.complete_effect(:'k1', '{"paid": "other"}');
+SELECT durable_ledger.release_run('direct-1');
+SELECT key = :'k4' AS same_key, run, lease_epoch, occurrence, status, result, holder_pid = pg_backend_pid() AS mine
+  FROM durable_ledger.effects WHERE key = :'k4';
+SELECT event, lease_epoch FROM durable_ledger.audit_log WHERE run = 'direct-1' ORDER BY id;
+SELECT regress_ledger_indexes_intact();
+
+-- begin and complete in one transaction: the completion sees the intent
+BEGIN;
+SELECT key AS k5 FROM durable_ledger.begin_effect('direct-2', 'pay', '{"n": 5}') \gset
+SELECT status, result FROM durable_ledger.complete_effect(:'k5', '{"paid": 5}');
+COMMIT;
+SELECT status, result FROM durable_ledger.effect_status(:'k5');
+-- and rolled back, nothing of it stays
+BEGIN;
+SELECT key AS k6 FROM durable_ledger.begin_effect('direct-2', 'pay', '{"n": 6}') \gset
+SELECT status FROM durable_ledger.complete_effect(:'k6', '{"paid": 6}');
+ROLLBACK;
+SELECT count(*) AS rolled_back_rows FROM durable_ledger.effects WHERE key = :'k6';
+SELECT count(*) AS rolled_back_events FROM durable_ledger.audit_log WHERE key = :'k6';
+SELECT durable_ledger.release_run('direct-2');
+
+-- SERIALIZABLE transactions go through SQL (predicate locks); same answers
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT durable_ledger.acquire_run('direct-3');
+SELECT key AS k7, decision FROM durable_ledger.begin_effect('direct-3', 'pay', '{"n": 7}') \gset
+SELECT status, result FROM durable_ledger.complete_effect(:'k7', '{"paid": 7}');
+COMMIT;
+SELECT durable_ledger.release_run('direct-3');
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT durable_ledger.acquire_run('direct-3');
+SELECT decision, status, result FROM durable_ledger.begin_effect('direct-3', 'pay', '{"n": 7}');
+SELECT key AS k8, decision FROM durable_ledger.begin_effect('direct-3', 'pay', '{"n": 8}') \gset
+SELECT status, result FROM durable_ledger.complete_effect(:'k8', '{"paid": 8}');
+COMMIT;
+SELECT durable_ledger.release_run('direct-3');
+SELECT regress_ledger_indexes_intact();
+
+-- triggers someone adds to a ledger table fire: the rows that are otherwise
+-- written without the executor then go through SQL
+CREATE FUNCTION regress_direct_notice() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE NOTICE 'trigger saw % of a % row', TG_OP, TG_TABLE_NAME;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER regress_audit_notice AFTER INSERT ON durable_ledger.audit_log
+    FOR EACH ROW EXECUTE FUNCTION regress_direct_notice();
+CREATE TRIGGER regress_effects_notice AFTER INSERT ON durable_ledger.effects
+    FOR EACH ROW EXECUTE FUNCTION regress_direct_notice();
+\set VERBOSITY terse
+SELECT key AS k9, decision FROM durable_ledger.begin_effect('direct-trig', 'pay', '{"event": "intent"}') \gset
+\set VERBOSITY sqlstate
+DROP TRIGGER regress_audit_notice ON durable_ledger.audit_log;
+DROP TRIGGER regress_effects_notice ON durable_ledger.effects;
+CREATE TRIGGER regress_effects_notice AFTER UPDATE ON durable_ledger.effects
+    FOR EACH ROW EXECUTE FUNCTION regress_direct_notice();
+\set VERBOSITY terse
+SELECT status FROM durable_ledger.complete_effect(:'k9', '{"paid": 9}');
+\set VERBOSITY sqlstate
+DROP TRIGGER regress_effects_notice ON durable_ledger.effects;
+DROP FUNCTION regress_direct_notice();
+SELECT durable_ledger.release_run('direct-trig');
+
+-- an index someone adds to a ledger table is kept up to date by the direct
+-- writes (they learn the table's indexes again); one on status makes the
+-- completion a non-HOT update, which needs new entries in every index
+CREATE INDEX regress_effects_tool ON durable_ledger.effects (tool);
+CREATE INDEX regress_effects_status ON durable_ledger.effects (status);
+SELECT key AS k10, decision FROM durable_ledger.begin_effect('direct-idx', 'regress-indexed-tool', '{}') \gset
+SELECT status FROM durable_ledger.complete_effect(:'k10', '{"paid": 10}');
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+EXPLAIN (COSTS OFF) SELECT count(*) FROM durable_ledger.effects WHERE tool = 'regress-indexed-tool';
+SELECT count(*) FROM durable_ledger.effects WHERE tool = 'regress-indexed-tool';
+SELECT count(*) FROM durable_ledger.effects WHERE status = 'completed' AND key = :'k10';
+SELECT count(*) FROM durable_ledger.effects WHERE status = 'started' AND key = :'k10';
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+SELECT regress_ledger_indexes_intact();
+SELECT durable_ledger.release_run('direct-idx');
+DROP INDEX durable_ledger.regress_effects_tool;
+DROP INDEX durable_ledger.regress_effects_status;
+
+-- an index those writes do not keep themselves (here GIN) sends the rows
+-- through SQL: the index still finds them
+CREATE INDEX regress_effects_args ON durable_ledger.effects USING gin (args);
+SELECT key AS k11, decision FROM durable_ledger.begin_effect('direct-gin', 'pay', '{"regress": "gin"}') \gset
+SELECT status FROM durable_ledger.complete_effect(:'k11', '{"paid": 11}');
+SET enable_seqscan = off;
+SELECT count(*) FROM durable_ledger.effects WHERE args @> '{"regress": "gin"}';
+RESET enable_seqscan;
+SELECT durable_ledger.release_run('direct-gin');
+DROP INDEX durable_ledger.regress_effects_args;
+
+-- a read-only transaction writes nothing
+SELECT durable_ledger.acquire_run('direct-ro');
+SELECT key AS k12 FROM durable_ledger.begin_effect('direct-ro', 'pay', '{}') \gset
+BEGIN READ ONLY;
+SELECT durable_ledger.begin_effect('direct-ro', 'pay', '{"n": 12}');
+ROLLBACK;
+BEGIN READ ONLY;
+SELECT durable_ledger.complete_effect(:'k12', '{"paid": 12}');
+ROLLBACK;
+SELECT count(*) AS effects, count(*) FILTER (WHERE status = 'started') AS started
+  FROM durable_ledger.effects WHERE run = 'direct-ro';
+SELECT durable_ledger.release_run('direct-ro');
+SELECT regress_ledger_indexes_intact();
+DROP FUNCTION regress_ledger_indexes_intact();
+DROP EXTENSION amcheck;
