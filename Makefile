@@ -26,6 +26,7 @@ REGRESS = \
 	failures \
 	resolution \
 	audit_log \
+	direct_writes \
 	privileges \
 	bad_input \
 	rollback \
