@@ -66,6 +66,18 @@ SELECT count(*) AS rolled_back_rows FROM durable_ledger.effects WHERE key = :'k6
 SELECT count(*) AS rolled_back_events FROM durable_ledger.audit_log WHERE key = :'k6';
 SELECT durable_ledger.release_run('direct-2');
 
+-- REPEATABLE READ: what is found goes through SQL (the transaction's older
+-- snapshot decides); new calls and reports are still written directly
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT durable_ledger.acquire_run('direct-1');
+SELECT decision, status, result FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 4}');
+SELECT key AS k40, decision AS k40_decision FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 40}') \gset
+SELECT :'k40_decision' AS decision;
+SELECT status, result FROM durable_ledger.complete_effect(:'k40', '{"paid": 40}');
+COMMIT;
+SELECT durable_ledger.release_run('direct-1');
+SELECT occurrence, status, result, lease_epoch FROM durable_ledger.effects WHERE key = :'k40';
+
 -- SERIALIZABLE transactions go through SQL (predicate locks); same answers
 BEGIN ISOLATION LEVEL SERIALIZABLE;
 SELECT durable_ledger.acquire_run('direct-3');

@@ -443,41 +443,80 @@ fetch_by_key(Relation rel, Relation primary_key, Snapshot snapshot,
 	return found;
 }
 
+/* The effects row in slot as an EffectRow, copied out of the page. */
+static void
+effect_row_from_slot(TupleTableSlot *slot, EffectRow *row)
+{
+	Datum	   *values;
+	bool	   *nulls;
+
+	slot_getallattrs(slot);
+	values = slot->tts_values;
+	nulls = slot->tts_isnull;
+#define OPTIONAL_JSONB(col) (nulls[col] ? NULL : DatumGetJsonbPCopy(values[col]))
+	row->key = TextDatumGetCString(values[EFF_KEY]);
+	row->run = TextDatumGetCString(values[EFF_RUN]);
+	row->tool = TextDatumGetCString(values[EFF_TOOL]);
+	row->args = DatumGetJsonbPCopy(values[EFF_ARGS]);
+	row->business_key = DatumGetBool(values[EFF_BUSINESS_KEY]);
+	row->occurrence = nulls[EFF_OCCURRENCE] ? 0 : DatumGetInt32(values[EFF_OCCURRENCE]);
+	row->attempt = DatumGetInt32(values[EFF_ATTEMPT]);
+	row->status = dl_status_from_name(TextDatumGetCString(values[EFF_STATUS]));
+	row->result = OPTIONAL_JSONB(EFF_RESULT);
+	row->error = OPTIONAL_JSONB(EFF_ERROR);
+	row->lease_epoch = DatumGetInt64(values[EFF_LEASE_EPOCH]);
+	row->conflict = DatumGetBool(values[EFF_CONFLICT]);
+#undef OPTIONAL_JSONB
+}
+
 /*
- * Is key certainly new: no version of it in effects, committed or written by
- * a transaction still in progress (what a unique check sees)?  false also
- * when that cannot be told without SQL.  Under SERIALIZABLE the answer is
- * always false, so that the caller's reads take their predicate locks.
+ * Looks key up in effects as a unique check does (SnapshotDirty: committed
+ * versions and those of transactions still in progress):
+ *   KEY_ABSENT  no version of key exists: an intent for it is certainly new;
+ *   KEY_FOUND   *row is the key's current version, committed (or this
+ *               transaction's own) and not being changed, under READ
+ *               COMMITTED, where that is exactly what a statement's fresh
+ *               snapshot would read;
+ *   KEY_USE_SQL anything else (a writer in progress, the older snapshot of
+ *               REPEATABLE READ, SERIALIZABLE's predicate locks, a table that
+ *               must be read through SQL): the caller reads through SQL.
  */
-bool
-dl_direct_key_is_new(const char *key)
+KeyLookup
+dl_direct_lookup(const char *key, EffectRow *row)
 {
 	Relation	rel;
 	Relation	primary_key;
 	SnapshotData dirty;
 	TupleTableSlot *slot;
-	bool		found;
+	KeyLookup	lookup = KEY_USE_SQL;
 
 	if (IsolationIsSerializable())
-		return false;
+		return KEY_USE_SQL;
 	rel = open_for_direct_write(&effects_table);
 	if (rel == NULL)
-		return false;
+		return KEY_USE_SQL;
 	primary_key = open_primary_key(&effects_table);
 	if (primary_key == NULL)
 	{
 		table_close(rel, NoLock);
-		return false;
+		return KEY_USE_SQL;
 	}
 
 	InitDirtySnapshot(dirty);
 	slot = table_slot_create(rel, NULL);
-	found = fetch_by_key(rel, primary_key, &dirty, key, slot);
+	if (!fetch_by_key(rel, primary_key, &dirty, key, slot))
+		lookup = KEY_ABSENT;
+	else if (!IsolationUsesXactSnapshot() &&
+			 !TransactionIdIsValid(dirty.xmin) && !TransactionIdIsValid(dirty.xmax))
+	{
+		effect_row_from_slot(slot, row);
+		lookup = KEY_FOUND;
+	}
 	ExecDropSingleTupleTableSlot(slot);
 
 	index_close(primary_key, NoLock);
 	table_close(rel, NoLock);
-	return !found;
+	return lookup;
 }
 
 /*

@@ -147,8 +147,15 @@ typedef enum DirectOutcome
 	DIRECT_USE_SQL				/* the table must be written through SQL */
 } DirectOutcome;
 
+typedef enum KeyLookup
+{
+	KEY_ABSENT,					/* no version at all, committed or in progress */
+	KEY_FOUND,					/* the current, committed version */
+	KEY_USE_SQL					/* read it through SQL */
+} KeyLookup;
+
 extern bool dl_direct_insert_intent(const NewIntent *intent);
-extern bool dl_direct_key_is_new(const char *key);
+extern KeyLookup dl_direct_lookup(const char *key, EffectRow *row);
 extern DirectOutcome dl_direct_finish(const char *key, EffectStatus to,
 									  Jsonb *result, Jsonb *error,
 									  HeapTuple *finished, char **run,

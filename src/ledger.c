@@ -178,33 +178,40 @@ decide_execute(Decision *d, int32 attempt)
  *
  * A derived key is only ever written under its run's lease, which this
  * session holds.  In the run's first epoch it cannot exist yet (nobody else
- * can have held this epoch of the run), so it is inserted straight away; in a
- * later epoch (a retry) it is inserted straight away when a look at the
- * primary key, as a unique check looks, finds no version of it, committed or
- * in progress.  Either way a duplicate would still be a unique violation.
- * Otherwise (a retry of a recorded call) the row is read first and the INSERT
- * is only tried when it is missing.
+ * can have held this epoch of the run), so it is inserted straight away.  In
+ * a later epoch (a retry) it is looked up as a unique check looks: when no
+ * version of it exists, committed or in progress, it is inserted straight
+ * away (a duplicate would still be a unique violation); when its current,
+ * committed version is found, the decision is made from that.  Otherwise (a
+ * business key, or a lookup that must go through SQL) the row is read through
+ * SQL, and for a business key the INSERT comes first.
  */
 static void
 decide(const NewIntent *intent, const char *canon, Decision *d)
 {
 	int			round;
-	bool		look_first;
+	KeyLookup	lookup = KEY_USE_SQL;
+	EffectRow	found;
 
-	if (!intent->business_key &&
-		(intent->lease_epoch == 1 || dl_direct_key_is_new(intent->key)))
+	if (!intent->business_key)
 	{
-		dl_store_insert_new_intent(intent);
-		decide_execute(d, 1);
-		return;
+		lookup = intent->lease_epoch == 1 ? KEY_ABSENT : dl_direct_lookup(intent->key, &found);
+		if (lookup == KEY_ABSENT)
+		{
+			dl_store_insert_new_intent(intent);
+			decide_execute(d, 1);
+			return;
+		}
 	}
-	look_first = !intent->business_key;	/* a derived key in a later epoch */
 
 	for (round = 0; round < MAX_DECISION_ROUNDS; round++)
 	{
 		EffectRow	row;
 
-		if (!(look_first && round == 0 && dl_store_fetch_effect(intent->key, false, &row)))
+		if (round == 0 && lookup == KEY_FOUND)
+			row = found;
+		else if (!(round == 0 && !intent->business_key &&
+				   dl_store_fetch_effect(intent->key, false, &row)))
 		{
 			if (dl_store_insert_intent(intent))
 			{
@@ -459,8 +466,8 @@ audit_applied_report(const char *key, const char *run, int64 lease_epoch,
 
 /*
  * A worker's report that the effect ended as reported (completed or failed).
- * The common case, a started effect, is one UPDATE; anything else is read
- * under a row lock and decided.
+ * The common case, an effect this backend started, is one update (direct.c);
+ * anything else is read under a row lock and decided.
  */
 static Datum
 report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)

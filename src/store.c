@@ -1,7 +1,8 @@
 /*
  * store.c: every SQL statement the extension runs, and the ledger's reads
- * and writes built on them (new intents and audit rows go to direct.c first,
- * which writes them without the executor when it can).
+ * and writes built on them (new intents, audit rows and a worker's report on
+ * its own effect go to direct.c first, which writes them without the executor
+ * when it can).
  *
  * Statements are parameterised, schema-qualified down to the operators, and
  * prepared once per backend (SPI_keepplan).  They run with read_only = false,
