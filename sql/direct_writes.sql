@@ -66,8 +66,8 @@ SELECT count(*) AS rolled_back_rows FROM durable_ledger.effects WHERE key = :'k6
 SELECT count(*) AS rolled_back_events FROM durable_ledger.audit_log WHERE key = :'k6';
 SELECT durable_ledger.release_run('direct-2');
 
--- REPEATABLE READ: what is found goes through SQL (the transaction's older
--- snapshot decides); new calls and reports are still written directly
+-- REPEATABLE READ: later epochs read through SQL (the transaction's older
+-- snapshot decides); reports are still written directly
 BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT durable_ledger.acquire_run('direct-1');
 SELECT decision, status, result FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 4}');
@@ -138,6 +138,29 @@ SELECT regress_ledger_indexes_intact();
 SELECT durable_ledger.release_run('direct-idx');
 DROP INDEX durable_ledger.regress_effects_tool;
 DROP INDEX durable_ledger.regress_effects_status;
+
+-- a table whose NOT NULLs are not the installed ones is written through SQL,
+-- which enforces them (tried on an emptied table, rolled back)
+BEGIN;
+DELETE FROM durable_ledger.effects;
+ALTER TABLE durable_ledger.effects ALTER COLUMN error SET NOT NULL;
+SELECT regress_try($$SELECT durable_ledger.begin_effect('direct-nn', 'pay', '{}')$$);
+ROLLBACK;
+SELECT count(*) > 0 AS effects_are_back FROM durable_ledger.effects;
+SELECT durable_ledger.release_run('direct-nn');
+
+-- an UPDATE that a publication could not replicate is refused, as SQL refuses it
+ALTER TABLE durable_ledger.effects REPLICA IDENTITY NOTHING;
+SET client_min_messages = error;  -- the publication warns when wal_level is not logical
+CREATE PUBLICATION regress_direct_pub FOR TABLE durable_ledger.effects;
+RESET client_min_messages;
+SELECT key AS k14 FROM durable_ledger.begin_effect('direct-pub', 'pay', '{}') \gset
+SELECT regress_try(format('SELECT durable_ledger.complete_effect(%L, %L)', :'k14', '{"paid": 14}'));
+SELECT status FROM durable_ledger.effects WHERE key = :'k14';
+DROP PUBLICATION regress_direct_pub;
+ALTER TABLE durable_ledger.effects REPLICA IDENTITY DEFAULT;
+SELECT status FROM durable_ledger.complete_effect(:'k14', '{"paid": 14}');
+SELECT durable_ledger.release_run('direct-pub');
 
 -- an index those writes do not keep themselves (here GIN) sends the rows
 -- through SQL: the index still finds them

@@ -35,6 +35,7 @@ dl_heap_update(Relation rel, ItemPointer otid, HeapTuple tuple, CommandId cid,
 
 	result = heap_update(rel, otid, tuple, cid, InvalidSnapshot, true, tmfd,
 						 lockmode, &update_indexes);
+	/* TU_Summarizing concerns BRIN only, which direct writes never keep */
 	*new_index_entries = update_indexes == TU_All;
 #else
 	result = heap_update(rel, otid, tuple, cid, InvalidSnapshot, true, tmfd,

@@ -9,16 +9,18 @@
  * system tables.
  *
  * Used only where nothing is lost by it:
- *   - the tables are plain heap tables with the extension's own columns,
- *     plain btree indexes, no CHECK constraints, rules, row security or
- *     triggers on the writes done here (were one added, SPI is used, so the
- *     trigger fires);
+ *   - the tables are plain heap tables with the extension's own columns (and
+ *     NOT NULLs), plain btree indexes, no CHECK constraints, rules, row
+ *     security, partitions or children, and no triggers on the writes done
+ *     here (were one added, SPI is used, so the trigger fires); an UPDATE
+ *     that a publication could not replicate is refused as the executor
+ *     refuses it;
  *   - an intent row goes in directly only when its key cannot exist yet: a
- *     derived key in the run's first lease epoch, or one that a unique
- *     check's look at the primary key finds nowhere, committed or in
- *     progress (see ledger.c); everything else keeps INSERT ... ON CONFLICT,
- *     and uniqueness still comes from the primary key, which index_insert
- *     enforces here too (UNIQUE_CHECK_YES);
+ *     derived key in the run's first lease epoch, or, under READ COMMITTED,
+ *     one that a unique check's look at the primary key finds nowhere,
+ *     committed or in progress (see ledger.c); everything else keeps INSERT
+ *     ... ON CONFLICT, and uniqueness still comes from the primary key, which
+ *     index_insert enforces here too (UNIQUE_CHECK_YES);
  *   - a report is applied directly only to a started effect of this backend,
  *     read with the snapshot an UPDATE statement would take, and only when
  *     heap_update finds that version still current; anything else (a
@@ -40,6 +42,7 @@
 #include "catalog/namespace.h"
 #include "commands/sequence.h"
 #include "commands/trigger.h"
+#include "executor/executor.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "tcop/utility.h"
@@ -73,69 +76,94 @@ enum AuditColumn
 	AUD_LEASE_EPOCH, AUD_NCOLUMNS
 };
 
-/* The columns a direct insert writes: name and base type, in order. */
+/*
+ * The columns a direct write writes: name, base type and NOT NULL, in order,
+ * as the install script creates them (the values written satisfy exactly
+ * these NOT NULLs, so a table whose NOT NULLs differ goes through SQL).
+ */
 typedef struct Column
 {
 	const char *name;
 	Oid			base_type;
+	bool		not_null;
 } Column;
 
 static const Column effects_columns[EFF_NCOLUMNS] = {
-	{"key", TEXTOID}, {"run", TEXTOID}, {"tool", TEXTOID}, {"args", JSONBOID},
-	{"business_key", BOOLOID}, {"occurrence", INT4OID}, {"attempt", INT4OID},
-	{"status", TEXTOID}, {"result", JSONBOID}, {"error", JSONBOID}, {"meta", JSONBOID},
-	{"lease_epoch", INT8OID}, {"holder_pid", INT4OID}, {"created_at", TIMESTAMPTZOID},
-	{"completed_at", TIMESTAMPTZOID}, {"resolved_by", TEXTOID},
-	{"resolution_note", TEXTOID}, {"conflict", BOOLOID}
+	{"key", TEXTOID, true}, {"run", TEXTOID, true}, {"tool", TEXTOID, true},
+	{"args", JSONBOID, true}, {"business_key", BOOLOID, true},
+	{"occurrence", INT4OID, false}, {"attempt", INT4OID, true},
+	{"status", TEXTOID, true}, {"result", JSONBOID, false}, {"error", JSONBOID, false},
+	{"meta", JSONBOID, false}, {"lease_epoch", INT8OID, true},
+	{"holder_pid", INT4OID, true}, {"created_at", TIMESTAMPTZOID, true},
+	{"completed_at", TIMESTAMPTZOID, false}, {"resolved_by", TEXTOID, false},
+	{"resolution_note", TEXTOID, false}, {"conflict", BOOLOID, true}
 };
 
 static const Column audit_columns[AUD_NCOLUMNS] = {
-	{"id", INT8OID}, {"logged_at", TIMESTAMPTZOID}, {"run", TEXTOID}, {"key", TEXTOID},
-	{"event", TEXTOID}, {"detail", JSONBOID}, {"role_name", TEXTOID},
-	{"session_user_name", TEXTOID}, {"application_name", TEXTOID},
-	{"client_addr", INETOID}, {"backend_pid", INT4OID}, {"lease_epoch", INT8OID}
+	{"id", INT8OID, true}, {"logged_at", TIMESTAMPTZOID, true}, {"run", TEXTOID, false},
+	{"key", TEXTOID, false}, {"event", TEXTOID, true}, {"detail", JSONBOID, false},
+	{"role_name", TEXTOID, true}, {"session_user_name", TEXTOID, true},
+	{"application_name", TEXTOID, false}, {"client_addr", INETOID, false},
+	{"backend_pid", INT4OID, true}, {"lease_epoch", INT8OID, false}
 };
 
+/* The columns of effects that a report changes (its UPDATE's SET list). */
+static bool
+changed_by_report(AttrNumber attno)
+{
+	return attno == EFF_STATUS + 1 || attno == EFF_RESULT + 1 ||
+		attno == EFF_ERROR + 1 || attno == EFF_COMPLETED_AT + 1;
+}
+
 /*
- * Is rel a plain heap table with exactly these columns (names and types, in
- * order), no CHECK constraints, no rules, no row security and no triggers on
- * INSERT (nor on UPDATE, when it is updated directly)?  Anything else is
- * written through SQL, where the executor does what it needs.
+ * Is rel a plain heap table with exactly these columns (names, types and NOT
+ * NULLs, in order), not partitioned or inherited, with no CHECK constraints,
+ * no rules and no row security?  Anything else is written through SQL, where
+ * the executor does what it needs.  (Triggers: see has_triggers.)
  */
 static bool
-is_plain_table(Relation rel, const Column *columns, int ncolumns, bool updated)
+is_plain_table(Relation rel, const Column *columns, int ncolumns)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
-	TriggerDesc *trig = rel->trigdesc;
 	int			i;
 
 	if (rel->rd_rel->relkind != RELKIND_RELATION ||
 		rel->rd_rel->relam != HEAP_TABLE_AM_OID ||
+		rel->rd_rel->relispartition ||
+		rel->rd_rel->relhassubclass ||
 		rel->rd_rel->relhasrules ||
 		rel->rd_rel->relrowsecurity ||
 		(desc->constr != NULL && desc->constr->num_check > 0) ||
 		desc->natts != ncolumns)
-		return false;
-	if (trig != NULL &&
-		(trig->trig_insert_before_row || trig->trig_insert_after_row ||
-		 trig->trig_insert_instead_row || trig->trig_insert_before_statement ||
-		 trig->trig_insert_after_statement))
-		return false;
-	if (updated && trig != NULL &&
-		(trig->trig_update_before_row || trig->trig_update_after_row ||
-		 trig->trig_update_instead_row || trig->trig_update_before_statement ||
-		 trig->trig_update_after_statement))
 		return false;
 	for (i = 0; i < ncolumns; i++)
 	{
 		Form_pg_attribute att = TupleDescAttr(desc, i);
 
 		if (att->attisdropped || att->attgenerated ||
+			att->attnotnull != columns[i].not_null ||
 			strcmp(NameStr(att->attname), columns[i].name) != 0 ||
 			getBaseType(att->atttypid) != columns[i].base_type)
 			return false;
 	}
 	return true;
+}
+
+/* Has rel any trigger on INSERT (or, with update, on UPDATE)? */
+static bool
+has_triggers(Relation rel, bool update)
+{
+	TriggerDesc *trig = rel->trigdesc;
+
+	if (trig == NULL)
+		return false;
+	if (!update)
+		return trig->trig_insert_before_row || trig->trig_insert_after_row ||
+			trig->trig_insert_instead_row || trig->trig_insert_before_statement ||
+			trig->trig_insert_after_statement;
+	return trig->trig_update_before_row || trig->trig_update_after_row ||
+		trig->trig_update_instead_row || trig->trig_update_before_statement ||
+		trig->trig_update_after_statement;
 }
 
 static Oid
@@ -162,10 +190,10 @@ typedef struct DirectTable
 	const char *name;
 	const Column *columns;
 	int			ncolumns;
-	bool		updated;		/* also updated directly (effects) */
 	Oid			relid;			/* InvalidOid: stale, look again */
 	Oid			known_relid;	/* what the arrays below describe */
-	bool		usable;			/* expected columns, no INSERT triggers */
+	bool		insertable;		/* plain, btree indexes, no INSERT triggers */
+	bool		updatable;		/* plain, btree indexes, no UPDATE triggers */
 	int			nindexes;
 	Oid		   *index_oids;
 	IndexInfo **index_infos;
@@ -173,8 +201,8 @@ typedef struct DirectTable
 	MemoryContext cxt;			/* holds the arrays and the IndexInfos */
 } DirectTable;
 
-static DirectTable effects_table = {"effects", effects_columns, EFF_NCOLUMNS, true};
-static DirectTable audit_table = {"audit_log", audit_columns, AUD_NCOLUMNS, false};
+static DirectTable effects_table = {"effects", effects_columns, EFF_NCOLUMNS};
+static DirectTable audit_table = {"audit_log", audit_columns, AUD_NCOLUMNS};
 static Oid	audit_seq_relid = InvalidOid;
 static bool callback_registered = false;
 static uint64 invalidations = 0;	/* relcache invalidations seen, ever */
@@ -239,7 +267,7 @@ learn_table(DirectTable *t, Relation rel)
 	infos = palloc(sizeof(IndexInfo *) * Max(1, list_length(indexes)));
 	MemoryContextSwitchTo(old);
 
-	usable = is_plain_table(rel, t->columns, t->ncolumns, t->updated);
+	usable = is_plain_table(rel, t->columns, t->ncolumns);
 	foreach(lc, indexes)
 	{
 		Relation	index = index_open(lfirst_oid(lc), RowExclusiveLock);
@@ -251,7 +279,10 @@ learn_table(DirectTable *t, Relation rel)
 			infos[n]->ii_Expressions != NIL || infos[n]->ii_Predicate != NIL ||
 			infos[n]->ii_ExclusionOps != NULL)
 			usable = false;
-		if (index->rd_index->indisprimary)
+		/* a lookup by key needs the primary key on key alone */
+		if (index->rd_index->indisprimary && infos[n]->ii_NumIndexKeyAttrs == 1 &&
+			infos[n]->ii_IndexAttrNumbers[0] == 1 &&
+			strcmp(t->columns[0].name, "key") == 0)
 			primary_key = lfirst_oid(lc);
 		oids[n++] = lfirst_oid(lc);
 		index_close(index, NoLock);
@@ -268,20 +299,21 @@ learn_table(DirectTable *t, Relation rel)
 	if (t->cxt != NULL)
 		MemoryContextDelete(t->cxt);
 	t->cxt = cxt;
-	t->usable = usable;
+	t->insertable = usable && !has_triggers(rel, false);
+	t->updatable = usable && !has_triggers(rel, true);
 	t->known_relid = RelationGetRelid(rel);
 	/* an invalidation read while learning leaves it stale: learn again next time */
 	t->relid = invalidations == seen ? t->known_relid : InvalidOid;
 }
 
 /*
- * Opens a ledger table for a direct write, or returns NULL when it must go
- * through the executor.  When what we knew went stale (opening the table
- * reads invalidations), the name is looked up again: the table may have been
- * renamed or replaced while we waited for its lock.
+ * Opens a ledger table for a direct write (cmd: CMD_INSERT or CMD_UPDATE), or
+ * returns NULL when it must go through the executor.  When what we knew went
+ * stale (opening the table reads invalidations), the name is looked up again:
+ * the table may have been renamed or replaced while we waited for its lock.
  */
 static Relation
-open_for_direct_write(DirectTable *t)
+open_for_direct_write(DirectTable *t, CmdType cmd)
 {
 	/* what the executor would refuse for a write, refused here too */
 	PreventCommandIfReadOnly("a write to the ledger");
@@ -302,22 +334,28 @@ open_for_direct_write(DirectTable *t)
 			}
 			learn_table(t, rel);
 		}
-		if (!t->usable)
+		if (!(cmd == CMD_UPDATE ? t->updatable : t->insertable))
 		{
 			table_close(rel, RowExclusiveLock);
 			return NULL;
 		}
+		/* as the executor: an UPDATE a publication cannot replicate is refused */
+		if (cmd == CMD_UPDATE)
+			CheckCmdReplicaIdentity(rel, CMD_UPDATE);
 		return rel;
 	}
 }
 
 /*
  * An index_insert into every index of t for the heap tuple at tid, whose
- * columns are values/nulls.
+ * columns are values/nulls.  For the new version of a report's update,
+ * report is true: an index on none of the columns it changed then gets the
+ * executor's hint that its key is unchanged (btree's bottom-up deletion
+ * removes the older versions' entries instead of splitting the page).
  */
 static void
 insert_index_entries(DirectTable *t, Relation rel, Datum *values, bool *nulls,
-					 ItemPointer tid)
+					 ItemPointer tid, bool report)
 {
 	int			nindexes = t->nindexes;
 	Oid		   *index_oids = t->index_oids;
@@ -331,6 +369,7 @@ insert_index_entries(DirectTable *t, Relation rel, Datum *values, bool *nulls,
 		IndexInfo  *info = index_infos[n];
 		Datum		key_values[INDEX_MAX_KEYS];
 		bool		key_nulls[INDEX_MAX_KEYS];
+		bool		unchanged = report;
 		int			i;
 
 		/* as ExecOpenIndices: an index being built concurrently may not want rows yet */
@@ -346,10 +385,12 @@ insert_index_entries(DirectTable *t, Relation rel, Datum *values, bool *nulls,
 
 			key_values[i] = values[attno - 1];
 			key_nulls[i] = nulls[attno - 1];
+			if (changed_by_report(attno))
+				unchanged = false;
 		}
 		index_insert(index, key_values, key_nulls, tid, rel,
 					 index->rd_index->indisunique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
-					 false, info);
+					 unchanged, info);
 		index_close(index, NoLock);	/* held to the end of the transaction */
 	}
 }
@@ -361,7 +402,7 @@ insert_row(DirectTable *t, Relation rel, Datum *values, bool *nulls)
 	HeapTuple	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
 
 	heap_insert(rel, tuple, GetCurrentCommandId(true), 0, NULL);
-	insert_index_entries(t, rel, values, nulls, &tuple->t_self);
+	insert_index_entries(t, rel, values, nulls, &tuple->t_self, false);
 	heap_freetuple(tuple);
 }
 
@@ -377,7 +418,7 @@ dl_direct_insert_intent(const NewIntent *intent)
 	Datum		values[EFF_NCOLUMNS];
 	bool		nulls[EFF_NCOLUMNS];
 
-	rel = open_for_direct_write(&effects_table);
+	rel = open_for_direct_write(&effects_table, CMD_INSERT);
 	if (rel == NULL)
 		return false;
 
@@ -474,12 +515,13 @@ effect_row_from_slot(TupleTableSlot *slot, EffectRow *row)
  * versions and those of transactions still in progress):
  *   KEY_ABSENT  no version of key exists: an intent for it is certainly new;
  *   KEY_FOUND   *row is the key's current version, committed (or this
- *               transaction's own) and not being changed, under READ
- *               COMMITTED, where that is exactly what a statement's fresh
- *               snapshot would read;
- *   KEY_USE_SQL anything else (a writer in progress, the older snapshot of
- *               REPEATABLE READ, SERIALIZABLE's predicate locks, a table that
- *               must be read through SQL): the caller reads through SQL.
+ *               transaction's own) and not being changed, which is exactly
+ *               what a statement's fresh snapshot would read;
+ *   KEY_USE_SQL anything else (a writer in progress, a table that must be
+ *               read through SQL): the caller reads through SQL.
+ * Only under READ COMMITTED: the transaction snapshot of REPEATABLE READ may
+ * still see a row that this look no longer finds (a committed DELETE), and
+ * SERIALIZABLE needs the predicate locks of SQL's reads.
  */
 KeyLookup
 dl_direct_lookup(const char *key, EffectRow *row)
@@ -490,9 +532,9 @@ dl_direct_lookup(const char *key, EffectRow *row)
 	TupleTableSlot *slot;
 	KeyLookup	lookup = KEY_USE_SQL;
 
-	if (IsolationIsSerializable())
+	if (IsolationUsesXactSnapshot())
 		return KEY_USE_SQL;
-	rel = open_for_direct_write(&effects_table);
+	rel = open_for_direct_write(&effects_table, CMD_INSERT);
 	if (rel == NULL)
 		return KEY_USE_SQL;
 	primary_key = open_primary_key(&effects_table);
@@ -506,8 +548,7 @@ dl_direct_lookup(const char *key, EffectRow *row)
 	slot = table_slot_create(rel, NULL);
 	if (!fetch_by_key(rel, primary_key, &dirty, key, slot))
 		lookup = KEY_ABSENT;
-	else if (!IsolationUsesXactSnapshot() &&
-			 !TransactionIdIsValid(dirty.xmin) && !TransactionIdIsValid(dirty.xmax))
+	else if (!TransactionIdIsValid(dirty.xmin) && !TransactionIdIsValid(dirty.xmax))
 	{
 		effect_row_from_slot(slot, row);
 		lookup = KEY_FOUND;
@@ -527,6 +568,7 @@ dl_direct_lookup(const char *key, EffectRow *row)
  * READ COMMITTED is a fresh one) and changed with heap_update, which waits
  * for a concurrent writer.  When that version is no longer current, the
  * caller reads the row again under a lock and decides: nothing was changed.
+ * (*run and *lease_epoch may be set even then.)
  */
 DirectOutcome
 dl_direct_finish(const char *key, EffectStatus to, Jsonb *result, Jsonb *error,
@@ -544,7 +586,7 @@ dl_direct_finish(const char *key, EffectStatus to, Jsonb *result, Jsonb *error,
 
 	if (IsolationIsSerializable())
 		return DIRECT_USE_SQL;
-	rel = open_for_direct_write(&effects_table);
+	rel = open_for_direct_write(&effects_table, CMD_UPDATE);
 	if (rel == NULL)
 		return DIRECT_USE_SQL;
 	primary_key = open_primary_key(&effects_table);
@@ -581,8 +623,8 @@ dl_direct_finish(const char *key, EffectStatus to, Jsonb *result, Jsonb *error,
 		}
 	}
 	ExecDropSingleTupleTableSlot(slot);
-	UnregisterSnapshot(snapshot);
 
+	/* the snapshot stays registered while the version it read is updated */
 	if (tuple != NULL)
 	{
 		TM_FailureData tmfd;
@@ -596,12 +638,14 @@ dl_direct_finish(const char *key, EffectStatus to, Jsonb *result, Jsonb *error,
 			if (new_index_entries)
 			{
 				heap_deform_tuple(tuple, RelationGetDescr(rel), values, nulls);
-				insert_index_entries(&effects_table, rel, values, nulls, &tuple->t_self);
+				insert_index_entries(&effects_table, rel, values, nulls,
+									 &tuple->t_self, true);
 			}
 			*finished = tuple;
 			outcome = DIRECT_DONE;
 		}
 	}
+	UnregisterSnapshot(snapshot);
 
 	index_close(primary_key, NoLock);
 	table_close(rel, NoLock);
@@ -632,7 +676,7 @@ dl_direct_audit(const char *run, const char *key, const char *event, Jsonb *deta
 	bool		nulls[AUD_NCOLUMNS];
 	Datum		addr;
 
-	rel = open_for_direct_write(&audit_table);
+	rel = open_for_direct_write(&audit_table, CMD_INSERT);
 	if (rel == NULL)
 		return false;
 
