@@ -201,7 +201,7 @@ def main():
         say("  ", rows[-1])
 
     # the single-transaction measures take well under a second a round: more rounds
-    short_rounds = max(args.rounds, 7)
+    short_rounds = max(args.rounds, 11)
     say("20,000 intents in one transaction ...")
     settle(conn)
     led, flo = cpu_bound(conn, short_rounds, 20000)
