@@ -446,23 +446,26 @@ dl_direct_insert_intent(const NewIntent *intent)
 }
 
 /*
- * Opens t's primary key for a lookup by key, or returns NULL when there is
- * none that a lookup can trust (the lookup then goes through SQL).
+ * Opens effects for a direct write of kind cmd that starts with a lookup by
+ * key, and the primary key to look it up with; false (nothing is left open)
+ * when that must go through SQL, which is also the case when there is no
+ * primary key on key that a lookup can trust.
  */
-static Relation
-open_primary_key(DirectTable *t)
+static bool
+open_effects_by_key(CmdType cmd, Relation *rel, Relation *primary_key)
 {
-	Relation	index;
-
-	if (!OidIsValid(t->primary_key))
-		return NULL;
-	index = index_open(t->primary_key, RowExclusiveLock);
-	if (!index->rd_index->indisvalid || !index->rd_index->indimmediate)
+	*rel = open_for_direct_write(&effects_table, cmd);
+	if (*rel == NULL)
+		return false;
+	if (OidIsValid(effects_table.primary_key))
 	{
-		index_close(index, NoLock);
-		return NULL;
+		*primary_key = index_open(effects_table.primary_key, RowExclusiveLock);
+		if ((*primary_key)->rd_index->indisvalid && (*primary_key)->rd_index->indimmediate)
+			return true;
+		index_close(*primary_key, NoLock);
 	}
-	return index;
+	table_close(*rel, NoLock);
+	return false;
 }
 
 /* Fetches into slot the version of key's row that snapshot sees, if any. */
@@ -532,17 +535,9 @@ dl_direct_lookup(const char *key, EffectRow *row)
 	TupleTableSlot *slot;
 	KeyLookup	lookup = KEY_USE_SQL;
 
-	if (IsolationUsesXactSnapshot())
+	if (IsolationUsesXactSnapshot() ||
+		!open_effects_by_key(CMD_INSERT, &rel, &primary_key))
 		return KEY_USE_SQL;
-	rel = open_for_direct_write(&effects_table, CMD_INSERT);
-	if (rel == NULL)
-		return KEY_USE_SQL;
-	primary_key = open_primary_key(&effects_table);
-	if (primary_key == NULL)
-	{
-		table_close(rel, NoLock);
-		return KEY_USE_SQL;
-	}
 
 	InitDirtySnapshot(dirty);
 	slot = table_slot_create(rel, NULL);
@@ -584,17 +579,9 @@ dl_direct_finish(const char *key, EffectStatus to, Jsonb *result, Jsonb *error,
 	ItemPointerData tid;
 	DirectOutcome outcome = DIRECT_NOT_DONE;
 
-	if (IsolationIsSerializable())
+	if (IsolationIsSerializable() ||
+		!open_effects_by_key(CMD_UPDATE, &rel, &primary_key))
 		return DIRECT_USE_SQL;
-	rel = open_for_direct_write(&effects_table, CMD_UPDATE);
-	if (rel == NULL)
-		return DIRECT_USE_SQL;
-	primary_key = open_primary_key(&effects_table);
-	if (primary_key == NULL)
-	{
-		table_close(rel, NoLock);
-		return DIRECT_USE_SQL;
-	}
 
 	CommandCounterIncrement();
 	snapshot = RegisterSnapshot(GetTransactionSnapshot());
