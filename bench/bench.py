@@ -177,7 +177,7 @@ def main():
     p.add_argument("--dsn", required=True)
     p.add_argument("--pgbench", default="pgbench")
     p.add_argument("--seconds", type=int, default=8, help="length of one pgbench round")
-    p.add_argument("--rounds", type=int, default=3, help="rounds of each side, interleaved")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of each side, interleaved")
     p.add_argument("--clients", default="1,8,32")
     p.add_argument("--big", type=int, default=2000000, help="effects in the ledger for the growth test")
     args = p.parse_args()
