@@ -279,10 +279,13 @@ learn_table(DirectTable *t, Relation rel)
 			infos[n]->ii_Expressions != NIL || infos[n]->ii_Predicate != NIL ||
 			infos[n]->ii_ExclusionOps != NULL)
 			usable = false;
-		/* a lookup by key needs the primary key on key alone */
+		/* a deferred unique check is the executor's to do */
+		if (index->rd_index->indisunique && !index->rd_index->indimmediate)
+			usable = false;
+		/* a lookup by key needs the primary key on a first column named key */
 		if (index->rd_index->indisprimary && infos[n]->ii_NumIndexKeyAttrs == 1 &&
 			infos[n]->ii_IndexAttrNumbers[0] == 1 &&
-			strcmp(t->columns[0].name, "key") == 0)
+			strcmp(NameStr(TupleDescAttr(RelationGetDescr(rel), 0)->attname), "key") == 0)
 			primary_key = lfirst_oid(lc);
 		oids[n++] = lfirst_oid(lc);
 		index_close(index, NoLock);
@@ -518,8 +521,9 @@ effect_row_from_slot(TupleTableSlot *slot, EffectRow *row)
  * versions and those of transactions still in progress):
  *   KEY_ABSENT  no version of key exists: an intent for it is certainly new;
  *   KEY_FOUND   *row is the key's current version, committed (or this
- *               transaction's own) and not being changed, which is exactly
- *               what a statement's fresh snapshot would read;
+ *               transaction's own) and not being updated by another
+ *               transaction (row lockers are ignored, as by a SELECT): what
+ *               a statement's fresh snapshot would read;
  *   KEY_USE_SQL anything else (a writer in progress, a table that must be
  *               read through SQL): the caller reads through SQL.
  * Only under READ COMMITTED: the transaction snapshot of REPEATABLE READ may

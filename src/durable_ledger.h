@@ -150,7 +150,7 @@ typedef enum DirectOutcome
 typedef enum KeyLookup
 {
 	KEY_ABSENT,					/* no version at all, committed or in progress */
-	KEY_FOUND,					/* the current, committed version */
+	KEY_FOUND,					/* its current version, as a fresh snapshot reads it */
 	KEY_USE_SQL					/* read it through SQL */
 } KeyLookup;
 
