@@ -178,12 +178,12 @@ ledger_relid(const char *name)
 }
 
 /*
- * What a direct insert into one ledger table needs, kept across calls and
+ * What a direct write to one ledger table needs, kept across calls and
  * looked at again whenever the relcache says the table or one of its indexes
  * changed (a new trigger or index, ANALYZE, DROP EXTENSION, ...).  The
- * invalidation callback only marks it stale: it can fire in the middle of an
- * insert (any lock acquisition reads invalidations), so the memory in use
- * stays until the next insert into that table learns the table again.
+ * invalidation callback only marks it stale: it can fire in the middle of a
+ * write (any lock acquisition reads invalidations), so the memory in use
+ * stays until the next write to that table learns the table again.
  */
 typedef struct DirectTable
 {
@@ -233,10 +233,11 @@ relcache_changed(Datum arg, Oid relid)
 }
 
 /*
- * Looks at the open table rel and remembers what inserting into it takes:
- * every index (ready or not: readiness is checked at each insert), and
- * whether the direct path may be used at all (only btree indexes without
- * expressions, predicates or exclusion constraints: their IndexInfo holds no
+ * Looks at the open table rel and remembers what writing it takes: every
+ * index (ready or not: readiness is checked at each insert), its primary key
+ * for lookups, and whether the direct path may be used at all for inserts
+ * and for updates (only btree indexes without expressions, predicates,
+ * exclusion constraints or deferred uniqueness: their IndexInfo holds no
  * pointers into relcache entries, so it can be kept).
  */
 static void
@@ -260,7 +261,7 @@ learn_table(DirectTable *t, Relation rel)
 	}
 
 	/* under the caller's context until complete, so that an error frees it */
-	cxt = AllocSetContextCreate(CurrentMemoryContext, "durable_ledger direct inserts",
+	cxt = AllocSetContextCreate(CurrentMemoryContext, "durable_ledger direct writes",
 								ALLOCSET_SMALL_SIZES);
 	old = MemoryContextSwitchTo(cxt);
 	oids = palloc(sizeof(Oid) * Max(1, list_length(indexes)));
