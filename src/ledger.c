@@ -83,6 +83,28 @@ spi_finish(void)
 		elog(ERROR, "SPI_finish failed");
 }
 
+/*
+ * The function's composite result type, looked up on its first call and kept
+ * with its FmgrInfo for the calls that follow (a query calling it per row).
+ */
+static TupleDesc
+result_desc(FunctionCallInfo fcinfo)
+{
+	TupleDesc	desc = (TupleDesc) fcinfo->flinfo->fn_extra;
+
+	if (desc == NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+
+		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+			elog(ERROR, "function returning a row called in a context that cannot accept one");
+		desc = BlessTupleDesc(desc);
+		MemoryContextSwitchTo(old);
+		fcinfo->flinfo->fn_extra = desc;
+	}
+	return desc;
+}
+
 static void
 report_unknown_key(const char *key)
 {
@@ -326,9 +348,7 @@ dl_begin_effect(PG_FUNCTION_ARGS)
 											DL_MAX_BUSINESS_KEY_CHARS);
 		dl_check_business_key(business_key);
 	}
-	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "begin_effect must return durable_ledger.decision");
-	desc = BlessTupleDesc(desc);
+	desc = result_desc(fcinfo);
 
 	initStringInfo(&canon);
 	dl_append_canonical_args(&canon, args);
@@ -396,11 +416,8 @@ dl_begin_effect(PG_FUNCTION_ARGS)
 static Datum
 return_effect_row(FunctionCallInfo fcinfo, const char *key, HeapTuple row)
 {
-	TupleDesc	desc;
+	TupleDesc	desc = result_desc(fcinfo);
 
-	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "function must return durable_ledger.effects");
-	desc = BlessTupleDesc(desc);
 	if (row == NULL)
 		row = dl_store_effect_tuple(key, false, desc);
 	if (row == NULL)

@@ -526,8 +526,13 @@ void
 dl_audit(const char *run, const char *key, const char *event, Jsonb *detail,
 		 int64 lease_epoch)
 {
+	char	   *role_name = caller_role_name();
 	Datum		values[6];
 	char		nulls[6] = "      ";
+
+	dl_note_ledger_write();
+	if (dl_direct_audit(run, key, event, detail, lease_epoch, role_name))
+		return;
 
 	values[0] = run ? text_datum(run) : (Datum) 0;
 	if (run == NULL)
@@ -539,10 +544,7 @@ dl_audit(const char *run, const char *key, const char *event, Jsonb *detail,
 	values[3] = PointerGetDatum(detail);
 	if (detail == NULL)
 		nulls[3] = 'n';
-	dl_note_ledger_write();
-	if (dl_direct_audit(run, key, event, detail, lease_epoch, caller_role_name()))
-		return;
-	values[4] = text_datum(caller_role_name());
+	values[4] = text_datum(role_name);
 	values[5] = Int64GetDatum(lease_epoch);
 	if (lease_epoch <= 0)
 		nulls[5] = 'n';
