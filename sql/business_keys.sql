@@ -101,9 +101,10 @@ SELECT dblink_disconnect('other');
 SELECT key, decision, status FROM durable_ledger.begin_effect('bk-2', 'ship_order', '{"order": 4}', 'ORDER-4');
 
 -- ===================================================================
--- a late report cannot land on a later attempt: the key names no attempt, so
--- a report from another session while a business key's next attempt is in
--- flight under a live lease is kept as a conflict, not applied
+-- a late report cannot land on a later attempt: a report that names no
+-- attempt, from a session that does not hold the lease of the business
+-- key's current attempt (the second), is kept as a conflict, not applied
+-- (sql/attempts has every rule of reports and attempts)
 -- ===================================================================
 SELECT dblink_connect('late', 'dbname=' || current_database());
 SELECT * FROM dblink('late', $$SELECT decision FROM durable_ledger.begin_effect('bk-late-1', 'pay',
@@ -123,7 +124,8 @@ SELECT * FROM dblink('late', $$SELECT status || ' ' || conflict FROM durable_led
 SELECT dblink_disconnect('late');
 SELECT status, attempt, conflict, run FROM durable_ledger.effects WHERE key = 'INV-LATE';
 SELECT decision FROM durable_ledger.begin_effect('bk-late-3', 'pay', '{"invoice": 77}', 'INV-LATE');
-SELECT event, detail->>'report' AS report, detail->>'recorded_status' AS recorded
+SELECT event, run, lease_epoch, attempt, detail->>'report' AS report,
+       detail->>'current_attempt' AS current_attempt
   FROM durable_ledger.audit_log WHERE key = 'INV-LATE' AND event = 'conflict';
 SELECT durable_ledger.release_run('bk-late-2'), durable_ledger.release_run('bk-late-3');
 

@@ -21,10 +21,12 @@
  *     committed or in progress (see ledger.c); everything else keeps INSERT
  *     ... ON CONFLICT, and uniqueness still comes from the primary key, which
  *     index_insert enforces here too (UNIQUE_CHECK_YES);
- *   - a report is applied directly only to a started effect of this backend,
- *     read with the snapshot an UPDATE statement would take, and only when
- *     heap_update finds that version still current; anything else (a
- *     concurrent change, SERIALIZABLE) goes to the locked read in ledger.c.
+ *   - a report is applied directly only to a started effect whose current
+ *     attempt is the one reported on (a report that names none: a derived
+ *     key or a first attempt), read with the snapshot an UPDATE statement
+ *     would take, and only when heap_update finds that version still
+ *     current; anything else (a concurrent change, SERIALIZABLE, a report
+ *     that must be judged) goes to the locked read in ledger.c.
  * Values are the ones the SQL statements in store.c would write; the domains
  * on status and event hold by construction (the values are C constants).
  */
@@ -73,7 +75,7 @@ enum AuditColumn
 {
 	AUD_ID, AUD_LOGGED_AT, AUD_RUN, AUD_KEY, AUD_EVENT, AUD_DETAIL, AUD_ROLE_NAME,
 	AUD_SESSION_USER_NAME, AUD_APPLICATION_NAME, AUD_CLIENT_ADDR, AUD_BACKEND_PID,
-	AUD_LEASE_EPOCH, AUD_NCOLUMNS
+	AUD_LEASE_EPOCH, AUD_ATTEMPT, AUD_NCOLUMNS
 };
 
 /*
@@ -104,7 +106,8 @@ static const Column audit_columns[AUD_NCOLUMNS] = {
 	{"key", TEXTOID, false}, {"event", TEXTOID, true}, {"detail", JSONBOID, false},
 	{"role_name", TEXTOID, true}, {"session_user_name", TEXTOID, true},
 	{"application_name", TEXTOID, false}, {"client_addr", INETOID, false},
-	{"backend_pid", INT4OID, true}, {"lease_epoch", INT8OID, false}
+	{"backend_pid", INT4OID, true}, {"lease_epoch", INT8OID, false},
+	{"attempt", INT4OID, false}
 };
 
 /* The columns of effects that a report changes (its UPDATE's SET list). */
@@ -561,9 +564,10 @@ dl_direct_lookup(const char *key, EffectRow *row)
 }
 
 /*
- * Reports the outcome of an effect that this backend started: status started
- * -> to, with result or error and completed_at, as STMT_FINISH of store.c
- * does for mine_only.  The row is read as an UPDATE statement reads it (after
+ * Reports the outcome of a started effect whose current attempt is attempt
+ * (0: a report that names none, for a derived key or a first attempt only):
+ * status started -> to, with result or error and completed_at, as
+ * STMT_FINISH of store.c does.  The row is read as an UPDATE statement reads it (after
  * a CommandCounterIncrement, with the transaction's snapshot, which under
  * READ COMMITTED is a fresh one) and changed with heap_update, which waits
  * for a concurrent writer.  When that version is no longer current, the
@@ -572,7 +576,8 @@ dl_direct_lookup(const char *key, EffectRow *row)
  */
 DirectOutcome
 dl_direct_finish(const char *key, EffectStatus to, Jsonb *result, Jsonb *error,
-				 HeapTuple *finished, char **run, int64 *lease_epoch)
+				 int32 attempt, HeapTuple *finished, char **run,
+				 int64 *lease_epoch, int32 *row_attempt)
 {
 	Relation	rel;
 	Relation	primary_key;
@@ -593,12 +598,16 @@ dl_direct_finish(const char *key, EffectStatus to, Jsonb *result, Jsonb *error,
 	slot = table_slot_create(rel, NULL);
 	if (fetch_by_key(rel, primary_key, snapshot, key, slot))
 	{
+		int32		current_attempt;
+
 		slot_getallattrs(slot);
 		memcpy(values, slot->tts_values, sizeof(values));
 		memcpy(nulls, slot->tts_isnull, sizeof(nulls));
+		current_attempt = DatumGetInt32(values[EFF_ATTEMPT]);
 		if (strcmp(TextDatumGetCString(values[EFF_STATUS]),
 				   dl_status_name(EFFECT_STARTED)) == 0 &&
-			DatumGetInt32(values[EFF_HOLDER_PID]) == MyProcPid)
+			(attempt != 0 ? current_attempt == attempt :
+			 !DatumGetBool(values[EFF_BUSINESS_KEY]) || current_attempt == 1))
 		{
 			values[EFF_STATUS] = CStringGetTextDatum(dl_status_name(to));
 			values[EFF_RESULT] = PointerGetDatum(result);
@@ -612,6 +621,7 @@ dl_direct_finish(const char *key, EffectStatus to, Jsonb *result, Jsonb *error,
 			tid = slot->tts_tid;
 			*run = TextDatumGetCString(values[EFF_RUN]);
 			*lease_epoch = DatumGetInt64(values[EFF_LEASE_EPOCH]);
+			*row_attempt = current_attempt;
 		}
 	}
 	ExecDropSingleTupleTableSlot(slot);
@@ -661,7 +671,7 @@ client_addr(Datum *addr)
  */
 bool
 dl_direct_audit(const char *run, const char *key, const char *event, Jsonb *detail,
-				int64 lease_epoch, const char *role_name)
+				int64 lease_epoch, int32 attempt, const char *role_name)
 {
 	Relation	rel;
 	Datum		values[AUD_NCOLUMNS];
@@ -693,6 +703,8 @@ dl_direct_audit(const char *run, const char *key, const char *event, Jsonb *deta
 	SET(AUD_BACKEND_PID, Int32GetDatum(MyProcPid));
 	if (lease_epoch > 0)
 		SET(AUD_LEASE_EPOCH, Int64GetDatum(lease_epoch));
+	if (attempt > 0)
+		SET(AUD_ATTEMPT, Int32GetDatum(attempt));
 #undef SET
 
 	insert_row(&audit_table, rel, values, nulls);

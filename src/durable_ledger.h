@@ -118,8 +118,19 @@ typedef struct NewIntent
 	int64		lease_epoch;
 } NewIntent;
 
+/* An attempt of a business key that a later attempt replaced. */
+typedef struct PastAttempt
+{
+	int32		attempt;
+	char	   *run;
+	int64		lease_epoch;
+	EffectStatus status;
+	Jsonb	   *error;			/* NULL when SQL NULL */
+} PastAttempt;
+
 extern int64 dl_store_start_epoch(const char *run, uint64 lock_key, bool waited);
-extern void dl_store_end_epoch(const char *run, int64 epoch);
+extern void dl_store_end_epoch(const char *run, int64 epoch, bool lock_lost);
+extern bool dl_store_lease_unreleased_by_me(const char *run, int64 *epoch);
 extern bool dl_store_run_state(const char *run, int64 *epoch, bool *released,
 							   int *holder_pid);
 extern bool dl_store_insert_intent(const NewIntent *intent);
@@ -127,16 +138,17 @@ extern void dl_store_insert_new_intent(const NewIntent *intent);
 extern bool dl_store_fetch_effect(const char *key, bool for_update, EffectRow *row);
 extern bool dl_store_mark_unknown(const EffectRow *row);
 extern bool dl_store_restart_business_key(const NewIntent *intent, int32 old_attempt);
+extern bool dl_store_fetch_past_attempt(const char *key, int32 attempt, PastAttempt *past);
 extern HeapTuple dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
-								 Jsonb *result, Jsonb *error, bool mine_only,
-								 char **run, int64 *lease_epoch);
+								 Jsonb *result, Jsonb *error, int32 attempt,
+								 char **run, int64 *lease_epoch, int32 *row_attempt);
 extern void dl_store_set_conflict(const char *key);
 extern void dl_store_resolve(const char *key, EffectStatus to, Jsonb *value,
 							 const char *resolved_by, const char *note);
 extern HeapTuple dl_store_effect_tuple(const char *key, bool report_unknown,
 									   TupleDesc desc);
 extern void dl_audit(const char *run, const char *key, const char *event,
-					 Jsonb *detail, int64 lease_epoch);
+					 Jsonb *detail, int64 lease_epoch, int32 attempt);
 extern int	dl_store_lease_holder_pid(uint64 lock_key);
 
 /* direct.c: the hottest writes without the executor (false: use SQL) */
@@ -157,11 +169,12 @@ typedef enum KeyLookup
 extern bool dl_direct_insert_intent(const NewIntent *intent);
 extern KeyLookup dl_direct_lookup(const char *key, EffectRow *row);
 extern DirectOutcome dl_direct_finish(const char *key, EffectStatus to,
-									  Jsonb *result, Jsonb *error,
+									  Jsonb *result, Jsonb *error, int32 attempt,
 									  HeapTuple *finished, char **run,
-									  int64 *lease_epoch);
+									  int64 *lease_epoch, int32 *row_attempt);
 extern bool dl_direct_audit(const char *run, const char *key, const char *event,
-							Jsonb *detail, int64 lease_epoch, const char *role_name);
+							Jsonb *detail, int64 lease_epoch, int32 attempt,
+							const char *role_name);
 
 /* A small builder for audit details: a flat JSON object. */
 typedef struct DetailBuilder

@@ -361,12 +361,16 @@ forget_held(HeldRun *held)
 /*
  * Room for one more lease.  Only runs whose lock is held count: every one is
  * an entry in the shared lock table.  Runs whose lock was lost behind our
- * back are remembered, so that their next call fails instead of silently
- * starting a new epoch mid-attempt; they cost only backend memory, and are
- * forgotten only when more than DL_MAX_LOST_LEASES of them pile up (a pooled
- * connection reset many times).
+ * back are remembered, so that their next call fails at once.  Past
+ * DL_MAX_LOST_LEASES of them (a pooled connection reset many times) they are
+ * forgotten from memory, but never as evidence: from then on, a run this
+ * session does not hold is first looked up in the audit log, which records
+ * every epoch the session took and released (dl_lease_for_call).
  */
 #define DL_MAX_LOST_LEASES 1024
+
+/* Has this session forgotten a lost lease?  (Then the audit log is asked.) */
+static bool forgot_lost_leases = false;
 
 static void
 check_lease_capacity(const char *run)
@@ -393,6 +397,7 @@ check_lease_capacity(const char *run)
 			if (!lock_held_by_me(held->lock_key))
 				forget_held(held);	/* deleting the current entry is allowed */
 		}
+		forgot_lost_leases = true;
 	}
 
 	if (held_locks >= dl_max_leases_per_session)
@@ -434,6 +439,10 @@ dl_lease_for_call(const char *run)
 	}
 	else
 	{
+		int64		lost_epoch;
+
+		if (forgot_lost_leases && dl_store_lease_unreleased_by_me(run, &lost_epoch))
+			report_lost_lease(run);
 		check_lease_capacity(run);
 		take_lock(lock_key, true, &waited);
 		held = add_held(run, lock_key);
@@ -539,35 +548,38 @@ dl_lease_acquire(const char *run, bool wait)
 
 /*
  * release_run: drops the lock and forgets the run.  Returns false when this
- * session did not hold it (also when the lock had been lost).  Not
- * transactional: like any session lock, it stays released if the
- * transaction then rolls back.
+ * session did not hold it, also when the lock had been lost: the lost epoch
+ * is then recorded as ended (lock_lost), so that the run's next begin_effect
+ * in this session takes a new lease instead of failing.  Not transactional:
+ * like any session lock, it stays released if the transaction rolls back.
  */
 bool
 dl_lease_release(const char *run)
 {
 	uint64		lock_key = dl_run_lock_key(run);
 	HeldRun    *held = find_held(run, lock_key);
-	bool		was_held;
+	LOCKTAG		tag;
 	int64		epoch;
 
 	if (held == NULL)
-		return false;
-
-	was_held = lock_held_by_me(lock_key);
-	if (was_held)
 	{
-		LOCKTAG		tag;
-
-		set_lock_tag(&tag, lock_key);
-		LockRelease(&tag, ExclusiveLock, true);
+		if (forgot_lost_leases && dl_store_lease_unreleased_by_me(run, &epoch))
+			dl_store_end_epoch(run, epoch, true);
+		return false;
 	}
 	epoch = held->epoch;
-	forget_held(held);
+	if (!lock_held_by_me(lock_key))
+	{
+		forget_held(held);
+		dl_store_end_epoch(run, epoch, true);
+		return false;
+	}
 
-	if (was_held)
-		dl_store_end_epoch(run, epoch);
-	return was_held;
+	set_lock_tag(&tag, lock_key);
+	LockRelease(&tag, ExclusiveLock, true);
+	forget_held(held);
+	dl_store_end_epoch(run, epoch, false);
+	return true;
 }
 
 /*

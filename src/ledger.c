@@ -11,9 +11,13 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
+#include "access/xlog.h"
 #include "executor/spi.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "storage/proc.h"
+#include "storage/procarray.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
 #include "utils/jsonb.h"
@@ -105,6 +109,26 @@ result_desc(FunctionCallInfo fcinfo)
 	return desc;
 }
 
+/*
+ * Every function that writes the ledger refuses a hot standby and a
+ * read-only transaction first, before it takes any lock: a lease taken on a
+ * standby would outlive its promotion.
+ */
+static void
+check_writable(const char *function)
+{
+	if (RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot execute %s on a hot standby", function),
+				 errdetail("A standby's ledger is a read-only copy; its leases and writes live on the primary."),
+				 errhint("Connect to the primary server.")));
+	if (XactReadOnly)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot execute %s in a read-only transaction", function)));
+}
+
 static void
 report_unknown_key(const char *key)
 {
@@ -178,7 +202,7 @@ audit_decision(const NewIntent *intent, const char *event, const Decision *d,
 	if (d->kind == DECIDE_EXECUTE)
 		dl_detail_int(&detail, "attempt", d->attempt);
 	dl_audit(intent->run, intent->key, event, dl_detail_finish(&detail),
-			 intent->lease_epoch);
+			 intent->lease_epoch, d->attempt);
 }
 
 /* The intent is recorded: the caller performs the effect. */
@@ -199,14 +223,14 @@ decide_execute(Decision *d, int32 attempt)
  * what was read, so concurrent reports are never overwritten.
  *
  * A derived key is only ever written under its run's lease, which this
- * session holds.  In the run's first epoch it cannot exist yet (nobody else
- * can have held this epoch of the run), so it is inserted straight away.  In
- * a later epoch (a retry) it is looked up as a unique check looks: when no
- * version of it exists, committed or in progress, it is inserted straight
- * away (a duplicate would still be a unique violation); when its current,
- * committed version is found, the decision is made from that.  Otherwise (a
- * business key, or a lookup that must go through SQL) the row is read through
- * SQL, and for a business key the INSERT comes first.
+ * session holds.  It is looked up as a unique check looks: when no version of
+ * it exists, committed or in progress, it is inserted straight away (a
+ * duplicate would still be a unique violation); when its current, committed
+ * version is found, the decision is made from that.  (A first epoch is no
+ * proof that the key is new: the run's row in durable_ledger.runs may have
+ * been deleted or not restored while its effects were.)  Otherwise (a
+ * business key, or a lookup that must go through SQL) the row is read
+ * through SQL, and for a business key the INSERT comes first.
  */
 static void
 decide(const NewIntent *intent, const char *canon, Decision *d)
@@ -217,7 +241,7 @@ decide(const NewIntent *intent, const char *canon, Decision *d)
 
 	if (!intent->business_key)
 	{
-		lookup = intent->lease_epoch == 1 ? KEY_ABSENT : dl_direct_lookup(intent->key, &found);
+		lookup = dl_direct_lookup(intent->key, &found);
 		if (lookup == KEY_ABSENT)
 		{
 			dl_store_insert_new_intent(intent);
@@ -349,6 +373,7 @@ dl_begin_effect(PG_FUNCTION_ARGS)
 		dl_check_business_key(business_key);
 	}
 	desc = result_desc(fcinfo);
+	check_writable("begin_effect()");
 
 	initStringInfo(&canon);
 	dl_append_canonical_args(&canon, args);
@@ -426,24 +451,43 @@ return_effect_row(FunctionCallInfo fcinfo, const char *key, HeapTuple row)
 }
 
 /*
- * Keeps a report that contradicts the record: never applied, never lost.
- * Raising an error would roll the evidence back, so the caller gets a WARNING.
+ * Keeps a report that contradicts the record of attempt (its run and epoch):
+ * never applied, never lost.  The effect is flagged, so that it waits for a
+ * person.  Raising an error would roll the evidence back, so the caller gets
+ * a WARNING.  run is NULL (and attempt 0) when the report cannot be matched
+ * to an attempt.
  */
 static void
-record_conflict(const EffectRow *row, EffectStatus reported, Jsonb *value)
+keep_conflict(const EffectRow *row, const char *run, int64 lease_epoch, int32 attempt,
+			  EffectStatus reported, Jsonb *value, EffectStatus recorded_status,
+			  Jsonb *recorded_result, Jsonb *recorded_error, const char *why)
 {
 	DetailBuilder detail;
 
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "report", dl_status_name(reported));
 	dl_detail_jsonb(&detail, reported == EFFECT_COMPLETED ? "result" : "error", value);
-	dl_detail_text(&detail, "recorded_status", dl_status_name(row->status));
-	dl_detail_jsonb(&detail, "recorded_result", row->result);
-	dl_detail_jsonb(&detail, "recorded_error", row->error);
-	dl_audit(row->run, row->key, "conflict", dl_detail_finish(&detail), row->lease_epoch);
+	if (attempt > 0)
+	{
+		dl_detail_text(&detail, "recorded_status", dl_status_name(recorded_status));
+		dl_detail_jsonb(&detail, "recorded_result", recorded_result);
+		dl_detail_jsonb(&detail, "recorded_error", recorded_error);
+	}
+	if (attempt != row->attempt)
+		dl_detail_int(&detail, "current_attempt", row->attempt);
+	if (why != NULL)
+		dl_detail_text(&detail, "why", why);
+	dl_audit(run, row->key, "conflict", dl_detail_finish(&detail), lease_epoch, attempt);
 	dl_store_set_conflict(row->key);
 	dl_note_durable_write();
+}
 
+/* A report that contradicts what is recorded for the current attempt. */
+static void
+record_conflict(const EffectRow *row, EffectStatus reported, Jsonb *value)
+{
+	keep_conflict(row, row->run, row->lease_epoch, row->attempt, reported, value,
+				  row->status, row->result, row->error, NULL);
 	ereport(WARNING,
 			(errmsg("report \"%s\" for effect \"%s\" contradicts its recorded outcome",
 					dl_status_name(reported), row->key),
@@ -452,9 +496,60 @@ record_conflict(const EffectRow *row, EffectStatus reported, Jsonb *value)
 			 errhint("A person resolves it with durable_ledger.resolve_effect().")));
 }
 
+/*
+ * A report on an earlier attempt of a business key, which a later attempt
+ * replaced: it never changes the current attempt.  A replaced attempt has
+ * failed; the same failure reported again changes nothing, anything else
+ * (a completion: the operation may have happened twice) is kept as a
+ * conflict, filed under the run and epoch of the attempt it is about.
+ */
+static void
+report_on_past_attempt(const EffectRow *row, int32 attempt, EffectStatus reported,
+					   Jsonb *value)
+{
+	PastAttempt past;
+
+	if (!dl_store_fetch_past_attempt(row->key, attempt, &past))
+	{
+		/* not on record (an upgraded ledger whose log lacked it): it failed */
+		past.run = NULL;
+		past.lease_epoch = 0;
+		past.status = EFFECT_FAILED;
+		past.error = value;
+	}
+	if (reported == past.status && jsonb_equal(past.error, value))
+		return;
+
+	keep_conflict(row, past.run, past.lease_epoch, attempt, reported, value,
+				  past.status, NULL, past.error, NULL);
+	ereport(WARNING,
+			(errmsg("report \"%s\" for attempt %d of effect \"%s\" contradicts its recorded outcome",
+					dl_status_name(reported), attempt, row->key),
+			 errdetail("Attempt %d is recorded as %s and attempt %d has started since. The report was kept in the audit log as a conflict and the effect is flagged for a person; nothing else changed.",
+					   attempt, dl_status_name(past.status), row->attempt),
+			 errhint("A person resolves it with durable_ledger.resolve_effect().")));
+}
+
+/*
+ * A report that names no attempt, on a business key whose current attempt
+ * is not the first and was not started by the lease this session holds now:
+ * it may be a late report on an earlier attempt, so it is never applied.
+ */
+static void
+report_on_unnamed_attempt(const EffectRow *row, EffectStatus reported, Jsonb *value)
+{
+	keep_conflict(row, NULL, 0, 0, reported, value, row->status, NULL, NULL,
+				  "the report named no attempt, and the current attempt is not the first");
+	ereport(WARNING,
+			(errmsg("report \"%s\" for effect \"%s\" names no attempt, and the effect is at attempt %d",
+					dl_status_name(reported), row->key, row->attempt),
+			 errdetail("It may concern an earlier attempt, so it was not applied: it was kept in the audit log as a conflict and the effect is flagged for a person."),
+			 errhint("Pass the attempt that begin_effect() returned. A person resolves this one with durable_ledger.resolve_effect().")));
+}
+
 /* Logs a report that was applied: on time, or late (its lease had ended). */
 static void
-audit_applied_report(const char *key, const char *run, int64 lease_epoch,
+audit_applied_report(const char *key, const char *run, int64 lease_epoch, int32 attempt,
 					 EffectStatus before, EffectStatus reported, Jsonb *value)
 {
 	bool		late = before == EFFECT_UNKNOWN || !dl_lease_is_live(run, lease_epoch);
@@ -477,14 +572,22 @@ audit_applied_report(const char *key, const char *run, int64 lease_epoch,
 			dl_detail_text(&detail, "status_before", dl_status_name(EFFECT_UNKNOWN));
 		detail_value = dl_detail_finish(&detail);
 	}
-	dl_audit(run, key, event, detail_value, lease_epoch);
+	dl_audit(run, key, event, detail_value, lease_epoch, attempt);
 	dl_note_durable_write();
 }
 
 /*
- * A worker's report that the effect ended as reported (completed or failed).
- * The common case, an effect this backend started, is one update (direct.c);
- * anything else is read under a row lock and decided.
+ * A worker's report that attempt (0: not named) of the effect ended as
+ * reported (completed or failed).  The common case, a started effect at the
+ * attempt reported on, is one update (direct.c); anything else is read under
+ * a row lock and judged:
+ *   - an attempt above the current one: an error, nothing written;
+ *   - an earlier attempt: never applied (report_on_past_attempt);
+ *   - no attempt named, a business key past its first attempt, and not the
+ *     lease that started that attempt: never applied (a conflict);
+ *   - otherwise the current attempt: started or unknown → applied (late when
+ *     its lease has ended), the same report again → no change, a
+ *     contradiction → a conflict.
  */
 static Datum
 report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
@@ -493,39 +596,56 @@ report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
 	Jsonb	   *value = dl_optional_jsonb_arg(fcinfo, 1);
 	Jsonb	   *result_value = reported == EFFECT_COMPLETED ? value : NULL;
 	Jsonb	   *error_value = reported == EFFECT_FAILED ? value : NULL;
+	int32		attempt = 0;
 	EffectRow	row;
 	HeapTuple	finished;
 	char	   *run;
 	int64		lease_epoch;
+	int32		finished_attempt;
 	Datum		result;
+
+	/* the 1.0 SQL declarations pass no attempt */
+	if (PG_NARGS() > 2 && !PG_ARGISNULL(2))
+	{
+		attempt = PG_GETARG_INT32(2);
+		if (attempt < 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("attempt must be at least 1"),
+					 errdetail("The attempt given was %d.", attempt)));
+	}
+	check_writable(reported == EFFECT_COMPLETED ? "complete_effect()" : "fail_effect()");
 
 	spi_connect();
 	finished = dl_store_finish(key, EFFECT_STARTED, reported, result_value, error_value,
-							   true, &run, &lease_epoch);
+							   attempt, &run, &lease_epoch, &finished_attempt);
 	if (finished != NULL)
-		audit_applied_report(key, run, lease_epoch, EFFECT_STARTED, reported, value);
+		audit_applied_report(key, run, lease_epoch, finished_attempt, EFFECT_STARTED,
+							 reported, value);
 	else
 	{
 		if (!dl_store_fetch_effect(key, true, &row))
 			report_unknown_key(key);
 
-		/*
-		 * A business key in flight under another session's live lease is a
-		 * later attempt than any this session can report on (the key carries
-		 * no attempt): such a report cannot be matched to it, so it is kept
-		 * as evidence instead of being applied.
-		 */
-		if (row.status == EFFECT_STARTED && row.business_key &&
-			!dl_lease_is_mine(row.run, row.lease_epoch) &&
-			dl_lease_is_live(row.run, row.lease_epoch))
-			record_conflict(&row, reported, value);
+		if (attempt > row.attempt)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("effect \"%s\" has no attempt %d", key, attempt),
+					 errdetail("Its current attempt is %d.", row.attempt),
+					 errhint("Report on the attempt that begin_effect() returned.")));
+		if (attempt != 0 && attempt < row.attempt)
+			report_on_past_attempt(&row, attempt, reported, value);
+		else if (attempt == 0 && row.business_key && row.attempt > 1 &&
+				 !dl_lease_is_mine(row.run, row.lease_epoch))
+			report_on_unnamed_attempt(&row, reported, value);
 		else if (row.status == EFFECT_STARTED || row.status == EFFECT_UNKNOWN)
 		{
 			finished = dl_store_finish(key, row.status, reported, result_value, error_value,
-									   false, &run, &lease_epoch);
+									   row.attempt, &run, &lease_epoch, &finished_attempt);
 			if (finished == NULL)
 				elog(ERROR, "effect \"%s\" changed while locked", key);
-			audit_applied_report(key, row.run, row.lease_epoch, row.status, reported, value);
+			audit_applied_report(key, row.run, row.lease_epoch, row.attempt, row.status,
+								 reported, value);
 		}
 		else if (row.status == reported &&
 				 jsonb_equal(reported == EFFECT_COMPLETED ? row.result : row.error, value))
@@ -541,14 +661,14 @@ report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
 	PG_RETURN_DATUM(result);
 }
 
-/* complete_effect(key text, result jsonb) RETURNS durable_ledger.effects */
+/* complete_effect(key text, result jsonb, attempt integer) RETURNS durable_ledger.effects */
 Datum
 dl_complete_effect(PG_FUNCTION_ARGS)
 {
 	return report_outcome(fcinfo, EFFECT_COMPLETED);
 }
 
-/* fail_effect(key text, error jsonb) RETURNS durable_ledger.effects */
+/* fail_effect(key text, error jsonb, attempt integer) RETURNS durable_ledger.effects */
 Datum
 dl_fail_effect(PG_FUNCTION_ARGS)
 {
@@ -586,6 +706,7 @@ dl_resolve_effect(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("invalid outcome \"%s\"", outcome),
 				 errdetail("The outcome of a resolution is \"completed\" (the effect happened) or \"failed\" (it did not).")));
+	check_writable("resolve_effect()");
 
 	spi_connect();
 	if (!dl_store_fetch_effect(key, true, &row))
@@ -620,7 +741,7 @@ dl_resolve_effect(PG_FUNCTION_ARGS)
 	dl_detail_jsonb(&detail, "previous_result", row.result);
 	dl_detail_jsonb(&detail, "previous_error", row.error);
 	dl_detail_bool(&detail, "conflict_cleared", row.conflict);
-	dl_audit(row.run, key, "resolved", dl_detail_finish(&detail), row.lease_epoch);
+	dl_audit(row.run, key, "resolved", dl_detail_finish(&detail), row.lease_epoch, row.attempt);
 	dl_note_durable_write();
 
 	result = return_effect_row(fcinfo, key, NULL);
@@ -666,6 +787,7 @@ dl_acquire_run(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("wait must not be null")));
+	check_writable("acquire_run()");
 
 	spi_connect();
 	acquired = dl_lease_acquire(run, PG_GETARG_BOOL(1));
@@ -680,10 +802,29 @@ dl_release_run(PG_FUNCTION_ARGS)
 	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
 	bool		released;
 
+	check_writable("release_run()");
 	spi_connect();
 	released = dl_lease_release(run);
 	spi_finish();
 	PG_RETURN_BOOL(released);
+}
+
+/*
+ * break_lease follows pg_terminate_backend's own rule: only a superuser ends
+ * a superuser's session.  The function runs as the extension's owner, so the
+ * caller is the role as after SET ROLE, as the audit log records it.
+ */
+static void
+check_may_terminate(int holder, const char *run)
+{
+	PGPROC	   *proc = BackendPidGetProc(holder);
+
+	if (proc != NULL && superuser_arg(proc->roleId) && !superuser_arg(GetOuterUserId()))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to break the lease on run \"%s\"", run),
+				 errdetail("Its holder (process %d) is a superuser's session; only a superuser may terminate it.",
+						   holder)));
 }
 
 /* break_lease(run text, broken_by text, note text) RETURNS boolean */
@@ -700,6 +841,7 @@ dl_break_lease(PG_FUNCTION_ARGS)
 	bool		released;
 	int			epoch_holder;
 
+	check_writable("break_lease()");
 	spi_connect();
 	holder = dl_store_lease_holder_pid(dl_run_lock_key(run));
 	if (holder == 0)
@@ -712,6 +854,7 @@ dl_break_lease(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("this session holds the lease on run \"%s\"", run),
 				 errhint("Use durable_ledger.release_run() to release it.")));
+	check_may_terminate(holder, run);
 
 	terminated = DatumGetBool(DirectFunctionCall2(pg_terminate_backend,
 												  Int32GetDatum(holder),
@@ -723,7 +866,7 @@ dl_break_lease(PG_FUNCTION_ARGS)
 	dl_detail_text(&detail, "note", note);
 	dl_detail_int(&detail, "holder_pid", holder);
 	dl_detail_bool(&detail, "terminated", terminated);
-	dl_audit(run, NULL, "lease_broken", dl_detail_finish(&detail), epoch);
+	dl_audit(run, NULL, "lease_broken", dl_detail_finish(&detail), epoch, 0);
 	dl_note_durable_write();
 	spi_finish();
 

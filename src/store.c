@@ -13,6 +13,8 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -20,6 +22,8 @@
 #include "utils/fmgrprotos.h"
 #include "utils/jsonb.h"
 #include "utils/numeric.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
 
 #include "durable_ledger.h"
 
@@ -33,12 +37,14 @@ typedef enum StatementId
 	STMT_FETCH_EFFECT_FOR_UPDATE,
 	STMT_MARK_UNKNOWN,
 	STMT_RESTART_BUSINESS_KEY,
+	STMT_FETCH_PAST_ATTEMPT,
 	STMT_FINISH,
 	STMT_SET_CONFLICT,
 	STMT_RESOLVE,
 	STMT_EFFECT_ROW,
 	STMT_AUDIT,
 	STMT_LEASE_HOLDER,
+	STMT_LAST_LEASE_EVENT,
 	NUM_STATEMENTS
 } StatementId;
 
@@ -54,7 +60,7 @@ typedef struct Statement
 /* who and where, for every audit row; the role comes from C (see caller_role_name) */
 #define AUDIT_COLUMNS \
 	" (logged_at, run, key, event, detail, role_name, session_user_name," \
-	"  application_name, client_addr, backend_pid, lease_epoch)"
+	"  application_name, client_addr, backend_pid, lease_epoch, attempt)"
 #define AUDIT_SESSION_VALUES \
 	"SESSION_USER, pg_catalog.current_setting('application_name')," \
 	" pg_catalog.inet_client_addr(), pg_catalog.pg_backend_pid()"
@@ -89,6 +95,20 @@ static const Statement statements[NUM_STATEMENTS] = {
 		"   AND holder_pid" EQ "pg_catalog.pg_backend_pid()",
 		2, {TEXTOID, INT8OID}
 	},
+	[STMT_LAST_LEASE_EVENT] = {
+		/*
+		 * This session's last lease event on run: its audit rows are those
+		 * of its backend pid since the backend started (a pid is reused only
+		 * after its previous backend has ended).
+		 */
+		"SELECT event OPERATOR(pg_catalog.=) 'lease_acquired', lease_epoch"
+		"  FROM durable_ledger.audit_log"
+		" WHERE run" EQ "$1 AND backend_pid" EQ "pg_catalog.pg_backend_pid()"
+		"   AND logged_at OPERATOR(pg_catalog.>=) $2"
+		"   AND event OPERATOR(pg_catalog.=) ANY ('{lease_acquired,lease_released}')"
+		" ORDER BY id DESC LIMIT 1",
+		2, {TEXTOID, TIMESTAMPTZOID}
+	},
 	[STMT_RUN_STATE] = {
 		"SELECT epochs, released_at IS NOT NULL, holder_pid FROM durable_ledger.runs WHERE run" EQ "$1",
 		1, {TEXTOID}
@@ -105,7 +125,7 @@ static const Statement statements[NUM_STATEMENTS] = {
 		"  RETURNING key, run, lease_epoch)"
 		" INSERT INTO durable_ledger.audit_log" AUDIT_COLUMNS
 		" SELECT pg_catalog.clock_timestamp(), intent.run, intent.key, 'intent', NULL, $9,"
-		AUDIT_SESSION_VALUES ", intent.lease_epoch FROM intent",
+		AUDIT_SESSION_VALUES ", intent.lease_epoch, 1 FROM intent",
 		9, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, BOOLOID, INT4OID, JSONBOID, INT8OID, TEXTOID}
 	},
 	[STMT_FETCH_EFFECT] = {
@@ -123,21 +143,44 @@ static const Statement statements[NUM_STATEMENTS] = {
 		4, {TEXTOID, TEXTOID, INT8OID, INT4OID}
 	},
 	[STMT_RESTART_BUSINESS_KEY] = {
-		"UPDATE durable_ledger.effects SET"
-		"  run = $2, status = 'started', attempt = attempt OPERATOR(pg_catalog.+) 1,"
-		"  result = NULL, error = NULL, meta = $3, lease_epoch = $4,"
-		"  holder_pid = pg_catalog.pg_backend_pid(), completed_at = NULL,"
-		"  resolved_by = NULL, resolution_note = NULL"
-		" WHERE key" EQ "$1 AND status" EQ "'failed' AND attempt" EQ "$5 AND NOT conflict",
+		/* the failed attempt is kept in past_attempts, the effect starts the next */
+		"WITH failed AS ("
+		"  SELECT key, attempt, run, lease_epoch, holder_pid, status, error, meta,"
+		"         created_at, completed_at, resolved_by, resolution_note"
+		"    FROM durable_ledger.effects"
+		"   WHERE key" EQ "$1 AND status" EQ "'failed' AND attempt" EQ "$5 AND NOT conflict"
+		"   FOR UPDATE),"
+		" next AS ("
+		"  UPDATE durable_ledger.effects e SET"
+		"   run = $2, status = 'started', attempt = e.attempt OPERATOR(pg_catalog.+) 1,"
+		"   result = NULL, error = NULL, meta = $3, lease_epoch = $4,"
+		"   holder_pid = pg_catalog.pg_backend_pid(), created_at = pg_catalog.clock_timestamp(),"
+		"   completed_at = NULL, resolved_by = NULL, resolution_note = NULL"
+		"   FROM failed WHERE e.key" EQ "failed.key"
+		"   RETURNING e.key)"
+		" INSERT INTO durable_ledger.past_attempts"
+		"  (key, attempt, run, lease_epoch, holder_pid, status, error, meta, created_at,"
+		"   completed_at, resolved_by, resolution_note, replaced_at)"
+		" SELECT f.key, f.attempt, f.run, f.lease_epoch, f.holder_pid, f.status, f.error,"
+		"        f.meta, f.created_at, f.completed_at, f.resolved_by, f.resolution_note,"
+		"        pg_catalog.clock_timestamp()"
+		"   FROM failed f JOIN next n ON n.key" EQ "f.key",
 		5, {TEXTOID, TEXTOID, JSONBOID, INT8OID, INT4OID}
 	},
+	[STMT_FETCH_PAST_ATTEMPT] = {
+		"SELECT run, lease_epoch, status, error FROM durable_ledger.past_attempts"
+		" WHERE key" EQ "$1 AND attempt" EQ "$2",
+		2, {TEXTOID, INT4OID}
+	},
 	[STMT_FINISH] = {
+		/* $6: the attempt reported on; NULL: whichever is unambiguous (see ledger.c) */
 		"UPDATE durable_ledger.effects SET status = $3,"
 		"  result = $4, error = $5, completed_at = pg_catalog.clock_timestamp()"
 		" WHERE key" EQ "$1 AND status" EQ "$2"
-		"   AND ($6 OR holder_pid" EQ "pg_catalog.pg_backend_pid())"
+		"   AND (attempt" EQ "$6"
+		"        OR ($6 IS NULL AND (NOT business_key OR attempt" EQ "1)))"
 		" RETURNING *",
-		6, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, BOOLOID}
+		6, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, JSONBOID, INT4OID}
 	},
 	[STMT_SET_CONFLICT] = {
 		"UPDATE durable_ledger.effects SET conflict = true WHERE key" EQ "$1",
@@ -158,8 +201,8 @@ static const Statement statements[NUM_STATEMENTS] = {
 	[STMT_AUDIT] = {
 		"INSERT INTO durable_ledger.audit_log" AUDIT_COLUMNS
 		" VALUES (pg_catalog.clock_timestamp(), $1, $2, $3, $4, $5, "
-		AUDIT_SESSION_VALUES ", $6)",
-		6, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, INT8OID}
+		AUDIT_SESSION_VALUES ", $6, $7)",
+		7, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, INT8OID, INT4OID}
 	},
 	[STMT_LEASE_HOLDER] = {
 		"SELECT l.pid FROM pg_catalog.pg_locks l"
@@ -172,12 +215,11 @@ static const Statement statements[NUM_STATEMENTS] = {
 
 static SPIPlanPtr plans[NUM_STATEMENTS];
 
-/* Runs statement id with the given parameters; returns SPI_processed. */
-static uint64
-run_statement(StatementId id, Datum *values, const char *nulls, int expected)
+/* The saved plan of statement id, prepared on first use. */
+static SPIPlanPtr
+prepared_plan(StatementId id)
 {
 	const Statement *stmt = &statements[id];
-	int			rc;
 
 	if (plans[id] == NULL)
 	{
@@ -190,9 +232,41 @@ run_statement(StatementId id, Datum *values, const char *nulls, int expected)
 			elog(ERROR, "SPI_keepplan failed");
 		plans[id] = plan;
 	}
-	rc = SPI_execute_plan(plans[id], values, nulls, false, 0);
+	return plans[id];
+}
+
+/* Runs statement id with the given parameters; returns SPI_processed. */
+static uint64
+run_statement(StatementId id, Datum *values, const char *nulls, int expected)
+{
+	const Statement *stmt = &statements[id];
+	int			rc;
+
+	rc = SPI_execute_plan(prepared_plan(id), values, nulls, false, 0);
 	if (rc != expected)
 		elog(ERROR, "SPI_execute_plan returned %s for \"%s\"",
+			 SPI_result_code_string(rc), stmt->sql);
+	return SPI_processed;
+}
+
+/*
+ * As run_statement, but reading with the latest snapshot, whatever the
+ * isolation level: a question about now (is a lease live?) must not be
+ * answered from a REPEATABLE READ transaction's old snapshot.
+ */
+static uint64
+run_statement_now(StatementId id, Datum *values, const char *nulls, int expected)
+{
+	const Statement *stmt = &statements[id];
+	int			rc;
+
+	if (!IsolationUsesXactSnapshot())
+		return run_statement(id, values, nulls, expected);
+
+	rc = SPI_execute_snapshot(prepared_plan(id), values, nulls, GetLatestSnapshot(),
+							  InvalidSnapshot, false, false, 0);
+	if (rc != expected)
+		elog(ERROR, "SPI_execute_snapshot returned %s for \"%s\"",
 			 SPI_result_code_string(rc), stmt->sql);
 	return SPI_processed;
 }
@@ -230,15 +304,19 @@ dl_store_start_epoch(const char *run, uint64 lock_key, bool waited)
 
 	dl_detail_init(&detail);
 	dl_detail_bool(&detail, "waited", waited);
-	dl_audit(run, NULL, "lease_acquired", dl_detail_finish(&detail), epoch);
+	dl_audit(run, NULL, "lease_acquired", dl_detail_finish(&detail), epoch, 0);
 	return epoch;
 }
 
-/* Records the end of this backend's epoch of run (0: no epoch was started). */
+/*
+ * Records the end of this backend's epoch of run (0: no epoch was started);
+ * lock_lost says that its lock had been released behind the ledger's back.
+ */
 void
-dl_store_end_epoch(const char *run, int64 epoch)
+dl_store_end_epoch(const char *run, int64 epoch, bool lock_lost)
 {
 	Datum		values[2];
+	Jsonb	   *detail = NULL;
 
 	if (epoch > 0)
 	{
@@ -246,10 +324,43 @@ dl_store_end_epoch(const char *run, int64 epoch)
 		values[1] = Int64GetDatum(epoch);
 		run_statement(STMT_END_EPOCH, values, NULL, SPI_OK_UPDATE);
 	}
-	dl_audit(run, NULL, "lease_released", NULL, epoch > 0 ? epoch : 0);
+	if (lock_lost)
+	{
+		DetailBuilder d;
+
+		dl_detail_init(&d);
+		dl_detail_bool(&d, "lock_lost", true);
+		detail = dl_detail_finish(&d);
+	}
+	dl_audit(run, NULL, "lease_released", detail, epoch > 0 ? epoch : 0, 0);
 }
 
-/* The run's current epoch, whether it was released, and who took it. */
+/*
+ * Did this session take a lease epoch of run that it never released?  The
+ * audit log knows, also after the session has forgotten (lease.c); *epoch is
+ * that epoch.
+ */
+bool
+dl_store_lease_unreleased_by_me(const char *run, int64 *epoch)
+{
+	Datum		values[2];
+	bool		isnull;
+	Datum		d;
+
+	values[0] = text_datum(run);
+	values[1] = TimestampTzGetDatum(MyStartTimestamp);
+	if (run_statement_now(STMT_LAST_LEASE_EVENT, values, NULL, SPI_OK_SELECT) == 0 ||
+		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+		return false;
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+	*epoch = isnull ? 0 : DatumGetInt64(d);
+	return true;
+}
+
+/*
+ * The run's current epoch, whether it was released, and who took it, as
+ * committed now (whatever the transaction's snapshot).
+ */
 bool
 dl_store_run_state(const char *run, int64 *epoch, bool *released, int *holder_pid)
 {
@@ -257,7 +368,7 @@ dl_store_run_state(const char *run, int64 *epoch, bool *released, int *holder_pi
 	bool		isnull;
 
 	values[0] = text_datum(run);
-	if (run_statement(STMT_RUN_STATE, values, NULL, SPI_OK_SELECT) == 0)
+	if (run_statement_now(STMT_RUN_STATE, values, NULL, SPI_OK_SELECT) == 0)
 		return false;
 	*epoch = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	*released = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
@@ -275,7 +386,7 @@ void
 dl_store_insert_new_intent(const NewIntent *intent)
 {
 	if (dl_direct_insert_intent(intent))
-		dl_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch);
+		dl_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
 	else if (!dl_store_insert_intent(intent))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
@@ -362,7 +473,10 @@ dl_store_mark_unknown(const EffectRow *row)
 	return run_statement(STMT_MARK_UNKNOWN, values, NULL, SPI_OK_UPDATE) == 1;
 }
 
-/* failed -> started (next attempt), only if the row is still what the caller saw */
+/*
+ * failed -> started (the next attempt), only if the row is still what the
+ * caller saw; the failed attempt is kept in past_attempts.
+ */
 bool
 dl_store_restart_business_key(const NewIntent *intent, int32 old_attempt)
 {
@@ -376,20 +490,48 @@ dl_store_restart_business_key(const NewIntent *intent, int32 old_attempt)
 		nulls[2] = 'n';
 	values[3] = Int64GetDatum(intent->lease_epoch);
 	values[4] = Int32GetDatum(old_attempt);
-	return run_statement(STMT_RESTART_BUSINESS_KEY, values, nulls, SPI_OK_UPDATE) == 1;
+	return run_statement(STMT_RESTART_BUSINESS_KEY, values, nulls, SPI_OK_INSERT) == 1;
 }
 
 /*
- * from -> to with result/error, only if the row is in status from (and, with
- * mine_only, was started by this backend).  Returns the changed row, laid out
- * as durable_ledger.effects, with the run and lease epoch that started it; or
- * NULL when no row matched.  mine_only is a worker's report on its own
- * effect, the hot path: direct.c applies it without the executor when it can.
+ * An attempt of key that a later attempt replaced: the run and epoch that
+ * started it and what was recorded for it.  False when it is not on record.
+ */
+bool
+dl_store_fetch_past_attempt(const char *key, int32 attempt, PastAttempt *past)
+{
+	Datum		values[2];
+	HeapTuple	tuple;
+	TupleDesc	desc;
+	bool		isnull;
+
+	values[0] = text_datum(key);
+	values[1] = Int32GetDatum(attempt);
+	if (run_statement(STMT_FETCH_PAST_ATTEMPT, values, NULL, SPI_OK_SELECT) == 0)
+		return false;
+	tuple = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	past->attempt = attempt;
+	past->run = SPI_getvalue(tuple, desc, 1);
+	past->lease_epoch = DatumGetInt64(SPI_getbinval(tuple, desc, 2, &isnull));
+	past->status = dl_status_from_name(SPI_getvalue(tuple, desc, 3));
+	past->error = optional_jsonb(tuple, desc, 4);
+	return true;
+}
+
+/*
+ * from -> to with result/error, only if the row is in status from and its
+ * current attempt is attempt; an attempt of 0 stands for a report that named
+ * none, and matches only a derived key or a first attempt.  Returns the
+ * changed row, laid out as durable_ledger.effects, with the run, lease epoch
+ * and attempt that started it; or NULL when no row matched.  A report on a
+ * started effect is the hot path: direct.c applies it without the executor
+ * when it can.
  */
 HeapTuple
 dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
-				Jsonb *result, Jsonb *error, bool mine_only,
-				char **run, int64 *lease_epoch)
+				Jsonb *result, Jsonb *error, int32 attempt,
+				char **run, int64 *lease_epoch, int32 *row_attempt)
 {
 	Datum		values[6];
 	char		nulls[6] = "      ";
@@ -397,9 +539,10 @@ dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
 	TupleDesc	desc;
 	bool		isnull;
 
-	if (mine_only && from == EFFECT_STARTED)
+	if (from == EFFECT_STARTED)
 	{
-		switch (dl_direct_finish(key, to, result, error, &row, run, lease_epoch))
+		switch (dl_direct_finish(key, to, result, error, attempt, &row, run,
+								 lease_epoch, row_attempt))
 		{
 			case DIRECT_DONE:
 				return row;
@@ -419,7 +562,9 @@ dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
 	values[4] = PointerGetDatum(error);
 	if (error == NULL)
 		nulls[4] = 'n';
-	values[5] = BoolGetDatum(!mine_only);
+	values[5] = Int32GetDatum(attempt);
+	if (attempt == 0)
+		nulls[5] = 'n';
 	if (run_statement(STMT_FINISH, values, nulls, SPI_OK_UPDATE_RETURNING) != 1)
 		return NULL;
 
@@ -427,6 +572,8 @@ dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
 	desc = SPI_tuptable->tupdesc;
 	*run = SPI_getvalue(row, desc, SPI_fnumber(desc, "run"));
 	*lease_epoch = DatumGetInt64(SPI_getbinval(row, desc, SPI_fnumber(desc, "lease_epoch"),
+											   &isnull));
+	*row_attempt = DatumGetInt32(SPI_getbinval(row, desc, SPI_fnumber(desc, "attempt"),
 											   &isnull));
 	return row;
 }
@@ -489,7 +636,8 @@ dl_store_effect_tuple(const char *key, bool report_unknown, TupleDesc desc)
 	heap_deform_tuple(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, cols, col_nulls);
 
 	status_col = SPI_fnumber(SPI_tuptable->tupdesc, "status");
-	if (report_unknown &&
+	/* a hot standby cannot see the primary's leases: no guessing there */
+	if (report_unknown && !RecoveryInProgress() &&
 		strcmp(SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, status_col),
 			   "started") == 0)
 	{
@@ -521,17 +669,20 @@ dl_store_lease_holder_pid(uint64 lock_key)
 
 /* ---------- audit log ---------- */
 
-/* Appends one event to the audit log; a lease_epoch of 0 is stored as NULL. */
+/*
+ * Appends one event to the audit log; a lease_epoch or attempt of 0 is
+ * stored as NULL.
+ */
 void
 dl_audit(const char *run, const char *key, const char *event, Jsonb *detail,
-		 int64 lease_epoch)
+		 int64 lease_epoch, int32 attempt)
 {
 	char	   *role_name = caller_role_name();
-	Datum		values[6];
-	char		nulls[6] = "      ";
+	Datum		values[7];
+	char		nulls[7] = "       ";
 
 	dl_note_ledger_write();
-	if (dl_direct_audit(run, key, event, detail, lease_epoch, role_name))
+	if (dl_direct_audit(run, key, event, detail, lease_epoch, attempt, role_name))
 		return;
 
 	values[0] = run ? text_datum(run) : (Datum) 0;
@@ -548,6 +699,9 @@ dl_audit(const char *run, const char *key, const char *event, Jsonb *detail,
 	values[5] = Int64GetDatum(lease_epoch);
 	if (lease_epoch <= 0)
 		nulls[5] = 'n';
+	values[6] = Int32GetDatum(attempt);
+	if (attempt <= 0)
+		nulls[6] = 'n';
 	run_statement(STMT_AUDIT, values, nulls, SPI_OK_INSERT);
 }
 

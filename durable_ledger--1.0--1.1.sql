@@ -1,0 +1,231 @@
+/* durable_ledger--1.0--1.1.sql: from 1.0 to 1.1 (ALTER EXTENSION durable_ledger UPDATE). */
+
+\echo Use "ALTER EXTENSION durable_ledger UPDATE TO '1.1'" to load this file. \quit
+
+-- ---------------------------------------------------------------------------
+-- Reports name their attempt.
+-- ---------------------------------------------------------------------------
+
+-- Every audit row says which attempt of its key it concerns (NULL for lease
+-- events, and for a report that named no attempt when that was ambiguous).
+ALTER TABLE durable_ledger.audit_log ADD COLUMN attempt integer;
+
+-- The attempts of business keys that a later attempt replaced (a replaced
+-- attempt has always failed): what a late report on an earlier attempt is
+-- compared with, and where the audit log files it.
+CREATE TABLE durable_ledger.past_attempts (
+    key             text NOT NULL,
+    attempt         integer NOT NULL,
+    run             text NOT NULL,          -- the run whose lease started this attempt
+    lease_epoch     bigint NOT NULL,
+    holder_pid      integer NOT NULL,
+    status          durable_ledger.effect_state NOT NULL,
+    error           jsonb,
+    meta            jsonb,
+    created_at      timestamptz NOT NULL,
+    completed_at    timestamptz,
+    resolved_by     text,
+    resolution_note text,
+    replaced_at     timestamptz NOT NULL,   -- when the next attempt started
+    PRIMARY KEY (key, attempt)
+);
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.past_attempts', '');
+REVOKE ALL ON durable_ledger.past_attempts FROM PUBLIC;
+GRANT SELECT ON durable_ledger.past_attempts TO durable_ledger_auditor;
+
+-- The earlier attempts of a 1.0 ledger, from its audit log: attempt 1's
+-- intent is the key's first intent (1.0 logged it without detail), attempt
+-- k > 1's intent carries {"attempt": k}; the attempt's outcome is the last
+-- failure (or failed resolution) logged before the next attempt's intent.
+INSERT INTO durable_ledger.past_attempts
+    (key, attempt, run, lease_epoch, holder_pid, status, error, meta, created_at,
+     completed_at, resolved_by, resolution_note, replaced_at)
+SELECT e.key, k.attempt, i.run, i.lease_epoch, i.backend_pid, 'failed',
+       o.error, NULL, i.logged_at, o.logged_at, o.resolved_by, o.note,
+       COALESCE(n.logged_at, e.created_at)
+  FROM durable_ledger.effects e
+ CROSS JOIN LATERAL pg_catalog.generate_series(1, e.attempt OPERATOR(pg_catalog.-) 1) AS k(attempt)
+ CROSS JOIN LATERAL (
+        SELECT a.id, a.run, a.lease_epoch, a.backend_pid, a.logged_at
+          FROM durable_ledger.audit_log a
+         WHERE a.key OPERATOR(pg_catalog.=) e.key
+           AND a.event OPERATOR(pg_catalog.=) 'intent'
+           AND CASE WHEN k.attempt OPERATOR(pg_catalog.=) 1
+                    THEN (a.detail OPERATOR(pg_catalog.->>) 'attempt') IS NULL
+                    ELSE (a.detail OPERATOR(pg_catalog.->>) 'attempt') OPERATOR(pg_catalog.=) k.attempt::text END
+         ORDER BY a.id
+         LIMIT 1) i
+  LEFT JOIN LATERAL (
+        SELECT a.id, a.logged_at
+          FROM durable_ledger.audit_log a
+         WHERE a.key OPERATOR(pg_catalog.=) e.key
+           AND a.event OPERATOR(pg_catalog.=) 'intent'
+           AND (a.detail OPERATOR(pg_catalog.->>) 'attempt') OPERATOR(pg_catalog.=) (k.attempt OPERATOR(pg_catalog.+) 1)::text
+         ORDER BY a.id
+         LIMIT 1) n ON true
+  LEFT JOIN LATERAL (
+        SELECT a.logged_at,
+               a.detail OPERATOR(pg_catalog.->) 'error' AS error,
+               a.detail OPERATOR(pg_catalog.->>) 'resolved_by' AS resolved_by,
+               a.detail OPERATOR(pg_catalog.->>) 'note' AS note
+          FROM durable_ledger.audit_log a
+         WHERE a.key OPERATOR(pg_catalog.=) e.key
+           AND a.id OPERATOR(pg_catalog.>) i.id
+           AND (n.id IS NULL OR a.id OPERATOR(pg_catalog.<) n.id)
+           AND (a.event OPERATOR(pg_catalog.=) ANY (ARRAY['failed', 'late_failure'])
+                OR (a.event OPERATOR(pg_catalog.=) 'resolved'
+                    AND a.detail OPERATOR(pg_catalog.->>) 'outcome' OPERATOR(pg_catalog.=) 'failed'))
+         ORDER BY a.id DESC
+         LIMIT 1) o ON true
+ WHERE e.business_key AND e.attempt OPERATOR(pg_catalog.>) 1;
+
+-- complete_effect and fail_effect gain the attempt they report on.  (The
+-- two-argument forms must go: with both, a two-argument call is ambiguous.)
+DROP FUNCTION durable_ledger.complete_effect(text, jsonb);
+DROP FUNCTION durable_ledger.fail_effect(text, jsonb);
+
+CREATE FUNCTION durable_ledger.complete_effect(key text, result jsonb,
+                                               attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_complete_effect'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.complete_effect(text, jsonb, integer) IS
+    'records that the effect (the given attempt of it) happened and what it returned';
+
+CREATE FUNCTION durable_ledger.fail_effect(key text, error jsonb,
+                                           attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_fail_effect'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.fail_effect(text, jsonb, integer) IS
+    'declares that the effect (the given attempt of it) definitively did not happen';
+
+REVOKE ALL ON FUNCTION durable_ledger.complete_effect(text, jsonb, integer),
+                       durable_ledger.fail_effect(text, jsonb, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION durable_ledger.complete_effect(text, jsonb, integer),
+                          durable_ledger.fail_effect(text, jsonb, integer)
+    TO durable_ledger_worker;
+
+-- ---------------------------------------------------------------------------
+-- Replicas: the views say what a hot standby cannot judge.
+-- ---------------------------------------------------------------------------
+
+-- The activity of the backends that hold leases, for readers who may not see
+-- other roles' sessions in pg_stat_activity (auditors): state, application
+-- and client address of lease holders only, never their queries.
+CREATE FUNCTION durable_ledger.lease_holder_activity()
+RETURNS TABLE (pid integer, application_name text, client_addr inet, backend_state text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT a.pid, a.application_name, a.client_addr, a.state
+      FROM pg_catalog.pg_stat_activity a
+     WHERE a.pid OPERATOR(pg_catalog.=) ANY (
+            SELECT l.pid FROM pg_catalog.pg_locks l
+             WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+               AND l.objsubid OPERATOR(pg_catalog.=) 17484
+               AND l.granted)
+$fn$;
+COMMENT ON FUNCTION durable_ledger.lease_holder_activity() IS
+    'state, application and client address of the backends that hold leases (for the leases view)';
+REVOKE ALL ON FUNCTION durable_ledger.lease_holder_activity() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION durable_ledger.lease_holder_activity() TO durable_ledger_auditor;
+
+DROP VIEW durable_ledger.leases;
+DROP VIEW durable_ledger.unresolved;
+
+-- Live leases: granted advisory locks in the extension's lock class (17484)
+-- in this database, matched to their run by the lock key.  A lock whose
+-- acquiring transaction rolled back is live but has no epoch: lease_epoch and
+-- since are then NULL, and so is run if the run was never recorded.
+-- On a hot standby, which never holds the primary's locks, liveness cannot be
+-- judged: the view lists the epochs that were taken and not released, with
+-- liveness 'not judged on a standby'.
+CREATE VIEW durable_ledger.leases AS
+SELECT r.run,
+       l.pid                                                 AS holder_pid,
+       CASE WHEN current_epoch THEN r.epochs END             AS lease_epoch,
+       CASE WHEN current_epoch THEN r.holder_role END        AS holder_role,
+       COALESCE(a.application_name, CASE WHEN current_epoch THEN r.holder_application_name END)
+                                                             AS application_name,
+       COALESCE(a.client_addr, CASE WHEN current_epoch THEN r.holder_client_addr END)
+                                                             AS client_addr,
+       CASE WHEN current_epoch THEN r.acquired_at END        AS since,
+       a.backend_state,
+       k.lock_key,
+       'live'::text                                          AS liveness
+  FROM pg_catalog.pg_locks l
+ CROSS JOIN LATERAL (SELECT (l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+                            OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8 AS lock_key) k
+  LEFT JOIN durable_ledger.runs r ON r.lock_key OPERATOR(pg_catalog.=) k.lock_key
+ CROSS JOIN LATERAL (SELECT r.holder_pid OPERATOR(pg_catalog.=) l.pid
+                            AND r.released_at IS NULL AS current_epoch) c
+  LEFT JOIN durable_ledger.lease_holder_activity() a ON a.pid OPERATOR(pg_catalog.=) l.pid
+ WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+   AND l.objsubid OPERATOR(pg_catalog.=) 17484
+   AND l.granted
+   AND l.database OPERATOR(pg_catalog.=)
+       (SELECT d.oid FROM pg_catalog.pg_database d
+         WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+UNION ALL
+SELECT r.run, r.holder_pid, r.epochs, r.holder_role, r.holder_application_name,
+       r.holder_client_addr, r.acquired_at, NULL, r.lock_key,
+       'not judged on a standby'
+  FROM durable_ledger.runs r
+ WHERE pg_catalog.pg_is_in_recovery()
+   AND r.released_at IS NULL;
+
+-- Effects that need a person: outcome unknown (recorded, or a started effect
+-- whose lease is no longer live), or flagged by a contradicting report.  On a
+-- hot standby a started effect is listed as started, with a reason saying
+-- that whether it is still in flight cannot be judged there.
+CREATE VIEW durable_ledger.unresolved AS
+SELECT e.key,
+       e.run,
+       e.tool,
+       CASE WHEN e.status OPERATOR(pg_catalog.=) 'started' AND NOT s.standby THEN 'unknown'
+            ELSE e.status END::durable_ledger.effect_state AS status,
+       e.conflict,
+       CASE
+           WHEN e.conflict THEN
+               'a report contradicts the recorded outcome; a person must decide which is true'
+           WHEN e.status OPERATOR(pg_catalog.=) 'started' AND s.standby THEN
+               'read on a hot standby, which cannot see the primary''s leases: whether this effect is still in flight cannot be judged here; ask the primary'
+           ELSE
+               'intent recorded, no completion, and the lease that started it has ended: nobody knows whether the effect happened'
+       END                                          AS reason,
+       e.created_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) e.created_at AS age,
+       e.args,
+       e.meta,
+       e.business_key,
+       e.occurrence,
+       e.attempt,
+       e.lease_epoch
+  FROM durable_ledger.effects e
+ CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
+ WHERE e.conflict
+    OR e.status OPERATOR(pg_catalog.=) 'unknown'
+    OR (e.status OPERATOR(pg_catalog.=) 'started'
+        AND (s.standby OR NOT EXISTS (
+            SELECT 1
+              FROM durable_ledger.runs r
+              JOIN pg_catalog.pg_locks l
+                ON l.locktype OPERATOR(pg_catalog.=) 'advisory'
+               AND l.objsubid OPERATOR(pg_catalog.=) 17484
+               AND l.granted
+               AND l.pid OPERATOR(pg_catalog.=) r.holder_pid
+               AND r.lock_key OPERATOR(pg_catalog.=)
+                   ((l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+                    OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8)
+               AND l.database OPERATOR(pg_catalog.=)
+                   (SELECT d.oid FROM pg_catalog.pg_database d
+                     WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+             WHERE r.run OPERATOR(pg_catalog.=) e.run
+               AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
+               AND r.released_at IS NULL)));
+
+REVOKE ALL ON durable_ledger.leases, durable_ledger.unresolved FROM PUBLIC;
+GRANT SELECT ON durable_ledger.leases, durable_ledger.unresolved TO durable_ledger_auditor;

@@ -1,0 +1,420 @@
+/* durable_ledger--1.1.sql: declarations only; the work is done in C (src/). */
+
+\echo Use "CREATE EXTENSION durable_ledger" to load this file. \quit
+
+-- ---------------------------------------------------------------------------
+-- Roles.  Roles are cluster-wide: they are created once, when missing, and
+-- outlive DROP EXTENSION (see README).  They carry no LOGIN; an administrator
+-- grants them to the roles applications log in as.
+-- ---------------------------------------------------------------------------
+DO $roles$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'durable_ledger_worker') THEN
+        CREATE ROLE durable_ledger_worker NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'durable_ledger_auditor') THEN
+        CREATE ROLE durable_ledger_auditor NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'durable_ledger_admin') THEN
+        CREATE ROLE durable_ledger_admin NOLOGIN;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('durable_ledger_admin', 'durable_ledger_worker', 'MEMBER') THEN
+        GRANT durable_ledger_worker TO durable_ledger_admin;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('durable_ledger_admin', 'durable_ledger_auditor', 'MEMBER') THEN
+        GRANT durable_ledger_auditor TO durable_ledger_admin;
+    END IF;
+END
+$roles$;
+
+REVOKE ALL ON SCHEMA durable_ledger FROM PUBLIC;
+GRANT USAGE ON SCHEMA durable_ledger
+    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin;
+
+-- ---------------------------------------------------------------------------
+-- What begin_effect returns.
+-- ---------------------------------------------------------------------------
+CREATE TYPE durable_ledger.decision AS (
+    key         text,       -- the effect's idempotency key
+    decision    text,       -- execute | replay | pause | in_progress
+    status      text,       -- the effect's status after this call
+    occurrence  integer,    -- which identical call of this lease epoch; NULL for a business key
+    attempt     integer,    -- 1, or n+1 after n failures of a business key
+    result      jsonb,      -- replay of a completed effect: its result
+    error       jsonb,      -- replay of a failed effect: its error
+    reason      text        -- one sentence explaining replay, pause or in_progress
+);
+
+-- The statuses of an effect and the events of the audit log: text, checked by
+-- a domain.  (A table's CHECK constraint is read back from its stored form by
+-- every statement that writes the table; a domain's is kept by the type cache.)
+CREATE DOMAIN durable_ledger.effect_state AS text
+    CHECK (VALUE IN ('started', 'completed', 'failed', 'unknown'));
+CREATE DOMAIN durable_ledger.audit_event AS text
+    CHECK (VALUE IN ('lease_acquired', 'lease_released', 'lease_broken',
+                     'intent', 'replay', 'pause', 'in_progress',
+                     'completed', 'late_completion', 'failed', 'late_failure',
+                     'resolved', 'conflict'));
+
+-- ---------------------------------------------------------------------------
+-- Tables.  Only the extension's functions write them (SECURITY DEFINER);
+-- nobody else has INSERT, UPDATE or DELETE.
+-- ---------------------------------------------------------------------------
+
+-- One row per run: how many lease epochs (attempts) it has had, and who holds
+-- or last held it.
+CREATE TABLE durable_ledger.runs (
+    run                     text PRIMARY KEY,
+    epochs                  bigint NOT NULL,
+    lock_key                bigint NOT NULL,        -- pg_locks: (classid << 32) | objid, objsubid = 17484
+    holder_pid              integer NOT NULL,
+    holder_role             text NOT NULL,
+    holder_application_name text,
+    holder_client_addr      inet,
+    acquired_at             timestamptz NOT NULL,
+    released_at             timestamptz,            -- NULL while the epoch's holder has not released it
+    created_at              timestamptz NOT NULL
+);
+CREATE INDEX runs_lock_key_idx ON durable_ledger.runs (lock_key);
+
+-- One row per idempotency key.
+CREATE TABLE durable_ledger.effects (
+    key             text PRIMARY KEY,
+    run             text NOT NULL,          -- the run whose lease started the current attempt
+    tool            text NOT NULL,
+    args            jsonb NOT NULL,
+    business_key    boolean NOT NULL,
+    occurrence      integer,                -- NULL for a business key
+    attempt         integer NOT NULL,
+    status          durable_ledger.effect_state NOT NULL,
+    result          jsonb,
+    error           jsonb,
+    meta            jsonb,
+    lease_epoch     bigint NOT NULL,        -- the lease epoch of run that started it
+    holder_pid      integer NOT NULL,       -- the backend that started it
+    created_at      timestamptz NOT NULL,
+    completed_at    timestamptz,
+    resolved_by     text,
+    resolution_note text,
+    conflict        boolean NOT NULL DEFAULT false
+) WITH (fillfactor = 85);   -- room for the HOT update that completes an effect
+-- (No table CHECK constraints here: every statement that writes a table reads
+-- its CHECKs back from their stored form, which costs more than the write.
+-- The only writer is the extension's C code, which sets occurrence exactly
+-- when the key is derived, and attempt from 1.)
+
+-- Append-only: one row per event.
+CREATE SEQUENCE durable_ledger.audit_log_id_seq;
+CREATE TABLE durable_ledger.audit_log (
+    id                bigint PRIMARY KEY DEFAULT pg_catalog.nextval('durable_ledger.audit_log_id_seq'),
+    logged_at         timestamptz NOT NULL,
+    run               text,
+    key               text,
+    event             durable_ledger.audit_event NOT NULL,
+    detail            jsonb,
+    role_name         text NOT NULL,         -- the calling role, as after SET ROLE
+    session_user_name text NOT NULL,
+    application_name  text,
+    client_addr       inet,
+    backend_pid       integer NOT NULL,
+    lease_epoch       bigint,
+    attempt           integer                -- the attempt of key the event concerns
+);
+ALTER SEQUENCE durable_ledger.audit_log_id_seq OWNED BY durable_ledger.audit_log.id;
+CREATE INDEX audit_log_key_idx ON durable_ledger.audit_log (key);
+CREATE INDEX audit_log_run_idx ON durable_ledger.audit_log (run);
+
+CREATE FUNCTION durable_ledger.refuse_audit_log_change() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    RAISE EXCEPTION 'durable_ledger.audit_log is append-only'
+        USING ERRCODE = '42501',
+              DETAIL = pg_catalog.format('%s is refused on the audit log, for its owner too.', TG_OP);
+END
+$fn$;
+COMMENT ON FUNCTION durable_ledger.refuse_audit_log_change() IS
+    'trigger: refuses UPDATE, DELETE and TRUNCATE on durable_ledger.audit_log';
+
+CREATE TRIGGER audit_log_append_only
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON durable_ledger.audit_log
+    FOR EACH STATEMENT EXECUTE FUNCTION durable_ledger.refuse_audit_log_change();
+
+-- The attempts of business keys that a later attempt replaced (a replaced
+-- attempt has always failed): what a late report on an earlier attempt is
+-- compared with, and where the audit log files it.
+CREATE TABLE durable_ledger.past_attempts (
+    key             text NOT NULL,
+    attempt         integer NOT NULL,
+    run             text NOT NULL,          -- the run whose lease started this attempt
+    lease_epoch     bigint NOT NULL,
+    holder_pid      integer NOT NULL,
+    status          durable_ledger.effect_state NOT NULL,
+    error           jsonb,
+    meta            jsonb,
+    created_at      timestamptz NOT NULL,
+    completed_at    timestamptz,
+    resolved_by     text,
+    resolution_note text,
+    replaced_at     timestamptz NOT NULL,   -- when the next attempt started
+    PRIMARY KEY (key, attempt)
+);
+
+-- pg_dump keeps the ledger's rows (and the audit sequence's position).
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.runs', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.effects', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.audit_log', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.audit_log_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.past_attempts', '');
+
+-- ---------------------------------------------------------------------------
+-- Views for people.
+-- ---------------------------------------------------------------------------
+
+-- The activity of the backends that hold leases, for readers who may not see
+-- other roles' sessions in pg_stat_activity (auditors): state, application
+-- and client address of lease holders only, never their queries.
+CREATE FUNCTION durable_ledger.lease_holder_activity()
+RETURNS TABLE (pid integer, application_name text, client_addr inet, backend_state text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT a.pid, a.application_name, a.client_addr, a.state
+      FROM pg_catalog.pg_stat_activity a
+     WHERE a.pid OPERATOR(pg_catalog.=) ANY (
+            SELECT l.pid FROM pg_catalog.pg_locks l
+             WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+               AND l.objsubid OPERATOR(pg_catalog.=) 17484
+               AND l.granted)
+$fn$;
+COMMENT ON FUNCTION durable_ledger.lease_holder_activity() IS
+    'state, application and client address of the backends that hold leases (for the leases view)';
+
+-- Live leases: granted advisory locks in the extension's lock class (17484)
+-- in this database, matched to their run by the lock key.  A lock whose
+-- acquiring transaction rolled back is live but has no epoch: lease_epoch and
+-- since are then NULL, and so is run if the run was never recorded.
+-- On a hot standby, which never holds the primary's locks, liveness cannot be
+-- judged: the view lists the epochs that were taken and not released, with
+-- liveness 'not judged on a standby'.
+CREATE VIEW durable_ledger.leases AS
+SELECT r.run,
+       l.pid                                                 AS holder_pid,
+       CASE WHEN current_epoch THEN r.epochs END             AS lease_epoch,
+       CASE WHEN current_epoch THEN r.holder_role END        AS holder_role,
+       COALESCE(a.application_name, CASE WHEN current_epoch THEN r.holder_application_name END)
+                                                             AS application_name,
+       COALESCE(a.client_addr, CASE WHEN current_epoch THEN r.holder_client_addr END)
+                                                             AS client_addr,
+       CASE WHEN current_epoch THEN r.acquired_at END        AS since,
+       a.backend_state,
+       k.lock_key,
+       'live'::text                                          AS liveness
+  FROM pg_catalog.pg_locks l
+ CROSS JOIN LATERAL (SELECT (l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+                            OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8 AS lock_key) k
+  LEFT JOIN durable_ledger.runs r ON r.lock_key OPERATOR(pg_catalog.=) k.lock_key
+ CROSS JOIN LATERAL (SELECT r.holder_pid OPERATOR(pg_catalog.=) l.pid
+                            AND r.released_at IS NULL AS current_epoch) c
+  LEFT JOIN durable_ledger.lease_holder_activity() a ON a.pid OPERATOR(pg_catalog.=) l.pid
+ WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+   AND l.objsubid OPERATOR(pg_catalog.=) 17484
+   AND l.granted
+   AND l.database OPERATOR(pg_catalog.=)
+       (SELECT d.oid FROM pg_catalog.pg_database d
+         WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+UNION ALL
+SELECT r.run, r.holder_pid, r.epochs, r.holder_role, r.holder_application_name,
+       r.holder_client_addr, r.acquired_at, NULL, r.lock_key,
+       'not judged on a standby'
+  FROM durable_ledger.runs r
+ WHERE pg_catalog.pg_is_in_recovery()
+   AND r.released_at IS NULL;
+
+-- Effects that need a person: outcome unknown (recorded, or a started effect
+-- whose lease is no longer live), or flagged by a contradicting report.  On a
+-- hot standby a started effect is listed as started, with a reason saying
+-- that whether it is still in flight cannot be judged there.
+CREATE VIEW durable_ledger.unresolved AS
+SELECT e.key,
+       e.run,
+       e.tool,
+       CASE WHEN e.status OPERATOR(pg_catalog.=) 'started' AND NOT s.standby THEN 'unknown'
+            ELSE e.status END::durable_ledger.effect_state AS status,
+       e.conflict,
+       CASE
+           WHEN e.conflict THEN
+               'a report contradicts the recorded outcome; a person must decide which is true'
+           WHEN e.status OPERATOR(pg_catalog.=) 'started' AND s.standby THEN
+               'read on a hot standby, which cannot see the primary''s leases: whether this effect is still in flight cannot be judged here; ask the primary'
+           ELSE
+               'intent recorded, no completion, and the lease that started it has ended: nobody knows whether the effect happened'
+       END                                          AS reason,
+       e.created_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) e.created_at AS age,
+       e.args,
+       e.meta,
+       e.business_key,
+       e.occurrence,
+       e.attempt,
+       e.lease_epoch
+  FROM durable_ledger.effects e
+ CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
+ WHERE e.conflict
+    OR e.status OPERATOR(pg_catalog.=) 'unknown'
+    OR (e.status OPERATOR(pg_catalog.=) 'started'
+        AND (s.standby OR NOT EXISTS (
+            SELECT 1
+              FROM durable_ledger.runs r
+              JOIN pg_catalog.pg_locks l
+                ON l.locktype OPERATOR(pg_catalog.=) 'advisory'
+               AND l.objsubid OPERATOR(pg_catalog.=) 17484
+               AND l.granted
+               AND l.pid OPERATOR(pg_catalog.=) r.holder_pid
+               AND r.lock_key OPERATOR(pg_catalog.=)
+                   ((l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+                    OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8)
+               AND l.database OPERATOR(pg_catalog.=)
+                   (SELECT d.oid FROM pg_catalog.pg_database d
+                     WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+             WHERE r.run OPERATOR(pg_catalog.=) e.run
+               AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
+               AND r.released_at IS NULL)));
+
+-- ---------------------------------------------------------------------------
+-- Functions.  The writers are SECURITY DEFINER with a pinned search_path; every
+-- SQL text they run is schema-qualified (src/store.c).  None is STRICT: a NULL
+-- where a value is required is an error (22004), never a silent NULL answer.
+-- ---------------------------------------------------------------------------
+
+CREATE FUNCTION durable_ledger.canonical_args(args jsonb)
+RETURNS text
+AS 'MODULE_PATHNAME', 'dl_canonical_args'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION durable_ledger.canonical_args(jsonb) IS
+    'the canonical text of args that goes into a derived key';
+
+CREATE FUNCTION durable_ledger.effect_key(run text, tool text, args jsonb, occurrence integer)
+RETURNS text
+AS 'MODULE_PATHNAME', 'dl_effect_key'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION durable_ledger.effect_key(text, text, jsonb, integer) IS
+    'the derived idempotency key of a call, computed without writing anything';
+
+CREATE FUNCTION durable_ledger.acquire_run(run text, wait boolean DEFAULT true)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_acquire_run'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.acquire_run(text, boolean) IS
+    'takes the run''s lease (waiting unless wait is false) and starts a new lease epoch';
+
+CREATE FUNCTION durable_ledger.release_run(run text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_release_run'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.release_run(text) IS
+    'releases the run''s lease held by this session; false when it did not hold it';
+
+CREATE FUNCTION durable_ledger.begin_effect(run text, tool text, args jsonb,
+                                            business_key text DEFAULT NULL,
+                                            meta jsonb DEFAULT NULL)
+RETURNS durable_ledger.decision
+AS 'MODULE_PATHNAME', 'dl_begin_effect'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb) IS
+    'records the intent of a side effect before it happens and says whether to execute, replay, pause or wait';
+
+CREATE FUNCTION durable_ledger.complete_effect(key text, result jsonb,
+                                               attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_complete_effect'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.complete_effect(text, jsonb, integer) IS
+    'records that the effect (the given attempt of it) happened and what it returned';
+
+CREATE FUNCTION durable_ledger.fail_effect(key text, error jsonb,
+                                           attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_fail_effect'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.fail_effect(text, jsonb, integer) IS
+    'declares that the effect (the given attempt of it) definitively did not happen';
+
+CREATE FUNCTION durable_ledger.resolve_effect(key text, outcome text, result jsonb,
+                                              resolved_by text, note text DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_resolve_effect'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.resolve_effect(text, text, jsonb, text, text) IS
+    'a named person''s decision on an effect whose outcome is unknown or contradicted';
+
+CREATE FUNCTION durable_ledger.effect_status(key text)
+RETURNS SETOF durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_effect_status'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+ROWS 1;
+COMMENT ON FUNCTION durable_ledger.effect_status(text) IS
+    'the effect''s row (a started effect whose lease has ended shows as unknown), or no row';
+
+CREATE FUNCTION durable_ledger.break_lease(run text, broken_by text, note text DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_break_lease'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.break_lease(text, text, text) IS
+    'ends a hung holder''s lease by terminating its backend; audited with the name';
+
+-- The guard against dropping a ledger that holds effects.
+CREATE FUNCTION durable_ledger.guard_drop()
+RETURNS event_trigger
+AS 'MODULE_PATHNAME', 'dl_guard_drop'
+LANGUAGE C;
+COMMENT ON FUNCTION durable_ledger.guard_drop() IS
+    'event trigger: refuses DROP EXTENSION durable_ledger (or DROP SCHEMA durable_ledger) while effects exist, unless durable_ledger.allow_drop is on';
+
+CREATE EVENT TRIGGER durable_ledger_guard_drop
+    ON ddl_command_start
+    WHEN TAG IN ('DROP EXTENSION', 'DROP SCHEMA', 'DROP OWNED')
+    EXECUTE FUNCTION durable_ledger.guard_drop();
+
+-- ---------------------------------------------------------------------------
+-- Privileges: nothing for PUBLIC; three group roles carry the capabilities.
+-- ---------------------------------------------------------------------------
+REVOKE ALL ON ALL TABLES IN SCHEMA durable_ledger FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA durable_ledger FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA durable_ledger FROM PUBLIC;
+REVOKE ALL ON TYPE durable_ledger.decision, durable_ledger.effect_state,
+                   durable_ledger.audit_event FROM PUBLIC;
+
+GRANT USAGE ON TYPE durable_ledger.decision, durable_ledger.effect_state,
+                    durable_ledger.audit_event
+    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin;
+
+GRANT EXECUTE ON FUNCTION
+    durable_ledger.begin_effect(text, text, jsonb, text, jsonb),
+    durable_ledger.complete_effect(text, jsonb, integer),
+    durable_ledger.fail_effect(text, jsonb, integer),
+    durable_ledger.effect_status(text),
+    durable_ledger.effect_key(text, text, jsonb, integer),
+    durable_ledger.canonical_args(jsonb),
+    durable_ledger.acquire_run(text, boolean),
+    durable_ledger.release_run(text)
+    TO durable_ledger_worker;
+
+GRANT SELECT ON durable_ledger.effects, durable_ledger.runs, durable_ledger.audit_log,
+                durable_ledger.past_attempts, durable_ledger.leases, durable_ledger.unresolved
+    TO durable_ledger_auditor;
+GRANT EXECUTE ON FUNCTION durable_ledger.lease_holder_activity() TO durable_ledger_auditor;
+
+GRANT EXECUTE ON FUNCTION
+    durable_ledger.resolve_effect(text, text, jsonb, text, text),
+    durable_ledger.break_lease(text, text, text)
+    TO durable_ledger_admin;
