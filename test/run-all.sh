@@ -27,6 +27,11 @@ if [ "$(id -u)" = 0 ]; then
 else
 	as_cluster_user() { "$@"; }
 fi
+# Every suite runs from the copy, a directory the cluster user can enter: the
+# clone may sit where only root can (under /root, mode 0700), and programs the
+# suites start as that user (psql in TAP's poll_query_until) would otherwise
+# fail to change into their working directory.
+cd "$work"
 
 passed=0
 failed=0
