@@ -21,6 +21,7 @@ REGRESS = \
 	decisions \
 	occurrences \
 	business_keys \
+	attempts \
 	canonical_args \
 	keys \
 	failures \
@@ -31,6 +32,7 @@ REGRESS = \
 	bad_input \
 	rollback \
 	leases \
+	liveness \
 	durability \
 	search_path \
 	hostile_input \
@@ -43,6 +45,7 @@ ISOLATION = \
 	lease_nowait \
 	business_key_race \
 	report_race \
+	attempt_reports \
 	lease_lost \
 	break_lease \
 	rollback_while_waiting \

@@ -202,3 +202,21 @@ SELECT durable_ledger.release_run('dec-1') AS dec1, durable_ledger.release_run('
        durable_ledger.release_run('dec-3') AS dec3, durable_ledger.release_run('dec-4') AS dec4;
 SELECT count(*) AS leases_left FROM pg_locks
  WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+
+-- ===================================================================
+-- a run's row in durable_ledger.runs is gone (deleted, or not restored)
+-- while its effects remain: its next lease continues after the highest
+-- epoch the audit log names (an epoch number is never used twice), and the
+-- calls recorded in epoch 1 get decisions (replay, pause), never a unique
+-- violation
+-- ===================================================================
+SELECT decision FROM durable_ledger.begin_effect('dec-norun', 'pay', '{"invoice": 61}');
+SELECT status FROM durable_ledger.complete_effect(
+    durable_ledger.effect_key('dec-norun', 'pay', '{"invoice": 61}', 1), '{"payment": "p61"}');
+SELECT decision FROM durable_ledger.begin_effect('dec-norun', 'pay', '{"invoice": 62}');
+SELECT durable_ledger.release_run('dec-norun');
+DELETE FROM durable_ledger.runs WHERE run = 'dec-norun';
+SELECT decision, status, occurrence, result FROM durable_ledger.begin_effect('dec-norun', 'pay', '{"invoice": 61}');
+SELECT decision, status, occurrence FROM durable_ledger.begin_effect('dec-norun', 'pay', '{"invoice": 62}');
+SELECT epochs FROM durable_ledger.runs WHERE run = 'dec-norun';
+SELECT durable_ledger.release_run('dec-norun');

@@ -154,6 +154,50 @@ RESET durable_ledger.allow_drop;
 SELECT count(*) AS extension FROM pg_extension WHERE extname = 'durable_ledger';
 DROP ROLE regress_drop_owner;
 
+-- ==== DROP EXTENSION and CREATE EXTENSION in one session (also in one
+-- ==== transaction): nothing the session cached about the dropped ledger (its
+-- ==== tables, indexes, sequence, saved plans) is used afterwards
+CREATE FUNCTION pg_temp.use_every_function(r text) RETURNS text LANGUAGE plpgsql AS $fn$
+DECLARE
+    k text;
+    out text;
+BEGIN
+    k := (durable_ledger.begin_effect(r, 'pay', '{"n": 1}')).key;
+    PERFORM durable_ledger.complete_effect(k, '{"ok": 1}', 1);
+    k := (durable_ledger.begin_effect(r, 'pay', '{"n": 2}')).key;
+    PERFORM durable_ledger.fail_effect(k, '"declined"');
+    k := (durable_ledger.begin_effect(r, 'pay', '{"n": 3}', r || '-bk')).key;
+    PERFORM durable_ledger.fail_effect(k, '"declined"', 1);
+    PERFORM durable_ledger.begin_effect(r, 'pay', '{"n": 3}', r || '-bk');
+    PERFORM durable_ledger.release_run(r);
+    PERFORM durable_ledger.resolve_effect(r || '-bk', 'failed', NULL, 'regress');
+    PERFORM durable_ledger.acquire_run(r);
+    SELECT string_agg(d.decision, ',' ORDER BY n) INTO out
+      FROM generate_series(1, 3) AS n,
+           LATERAL durable_ledger.begin_effect(r, 'pay', jsonb_build_object('n', n)) AS d;
+    PERFORM durable_ledger.release_run(r);
+    RETURN out || ' ' || (SELECT status FROM durable_ledger.effect_status(r || '-bk'))
+               || ' ' || (SELECT count(*) FROM durable_ledger.unresolved)
+               || ' ' || (SELECT count(*) FROM durable_ledger.leases)
+               || ' ' || (SELECT count(*) FROM durable_ledger.past_attempts);
+END
+$fn$;
+CREATE EXTENSION durable_ledger;
+SELECT pg_temp.use_every_function('drop-5');
+SET durable_ledger.allow_drop = on;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+SELECT pg_temp.use_every_function('drop-6');
+BEGIN;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+SELECT pg_temp.use_every_function('drop-7');
+COMMIT;
+SELECT pg_temp.use_every_function('drop-8');
+SELECT count(DISTINCT run) AS runs FROM durable_ledger.effects;
+DROP EXTENSION durable_ledger;
+RESET durable_ledger.allow_drop;
+
 -- ==== leave a clean database: the extension installed, its ledger empty ====
 CREATE EXTENSION durable_ledger;
 SELECT extname, pg_get_userbyid(extowner) = current_user AS owned_by_me,

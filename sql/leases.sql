@@ -279,6 +279,73 @@ SELECT durable_ledger.break_lease('lease-b', 'regress-operator') AS broken;
 SELECT count(*) AS lease_broken_events FROM durable_ledger.audit_log WHERE run = 'lease-b' AND event = 'lease_broken';
 SELECT dblink_disconnect('victim');
 
+-- ==== break_lease follows pg_terminate_backend's rule: a superuser's session
+-- ==== is ended only by a superuser (42501, nothing done, nothing logged)
+\set VERBOSITY default
+CREATE ROLE regress_lease_admin NOLOGIN;
+GRANT durable_ledger_admin TO regress_lease_admin;
+CREATE ROLE regress_lease_worker LOGIN;
+GRANT durable_ledger_worker TO regress_lease_worker;
+SELECT dblink_connect('su', 'dbname=' || current_database());
+SELECT pid AS su_pid FROM dblink('su', 'SELECT pg_backend_pid()') AS t(pid int) \gset
+SELECT * FROM dblink('su', $$SELECT durable_ledger.acquire_run('lease-su')$$) AS t(ok boolean);
+SELECT dblink_connect('plain', 'dbname=' || current_database() || ' user=regress_lease_worker');
+SELECT pid AS plain_pid FROM dblink('plain', 'SELECT pg_backend_pid()') AS t(pid int) \gset
+SELECT * FROM dblink('plain', $$SELECT durable_ledger.acquire_run('lease-plain')$$) AS t(ok boolean);
+SET ROLE regress_lease_admin;
+SELECT durable_ledger.break_lease('lease-su', 'regress-admin', 'holder looks hung');
+-- the admin ends an ordinary worker's lease
+SELECT durable_ledger.break_lease('lease-plain', 'regress-admin', 'holder looks hung') AS broken;
+RESET ROLE;
+SELECT public.regress_lease_backend_gone(:plain_pid) AS plain_gone;
+SELECT holder_pid = :su_pid AS superuser_still_holds FROM durable_ledger.leases WHERE run = 'lease-su';
+SELECT run, count(*) AS broken_events FROM durable_ledger.audit_log
+ WHERE run IN ('lease-su', 'lease-plain') AND event = 'lease_broken' GROUP BY run ORDER BY run;
+-- a superuser ends the superuser's session
+SELECT durable_ledger.break_lease('lease-su', 'regress-superuser', 'holder looks hung') AS broken;
+SELECT public.regress_lease_backend_gone(:su_pid) AS su_gone;
+SELECT count(*) AS leases FROM durable_ledger.leases WHERE run IN ('lease-su', 'lease-plain');
+DROP ROLE regress_lease_admin;
+DROP ROLE regress_lease_worker;
+\set VERBOSITY sqlstate
+
+-- ==== a session that lost more leases than it remembers (1,024) never
+-- ==== silently starts a new epoch on one of them: the audit log remembers
+-- 1,100 leases taken, and lost 50 at a time
+DO $$
+BEGIN
+    FOR i IN 1..1100 LOOP
+        PERFORM durable_ledger.acquire_run('lost-' || i);
+        IF i % 50 = 0 THEN
+            PERFORM pg_advisory_unlock_all();
+        END IF;
+    END LOOP;
+    PERFORM pg_advisory_unlock_all();
+END
+$$;
+SELECT public.regress_lease_footprint('lost-1') AS before \gset
+\set VERBOSITY default
+SELECT decision FROM durable_ledger.begin_effect('lost-1', 'pay', '{}');
+SELECT decision FROM durable_ledger.begin_effect('lost-1100', 'pay', '{}');
+\set VERBOSITY sqlstate
+SELECT public.regress_lease_footprint('lost-1') = :'before' AS nothing_written, public.regress_lease_mine() AS my_leases;
+-- releasing a lost lease ends it on record; the next call is a new attempt
+SELECT durable_ledger.release_run('lost-1') AS released;
+SELECT detail FROM durable_ledger.audit_log WHERE run = 'lost-1' ORDER BY id DESC LIMIT 1;
+SELECT decision FROM durable_ledger.begin_effect('lost-1', 'pay', '{}');
+-- so is acquire_run, for any of them
+SELECT durable_ledger.acquire_run('lost-2') AS acquired;
+SELECT decision FROM durable_ledger.begin_effect('lost-2', 'pay', '{}');
+SELECT durable_ledger.release_run('lost-1') AND durable_ledger.release_run('lost-2') AS released;
+-- a run this session never held is not lost
+SELECT decision FROM durable_ledger.begin_effect('lost-new', 'pay', '{}');
+SELECT durable_ledger.release_run('lost-new') AS released;
+-- releasing every lost lease (false: none was held) ends each on record
+SELECT count(*) FILTER (WHERE durable_ledger.release_run('lost-' || i)) AS released
+  FROM generate_series(3, 1100) AS i;
+SELECT count(*) AS lost_runs_unreleased FROM durable_ledger.runs
+ WHERE run LIKE 'lost-%' AND released_at IS NULL;
+
 -- ==== clean up ====
 SELECT public.regress_lease_mine() AS my_leases;
 SELECT count(*) AS leases FROM durable_ledger.leases WHERE run LIKE 'lease-%';

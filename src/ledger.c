@@ -823,8 +823,7 @@ check_may_terminate(int holder, const char *run)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied to break the lease on run \"%s\"", run),
-				 errdetail("Its holder (process %d) is a superuser's session; only a superuser may terminate it.",
-						   holder)));
+				 errdetail("Its holder is a superuser's session; only a superuser may terminate it.")));
 }
 
 /* break_lease(run text, broken_by text, note text) RETURNS boolean */

@@ -71,22 +71,34 @@ typedef struct Statement
 
 static const Statement statements[NUM_STATEMENTS] = {
 	[STMT_START_EPOCH] = {
-		"INSERT INTO durable_ledger.runs AS r"
-		" (run, epochs, lock_key, holder_pid, holder_role, holder_application_name,"
-		"  holder_client_addr, acquired_at, released_at, created_at)"
-		" VALUES ($1, 1, $2, pg_catalog.pg_backend_pid(), $3,"
-		"  pg_catalog.current_setting('application_name'), pg_catalog.inet_client_addr(),"
-		"  pg_catalog.clock_timestamp(), NULL, pg_catalog.clock_timestamp())"
-		" ON CONFLICT (run) DO UPDATE SET"
-		"  epochs = r.epochs OPERATOR(pg_catalog.+) 1,"
-		"  lock_key = EXCLUDED.lock_key,"
-		"  holder_pid = EXCLUDED.holder_pid,"
-		"  holder_role = EXCLUDED.holder_role,"
-		"  holder_application_name = EXCLUDED.holder_application_name,"
-		"  holder_client_addr = EXCLUDED.holder_client_addr,"
-		"  acquired_at = EXCLUDED.acquired_at,"
-		"  released_at = NULL"
-		" RETURNING epochs",
+		/*
+		 * The next epoch of a known run; a run without a row (a new one, or
+		 * one whose row was deleted or not restored) continues after the
+		 * highest epoch its append-only audit log names, so that an epoch
+		 * number is never used twice (that subquery runs only then).
+		 */
+		"WITH next_epoch AS ("
+		"  UPDATE durable_ledger.runs SET"
+		"   epochs = epochs OPERATOR(pg_catalog.+) 1, lock_key = $2,"
+		"   holder_pid = pg_catalog.pg_backend_pid(), holder_role = $3,"
+		"   holder_application_name = pg_catalog.current_setting('application_name'),"
+		"   holder_client_addr = pg_catalog.inet_client_addr(),"
+		"   acquired_at = pg_catalog.clock_timestamp(), released_at = NULL"
+		"  WHERE run" EQ "$1"
+		"  RETURNING epochs),"
+		" first_epoch AS ("
+		"  INSERT INTO durable_ledger.runs"
+		"   (run, epochs, lock_key, holder_pid, holder_role, holder_application_name,"
+		"    holder_client_addr, acquired_at, released_at, created_at)"
+		"  SELECT $1, 1 OPERATOR(pg_catalog.+) COALESCE("
+		"          (SELECT pg_catalog.max(a.lease_epoch) FROM durable_ledger.audit_log a"
+		"            WHERE a.run" EQ "$1), 0),"
+		"         $2, pg_catalog.pg_backend_pid(), $3,"
+		"         pg_catalog.current_setting('application_name'), pg_catalog.inet_client_addr(),"
+		"         pg_catalog.clock_timestamp(), NULL, pg_catalog.clock_timestamp()"
+		"   WHERE NOT EXISTS (SELECT FROM next_epoch)"
+		"  RETURNING epochs)"
+		" SELECT epochs FROM next_epoch UNION ALL SELECT epochs FROM first_epoch",
 		3, {TEXTOID, INT8OID, TEXTOID}
 	},
 	[STMT_END_EPOCH] = {
@@ -297,7 +309,7 @@ dl_store_start_epoch(const char *run, uint64 lock_key, bool waited)
 	values[0] = text_datum(run);
 	values[1] = Int64GetDatum((int64) lock_key);
 	values[2] = text_datum(caller_role_name());
-	if (run_statement(STMT_START_EPOCH, values, NULL, SPI_OK_INSERT_RETURNING) != 1)
+	if (run_statement(STMT_START_EPOCH, values, NULL, SPI_OK_SELECT) != 1)
 		elog(ERROR, "starting a lease epoch of run \"%s\" wrote no row", run);
 	epoch = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
 										1, &isnull));

@@ -118,6 +118,15 @@ class Ledger:
           ``replayed=True``.  To try again, call again: that is the next occurrence.
         - ``pause``: `EffectPaused`; ``in_progress``: `EffectInProgress`.
 
+        Both reports name the attempt of the effect that ``begin_effect`` executed
+        (``complete_effect(key, result, attempt)``, ``fail_effect(key, error, attempt)``):
+        a business key is executed again after a failure (attempt 2, 3, ...), and a report
+        must decide the attempt it is about and no other.  It is applied to that attempt
+        also when this connection no longer holds the lease that began it; a report on an
+        attempt that a later one has replaced never changes the later one: a refusal the
+        ledger already recorded for it raises `EffectFailed` as usual, anything else
+        `OutcomeNotRecorded` (kept as a conflict for a person).
+
         After an unknown outcome or a pause, every further call on ``run`` through this
         `Ledger` raises `EffectPaused` without asking the database, until a new attempt
         starts (`acquire_run`, `release_run` or `attempt`).  Why: occurrences count
@@ -140,7 +149,7 @@ class Ledger:
         log.debug("%s %s run=%s key=%s", decision, tool, run, key)
 
         if decision == "execute":
-            return self._execute(run, tool, key, perform)
+            return self._execute(run, tool, key, row["attempt"], perform)
         if decision == "replay":
             if row["status"] == "completed":
                 return row["result"]
@@ -156,11 +165,11 @@ class Ledger:
         raise LedgerError(key, decision, f"unexpected answer from begin_effect: decision "
                                          f"{decision!r}, status {row['status']!r}")
 
-    def _execute(self, run: str, tool: str, key: str, perform: Perform) -> Any:
+    def _execute(self, run: str, tool: str, key: str, attempt: int, perform: Perform) -> Any:
         try:
             result = perform(key)
         except EffectDidNotHappen as refusal:
-            self._record(run, key, "fail_effect", "failed", refusal.error, result=None)
+            self._record(run, key, attempt, "fail_effect", "failed", refusal.error, result=None)
             raise EffectFailed(key, "execute", "the downstream refused the effect; its "
                                "failure is recorded", refusal.error, replayed=False) from refusal
         except BaseException as exc:
@@ -170,16 +179,24 @@ class Ledger:
                                  f"{type(exc).__name__}); a person must resolve it, then "
                                  f"start a new attempt")
             raise
-        recorded = self._record(run, key, "complete_effect", "completed", result, result=result)
+        recorded = self._record(run, key, attempt, "complete_effect", "completed", result,
+                                result=result)
         return recorded["result"]
 
-    def _record(self, run: str, key: str, function: str, expected: str, payload: Any,
-                *, result: Any) -> Dict[str, Any]:
-        """complete_effect / fail_effect; anything but a clean record is OutcomeNotRecorded."""
+    def _record(self, run: str, key: str, attempt: int, function: str, expected: str,
+                payload: Any, *, result: Any) -> Dict[str, Any]:
+        """complete_effect / fail_effect on ``attempt``, the attempt begin_effect executed.
+
+        The report always names its attempt: a business key is executed again after a
+        failure (attempt 2, 3, ...), and a report that named none could land on another
+        attempt than the one it is about -- or, when this connection no longer holds the
+        lease that started the attempt, be kept as a conflict instead of applied.
+        Anything but a clean record is `OutcomeNotRecorded`.
+        """
         what = {"result": result} if function == "complete_effect" else {"error": payload}
         try:
-            row = self._one(f"SELECT * FROM durable_ledger.{function}(%s, %s)",
-                            (key, _json(payload)))
+            row = self._one(f"SELECT * FROM durable_ledger.{function}(%s, %s, %s)",
+                            (key, _json(payload), attempt))
         except BaseException as exc:
             self._halt(run, key, f"run {run!r} is stopped in this attempt: the outcome of "
                                  f"effect {key} could not be recorded")
@@ -189,12 +206,23 @@ class Ledger:
                 key, f"the outcome ({expected}) could not be recorded "
                      f"({type(exc).__name__}: {exc}); the next attempt will pause until a "
                      f"person resolves the effect", **what) from exc
-        if row["status"] != expected or row["conflict"]:
+        if row["attempt"] == attempt:
+            accepted = row["status"] == expected and not row["conflict"]
+        else:
+            # A later attempt replaced ours (someone else recorded our attempt as failed
+            # meanwhile, and the key was executed again): the row is that later attempt's,
+            # which the report never changes.  A failure the ledger already had for our
+            # attempt is on record; anything else was kept as a conflict.
+            accepted = function == "fail_effect" and not row["conflict"]
+        if not accepted:
             self._halt(run, key, f"run {run!r} is stopped in this attempt: the report on "
                                  f"effect {key} contradicted the ledger")
+            now = (f"{row['status']}" if row["attempt"] == attempt else
+                   f"at attempt {row['attempt']} (this report was on attempt {attempt}), "
+                   f"{row['status']}")
             raise OutcomeNotRecorded(
                 key, f"the ledger did not accept the report ({expected}): the effect is "
-                     f"{row['status']}{' and flagged as a conflict' if row['conflict'] else ''}; "
+                     f"{now}{' and flagged as a conflict' if row['conflict'] else ''}; "
                      f"a person must resolve it", **what)
         return row
 

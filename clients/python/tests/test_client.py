@@ -14,9 +14,11 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import unittest
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, List
 
 import psycopg
@@ -61,6 +63,25 @@ class Recorder:
         if self.raises is not None:
             raise self.raises
         return self.result
+
+
+class Parked:
+    """A side effect that waits at the bank until ``go`` is set, then returns or raises."""
+
+    def __init__(self, outcome: Any) -> None:
+        self.outcome = outcome
+        self.keys: List[str] = []
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def __call__(self, key: str) -> Any:
+        self.keys.append(key)
+        self.entered.set()
+        if not self.go.wait(60):
+            raise TimeoutError("never let go")
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
 
 
 class ClientTest(unittest.TestCase):
@@ -311,6 +332,136 @@ class ClientTest(unittest.TestCase):
             ledger.guarded(self.run_id, "t", {}, Recorder(object()))
         self.assertEqual(self.row(caught.exception.key)["status"], "started")
         self.assertIsInstance(caught.exception.__cause__, Exception)
+
+    # ------------------------------------------- reports name their attempt
+
+    def audit(self, key: str) -> List[tuple]:
+        """(event, attempt) of every audit row of key, in order."""
+        return self.admin.execute(
+            "SELECT event::text, attempt FROM durable_ledger.audit_log WHERE key = %s ORDER BY id",
+            (key,)).fetchall()
+
+    def declined_first_attempt(self, invoice: str, args: Any) -> None:
+        """Attempt 1 of business key ``invoice``: the bank declines, the client records it."""
+        declined = Recorder(raises=EffectDidNotHappen({"code": "declined"}))
+        with self.assertRaises(EffectFailed):
+            self.ledger().guarded(f"{self.run_id}-first", "bank.pay", args, declined,
+                                  business_key=invoice)
+        row = self.row(invoice)
+        self.assertEqual((row["attempt"], row["status"]), (1, "failed"))
+
+    def test_report_on_retried_business_key_lands_on_its_attempt_without_the_lease(self) -> None:
+        # Attempt 1 was declined; attempt 2 is executed by another worker whose connection
+        # loses the lease that began attempt 2 while the bank pays (a pooler resets it):
+        # this connection no longer holds that lease, so only the attempt number the
+        # report carries can tie it to attempt 2.
+        invoice = f"INV-{uuid.uuid4()}"
+        args = {"invoice": invoice, "amount": 70}
+        self.declined_first_attempt(invoice, args)
+        ledger = self.ledger()
+
+        def pay(key: str) -> Any:
+            ledger.conn.execute("SELECT pg_advisory_unlock_all()")  # the lease is gone
+            return {"payment_id": "pay_2"}
+
+        self.assertEqual(ledger.guarded(self.run_id, "bank.pay", args, pay, business_key=invoice),
+                         {"payment_id": "pay_2"})
+        row = self.row(invoice)
+        self.assertEqual((row["attempt"], row["status"], row["conflict"], row["result"]),
+                         (2, "completed", False, {"payment_id": "pay_2"}))
+        self.assertEqual(self.audit(invoice), [("intent", 1), ("failed", 1), ("intent", 2),
+                                               ("late_completion", 2)])
+
+        # the same report without its attempt would not be applied: a flagged conflict
+        other = f"INV-{uuid.uuid4()}"
+        args = {"invoice": other, "amount": 70}
+        self.declined_first_attempt(other, args)
+        raw = self.connect()
+        self.assertEqual(raw.execute(
+            "SELECT decision, attempt FROM durable_ledger.begin_effect(%s, 'bank.pay', %s, %s)",
+            (f"{self.run_id}-raw", Jsonb(args), other)).fetchone(), ("execute", 2))
+        raw.execute("SELECT pg_advisory_unlock_all()")
+        raw.execute("SELECT durable_ledger.complete_effect(%s, %s)", (other, Jsonb({"payment_id": "x"})))
+        row = self.row(other)
+        self.assertEqual((row["attempt"], row["conflict"], row["result"]), (2, True, None))
+        self.assertNotEqual(row["status"], "completed")
+
+    def interleave(self, invoice: str, args: Any, first_outcome: Any) -> tuple:
+        """Two attempts of business key ``invoice`` through one Ledger, run and lease.
+
+        Attempt 1 waits at the bank while the bank's webhook records it as declined
+        (another connection); the agent then retries, which executes attempt 2 under the
+        same lease, and it waits at the bank too; only then does attempt 1's own report
+        (``first_outcome``: a refusal or a payment) arrive, on the connection that holds
+        the lease that began attempt 2.  Returns (attempt 1's exception, the effect row
+        right after it, the second perform, the second call's future, the pool).
+        """
+        ledger = self.ledger()
+        webhook = self.connect()
+        first, second = Parked(first_outcome), Parked({"payment_id": "pay_2"})
+        pool = ThreadPoolExecutor(2)
+        self.addCleanup(pool.shutdown)
+        self.addCleanup(second.go.set)  # never leave a thread waiting at the bank
+        self.addCleanup(first.go.set)
+        one = pool.submit(ledger.guarded, self.run_id, "bank.pay", args, first, business_key=invoice)
+        self.assertTrue(first.entered.wait(30), "attempt 1 never reached the bank")
+        webhook.execute("SELECT durable_ledger.fail_effect(%s, %s, 1)",
+                        (invoice, Jsonb({"code": "declined"})))
+        two = pool.submit(ledger.guarded, self.run_id, "bank.pay", args, second, business_key=invoice)
+        self.assertTrue(second.entered.wait(30), "attempt 2 never reached the bank")
+        self.assertEqual(second.keys, [invoice])
+        first.go.set()
+        error = one.exception(timeout=30)
+        return error, self.row(invoice), second, two
+
+    def test_late_refusal_of_attempt_1_never_decides_attempt_2(self) -> None:
+        # Without its attempt, attempt 1's refusal would be applied to attempt 2 here (this
+        # session holds the lease that began attempt 2): attempt 2, whose payment is in
+        # flight, would be "failed", and a third attempt could pay again.
+        invoice = f"INV-{uuid.uuid4()}"
+        args = {"invoice": invoice, "amount": 71}
+        error, row, second, two = self.interleave(invoice, args,
+                                                  EffectDidNotHappen({"code": "declined"}))
+        self.assertIsInstance(error, EffectFailed)  # the refusal is on record: accepted
+        self.assertFalse(error.replayed)
+        self.assertEqual(error.error, {"code": "declined"})
+        self.assertEqual((row["attempt"], row["status"], row["conflict"], row["error"]),
+                         (2, "started", False, None))
+        second.go.set()
+        self.assertEqual(two.result(timeout=30), {"payment_id": "pay_2"})
+        row = self.row(invoice)
+        self.assertEqual((row["attempt"], row["status"], row["conflict"], row["result"]),
+                         (2, "completed", False, {"payment_id": "pay_2"}))
+        self.assertEqual(self.audit(invoice), [("intent", 1), ("failed", 1), ("intent", 2),
+                                               ("completed", 2)])
+        self.assertEqual(self.admin.execute(
+            "SELECT attempt, status::text, error FROM durable_ledger.past_attempts WHERE key = %s",
+            (invoice,)).fetchall(), [(1, "failed", {"code": "declined"})])
+
+    def test_late_completion_of_replaced_attempt_is_kept_as_conflict_not_applied(self) -> None:
+        # The bank did pay attempt 1, though the webhook said it declined: the client's
+        # completion of attempt 1 arrives while attempt 2 is in flight.  Without its
+        # attempt it would complete attempt 2 with attempt 1's payment; with it, it is
+        # evidence of a double payment, kept as a conflict for a person.
+        invoice = f"INV-{uuid.uuid4()}"
+        args = {"invoice": invoice, "amount": 72}
+        error, row, second, two = self.interleave(invoice, args, {"payment_id": "pay_1"})
+        self.assertIsInstance(error, OutcomeNotRecorded)
+        self.assertEqual(error.result, {"payment_id": "pay_1"})
+        self.assertEqual((row["attempt"], row["status"], row["conflict"], row["result"]),
+                         (2, "started", True, None))
+        conflict = self.admin.execute(
+            "SELECT attempt, detail->'result' FROM durable_ledger.audit_log"
+            " WHERE key = %s AND event = 'conflict'", (invoice,)).fetchall()
+        self.assertEqual(conflict, [(1, {"payment_id": "pay_1"})])
+        second.go.set()
+        self.assertIsInstance(two.exception(timeout=30), OutcomeNotRecorded)  # still flagged
+        row = self.row(invoice)
+        self.assertEqual(row["attempt"], 2)
+        self.assertNotEqual(row["result"], {"payment_id": "pay_1"})
+        self.assertTrue(row["conflict"])
+        self.assertEqual(self.admin.execute(
+            "SELECT count(*) FROM durable_ledger.unresolved WHERE key = %s", (invoice,)).fetchone()[0], 1)
 
     # --------------------------------------------------------- in progress
 
