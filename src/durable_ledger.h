@@ -51,6 +51,7 @@ extern bool dl_allow_drop;
 extern int	dl_max_leases_per_session;
 extern void dl_note_durable_write(void);
 extern void dl_note_ledger_write(void);
+extern void dl_require_current_schema(void);
 
 /* canonical.c */
 extern void dl_append_canonical_args(StringInfo out, Jsonb *args);

@@ -126,7 +126,7 @@ check_writable(const char *function)
 	if (XactReadOnly)
 		ereport(ERROR,
 				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
-				 errmsg("cannot execute %s in a read-only transaction", function)));
+				 errmsg("cannot execute %s in a read-only transaction", function)));	dl_require_current_schema();
 }
 
 static void

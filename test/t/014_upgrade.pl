@@ -1,9 +1,14 @@
-# 014_upgrade: every upgrade path to the default version, exercised.  For
-# each older version that has a path: install it, write ledger rows, ALTER
-# EXTENSION ... UPDATE, and check that the rows survived and that the schema
-# is the one a fresh install of the default version creates.  With a single
-# version, ALTER EXTENSION ... UPDATE must be a no-op that keeps the rows.
-# Shipping a new version only adds its script: this test picks it up.
+# 014_upgrade: every upgrade path to the default version, exercised, and the
+# result equal to a fresh install.  For each older version that has a path:
+# install it, load a ledger that version really wrote (test/fixtures), check
+# that the new library refuses to write into the old objects, ALTER EXTENSION
+# ... UPDATE, and check that the schema (objects, columns, constraints,
+# indexes, triggers, views, functions, privileges, comments, dumped tables) is
+# the one a fresh install of the default version creates, that the rows
+# survived, and that the update filled in what the new version keeps (the
+# replaced attempts of business keys).  The no-op update of the default
+# version keeps the rows too.  Shipping a new version adds its script and a
+# fixture of the version before it: this test picks them up.
 use strict;
 use warnings;
 use lib "$ENV{TESTDIR}/test/perl";
@@ -17,18 +22,56 @@ $node->start;
 
 # What a database's ledger looks like, object by object (not its data).
 my $shape_sql = q{
+	WITH ext AS (SELECT oid FROM pg_extension WHERE extname = 'durable_ledger'),
+	     nsp AS (SELECT 'durable_ledger'::regnamespace AS oid)
 	SELECT string_agg(d, E'\n' ORDER BY d) FROM (
-	  SELECT pg_describe_object(classid, objid, objsubid) AS d
+	  SELECT 'member ' || pg_describe_object(classid, objid, objsubid) AS d
 	    FROM pg_depend
 	   WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
-	     AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'durable_ledger')
+	     AND refobjid = (SELECT oid FROM ext)
 	  UNION ALL
-	  SELECT format('%s.%s %s', c.relname, a.attname, format_type(a.atttypid, a.atttypmod))
+	  SELECT format('column %s.%s %s notnull=%s default=%s', c.relname, a.attname,
+	                format_type(a.atttypid, a.atttypmod), a.attnotnull,
+	                pg_get_expr(ad.adbin, ad.adrelid))
 	    FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
-	   WHERE c.relnamespace = 'durable_ledger'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
+	    LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+	   WHERE c.relnamespace = (SELECT oid FROM nsp) AND a.attnum > 0 AND NOT a.attisdropped
 	  UNION ALL
-	  SELECT format('%s(%s) %s', p.proname, pg_get_function_arguments(p.oid), md5(pg_get_functiondef(p.oid)))
-	    FROM pg_proc p WHERE p.pronamespace = 'durable_ledger'::regnamespace
+	  SELECT format('relation %s %s acl=%s options=%s comment=%s', c.relname, c.relkind,
+	                c.relacl, c.reloptions, obj_description(c.oid, 'pg_class'))
+	    FROM pg_class c WHERE c.relnamespace = (SELECT oid FROM nsp)
+	  UNION ALL
+	  SELECT 'index ' || pg_get_indexdef(i.indexrelid)
+	    FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid
+	   WHERE c.relnamespace = (SELECT oid FROM nsp)
+	  UNION ALL
+	  SELECT format('constraint %s on %s: %s', co.conname, co.conrelid::regclass,
+	                pg_get_constraintdef(co.oid))
+	    FROM pg_constraint co WHERE co.connamespace = (SELECT oid FROM nsp)
+	  UNION ALL
+	  SELECT 'trigger ' || pg_get_triggerdef(t.oid)
+	    FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+	   WHERE c.relnamespace = (SELECT oid FROM nsp) AND NOT t.tgisinternal
+	  UNION ALL
+	  SELECT format('view %s: %s', c.relname, pg_get_viewdef(c.oid))
+	    FROM pg_class c WHERE c.relnamespace = (SELECT oid FROM nsp) AND c.relkind = 'v'
+	  UNION ALL
+	  SELECT format('function %s(%s) %s acl=%s comment=%s', p.proname,
+	                pg_get_function_arguments(p.oid), md5(pg_get_functiondef(p.oid)),
+	                p.proacl, obj_description(p.oid, 'pg_proc'))
+	    FROM pg_proc p WHERE p.pronamespace = (SELECT oid FROM nsp)
+	  UNION ALL
+	  SELECT format('type %s acl=%s', t.typname, t.typacl)
+	    FROM pg_type t WHERE t.typnamespace = (SELECT oid FROM nsp) AND t.typarray <> 0
+	  UNION ALL
+	  SELECT format('schema acl=%s', n.nspacl) FROM pg_namespace n WHERE n.oid = (SELECT oid FROM nsp)
+	  UNION ALL
+	  SELECT 'dumped ' || unnest(extconfig)::regclass::text
+	    FROM pg_extension WHERE extname = 'durable_ledger'
+	  UNION ALL
+	  SELECT format('event trigger %s on %s tags %s', evtname, evtevent, evttags)
+	    FROM pg_event_trigger WHERE evtfoid IN
+	         (SELECT oid FROM pg_proc WHERE pronamespace = (SELECT oid FROM nsp))
 	) s};
 
 my $default = $node->safe_psql('postgres',
@@ -36,32 +79,106 @@ my $default = $node->safe_psql('postgres',
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('fresh', 'CREATE EXTENSION durable_ledger');
 my $fresh_shape = $node->safe_psql('fresh', $shape_sql);
+like($fresh_shape, qr/^member table durable_ledger\.effects$/m, 'the shape query sees the ledger');
 
 my @sources = split /\n/, $node->safe_psql('postgres', qq{
 	SELECT source FROM pg_extension_update_paths('durable_ledger')
 	 WHERE target = '$default' AND path IS NOT NULL ORDER BY source});
-push @sources, $default;    # the no-op update of the current version
+ok(scalar(@sources) >= 1, "there is an upgrade path to $default") if $default ne '1.0';
+
+my $counts_sql = q{
+	SELECT (SELECT count(*) FROM durable_ledger.effects) || ' effects, '
+	    || (SELECT count(*) FROM durable_ledger.runs) || ' runs, '
+	    || (SELECT count(*) FROM durable_ledger.audit_log) || ' audit rows, '
+	    || (SELECT md5(string_agg(e::text, ',' ORDER BY key)) FROM durable_ledger.effects e)};
 
 for my $from (@sources)
 {
 	my $db = "from_" . ($from =~ s/\W/_/gr);
+	my $fixture = "$ENV{TESTDIR}/test/fixtures/ledger-$from.sql";
+	ok(-f $fixture, "from $from: a ledger written by $from is on file");
 	$node->safe_psql('postgres', "CREATE DATABASE $db");
 	$node->safe_psql($db, "CREATE EXTENSION durable_ledger VERSION '$from'");
-	$node->safe_psql($db, q{
-		SELECT durable_ledger.complete_effect(key, '{"payment_id": "pay_1"}')
-		  FROM durable_ledger.begin_effect('upgrade-run', 'bank.pay', '{"invoice": 1}');
-		SELECT durable_ledger.release_run('upgrade-run');});
+
+	# the new library never writes into the old version's objects
+	my ($rc, $out, $err) = $node->psql($db, q{
+		SELECT decision FROM durable_ledger.begin_effect('upgrade-run', 'bank.pay', '{"invoice": 1}')},
+		on_error_stop => 1);
+	like($err, qr/older than its library.*ALTER EXTENSION durable_ledger UPDATE/s,
+		"from $from: before the update, writes fail with a clear error");
+	is($node->safe_psql($db, 'SELECT count(*) FROM durable_ledger.effects')
+		 . $node->safe_psql($db, q{SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 17484}),
+		'00', "from $from: ... and write nothing, nor keep a lock");
+
+	$node->command_ok(
+		[ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr($db), '-f', $fixture ],
+		"from $from: the $from ledger loads");
+	my $counts_before = $node->safe_psql($db, $counts_sql);
+
 	$node->safe_psql($db, 'ALTER EXTENSION durable_ledger UPDATE');
 
 	is($node->safe_psql($db, "SELECT extversion FROM pg_extension WHERE extname = 'durable_ledger'"),
 		$default, "from $from: the extension is at $default");
 	is($node->safe_psql($db, $shape_sql), $fresh_shape,
 		"from $from: the schema equals a fresh install of $default");
+	is($node->safe_psql($db, $counts_sql), $counts_before,
+		"from $from: every effect, run and audit row is unchanged");
+
+	next unless $from eq '1.0';
+
+	# 1.1 keeps the attempts of business keys that a later attempt replaced:
+	# the update rebuilds them from the 1.0 audit log
 	is($node->safe_psql($db, q{
-			SELECT decision || ' ' || (result->>'payment_id')
-			  FROM durable_ledger.begin_effect('upgrade-run', 'bank.pay', '{"invoice": 1}')}),
-		'replay pay_1', "from $from: the ledger's rows survived the update");
+			SELECT string_agg(format('%s#%s %s/%s %s %s %s', key, attempt, run, lease_epoch, status,
+			                         error, coalesce(resolved_by, '-')), E'\n' ORDER BY key, attempt)
+			  FROM durable_ledger.past_attempts}),
+		join("\n",
+			'BK-A#1 bk-run-1/1 failed {"try": 1, "code": "declined"} -',
+			'BK-A#2 bk-run-2/1 failed {"try": 2, "code": "timeout"} -',
+			'BK-A#3 bk-run-3/1 failed {"try": 3, "checked": "bank"} maria',
+			'BK-B#1 bk-run-5/1 failed {"code": "no stock"} -'),
+		'from 1.0: the replaced attempts are rebuilt from the audit log');
+
+	# and the updated ledger decides as before
+	is($node->safe_psql($db, q{
+			SELECT string_agg(decision || ':' || status || ':' || attempt, ' ' ORDER BY n)
+			  FROM (VALUES (1, 'ap-1', 'bank.pay', '{"invoice": "INV-1", "amount": 100}'::jsonb, NULL),
+			               (2, 'ap-1', 'bank.pay', '{"invoice": "INV-2", "amount": 200}', NULL),
+			               (3, 'up-1', 'bank.pay', '{"invoice": "BK-A"}', 'BK-A'),
+			               (4, 'up-1', 'ship', '{"order": "BK-B"}', 'BK-B')) AS c(n, run, tool, args, bk),
+			       LATERAL durable_ledger.begin_effect(c.run, c.tool, c.args, c.bk) AS d}),
+		'replay:completed:1 pause:unknown:1 replay:completed:4 pause:unknown:2',
+		'from 1.0: completed effects replay, unknown ones pause, business keys keep their attempts');
+
+	# reports on the replaced attempts: the same failure again changes nothing,
+	# a completion is a conflict filed under the attempt's own run and epoch
+	is($node->safe_psql($db, q{
+			SELECT status || ' ' || conflict FROM durable_ledger.fail_effect('BK-B', '{"code": "no stock"}', 1);
+			SELECT status || ' ' || conflict FROM durable_ledger.complete_effect('BK-A', '{"payment_id": "pay_X"}', 2);
+			SELECT run || '/' || lease_epoch || '/' || attempt FROM durable_ledger.audit_log
+			 WHERE key = 'BK-A' AND event = 'conflict' ORDER BY id DESC LIMIT 1;}),
+		"unknown false\ncompleted true\nbk-run-2/1/2",
+		'from 1.0: reports on replaced attempts are judged against them');
+
+	# the audit sequence went on from where the 1.0 ledger left it
+	is($node->safe_psql($db, q{SELECT count(*) = count(DISTINCT id) FROM durable_ledger.audit_log}),
+		't', 'from 1.0: audit ids stay unique');
 }
+
+# the no-op update of the current version keeps the rows
+$node->safe_psql('postgres', 'CREATE DATABASE from_default');
+$node->safe_psql('from_default', 'CREATE EXTENSION durable_ledger');
+$node->safe_psql('from_default', q{
+	SELECT durable_ledger.complete_effect(key, '{"payment_id": "pay_1"}', attempt)
+	  FROM durable_ledger.begin_effect('upgrade-run', 'bank.pay', '{"invoice": 1}');
+	SELECT durable_ledger.release_run('upgrade-run');});
+$node->safe_psql('from_default', 'ALTER EXTENSION durable_ledger UPDATE');
+is($node->safe_psql('from_default', $shape_sql), $fresh_shape,
+	"from $default: a no-op update keeps the schema");
+is($node->safe_psql('from_default', q{
+		SELECT decision || ' ' || (result->>'payment_id')
+		  FROM durable_ledger.begin_effect('upgrade-run', 'bank.pay', '{"invoice": 1}')}),
+	'replay pay_1', "from $default: the rows survived");
 
 $node->stop;
 done_testing();
