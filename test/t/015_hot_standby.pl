@@ -12,8 +12,6 @@
 # 'unknown' and pauses its run.
 use strict;
 use warnings;
-use lib "$ENV{TESTDIR}/test/perl";
-use DurableLedger::TestNode;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
