@@ -11,7 +11,8 @@ OBJS = \
 	src/store.o \
 	src/direct.o \
 	src/ledger.o \
-	src/drop_guard.o
+	src/drop_guard.o \
+	src/older_sql.o
 DATA = $(wildcard $(EXTENSION)--*.sql)
 PG_CPPFLAGS = -I$(srcdir)/src
 

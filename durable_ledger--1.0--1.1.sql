@@ -37,11 +37,12 @@ GRANT SELECT ON durable_ledger.past_attempts TO durable_ledger_auditor;
 -- intent is the key's first intent (1.0 logged it without detail), attempt
 -- k > 1's intent carries {"attempt": k}; the attempt's outcome is the last
 -- failure (or failed resolution) logged before the next attempt's intent.
+-- (1.0 logged an SQL NULL error as JSON null: it becomes NULL again.)
 INSERT INTO durable_ledger.past_attempts
     (key, attempt, run, lease_epoch, holder_pid, status, error, meta, created_at,
      completed_at, resolved_by, resolution_note, replaced_at)
 SELECT e.key, k.attempt, i.run, i.lease_epoch, i.backend_pid, 'failed',
-       o.error, NULL, i.logged_at, o.logged_at, o.resolved_by, o.note,
+       NULLIF(o.error, 'null'::jsonb), NULL, i.logged_at, o.logged_at, o.resolved_by, o.note,
        COALESCE(n.logged_at, e.created_at)
   FROM durable_ledger.effects e
  CROSS JOIN LATERAL pg_catalog.generate_series(1, e.attempt OPERATOR(pg_catalog.-) 1) AS k(attempt)
@@ -79,15 +80,19 @@ SELECT e.key, k.attempt, i.run, i.lease_epoch, i.backend_pid, 'failed',
          LIMIT 1) o ON true
  WHERE e.business_key AND e.attempt OPERATOR(pg_catalog.>) 1;
 
--- complete_effect and fail_effect gain the attempt they report on.  (The
--- two-argument forms must go: with both, a two-argument call is ambiguous.)
+-- complete_effect, fail_effect and resolve_effect gain the attempt they are
+-- about.  (The old forms must go: with both, a call without the attempt
+-- would be ambiguous.)  Every function implemented anew binds to a symbol of
+-- version 1.1: a backend that still has the 1.0 library loaded then fails to
+-- find it, instead of applying 1.0 rules to 1.1 tables.
 DROP FUNCTION durable_ledger.complete_effect(text, jsonb);
 DROP FUNCTION durable_ledger.fail_effect(text, jsonb);
+DROP FUNCTION durable_ledger.resolve_effect(text, text, jsonb, text, text);
 
 CREATE FUNCTION durable_ledger.complete_effect(key text, result jsonb,
                                                attempt integer DEFAULT NULL)
 RETURNS durable_ledger.effects
-AS 'MODULE_PATHNAME', 'dl_complete_effect'
+AS 'MODULE_PATHNAME', 'dl_complete_effect_1_1'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.complete_effect(text, jsonb, integer) IS
@@ -96,25 +101,73 @@ COMMENT ON FUNCTION durable_ledger.complete_effect(text, jsonb, integer) IS
 CREATE FUNCTION durable_ledger.fail_effect(key text, error jsonb,
                                            attempt integer DEFAULT NULL)
 RETURNS durable_ledger.effects
-AS 'MODULE_PATHNAME', 'dl_fail_effect'
+AS 'MODULE_PATHNAME', 'dl_fail_effect_1_1'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.fail_effect(text, jsonb, integer) IS
     'declares that the effect (the given attempt of it) definitively did not happen';
 
+CREATE FUNCTION durable_ledger.resolve_effect(key text, outcome text, result jsonb,
+                                              resolved_by text, note text DEFAULT NULL,
+                                              attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_resolve_effect_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.resolve_effect(text, text, jsonb, text, text, integer) IS
+    'a named person''s decision on an effect (the given attempt of it) whose outcome is unknown or contradicted';
+
 REVOKE ALL ON FUNCTION durable_ledger.complete_effect(text, jsonb, integer),
-                       durable_ledger.fail_effect(text, jsonb, integer) FROM PUBLIC;
+                       durable_ledger.fail_effect(text, jsonb, integer),
+                       durable_ledger.resolve_effect(text, text, jsonb, text, text, integer)
+    FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION durable_ledger.complete_effect(text, jsonb, integer),
                           durable_ledger.fail_effect(text, jsonb, integer)
     TO durable_ledger_worker;
+GRANT EXECUTE ON FUNCTION durable_ledger.resolve_effect(text, text, jsonb, text, text, integer)
+    TO durable_ledger_admin;
+
+CREATE OR REPLACE FUNCTION durable_ledger.acquire_run(run text, wait boolean DEFAULT true)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_acquire_run_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION durable_ledger.release_run(run text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_release_run_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION durable_ledger.begin_effect(run text, tool text, args jsonb,
+                                                       business_key text DEFAULT NULL,
+                                                       meta jsonb DEFAULT NULL)
+RETURNS durable_ledger.decision
+AS 'MODULE_PATHNAME', 'dl_begin_effect_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION durable_ledger.effect_status(key text)
+RETURNS SETOF durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_effect_status_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+ROWS 1;
+
+CREATE OR REPLACE FUNCTION durable_ledger.break_lease(run text, broken_by text, note text DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_break_lease_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
 
 -- ---------------------------------------------------------------------------
 -- Replicas: the views say what a hot standby cannot judge.
 -- ---------------------------------------------------------------------------
 
--- The activity of the backends that hold leases, for readers who may not see
--- other roles' sessions in pg_stat_activity (auditors): state, application
--- and client address of lease holders only, never their queries.
+-- The activity of the backends that hold leases in this database, for readers
+-- who may not see other roles' sessions in pg_stat_activity (auditors):
+-- state, application and client address of lease holders only, never their
+-- queries.
 CREATE FUNCTION durable_ledger.lease_holder_activity()
 RETURNS TABLE (pid integer, application_name text, client_addr inet, backend_state text)
 LANGUAGE sql STABLE SECURITY DEFINER
@@ -122,11 +175,15 @@ SET search_path = pg_catalog, pg_temp
 AS $fn$
     SELECT a.pid, a.application_name, a.client_addr, a.state
       FROM pg_catalog.pg_stat_activity a
-     WHERE a.pid OPERATOR(pg_catalog.=) ANY (
+     WHERE a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+       AND a.pid OPERATOR(pg_catalog.=) ANY (
             SELECT l.pid FROM pg_catalog.pg_locks l
              WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
                AND l.objsubid OPERATOR(pg_catalog.=) 17484
-               AND l.granted)
+               AND l.granted
+               AND l.database OPERATOR(pg_catalog.=)
+                   (SELECT d.oid FROM pg_catalog.pg_database d
+                     WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()))
 $fn$;
 COMMENT ON FUNCTION durable_ledger.lease_holder_activity() IS
     'state, application and client address of the backends that hold leases (for the leases view)';
@@ -178,14 +235,16 @@ SELECT r.run, r.holder_pid, r.epochs, r.holder_role, r.holder_application_name,
    AND r.released_at IS NULL;
 
 -- Effects that need a person: outcome unknown (recorded, or a started effect
--- whose lease is no longer live), or flagged by a contradicting report.  On a
--- hot standby a started effect is listed as started, with a reason saying
--- that whether it is still in flight cannot be judged there.
+-- whose lease is no longer live), or flagged by a contradicting report.  A
+-- started effect is shown unknown only when its lease has ended (a flagged
+-- one may still be in flight).  On a hot standby a started effect is listed
+-- as started, with a reason saying that whether it is still in flight cannot
+-- be judged there.
 CREATE VIEW durable_ledger.unresolved AS
 SELECT e.key,
        e.run,
        e.tool,
-       CASE WHEN e.status OPERATOR(pg_catalog.=) 'started' AND NOT s.standby THEN 'unknown'
+       CASE WHEN l.lease_ended THEN 'unknown'
             ELSE e.status END::durable_ledger.effect_state AS status,
        e.conflict,
        CASE
@@ -206,10 +265,8 @@ SELECT e.key,
        e.lease_epoch
   FROM durable_ledger.effects e
  CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
- WHERE e.conflict
-    OR e.status OPERATOR(pg_catalog.=) 'unknown'
-    OR (e.status OPERATOR(pg_catalog.=) 'started'
-        AND (s.standby OR NOT EXISTS (
+ CROSS JOIN LATERAL (
+        SELECT e.status OPERATOR(pg_catalog.=) 'started' AND NOT s.standby AND NOT EXISTS (
             SELECT 1
               FROM durable_ledger.runs r
               JOIN pg_catalog.pg_locks l
@@ -225,7 +282,10 @@ SELECT e.key,
                      WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
              WHERE r.run OPERATOR(pg_catalog.=) e.run
                AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
-               AND r.released_at IS NULL)));
+               AND r.released_at IS NULL) AS lease_ended) l
+ WHERE e.conflict
+    OR e.status OPERATOR(pg_catalog.=) 'unknown'
+    OR (e.status OPERATOR(pg_catalog.=) 'started' AND (s.standby OR l.lease_ended));
 
 REVOKE ALL ON durable_ledger.leases, durable_ledger.unresolved FROM PUBLIC;
 GRANT SELECT ON durable_ledger.leases, durable_ledger.unresolved TO durable_ledger_auditor;

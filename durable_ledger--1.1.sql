@@ -172,9 +172,10 @@ SELECT pg_catalog.pg_extension_config_dump('durable_ledger.past_attempts', '');
 -- Views for people.
 -- ---------------------------------------------------------------------------
 
--- The activity of the backends that hold leases, for readers who may not see
--- other roles' sessions in pg_stat_activity (auditors): state, application
--- and client address of lease holders only, never their queries.
+-- The activity of the backends that hold leases in this database, for readers
+-- who may not see other roles' sessions in pg_stat_activity (auditors):
+-- state, application and client address of lease holders only, never their
+-- queries.
 CREATE FUNCTION durable_ledger.lease_holder_activity()
 RETURNS TABLE (pid integer, application_name text, client_addr inet, backend_state text)
 LANGUAGE sql STABLE SECURITY DEFINER
@@ -182,11 +183,15 @@ SET search_path = pg_catalog, pg_temp
 AS $fn$
     SELECT a.pid, a.application_name, a.client_addr, a.state
       FROM pg_catalog.pg_stat_activity a
-     WHERE a.pid OPERATOR(pg_catalog.=) ANY (
+     WHERE a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+       AND a.pid OPERATOR(pg_catalog.=) ANY (
             SELECT l.pid FROM pg_catalog.pg_locks l
              WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
                AND l.objsubid OPERATOR(pg_catalog.=) 17484
-               AND l.granted)
+               AND l.granted
+               AND l.database OPERATOR(pg_catalog.=)
+                   (SELECT d.oid FROM pg_catalog.pg_database d
+                     WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()))
 $fn$;
 COMMENT ON FUNCTION durable_ledger.lease_holder_activity() IS
     'state, application and client address of the backends that hold leases (for the leases view)';
@@ -233,14 +238,16 @@ SELECT r.run, r.holder_pid, r.epochs, r.holder_role, r.holder_application_name,
    AND r.released_at IS NULL;
 
 -- Effects that need a person: outcome unknown (recorded, or a started effect
--- whose lease is no longer live), or flagged by a contradicting report.  On a
--- hot standby a started effect is listed as started, with a reason saying
--- that whether it is still in flight cannot be judged there.
+-- whose lease is no longer live), or flagged by a contradicting report.  A
+-- started effect is shown unknown only when its lease has ended (a flagged
+-- one may still be in flight).  On a hot standby a started effect is listed
+-- as started, with a reason saying that whether it is still in flight cannot
+-- be judged there.
 CREATE VIEW durable_ledger.unresolved AS
 SELECT e.key,
        e.run,
        e.tool,
-       CASE WHEN e.status OPERATOR(pg_catalog.=) 'started' AND NOT s.standby THEN 'unknown'
+       CASE WHEN l.lease_ended THEN 'unknown'
             ELSE e.status END::durable_ledger.effect_state AS status,
        e.conflict,
        CASE
@@ -261,10 +268,8 @@ SELECT e.key,
        e.lease_epoch
   FROM durable_ledger.effects e
  CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
- WHERE e.conflict
-    OR e.status OPERATOR(pg_catalog.=) 'unknown'
-    OR (e.status OPERATOR(pg_catalog.=) 'started'
-        AND (s.standby OR NOT EXISTS (
+ CROSS JOIN LATERAL (
+        SELECT e.status OPERATOR(pg_catalog.=) 'started' AND NOT s.standby AND NOT EXISTS (
             SELECT 1
               FROM durable_ledger.runs r
               JOIN pg_catalog.pg_locks l
@@ -280,12 +285,17 @@ SELECT e.key,
                      WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
              WHERE r.run OPERATOR(pg_catalog.=) e.run
                AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
-               AND r.released_at IS NULL)));
+               AND r.released_at IS NULL) AS lease_ended) l
+ WHERE e.conflict
+    OR e.status OPERATOR(pg_catalog.=) 'unknown'
+    OR (e.status OPERATOR(pg_catalog.=) 'started' AND (s.standby OR l.lease_ended));
 
 -- ---------------------------------------------------------------------------
 -- Functions.  The writers are SECURITY DEFINER with a pinned search_path; every
 -- SQL text they run is schema-qualified (src/store.c).  None is STRICT: a NULL
 -- where a value is required is an error (22004), never a silent NULL answer.
+-- The C symbols carry the version (dl_..._1_1): a backend that still has an
+-- older library loaded fails to find them instead of applying older rules.
 -- ---------------------------------------------------------------------------
 
 CREATE FUNCTION durable_ledger.canonical_args(args jsonb)
@@ -304,7 +314,7 @@ COMMENT ON FUNCTION durable_ledger.effect_key(text, text, jsonb, integer) IS
 
 CREATE FUNCTION durable_ledger.acquire_run(run text, wait boolean DEFAULT true)
 RETURNS boolean
-AS 'MODULE_PATHNAME', 'dl_acquire_run'
+AS 'MODULE_PATHNAME', 'dl_acquire_run_1_1'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.acquire_run(text, boolean) IS
@@ -312,7 +322,7 @@ COMMENT ON FUNCTION durable_ledger.acquire_run(text, boolean) IS
 
 CREATE FUNCTION durable_ledger.release_run(run text)
 RETURNS boolean
-AS 'MODULE_PATHNAME', 'dl_release_run'
+AS 'MODULE_PATHNAME', 'dl_release_run_1_1'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.release_run(text) IS
@@ -322,7 +332,7 @@ CREATE FUNCTION durable_ledger.begin_effect(run text, tool text, args jsonb,
                                             business_key text DEFAULT NULL,
                                             meta jsonb DEFAULT NULL)
 RETURNS durable_ledger.decision
-AS 'MODULE_PATHNAME', 'dl_begin_effect'
+AS 'MODULE_PATHNAME', 'dl_begin_effect_1_1'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb) IS
@@ -331,7 +341,7 @@ COMMENT ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb) 
 CREATE FUNCTION durable_ledger.complete_effect(key text, result jsonb,
                                                attempt integer DEFAULT NULL)
 RETURNS durable_ledger.effects
-AS 'MODULE_PATHNAME', 'dl_complete_effect'
+AS 'MODULE_PATHNAME', 'dl_complete_effect_1_1'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.complete_effect(text, jsonb, integer) IS
@@ -340,24 +350,25 @@ COMMENT ON FUNCTION durable_ledger.complete_effect(text, jsonb, integer) IS
 CREATE FUNCTION durable_ledger.fail_effect(key text, error jsonb,
                                            attempt integer DEFAULT NULL)
 RETURNS durable_ledger.effects
-AS 'MODULE_PATHNAME', 'dl_fail_effect'
+AS 'MODULE_PATHNAME', 'dl_fail_effect_1_1'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.fail_effect(text, jsonb, integer) IS
     'declares that the effect (the given attempt of it) definitively did not happen';
 
 CREATE FUNCTION durable_ledger.resolve_effect(key text, outcome text, result jsonb,
-                                              resolved_by text, note text DEFAULT NULL)
+                                              resolved_by text, note text DEFAULT NULL,
+                                              attempt integer DEFAULT NULL)
 RETURNS durable_ledger.effects
-AS 'MODULE_PATHNAME', 'dl_resolve_effect'
+AS 'MODULE_PATHNAME', 'dl_resolve_effect_1_1'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION durable_ledger.resolve_effect(text, text, jsonb, text, text) IS
-    'a named person''s decision on an effect whose outcome is unknown or contradicted';
+COMMENT ON FUNCTION durable_ledger.resolve_effect(text, text, jsonb, text, text, integer) IS
+    'a named person''s decision on an effect (the given attempt of it) whose outcome is unknown or contradicted';
 
 CREATE FUNCTION durable_ledger.effect_status(key text)
 RETURNS SETOF durable_ledger.effects
-AS 'MODULE_PATHNAME', 'dl_effect_status'
+AS 'MODULE_PATHNAME', 'dl_effect_status_1_1'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 ROWS 1;
@@ -366,7 +377,7 @@ COMMENT ON FUNCTION durable_ledger.effect_status(text) IS
 
 CREATE FUNCTION durable_ledger.break_lease(run text, broken_by text, note text DEFAULT NULL)
 RETURNS boolean
-AS 'MODULE_PATHNAME', 'dl_break_lease'
+AS 'MODULE_PATHNAME', 'dl_break_lease_1_1'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.break_lease(text, text, text) IS
@@ -415,6 +426,6 @@ GRANT SELECT ON durable_ledger.effects, durable_ledger.runs, durable_ledger.audi
 GRANT EXECUTE ON FUNCTION durable_ledger.lease_holder_activity() TO durable_ledger_auditor;
 
 GRANT EXECUTE ON FUNCTION
-    durable_ledger.resolve_effect(text, text, jsonb, text, text),
+    durable_ledger.resolve_effect(text, text, jsonb, text, text, integer),
     durable_ledger.break_lease(text, text, text)
     TO durable_ledger_admin;

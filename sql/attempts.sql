@@ -107,14 +107,24 @@ SELECT * FROM dblink('b', $$SELECT decision, attempt
 SELECT status, attempt, conflict FROM durable_ledger.complete_effect('ATT-2', '{"payment": "p2"}');
 SELECT * FROM dblink('b', $$SELECT durable_ledger.release_run('att-e')$$) AS t(released boolean);
 
--- the holder of the very lease that started the current attempt
+-- the holder of the very lease that started the current attempt, when that
+-- lease began no earlier attempt of the key (att-f's second epoch)
 SELECT decision, attempt FROM durable_ledger.begin_effect('att-f', 'pay', '{"invoice": 3}', 'ATT-3');
 SELECT status FROM durable_ledger.fail_effect('ATT-3', '"declined"');
+SELECT durable_ledger.acquire_run('att-f');
 SELECT decision, attempt FROM durable_ledger.begin_effect('att-f', 'pay', '{"invoice": 3}', 'ATT-3');
 SELECT status, attempt, conflict FROM durable_ledger.fail_effect('ATT-3', '"declined again"');
+-- a lease that began two attempts cannot tell them apart: when it began
+-- attempt 3 in the same epoch as attempt 2, a report that names no attempt
+-- (a network retry of attempt 2's failure, say) may concern attempt 2
 SELECT decision, attempt FROM durable_ledger.begin_effect('att-f', 'pay', '{"invoice": 3}', 'ATT-3');
-SELECT status, attempt, result, conflict FROM durable_ledger.complete_effect('ATT-3', '{"payment": "p3"}');
-SELECT attempt, run, error FROM durable_ledger.past_attempts WHERE key = 'ATT-3' ORDER BY attempt;
+SELECT status, attempt, conflict FROM durable_ledger.fail_effect('ATT-3', '"declined again"');
+SELECT decision, status, attempt FROM durable_ledger.begin_effect('att-f2', 'pay', '{"invoice": 3}', 'ATT-3');
+-- by number, attempt 3's own report lands on attempt 3
+SELECT status, attempt, result, conflict FROM durable_ledger.complete_effect('ATT-3', '{"payment": "p3"}', 3);
+SELECT status FROM durable_ledger.resolve_effect('ATT-3', 'completed', '{"payment": "p3"}', 'regress',
+                                                  attempt => 3);
+SELECT attempt, run, lease_epoch, error FROM durable_ledger.past_attempts WHERE key = 'ATT-3' ORDER BY attempt;
 
 -- ===================================================================
 -- being the same backend, or holding some other lease, proves nothing
@@ -166,6 +176,31 @@ SELECT decision, status, attempt FROM durable_ledger.begin_effect('att-k', 'pay'
 SELECT key, run, status, attempt, conflict FROM durable_ledger.unresolved WHERE key = 'ATT-5';
 SELECT durable_ledger.release_run('att-k');
 
+-- ===================================================================
+-- a resolution names the attempt it was prepared for: a decision about
+-- attempt 2 never lands on an attempt 3 begun meanwhile
+-- ===================================================================
+SELECT decision, attempt FROM durable_ledger.begin_effect('att-m', 'pay', '{"invoice": 6}', 'ATT-6');
+SELECT status FROM durable_ledger.fail_effect('ATT-6', '"declined"', 1);
+SELECT decision, attempt FROM durable_ledger.begin_effect('att-m', 'pay', '{"invoice": 6}', 'ATT-6', NULL);
+SELECT durable_ledger.release_run('att-m');
+-- a person reads unresolved: attempt 2 is unknown
+SELECT key, status, attempt FROM durable_ledger.unresolved WHERE key = 'ATT-6';
+-- meanwhile attempt 2's late failure arrives, and attempt 3 begins and dies
+SELECT status FROM durable_ledger.fail_effect('ATT-6', '"declined late"', 2);
+SELECT decision, attempt FROM durable_ledger.begin_effect('att-n', 'pay', '{"invoice": 6}', 'ATT-6');
+SELECT durable_ledger.release_run('att-n');
+-- the person's decision about attempt 2 is refused, nothing written
+SELECT regress_attempt_footprint() AS before \gset
+SELECT durable_ledger.resolve_effect('ATT-6', 'failed', '"bank: nothing"', 'regress', attempt => 2);
+SELECT durable_ledger.resolve_effect('ATT-6', 'failed', '"bank: nothing"', 'regress', attempt => 4);
+SELECT durable_ledger.resolve_effect('ATT-6', 'failed', '"bank: nothing"', 'regress', attempt => 0);
+SELECT regress_attempt_footprint() = :'before' AS nothing_written;
+-- decided again, for attempt 3
+SELECT status, attempt, error FROM durable_ledger.resolve_effect('ATT-6', 'failed', '"bank: nothing"', 'regress',
+                                                                  attempt => 3);
+SELECT event, attempt, run FROM durable_ledger.audit_log WHERE key = 'ATT-6' AND event = 'resolved';
+
 -- a report on a replaced attempt that is not on record (a ledger upgraded
 -- from 1.0 whose log lacked it) is judged as a failed attempt
 DELETE FROM durable_ledger.past_attempts WHERE key = 'ATT-3' AND attempt = 1;
@@ -180,7 +215,7 @@ SELECT key AS k2 FROM durable_ledger.begin_effect('att-l', 'send_email', '{"to":
 SELECT status FROM durable_ledger.fail_effect(:'k2', NULL);
 SELECT durable_ledger.release_run('att-l');
 
-SELECT durable_ledger.release_run(r) FROM unnest(ARRAY['att-a', 'att-c', 'att-f']) AS r;
+SELECT durable_ledger.release_run(r) FROM unnest(ARRAY['att-a', 'att-c', 'att-f', 'att-f2']) AS r;
 SELECT count(*) AS leases_left FROM pg_locks
  WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
 DROP FUNCTION regress_attempt_footprint();

@@ -145,7 +145,8 @@ SELECT status, error FROM durable_ledger.fail_effect('INV-1004', '{"code": "card
 -- the same run asking again in the same epoch also gets the next attempt
 SELECT key, decision, status, attempt, error
   FROM durable_ledger.begin_effect('bk-2', 'pay_invoice', '{"invoice": "INV-1004"}', 'INV-1004');
-SELECT status, attempt, result FROM durable_ledger.complete_effect('INV-1004', '{"payment": "p-4"}');
+-- (this lease began attempts 2 and 3: its report names the attempt)
+SELECT status, attempt, result FROM durable_ledger.complete_effect('INV-1004', '{"payment": "p-4"}', 3);
 -- once completed, it is replayed: attempt 3 is the one that happened
 SELECT key, decision, status, attempt, result, error
   FROM durable_ledger.begin_effect('bk-1', 'pay_invoice', '{"invoice": "INV-1004"}', 'INV-1004');

@@ -1,9 +1,15 @@
 -- liveness: whether the lease that started an effect is still live is a
--- question about now.  Under REPEATABLE READ it is answered with a fresh
--- snapshot, not the transaction's old one (effect_status, resolve_effect and
--- begin_effect see a lease that ended after the snapshot as ended).  The
--- leases view shows auditors the holder's backend state, application and
--- client address, which pg_stat_activity hides from them.
+-- question about now, and everyone gets one answer to it.  Under REPEATABLE
+-- READ it is answered with a fresh snapshot, not the transaction's old one
+-- (effect_status, resolve_effect and begin_effect see a lease that ended
+-- after the snapshot as ended; effect_status reads the row as it is now too,
+-- so a completed effect is never called unknown; a key or run recorded after
+-- the snapshot is a serialization failure, never "does not exist").  The
+-- session that holds a run answers as everyone else does, also for a lock it
+-- holds without an epoch; unresolved calls a flagged effect unknown only when
+-- its lease has ended.  The leases view shows auditors the holder's backend
+-- state, application and client address of this database's lease holders,
+-- which pg_stat_activity hides from them.
 \set VERBOSITY default
 
 SELECT dblink_connect('w', 'dbname=' || current_database());
@@ -35,6 +41,7 @@ SELECT decision, status FROM durable_ledger.begin_effect('live-2', 'pay', '{"n":
 COMMIT;
 SELECT status FROM durable_ledger.effect_status(:'k_live');
 SELECT key, status FROM durable_ledger.effects WHERE key = 'LIVE-BK';
+SELECT durable_ledger.release_run('live-2');
 
 -- ===================================================================
 -- the leases view, read by an auditor
@@ -56,7 +63,100 @@ RESET ROLE;
 SELECT has_function_privilege('durable_ledger_worker', 'durable_ledger.lease_holder_activity()', 'EXECUTE')
            AS worker_may_call;
 
+-- ===================================================================
+-- REPEATABLE READ: an effect completed after the snapshot is reported as
+-- completed, not unknown; a key or a run recorded after the snapshot is a
+-- serialization failure (retry), not a missing key or a unique violation
+-- ===================================================================
+SELECT dblink_connect('w2', 'dbname=' || current_database());
+SELECT key AS k_done
+  FROM dblink('w2', $$SELECT key FROM durable_ledger.begin_effect('live-3', 'pay', '{"n": 3}')$$)
+       AS t(key text) \gset
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT status FROM durable_ledger.effect_status(:'k_done');
+SELECT * FROM dblink('w2', $$SELECT status FROM durable_ledger.complete_effect(
+                               durable_ledger.effect_key('live-3', 'pay', '{"n": 3}', 1), '{"ok": 3}')$$)
+    AS t(status text);
+SELECT * FROM dblink('w2', $$SELECT durable_ledger.release_run('live-3')$$) AS t(released boolean);
+SELECT status, result FROM durable_ledger.effect_status(:'k_done');
+COMMIT;
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT count(*) >= 0 AS snapshot_taken FROM durable_ledger.effects;
+SELECT * FROM dblink('w2', $$SELECT decision FROM durable_ledger.begin_effect('live-4', 'pay', '{"n": 4}', 'LIVE-BK4')$$)
+    AS t(decision text);
+SAVEPOINT s1;
+SELECT durable_ledger.complete_effect('LIVE-BK4', '{"ok": 4}', 1);
+ROLLBACK TO s1;
+SELECT durable_ledger.resolve_effect('LIVE-BK4', 'failed', NULL, 'regress');
+ROLLBACK;
+SELECT * FROM dblink('w2', $$SELECT durable_ledger.release_run('live-4')$$) AS t(released boolean);
+SELECT status FROM durable_ledger.complete_effect('LIVE-BK4', '{"ok": 4}', 1);
+-- a run first leased after the snapshot
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT count(*) >= 0 AS snapshot_taken FROM durable_ledger.runs;
+SELECT * FROM dblink('w2', $$SELECT durable_ledger.acquire_run('live-7') AND durable_ledger.release_run('live-7')$$)
+    AS t(leased boolean);
+\set VERBOSITY terse
+SELECT decision FROM durable_ledger.begin_effect('live-7', 'pay', '{"n": 7}');
+\set VERBOSITY default
+ROLLBACK;
+SELECT durable_ledger.release_run('live-7');
+
+-- ===================================================================
+-- a lock this session holds without an epoch (its lease was lost, then
+-- taken again in a transaction that rolled back): the run's recorded epoch is
+-- judged the same way by this session and by everyone else
+-- ===================================================================
+SELECT durable_ledger.acquire_run('live-5');
+SELECT decision FROM durable_ledger.begin_effect('live-5', 'pay', '{"n": 5}', 'LIVE-BK5');
+SELECT pg_advisory_unlock_all();
+BEGIN;
+SELECT durable_ledger.acquire_run('live-5');
+ROLLBACK;
+SELECT status AS mine FROM durable_ledger.effect_status('LIVE-BK5');
+SELECT * FROM dblink('w2', $$SELECT status FROM durable_ledger.effect_status('LIVE-BK5')$$) AS t(theirs text);
+SELECT count(*) AS listed FROM durable_ledger.unresolved WHERE key = 'LIVE-BK5';
+SELECT run, lease_epoch, holder_pid = pg_backend_pid() AS mine FROM durable_ledger.leases WHERE run = 'live-5';
+-- its next attempt ends that epoch for everyone
+SELECT durable_ledger.acquire_run('live-5');
+SELECT status AS mine FROM durable_ledger.effect_status('LIVE-BK5');
+SELECT * FROM dblink('w2', $$SELECT status FROM durable_ledger.effect_status('LIVE-BK5')$$) AS t(theirs text);
+SELECT durable_ledger.release_run('live-5');
+
+-- ===================================================================
+-- a flagged effect in flight under a live lease is listed for a person (a
+-- contradicting report about it), but not called unknown
+-- ===================================================================
+SELECT decision FROM durable_ledger.begin_effect('live-6', 'pay', '{"n": 6}', 'LIVE-BK6');
+SELECT status FROM durable_ledger.fail_effect('LIVE-BK6', '"declined"', 1);
+SELECT durable_ledger.release_run('live-6');
+SELECT * FROM dblink('w2', $$SELECT decision FROM durable_ledger.begin_effect('live-6b', 'pay', '{"n": 6}', 'LIVE-BK6')$$)
+    AS t(decision text);
+SELECT status, attempt, conflict FROM durable_ledger.complete_effect('LIVE-BK6', '{"ok": "elsewhere"}', 1);
+SELECT key, status, conflict FROM durable_ledger.unresolved WHERE key = 'LIVE-BK6';
+SELECT status, conflict FROM durable_ledger.effect_status('LIVE-BK6');
+SELECT * FROM dblink('w2', $$SELECT durable_ledger.release_run('live-6b')$$) AS t(released boolean);
+SELECT dblink_disconnect('w2');
+
+-- ===================================================================
+-- lease_holder_activity() shows this database's lease holders only
+-- ===================================================================
+CREATE DATABASE regress_live_other;
+SELECT dblink_connect('elsewhere', 'dbname=regress_live_other');
+SELECT * FROM dblink('elsewhere', $$CREATE EXTENSION durable_ledger;
+                                    SELECT durable_ledger.acquire_run('live-elsewhere')$$) AS t(ok boolean);
+SELECT pid AS elsewhere_pid FROM dblink('elsewhere', 'SELECT pg_backend_pid()') AS t(pid int) \gset
+SELECT count(*) AS holders_elsewhere FROM durable_ledger.lease_holder_activity() WHERE pid = :elsewhere_pid;
+SELECT count(*) AS leases_elsewhere FROM durable_ledger.leases WHERE holder_pid = :elsewhere_pid;
+SELECT dblink_disconnect('elsewhere');
+DO $$ BEGIN
+  FOR i IN 1..200 LOOP
+    EXIT WHEN NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = 'regress_live_other');
+    PERFORM pg_sleep(0.05);
+  END LOOP;
+END $$;
+DROP DATABASE regress_live_other;
+
 SELECT * FROM dblink('w', $$SELECT durable_ledger.release_run('live-1')$$) AS t(released boolean);
 SELECT dblink_disconnect('w');
-SELECT durable_ledger.release_run('live-2');
 DROP ROLE regress_live_auditor;

@@ -9,6 +9,7 @@
  *   direct.c      the hottest writes, without the executor
  *   ledger.c      the SQL-callable ledger functions and their decisions
  *   drop_guard.c  the event trigger that protects a ledger holding effects
+ *   older_sql.c   the symbols of older SQL declarations: refused
  */
 #ifndef DURABLE_LEDGER_H
 #define DURABLE_LEDGER_H
@@ -26,6 +27,9 @@
  * PostgreSQL uses 1 and 2, Citus 4 to 16; 17484 is "DL".
  */
 #define DL_LOCK_CLASS 17484
+
+/* The SQL version this library implements (its symbols end in _1_1). */
+#define DL_LIBRARY_VERSION "1.1"
 
 /* Limits on names (characters, not bytes); see README "Limits". */
 #define DL_MAX_RUN_CHARS 512
@@ -51,7 +55,6 @@ extern bool dl_allow_drop;
 extern int	dl_max_leases_per_session;
 extern void dl_note_durable_write(void);
 extern void dl_note_ledger_write(void);
-extern void dl_require_current_schema(void);
 
 /* canonical.c */
 extern void dl_append_canonical_args(StringInfo out, Jsonb *args);
@@ -63,6 +66,7 @@ extern Jsonb *dl_required_jsonb_arg(FunctionCallInfo fcinfo, int argno,
 									const char *argname);
 extern Jsonb *dl_optional_jsonb_arg(FunctionCallInfo fcinfo, int argno);
 extern char *dl_optional_text_arg(FunctionCallInfo fcinfo, int argno);
+extern int32 dl_optional_attempt_arg(FunctionCallInfo fcinfo, int argno);
 extern void dl_check_business_key(const char *business_key);
 extern void dl_derive_key(const char *run, const char *tool,
 						  const char *canon, int canon_len,
@@ -140,6 +144,9 @@ extern bool dl_store_fetch_effect(const char *key, bool for_update, EffectRow *r
 extern bool dl_store_mark_unknown(const EffectRow *row);
 extern bool dl_store_restart_business_key(const NewIntent *intent, int32 old_attempt);
 extern bool dl_store_fetch_past_attempt(const char *key, int32 attempt, PastAttempt *past);
+extern bool dl_store_lease_began_past_attempt(const char *key, const char *run,
+											  int64 lease_epoch);
+extern bool dl_store_effect_exists_now(const char *key);
 extern HeapTuple dl_store_finish(const char *key, EffectStatus from, EffectStatus to,
 								 Jsonb *result, Jsonb *error, int32 attempt,
 								 char **run, int64 *lease_epoch, int32 *row_attempt);

@@ -63,6 +63,26 @@ dl_required_text_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
 	return text_to_cstring(t);
 }
 
+/*
+ * An optional attempt number (argument argno, absent in older SQL
+ * declarations): 0 when NULL or absent, else at least 1 (22023).
+ */
+int32
+dl_optional_attempt_arg(FunctionCallInfo fcinfo, int argno)
+{
+	int32		attempt;
+
+	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+		return 0;
+	attempt = PG_GETARG_INT32(argno);
+	if (attempt < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("attempt must be at least 1"),
+				 errdetail("The attempt given was %d.", attempt)));
+	return attempt;
+}
+
 char *
 dl_optional_text_arg(FunctionCallInfo fcinfo, int argno)
 {

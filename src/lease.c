@@ -585,9 +585,12 @@ dl_lease_release(const char *run)
 /*
  * Is the lease that started an effect (run, epoch) still live?  It is while
  * epoch is the run's current one, not released, and the backend that took it
- * still holds the run's lock.  The durable_ledger.unresolved view asks the
- * same question in SQL; both must agree, or a person could be shown an effect
- * that resolve_effect then refuses.
+ * still holds the run's lock.  The durable_ledger.unresolved and leases views
+ * ask the same question in SQL; all must agree, or a person could be shown an
+ * effect that resolve_effect then refuses.  So this session's memory answers
+ * only for its own current epoch; anything else (a lock it holds without an
+ * epoch, after a rolled-back acquisition) is judged from the table, as
+ * everyone else judges it.
  */
 bool
 dl_lease_is_live(const char *run, int64 epoch)
@@ -598,8 +601,9 @@ dl_lease_is_live(const char *run, int64 epoch)
 	bool		released;
 	int			holder_pid;
 
-	if (held != NULL && lock_held_by_me(lock_key))
-		return held->epoch == epoch;
+	if (held != NULL && held->epoch != 0 && held->epoch == epoch &&
+		lock_held_by_me(lock_key))
+		return true;
 
 	if (!dl_store_run_state(run, &current_epoch, &released, &holder_pid) ||
 		current_epoch != epoch || released)

@@ -25,14 +25,20 @@
 
 #include "durable_ledger.h"
 
-PG_FUNCTION_INFO_V1(dl_begin_effect);
-PG_FUNCTION_INFO_V1(dl_complete_effect);
-PG_FUNCTION_INFO_V1(dl_fail_effect);
-PG_FUNCTION_INFO_V1(dl_resolve_effect);
-PG_FUNCTION_INFO_V1(dl_effect_status);
-PG_FUNCTION_INFO_V1(dl_acquire_run);
-PG_FUNCTION_INFO_V1(dl_release_run);
-PG_FUNCTION_INFO_V1(dl_break_lease);
+/*
+ * The symbols carry the SQL version that declares them: a backend that still
+ * has an older library loaded (connected before ALTER EXTENSION ... UPDATE)
+ * then fails to find them, instead of applying older rules to newer tables.
+ * The symbols of older declarations are in older_sql.c.
+ */
+PG_FUNCTION_INFO_V1(dl_begin_effect_1_1);
+PG_FUNCTION_INFO_V1(dl_complete_effect_1_1);
+PG_FUNCTION_INFO_V1(dl_fail_effect_1_1);
+PG_FUNCTION_INFO_V1(dl_resolve_effect_1_1);
+PG_FUNCTION_INFO_V1(dl_effect_status_1_1);
+PG_FUNCTION_INFO_V1(dl_acquire_run_1_1);
+PG_FUNCTION_INFO_V1(dl_release_run_1_1);
+PG_FUNCTION_INFO_V1(dl_break_lease_1_1);
 
 /* How often a decision is retried when the row changed under it. */
 #define MAX_DECISION_ROUNDS 16
@@ -126,16 +132,37 @@ check_writable(const char *function)
 	if (XactReadOnly)
 		ereport(ERROR,
 				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
-				 errmsg("cannot execute %s in a read-only transaction", function)));	dl_require_current_schema();
+				 errmsg("cannot execute %s in a read-only transaction", function)));
 }
 
+/*
+ * A key that a report or a resolution names and that this transaction cannot
+ * see: unknown, or (under REPEATABLE READ) recorded after the transaction's
+ * snapshot, which is a reason to retry the transaction, not to give up.
+ */
 static void
 report_unknown_key(const char *key)
 {
+	if (IsolationUsesXactSnapshot() && dl_store_effect_exists_now(key))
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access: effect \"%s\" was recorded after this transaction's snapshot", key),
+				 errhint("Retry the transaction.")));
 	ereport(ERROR,
 			(errcode(ERRCODE_UNDEFINED_OBJECT),
 			 errmsg("effect \"%s\" does not exist", key),
 			 errhint("Keys come from durable_ledger.begin_effect().")));
+}
+
+/* An attempt that the effect has not reached: an error, nothing written. */
+static void
+report_no_such_attempt(const EffectRow *row, int32 attempt)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("effect \"%s\" has no attempt %d", row->key, attempt),
+			 errdetail("Its current attempt is %d.", row->attempt),
+			 errhint("Name the attempt that begin_effect() returned.")));
 }
 
 /* ======================================================================
@@ -348,7 +375,7 @@ decide(const NewIntent *intent, const char *canon, Decision *d)
  * RETURNS durable_ledger.decision
  */
 Datum
-dl_begin_effect(PG_FUNCTION_ARGS)
+dl_begin_effect_1_1(PG_FUNCTION_ARGS)
 {
 	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
 	char	   *tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
@@ -604,16 +631,7 @@ report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
 	int32		finished_attempt;
 	Datum		result;
 
-	/* the 1.0 SQL declarations pass no attempt */
-	if (PG_NARGS() > 2 && !PG_ARGISNULL(2))
-	{
-		attempt = PG_GETARG_INT32(2);
-		if (attempt < 1)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("attempt must be at least 1"),
-					 errdetail("The attempt given was %d.", attempt)));
-	}
+	attempt = dl_optional_attempt_arg(fcinfo, 2);
 	check_writable(reported == EFFECT_COMPLETED ? "complete_effect()" : "fail_effect()");
 
 	spi_connect();
@@ -628,15 +646,12 @@ report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
 			report_unknown_key(key);
 
 		if (attempt > row.attempt)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("effect \"%s\" has no attempt %d", key, attempt),
-					 errdetail("Its current attempt is %d.", row.attempt),
-					 errhint("Report on the attempt that begin_effect() returned.")));
+			report_no_such_attempt(&row, attempt);
 		if (attempt != 0 && attempt < row.attempt)
 			report_on_past_attempt(&row, attempt, reported, value);
 		else if (attempt == 0 && row.business_key && row.attempt > 1 &&
-				 !dl_lease_is_mine(row.run, row.lease_epoch))
+				 !(dl_lease_is_mine(row.run, row.lease_epoch) &&
+				   !dl_store_lease_began_past_attempt(key, row.run, row.lease_epoch)))
 			report_on_unnamed_attempt(&row, reported, value);
 		else if (row.status == EFFECT_STARTED || row.status == EFFECT_UNKNOWN)
 		{
@@ -663,14 +678,14 @@ report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
 
 /* complete_effect(key text, result jsonb, attempt integer) RETURNS durable_ledger.effects */
 Datum
-dl_complete_effect(PG_FUNCTION_ARGS)
+dl_complete_effect_1_1(PG_FUNCTION_ARGS)
 {
 	return report_outcome(fcinfo, EFFECT_COMPLETED);
 }
 
 /* fail_effect(key text, error jsonb, attempt integer) RETURNS durable_ledger.effects */
 Datum
-dl_fail_effect(PG_FUNCTION_ARGS)
+dl_fail_effect_1_1(PG_FUNCTION_ARGS)
 {
 	return report_outcome(fcinfo, EFFECT_FAILED);
 }
@@ -680,17 +695,22 @@ dl_fail_effect(PG_FUNCTION_ARGS)
  * ====================================================================== */
 
 /*
- * resolve_effect(key text, outcome text, result jsonb, resolved_by text, note text)
- * RETURNS durable_ledger.effects
+ * resolve_effect(key text, outcome text, result jsonb, resolved_by text,
+ *                note text, attempt integer) RETURNS durable_ledger.effects
+ *
+ * A decision is prepared from what a person saw (unresolved lists the
+ * attempt): with attempt, it applies only while that attempt is current, so
+ * a decision about attempt 2 never lands on an attempt 3 begun meanwhile.
  */
 Datum
-dl_resolve_effect(PG_FUNCTION_ARGS)
+dl_resolve_effect_1_1(PG_FUNCTION_ARGS)
 {
 	char	   *key = dl_required_text_arg(fcinfo, 0, "key", 0);
 	char	   *outcome = dl_required_text_arg(fcinfo, 1, "outcome", 0);
 	Jsonb	   *value = dl_optional_jsonb_arg(fcinfo, 2);
 	char	   *resolved_by = dl_required_text_arg(fcinfo, 3, "resolved_by", 0);
 	char	   *note = dl_optional_text_arg(fcinfo, 4);
+	int32		attempt = dl_optional_attempt_arg(fcinfo, 5);
 	EffectStatus to;
 	EffectRow	row;
 	bool		needs_person;
@@ -711,6 +731,14 @@ dl_resolve_effect(PG_FUNCTION_ARGS)
 	spi_connect();
 	if (!dl_store_fetch_effect(key, true, &row))
 		report_unknown_key(key);
+	if (attempt > row.attempt)
+		report_no_such_attempt(&row, attempt);
+	if (attempt != 0 && attempt < row.attempt)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("attempt %d of effect \"%s\" was replaced by attempt %d", attempt, key, row.attempt),
+				 errdetail("A resolution decides the current attempt; this one was prepared for an earlier attempt."),
+				 errhint("Look at durable_ledger.unresolved again.")));
 
 	needs_person = row.conflict || row.status == EFFECT_UNKNOWN;
 	if (row.status == EFFECT_STARTED || row.status == EFFECT_UNKNOWN)
@@ -755,7 +783,7 @@ dl_resolve_effect(PG_FUNCTION_ARGS)
 
 /* effect_status(key text) RETURNS SETOF durable_ledger.effects */
 Datum
-dl_effect_status(PG_FUNCTION_ARGS)
+dl_effect_status_1_1(PG_FUNCTION_ARGS)
 {
 	char	   *key = dl_required_text_arg(fcinfo, 0, "key", 0);
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
@@ -778,7 +806,7 @@ dl_effect_status(PG_FUNCTION_ARGS)
 
 /* acquire_run(run text, wait boolean) RETURNS boolean */
 Datum
-dl_acquire_run(PG_FUNCTION_ARGS)
+dl_acquire_run_1_1(PG_FUNCTION_ARGS)
 {
 	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
 	bool		acquired;
@@ -797,7 +825,7 @@ dl_acquire_run(PG_FUNCTION_ARGS)
 
 /* release_run(run text) RETURNS boolean */
 Datum
-dl_release_run(PG_FUNCTION_ARGS)
+dl_release_run_1_1(PG_FUNCTION_ARGS)
 {
 	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
 	bool		released;
@@ -828,7 +856,7 @@ check_may_terminate(int holder, const char *run)
 
 /* break_lease(run text, broken_by text, note text) RETURNS boolean */
 Datum
-dl_break_lease(PG_FUNCTION_ARGS)
+dl_break_lease_1_1(PG_FUNCTION_ARGS)
 {
 	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
 	char	   *broken_by = dl_required_text_arg(fcinfo, 1, "broken_by", 0);

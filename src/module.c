@@ -10,9 +10,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "catalog/namespace.h"
 #include "utils/guc.h"
-#include "utils/lsyscache.h"
 
 #include "durable_ledger.h"
 
@@ -40,31 +38,6 @@ void
 dl_note_ledger_write(void)
 {
 	ledger_write_in_xact = true;
-}
-
-/*
- * The library and the extension's SQL objects must be of one version: a
- * library newer than the objects (installed, but ALTER EXTENSION ... UPDATE
- * not run yet) would write rows that the tables cannot hold.  Writers check
- * for the newest object this library needs (two syscache lookups) and fail
- * with a clear error, writing nothing.
- */
-#define DL_LIBRARY_VERSION "1.1"
-#define DL_NEWEST_TABLE "past_attempts"
-
-void
-dl_require_current_schema(void)
-{
-	Oid			nsp = get_namespace_oid("durable_ledger", true);
-
-	if (OidIsValid(nsp) && OidIsValid(get_relname_relid(DL_NEWEST_TABLE, nsp)))
-		return;
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("the durable_ledger extension in this database is older than its library"),
-			 errdetail("The installed library is version %s; the extension's SQL objects are of an earlier version.",
-					   DL_LIBRARY_VERSION),
-			 errhint("Run ALTER EXTENSION durable_ledger UPDATE in this database.")));
 }
 
 static void

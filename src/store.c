@@ -38,6 +38,7 @@ typedef enum StatementId
 	STMT_MARK_UNKNOWN,
 	STMT_RESTART_BUSINESS_KEY,
 	STMT_FETCH_PAST_ATTEMPT,
+	STMT_LEASE_BEGAN_PAST_ATTEMPT,
 	STMT_FINISH,
 	STMT_SET_CONFLICT,
 	STMT_RESOLVE,
@@ -97,6 +98,7 @@ static const Statement statements[NUM_STATEMENTS] = {
 		"         pg_catalog.current_setting('application_name'), pg_catalog.inet_client_addr(),"
 		"         pg_catalog.clock_timestamp(), NULL, pg_catalog.clock_timestamp()"
 		"   WHERE NOT EXISTS (SELECT FROM next_epoch)"
+		"  ON CONFLICT (run) DO NOTHING"
 		"  RETURNING epochs)"
 		" SELECT epochs FROM next_epoch UNION ALL SELECT epochs FROM first_epoch",
 		3, {TEXTOID, INT8OID, TEXTOID}
@@ -178,6 +180,11 @@ static const Statement statements[NUM_STATEMENTS] = {
 		"        pg_catalog.clock_timestamp()"
 		"   FROM failed f JOIN next n ON n.key" EQ "f.key",
 		5, {TEXTOID, TEXTOID, JSONBOID, INT8OID, INT4OID}
+	},
+	[STMT_LEASE_BEGAN_PAST_ATTEMPT] = {
+		"SELECT FROM durable_ledger.past_attempts"
+		" WHERE key" EQ "$1 AND run" EQ "$2 AND lease_epoch" EQ "$3",
+		3, {TEXTOID, TEXTOID, INT8OID}
 	},
 	[STMT_FETCH_PAST_ATTEMPT] = {
 		"SELECT run, lease_epoch, status, error FROM durable_ledger.past_attempts"
@@ -310,7 +317,15 @@ dl_store_start_epoch(const char *run, uint64 lock_key, bool waited)
 	values[1] = Int64GetDatum((int64) lock_key);
 	values[2] = text_datum(caller_role_name());
 	if (run_statement(STMT_START_EPOCH, values, NULL, SPI_OK_SELECT) != 1)
+	{
+		/* the run's row exists, but not in this transaction's snapshot */
+		if (IsolationUsesXactSnapshot())
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to a concurrent lease of run \"%s\"", run),
+					 errhint("Retry the transaction.")));
 		elog(ERROR, "starting a lease epoch of run \"%s\" wrote no row", run);
+	}
 	epoch = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
 										1, &isnull));
 
@@ -505,6 +520,32 @@ dl_store_restart_business_key(const NewIntent *intent, int32 old_attempt)
 	return run_statement(STMT_RESTART_BUSINESS_KEY, values, nulls, SPI_OK_INSERT) == 1;
 }
 
+/* Did the lease (run, epoch) also start an attempt of key that was replaced? */
+bool
+dl_store_lease_began_past_attempt(const char *key, const char *run, int64 lease_epoch)
+{
+	Datum		values[3];
+
+	values[0] = text_datum(key);
+	values[1] = text_datum(run);
+	values[2] = Int64GetDatum(lease_epoch);
+	return run_statement(STMT_LEASE_BEGAN_PAST_ATTEMPT, values, NULL, SPI_OK_SELECT) > 0;
+}
+
+/*
+ * Does key exist now, whatever the transaction's snapshot?  (Under
+ * REPEATABLE READ, an effect recorded after the snapshot is not "unknown":
+ * the transaction must be retried.)
+ */
+bool
+dl_store_effect_exists_now(const char *key)
+{
+	Datum		values[1];
+
+	values[0] = text_datum(key);
+	return run_statement_now(STMT_EFFECT_ROW, values, NULL, SPI_OK_SELECT) > 0;
+}
+
 /*
  * An attempt of key that a later attempt replaced: the run and epoch that
  * started it and what was recorded for it.  False when it is not on record.
@@ -627,38 +668,70 @@ dl_store_resolve(const char *key, EffectStatus to, Jsonb *value,
 /*
  * The effect's row formed with desc (the durable_ledger.effects row type), in
  * SPI memory, or NULL when there is no such key.  With report_unknown, a
- * started effect whose lease has ended is shown with status unknown.
+ * started effect whose lease has ended is shown with status unknown.  The row
+ * and the lease are both read as they are now (also under REPEATABLE READ),
+ * and the row is read again once the lease is found ended: an effect that
+ * was completed meanwhile must not be called unknown.  A hot standby cannot
+ * see the primary's leases: it shows the stored status.
  */
 HeapTuple
 dl_store_effect_tuple(const char *key, bool report_unknown, TupleDesc desc)
 {
 	Datum		values[1];
-	Datum	   *cols;
-	bool	   *col_nulls;
-	int			status_col;
+	Datum	   *cols = palloc(desc->natts * sizeof(Datum));
+	bool	   *col_nulls = palloc(desc->natts * sizeof(bool));
+	int			round;
 
 	values[0] = text_datum(key);
-	if (run_statement(STMT_EFFECT_ROW, values, NULL, SPI_OK_SELECT) == 0)
-		return NULL;
-	if (SPI_tuptable->tupdesc->natts != desc->natts)
-		elog(ERROR, "durable_ledger.effects does not have the columns this library expects");
-
-	cols = palloc(desc->natts * sizeof(Datum));
-	col_nulls = palloc(desc->natts * sizeof(bool));
-	heap_deform_tuple(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, cols, col_nulls);
-
-	status_col = SPI_fnumber(SPI_tuptable->tupdesc, "status");
-	/* a hot standby cannot see the primary's leases: no guessing there */
-	if (report_unknown && !RecoveryInProgress() &&
-		strcmp(SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, status_col),
-			   "started") == 0)
+	for (round = 0;; round++)
 	{
-		int			run_col = SPI_fnumber(SPI_tuptable->tupdesc, "run");
-		int			epoch_col = SPI_fnumber(SPI_tuptable->tupdesc, "lease_epoch");
+		TupleDesc	found_desc;
+		int			status_col;
+		int			run_col;
+		int			epoch_col;
+		int			attempt_col;
+		char	   *run;
+		int64		epoch;
+		int32		attempt;
 
-		if (!dl_lease_is_live(TextDatumGetCString(cols[run_col - 1]),
-							  DatumGetInt64(cols[epoch_col - 1])))
+		if (run_statement_now(STMT_EFFECT_ROW, values, NULL, SPI_OK_SELECT) == 0)
+			return NULL;
+		found_desc = SPI_tuptable->tupdesc;
+		if (found_desc->natts != desc->natts)
+			elog(ERROR, "durable_ledger.effects does not have the columns this library expects");
+		heap_deform_tuple(SPI_tuptable->vals[0], found_desc, cols, col_nulls);
+
+		status_col = SPI_fnumber(found_desc, "status");
+		if (!report_unknown || RecoveryInProgress() ||
+			strcmp(TextDatumGetCString(cols[status_col - 1]), "started") != 0)
+			break;
+
+		run_col = SPI_fnumber(found_desc, "run");
+		epoch_col = SPI_fnumber(found_desc, "lease_epoch");
+		attempt_col = SPI_fnumber(found_desc, "attempt");
+		run = TextDatumGetCString(cols[run_col - 1]);
+		epoch = DatumGetInt64(cols[epoch_col - 1]);
+		attempt = DatumGetInt32(cols[attempt_col - 1]);
+		if (dl_lease_is_live(run, epoch))
+			break;
+
+		/* ended: unknown, if the row is still that started attempt now */
+		if (run_statement_now(STMT_EFFECT_ROW, values, NULL, SPI_OK_SELECT) == 0)
+			return NULL;
+		heap_deform_tuple(SPI_tuptable->vals[0], found_desc, cols, col_nulls);
+		if (strcmp(TextDatumGetCString(cols[status_col - 1]), "started") == 0 &&
+			strcmp(TextDatumGetCString(cols[run_col - 1]), run) == 0 &&
+			DatumGetInt64(cols[epoch_col - 1]) == epoch &&
+			DatumGetInt32(cols[attempt_col - 1]) == attempt)
+		{
 			cols[status_col - 1] = text_datum("unknown");
+			break;
+		}
+		if (round >= 16)
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("effect \"%s\" kept changing while its status was read", key),
+					 errhint("Retry the call.")));
 	}
 	return heap_form_tuple(desc, cols, col_nulls);
 }

@@ -136,7 +136,8 @@ for my $from (@sources)
 			'BK-A#1 bk-run-1/1 failed {"try": 1, "code": "declined"} -',
 			'BK-A#2 bk-run-2/1 failed {"try": 2, "code": "timeout"} -',
 			'BK-A#3 bk-run-3/1 failed {"try": 3, "checked": "bank"} maria',
-			'BK-B#1 bk-run-5/1 failed {"code": "no stock"} -'),
+			'BK-B#1 bk-run-5/1 failed {"code": "no stock"} -',
+			'BK-C#1 bk-run-7/1 failed  -'),
 		'from 1.0: the replaced attempts are rebuilt from the audit log');
 
 	# and the updated ledger decides as before
@@ -150,8 +151,15 @@ for my $from (@sources)
 		'replay:completed:1 pause:unknown:1 replay:completed:4 pause:unknown:2',
 		'from 1.0: completed effects replay, unknown ones pause, business keys keep their attempts');
 
-	# reports on the replaced attempts: the same failure again changes nothing,
-	# a completion is a conflict filed under the attempt's own run and epoch
+	# reports on the replaced attempts: the same failure again changes nothing
+	# (also one reported without an error, which 1.0 logged as JSON null), a
+	# completion is a conflict filed under the attempt's own run and epoch
+	is($node->safe_psql($db, q{
+			SELECT error IS NULL FROM durable_ledger.past_attempts WHERE key = 'BK-C'}),
+		't', 'from 1.0: an error reported as SQL NULL is NULL again');
+	is($node->safe_psql($db, q{
+			SELECT status || ' ' || conflict FROM durable_ledger.fail_effect('BK-C', NULL, 1)}),
+		'completed false', 'from 1.0: ... so its failure reported again agrees with it');
 	is($node->safe_psql($db, q{
 			SELECT status || ' ' || conflict FROM durable_ledger.fail_effect('BK-B', '{"code": "no stock"}', 1);
 			SELECT status || ' ' || conflict FROM durable_ledger.complete_effect('BK-A', '{"payment_id": "pay_X"}', 2);
@@ -163,6 +171,27 @@ for my $from (@sources)
 	# the audit sequence went on from where the 1.0 ledger left it
 	is($node->safe_psql($db, q{SELECT count(*) = count(DISTINCT id) FROM durable_ledger.audit_log}),
 		't', 'from 1.0: audit ids stay unique');
+}
+
+# A backend that connected before the update keeps the library it loaded: if
+# it is older, the functions it calls must not be found in it (their symbols
+# are new), or it would apply older rules to the newer tables.  Only the
+# functions whose C code has not changed since a version may keep a symbol of
+# that version's library (listed here, by version).
+my %unchanged_since = ('1.0' => { map { $_ => 1 } qw(canonical_args effect_key guard_drop) });
+for my $from (@sources)
+{
+	my $symbols = "$ENV{TESTDIR}/test/fixtures/symbols-$from.txt";
+	ok(-f $symbols, "from $from: the symbols of the $from library are on file");
+	my %old = map { chomp; ($_ => 1) } grep { !/^#/ } do { open my $f, '<', $symbols or die; <$f> };
+	my $db = "from_" . ($from =~ s/\W/_/gr);
+	my @stale = grep { my ($name, $src) = split / /; $old{$src} && !$unchanged_since{$from}{$name} }
+	  split /\n/, $node->safe_psql($db, q{
+		SELECT p.proname || ' ' || p.prosrc FROM pg_proc p
+		 WHERE p.pronamespace = 'durable_ledger'::regnamespace
+		   AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c')
+		 ORDER BY 1});
+	is(join(', ', @stale), '', "from $from: no function whose C code changed binds to a symbol of the $from library");
 }
 
 # the no-op update of the current version keeps the rows

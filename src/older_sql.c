@@ -1,0 +1,39 @@
+/*
+ * older_sql.c: the C symbols of older SQL declarations of the extension.
+ *
+ * Each SQL version binds its functions to symbols of its own (see ledger.c).
+ * When this library is installed but a database still has the objects of an
+ * older version (ALTER EXTENSION ... UPDATE not run yet), those objects call
+ * the symbols below, which refuse clearly and write nothing: this library's
+ * rules need the newer tables.
+ */
+#include "postgres.h"
+
+#include "fmgr.h"
+
+#include "durable_ledger.h"
+
+static void
+refuse_older_sql(void)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("the durable_ledger extension in this database is older than its library"),
+			 errdetail("The installed library is version %s; the extension's SQL objects are of an earlier version.",
+					   DL_LIBRARY_VERSION),
+			 errhint("Run ALTER EXTENSION durable_ledger UPDATE in this database.")));
+}
+
+/* The functions of durable_ledger 1.0 that this library implements anew. */
+#define REFUSED_1_0(name) \
+	PG_FUNCTION_INFO_V1(name); \
+	Datum name(PG_FUNCTION_ARGS) { refuse_older_sql(); PG_RETURN_NULL(); }
+
+REFUSED_1_0(dl_begin_effect)
+REFUSED_1_0(dl_complete_effect)
+REFUSED_1_0(dl_fail_effect)
+REFUSED_1_0(dl_resolve_effect)
+REFUSED_1_0(dl_effect_status)
+REFUSED_1_0(dl_acquire_run)
+REFUSED_1_0(dl_release_run)
+REFUSED_1_0(dl_break_lease)
