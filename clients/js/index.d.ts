@@ -16,6 +16,10 @@ export interface Decision {
   decision: DecisionWord;
   status: EffectStatusWord;
   occurrence: number | null;
+  /**
+   * 1; for a business key, n+1 after n recorded failures.  guarded() names it in its
+   * report (complete_effect / fail_effect), so the report decides this attempt only.
+   */
   attempt: number;
   result: unknown;
   error: unknown;
@@ -125,7 +129,8 @@ export class Ledger {
 
   /**
    * Runs one side effect at most once. Resolves to the result as recorded in the ledger
-   * (a JSON round trip of what perform returned; undefined becomes null).
+   * (a JSON round trip of what perform returned; undefined becomes null). The outcome is
+   * reported on the attempt that begin_effect executed.
    * @throws EffectFailed, EffectPaused, EffectInProgress, LedgerError, or perform's own
    *   error (outcome unknown: the next attempt pauses).
    */

@@ -1,18 +1,38 @@
 #!/usr/bin/python3
 """The fleet chaos test: at-least-once workers + the ledger + reconciliation
-pay every invoice exactly as often as planned.
+pay every invoice exactly as often as planned, and every report lands on the
+attempt it is about.
 
-A downstream "bank" table with no unique constraint stands for a payment API.
-Worker processes pay invoices through the ledger.  An orchestrator SIGKILLs
-workers at random moments, delivers some runs to two workers at once, restarts
-every interrupted run, and reconciles paused effects the way the contract says:
-it asks the bank, then calls resolve_effect with a name.  Plans include a
-payment legitimately made twice by one run ("again", not "twice") and invoices
-shared by two runs through a business key.
+A downstream "bank" table with no unique constraint stands for a payment API;
+it records every try it receives, keyed by (idempotency key, attempt), paid or
+declined.  Worker processes pay invoices through the ledger.  An orchestrator
+SIGKILLs workers at random moments, delivers some runs to two workers at once,
+restarts every interrupted run, and reconciles paused effects the way the
+contract says: it asks the bank about the attempt in question, then calls
+resolve_effect with a name.  Plans include a payment legitimately made twice
+by one run ("again", not "twice"), invoices shared by several runs through a
+business key, and business keys whose first try or two the bank declines:
+the decline is recorded with fail_effect, and the next begin_effect executes
+the key again as attempt n+1.
+
+Reports arrive late and twice, as they do in a fleet: every worker first
+re-sends the reports its run's killed predecessors may or may not have sent;
+a worker that executes the next attempt of a key whose decline it reported
+mostly retries that earlier report first (its answer "was lost"), on the very
+lease that has just begun the next attempt; and a separate late reporter
+re-sends reports at random delays, once or twice, and once more for every try
+at the end -- so reports on the current attempt come in duplicate, and reports
+on earlier attempts arrive after a later attempt has started.  Every report is
+truthful: it says what the bank really did with that (idempotency key,
+attempt), and names that attempt.  Workers are forked from the orchestrator
+(one process and one connection each), which spares an interpreter start-up
+per worker.
 
 At the end: every invoice paid exactly as often as planned, no key paid twice,
-nothing unresolved, no conflict.  Prints "ok - ..." / "not ok - ..." lines and
-exits non-zero when a check fails.
+no attempt at the bank twice, nothing unresolved, no conflict, and the ledger's
+record of every attempt (effects, past_attempts, audit_log) agrees with what
+the bank did for that very attempt.  Prints "ok - ..." / "not ok - ..." lines
+and exits non-zero when a check fails.
 
     fleet_chaos.py --dsn DSN [--seed 42] [--runs 40] [--kills 60] [--workers 6]
                    [--kill-chance 0.15] [--timeout 240]
@@ -22,19 +42,54 @@ The default size runs in well under a minute; a soak run raises --runs and
 """
 
 import argparse
+import collections
 import json
 import os
 import random
+import select
 import selectors
 import signal
 import subprocess
 import sys
 import time
+import traceback
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-PAUSED = 3  # a worker's exit status when the run pauses for a person
+PAUSED = 3    # a worker's exit status when the run pauses for a person
+REJECTED = 4  # a worker's exit status when the ledger did not accept a truthful report
+
+# What the bank's answers look like in the ledger.  Each decline carries the id of
+# the bank's record of that try, so a report that landed on another attempt than
+# its own could not go unnoticed.
+NOT_AT_THE_BANK = {"reason": "no try at the bank with this idempotency key and attempt"}
+
+
+def payment(bank_id):
+    return {"payment_id": bank_id}
+
+
+def decline(bank_id):
+    return {"declined": "insufficient_funds", "bank_id": bank_id}
+
+
+def truthful_report(conn, key, attempt, bank_id, bank_status):
+    """Reports what the bank did with (key, attempt), naming the attempt.
+
+    Returns (accepted, row): accepted when the ledger recorded it, or (a failure on
+    an attempt that a later one replaced) already had it; row is the effect's row
+    as the report function returned it (attempt, status, conflict)."""
+    if bank_status == "paid":
+        function, value, expected = "complete_effect", payment(bank_id), "completed"
+    else:
+        function, value, expected = "fail_effect", decline(bank_id), "failed"
+    row = conn.execute(
+        f"SELECT attempt, status::text, conflict FROM durable_ledger.{function}(%s, %s, %s)",
+        (key, Jsonb(value), attempt)).fetchone()
+    if row[0] == attempt:
+        return row[1] == expected and not row[2], row
+    return function == "fail_effect" and not row[2], row
 
 
 # --------------------------------------------------------------------------
@@ -48,28 +103,71 @@ def phase(rng, name):
     time.sleep(rng.random() * 0.005)
 
 
-def worker(dsn, run, plan):
-    rng = random.Random()
+def rejected(what, key, attempt, row):
+    print(f"the ledger did not accept {what} for {key[:16]} attempt {attempt}: "
+          f"it answered attempt {row[0]}, {row[1]}, conflict {row[2]}", file=sys.stderr)
+    sys.exit(REJECTED)
+
+
+def worker(dsn, run, plan, seed):
+    rng = random.Random(seed)
     # one connection for the ledger and the bank: when the lease ends (the
-    # connection closed), any payment this worker made is committed and visible
+    # connection closed), any try this worker made at the bank is committed and visible
     conn = psycopg.connect(dsn, autocommit=True, application_name="chaos-worker")
+
+    # A replacement first re-sends what its killed predecessors may or may not
+    # have reported: every try this run made at the bank, in any order.
+    tries = conn.execute("SELECT id, idempotency_key, attempt, status FROM bank_payments"
+                         " WHERE run = %s ORDER BY id", (run,)).fetchall()
+    rng.shuffle(tries)
+    for bank_id, key, attempt, bank_status in tries:
+        accepted, row = truthful_report(conn, key, attempt, bank_id, bank_status)
+        if not accepted:
+            rejected("a re-sent report", key, attempt, row)
+    if tries:
+        phase(rng, "reports re-sent")
+
     conn.execute("SELECT durable_ledger.acquire_run(%s)", (run,))
+    declined = {}  # key -> (bank id, attempt) of the last decline this worker reported
     for step in plan:
         args = {"invoice": step["invoice"], "amount": step["amount"]}
         while True:
-            key, decision, status = conn.execute(
-                "SELECT key, decision, status FROM durable_ledger.begin_effect(%s, 'bank.pay', %s, %s)",
+            key, decision, status, attempt = conn.execute(
+                "SELECT key, decision, status, attempt"
+                "  FROM durable_ledger.begin_effect(%s, 'bank.pay', %s, %s)",
                 (run, Jsonb(args), step.get("business_key"))).fetchone()
             if decision == "execute":
                 phase(rng, "intent recorded")
-                payment_id = conn.execute(
-                    "INSERT INTO bank_payments (invoice, amount, idempotency_key, run)"
-                    " VALUES (%s, %s, %s, %s) RETURNING id",
-                    (step["invoice"], step["amount"], key, run)).fetchone()[0]
-                phase(rng, "paid at the bank")
-                conn.execute("SELECT durable_ledger.complete_effect(%s, %s)",
-                             (key, Jsonb({"payment_id": payment_id})))
-                break
+                earlier = declined.get(key)
+                if earlier and earlier[1] < attempt and rng.random() < 0.7:
+                    # The answer to its report of the earlier attempt "was lost", so the
+                    # worker retries that report now, on the very lease that has just
+                    # begun the next attempt: it must leave the next attempt in flight.
+                    accepted, row = truthful_report(conn, key, earlier[1], earlier[0], "declined")
+                    if not accepted or row[0] != attempt or row[1] != "started":
+                        rejected("its retried report on an earlier attempt", key, earlier[1], row)
+                    phase(rng, "earlier report retried")
+                # The bank: declines the first tries of a key it was told to
+                # decline, pays the others, deduplicates nothing.
+                bank_id, bank_status = conn.execute(
+                    "INSERT INTO bank_payments (invoice, amount, idempotency_key, attempt, run, status)"
+                    " SELECT %(invoice)s, %(amount)s, %(key)s, %(attempt)s, %(run)s,"
+                    "        CASE WHEN (SELECT count(*) FROM bank_payments WHERE idempotency_key = %(key)s)"
+                    "                < COALESCE((SELECT declines FROM bank_declines"
+                    "                             WHERE idempotency_key = %(key)s), 0)"
+                    "             THEN 'declined' ELSE 'paid' END"
+                    " RETURNING id, status",
+                    {"invoice": step["invoice"], "amount": step["amount"], "key": key,
+                     "attempt": attempt, "run": run}).fetchone()
+                phase(rng, f"{bank_status} at the bank")
+                accepted, row = truthful_report(conn, key, attempt, bank_id, bank_status)
+                if not accepted:
+                    rejected("its own report", key, attempt, row)
+                if bank_status == "paid":
+                    break
+                declined[key] = (bank_id, attempt)
+                phase(rng, "decline recorded")
+                continue  # a business key is executed again: the next attempt
             if decision == "replay" and status == "completed":
                 break
             if decision == "replay":
@@ -84,12 +182,67 @@ def worker(dsn, run, plan):
 
 
 # --------------------------------------------------------------------------
+# The late reporter: re-sends reports, late and twice.
+# --------------------------------------------------------------------------
+
+def late_reporter(dsn, seed):
+    """Re-sends the report of every try at the bank, after a random delay, once or
+    twice, until a line arrives on stdin; then once more for every try, in random
+    order.  Prints what the ledger made of them as one JSON line."""
+    rng = random.Random(seed)
+    conn = psycopg.connect(dsn, autocommit=True, application_name="chaos-late-reporter")
+    stats = collections.Counter()
+
+    def send(bank_id, key, attempt, bank_status):
+        before = conn.execute("SELECT attempt, status::text FROM durable_ledger.effect_status(%s)",
+                              (key,)).fetchone()
+        accepted, row = truthful_report(conn, key, attempt, bank_id, bank_status)
+        stats["sent"] += 1
+        if not accepted:
+            stats["rejected"] += 1
+            print(f"# late report rejected: {key[:16]} attempt {attempt} ({bank_status}) -> "
+                  f"attempt {row[0]}, {row[1]}, conflict {row[2]}", file=sys.stderr)
+        elif row[0] > attempt:
+            stats["on an earlier attempt"] += 1
+            if before[0] > attempt and before[1] in ("started", "unknown"):
+                stats["on an earlier attempt while a later one was in flight or unknown"] += 1
+        elif before[0] == attempt and before[1] in ("started", "unknown"):
+            stats["applied"] += 1
+        else:
+            stats["duplicates"] += 1
+
+    last, tick, queue = 0, 0, []
+    while not select.select([sys.stdin], [], [], 0.005)[0]:
+        tick += 1
+        for bank_try in conn.execute(
+                "SELECT id, idempotency_key, attempt, status FROM bank_payments"
+                " WHERE id > %s ORDER BY id", (last,)).fetchall():
+            last = bank_try[0]
+            for _ in range(rng.choice((1, 1, 2))):
+                queue.append((tick + rng.randint(0, 60), bank_try))
+        due = [t for when, t in queue if when <= tick]
+        queue = [(when, t) for when, t in queue if when > tick]
+        for bank_try in due:
+            send(*bank_try)
+    everything = conn.execute(
+        "SELECT id, idempotency_key, attempt, status FROM bank_payments ORDER BY id").fetchall()
+    rng.shuffle(everything)
+    for bank_try in everything:
+        send(*bank_try)
+    conn.close()
+    print(json.dumps(stats), flush=True)
+    sys.exit(0)
+
+
+# --------------------------------------------------------------------------
 # The orchestrator.
 # --------------------------------------------------------------------------
 
 def make_plans(rng, runs):
-    """Per run, a list of payments; and how many bank payments each invoice must get."""
+    """Per run, a list of payments; how many bank payments each invoice must get;
+    and how many tries the bank declines per business key."""
     shared = {f"SHARED-{k}": 100 + k for k in range(max(2, runs // 8))}
+    declines = {invoice: rng.choice((0, 1, 1, 2)) for invoice in sorted(shared)}
     plans, expected = {}, {}
     for r in range(runs):
         run = f"chaos-run-{r}"
@@ -107,20 +260,29 @@ def make_plans(rng, runs):
             plan.insert(rng.randint(0, len(plan)),
                         {"invoice": invoice, "amount": shared[invoice], "business_key": invoice})
             expected[invoice] = 1
+        if rng.random() < 0.35:  # an order of this run's own that the bank declines first
+            invoice = f"ORDER-{r}"
+            declines[invoice] = rng.randint(1, 2)
+            plan.insert(rng.randint(0, len(plan)),
+                        {"invoice": invoice, "amount": rng.randint(10, 5000), "business_key": invoice})
+            expected[invoice] = 1
         plans[run] = plan
-    return plans, expected
+    return plans, expected, declines
 
 
 def with_user(dsn, user):
     return psycopg.conninfo.make_conninfo(dsn, user=user)
 
 
-def setup(admin_dsn):
+def setup(admin_dsn, declines):
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute("""
-            DROP TABLE IF EXISTS bank_payments;
+            DROP TABLE IF EXISTS bank_payments, bank_declines;
             CREATE TABLE bank_payments (      -- a downstream API: no unique constraint
-                id bigserial, invoice text, amount integer, idempotency_key text, run text);
+                id bigserial, invoice text, amount integer, idempotency_key text,
+                attempt integer, run text, status text NOT NULL);
+            CREATE TABLE bank_declines (      -- the bank declines the first tries of these
+                idempotency_key text PRIMARY KEY, declines integer NOT NULL);
             DO $$ BEGIN
               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'chaos_worker') THEN
                 CREATE ROLE chaos_worker LOGIN; END IF;
@@ -130,33 +292,113 @@ def setup(admin_dsn):
             GRANT durable_ledger_worker TO chaos_worker;
             GRANT durable_ledger_admin TO chaos_reconciler;
             GRANT INSERT, SELECT ON bank_payments TO chaos_worker;
+            GRANT SELECT ON bank_declines TO chaos_worker;
             GRANT USAGE ON SEQUENCE bank_payments_id_seq TO chaos_worker;
             GRANT SELECT ON bank_payments TO chaos_reconciler;
         """)
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO bank_declines VALUES (%s, %s)", sorted(declines.items()))
 
 
-def reconcile(reconciler_dsn):
-    """Ask the bank about every effect that needs a person, and resolve it."""
-    resolved = 0
+class Forked:
+    """A worker process forked from the orchestrator, which has psycopg imported
+    already: no interpreter start-up per worker, which is most of a short run's
+    time.  The little of subprocess.Popen that the orchestrator uses."""
+
+    def __init__(self, target, *args):
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the worker: its own stdout and stderr, nothing else inherited
+            code = 1
+            try:
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+                sys.stdout = open(1, "w", closefd=False)
+                sys.stderr = open(2, "w", closefd=False)
+                try:
+                    target(*args)
+                    code = 0
+                except SystemExit as e:
+                    code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+                except BaseException:
+                    traceback.print_exc()
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+        os.close(out_w)
+        os.close(err_w)
+        self.stdout = os.fdopen(out_r, "rb")
+        self.stderr = os.fdopen(err_r, "rb")
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self):
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+
+class AttemptMovedOn(Exception):
+    """The effect went on to a later attempt than the one the bank was asked about."""
+
+
+def reconcile(reconciler_dsn, stats):
+    """Ask the bank about the attempt of every effect that needs a person, and
+    resolve that attempt -- never another one."""
     with psycopg.connect(reconciler_dsn, autocommit=True, application_name="chaos-reconciler") as conn:
-        for key, conflict in conn.execute(
-                "SELECT key, conflict FROM durable_ledger.unresolved ORDER BY created_at").fetchall():
+        for key, attempt, conflict in conn.execute(
+                "SELECT key, attempt, conflict FROM durable_ledger.unresolved ORDER BY created_at").fetchall():
             if conflict:
                 continue  # a contradiction is a bug here; the final check reports it
-            paid = conn.execute("SELECT min(id) FROM bank_payments WHERE idempotency_key = %s",
-                                (key,)).fetchone()[0]
-            if paid is not None:
-                outcome, value, note = "completed", {"payment_id": paid}, "found at the bank"
+            # the lease of this attempt has ended, so its try at the bank, if any, is committed
+            tried = conn.execute("SELECT id, status FROM bank_payments"
+                                 " WHERE idempotency_key = %s AND attempt = %s ORDER BY id",
+                                 (key, attempt)).fetchall()
+            paid = [bank_id for bank_id, status in tried if status == "paid"]
+            if paid:
+                outcome, value, note = "completed", payment(paid[0]), "paid at the bank"
+            elif tried:
+                outcome, value, note = "failed", decline(tried[0][0]), "declined by the bank"
             else:
-                outcome, value, note = "failed", {"reason": "no payment with this idempotency key"}, "not at the bank"
-            # a view read is not a lock: a late report may have settled it meanwhile
+                outcome, value, note = "failed", NOT_AT_THE_BANK, "not at the bank"
+            # resolve_effect decides the key's current attempt: a view read is not a
+            # lock, and meanwhile a late report may have settled this attempt and a
+            # later one begun.  The resolution is kept only if it decided the attempt
+            # the bank was asked about (the row stays locked until COMMIT).
             try:
-                conn.execute("SELECT durable_ledger.resolve_effect(%s, %s, %s, 'chaos-reconciler', %s)",
-                             (key, outcome, Jsonb(value), note))
-                resolved += 1
+                with conn.transaction():
+                    resolved = conn.execute(
+                        "SELECT attempt FROM durable_ledger.resolve_effect(%s, %s, %s, 'chaos-reconciler', %s)",
+                        (key, outcome, Jsonb(value), f"attempt {attempt}: {note}")).fetchone()[0]
+                    if resolved != attempt:
+                        raise AttemptMovedOn(resolved)
+                stats["resolved by the reconciler"] += 1
+            except AttemptMovedOn as moved:
+                stats["resolutions withdrawn (attempt moved on)"] += 1
+                print(f"# not resolved, {key[:12]}: asked the bank about attempt {attempt}, "
+                      f"the effect is at attempt {moved.args[0]} now")
             except psycopg.errors.ObjectNotInPrerequisiteState as e:
                 print(f"# not resolved, {key[:12]}: {e.diag.message_primary}")
-    return resolved
 
 
 def orchestrate(args):
@@ -164,23 +406,26 @@ def orchestrate(args):
     admin_dsn = args.dsn
     worker_dsn = with_user(admin_dsn, "chaos_worker")
     reconciler_dsn = with_user(admin_dsn, "chaos_reconciler")
-    setup(admin_dsn)
-    plans, expected = make_plans(rng, args.runs)
+    plans, expected, declines = make_plans(rng, args.runs)
+    setup(admin_dsn, declines)
 
     pending = sorted(plans)           # runs to (re)deliver
     done = set()
     live = []                         # (process, run)
     selector = selectors.DefaultSelector()
-    stats = {"workers started": 0, "killed": 0, "delivered twice": 0,
-             "paused": 0, "resolved by the reconciler": 0, "errors": 0}
+    stats = collections.Counter({"workers started": 0, "killed": 0, "delivered twice": 0,
+                                 "paused": 0, "resolved by the reconciler": 0, "errors": 0,
+                                 "earlier reports retried with the next attempt in flight": 0})
     kills_left = args.kills
     deadline = time.monotonic() + args.timeout
 
+    me = os.path.abspath(__file__)
+    reporter = subprocess.Popen(
+        [sys.executable, me, "reporter", "--dsn", worker_dsn, "--seed", str(rng.randrange(2**32))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
     def start(run):
-        proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "worker", "--dsn", worker_dsn,
-             "--run", run, "--plan", json.dumps(plans[run])],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = Forked(worker, worker_dsn, run, plans[run], rng.randrange(2**32))
         live.append((proc, run))
         selector.register(proc.stdout, selectors.EVENT_READ, proc)
         stats["workers started"] += 1
@@ -196,14 +441,18 @@ def orchestrate(args):
         # a worker reports each step; now and then it is killed right there
         for event, _ in selector.select(timeout=0.01):
             proc = event.data
-            line = proc.stdout.readline()
-            if not line:
+            heard = os.read(proc.stdout.fileno(), 65536)  # unbuffered: every step it reported
+            if not heard:
                 selector.unregister(proc.stdout)
                 continue
-            if kills_left > 0 and rng.random() < args.kill_chance and proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)  # the pod is evicted
-                kills_left -= 1
-                stats["killed"] += 1
+            stats["earlier reports retried with the next attempt in flight"] += \
+                heard.count(b"earlier report retried")
+            for _ in range(heard.count(b"\n")):
+                if kills_left > 0 and rng.random() < args.kill_chance and proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)  # the pod is evicted
+                    kills_left -= 1
+                    stats["killed"] += 1
+                    break
 
         need_reconcile = False
         for proc, run in list(live):
@@ -229,33 +478,55 @@ def orchestrate(args):
             if run not in done and run not in pending and all(r != run for _, r in live):
                 pending.append(run)
         if need_reconcile:
-            stats["resolved by the reconciler"] += reconcile(reconciler_dsn)
+            reconcile(reconciler_dsn, stats)
 
     for proc, _ in live:
         proc.kill()
         proc.wait()
-    # what the killed workers left unknown after their last attempt
-    stats["resolved by the reconciler"] += reconcile(reconciler_dsn)
-    return plans, expected, done, stats
+    # the last late reports, then what the killed workers left unknown after their last attempt
+    out, _ = reporter.communicate("stop\n", timeout=max(60, args.timeout))
+    if reporter.returncode != 0:
+        stats["errors"] += 1
+        print(f"# the late reporter exited with {reporter.returncode}")
+    late = collections.Counter(json.loads(out.strip().splitlines()[-1]) if out.strip() else {})
+    reconcile(reconciler_dsn, stats)
+    return plans, expected, done, stats, late
 
 
-def check(dsn, plans, expected, done, stats):
-    failures = 0
+def check(dsn, plans, expected, done, stats, late):
+    failures, checks = 0, 0
 
     def report(ok, what):
-        nonlocal failures
+        nonlocal failures, checks
         print(("ok - " if ok else "not ok - ") + what)
+        checks += 1
         failures += 0 if ok else 1
+
+    def some(items, n=6):
+        items = sorted(items, key=repr)
+        return f": {items[:n]}" + (" ..." if len(items) > n else "") if items else ""
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         paid = dict(conn.execute(
-            "SELECT invoice, count(*) FROM bank_payments GROUP BY invoice").fetchall())
+            "SELECT invoice, count(*) FROM bank_payments WHERE status = 'paid' GROUP BY invoice").fetchall())
         twice = conn.execute(
-            "SELECT count(*) FROM (SELECT idempotency_key FROM bank_payments"
+            "SELECT count(*) FROM (SELECT idempotency_key FROM bank_payments WHERE status = 'paid'"
             " GROUP BY 1 HAVING count(*) > 1) s").fetchone()[0]
         unresolved = conn.execute("SELECT count(*) FROM durable_ledger.unresolved").fetchone()[0]
         conflicts = conn.execute("SELECT count(*) FROM durable_ledger.effects WHERE conflict").fetchone()[0]
         leases = conn.execute("SELECT count(*) FROM durable_ledger.leases").fetchone()[0]
+        bank = conn.execute("SELECT id, idempotency_key, attempt, run, status FROM bank_payments"
+                            " ORDER BY id").fetchall()
+        effects = {row[0]: row[1:] for row in conn.execute(
+            "SELECT key, attempt, status::text, result, error, run, business_key"
+            "  FROM durable_ledger.effects").fetchall()}
+        past = {(row[0], row[1]): row[2:] for row in conn.execute(
+            "SELECT key, attempt, status::text, error, run FROM durable_ledger.past_attempts").fetchall()}
+        audit = conn.execute(
+            "SELECT id, key, event::text, attempt, run, lease_epoch, detail FROM durable_ledger.audit_log"
+            " WHERE key IS NOT NULL ORDER BY id").fetchall()
+        declined_keys = [k for (k,) in conn.execute(
+            "SELECT idempotency_key FROM bank_declines WHERE declines > 0").fetchall()]
 
     wrong = {inv: (paid.get(inv, 0), n) for inv, n in expected.items() if paid.get(inv, 0) != n}
     report(done == set(plans), f"every run finished ({len(done)} of {len(plans)})")
@@ -263,19 +534,122 @@ def check(dsn, plans, expected, done, stats):
                       f"{sum(expected.values())} payments)" + (f": wrong {sorted(wrong.items())[:10]}" if wrong else ""))
     report(set(paid) <= set(expected), "no payment for an invoice nobody planned")
     report(twice == 0, f"no idempotency key paid twice ({twice})")
+
+    # the bank's tries, per (key, attempt)
+    tries = collections.defaultdict(list)
+    for bank_id, key, attempt, run, status in bank:
+        tries[(key, attempt)].append((bank_id, run, status))
+    business = {key for key, e in effects.items() if e[5]}
+    bk_paid = collections.Counter(key for (key, _), ts in tries.items() for t in ts
+                                  if t[2] == "paid" and key in business)
+    retried = {key for key in business if effects[key][0] > 1}
+    report(all(n == 1 for n in bk_paid.values()) and bk_paid.keys() == business,
+           f"every business-key operation paid exactly once ({len(business)} keys, "
+           f"{len(retried)} executed again after a decline)"
+           + some(k for k in business if bk_paid.get(k) != 1))
+    report(all(len(ts) == 1 for ts in tries.values()),
+           f"no attempt tried at the bank twice ({len(tries)} tries)"
+           + some(ka for ka, ts in tries.items() if len(ts) != 1))
+
+    def expected_outcome(key, attempt):
+        """What the ledger must say about (key, attempt), from the bank alone."""
+        ts = tries.get((key, attempt), [])
+        if any(t[2] == "paid" for t in ts):
+            return "completed", payment(min(t[0] for t in ts if t[2] == "paid"))
+        if ts:
+            return "failed", decline(ts[0][0])
+        return "failed", NOT_AT_THE_BANK
+
+    # Every try at the bank belongs to an attempt the ledger knows, made by that attempt's run.
+    strays = []
+    for (key, attempt), ts in tries.items():
+        e = effects.get(key)
+        if e is None or attempt is None or attempt > e[0] or attempt < 1:
+            strays.append((key[:16], attempt, "no such attempt"))
+            continue
+        run = e[4] if attempt == e[0] else (past.get((key, attempt)) or (None, None, None))[2]
+        strays += [(key[:16], attempt, t[1], run) for t in ts if t[1] != run]
+    report(not strays, "every try at the bank was made under the attempt, and by the run, the ledger "
+                       "records for it" + some(strays))
+
+    # The ledger's record of every attempt, current and replaced, agrees with the bank.
+    disagree = []
+    for key, (attempt, status, result, error, run, is_business) in effects.items():
+        want = expected_outcome(key, attempt)
+        got = (status, result if status == "completed" else error)
+        if got != want:
+            disagree.append((key[:16], attempt, got, want))
+        have = sorted(a for (k, a) in past if k == key)
+        if have != list(range(1, attempt)):
+            disagree.append((key[:16], "past attempts", have, attempt))
+    for (key, attempt), (status, error, run) in past.items():
+        want = expected_outcome(key, attempt)
+        if (status, error) != want:
+            disagree.append((key[:16], attempt, "replaced", (status, error), want))
+    report(not disagree, f"every attempt's record agrees with what the bank did for that very attempt "
+                         f"({len(effects)} effects, {len(past)} replaced attempts)" + some(disagree))
+
+    # The audit log: every report filed under its own attempt, run and epoch, saying
+    # what the bank did for that attempt; and per key, an attempt executed only after
+    # the one before it failed.
+    misfiled, sequence = [], []
+    intents = {}
+    state = {}  # key -> (current attempt, its state)
+    for _id, key, event, attempt, run, epoch, detail in audit:
+        detail = detail or {}
+        cur, st = state.get(key, (0, None))
+        if event == "intent":
+            intents[(key, attempt)] = (run, epoch)
+            if attempt != cur + 1 or (cur and st != "failed"):
+                sequence.append((key[:16], f"attempt {attempt} executed", f"attempt {cur} was {st}"))
+            state[key] = (attempt, "started")
+            continue
+        if event not in ("completed", "late_completion", "failed", "late_failure", "resolved"):
+            continue
+        if attempt is None or intents.get((key, attempt)) != (run, epoch):
+            misfiled.append((key[:16], event, attempt, run, epoch, intents.get((key, attempt))))
+            continue
+        if attempt != cur or st not in ("started", "unknown"):
+            sequence.append((key[:16], f"{event} on attempt {attempt}", f"attempt {cur} was {st}"))
+        outcome, value = expected_outcome(key, attempt)
+        if event == "resolved":
+            said = (detail.get("outcome"), detail.get("result" if detail.get("outcome") == "completed" else "error"))
+        elif event in ("completed", "late_completion"):
+            said = ("completed", value if outcome == "completed" else "a completion")
+        else:
+            said = ("failed", detail.get("error"))
+        if said != (outcome, value):
+            misfiled.append((key[:16], event, attempt, said, (outcome, value)))
+        state[key] = (attempt, said[0])
+    report(not misfiled, f"no report landed on another attempt: every report in the audit log is filed under "
+                         f"its own attempt, run and epoch and says what the bank did then "
+                         f"({sum(1 for a in audit if a[2] != 'intent')} events)" + some(misfiled))
+    report(not sequence, "no attempt executed while an earlier one was unknown, in flight or completed"
+           + some(sequence))
+
     report(unresolved == 0, f"nothing unresolved ({unresolved})")
     report(conflicts == 0, f"no contradicting reports ({conflicts})")
+    report(late["rejected"] == 0, f"every truthful late report was accepted ({late['rejected']} rejected)")
     report(leases == 0, f"no lease left held ({leases})")
     report(stats["killed"] > 0 and stats["paused"] > 0,
            "the chaos happened: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+    declined_tries = sum(1 for row in bank if row[4] == "declined")
+    in_flight = stats["earlier reports retried with the next attempt in flight"]
+    report(declined_tries > 0 and retried and late["on an earlier attempt"] > 0 and late["duplicates"] > 0
+           and in_flight > 0,
+           f"business keys were declined and executed again, and reports came late and twice: "
+           f"{len(declined_keys)} keys set to decline, {declined_tries} declined tries, "
+           f"{in_flight} reports on an earlier attempt retried by the lease that had begun the next, "
+           f"late reports " + ", ".join(f"{k} {v}" for k, v in sorted(late.items())))
     report(stats["errors"] == 0, f"no worker failed other than by SIGKILL or pause ({stats['errors']})")
-    print(f"{9 - failures} passed, {failures} failed")
+    print(f"{checks - failures} passed, {failures} failed")
     return failures
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("role", nargs="?", default="orchestrator", choices=["orchestrator", "worker"])
+    parser.add_argument("role", nargs="?", default="orchestrator",
+                        choices=["orchestrator", "worker", "reporter"])
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--runs", type=int, default=40)
@@ -289,14 +663,16 @@ def main():
     parser.add_argument("--plan")
     args = parser.parse_args()
     if args.role == "worker":
-        worker(args.dsn, args.run, json.loads(args.plan))
+        worker(args.dsn, args.run, json.loads(args.plan), args.seed)
+    if args.role == "reporter":
+        late_reporter(args.dsn, args.seed)
     try:
-        plans, expected, done, stats = orchestrate(args)
+        plans, expected, done, stats, late = orchestrate(args)
     except Exception as e:  # report it as a failed check, not a bare traceback
         print(f"not ok - the orchestrator ran to its end: {type(e).__name__}: {e}")
         print("0 passed, 1 failed")
         raise
-    sys.exit(1 if check(args.dsn, plans, expected, done, stats) else 0)
+    sys.exit(1 if check(args.dsn, plans, expected, done, stats, late) else 0)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 # 020_fleet_chaos: the fleet chaos test (test/chaos/fleet_chaos.py) against a
 # real cluster, with a fixed seed and a bounded size: workers SIGKILLed at
 # random, runs delivered twice at once, interrupted runs restarted, paused
-# effects reconciled by asking the bank; every invoice is paid exactly as
-# often as planned.  FLEET_CHAOS_RUNS / FLEET_CHAOS_KILLS / FLEET_CHAOS_SEED
-# make a larger soak run.
+# effects reconciled by asking the bank about their attempt, business keys
+# declined by the bank and executed again (attempt 2, 3), and truthful reports
+# re-sent late and twice by replacements and a late reporter; every invoice is
+# paid exactly as often as planned, and every report lands on the attempt it
+# names.  FLEET_CHAOS_RUNS / FLEET_CHAOS_KILLS / FLEET_CHAOS_SEED make a
+# larger soak run.
 use strict;
 use warnings;
 use lib "$ENV{TESTDIR}/test/perl";
@@ -27,6 +30,19 @@ ok($ok, 'the fleet chaos test passed all its checks');
 unlike($stdout, qr/^not ok/m, 'no check failed');
 like($stdout, qr/^ok - every invoice paid exactly as often as planned/m,
 	'every invoice was paid exactly as often as planned');
+like($stdout, qr/^ok - every business-key operation paid exactly once \(\d+ keys, [1-9]\d* executed again/m,
+	'no business-key operation was paid twice, and some were executed again after a decline');
+like($stdout, qr/^ok - no attempt tried at the bank twice/m,
+	'no attempt reached the bank twice');
+like($stdout, qr/^ok - every attempt's record agrees with what the bank did for that very attempt/m,
+	'effects and past_attempts agree with the bank, attempt by attempt');
+like($stdout, qr/^ok - no report landed on another attempt/m,
+	'every report in the audit log is filed under the attempt it is about');
+like($stdout, qr/^ok - no attempt executed while an earlier one was unknown, in flight or completed/m,
+	'no attempt was executed before the one before it had failed');
+like($stdout, qr/^ok - nothing unresolved \(0\)/m, 'nothing was left unresolved');
+like($stdout, qr/^ok - business keys were declined and executed again, and reports came late and twice/m,
+	'late, duplicated and earlier-attempt reports were really sent');
 
 $node->stop;
 done_testing();

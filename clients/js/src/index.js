@@ -4,7 +4,7 @@
 // committed before the effect), then complete_effect or fail_effect.  The
 // extension decides; this module only turns its decisions into control flow:
 //
-//   execute      -> perform(key), then complete_effect(key, result) -> result
+//   execute      -> perform(key), then complete_effect(key, result, attempt) -> result
 //   replay       -> the recorded result (or EffectFailed for a recorded failure)
 //   pause        -> EffectPaused   (an earlier attempt's outcome is unknown)
 //   in_progress  -> EffectInProgress (another live lease is performing it)
@@ -12,6 +12,11 @@
 // Unknown outcomes are never guessed: an error from perform() that is not an
 // EffectDidNotHappen leaves the effect "started", and the next attempt pauses
 // until a person resolves it (durable_ledger.resolve_effect).
+//
+// Every report names the attempt of the effect that begin_effect executed: a
+// business key is executed again after a failure (attempt 2, 3, ...), and a
+// report must decide the attempt it is about and no other, whichever session
+// holds the lease by the time it arrives.
 
 /**
  * @typedef {object} Queryable  A node-postgres Client or PoolClient (anything with query()).
@@ -266,9 +271,12 @@ export class Ledger {
       result = await perform(d.key);
     } catch (err) {
       if (err instanceof EffectDidNotHappen) {
-        const row = await this.#report(run, 'fail_effect', d.key, errorParam(err.error), where);
+        const json = errorParam(err.error);
+        const row = await this.#report(run, 'fail_effect', d.key, d.attempt, json, where);
         throw new EffectFailed(`${where} did not happen: ${err.message}`, {
-          key: d.key, decision: d.decision, reason: err.message, error: row.error,
+          key: d.key, decision: d.decision, reason: err.message,
+          // the row is a later attempt's when one replaced ours: ours is what we sent
+          error: row.attempt === d.attempt ? row.error : JSON.parse(json ?? 'null'),
           replayed: false, cause: err,
         });
       }
@@ -289,25 +297,38 @@ export class Ledger {
         { key: d.key, decision: d.decision, cause: err }
       );
     }
-    const row = await this.#report(run, 'complete_effect', d.key, resultJson, where);
+    const row = await this.#report(run, 'complete_effect', d.key, d.attempt, resultJson, where);
     return row.result;
   }
 
-  /** complete_effect / fail_effect; anything but an accepted report stops the run. */
-  async #report(run, fn, key, json, where) {
+  /**
+   * complete_effect / fail_effect on `attempt`, the attempt of the effect that
+   * begin_effect executed; anything but an accepted report stops the run.
+   */
+  async #report(run, fn, key, attempt, json, where) {
     let row;
     try {
       ({ rows: [row] } = await this.client.query(
-        `SELECT * FROM durable_ledger.${fn}($1::text, $2::jsonb)`, [key, json]));
+        `SELECT * FROM durable_ledger.${fn}($1::text, $2::jsonb, $3::integer)`, [key, json, attempt]));
     } catch (err) {
       this.#stop(run, key, `${where} could not be recorded (${fn}: ${err.message}).`);
       throw err;
     }
     const wanted = fn === 'complete_effect' ? 'completed' : 'failed';
-    if (row.conflict || row.status !== wanted) {
+    // When a later attempt replaced ours (someone else recorded ours as failed
+    // meanwhile, and the key was executed again), the row is that later
+    // attempt's, which our report never changes: a failure the ledger already
+    // had for our attempt is on record; anything else was kept as a conflict.
+    const accepted = row.attempt === attempt
+      ? !row.conflict && row.status === wanted
+      : !row.conflict && fn === 'fail_effect';
+    if (!accepted) {
+      const now = row.attempt === attempt
+        ? row.status
+        : `at attempt ${row.attempt} (this report was on attempt ${attempt}), ${row.status}`;
       this.#stop(run, key, `${where}: the ledger did not accept the report (${fn}).`);
       throw new LedgerError(
-        `${where}: the ledger did not accept the report (${fn}); the effect is ${row.status}` +
+        `${where}: the ledger did not accept the report (${fn}); the effect is ${now}` +
           `${row.conflict ? ' and flagged as a conflict' : ''}.  A person must look at it ` +
           '(durable_ledger.unresolved).',
         { key, decision: 'execute', reason: 'contradicting report' }

@@ -407,3 +407,180 @@ test('the example agent loop runs: the first worker executes, the replayed one e
     ], 'only the two side-effecting tools are in the ledger');
   });
 });
+
+// ---------------------------------------------------- reports name their attempt
+
+/** (event, attempt) of every audit row of key, in order. */
+async function auditAttempts(client, key) {
+  const { rows } = await client.query(
+    'SELECT event::text, attempt FROM durable_ledger.audit_log WHERE key = $1 ORDER BY id', [key]);
+  return rows.map((r) => [r.event, r.attempt]);
+}
+
+/** Attempt 1 of business key `businessKey`: the bank declines, the client records it. */
+async function declinedFirstAttempt(businessKey, args) {
+  await withClient(async (_c, ledger) => {
+    const run = unique('first');
+    await assert.rejects(ledger.guarded({
+      run, tool: 'bank.pay', args, businessKey,
+      perform: () => { throw new EffectDidNotHappen({ code: 'declined' }); },
+    }), EffectFailed);
+    const row = await ledger.effectStatus(businessKey);
+    assert.deepEqual([row.attempt, row.status], [1, 'failed']);
+  });
+}
+
+/** Resolves with the key once perform() is at the bank; rejects if the call ends first. */
+function atTheBank(perform, call) {
+  return Promise.race([perform.entered, call.then(
+    (r) => assert.fail(`the call returned ${JSON.stringify(r)} before reaching the bank`),
+    (e) => { throw e; })]);
+}
+
+/** A perform() that waits at the bank until go() is called, then returns or throws. */
+function parked(outcome) {
+  let entered;
+  let go;
+  const perform = async (key) => {
+    perform.keys.push(key);
+    entered(key);
+    await perform.released;
+    if (outcome instanceof Error) throw outcome;
+    return outcome;
+  };
+  perform.keys = [];
+  perform.entered = new Promise((resolve) => { entered = resolve; });
+  perform.released = new Promise((resolve) => { go = resolve; });
+  perform.go = go;
+  return perform;
+}
+
+test('a retried business key: the report names attempt 2, so it lands there without the lease', async () => {
+  // Attempt 1 was declined; attempt 2 is executed by another worker whose connection
+  // loses the lease that began attempt 2 while the bank pays (a pooler resets it):
+  // only the attempt number the report carries ties it to attempt 2.
+  const businessKey = unique('INV');
+  const args = { invoice: businessKey, amount: 70 };
+  await declinedFirstAttempt(businessKey, args);
+  await withClient(async (client, ledger) => {
+    const run = unique('second');
+    const result = await ledger.guarded({
+      run, tool: 'bank.pay', args, businessKey,
+      perform: async () => {
+        await client.query('SELECT pg_advisory_unlock_all()'); // the lease is gone
+        return { payment_id: 'pay_2' };
+      },
+    });
+    assert.deepEqual(result, { payment_id: 'pay_2' });
+    const row = await ledger.effectStatus(businessKey);
+    assert.deepEqual([row.attempt, row.status, row.conflict, row.result],
+      [2, 'completed', false, { payment_id: 'pay_2' }]);
+    assert.deepEqual(await auditAttempts(client, businessKey),
+      [['intent', 1], ['failed', 1], ['intent', 2], ['late_completion', 2]]);
+  });
+
+  // the same report without its attempt would not be applied: a flagged conflict
+  const other = unique('INV');
+  const otherArgs = { invoice: other, amount: 70 };
+  await declinedFirstAttempt(other, otherArgs);
+  await withClient(async (client, ledger) => {
+    const d = await ledger.beginEffect(unique('raw'), 'bank.pay', otherArgs, { businessKey: other });
+    assert.deepEqual([d.decision, d.attempt], ['execute', 2]);
+    await client.query('SELECT pg_advisory_unlock_all()');
+    await client.query('SELECT durable_ledger.complete_effect($1, $2::jsonb)', [other, '{"payment_id": "x"}']);
+    const row = await ledger.effectStatus(other);
+    assert.deepEqual([row.attempt, row.conflict, row.result], [2, true, null]);
+    assert.notEqual(row.status, 'completed');
+  });
+});
+
+/**
+ * Two attempts of one business key through one Ledger, run and lease.  Attempt 1
+ * waits at the bank while the bank's webhook records it as declined (another
+ * connection); the agent then retries, which executes attempt 2 under the same
+ * lease, and it waits at the bank too; only then does attempt 1's own report
+ * (firstOutcome: a refusal or a payment) arrive, on the connection that holds
+ * the lease that began attempt 2.  Calls check(...) with what it needs.
+ */
+async function interleave(name, firstOutcome, check) {
+  const businessKey = unique(name);
+  const args = { invoice: businessKey, amount: 71 };
+  const run = unique(name);
+  await withClient(async (webhook) => withClient(async (client, ledger) => {
+    const first = parked(firstOutcome);
+    const second = parked({ payment_id: 'pay_2' });
+    const one = ledger.guarded({ run, tool: 'bank.pay', args, businessKey, perform: first });
+    one.catch(() => {}); // awaited below
+    try {
+      assert.equal(await atTheBank(first, one), businessKey);
+      await webhook.query('SELECT durable_ledger.fail_effect($1, $2::jsonb, 1)',
+        [businessKey, '{"code": "declined"}']);
+      const two = ledger.guarded({ run, tool: 'bank.pay', args, businessKey, perform: second });
+      two.catch(() => {});
+      try {
+        assert.equal(await atTheBank(second, two), businessKey);
+        first.go();
+        const firstError = await one.then(() => assert.fail('attempt 1 was accepted'), (e) => e);
+        const afterFirst = await ledger.effectStatus(businessKey);
+        await check({ client, ledger, businessKey, firstError, afterFirst, second, two });
+      } finally {
+        second.go();
+        await two.catch(() => {});
+      }
+    } finally {
+      first.go();
+      await one.catch(() => {});
+    }
+  }));
+}
+
+test('a late refusal of attempt 1 never decides attempt 2 (same lease, attempt 2 in flight)', async () => {
+  // Without its attempt, attempt 1's refusal would be applied to attempt 2 here (this
+  // session holds the lease that began attempt 2): attempt 2, whose payment is in
+  // flight, would be "failed", and a third attempt could pay again.
+  await interleave('late-refusal', new EffectDidNotHappen({ code: 'declined' }),
+    async ({ client, ledger, businessKey, firstError, afterFirst, second, two }) => {
+      assert.ok(firstError instanceof EffectFailed, `got ${firstError}`); // on record: accepted
+      assert.equal(firstError.replayed, false);
+      assert.deepEqual(firstError.error, { code: 'declined' });
+      assert.deepEqual([afterFirst.attempt, afterFirst.status, afterFirst.conflict, afterFirst.error],
+        [2, 'started', false, null]);
+      second.go();
+      assert.deepEqual(await two, { payment_id: 'pay_2' });
+      const row = await ledger.effectStatus(businessKey);
+      assert.deepEqual([row.attempt, row.status, row.conflict, row.result],
+        [2, 'completed', false, { payment_id: 'pay_2' }]);
+      assert.deepEqual(await auditAttempts(client, businessKey),
+        [['intent', 1], ['failed', 1], ['intent', 2], ['completed', 2]]);
+      const { rows } = await client.query(
+        'SELECT attempt, status::text, error FROM durable_ledger.past_attempts WHERE key = $1', [businessKey]);
+      assert.deepEqual(rows, [{ attempt: 1, status: 'failed', error: { code: 'declined' } }]);
+    });
+});
+
+test('a late completion of a replaced attempt is kept as a conflict, never applied to attempt 2', async () => {
+  // The bank did pay attempt 1, though the webhook said it declined: the client's
+  // completion of attempt 1 arrives while attempt 2 is in flight.  Without its attempt
+  // it would complete attempt 2 with attempt 1's payment; with it, it is evidence of a
+  // double payment, kept as a conflict for a person.
+  await interleave('late-completion', { payment_id: 'pay_1' },
+    async ({ client, ledger, businessKey, firstError, afterFirst, second, two }) => {
+      assert.ok(firstError instanceof LedgerError && !(firstError instanceof EffectFailed), `got ${firstError}`);
+      assert.match(firstError.message, /did not accept the report \(complete_effect\)/);
+      assert.deepEqual([afterFirst.attempt, afterFirst.status, afterFirst.conflict, afterFirst.result],
+        [2, 'started', true, null]);
+      const { rows } = await client.query(
+        "SELECT attempt, detail->'result' AS result FROM durable_ledger.audit_log WHERE key = $1 AND event = 'conflict'",
+        [businessKey]);
+      assert.deepEqual(rows, [{ attempt: 1, result: { payment_id: 'pay_1' } }]);
+      second.go();
+      await assert.rejects(two, LedgerError); // the key stays flagged for a person
+      const row = await ledger.effectStatus(businessKey);
+      assert.equal(row.attempt, 2);
+      assert.notDeepEqual(row.result, { payment_id: 'pay_1' });
+      assert.equal(row.conflict, true);
+      const { rows: [u] } = await client.query(
+        'SELECT count(*)::int AS n FROM durable_ledger.unresolved WHERE key = $1', [businessKey]);
+      assert.equal(u.n, 1);
+    });
+});

@@ -108,7 +108,9 @@ class OutcomeNotRecorded(LedgerError):
 
     Either the report could not be written (the connection broke, the result is not
     JSON-serialisable) or the ledger found it contradicting its record (a ``conflict``:
-    then the effect is flagged and listed in ``durable_ledger.unresolved``).  The effect
+    then the effect is flagged and listed in ``durable_ledger.unresolved``) -- also when
+    the report was on an attempt of a business key that a later attempt had replaced
+    meanwhile (a completion of a replaced attempt: it may have happened twice).  The effect
     stays unrecorded; the run must stop, and its next attempt pauses until a person
     resolves it -- ``result`` (for a completion) or ``error`` (for a refusal) holds what
     your function reported, for that person.

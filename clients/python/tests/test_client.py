@@ -345,7 +345,7 @@ class ClientTest(unittest.TestCase):
         """Attempt 1 of business key ``invoice``: the bank declines, the client records it."""
         declined = Recorder(raises=EffectDidNotHappen({"code": "declined"}))
         with self.assertRaises(EffectFailed):
-            self.ledger().guarded(f"{self.run_id}-first", "bank.pay", args, declined,
+            self.ledger().guarded(f"{self.run_id}-{invoice}", "bank.pay", args, declined,
                                   business_key=invoice)
         row = self.row(invoice)
         self.assertEqual((row["attempt"], row["status"]), (1, "failed"))
