@@ -22,7 +22,9 @@ $node->safe_psql('postgres', q{
 	CREATE ROLE auditor LOGIN;
 	GRANT durable_ledger_auditor TO auditor;
 	CREATE ROLE maria LOGIN;
-	GRANT durable_ledger_admin TO maria;});
+	GRANT durable_ledger_admin TO maria;
+	CREATE ROLE hung_worker LOGIN;
+	GRANT durable_ledger_worker TO hung_worker;});
 $node->safe_psql('postgres', q{
 	SELECT durable_ledger.complete_effect(key, '{"payment_id": "pay_81"}')
 	  FROM durable_ledger.begin_effect('ap-run-42', 'bank.pay', '{"invoice": "INV-9", "amount": 4200}',
@@ -34,7 +36,8 @@ $node->safe_psql('postgres', q{
 	SELECT durable_ledger.begin_effect('other-run', 'ticket.open', '{"title": "late"}');});
 my $holder = $node->background_psql('postgres');
 $holder->query_safe(q{SELECT durable_ledger.acquire_run('busy-run')});
-my $hung = $node->background_psql('postgres');
+# (a worker, not a superuser: an admin may not end a superuser's session)
+my $hung = $node->background_psql('postgres', extra_params => [ '--username', 'hung_worker' ]);
 $hung->query_safe(q{SELECT durable_ledger.acquire_run('hung-run')});
 $node->safe_psql('postgres', q{
 	SET ROLE maria;
