@@ -5,12 +5,23 @@ EXTVERSION = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" $(EXTENSION).
 MODULE_big = durable_ledger
 OBJS = \
 	src/module.o \
+	src/names.o \
 	src/canonical.o \
 	src/keys.o \
+	src/call.o \
+	src/detail.o \
+	src/plans.o \
+	src/tables.o \
+	src/reader.o \
+	src/writer.o \
+	src/durability.o \
 	src/lease.o \
-	src/store.o \
-	src/direct.o \
-	src/ledger.o \
+	src/begin.o \
+	src/report.o \
+	src/resolve.o \
+	src/status.o \
+	src/lease_calls.o \
+	src/key_calls.o \
 	src/drop_guard.o \
 	src/older_sql.o
 DATA = $(wildcard $(EXTENSION)--*.sql)
@@ -28,7 +39,7 @@ REGRESS = \
 	failures \
 	resolution \
 	audit_log \
-	direct_writes \
+	table_writes \
 	privileges \
 	bad_input \
 	rollback \
@@ -50,19 +61,40 @@ ISOLATION = \
 	lease_lost \
 	break_lease \
 	rollback_while_waiting \
-	direct_writes
+	concurrent_writes
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
+
+# TAP tests (test/t/), each with clusters of its own: make prove_installcheck
+TAP_TESTS = 1
+PROVE_TESTS = test/t/*.pl
+
+# the pages of docs/, installed with the extension (share/doc/extension/)
+DOCS = $(wildcard docs/*.md)
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-# The whole test suite in throwaway clusters; see README "Running the tests".
-.PHONY: test deps demo bench
-deps:
-	test/install-deps.sh
+# Everything, in throwaway clusters (as root too): see CONTRIBUTING.md.
+.PHONY: test prove_installcheck check-clients check-layers deps demo bench
 test: all
 	test/run-all.sh
+
+# TAP alone (installcheck runs it after the regression and isolation suites).
+prove_installcheck:
+	$(prove_installcheck)
+
+# The tests of what uses the ledger: the clients, the demo, the cookbook
+# (test/apps/, TAP; each starts its own cluster).
+check-clients:
+	$(MAKE) prove_installcheck PROVE_TESTS='test/apps/*.pl'
+
+# src/ calls only downwards (reads the built objects).
+check-layers: all
+	test/check-layers.py src
+
+deps:
+	test/install-deps.sh
 
 # The main job, on a throwaway cluster: see README "The demo".
 demo:
@@ -71,6 +103,3 @@ demo:
 # Speed against the floor of what durability costs; not part of the tests.
 bench:
 	bench/run.sh $(BENCH_ARGS)
-
-print-%:
-	@echo $($*)

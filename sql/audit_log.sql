@@ -1,7 +1,7 @@
 -- audit_log: every ledger event is logged, in order, with run, key, event, detail, the
 -- calling role as after SET ROLE, the session user, the backend pid and the lease epoch;
 -- UPDATE, DELETE, TRUNCATE (and MERGE) on the log are refused (42501), for its owner too.
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 
 CREATE ROLE regress_audit_worker NOLOGIN;
 GRANT durable_ledger_worker TO regress_audit_worker;
@@ -106,7 +106,7 @@ COMMIT;
 -- the error names the rule
 \set VERBOSITY default
 DELETE FROM durable_ledger.audit_log WHERE run = 'audit-1';
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 -- the same as a role that is only an admin
 SET ROLE regress_audit_admin;
 DELETE FROM durable_ledger.audit_log WHERE run = 'audit-1';

@@ -2,7 +2,7 @@
 -- too long name with 22023, an unknown key with 42704 (effect_status: no row, no
 -- error), and a refused call writes nothing, takes no lease and advances no
 -- occurrence counter; hostile-looking but valid text is stored exactly as given.
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 
 -- Runs stmt; returns its SQLSTATE (or 'ok') and whether the ledger tables or this
 -- session's leases changed.
@@ -155,7 +155,7 @@ SELECT durable_ledger.begin_effect('bad-1', '', '{}');
 SELECT durable_ledger.acquire_run('bad-1', NULL);
 SELECT durable_ledger.begin_effect(repeat('r', 513), 'pay', '{}');
 SELECT durable_ledger.complete_effect('bad-no-such-key', '{}');
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 
 -- Exactly at the limits is accepted (and multibyte characters count as one).
 SELECT decision FROM durable_ledger.begin_effect(repeat('r', 512), 'pay', '{}');

@@ -51,7 +51,7 @@ SELECT regress_try($$SELECT durable_ledger.begin_effect('bk-2', 'pay_invoice',
 SELECT count(*) = :audit_rows AS nothing_written FROM durable_ledger.audit_log;
 SELECT key, run, tool, args, status, attempt, result FROM durable_ledger.effects WHERE key = 'INV-1001';
 -- the SQLSTATE, shown by psql itself
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 SELECT durable_ledger.begin_effect('bk-2', 'refund_invoice', '{"invoice": "INV-1001", "amount": 120}', 'INV-1001');
 \set VERBOSITY terse
 

@@ -2,7 +2,7 @@
 -- duplicate keys (last wins) and the spelling of numbers (-0 is 0), keeps strings byte
 -- for byte (no Unicode normalization), handles scalars, nesting and huge numbers, and
 -- refuses NULL (22004); equal canonical text means equal keys, different text different keys.
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 
 -- One row per input: the canonical text, exactly.
 SELECT n, durable_ledger.canonical_args(input::jsonb) AS canonical

@@ -3,7 +3,7 @@
 -- unless the session sets durable_ledger.allow_drop = on; other extensions, schemas and
 -- roles drop as usual; the group roles outlive the extension; it can be created again
 -- and an empty ledger drops without the setting. Ends with a fresh, empty ledger installed.
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 
 SELECT decision FROM durable_ledger.begin_effect('drop-1', 'pay', '{}');
 SELECT durable_ledger.release_run('drop-1') AS released;
@@ -41,7 +41,7 @@ ROLLBACK;
 RESET durable_ledger.allow_drop;
 \set VERBOSITY default
 DROP EXTENSION durable_ledger;
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 -- its tables are extension members: they cannot be dropped one by one either
 BEGIN;
 DROP TABLE durable_ledger.effects;
@@ -62,7 +62,7 @@ EXCEPTION WHEN OTHERS THEN
     RAISE NOTICE 'fresh session: refused with %', SQLSTATE;
 END
 $$;
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 SELECT dblink_disconnect('regress_fresh');
 -- the extension, its schema and every effect are still there
 SELECT extname, extversion FROM pg_extension WHERE extname = 'durable_ledger';

@@ -103,7 +103,7 @@ SHOW synchronous_commit;
 SELECT args->'n' AS n, status FROM durable_ledger.effects WHERE run = 'dur-1' ORDER BY (args->>'n')::int;
 
 -- ==== PREPARE TRANSACTION of a ledger write is refused ====
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 SELECT current_setting('max_prepared_transactions')::int > 0 AS prepared_transactions_enabled;
 BEGIN;
 SELECT decision, occurrence FROM durable_ledger.begin_effect('dur-2', 'pay', '{}');
@@ -135,7 +135,7 @@ SELECT decision, occurrence FROM durable_ledger.begin_effect('dur-2', 'pay', '{}
 BEGIN;
 SELECT durable_ledger.acquire_run('dur-2');
 PREPARE TRANSACTION 'regress_dur_prepare';
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 -- a transaction that did not write the ledger can be prepared (also by a session holding a lease)
 BEGIN;
 SELECT count(*) AS effects FROM durable_ledger.effects WHERE run = 'dur-2';

@@ -1,6 +1,6 @@
 -- hostile_input: input that tries to break the ledger gets a clear error or a
 -- correct row: never a crash, never a silent truncation.
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 
 -- quotes, backslashes and NUL-free control characters in run, tool and business key
 SELECT decision, occurrence, octet_length(key) AS key_bytes

@@ -1,7 +1,7 @@
 -- keys: a derived key is the lowercase hex SHA-256 of the documented key material, so
 -- every stored key can be recomputed in plain SQL with pgcrypto's digest(); effect_key()
 -- gives the same key without writing anything; a business key is the text itself.
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 
 -- what begin_effect answered, call by call
 CREATE TEMP TABLE key_calls (n int PRIMARY KEY, run text, tool text, args jsonb, d_key text,

@@ -6,7 +6,7 @@
 -- advisory locks do not collide; max_leases_per_session bounds a session (53400); a
 -- session that ends frees its lease and leaves its started effect unknown; break_lease
 -- ends the holding backend and is audited.
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 
 -- (helpers live in public, not pg_temp: DISCARD ALL below would drop temporary ones)
 -- waits until a backend has gone (bounded: about 10 s), polling instead of sleeping
@@ -153,7 +153,7 @@ SELECT durable_ledger.begin_effect('lease-m4', 'pay', '{}');
 SELECT public.regress_lease_footprint('lease-m4') = :'before' AS nothing_written, public.regress_lease_mine() AS my_leases;
 \set VERBOSITY default
 SELECT durable_ledger.acquire_run('lease-m4');
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 -- a run already held does not count twice
 SELECT durable_ledger.acquire_run('lease-m1') AS m1_again;
 SELECT decision FROM durable_ledger.begin_effect('lease-m2', 'pay', '{}');
@@ -201,7 +201,7 @@ SELECT public.regress_lease_mine() AS my_leases;
 -- the next call fails, naming the run, and writes nothing; it keeps failing
 \set VERBOSITY default
 SELECT durable_ledger.begin_effect('lease-d', 'mail', '{}');
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 SELECT durable_ledger.begin_effect('lease-d', 'mail', '{}');
 SELECT durable_ledger.begin_effect('lease-d', 'pay', '{}');
 SELECT public.regress_lease_footprint('lease-d') = :'before' AS nothing_written, public.regress_lease_mine() AS my_leases;
@@ -223,7 +223,7 @@ SELECT pg_advisory_unlock_all();
 SELECT public.regress_lease_footprint('lease-u') AS before \gset
 \set VERBOSITY default
 SELECT durable_ledger.begin_effect('lease-u', 'mail', '{}');
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 SELECT public.regress_lease_footprint('lease-u') = :'before' AS nothing_written, public.regress_lease_mine() AS my_leases;
 SELECT status FROM durable_ledger.effect_status(:'k_unlock');
 SELECT durable_ledger.acquire_run('lease-u') AS acquired;
@@ -307,7 +307,7 @@ SELECT public.regress_lease_backend_gone(:su_pid) AS su_gone;
 SELECT count(*) AS leases FROM durable_ledger.leases WHERE run IN ('lease-su', 'lease-plain');
 DROP ROLE regress_lease_admin;
 DROP ROLE regress_lease_worker;
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 
 -- ==== a session that lost more leases than it remembers (1,024) never
 -- ==== silently starts a new epoch on one of them: the audit log remembers
@@ -327,7 +327,7 @@ SELECT public.regress_lease_footprint('lost-1') AS before \gset
 \set VERBOSITY default
 SELECT decision FROM durable_ledger.begin_effect('lost-1', 'pay', '{}');
 SELECT decision FROM durable_ledger.begin_effect('lost-1100', 'pay', '{}');
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 SELECT public.regress_lease_footprint('lost-1') = :'before' AS nothing_written, public.regress_lease_mine() AS my_leases;
 -- releasing a lost lease ends it on record; the next call is a new attempt
 SELECT durable_ledger.release_run('lost-1') AS released;

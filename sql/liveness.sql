@@ -3,8 +3,9 @@
 -- READ it is answered with a fresh snapshot, not the transaction's old one
 -- (effect_status, resolve_effect and begin_effect see a lease that ended
 -- after the snapshot as ended; effect_status reads the row as it is now too,
--- so a completed effect is never called unknown; a key or run recorded after
--- the snapshot is a serialization failure, never "does not exist").  The
+-- so a completed effect is never called unknown; the writers decide on a
+-- row's latest committed version, locked, so a key or run recorded after the
+-- snapshot is neither "does not exist" nor a unique violation).  The
 -- session that holds a run answers as everyone else does, also for a lock it
 -- holds without an epoch; unresolved calls a flagged effect unknown only when
 -- its lease has ended.  The leases view shows auditors the holder's backend
@@ -65,8 +66,10 @@ SELECT has_function_privilege('durable_ledger_worker', 'durable_ledger.lease_hol
 
 -- ===================================================================
 -- REPEATABLE READ: an effect completed after the snapshot is reported as
--- completed, not unknown; a key or a run recorded after the snapshot is a
--- serialization failure (retry), not a missing key or a unique violation
+-- completed, not unknown; a report or a resolution is decided on the row's
+-- latest committed version, locked, as under READ COMMITTED (a key recorded
+-- after the snapshot is found); a run first leased after the snapshot goes
+-- on from its latest epoch
 -- ===================================================================
 SELECT dblink_connect('w2', 'dbname=' || current_database());
 SELECT key AS k_done
@@ -85,7 +88,7 @@ SELECT count(*) >= 0 AS snapshot_taken FROM durable_ledger.effects;
 SELECT * FROM dblink('w2', $$SELECT decision FROM durable_ledger.begin_effect('live-4', 'pay', '{"n": 4}', 'LIVE-BK4')$$)
     AS t(decision text);
 SAVEPOINT s1;
-SELECT durable_ledger.complete_effect('LIVE-BK4', '{"ok": 4}', 1);
+SELECT status, attempt, result FROM durable_ledger.complete_effect('LIVE-BK4', '{"ok": 4}', 1);
 ROLLBACK TO s1;
 SELECT durable_ledger.resolve_effect('LIVE-BK4', 'failed', NULL, 'regress');
 ROLLBACK;
@@ -96,9 +99,8 @@ BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT count(*) >= 0 AS snapshot_taken FROM durable_ledger.runs;
 SELECT * FROM dblink('w2', $$SELECT durable_ledger.acquire_run('live-7') AND durable_ledger.release_run('live-7')$$)
     AS t(leased boolean);
-\set VERBOSITY terse
 SELECT decision FROM durable_ledger.begin_effect('live-7', 'pay', '{"n": 7}');
-\set VERBOSITY default
+SELECT epochs FROM durable_ledger.runs WHERE run = 'live-7';
 ROLLBACK;
 SELECT durable_ledger.release_run('live-7');
 

@@ -2,7 +2,7 @@
 -- status, keys and canonical args, acquire and release, and nothing else (no resolve, no
 -- break_lease, no direct table access); durable_ledger_auditor may only read the tables
 -- and views; durable_ledger_admin is worker + auditor + resolve_effect + break_lease.
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 
 CREATE ROLE regress_priv_nobody LOGIN;
 CREATE ROLE regress_priv_worker LOGIN;

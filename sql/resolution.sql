@@ -141,7 +141,7 @@ SELECT md5(string_agg(e::text, '|' ORDER BY key)) = :'effects_before' AS no_effe
 SELECT status, resolved_by FROM durable_ledger.effects WHERE key = :'r7';
 
 -- the error codes, as psql shows them
-\set VERBOSITY sqlstate
+\set VERBOSITY default
 SELECT durable_ledger.resolve_effect(:'r7', 'completed', '{}', 'alice');
 SELECT durable_ledger.resolve_effect(:'r1', 'completed', '{}', 'alice');
 SELECT durable_ledger.resolve_effect(:'r7', 'done', '{}', 'alice');

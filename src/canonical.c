@@ -25,7 +25,7 @@
 #include "utils/jsonb.h"
 #include "utils/numeric.h"
 
-#include "durable_ledger.h"
+#include "common.h"
 
 static void
 append_number(StringInfo out, Numeric num)

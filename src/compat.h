@@ -8,8 +8,6 @@
 #ifndef DURABLE_LEDGER_COMPAT_H
 #define DURABLE_LEDGER_COMPAT_H
 
-#include "access/heapam.h"
-
 #if PG_VERSION_NUM < 150000
 #error "durable_ledger requires PostgreSQL 15 or later"
 #endif
@@ -19,30 +17,13 @@
 #include "varatt.h"
 #endif
 
-/*
- * heap_update with wait and no crosscheck; *new_index_entries says whether
- * the btree indexes need entries for the new version (not a HOT update).
- * PostgreSQL 16 reports that itself.
- */
-static inline TM_Result
-dl_heap_update(Relation rel, ItemPointer otid, HeapTuple tuple, CommandId cid,
-			   TM_FailureData *tmfd, LockTupleMode *lockmode,
-			   bool *new_index_entries)
-{
-	TM_Result	result;
+/* PostgreSQL 16 gave EvalPlanQualInit the list of result relations. */
 #if PG_VERSION_NUM >= 160000
-	TU_UpdateIndexes update_indexes;
-
-	result = heap_update(rel, otid, tuple, cid, InvalidSnapshot, true, tmfd,
-						 lockmode, &update_indexes);
-	/* TU_Summarizing concerns BRIN only, which direct writes never keep */
-	*new_index_entries = update_indexes == TU_All;
+#define dl_EvalPlanQualInit(epq, estate) \
+	EvalPlanQualInit((epq), (estate), NULL, NIL, -1, NIL)
 #else
-	result = heap_update(rel, otid, tuple, cid, InvalidSnapshot, true, tmfd,
-						 lockmode);
-	*new_index_entries = !HeapTupleIsHeapOnly(tuple);
+#define dl_EvalPlanQualInit(epq, estate) \
+	EvalPlanQualInit((epq), (estate), NULL, NIL, -1)
 #endif
-	return result;
-}
 
 #endif							/* DURABLE_LEDGER_COMPAT_H */

@@ -14,10 +14,29 @@
 #include "executor/spi.h"
 #include "nodes/parsenodes.h"
 #include "utils/acl.h"
+#include "utils/guc.h"
 
-#include "durable_ledger.h"
+#include "common.h"
 
 PG_FUNCTION_INFO_V1(dl_guard_drop);
+
+void		dl_drop_guard_init(void);
+
+/* durable_ledger.allow_drop */
+static bool allow_drop = false;
+
+void
+dl_drop_guard_init(void)
+{
+	DefineCustomBoolVariable("durable_ledger.allow_drop",
+							 "Allows DROP EXTENSION durable_ledger while the ledger holds effects.",
+							 "The ledger is safety-critical data; dropping it loses every record of which side effects already happened.",
+							 &allow_drop,
+							 false,
+							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
+}
 
 #define EXTENSION_NAME "durable_ledger"
 #define SCHEMA_NAME "durable_ledger"
@@ -118,7 +137,7 @@ dl_guard_drop(PG_FUNCTION_ARGS)
 				 errmsg("guard_drop() must be called as an event trigger")));
 	trigdata = (EventTriggerData *) fcinfo->context;
 
-	if (dl_allow_drop || !command_drops_ledger(trigdata->parsetree))
+	if (allow_drop || !command_drops_ledger(trigdata->parsetree))
 		PG_RETURN_VOID();
 
 	if (ledger_holds_effects())

@@ -1,5 +1,5 @@
 /*
- * keys.c: the idempotency key of a call, and the checks on what callers pass.
+ * keys.c: the idempotency key of a call.
  *
  * A derived key is the lowercase hex SHA-256 (PostgreSQL's own cryptohash)
  * of this key material, in the database encoding:
@@ -19,96 +19,9 @@
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 
-#include "durable_ledger.h"
+#include "common.h"
 
 #define KEY_MATERIAL_PREFIX "durable_ledger.v1"
-
-PG_FUNCTION_INFO_V1(dl_canonical_args);
-PG_FUNCTION_INFO_V1(dl_effect_key);
-
-/*
- * Returns argument argno as a C string, refusing NULL (22004), the empty
- * string and text longer than max_chars characters (22023).
- */
-char *
-dl_required_text_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
-					 int max_chars)
-{
-	text	   *t;
-	int			nbytes;
-	int			nchars;
-
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", argname)));
-
-	t = PG_GETARG_TEXT_PP(argno);
-	nbytes = VARSIZE_ANY_EXHDR(t);
-	if (nbytes == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must not be empty", argname)));
-
-	if (max_chars > 0)
-	{
-		nchars = pg_mbstrlen_with_len(VARDATA_ANY(t), nbytes);
-		if (nchars > max_chars)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("%s is too long", argname),
-					 errdetail("It has %d characters; at most %d are allowed.",
-							   nchars, max_chars)));
-	}
-	return text_to_cstring(t);
-}
-
-/*
- * An optional attempt number (argument argno, absent in older SQL
- * declarations): 0 when NULL or absent, else at least 1 (22023).
- */
-int32
-dl_optional_attempt_arg(FunctionCallInfo fcinfo, int argno)
-{
-	int32		attempt;
-
-	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
-		return 0;
-	attempt = PG_GETARG_INT32(argno);
-	if (attempt < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("attempt must be at least 1"),
-				 errdetail("The attempt given was %d.", attempt)));
-	return attempt;
-}
-
-char *
-dl_optional_text_arg(FunctionCallInfo fcinfo, int argno)
-{
-	if (PG_ARGISNULL(argno))
-		return NULL;
-	return text_to_cstring(PG_GETARG_TEXT_PP(argno));
-}
-
-Jsonb *
-dl_required_jsonb_arg(FunctionCallInfo fcinfo, int argno, const char *argname)
-{
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", argname),
-				 errhint("Use the JSON value 'null'::jsonb for a call without arguments.")));
-	return PG_GETARG_JSONB_P(argno);
-}
-
-Jsonb *
-dl_optional_jsonb_arg(FunctionCallInfo fcinfo, int argno)
-{
-	if (PG_ARGISNULL(argno))
-		return NULL;
-	return PG_GETARG_JSONB_P(argno);
-}
 
 static bool
 looks_like_derived_key(const char *s)
@@ -180,44 +93,4 @@ dl_derive_key(const char *run, const char *tool, const char *canon,
 failed:
 	pg_cryptohash_free(ctx);
 	elog(ERROR, "could not compute SHA-256 of the key material");
-}
-
-/* canonical_args(args jsonb) RETURNS text */
-Datum
-dl_canonical_args(PG_FUNCTION_ARGS)
-{
-	Jsonb	   *args = dl_required_jsonb_arg(fcinfo, 0, "args");
-	StringInfoData buf;
-
-	initStringInfo(&buf);
-	dl_append_canonical_args(&buf, args);
-	PG_RETURN_TEXT_P(cstring_to_text_with_len(buf.data, buf.len));
-}
-
-/* effect_key(run text, tool text, args jsonb, occurrence integer) RETURNS text */
-Datum
-dl_effect_key(PG_FUNCTION_ARGS)
-{
-	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
-	char	   *tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
-	Jsonb	   *args = dl_required_jsonb_arg(fcinfo, 2, "args");
-	int32		occurrence;
-	StringInfoData canon;
-	char		key[DL_KEY_HEX_LEN + 1];
-
-	if (PG_ARGISNULL(3))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("occurrence must not be null")));
-	occurrence = PG_GETARG_INT32(3);
-	if (occurrence < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("occurrence must be at least 1"),
-				 errdetail("The occurrence given was %d.", occurrence)));
-
-	initStringInfo(&canon);
-	dl_append_canonical_args(&canon, args);
-	dl_derive_key(run, tool, canon.data, canon.len, occurrence, key);
-	PG_RETURN_TEXT_P(cstring_to_text(key));
 }

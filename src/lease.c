@@ -25,10 +25,11 @@
 #include "common/hashfn.h"
 #include "miscadmin.h"
 #include "storage/lock.h"
+#include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 
-#include "durable_ledger.h"
+#include "lease.h"
 
 /* The seed of the run -> lock key hash; changing it changes every lock key. */
 #define RUN_LOCK_KEY_SEED UINT64CONST(0x64757261626c65)
@@ -75,6 +76,9 @@ typedef struct UndoEntry
 	MemoryContext old_cxt;
 	HTAB	   *old_counters;
 } UndoEntry;
+
+/* durable_ledger.max_leases_per_session */
+static int	max_leases_per_session = 64;
 
 static MemoryContext lease_cxt = NULL;
 static HTAB *held_runs = NULL;
@@ -218,8 +222,8 @@ undo_to(SubTransactionId subid)
 		undo_one(&undo_log[--undo_len]);
 }
 
-void
-dl_lease_xact_callback(bool commit)
+static void
+lease_xact_end(bool commit)
 {
 	int			i;
 
@@ -237,19 +241,62 @@ dl_lease_xact_callback(bool commit)
 		undo_to(InvalidSubTransactionId);
 }
 
-void
-dl_lease_subxact_abort(SubTransactionId subid)
+static void
+lease_xact_callback(XactEvent event, void *arg)
 {
-	undo_to(subid);
+	switch (event)
+	{
+		case XACT_EVENT_PRE_PREPARE:
+			if (undo_len > 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+						 errmsg("cannot PREPARE a transaction that used the ledger"),
+						 errdetail("The ledger's occurrence counters and durability rules need the transaction's outcome at COMMIT.")));
+			break;
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PREPARE:
+			lease_xact_end(true);
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			lease_xact_end(false);
+			break;
+		default:
+			break;
+	}
 }
 
-void
-dl_lease_subxact_commit(SubTransactionId subid, SubTransactionId parent)
+static void
+lease_subxact_callback(SubXactEvent event, SubTransactionId subid,
+					   SubTransactionId parent, void *arg)
 {
 	int			i;
 
-	for (i = undo_len - 1; i >= 0 && undo_log[i].subid >= subid; i--)
-		undo_log[i].subid = parent;
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		undo_to(subid);
+	else if (event == SUBXACT_EVENT_COMMIT_SUB)
+	{
+		for (i = undo_len - 1; i >= 0 && undo_log[i].subid >= subid; i--)
+			undo_log[i].subid = parent;
+	}
+}
+
+void
+dl_lease_init(void)
+{
+	DefineCustomIntVariable("durable_ledger.max_leases_per_session",
+							"The most run leases one session may hold at once.",
+							"Each lease is a lock in the shared lock table; a full table makes new connections fail.",
+							&max_leases_per_session,
+							64,
+							1,
+							10000,
+							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
+	RegisterXactCallback(lease_xact_callback, NULL);
+	RegisterSubXactCallback(lease_subxact_callback, NULL);
 }
 
 /* ---------- epochs ---------- */
@@ -400,11 +447,11 @@ check_lease_capacity(const char *run)
 		forgot_lost_leases = true;
 	}
 
-	if (held_locks >= dl_max_leases_per_session)
+	if (held_locks >= max_leases_per_session)
 		ereport(ERROR,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 				 errmsg("this session already holds %d leases, cannot take run \"%s\"",
-						dl_max_leases_per_session, run),
+						max_leases_per_session, run),
 				 errdetail("Every lease is a lock in the shared lock table, which is shared by all sessions."),
 				 errhint("Release runs that are over with durable_ledger.release_run(), or raise durable_ledger.max_leases_per_session.")));
 }
@@ -417,6 +464,41 @@ report_lost_lease(const char *run)
 			 errmsg("the lease on run \"%s\" was lost", run),
 			 errdetail("This session's lock on the run was released behind the ledger's back (DISCARD ALL, pg_advisory_unlock_all() or a pooler resetting the connection)."),
 			 errhint("Start a new attempt with durable_ledger.acquire_run().")));
+}
+
+/* Records the next epoch of run, held by this session, with its audit row. */
+static int64
+record_epoch_start(const char *run, uint64 lock_key, bool waited)
+{
+	int64		epoch = dl_write_next_epoch(run, lock_key);
+	DetailBuilder detail;
+
+	dl_detail_init(&detail);
+	dl_detail_bool(&detail, "waited", waited);
+	dl_write_audit(run, NULL, "lease_acquired", dl_detail_finish(&detail), epoch, 0);
+	return epoch;
+}
+
+/*
+ * Records the end of this session's epoch of run (0: none was started);
+ * lock_lost says that its lock had been released behind the ledger's back.
+ */
+static void
+record_epoch_end(const char *run, int64 epoch, bool lock_lost)
+{
+	Jsonb	   *detail = NULL;
+
+	if (epoch > 0)
+		dl_write_epoch_end(run, epoch);
+	if (lock_lost)
+	{
+		DetailBuilder d;
+
+		dl_detail_init(&d);
+		dl_detail_bool(&d, "lock_lost", true);
+		detail = dl_detail_finish(&d);
+	}
+	dl_write_audit(run, NULL, "lease_released", detail, epoch, 0);
 }
 
 /*
@@ -441,7 +523,7 @@ dl_lease_for_call(const char *run)
 	{
 		int64		lost_epoch;
 
-		if (forgot_lost_leases && dl_store_lease_unreleased_by_me(run, &lost_epoch))
+		if (forgot_lost_leases && dl_read_lease_unreleased_by_me(run, &lost_epoch))
 			report_lost_lease(run);
 		check_lease_capacity(run);
 		take_lock(lock_key, true, &waited);
@@ -449,7 +531,7 @@ dl_lease_for_call(const char *run)
 	}
 	if (held->epoch == 0)
 	{
-		int64		epoch = dl_store_start_epoch(run, lock_key, waited);
+		int64		epoch = record_epoch_start(run, lock_key, waited);
 
 		start_epoch(held, epoch);
 	}
@@ -541,7 +623,7 @@ dl_lease_acquire(const char *run, bool wait)
 		forget_held(held);
 		held = add_held(run, lock_key);
 	}
-	epoch = dl_store_start_epoch(run, lock_key, waited);
+	epoch = record_epoch_start(run, lock_key, waited);
 	start_epoch(held, epoch);
 	return true;
 }
@@ -563,22 +645,22 @@ dl_lease_release(const char *run)
 
 	if (held == NULL)
 	{
-		if (forgot_lost_leases && dl_store_lease_unreleased_by_me(run, &epoch))
-			dl_store_end_epoch(run, epoch, true);
+		if (forgot_lost_leases && dl_read_lease_unreleased_by_me(run, &epoch))
+			record_epoch_end(run, epoch, true);
 		return false;
 	}
 	epoch = held->epoch;
 	if (!lock_held_by_me(lock_key))
 	{
 		forget_held(held);
-		dl_store_end_epoch(run, epoch, true);
+		record_epoch_end(run, epoch, true);
 		return false;
 	}
 
 	set_lock_tag(&tag, lock_key);
 	LockRelease(&tag, ExclusiveLock, true);
 	forget_held(held);
-	dl_store_end_epoch(run, epoch, false);
+	record_epoch_end(run, epoch, false);
 	return true;
 }
 
@@ -605,10 +687,10 @@ dl_lease_is_live(const char *run, int64 epoch)
 		lock_held_by_me(lock_key))
 		return true;
 
-	if (!dl_store_run_state(run, &current_epoch, &released, &holder_pid) ||
+	if (!dl_read_run_state(run, &current_epoch, &released, &holder_pid) ||
 		current_epoch != epoch || released)
 		return false;
-	return dl_store_lease_holder_pid(lock_key) == holder_pid;
+	return dl_read_lease_holder_pid(lock_key) == holder_pid;
 }
 
 /* Is (run, epoch) this session's current, still held lease? */
@@ -619,11 +701,4 @@ dl_lease_is_mine(const char *run, int64 epoch)
 	HeldRun    *held = find_held(run, lock_key);
 
 	return held != NULL && held->epoch == epoch && lock_held_by_me(lock_key);
-}
-
-/* Did this transaction change the session's epochs or occurrence counters? */
-bool
-dl_lease_touched_in_xact(void)
-{
-	return undo_len > 0;
 }

@@ -1,7 +1,7 @@
 /*
  * older_sql.c: the C symbols of older SQL declarations of the extension.
  *
- * Each SQL version binds its functions to symbols of its own (see ledger.c).
+ * Each SQL version binds its functions to symbols of its own (dl_..._1_1).
  * When this library is installed but a database still has the objects of an
  * older version (ALTER EXTENSION ... UPDATE not run yet), those objects call
  * the symbols below, which refuse clearly and write nothing: this library's
@@ -11,7 +11,7 @@
 
 #include "fmgr.h"
 
-#include "durable_ledger.h"
+#include "common.h"
 
 static void
 refuse_older_sql(void)

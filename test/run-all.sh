@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# Runs every test suite of durable_ledger, each in a throwaway PostgreSQL
-# cluster of its own, and ends with one line "N passed, M failed".
+# make test: every test suite of durable_ledger, with PGXS's own targets, in
+# throwaway clusters, ending with one line "N passed, M failed".
 #
-# Clusters run as the invoking user, or as the "postgres" OS user when invoked
-# as root (initdb and postgres refuse root).  Nothing is left behind.
+#   make installcheck       regression and isolation, against a throwaway
+#                           cluster this script starts and removes
+#   make prove_installcheck TAP (test/t/): each test makes its own clusters
+#   make check-clients      the clients', demo's and cookbook's tests (test/apps/)
+#   test/check-layers.py    src/ calls only downwards
+#
+# The suites run from a copy of the tree that the cluster user can enter
+# (the clone may sit where only root can, under /root); clusters run as the
+# invoking user, or as the "postgres" OS user when invoked as root (initdb
+# and postgres refuse root).  Nothing is left behind.
 set -uo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 PG_CONFIG=${PG_CONFIG:-pg_config}
 bindir=$("$PG_CONFIG" --bindir)
-pgxs_dir=$(dirname "$("$PG_CONFIG" --pgxs)")/../..
-pg_regress=$pgxs_dir/src/test/regress/pg_regress
 
 make -s -C "$top" install >/dev/null || { echo "make install failed"; echo "0 passed, 1 failed"; exit 1; }
 # the JavaScript client's one dependency (node-postgres), from the lock file
@@ -18,92 +24,76 @@ make -s -C "$top" install >/dev/null || { echo "make install failed"; echo "0 pa
 	{ echo "npm ci in clients/js failed"; echo "0 passed, 1 failed"; exit 1; }
 
 work=$(mktemp -d /tmp/durable_ledger_tests.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-cp -r "$top/sql" "$top/expected" "$top/test" "$top/demo" "$top/clients" "$top/README.md" "$work/"
-
+port=$((20000 + RANDOM % 10000))
 if [ "$(id -u)" = 0 ]; then
-	chown -R postgres: "$work"
 	as_cluster_user() { runuser -u postgres -- "$@"; }
 else
 	as_cluster_user() { "$@"; }
 fi
-# Every suite runs from the copy, a directory the cluster user can enter: the
-# clone may sit where only root can (under /root, mode 0700), and programs the
-# suites start as that user (psql in TAP's poll_query_until) would otherwise
-# fail to change into their working directory.
-cd "$work"
+stop_cluster() {
+	[ -f "$work/data/postmaster.pid" ] &&
+		as_cluster_user "$bindir/pg_ctl" -D "$work/data" -m immediate stop >/dev/null 2>&1
+}
+trap 'stop_cluster; rm -rf "$work"' EXIT
+
+tree="$work/tree"
+mkdir "$tree"
+(cd "$top" && cp -r Makefile durable_ledger.control sql expected test demo clients docs README.md "$tree/")
+[ "$(id -u)" = 0 ] && chown -R postgres: "$work"
+# Every suite runs from the copy, a directory the cluster user can enter:
+# programs the suites start as that user (psql in TAP's poll_query_until)
+# would otherwise fail to change into their working directory.
+cd "$tree"
 
 passed=0
 failed=0
 
-# Adds the "... ok" / "... FAILED" lines of a pg_regress-style log to the totals.
-count_results() {
-	local log=$1 ok bad
-	ok=$(grep -cE '\.\.\. ok' "$log")
-	bad=$(grep -cE '\.\.\. FAILED|\.\.\. failed' "$log")
-	passed=$((passed + ok))
-	failed=$((failed + bad))
-}
-
+# Adds a log's "... ok" / "... FAILED" lines (pg_regress) and "ok N" / "not
+# ok N" lines (TAP) to the totals; a suite that failed without saying which
+# test failed counts as one failure.
 run_suite() {
-	local name=$1
+	local name=$1 rc ok bad
 	shift
 	echo "== $name"
-	as_cluster_user "$@" >"$work/$name.log" 2>&1
-	local rc=$?
+	"$@" >"$work/$name.log" 2>&1
+	rc=$?
 	cat "$work/$name.log"
-	count_results "$work/$name.log"
-	if [ $rc -ne 0 ]; then
-		for diffs in "$work"/*/regression.diffs; do
-			[ -f "$diffs" ] && { echo "---- $diffs"; cat "$diffs"; }
-		done
-		# a suite that failed without reporting a failed test still counts
-		grep -qE '\.\.\. (FAILED|failed)' "$work/$name.log" || failed=$((failed + 1))
-	fi
-}
-
-regress_tests=$(make -s -C "$top" print-REGRESS)
-run_suite regression "$pg_regress" \
-	--temp-instance="$work/regress-instance" \
-	--bindir="$bindir" \
-	--inputdir="$work" \
-	--outputdir="$work/regress" \
-	--encoding=UTF8 \
-	--load-extension=pgcrypto --load-extension=dblink \
-	$regress_tests
-
-isolation_tests=$(make -s -C "$top" print-ISOLATION)
-run_suite isolation "$pgxs_dir/src/test/isolation/pg_isolation_regress" \
-	--temp-instance="$work/isolation-instance" \
-	--bindir="$bindir" \
-	--inputdir="$work/test" \
-	--outputdir="$work/isolation" \
-	--encoding=UTF8 \
-	--load-extension=durable_ledger \
-	$isolation_tests
-
-# TAP: what SQL cannot show (memory over a long workload; later crashes,
-# restarts, dump and restore).  Each test makes and removes its own cluster.
-count_tap() {
-	local log=$1 ok bad
-	ok=$(grep -cE '^ok [0-9]+' "$log")
-	bad=$(grep -cE '^not ok [0-9]+' "$log")
+	ok=$(grep -cE '\.\.\. ok|^ok [0-9]+' "$work/$name.log")
+	bad=$(grep -cE '\.\.\. (FAILED|failed)|^not ok [0-9]+' "$work/$name.log")
 	passed=$((passed + ok))
 	failed=$((failed + bad))
+	if [ $rc -ne 0 ]; then
+		[ "$bad" -eq 0 ] && failed=$((failed + 1))
+		for diffs in "$tree/regression.diffs" "$tree/output_iso/regression.diffs"; do
+			[ -f "$diffs" ] && { echo "---- $diffs"; cat "$diffs"; }
+		done
+		for log in "$tree"/tmp_check/log/*; do
+			[ -f "$log" ] && { echo "---- $log"; tail -n 50 "$log"; }
+		done
+	fi
+	return 0
 }
-echo "== tap"
-as_cluster_user env PATH="$bindir:$PATH" TESTDIR="$work" \
-	PG_REGRESS="$pg_regress" PERL5LIB="$pgxs_dir/src/test/perl" \
-	prove -v "$work"/test/t/*.pl >"$work/tap.log" 2>&1
-tap_rc=$?
-cat "$work/tap.log"
-count_tap "$work/tap.log"
-if [ $tap_rc -ne 0 ] && ! grep -qE '^not ok [0-9]+' "$work/tap.log"; then
-	failed=$((failed + 1))
-	for log in "$work"/tmp_check/log/*; do
-		[ -f "$log" ] && { echo "---- $log"; tail -n 50 "$log"; }
-	done
-fi
+
+# the server for installcheck: dblink connects back to it through the
+# environment it was started with; the durability suite prepares transactions
+as_cluster_user "$bindir/initdb" -D "$work/data" -A trust -U postgres >/dev/null &&
+	{
+		echo "listen_addresses = ''"
+		echo "unix_socket_directories = '$work'"
+		echo "port = $port"
+		echo "max_prepared_transactions = 2"
+	} | as_cluster_user tee -a "$work/data/postgresql.conf" >/dev/null &&
+	as_cluster_user env PGHOST="$work" PGPORT="$port" \
+		"$bindir/pg_ctl" -D "$work/data" -l "$work/server.log" -w start >/dev/null ||
+	{ cat "$work/server.log" 2>/dev/null; echo "could not start a cluster"; echo "0 passed, 1 failed"; exit 1; }
+
+run_suite installcheck as_cluster_user env PGHOST="$work" PGPORT="$port" PGUSER=postgres \
+	make -s installcheck TAP_TESTS=
+stop_cluster
+
+run_suite tap as_cluster_user env PATH="$bindir:$PATH" make -s prove_installcheck PROVE_FLAGS=-v
+run_suite apps as_cluster_user env PATH="$bindir:$PATH" make -s check-clients PROVE_FLAGS=-v
+run_suite layers /usr/bin/python3 "$top/test/check-layers.py" "$top/src"
 
 echo
 echo "$passed passed, $failed failed"

@@ -1,0 +1,367 @@
+/*
+ * begin.c: begin_effect(), which records the intent of a side effect before
+ * it happens and decides whether to execute, replay, pause or wait.
+ *
+ * Uniqueness comes from the primary key of durable_ledger.effects, never from
+ * the lease: a new key is inserted, and whoever finds it there decides from
+ * the row.  The lease only serialises the occurrence counting of one run.  An
+ * outcome that nobody knows is never guessed: it pauses the run until a
+ * person resolves it.
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "funcapi.h"
+#include "utils/builtins.h"
+
+#include "lease.h"
+
+PG_FUNCTION_INFO_V1(dl_begin_effect_1_1);
+
+/* How often a decision is tried again when the row changed under it. */
+#define MAX_DECISION_ROUNDS 16
+
+/* The sentences that explain a decision (the reason column). */
+#define REASON_REPLAY_COMPLETED \
+	"the effect completed in an earlier attempt; its recorded result is returned and it must not be performed again"
+#define REASON_REPLAY_FAILED \
+	"the effect failed in an earlier attempt; its recorded error is returned (call again for a new occurrence, or start a new run)"
+#define REASON_PAUSE_UNKNOWN \
+	"the outcome of an earlier attempt is unknown: its intent was recorded and no completion arrived before its lease ended; a person must resolve it with durable_ledger.resolve_effect()"
+#define REASON_PAUSE_CONFLICT \
+	"contradicting reports about this effect were recorded; a person must resolve it with durable_ledger.resolve_effect()"
+#define REASON_IN_PROGRESS_MINE \
+	"this lease began this effect and has not reported its outcome yet; report it with complete_effect or fail_effect"
+#define REASON_IN_PROGRESS_OTHER \
+	"run \"%s\" is performing this effect right now under a live lease; ask again later"
+
+typedef enum DecisionKind
+{
+	DECIDE_EXECUTE,
+	DECIDE_REPLAY,
+	DECIDE_PAUSE,
+	DECIDE_IN_PROGRESS
+} DecisionKind;
+
+static const char *const decision_names[] = {
+	[DECIDE_EXECUTE] = "execute",
+	[DECIDE_REPLAY] = "replay",
+	[DECIDE_PAUSE] = "pause",
+	[DECIDE_IN_PROGRESS] = "in_progress",
+};
+
+typedef struct Decision
+{
+	DecisionKind kind;
+	EffectStatus status;
+	int32		attempt;
+	Jsonb	   *result;
+	Jsonb	   *error;
+	const char *reason;
+} Decision;
+
+/* A business key names one operation: the same tool with the same args. */
+static void
+check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row)
+{
+	StringInfoData recorded;
+
+	if (strcmp(row->tool, intent->tool) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("business key \"%s\" is already used by a different call", intent->key),
+				 errdetail("It was begun with tool \"%s\"; this call has tool \"%s\".",
+						   row->tool, intent->tool),
+				 errhint("A business key identifies one operation: the same tool with the same arguments.")));
+
+	initStringInfo(&recorded);
+	dl_append_canonical_args(&recorded, row->args);
+	if (strcmp(recorded.data, canon) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("business key \"%s\" is already used by a different call", intent->key),
+				 errdetail("It was begun with other arguments for tool \"%s\".", row->tool),
+				 errhint("A business key identifies one operation: the same tool with the same arguments.")));
+}
+
+static void
+audit_decision(const NewIntent *intent, const char *event, const Decision *d,
+			   const char *detail_name, const char *detail_value)
+{
+	DetailBuilder detail;
+
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, detail_name, detail_value);
+	if (d->kind == DECIDE_EXECUTE)
+		dl_detail_int(&detail, "attempt", d->attempt);
+	dl_write_audit(intent->run, intent->key, event, dl_detail_finish(&detail),
+				   intent->lease_epoch, d->attempt);
+}
+
+/* The intent is recorded: the caller performs the effect. */
+static void
+decide_execute(Decision *d, int32 attempt)
+{
+	d->kind = DECIDE_EXECUTE;
+	d->status = EFFECT_STARTED;
+	d->attempt = attempt;
+	dl_note_durable_write();
+}
+
+static void
+decide_pause(const NewIntent *intent, Decision *d, const char *reason, const char *cause)
+{
+	d->kind = DECIDE_PAUSE;
+	d->reason = reason;
+	audit_decision(intent, "pause", d, "cause", cause);
+}
+
+/*
+ * Finds the intent's key, or inserts the intent when there is none: true
+ * when it was inserted (the caller executes), false with *row when it is
+ * there.  A derived key is only ever written under its run's lease, which
+ * this session holds, so a key nobody has is inserted straight away (a
+ * duplicate would still be a unique violation); a business key is shared by
+ * runs, so its intent is inserted as with ON CONFLICT DO NOTHING.  A key
+ * that another transaction is writing is locked, which waits for it.
+ *
+ * In a run's first epoch a derived key is not even looked up: epoch 1 is
+ * given only to a run whose audit log names no epoch at all (writer.c), and
+ * every intent is logged with its epoch, so no key of the run can exist.
+ */
+static bool
+find_or_insert_intent(const NewIntent *intent, EffectRow *row)
+{
+	int			round;
+
+	if (!intent->business_key && intent->lease_epoch == 1)
+	{
+		dl_write_new_intent(intent);
+		return true;
+	}
+
+	for (round = 0; round < MAX_DECISION_ROUNDS; round++)
+	{
+		LockedEffect locked;
+
+		switch (dl_read_key(intent->key, row))
+		{
+			case KEY_ABSENT:
+				if (!intent->business_key)
+				{
+					dl_write_new_intent(intent);
+					return true;
+				}
+				if (dl_write_intent_unless_exists(intent))
+					return true;
+				break;			/* another run inserted it: look again */
+			case KEY_FOUND:
+				return false;
+			case KEY_BUSY:
+				if (dl_lock_effect(intent->key, &locked))
+				{
+					*row = locked.row;
+					return false;
+				}
+				break;			/* its insert rolled back: look again */
+		}
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("effect \"%s\" kept changing while a decision was being made", intent->key),
+			 errhint("Retry the call.")));
+	return false;				/* keep compiler quiet */
+}
+
+/*
+ * Decides from the effect's row what the caller must do, writing what the
+ * decision needs.  A change of the row (a status, an attempt) happens only to
+ * the version locked here, after checking it is still the one decided on:
+ * false when it changed meanwhile (the caller looks again).
+ */
+static bool
+decide_from_row(const NewIntent *intent, const char *canon, const EffectRow *row,
+				Decision *d)
+{
+	LockedEffect locked;
+
+	if (intent->business_key)
+		check_same_call(intent, canon, row);
+
+	d->status = row->status;
+	d->attempt = row->attempt;
+
+	if (row->conflict)
+	{
+		decide_pause(intent, d, REASON_PAUSE_CONFLICT, "conflict");
+		return true;
+	}
+
+	switch (row->status)
+	{
+		case EFFECT_COMPLETED:
+			d->kind = DECIDE_REPLAY;
+			d->result = row->result;
+			d->reason = REASON_REPLAY_COMPLETED;
+			audit_decision(intent, "replay", d, "status", "completed");
+			return true;
+
+		case EFFECT_FAILED:
+			if (!intent->business_key)
+			{
+				d->kind = DECIDE_REPLAY;
+				d->error = row->error;
+				d->reason = REASON_REPLAY_FAILED;
+				audit_decision(intent, "replay", d, "status", "failed");
+				return true;
+			}
+			/* a failed business key is executed again: its next attempt */
+			if (!dl_lock_effect(intent->key, &locked) ||
+				locked.row.status != EFFECT_FAILED || locked.row.conflict ||
+				locked.row.attempt != row->attempt)
+				return false;
+			dl_write_next_attempt(&locked, intent);
+			decide_execute(d, row->attempt + 1);
+			audit_decision(intent, "intent", d, "after", "failed");
+			return true;
+
+		case EFFECT_UNKNOWN:
+			decide_pause(intent, d, REASON_PAUSE_UNKNOWN, "unknown");
+			return true;
+
+		case EFFECT_STARTED:
+			if (dl_lease_is_live(row->run, row->lease_epoch))
+			{
+				d->kind = DECIDE_IN_PROGRESS;
+				if (strcmp(row->run, intent->run) == 0 &&
+					row->lease_epoch == intent->lease_epoch)
+					d->reason = REASON_IN_PROGRESS_MINE;
+				else
+					d->reason = psprintf(REASON_IN_PROGRESS_OTHER, row->run);
+				audit_decision(intent, "in_progress", d, "holder_run", row->run);
+				return true;
+			}
+			/* its lease ended without a report: the table says so too */
+			if (!dl_lock_effect(intent->key, &locked) ||
+				locked.row.status != EFFECT_STARTED ||
+				locked.row.attempt != row->attempt ||
+				locked.row.lease_epoch != row->lease_epoch ||
+				strcmp(locked.row.run, row->run) != 0)
+				return false;
+			dl_write_unknown(&locked);
+			d->status = EFFECT_UNKNOWN;
+			decide_pause(intent, d, REASON_PAUSE_UNKNOWN, "lease ended");
+			return true;
+	}
+	return false;				/* keep compiler quiet */
+}
+
+static void
+decide(const NewIntent *intent, const char *canon, Decision *d)
+{
+	int			round;
+
+	for (round = 0; round < MAX_DECISION_ROUNDS; round++)
+	{
+		EffectRow	row;
+
+		if (find_or_insert_intent(intent, &row))
+		{
+			decide_execute(d, 1);
+			return;
+		}
+		if (decide_from_row(intent, canon, &row, d))
+			return;
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("effect \"%s\" kept changing while a decision was being made", intent->key),
+			 errhint("Retry the call.")));
+}
+
+/*
+ * begin_effect(run text, tool text, args jsonb, business_key text, meta jsonb)
+ * RETURNS durable_ledger.decision
+ */
+Datum
+dl_begin_effect_1_1(PG_FUNCTION_ARGS)
+{
+	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
+	char	   *tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
+	Jsonb	   *args = dl_required_jsonb_arg(fcinfo, 2, "args");
+	char	   *business_key = NULL;
+	MemoryContext call_cxt = CurrentMemoryContext;
+	TupleDesc	desc;
+	StringInfoData canon;
+	NewIntent	intent;
+	HeldRun    *held;
+	CallCounter *counter = NULL;
+	char		derived_key[DL_KEY_HEX_LEN + 1];
+	Decision	d = {0};
+	Datum		values[8];
+	bool		nulls[8] = {false};
+	HeapTuple	tuple;
+
+	if (!PG_ARGISNULL(3))
+	{
+		business_key = dl_required_text_arg(fcinfo, 3, "business_key",
+											DL_MAX_BUSINESS_KEY_CHARS);
+		dl_check_business_key(business_key);
+	}
+	desc = dl_result_desc(fcinfo);
+	dl_check_writable("begin_effect()");
+
+	initStringInfo(&canon);
+	dl_append_canonical_args(&canon, args);
+
+	dl_spi_connect();
+	held = dl_lease_for_call(run);
+
+	intent.run = run;
+	intent.tool = tool;
+	intent.args = args;
+	intent.meta = dl_optional_jsonb_arg(fcinfo, 4);
+	intent.lease_epoch = dl_lease_epoch(held);
+	intent.business_key = business_key != NULL;
+	if (business_key != NULL)
+	{
+		intent.key = business_key;
+		intent.occurrence = 0;
+	}
+	else
+	{
+		counter = dl_lease_call_counter(held, tool, canon.data, canon.len,
+										&intent.occurrence);
+		dl_derive_key(run, tool, canon.data, canon.len, intent.occurrence, derived_key);
+		intent.key = derived_key;
+	}
+
+	decide(&intent, canon.data, &d);
+
+	/*
+	 * A paused call did not happen: it does not use up its occurrence, so
+	 * asking again in this epoch asks about the same effect (pause until a
+	 * person resolves it, then its outcome) and never executes a new one.
+	 */
+	if (counter != NULL && d.kind != DECIDE_PAUSE)
+		dl_lease_count_call(held, counter);
+
+	/* form the answer where it outlives SPI_finish */
+	values[0] = CStringGetTextDatum(intent.key);
+	values[1] = CStringGetTextDatum(decision_names[d.kind]);
+	values[2] = CStringGetTextDatum(dl_status_name(d.status));
+	values[3] = Int32GetDatum(intent.occurrence);
+	nulls[3] = intent.business_key;
+	values[4] = Int32GetDatum(d.attempt);
+	values[5] = PointerGetDatum(d.result);
+	nulls[5] = d.result == NULL;
+	values[6] = PointerGetDatum(d.error);
+	nulls[6] = d.error == NULL;
+	values[7] = d.reason ? CStringGetTextDatum(d.reason) : (Datum) 0;
+	nulls[7] = d.reason == NULL;
+	MemoryContextSwitchTo(call_cxt);
+	tuple = heap_form_tuple(desc, values, nulls);
+	dl_spi_finish();
+
+	PG_RETURN_DATUM(HeapTupleGetDatum(tuple));
+}

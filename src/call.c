@@ -1,0 +1,176 @@
+/*
+ * call.c: what every SQL-callable function of the ledger needs: its
+ * arguments checked (a NULL where a value is required is 22004, never a
+ * silent NULL answer), its result type, refusing a standby, SPI.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "mb/pg_wchar.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+
+#include "common.h"
+
+/*
+ * Returns argument argno as a C string, refusing NULL (22004), the empty
+ * string and text longer than max_chars characters (22023).
+ */
+char *
+dl_required_text_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
+					 int max_chars)
+{
+	text	   *t;
+	int			nbytes;
+	int			nchars;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", argname)));
+
+	t = PG_GETARG_TEXT_PP(argno);
+	nbytes = VARSIZE_ANY_EXHDR(t);
+	if (nbytes == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", argname)));
+
+	if (max_chars > 0)
+	{
+		nchars = pg_mbstrlen_with_len(VARDATA_ANY(t), nbytes);
+		if (nchars > max_chars)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s is too long", argname),
+					 errdetail("It has %d characters; at most %d are allowed.",
+							   nchars, max_chars)));
+	}
+	return text_to_cstring(t);
+}
+
+/*
+ * An optional attempt number (argument argno, absent in older SQL
+ * declarations): 0 when NULL or absent, else at least 1 (22023).
+ */
+int32
+dl_optional_attempt_arg(FunctionCallInfo fcinfo, int argno)
+{
+	int32		attempt;
+
+	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+		return 0;
+	attempt = PG_GETARG_INT32(argno);
+	if (attempt < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("attempt must be at least 1"),
+				 errdetail("The attempt given was %d.", attempt)));
+	return attempt;
+}
+
+char *
+dl_optional_text_arg(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_ARGISNULL(argno))
+		return NULL;
+	return text_to_cstring(PG_GETARG_TEXT_PP(argno));
+}
+
+Jsonb *
+dl_required_jsonb_arg(FunctionCallInfo fcinfo, int argno, const char *argname)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", argname),
+				 errhint("Use the JSON value 'null'::jsonb for a call without arguments.")));
+	return PG_GETARG_JSONB_P(argno);
+}
+
+Jsonb *
+dl_optional_jsonb_arg(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_ARGISNULL(argno))
+		return NULL;
+	return PG_GETARG_JSONB_P(argno);
+}
+
+/*
+ * Every function that writes the ledger refuses a hot standby and a
+ * read-only transaction first, before it takes any lock: a lease taken on a
+ * standby would outlive its promotion.
+ */
+void
+dl_check_writable(const char *function)
+{
+	if (RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot execute %s on a hot standby", function),
+				 errdetail("A standby's ledger is a read-only copy; its leases and writes live on the primary."),
+				 errhint("Connect to the primary server.")));
+	if (XactReadOnly)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot execute %s in a read-only transaction", function)));
+}
+
+/*
+ * The function's composite result type, looked up on its first call and kept
+ * with its FmgrInfo for the calls that follow (a query calling it per row).
+ */
+TupleDesc
+dl_result_desc(FunctionCallInfo fcinfo)
+{
+	TupleDesc	desc = (TupleDesc) fcinfo->flinfo->fn_extra;
+
+	if (desc == NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+
+		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+			elog(ERROR, "function returning a row called in a context that cannot accept one");
+		desc = BlessTupleDesc(desc);
+		MemoryContextSwitchTo(old);
+		fcinfo->flinfo->fn_extra = desc;
+	}
+	return desc;
+}
+
+void
+dl_spi_connect(void)
+{
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+}
+
+void
+dl_spi_finish(void)
+{
+	if (SPI_finish() != SPI_OK_FINISH)
+		elog(ERROR, "SPI_finish failed");
+}
+
+/* An attempt that the effect has not reached: an error, nothing written. */
+void
+dl_error_no_such_attempt(const char *key, int32 attempt, int32 current_attempt)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("effect \"%s\" has no attempt %d", key, attempt),
+			 errdetail("Its current attempt is %d.", current_attempt),
+			 errhint("Name the attempt that begin_effect() returned.")));
+}
+
+/* Equal JSON values, or both SQL NULL. */
+bool
+dl_jsonb_equal(Jsonb *a, Jsonb *b)
+{
+	if (a == NULL || b == NULL)
+		return a == b;
+	return compareJsonbContainers(&a->root, &b->root) == 0;
+}

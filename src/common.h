@@ -1,0 +1,95 @@
+/*
+ * common.h: the bottom layer of durable_ledger, the parts that depend on
+ * nothing but PostgreSQL: the names of statuses, canonical args, keys, the
+ * checks on what callers pass, the audit detail builder.
+ *
+ * The layers of src/.  Each file uses only its own layer and the layers
+ * below it, never one above; entry points never use each other.
+ *
+ *   entry points   begin.c report.c resolve.c status.c lease_calls.c
+ *                  key_calls.c drop_guard.c older_sql.c   (SQL-callable)
+ *   lease          lease.c                                 lease.h
+ *   store          reader.c writer.c durability.c plans.c  store.h
+ *   common         names.c canonical.c keys.c call.c detail.c  common.h
+ *
+ * module.c (_PG_init) only calls each part's init.  This header includes
+ * PostgreSQL's headers and compat.h, nothing else of ours.
+ */
+#ifndef DURABLE_LEDGER_COMMON_H
+#define DURABLE_LEDGER_COMMON_H
+
+#include "fmgr.h"
+#include "access/tupdesc.h"
+#include "lib/stringinfo.h"
+#include "utils/jsonb.h"
+
+#include "compat.h"
+
+/* The SQL version this library implements (its C symbols end in _1_1). */
+#define DL_LIBRARY_VERSION "1.1"
+
+/*
+ * field4 of the extension's advisory LOCKTAGs: pg_locks shows it as objsubid.
+ * PostgreSQL uses 1 and 2, Citus 4 to 16; 17484 is "DL".
+ */
+#define DL_LOCK_CLASS 17484
+
+/* Limits on names (characters, not bytes); see docs/reference.md. */
+#define DL_MAX_RUN_CHARS 512
+#define DL_MAX_TOOL_CHARS 255
+#define DL_MAX_BUSINESS_KEY_CHARS 255
+
+/* A derived key: lowercase hex SHA-256. */
+#define DL_KEY_HEX_LEN 64
+
+/* names.c: the statuses of an effect */
+typedef enum EffectStatus
+{
+	EFFECT_STARTED,
+	EFFECT_COMPLETED,
+	EFFECT_FAILED,
+	EFFECT_UNKNOWN
+} EffectStatus;
+
+extern const char *dl_status_name(EffectStatus status);
+extern EffectStatus dl_status_from_name(const char *name);
+
+/* canonical.c */
+extern void dl_append_canonical_args(StringInfo out, Jsonb *args);
+
+/* keys.c */
+extern void dl_check_business_key(const char *business_key);
+extern void dl_derive_key(const char *run, const char *tool,
+						  const char *canon, int canon_len,
+						  int32 occurrence, char *hex_out);
+
+/* call.c: what every SQL-callable function needs */
+extern char *dl_required_text_arg(FunctionCallInfo fcinfo, int argno,
+								  const char *argname, int max_chars);
+extern char *dl_optional_text_arg(FunctionCallInfo fcinfo, int argno);
+extern Jsonb *dl_required_jsonb_arg(FunctionCallInfo fcinfo, int argno,
+									const char *argname);
+extern Jsonb *dl_optional_jsonb_arg(FunctionCallInfo fcinfo, int argno);
+extern int32 dl_optional_attempt_arg(FunctionCallInfo fcinfo, int argno);
+extern void dl_check_writable(const char *function);
+extern TupleDesc dl_result_desc(FunctionCallInfo fcinfo);
+extern void dl_spi_connect(void);
+extern void dl_spi_finish(void);
+extern void dl_error_no_such_attempt(const char *key, int32 attempt,
+									 int32 current_attempt);
+extern bool dl_jsonb_equal(Jsonb *a, Jsonb *b);
+
+/* detail.c: a small builder for audit details, a flat JSON object */
+typedef struct DetailBuilder
+{
+	JsonbParseState *state;
+} DetailBuilder;
+
+extern void dl_detail_init(DetailBuilder *d);
+extern void dl_detail_text(DetailBuilder *d, const char *name, const char *value);
+extern void dl_detail_int(DetailBuilder *d, const char *name, int64 value);
+extern void dl_detail_bool(DetailBuilder *d, const char *name, bool value);
+extern void dl_detail_jsonb(DetailBuilder *d, const char *name, Jsonb *value);
+extern Jsonb *dl_detail_finish(DetailBuilder *d);
+
+#endif							/* DURABLE_LEDGER_COMMON_H */

@@ -1,0 +1,52 @@
+/*
+ * key_calls.c: the SQL functions canonical_args() and effect_key(), which
+ * compute without writing anything what begin_effect() derives.
+ */
+#include "postgres.h"
+
+#include "utils/builtins.h"
+
+#include "common.h"
+
+PG_FUNCTION_INFO_V1(dl_canonical_args);
+PG_FUNCTION_INFO_V1(dl_effect_key);
+
+/* canonical_args(args jsonb) RETURNS text */
+Datum
+dl_canonical_args(PG_FUNCTION_ARGS)
+{
+	Jsonb	   *args = dl_required_jsonb_arg(fcinfo, 0, "args");
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	dl_append_canonical_args(&buf, args);
+	PG_RETURN_TEXT_P(cstring_to_text_with_len(buf.data, buf.len));
+}
+
+/* effect_key(run text, tool text, args jsonb, occurrence integer) RETURNS text */
+Datum
+dl_effect_key(PG_FUNCTION_ARGS)
+{
+	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
+	char	   *tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
+	Jsonb	   *args = dl_required_jsonb_arg(fcinfo, 2, "args");
+	int32		occurrence;
+	StringInfoData canon;
+	char		key[DL_KEY_HEX_LEN + 1];
+
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("occurrence must not be null")));
+	occurrence = PG_GETARG_INT32(3);
+	if (occurrence < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("occurrence must be at least 1"),
+				 errdetail("The occurrence given was %d.", occurrence)));
+
+	initStringInfo(&canon);
+	dl_append_canonical_args(&canon, args);
+	dl_derive_key(run, tool, canon.data, canon.len, occurrence, key);
+	PG_RETURN_TEXT_P(cstring_to_text(key));
+}

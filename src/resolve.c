@@ -1,0 +1,100 @@
+/*
+ * resolve.c: resolve_effect(), a person's (or a reconciler's) decision on an
+ * effect whose outcome is unknown or contradicted, with a name.
+ *
+ * A decision is prepared from what a person saw (unresolved lists the
+ * attempt): with attempt, it applies only while that attempt is current, so
+ * a decision about attempt 2 never lands on an attempt 3 begun meanwhile.
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "funcapi.h"
+
+#include "lease.h"
+
+PG_FUNCTION_INFO_V1(dl_resolve_effect_1_1);
+
+/*
+ * resolve_effect(key text, outcome text, result jsonb, resolved_by text,
+ *                note text, attempt integer) RETURNS durable_ledger.effects
+ */
+Datum
+dl_resolve_effect_1_1(PG_FUNCTION_ARGS)
+{
+	char	   *key = dl_required_text_arg(fcinfo, 0, "key", 0);
+	char	   *outcome = dl_required_text_arg(fcinfo, 1, "outcome", 0);
+	Jsonb	   *value = dl_optional_jsonb_arg(fcinfo, 2);
+	char	   *resolved_by = dl_required_text_arg(fcinfo, 3, "resolved_by", 0);
+	char	   *note = dl_optional_text_arg(fcinfo, 4);
+	int32		attempt = dl_optional_attempt_arg(fcinfo, 5);
+	TupleDesc	desc = dl_result_desc(fcinfo);
+	EffectStatus to;
+	LockedEffect locked;
+	EffectRow	before;
+	bool		needs_person;
+	DetailBuilder detail;
+	HeapTuple	row;
+	Datum		result;
+
+	if (strcmp(outcome, "completed") == 0)
+		to = EFFECT_COMPLETED;
+	else if (strcmp(outcome, "failed") == 0)
+		to = EFFECT_FAILED;
+	else
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid outcome \"%s\"", outcome),
+				 errdetail("The outcome of a resolution is \"completed\" (the effect happened) or \"failed\" (it did not).")));
+	dl_check_writable("resolve_effect()");
+
+	dl_spi_connect();
+	if (!dl_lock_effect(key, &locked))
+		dl_error_unknown_key(key);
+	before = locked.row;
+	if (attempt > before.attempt)
+		dl_error_no_such_attempt(key, attempt, before.attempt);
+	if (attempt != 0 && attempt < before.attempt)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("attempt %d of effect \"%s\" was replaced by attempt %d", attempt, key, before.attempt),
+				 errdetail("A resolution decides the current attempt; this one was prepared for an earlier attempt."),
+				 errhint("Look at durable_ledger.unresolved again.")));
+
+	needs_person = before.conflict || before.status == EFFECT_UNKNOWN;
+	if (before.status == EFFECT_STARTED || before.status == EFFECT_UNKNOWN)
+	{
+		if (dl_lease_is_live(before.run, before.lease_epoch))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("effect \"%s\" is in flight under a live lease", key),
+					 errdetail("Run \"%s\" holds the lease that started it; its worker will report the outcome.", before.run),
+					 errhint("Wait for the worker, or end its lease with durable_ledger.break_lease() first.")));
+		needs_person = true;
+	}
+	if (!needs_person)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("effect \"%s\" is %s and needs no resolution", key, dl_status_name(before.status)),
+				 errdetail("Only an effect whose outcome is unknown, or that carries a conflict flag, can be resolved.")));
+
+	row = dl_write_resolution(&locked, to, value, resolved_by, note);
+
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "outcome", outcome);
+	dl_detail_jsonb(&detail, to == EFFECT_COMPLETED ? "result" : "error", value);
+	dl_detail_text(&detail, "resolved_by", resolved_by);
+	dl_detail_text(&detail, "note", note);
+	dl_detail_text(&detail, "previous_status",
+				   dl_status_name(before.status == EFFECT_STARTED ? EFFECT_UNKNOWN : before.status));
+	dl_detail_jsonb(&detail, "previous_result", before.result);
+	dl_detail_jsonb(&detail, "previous_error", before.error);
+	dl_detail_bool(&detail, "conflict_cleared", before.conflict);
+	dl_write_audit(before.run, key, "resolved", dl_detail_finish(&detail), before.lease_epoch,
+				   before.attempt);
+	dl_note_durable_write();
+
+	result = PointerGetDatum(SPI_returntuple(row, desc));
+	dl_spi_finish();
+	PG_RETURN_DATUM(result);
+}

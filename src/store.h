@@ -1,0 +1,137 @@
+/*
+ * store.h: the store layer, every read and write of the ledger's tables.
+ *
+ *   reader.c      lookups and queries (SPI with saved plans, and the
+ *                 unique-check look at a key)
+ *   writer.c      the only code that writes rows: PostgreSQL's executor
+ *                 helpers for single rows, SPI for the one statement that
+ *                 needs ON CONFLICT
+ *   tables.c      the tables' columns, found by name (tables.h, for the
+ *                 store's own files)
+ *   durability.c  synchronous_commit raised for transactions that wrote
+ *   plans.c       saved SPI plans, run with the right snapshot
+ *
+ * Uses common.h only; the lease layer and the entry points use it.  The
+ * callers of SPI-based functions have an open SPI connection.
+ */
+#ifndef DURABLE_LEDGER_STORE_H
+#define DURABLE_LEDGER_STORE_H
+
+#include "access/htup.h"
+#include "executor/spi.h"
+#include "storage/itemptr.h"
+
+#include "common.h"
+
+/* A row of durable_ledger.effects. */
+typedef struct EffectRow
+{
+	char	   *key;
+	char	   *run;
+	char	   *tool;
+	Jsonb	   *args;
+	bool		business_key;
+	int32		occurrence;		/* 0 when NULL (business key) */
+	int32		attempt;
+	EffectStatus status;
+	Jsonb	   *result;			/* NULL when SQL NULL */
+	Jsonb	   *error;			/* NULL when SQL NULL */
+	int64		lease_epoch;
+	bool		conflict;
+} EffectRow;
+
+/*
+ * A row of effects locked for this transaction (as SELECT ... FOR NO KEY
+ * UPDATE locks it): its values, and the version that writer.c may change.
+ */
+typedef struct LockedEffect
+{
+	EffectRow	row;
+	HeapTuple	tuple;			/* the locked version, with its TID */
+} LockedEffect;
+
+/* What begin_effect records for a new call. */
+typedef struct NewIntent
+{
+	const char *key;
+	const char *run;
+	const char *tool;
+	Jsonb	   *args;
+	bool		business_key;
+	int32		occurrence;		/* 0 for a business key */
+	Jsonb	   *meta;
+	int64		lease_epoch;
+} NewIntent;
+
+/* An attempt of a business key that a later attempt replaced. */
+typedef struct PastAttempt
+{
+	int32		attempt;
+	char	   *run;
+	int64		lease_epoch;
+	EffectStatus status;
+	Jsonb	   *error;			/* NULL when SQL NULL */
+} PastAttempt;
+
+/* reader.c */
+typedef enum KeyLookup
+{
+	KEY_ABSENT,					/* no version at all, committed or in progress */
+	KEY_FOUND,					/* its current committed version, nobody changing it */
+	KEY_BUSY					/* a writer is changing it: lock it to know */
+} KeyLookup;
+
+extern KeyLookup dl_read_key(const char *key, EffectRow *row);
+extern HeapTuple dl_read_effect_now(const char *key, TupleDesc desc, EffectRow *row);
+extern bool dl_read_past_attempt(const char *key, int32 attempt, PastAttempt *past);
+extern bool dl_read_lease_began_past_attempt(const char *key, const char *run,
+											 int64 lease_epoch);
+extern bool dl_read_run_state(const char *run, int64 *epoch, bool *released,
+							  int *holder_pid);
+extern int	dl_read_lease_holder_pid(uint64 lock_key);
+extern bool dl_read_lease_unreleased_by_me(const char *run, int64 *epoch);
+extern void dl_error_unknown_key(const char *key);
+
+/* writer.c */
+extern void dl_write_new_intent(const NewIntent *intent);
+extern bool dl_write_intent_unless_exists(const NewIntent *intent);
+extern bool dl_lock_effect(const char *key, LockedEffect *locked);
+extern HeapTuple dl_write_outcome(LockedEffect *locked, EffectStatus to,
+								  Jsonb *result, Jsonb *error);
+extern void dl_write_unknown(LockedEffect *locked);
+extern void dl_write_conflict_flag(LockedEffect *locked);
+extern HeapTuple dl_write_resolution(LockedEffect *locked, EffectStatus to, Jsonb *value,
+									 const char *resolved_by, const char *note);
+extern void dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent);
+extern int64 dl_write_next_epoch(const char *run, uint64 lock_key);
+extern void dl_write_epoch_end(const char *run, int64 epoch);
+extern void dl_write_audit(const char *run, const char *key, const char *event,
+						   Jsonb *detail, int64 lease_epoch, int32 attempt);
+
+/* tables.c */
+extern void dl_tables_init(void);
+
+/* durability.c */
+extern void dl_note_durable_write(void);
+extern void dl_note_ledger_write(void);
+extern void dl_durability_init(void);
+
+/* plans.c: saved SPI plans (for reader.c and writer.c) */
+typedef struct Statement
+{
+	const char *sql;
+	int			nargs;
+	Oid			argtypes[9];
+	SPIPlanPtr	plan;			/* prepared on first use, kept */
+} Statement;
+
+extern uint64 dl_plan_run(Statement *stmt, Datum *values, const char *nulls,
+						  int expected);
+extern uint64 dl_plan_run_now(Statement *stmt, Datum *values, const char *nulls,
+							  int expected);
+extern Datum dl_text_datum(const char *s);
+extern char *dl_caller_role_name(void);
+
+#define EQ " OPERATOR(pg_catalog.=) "
+
+#endif							/* DURABLE_LEDGER_STORE_H */

@@ -1,0 +1,194 @@
+/*
+ * tables.c: the ledger's tables as the store layer knows them.  Columns are
+ * found by name, once per table and again whenever the relcache says the
+ * table changed; a column must hold what the ledger reads and writes in it
+ * (its base type), or the ledger refuses to touch the table.
+ */
+#include "postgres.h"
+
+#include "access/table.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "utils/builtins.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+
+#include "tables.h"
+
+static const Column effects_columns[EFF_NCOLUMNS] = {
+	{"key", TEXTOID}, {"run", TEXTOID}, {"tool", TEXTOID}, {"args", JSONBOID},
+	{"business_key", BOOLOID}, {"occurrence", INT4OID}, {"attempt", INT4OID},
+	{"status", TEXTOID}, {"result", JSONBOID}, {"error", JSONBOID}, {"meta", JSONBOID},
+	{"lease_epoch", INT8OID}, {"holder_pid", INT4OID}, {"created_at", TIMESTAMPTZOID},
+	{"completed_at", TIMESTAMPTZOID}, {"resolved_by", TEXTOID},
+	{"resolution_note", TEXTOID}, {"conflict", BOOLOID}
+};
+
+static const Column audit_columns[AUD_NCOLUMNS] = {
+	{"id", INT8OID}, {"logged_at", TIMESTAMPTZOID}, {"run", TEXTOID}, {"key", TEXTOID},
+	{"event", TEXTOID}, {"detail", JSONBOID}, {"role_name", TEXTOID},
+	{"session_user_name", TEXTOID}, {"application_name", TEXTOID},
+	{"client_addr", INETOID}, {"backend_pid", INT4OID}, {"lease_epoch", INT8OID},
+	{"attempt", INT4OID}
+};
+
+static const Column runs_columns[RUN_NCOLUMNS] = {
+	{"run", TEXTOID}, {"epochs", INT8OID}, {"lock_key", INT8OID}, {"holder_pid", INT4OID},
+	{"holder_role", TEXTOID}, {"holder_application_name", TEXTOID},
+	{"holder_client_addr", INETOID}, {"acquired_at", TIMESTAMPTZOID},
+	{"released_at", TIMESTAMPTZOID}, {"created_at", TIMESTAMPTZOID}
+};
+
+static const Column past_columns[PAST_NCOLUMNS] = {
+	{"key", TEXTOID}, {"attempt", INT4OID}, {"run", TEXTOID}, {"lease_epoch", INT8OID},
+	{"holder_pid", INT4OID}, {"status", TEXTOID}, {"error", JSONBOID}, {"meta", JSONBOID},
+	{"created_at", TIMESTAMPTZOID}, {"completed_at", TIMESTAMPTZOID},
+	{"resolved_by", TEXTOID}, {"resolution_note", TEXTOID}, {"replaced_at", TIMESTAMPTZOID}
+};
+
+LedgerTable dl_effects_table = {"effects", effects_columns, EFF_NCOLUMNS};
+LedgerTable dl_audit_table = {"audit_log", audit_columns, AUD_NCOLUMNS};
+LedgerTable dl_runs_table = {"runs", runs_columns, RUN_NCOLUMNS};
+LedgerTable dl_past_table = {"past_attempts", past_columns, PAST_NCOLUMNS};
+static Oid	audit_id_seq = InvalidOid;
+
+/* A table (or one of its indexes) changed: look it up again before writing. */
+static void
+relcache_changed(Datum arg, Oid relid)
+{
+	LedgerTable *tables[] = {&dl_effects_table, &dl_audit_table, &dl_runs_table, &dl_past_table};
+	int			i;
+
+	for (i = 0; i < lengthof(tables); i++)
+		if (!OidIsValid(relid) || relid == tables[i]->relid)
+			tables[i]->relid = InvalidOid;
+	if (!OidIsValid(relid) || relid == audit_id_seq)
+		audit_id_seq = InvalidOid;
+}
+
+void
+dl_tables_init(void)
+{
+	CacheRegisterRelcacheCallback(relcache_changed, (Datum) 0);
+}
+
+static Oid
+ledger_relid(const char *name)
+{
+	Oid			relid = get_relname_relid(name, get_namespace_oid("durable_ledger", false));
+
+	if (!OidIsValid(relid))
+		elog(ERROR, "relation durable_ledger.%s does not exist", name);
+	return relid;
+}
+
+/*
+ * Learns where t's columns are in relation rel (opened and locked), and
+ * checks that each holds what the ledger writes into it.
+ */
+static void
+learn_table(LedgerTable *t, Relation rel)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	MemoryContext cxt;
+	AttrNumber *attnums;
+	int			i;
+
+	cxt = AllocSetContextCreate(TopMemoryContext, "durable_ledger writer",
+								ALLOCSET_SMALL_SIZES);
+	attnums = MemoryContextAlloc(cxt, sizeof(AttrNumber) * t->ncolumns);
+	for (i = 0; i < t->ncolumns; i++)
+	{
+		AttrNumber	attnum = get_attnum(RelationGetRelid(rel), t->columns[i].name);
+		Oid			type;
+
+		if (attnum == InvalidAttrNumber)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_COLUMN),
+					 errmsg("durable_ledger.%s has no column \"%s\"", t->name, t->columns[i].name),
+					 errhint("The table must keep the columns the extension created.")));
+		type = getBaseType(TupleDescAttr(desc, attnum - 1)->atttypid);
+		if (type != t->columns[i].type)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("column \"%s\" of durable_ledger.%s is of type %s, but the ledger writes %s",
+							t->columns[i].name, t->name, format_type_be(type),
+							format_type_be(t->columns[i].type))));
+		attnums[i] = attnum;
+	}
+	if (t->cxt != NULL)
+		MemoryContextDelete(t->cxt);
+	t->cxt = cxt;
+	t->attnums = attnums;
+	t->relid = RelationGetRelid(rel);
+}
+
+
+/*
+ * Opens the ledger table t with lockmode.  When what we knew went stale
+ * (opening the table reads invalidations), its name is looked up again: the
+ * table may have been renamed or replaced while we waited for its lock.
+ */
+Relation
+dl_open_table(LedgerTable *t, LOCKMODE lockmode)
+{
+	for (;;)
+	{
+		Oid			relid = OidIsValid(t->relid) ? t->relid : ledger_relid(t->name);
+		Relation	rel = table_open(relid, lockmode);
+
+		if (t->relid == relid)
+			return rel;
+		if (ledger_relid(t->name) == relid)
+		{
+			learn_table(t, rel);
+			return rel;
+		}
+		table_close(rel, lockmode);
+		t->relid = InvalidOid;
+	}
+}
+
+/* The sequence of audit_log.id. */
+Oid
+dl_audit_id_sequence(void)
+{
+	if (!OidIsValid(audit_id_seq))
+		audit_id_seq = ledger_relid("audit_log_id_seq");
+	return audit_id_seq;
+}
+
+static Jsonb *
+slot_jsonb(TupleTableSlot *slot, AttrNumber attnum)
+{
+	return slot->tts_isnull[attnum - 1] ? NULL :
+		DatumGetJsonbPCopy(slot->tts_values[attnum - 1]);
+}
+
+/* The effects row in slot as an EffectRow, copied out of the page. */
+void
+dl_effect_row_from_slot(TupleTableSlot *slot, EffectRow *row)
+{
+	AttrNumber *a = dl_effects_table.attnums;
+	Datum	   *v;
+	bool	   *n;
+
+	slot_getallattrs(slot);
+	v = slot->tts_values;
+	n = slot->tts_isnull;
+	row->key = TextDatumGetCString(v[a[EFF_KEY] - 1]);
+	row->run = TextDatumGetCString(v[a[EFF_RUN] - 1]);
+	row->tool = TextDatumGetCString(v[a[EFF_TOOL] - 1]);
+	row->args = DatumGetJsonbPCopy(v[a[EFF_ARGS] - 1]);
+	row->business_key = DatumGetBool(v[a[EFF_BUSINESS_KEY] - 1]);
+	row->occurrence = n[a[EFF_OCCURRENCE] - 1] ? 0 : DatumGetInt32(v[a[EFF_OCCURRENCE] - 1]);
+	row->attempt = DatumGetInt32(v[a[EFF_ATTEMPT] - 1]);
+	row->status = dl_status_from_name(TextDatumGetCString(v[a[EFF_STATUS] - 1]));
+	row->result = slot_jsonb(slot, a[EFF_RESULT]);
+	row->error = slot_jsonb(slot, a[EFF_ERROR]);
+	row->lease_epoch = DatumGetInt64(v[a[EFF_LEASE_EPOCH] - 1]);
+	row->conflict = DatumGetBool(v[a[EFF_CONFLICT] - 1]);
+}
+

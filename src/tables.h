@@ -1,0 +1,68 @@
+/*
+ * tables.h: the ledger's tables as the store layer knows them: which columns
+ * it reads and writes, by name, and where they are.  For the store's own
+ * files (reader.c, writer.c); the other layers use store.h.
+ */
+#ifndef DURABLE_LEDGER_TABLES_H
+#define DURABLE_LEDGER_TABLES_H
+
+#include "executor/tuptable.h"
+#include "utils/relcache.h"
+
+#include "store.h"
+
+typedef struct Column
+{
+	const char *name;
+	Oid			type;			/* its base type */
+} Column;
+
+typedef struct LedgerTable
+{
+	const char *name;
+	const Column *columns;
+	int			ncolumns;
+	Oid			relid;			/* InvalidOid: look it up again */
+	AttrNumber *attnums;		/* columns[i] is attribute attnums[i] */
+	MemoryContext cxt;
+} LedgerTable;
+
+enum
+{
+	EFF_KEY, EFF_RUN, EFF_TOOL, EFF_ARGS, EFF_BUSINESS_KEY, EFF_OCCURRENCE,
+	EFF_ATTEMPT, EFF_STATUS, EFF_RESULT, EFF_ERROR, EFF_META, EFF_LEASE_EPOCH,
+	EFF_HOLDER_PID, EFF_CREATED_AT, EFF_COMPLETED_AT, EFF_RESOLVED_BY,
+	EFF_RESOLUTION_NOTE, EFF_CONFLICT, EFF_NCOLUMNS
+};
+
+enum
+{
+	AUD_ID, AUD_LOGGED_AT, AUD_RUN, AUD_KEY, AUD_EVENT, AUD_DETAIL, AUD_ROLE_NAME,
+	AUD_SESSION_USER_NAME, AUD_APPLICATION_NAME, AUD_CLIENT_ADDR, AUD_BACKEND_PID,
+	AUD_LEASE_EPOCH, AUD_ATTEMPT, AUD_NCOLUMNS
+};
+
+enum
+{
+	RUN_RUN, RUN_EPOCHS, RUN_LOCK_KEY, RUN_HOLDER_PID, RUN_HOLDER_ROLE,
+	RUN_HOLDER_APPLICATION_NAME, RUN_HOLDER_CLIENT_ADDR, RUN_ACQUIRED_AT,
+	RUN_RELEASED_AT, RUN_CREATED_AT, RUN_NCOLUMNS
+};
+
+enum
+{
+	PAST_KEY, PAST_ATTEMPT, PAST_RUN, PAST_LEASE_EPOCH, PAST_HOLDER_PID, PAST_STATUS,
+	PAST_ERROR, PAST_META, PAST_CREATED_AT, PAST_COMPLETED_AT, PAST_RESOLVED_BY,
+	PAST_RESOLUTION_NOTE, PAST_REPLACED_AT, PAST_NCOLUMNS
+};
+
+extern LedgerTable dl_effects_table;
+extern LedgerTable dl_audit_table;
+extern LedgerTable dl_runs_table;
+extern LedgerTable dl_past_table;
+
+extern Relation dl_open_table(LedgerTable *t, LOCKMODE lockmode);
+extern Oid	dl_audit_id_sequence(void);
+extern void dl_effect_row_from_slot(TupleTableSlot *slot, EffectRow *row);
+
+#endif							/* DURABLE_LEDGER_TABLES_H */

@@ -1,0 +1,629 @@
+/*
+ * writer.c: the only code that writes the ledger's rows.
+ *
+ * Single rows go through the executor's own helpers, the ones logical
+ * replication's apply worker uses: ExecSimpleRelationInsert and
+ * ExecSimpleRelationUpdate on a ResultRelInfo with its indexes open
+ * (ExecOpenIndices), the row to change found and locked with
+ * RelationFindReplTupleByIndex on the primary key.  Triggers, NOT NULL and
+ * CHECK constraints, index maintenance and unique checks, replica identity,
+ * are then PostgreSQL's code, whatever an administrator adds to the tables.
+ * (Like the apply worker, these fire row triggers, not statement triggers.)
+ * One write is one EState, from begin_write() to end_write(), with AFTER
+ * triggers fired at its end.
+ *
+ * The one statement that needs ON CONFLICT (a business key's intent, which
+ * runs that share the key may insert at once) is SQL, with a saved plan.
+ *
+ * Columns are found by name (tables.c); any column the ledger does not know
+ * gets its default, as an INSERT would give it.
+ */
+#include "postgres.h"
+
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "commands/sequence.h"
+#include "commands/trigger.h"
+#include "executor/executor.h"
+#include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "optimizer/optimizer.h"
+#include "rewrite/rewriteHandler.h"
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/guc.h"
+#include "utils/inet.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#include "tables.h"
+
+/* ---------- one write: an EState for one statement's worth of one table ---------- */
+
+typedef struct Write
+{
+	LedgerTable *table;
+	Relation	rel;
+	EState	   *estate;
+	ResultRelInfo *rri;
+	TupleTableSlot *slot;		/* the new row's values */
+	bool	   *set;			/* which attributes the ledger gave a value */
+} Write;
+
+static void
+begin_write(Write *w, LedgerTable *t)
+{
+	RangeTblEntry *rte;
+	MemoryContext old;
+	TupleDesc	desc;
+
+	/* our earlier writes in this statement (and SQL's) are seen by this one */
+	CommandCounterIncrement();
+
+	w->rel = dl_open_table(t, RowExclusiveLock);
+
+	w->table = t;
+	w->estate = CreateExecutorState();
+	old = MemoryContextSwitchTo(w->estate->es_query_cxt);
+	rte = makeNode(RangeTblEntry);
+	rte->rtekind = RTE_RELATION;
+	rte->relid = RelationGetRelid(w->rel);
+	rte->relkind = w->rel->rd_rel->relkind;
+	rte->rellockmode = RowExclusiveLock;
+	ExecInitRangeTable(w->estate, list_make1(rte));
+	w->rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(w->rri, w->rel, 1, NULL, 0);
+	/* as the apply worker does: so that AFTER triggers find it */
+	w->estate->es_opened_result_relations = list_make1(w->rri);
+	w->estate->es_output_cid = GetCurrentCommandId(true);
+	w->estate->es_snapshot = GetActiveSnapshot();
+	ExecOpenIndices(w->rri, false);
+	desc = RelationGetDescr(w->rel);
+	w->slot = ExecInitExtraTupleSlot(w->estate, desc, &TTSOpsVirtual);
+	ExecClearTuple(w->slot);
+	memset(w->slot->tts_isnull, true, sizeof(bool) * desc->natts);
+	w->set = palloc0(sizeof(bool) * desc->natts);
+	MemoryContextSwitchTo(old);
+	AfterTriggerBeginQuery();
+}
+
+static void
+end_write(Write *w)
+{
+	AfterTriggerEndQuery(w->estate);
+	/* our indexes, and what the triggers opened; our relation is closed below */
+	ExecCloseResultRelations(w->estate);
+	ExecResetTupleTable(w->estate->es_tupleTable, false);
+	FreeExecutorState(w->estate);
+	table_close(w->rel, NoLock);	/* locked until the end of the transaction */
+}
+
+static void
+set_value(Write *w, int column, Datum value)
+{
+	int			i = w->table->attnums[column] - 1;
+
+	w->slot->tts_values[i] = value;
+	w->slot->tts_isnull[i] = false;
+	w->set[i] = true;
+}
+
+static void
+set_null(Write *w, int column)
+{
+	int			i = w->table->attnums[column] - 1;
+
+	w->slot->tts_isnull[i] = true;
+	w->set[i] = true;
+}
+
+static void
+set_optional(Write *w, int column, Datum value, bool isnull)
+{
+	if (isnull)
+		set_null(w, column);
+	else
+		set_value(w, column, value);
+}
+
+/*
+ * Columns the ledger does not know (an administrator added them) get their
+ * defaults, as an INSERT would give them.  (The apply worker does the same.)
+ */
+static void
+fill_defaults(Write *w)
+{
+	TupleDesc	desc = RelationGetDescr(w->rel);
+	ExprContext *econtext = GetPerTupleExprContext(w->estate);
+	int			i;
+
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		Node	   *expr;
+
+		if (w->set[i] || att->attisdropped || att->attgenerated)
+			continue;
+		expr = build_column_default(w->rel, i + 1);
+		if (expr != NULL)
+		{
+			ExprState  *state = ExecPrepareExpr((Expr *) expr, w->estate);
+
+			w->slot->tts_values[i] = ExecEvalExprSwitchContext(state, econtext,
+															   &w->slot->tts_isnull[i]);
+		}
+	}
+}
+
+static void
+insert_row(Write *w)
+{
+	fill_defaults(w);
+	ExecStoreVirtualTuple(w->slot);
+	ExecSimpleRelationInsert(w->rri, w->estate, w->slot);
+}
+
+/* ---------- effects ---------- */
+
+static Datum
+now_datum(void)
+{
+	return TimestampTzGetDatum(GetCurrentTimestamp());
+}
+
+/*
+ * Inserts the intent of a key that cannot exist yet.  A duplicate would be a
+ * unique violation (an error), never a second intent.
+ */
+void
+dl_write_new_intent(const NewIntent *intent)
+{
+	Write		w;
+
+	begin_write(&w, &dl_effects_table);
+	set_value(&w, EFF_KEY, CStringGetTextDatum(intent->key));
+	set_value(&w, EFF_RUN, CStringGetTextDatum(intent->run));
+	set_value(&w, EFF_TOOL, CStringGetTextDatum(intent->tool));
+	set_value(&w, EFF_ARGS, JsonbPGetDatum(intent->args));
+	set_value(&w, EFF_BUSINESS_KEY, BoolGetDatum(intent->business_key));
+	set_optional(&w, EFF_OCCURRENCE, Int32GetDatum(intent->occurrence), intent->business_key);
+	set_value(&w, EFF_ATTEMPT, Int32GetDatum(1));
+	set_value(&w, EFF_STATUS, CStringGetTextDatum(dl_status_name(EFFECT_STARTED)));
+	set_null(&w, EFF_RESULT);
+	set_null(&w, EFF_ERROR);
+	set_optional(&w, EFF_META, JsonbPGetDatum(intent->meta), intent->meta == NULL);
+	set_value(&w, EFF_LEASE_EPOCH, Int64GetDatum(intent->lease_epoch));
+	set_value(&w, EFF_HOLDER_PID, Int32GetDatum(MyProcPid));
+	set_value(&w, EFF_CREATED_AT, now_datum());
+	set_null(&w, EFF_COMPLETED_AT);
+	set_null(&w, EFF_RESOLVED_BY);
+	set_null(&w, EFF_RESOLUTION_NOTE);
+	set_value(&w, EFF_CONFLICT, BoolGetDatum(false));
+	insert_row(&w);
+	end_write(&w);
+	dl_write_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
+}
+
+/* A business key's intent and its audit row, unless the key exists. */
+static Statement insert_intent_unless_exists = {
+	"WITH intent AS ("
+	"  INSERT INTO durable_ledger.effects"
+	"   (key, run, tool, args, business_key, occurrence, attempt, status, meta,"
+	"    lease_epoch, holder_pid, created_at)"
+	"  VALUES ($1, $2, $3, $4, $5, $6, 1, 'started', $7, $8,"
+	"   pg_catalog.pg_backend_pid(), pg_catalog.clock_timestamp())"
+	"  ON CONFLICT (key) DO NOTHING"
+	"  RETURNING key, run, lease_epoch)"
+	" INSERT INTO durable_ledger.audit_log"
+	"  (logged_at, run, key, event, detail, role_name, session_user_name,"
+	"   application_name, client_addr, backend_pid, lease_epoch, attempt)"
+	" SELECT pg_catalog.clock_timestamp(), intent.run, intent.key, 'intent', NULL, $9,"
+	"  SESSION_USER, pg_catalog.current_setting('application_name'),"
+	"  pg_catalog.inet_client_addr(), pg_catalog.pg_backend_pid(), intent.lease_epoch, 1"
+	"  FROM intent",
+	9, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, BOOLOID, INT4OID, JSONBOID, INT8OID, TEXTOID}
+};
+
+/*
+ * Inserts an intent and its audit row, as INSERT ... ON CONFLICT DO NOTHING:
+ * false when the key exists (also when another transaction inserts it at the
+ * same moment).  Needs an open SPI connection.
+ */
+bool
+dl_write_intent_unless_exists(const NewIntent *intent)
+{
+	Datum		values[9];
+	char		nulls[9] = "         ";
+
+	values[0] = dl_text_datum(intent->key);
+	values[1] = dl_text_datum(intent->run);
+	values[2] = dl_text_datum(intent->tool);
+	values[3] = JsonbPGetDatum(intent->args);
+	values[4] = BoolGetDatum(intent->business_key);
+	values[5] = Int32GetDatum(intent->occurrence);
+	if (intent->business_key)
+		nulls[5] = 'n';
+	values[6] = PointerGetDatum(intent->meta);
+	if (intent->meta == NULL)
+		nulls[6] = 'n';
+	values[7] = Int64GetDatum(intent->lease_epoch);
+	values[8] = dl_text_datum(dl_caller_role_name());
+	dl_note_ledger_write();
+	return dl_plan_run(&insert_intent_unless_exists, values, nulls, SPI_OK_INSERT) == 1;
+}
+
+/*
+ * Finds the row with primary key value, waiting for a transaction that is
+ * changing it, and locks its latest version for this transaction (as UPDATE
+ * locks it); false when there is none.  *tuple is a copy of that version, in
+ * the caller's memory.
+ */
+static bool
+lock_row(Write *w, Datum value, int key_column, HeapTuple *tuple)
+{
+	MemoryContext caller = MemoryContextSwitchTo(w->estate->es_query_cxt);
+	TupleTableSlot *search;
+	TupleTableSlot *found;
+	Oid			primary_key = RelationGetPrimaryKeyIndex(w->rel);
+	bool		exists;
+
+	if (!OidIsValid(primary_key))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("durable_ledger.%s has no primary key", w->table->name)));
+	search = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel), &TTSOpsVirtual);
+	ExecClearTuple(search);
+	memset(search->tts_isnull, true, sizeof(bool) * RelationGetDescr(w->rel)->natts);
+	search->tts_values[w->table->attnums[key_column] - 1] = value;
+	search->tts_isnull[w->table->attnums[key_column] - 1] = false;
+	ExecStoreVirtualTuple(search);
+	found = table_slot_create(w->rel, &w->estate->es_tupleTable);
+
+	exists = RelationFindReplTupleByIndex(w->rel, primary_key, LockTupleNoKeyExclusive,
+										  search, found);
+	MemoryContextSwitchTo(caller);
+	if (exists)
+	{
+		*tuple = ExecCopySlotHeapTuple(found);
+		(*tuple)->t_self = found->tts_tid;
+	}
+	return exists;
+}
+
+/* Changes the row locked by lock_row into the values of w->slot. */
+static void
+update_row(Write *w, HeapTuple locked)
+{
+	MemoryContext caller = MemoryContextSwitchTo(w->estate->es_query_cxt);
+	TupleTableSlot *search;
+	EPQState	epq;
+
+	search = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel), &TTSOpsHeapTuple);
+	ExecStoreHeapTuple(locked, search, false);
+	ExecStoreVirtualTuple(w->slot);
+	dl_EvalPlanQualInit(&epq, w->estate);
+	ExecSimpleRelationUpdate(w->rri, w->estate, &epq, search, w->slot);
+	EvalPlanQualEnd(&epq);
+	MemoryContextSwitchTo(caller);
+}
+
+/* The values of a locked row, as the starting point of its update. */
+static void
+start_from(Write *w, HeapTuple locked)
+{
+	TupleDesc	desc = RelationGetDescr(w->rel);
+
+	heap_deform_tuple(locked, desc, w->slot->tts_values, w->slot->tts_isnull);
+	memset(w->set, true, sizeof(bool) * desc->natts);
+}
+
+/*
+ * Locks key's row of effects for this transaction, after any transaction
+ * changing it has ended; false when there is no such key.  The row is its
+ * latest committed version, whatever the transaction's snapshot.
+ */
+bool
+dl_lock_effect(const char *key, LockedEffect *locked)
+{
+	Write		w;
+	bool		found;
+
+	begin_write(&w, &dl_effects_table);
+	found = lock_row(&w, CStringGetTextDatum(key), EFF_KEY, &locked->tuple);
+	if (found)
+	{
+		TupleTableSlot *slot = MakeSingleTupleTableSlot(RelationGetDescr(w.rel),
+														&TTSOpsHeapTuple);
+
+		ExecStoreHeapTuple(locked->tuple, slot, false);
+		dl_effect_row_from_slot(slot, &locked->row);
+		ExecDropSingleTupleTableSlot(slot);
+	}
+	end_write(&w);
+	return found;
+}
+
+/*
+ * Starts an update of the locked effects row: the new row's values are the
+ * locked version's, to be changed with set_value().
+ */
+static void
+begin_effect_update(Write *w, LockedEffect *locked)
+{
+	begin_write(w, &dl_effects_table);
+	start_from(w, locked->tuple);
+}
+
+/*
+ * Writes the update begun with begin_effect_update and returns the new row
+ * (in the caller's memory); the locked version becomes the new one.
+ */
+static HeapTuple
+end_effect_update(Write *w, LockedEffect *locked)
+{
+	HeapTuple	updated;
+
+	update_row(w, locked->tuple);
+	updated = ExecCopySlotHeapTuple(w->slot);
+	updated->t_self = w->slot->tts_tid;
+	locked->tuple = updated;
+	dl_effect_row_from_slot(w->slot, &locked->row);
+	end_write(w);
+	return heap_copytuple(updated);
+}
+
+/* started or unknown -> to: the reported (or resolved) outcome. */
+HeapTuple
+dl_write_outcome(LockedEffect *locked, EffectStatus to, Jsonb *result, Jsonb *error)
+{
+	Write		w;
+
+	begin_effect_update(&w, locked);
+	set_value(&w, EFF_STATUS, CStringGetTextDatum(dl_status_name(to)));
+	set_optional(&w, EFF_RESULT, JsonbPGetDatum(result), result == NULL);
+	set_optional(&w, EFF_ERROR, JsonbPGetDatum(error), error == NULL);
+	set_value(&w, EFF_COMPLETED_AT, now_datum());
+	return end_effect_update(&w, locked);
+}
+
+/* started -> unknown: its lease ended without a report. */
+void
+dl_write_unknown(LockedEffect *locked)
+{
+	Write		w;
+
+	begin_effect_update(&w, locked);
+	set_value(&w, EFF_STATUS, CStringGetTextDatum(dl_status_name(EFFECT_UNKNOWN)));
+	(void) end_effect_update(&w, locked);
+}
+
+/* A contradicting report was kept: the effect waits for a person. */
+void
+dl_write_conflict_flag(LockedEffect *locked)
+{
+	Write		w;
+
+	begin_effect_update(&w, locked);
+	set_value(&w, EFF_CONFLICT, BoolGetDatum(true));
+	(void) end_effect_update(&w, locked);
+}
+
+/* A person's decision: the outcome, who decided, and the flag cleared. */
+HeapTuple
+dl_write_resolution(LockedEffect *locked, EffectStatus to, Jsonb *value,
+					const char *resolved_by, const char *note)
+{
+	Write		w;
+
+	begin_effect_update(&w, locked);
+	set_value(&w, EFF_STATUS, CStringGetTextDatum(dl_status_name(to)));
+	/* the value is the result of a completed effect, the error of a failed one */
+	set_optional(&w, EFF_RESULT, JsonbPGetDatum(value), to != EFFECT_COMPLETED || value == NULL);
+	set_optional(&w, EFF_ERROR, JsonbPGetDatum(value), to != EFFECT_FAILED || value == NULL);
+	set_value(&w, EFF_RESOLVED_BY, CStringGetTextDatum(resolved_by));
+	set_optional(&w, EFF_RESOLUTION_NOTE, note ? CStringGetTextDatum(note) : (Datum) 0,
+				 note == NULL);
+	set_value(&w, EFF_CONFLICT, BoolGetDatum(false));
+	set_value(&w, EFF_COMPLETED_AT, now_datum());
+	return end_effect_update(&w, locked);
+}
+
+/*
+ * A failed business key's next attempt: the failed one is kept in
+ * past_attempts, and the effect starts again under intent's lease.
+ */
+void
+dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent)
+{
+	Write		past;
+	Write		w;
+	TupleTableSlot *old_values;
+	AttrNumber *e = dl_effects_table.attnums;
+
+	/* the failed attempt, as it was recorded */
+	begin_effect_update(&w, locked);
+	old_values = w.slot;
+	begin_write(&past, &dl_past_table);
+#define COPY(to, from) \
+	set_optional(&past, to, old_values->tts_values[e[from] - 1], old_values->tts_isnull[e[from] - 1])
+	COPY(PAST_KEY, EFF_KEY);
+	COPY(PAST_ATTEMPT, EFF_ATTEMPT);
+	COPY(PAST_RUN, EFF_RUN);
+	COPY(PAST_LEASE_EPOCH, EFF_LEASE_EPOCH);
+	COPY(PAST_HOLDER_PID, EFF_HOLDER_PID);
+	COPY(PAST_STATUS, EFF_STATUS);
+	COPY(PAST_ERROR, EFF_ERROR);
+	COPY(PAST_META, EFF_META);
+	COPY(PAST_CREATED_AT, EFF_CREATED_AT);
+	COPY(PAST_COMPLETED_AT, EFF_COMPLETED_AT);
+	COPY(PAST_RESOLVED_BY, EFF_RESOLVED_BY);
+	COPY(PAST_RESOLUTION_NOTE, EFF_RESOLUTION_NOTE);
+#undef COPY
+	set_value(&past, PAST_REPLACED_AT, now_datum());
+	insert_row(&past);
+	end_write(&past);
+
+	/* the next attempt */
+	set_value(&w, EFF_RUN, CStringGetTextDatum(intent->run));
+	set_value(&w, EFF_STATUS, CStringGetTextDatum(dl_status_name(EFFECT_STARTED)));
+	set_value(&w, EFF_ATTEMPT, Int32GetDatum(locked->row.attempt + 1));
+	set_null(&w, EFF_RESULT);
+	set_null(&w, EFF_ERROR);
+	set_optional(&w, EFF_META, JsonbPGetDatum(intent->meta), intent->meta == NULL);
+	set_value(&w, EFF_LEASE_EPOCH, Int64GetDatum(intent->lease_epoch));
+	set_value(&w, EFF_HOLDER_PID, Int32GetDatum(MyProcPid));
+	set_value(&w, EFF_CREATED_AT, now_datum());
+	set_null(&w, EFF_COMPLETED_AT);
+	set_null(&w, EFF_RESOLVED_BY);
+	set_null(&w, EFF_RESOLUTION_NOTE);
+	(void) end_effect_update(&w, locked);
+}
+
+/* ---------- runs ---------- */
+
+static Statement highest_epoch_logged = {
+	"SELECT pg_catalog.max(lease_epoch) FROM durable_ledger.audit_log WHERE run" EQ "$1",
+	1, {TEXTOID}
+};
+
+static bool
+client_addr(Datum *addr)
+{
+	LOCAL_FCINFO(fcinfo, 0);
+
+	InitFunctionCallInfoData(*fcinfo, NULL, 0, InvalidOid, NULL, NULL);
+	*addr = inet_client_addr(fcinfo);
+	return !fcinfo->isnull;
+}
+
+static void
+set_holder(Write *w)
+{
+	Datum		addr;
+	bool		has_addr = client_addr(&addr);
+
+	set_value(w, RUN_HOLDER_PID, Int32GetDatum(MyProcPid));
+	set_value(w, RUN_HOLDER_ROLE, CStringGetTextDatum(dl_caller_role_name()));
+	set_optional(w, RUN_HOLDER_APPLICATION_NAME,
+				 application_name ? CStringGetTextDatum(application_name) : (Datum) 0,
+				 application_name == NULL);
+	set_optional(w, RUN_HOLDER_CLIENT_ADDR, addr, !has_addr);
+	set_value(w, RUN_ACQUIRED_AT, now_datum());
+	set_null(w, RUN_RELEASED_AT);
+}
+
+/*
+ * Records the next lease epoch of run, held by this session, and returns it.
+ * The caller holds the run's lock, so nobody else starts one meanwhile.  A
+ * run without a row (a new one, or one whose row was deleted or not
+ * restored) continues after the highest epoch its append-only audit log
+ * names: an epoch number is never used twice.  Needs an open SPI connection.
+ */
+int64
+dl_write_next_epoch(const char *run, uint64 lock_key)
+{
+	Write		w;
+	HeapTuple	current;
+	int64		epoch;
+
+	begin_write(&w, &dl_runs_table);
+	if (lock_row(&w, CStringGetTextDatum(run), RUN_RUN, &current))
+	{
+		bool		isnull;
+
+		start_from(&w, current);
+		epoch = DatumGetInt64(heap_getattr(current, dl_runs_table.attnums[RUN_EPOCHS],
+										   RelationGetDescr(w.rel), &isnull)) + 1;
+		set_value(&w, RUN_EPOCHS, Int64GetDatum(epoch));
+		set_value(&w, RUN_LOCK_KEY, Int64GetDatum((int64) lock_key));
+		set_holder(&w);
+		update_row(&w, current);
+	}
+	else
+	{
+		Datum		values[1];
+		bool		isnull;
+		Datum		highest;
+
+		values[0] = dl_text_datum(run);
+		dl_plan_run_now(&highest_epoch_logged, values, NULL, SPI_OK_SELECT);
+		highest = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		epoch = 1 + (isnull ? 0 : DatumGetInt64(highest));
+		set_value(&w, RUN_RUN, CStringGetTextDatum(run));
+		set_value(&w, RUN_EPOCHS, Int64GetDatum(epoch));
+		set_value(&w, RUN_LOCK_KEY, Int64GetDatum((int64) lock_key));
+		set_holder(&w);
+		set_value(&w, RUN_CREATED_AT, now_datum());
+		insert_row(&w);
+	}
+	end_write(&w);
+	return epoch;
+}
+
+/* Records the end of epoch of run, if it is this backend's current one. */
+void
+dl_write_epoch_end(const char *run, int64 epoch)
+{
+	Write		w;
+	HeapTuple	current;
+
+	begin_write(&w, &dl_runs_table);
+	if (lock_row(&w, CStringGetTextDatum(run), RUN_RUN, &current))
+	{
+		TupleDesc	desc = RelationGetDescr(w.rel);
+		bool		isnull;
+
+		start_from(&w, current);
+		if (DatumGetInt64(heap_getattr(current, dl_runs_table.attnums[RUN_EPOCHS], desc, &isnull)) == epoch &&
+			DatumGetInt32(heap_getattr(current, dl_runs_table.attnums[RUN_HOLDER_PID], desc, &isnull)) == MyProcPid)
+		{
+			set_value(&w, RUN_RELEASED_AT, now_datum());
+			update_row(&w, current);
+		}
+	}
+	end_write(&w);
+}
+
+/* ---------- the audit log ---------- */
+
+/*
+ * Appends one event to the audit log: who (the role as after SET ROLE, the
+ * session user, application, client address, backend) and when.  A
+ * lease_epoch or attempt of 0 is stored as NULL.
+ */
+void
+dl_write_audit(const char *run, const char *key, const char *event, Jsonb *detail,
+			   int64 lease_epoch, int32 attempt)
+{
+	Write		w;
+	Datum		addr;
+	bool		has_addr;
+
+	dl_note_ledger_write();
+	begin_write(&w, &dl_audit_table);
+	set_value(&w, AUD_ID, Int64GetDatum(nextval_internal(dl_audit_id_sequence(), false)));
+	set_value(&w, AUD_LOGGED_AT, now_datum());
+	set_optional(&w, AUD_RUN, run ? CStringGetTextDatum(run) : (Datum) 0, run == NULL);
+	set_optional(&w, AUD_KEY, key ? CStringGetTextDatum(key) : (Datum) 0, key == NULL);
+	set_value(&w, AUD_EVENT, CStringGetTextDatum(event));
+	set_optional(&w, AUD_DETAIL, JsonbPGetDatum(detail), detail == NULL);
+	set_value(&w, AUD_ROLE_NAME, CStringGetTextDatum(dl_caller_role_name()));
+	set_value(&w, AUD_SESSION_USER_NAME,
+			  CStringGetTextDatum(GetUserNameFromId(GetSessionUserId(), false)));
+	set_optional(&w, AUD_APPLICATION_NAME,
+				 application_name ? CStringGetTextDatum(application_name) : (Datum) 0,
+				 application_name == NULL);
+	has_addr = client_addr(&addr);
+	set_optional(&w, AUD_CLIENT_ADDR, addr, !has_addr);
+	set_value(&w, AUD_BACKEND_PID, Int32GetDatum(MyProcPid));
+	set_optional(&w, AUD_LEASE_EPOCH, Int64GetDatum(lease_epoch), lease_epoch <= 0);
+	set_optional(&w, AUD_ATTEMPT, Int32GetDatum(attempt), attempt <= 0);
+	insert_row(&w);
+	end_write(&w);
+}
