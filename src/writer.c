@@ -20,6 +20,7 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
@@ -96,8 +97,19 @@ begin_write(Write *w, LedgerTable *t)
 static void
 end_write(Write *w)
 {
+	int			i;
+
 	AfterTriggerEndQuery(w->estate);
-	/* our indexes, and what the triggers opened; our relation is closed below */
+
+	/*
+	 * Our indexes stay locked to the end of the transaction, like the table,
+	 * so that the next write finds its locks held (ExecCloseIndices would
+	 * release them); then ExecCloseResultRelations closes what the triggers
+	 * opened.
+	 */
+	for (i = 0; i < w->rri->ri_NumIndices; i++)
+		index_close(w->rri->ri_IndexRelationDescs[i], NoLock);
+	w->rri->ri_NumIndices = 0;
 	ExecCloseResultRelations(w->estate);
 	ExecResetTupleTable(w->estate->es_tupleTable, false);
 	FreeExecutorState(w->estate);
