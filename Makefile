@@ -15,12 +15,16 @@ OBJS = \
 	src/reader.o \
 	src/writer.o \
 	src/durability.o \
+	src/runlock.o \
 	src/lease.o \
+	src/token_lease.o \
+	src/liveness.o \
 	src/begin.o \
 	src/report.o \
 	src/resolve.o \
 	src/status.o \
 	src/lease_calls.o \
+	src/token_calls.o \
 	src/key_calls.o \
 	src/drop_guard.o \
 	src/older_sql.o

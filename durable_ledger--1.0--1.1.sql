@@ -139,13 +139,20 @@ AS 'MODULE_PATHNAME', 'dl_release_run_1_1'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
-CREATE OR REPLACE FUNCTION durable_ledger.begin_effect(run text, tool text, args jsonb,
-                                                       business_key text DEFAULT NULL,
-                                                       meta jsonb DEFAULT NULL)
+DROP FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb);
+CREATE FUNCTION durable_ledger.begin_effect(run text, tool text, args jsonb,
+                                            business_key text DEFAULT NULL,
+                                            meta jsonb DEFAULT NULL,
+                                            lease text DEFAULT NULL)
 RETURNS durable_ledger.decision
 AS 'MODULE_PATHNAME', 'dl_begin_effect_1_1'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text) IS
+    'records the intent of a side effect before it happens and says whether to execute, replay, pause or wait';
+REVOKE ALL ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text)
+    TO durable_ledger_worker;
 
 CREATE OR REPLACE FUNCTION durable_ledger.effect_status(key text)
 RETURNS SETOF durable_ledger.effects
@@ -159,6 +166,97 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'dl_break_lease_1_1'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
+
+-- ---------------------------------------------------------------------------
+-- Token leases: a lease that is a row, not a session lock, so that a run's
+-- calls may come through a transaction pooler, each in its own transaction
+-- on any backend.
+-- ---------------------------------------------------------------------------
+
+-- What take_lease returns.  Whoever has the token acts for the lease; only
+-- its SHA-256 is stored.
+CREATE TYPE durable_ledger.lease AS (
+    run         text,
+    token       text,
+    epoch       bigint,
+    expires_at  timestamptz,
+    holder      text
+);
+
+-- The kind of lease that holds an epoch.
+CREATE DOMAIN durable_ledger.lease_kind AS text
+    CHECK (VALUE IN ('session', 'token'));
+
+-- One row per token lease: an epoch of a run, held until it expires (judged
+-- by the server's clock), is released, or a newer epoch supersedes it.
+CREATE TABLE durable_ledger.token_leases (
+    run          text NOT NULL,
+    epoch        bigint NOT NULL,
+    token_sha256 bytea NOT NULL,
+    holder       text,                       -- the caller's own name for itself
+    ttl          interval NOT NULL,          -- what renew_lease extends by, by default
+    taken_at     timestamptz NOT NULL,
+    expires_at   timestamptz NOT NULL,       -- set to the moment of breaking by break_lease
+    released_at  timestamptz,
+    PRIMARY KEY (run, epoch)
+);
+CREATE UNIQUE INDEX token_leases_token_idx ON durable_ledger.token_leases (token_sha256);
+
+-- The occurrence counters of token leases' epochs: the calls of one epoch may
+-- run in different backends, so they are counted here, and roll back with
+-- the transaction of the call.
+CREATE TABLE durable_ledger.token_lease_calls (
+    run     text NOT NULL,
+    epoch   bigint NOT NULL,
+    call    bytea NOT NULL,                  -- SHA-256 of tool, a zero byte, canonical args
+    calls   integer NOT NULL,                -- identical calls counted so far in the epoch
+    PRIMARY KEY (run, epoch, call)
+);
+
+ALTER TABLE durable_ledger.runs
+    ADD COLUMN lease_kind durable_ledger.lease_kind NOT NULL DEFAULT 'session';  -- of the current epoch
+
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.token_leases', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.token_lease_calls', '');
+REVOKE ALL ON durable_ledger.token_leases, durable_ledger.token_lease_calls FROM PUBLIC;
+GRANT SELECT ON durable_ledger.token_leases, durable_ledger.token_lease_calls
+    TO durable_ledger_auditor;
+REVOKE ALL ON TYPE durable_ledger.lease, durable_ledger.lease_kind FROM PUBLIC;
+GRANT USAGE ON TYPE durable_ledger.lease, durable_ledger.lease_kind
+    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin;
+
+CREATE FUNCTION durable_ledger.take_lease(run text, ttl interval DEFAULT '5 minutes',
+                                          holder text DEFAULT NULL)
+RETURNS durable_ledger.lease
+AS 'MODULE_PATHNAME', 'dl_take_lease_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.take_lease(text, interval, text) IS
+    'takes a token lease on the run and starts a new attempt, or returns NULL at once when a live lease holds it';
+
+CREATE FUNCTION durable_ledger.renew_lease(token text, ttl interval DEFAULT NULL)
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'dl_renew_lease_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.renew_lease(text, interval) IS
+    'extends a live token lease to now + ttl (or its own ttl); returns the new expiry';
+
+CREATE FUNCTION durable_ledger.release_lease(token text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_release_lease_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.release_lease(text) IS
+    'ends a token lease; false when it was not live';
+
+REVOKE ALL ON FUNCTION durable_ledger.take_lease(text, interval, text),
+                       durable_ledger.renew_lease(text, interval),
+                       durable_ledger.release_lease(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION durable_ledger.take_lease(text, interval, text),
+                          durable_ledger.renew_lease(text, interval),
+                          durable_ledger.release_lease(text)
+    TO durable_ledger_worker;
 
 -- ---------------------------------------------------------------------------
 -- Replicas: the views say what a hot standby cannot judge.
@@ -193,13 +291,15 @@ GRANT EXECUTE ON FUNCTION durable_ledger.lease_holder_activity() TO durable_ledg
 DROP VIEW durable_ledger.leases;
 DROP VIEW durable_ledger.unresolved;
 
--- Live leases: granted advisory locks in the extension's lock class (17484)
--- in this database, matched to their run by the lock key.  A lock whose
--- acquiring transaction rolled back is live but has no epoch: lease_epoch and
--- since are then NULL, and so is run if the run was never recorded.
--- On a hot standby, which never holds the primary's locks, liveness cannot be
--- judged: the view lists the epochs that were taken and not released, with
--- liveness 'not judged on a standby'.
+-- Live leases of both kinds.  Session leases: granted advisory locks in the
+-- extension's lock class (17484) in this database, matched to their run by
+-- the lock key (a lock whose acquiring transaction rolled back is live but
+-- has no epoch: lease_epoch and since are then NULL, and so is run if the run
+-- was never recorded).  Token leases: the rows not expired, released or
+-- superseded, judged by the server's clock.  On a hot standby, which never
+-- holds the primary's locks, a session lease's liveness cannot be judged: the
+-- view lists the session epochs that were taken and not released, with
+-- liveness 'not judged on a standby' (token leases are rows, judged there too).
 CREATE VIEW durable_ledger.leases AS
 SELECT r.run,
        l.pid                                                 AS holder_pid,
@@ -212,13 +312,17 @@ SELECT r.run,
        CASE WHEN current_epoch THEN r.acquired_at END        AS since,
        a.backend_state,
        k.lock_key,
-       'live'::text                                          AS liveness
+       'live'::text                                          AS liveness,
+       'session'::text                                       AS kind,
+       NULL::text                                            AS holder,
+       NULL::timestamptz                                     AS expires_at
   FROM pg_catalog.pg_locks l
  CROSS JOIN LATERAL (SELECT (l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
                             OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8 AS lock_key) k
   LEFT JOIN durable_ledger.runs r ON r.lock_key OPERATOR(pg_catalog.=) k.lock_key
  CROSS JOIN LATERAL (SELECT r.holder_pid OPERATOR(pg_catalog.=) l.pid
-                            AND r.released_at IS NULL AS current_epoch) c
+                            AND r.released_at IS NULL
+                            AND r.lease_kind OPERATOR(pg_catalog.=) 'session' AS current_epoch) c
   LEFT JOIN durable_ledger.lease_holder_activity() a ON a.pid OPERATOR(pg_catalog.=) l.pid
  WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
    AND l.objsubid OPERATOR(pg_catalog.=) 17484
@@ -227,30 +331,42 @@ SELECT r.run,
        (SELECT d.oid FROM pg_catalog.pg_database d
          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
 UNION ALL
+SELECT t.run, NULL, t.epoch, r.holder_role, r.holder_application_name, r.holder_client_addr,
+       t.taken_at, NULL, r.lock_key, 'live', 'token', t.holder, t.expires_at
+  FROM durable_ledger.token_leases t
+  JOIN durable_ledger.runs r
+    ON r.run OPERATOR(pg_catalog.=) t.run AND r.epochs OPERATOR(pg_catalog.=) t.epoch
+ WHERE t.released_at IS NULL
+   AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
+UNION ALL
 SELECT r.run, r.holder_pid, r.epochs, r.holder_role, r.holder_application_name,
        r.holder_client_addr, r.acquired_at, NULL, r.lock_key,
-       'not judged on a standby'
+       'not judged on a standby', 'session', NULL, NULL
   FROM durable_ledger.runs r
  WHERE pg_catalog.pg_is_in_recovery()
-   AND r.released_at IS NULL;
+   AND r.released_at IS NULL
+   AND r.lease_kind OPERATOR(pg_catalog.=) 'session';
 
 -- Effects that need a person: outcome unknown (recorded, or a started effect
 -- whose lease is no longer live), or flagged by a contradicting report.  A
 -- started effect is shown unknown only when its lease has ended (a flagged
--- one may still be in flight).  On a hot standby a started effect is listed
--- as started, with a reason saying that whether it is still in flight cannot
--- be judged there.
+-- one may still be in flight).  Liveness is the question the C functions ask
+-- (lease.c): the effect's epoch is the run's current one, not released, and
+-- either its session lock is held by the backend that took it, or its token
+-- lease has not expired, judged by the server's clock.  On a hot standby a
+-- session lease cannot be judged: a started effect under one is listed as
+-- started, with a reason saying so.
 CREATE VIEW durable_ledger.unresolved AS
 SELECT e.key,
        e.run,
        e.tool,
-       CASE WHEN l.lease_ended THEN 'unknown'
+       CASE WHEN j.ended THEN 'unknown'
             ELSE e.status END::durable_ledger.effect_state AS status,
        e.conflict,
        CASE
            WHEN e.conflict THEN
                'a report contradicts the recorded outcome; a person must decide which is true'
-           WHEN e.status OPERATOR(pg_catalog.=) 'started' AND s.standby THEN
+           WHEN j.not_judged THEN
                'read on a hot standby, which cannot see the primary''s leases: whether this effect is still in flight cannot be judged here; ask the primary'
            ELSE
                'intent recorded, no completion, and the lease that started it has ended: nobody knows whether the effect happened'
@@ -265,27 +381,42 @@ SELECT e.key,
        e.lease_epoch
   FROM durable_ledger.effects e
  CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
+  LEFT JOIN LATERAL (
+        SELECT r.lease_kind, r.lock_key, r.holder_pid
+          FROM durable_ledger.runs r
+         WHERE r.run OPERATOR(pg_catalog.=) e.run
+           AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
+           AND r.released_at IS NULL) cur ON e.status OPERATOR(pg_catalog.=) 'started'
  CROSS JOIN LATERAL (
-        SELECT e.status OPERATOR(pg_catalog.=) 'started' AND NOT s.standby AND NOT EXISTS (
-            SELECT 1
-              FROM durable_ledger.runs r
-              JOIN pg_catalog.pg_locks l
-                ON l.locktype OPERATOR(pg_catalog.=) 'advisory'
-               AND l.objsubid OPERATOR(pg_catalog.=) 17484
-               AND l.granted
-               AND l.pid OPERATOR(pg_catalog.=) r.holder_pid
-               AND r.lock_key OPERATOR(pg_catalog.=)
-                   ((l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
-                    OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8)
-               AND l.database OPERATOR(pg_catalog.=)
-                   (SELECT d.oid FROM pg_catalog.pg_database d
-                     WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-             WHERE r.run OPERATOR(pg_catalog.=) e.run
-               AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
-               AND r.released_at IS NULL) AS lease_ended) l
+        SELECT e.status OPERATOR(pg_catalog.=) 'started' AND s.standby
+               AND (cur.lease_kind IS NULL OR cur.lease_kind OPERATOR(pg_catalog.=) 'session')
+                   AS not_judged,
+               e.status OPERATOR(pg_catalog.=) 'started' AND CASE
+                   WHEN cur.lease_kind OPERATOR(pg_catalog.=) 'token' THEN NOT EXISTS (
+                       SELECT 1 FROM durable_ledger.token_leases t
+                        WHERE t.run OPERATOR(pg_catalog.=) e.run
+                          AND t.epoch OPERATOR(pg_catalog.=) e.lease_epoch
+                          AND t.released_at IS NULL
+                          AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
+                   WHEN s.standby THEN false
+                   WHEN cur.lease_kind IS NULL THEN true
+                   ELSE NOT EXISTS (
+                       SELECT 1 FROM pg_catalog.pg_locks l
+                        WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+                          AND l.objsubid OPERATOR(pg_catalog.=) 17484
+                          AND l.granted
+                          AND l.pid OPERATOR(pg_catalog.=) cur.holder_pid
+                          AND cur.lock_key OPERATOR(pg_catalog.=)
+                              ((l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+                               OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8)
+                          AND l.database OPERATOR(pg_catalog.=)
+                              (SELECT d.oid FROM pg_catalog.pg_database d
+                                WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()))
+               END AS ended) j
  WHERE e.conflict
     OR e.status OPERATOR(pg_catalog.=) 'unknown'
-    OR (e.status OPERATOR(pg_catalog.=) 'started' AND (s.standby OR l.lease_ended));
+    OR j.ended
+    OR j.not_judged;
 
 REVOKE ALL ON durable_ledger.leases, durable_ledger.unresolved FROM PUBLIC;
 GRANT SELECT ON durable_ledger.leases, durable_ledger.unresolved TO durable_ledger_auditor;

@@ -280,8 +280,12 @@ decide(const NewIntent *intent, const char *canon, Decision *d)
 }
 
 /*
- * begin_effect(run text, tool text, args jsonb, business_key text, meta jsonb)
- * RETURNS durable_ledger.decision
+ * begin_effect(run text, tool text, args jsonb, business_key text, meta jsonb,
+ *              lease text) RETURNS durable_ledger.decision
+ *
+ * Without lease (a token), the call belongs to this session's lease of run,
+ * taken when the session does not hold it; with one, to that token lease's
+ * epoch, and the session holds nothing.
  */
 Datum
 dl_begin_effect_1_1(PG_FUNCTION_ARGS)
@@ -290,12 +294,14 @@ dl_begin_effect_1_1(PG_FUNCTION_ARGS)
 	char	   *tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
 	Jsonb	   *args = dl_required_jsonb_arg(fcinfo, 2, "args");
 	char	   *business_key = NULL;
+	char	   *token = NULL;
 	MemoryContext call_cxt = CurrentMemoryContext;
 	TupleDesc	desc;
 	StringInfoData canon;
 	NewIntent	intent;
-	HeldRun    *held;
+	HeldRun    *held = NULL;
 	CallCounter *counter = NULL;
+	bytea	   *token_call = NULL;
 	char		derived_key[DL_KEY_HEX_LEN + 1];
 	Decision	d = {0};
 	Datum		values[8];
@@ -308,6 +314,8 @@ dl_begin_effect_1_1(PG_FUNCTION_ARGS)
 											DL_MAX_BUSINESS_KEY_CHARS);
 		dl_check_business_key(business_key);
 	}
+	if (PG_NARGS() > 5 && !PG_ARGISNULL(5))
+		token = dl_required_text_arg(fcinfo, 5, "lease", 0);
 	desc = dl_result_desc(fcinfo);
 	dl_check_writable("begin_effect()");
 
@@ -315,13 +323,18 @@ dl_begin_effect_1_1(PG_FUNCTION_ARGS)
 	dl_append_canonical_args(&canon, args);
 
 	dl_spi_connect();
-	held = dl_lease_for_call(run);
+	if (token != NULL)
+		intent.lease_epoch = dl_token_for_call(run, token);
+	else
+	{
+		held = dl_lease_for_call(run);
+		intent.lease_epoch = dl_lease_epoch(held);
+	}
 
 	intent.run = run;
 	intent.tool = tool;
 	intent.args = args;
 	intent.meta = dl_optional_jsonb_arg(fcinfo, 4);
-	intent.lease_epoch = dl_lease_epoch(held);
 	intent.business_key = business_key != NULL;
 	if (business_key != NULL)
 	{
@@ -330,8 +343,12 @@ dl_begin_effect_1_1(PG_FUNCTION_ARGS)
 	}
 	else
 	{
-		counter = dl_lease_call_counter(held, tool, canon.data, canon.len,
-										&intent.occurrence);
+		if (token != NULL)
+			intent.occurrence = dl_token_call_next(run, intent.lease_epoch, tool,
+												   canon.data, canon.len, &token_call);
+		else
+			counter = dl_lease_call_counter(held, tool, canon.data, canon.len,
+											&intent.occurrence);
 		dl_derive_key(run, tool, canon.data, canon.len, intent.occurrence, derived_key);
 		intent.key = derived_key;
 	}
@@ -343,8 +360,10 @@ dl_begin_effect_1_1(PG_FUNCTION_ARGS)
 	 * asking again in this epoch asks about the same effect (pause until a
 	 * person resolves it, then its outcome) and never executes a new one.
 	 */
-	if (counter != NULL && d.kind != DECIDE_PAUSE)
+	if (d.kind != DECIDE_PAUSE && counter != NULL)
 		dl_lease_count_call(held, counter);
+	if (d.kind != DECIDE_PAUSE && token_call != NULL)
+		dl_token_count_call(run, intent.lease_epoch, token_call, intent.occurrence);
 
 	/* form the answer where it outlives SPI_finish */
 	values[0] = CStringGetTextDatum(intent.key);

@@ -8,7 +8,7 @@
  *
  *   entry points   begin.c report.c resolve.c status.c lease_calls.c
  *                  key_calls.c drop_guard.c older_sql.c   (SQL-callable)
- *   lease          lease.c                                 lease.h
+ *   lease          lease.c token_lease.c liveness.c runlock.c  lease.h
  *   store          reader.c writer.c durability.c plans.c  store.h
  *   common         names.c canonical.c keys.c call.c detail.c  common.h
  *
@@ -30,9 +30,14 @@
 
 /*
  * field4 of the extension's advisory LOCKTAGs: pg_locks shows it as objsubid.
- * PostgreSQL uses 1 and 2, Citus 4 to 16; 17484 is "DL".
+ * PostgreSQL uses 1 and 2, Citus 4 to 16; 17484 is "DL".  Session leases use
+ * DL_LOCK_CLASS, the calls of a token lease DL_CALL_LOCK_CLASS (runlock.c).
  */
 #define DL_LOCK_CLASS 17484
+#define DL_CALL_LOCK_CLASS 17485
+
+/* The SQLSTATE of a token lease that is no longer held (expired, released, ...). */
+#define ERRCODE_DL_LEASE_LOST MAKE_SQLSTATE('5','5','L','0','1')
 
 /* Limits on names (characters, not bytes); see docs/reference.md. */
 #define DL_MAX_RUN_CHARS 512

@@ -24,15 +24,13 @@
 #include "access/xact.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
-#include "storage/lock.h"
+#include "utils/timestamp.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 
 #include "lease.h"
 
-/* The seed of the run -> lock key hash; changing it changes every lock key. */
-#define RUN_LOCK_KEY_SEED UINT64CONST(0x64757261626c65)
 
 /* What identical calls are counted by: tool and canonical args. */
 typedef struct CallKey
@@ -102,29 +100,6 @@ ensure_state(void)
 	ctl.hcxt = lease_cxt;
 	held_runs = hash_create("durable_ledger held runs", 16, &ctl,
 							HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-}
-
-uint64
-dl_run_lock_key(const char *run)
-{
-	return hash_bytes_extended((const unsigned char *) run, strlen(run),
-							   RUN_LOCK_KEY_SEED);
-}
-
-static void
-set_lock_tag(LOCKTAG *tag, uint64 lock_key)
-{
-	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (lock_key >> 32),
-						 (uint32) lock_key, DL_LOCK_CLASS);
-}
-
-static bool
-lock_held_by_me(uint64 lock_key)
-{
-	LOCKTAG		tag;
-
-	set_lock_tag(&tag, lock_key);
-	return LockHeldByMe(&tag, ExclusiveLock);
 }
 
 /* ---------- counters ---------- */
@@ -348,36 +323,6 @@ find_held(const char *run, uint64 lock_key)
 	return held;
 }
 
-/*
- * Takes the run's lock; returns false when wait is false and another session
- * holds it.  *waited tells whether the lock had to be waited for.  A wait
- * honours lock_timeout (55P03) and deadlock detection.
- */
-static bool
-take_lock(uint64 lock_key, bool wait, bool *waited)
-{
-	LOCKTAG		tag;
-	LockAcquireResult res;
-
-	set_lock_tag(&tag, lock_key);
-	*waited = false;
-	res = LockAcquireExtended(&tag, ExclusiveLock, true, true, true, NULL);
-	if (res == LOCKACQUIRE_NOT_AVAIL)
-	{
-		if (!wait)
-			return false;
-		*waited = true;
-		res = LockAcquireExtended(&tag, ExclusiveLock, true, false, true, NULL);
-	}
-	/*
-	 * Already held without an entry (an error struck between taking the lock
-	 * and recording it): keep one hold, never a stack of them.
-	 */
-	if (res == LOCKACQUIRE_ALREADY_HELD || res == LOCKACQUIRE_ALREADY_CLEAR)
-		LockRelease(&tag, ExclusiveLock, true);
-	return true;
-}
-
 static HeldRun *
 add_held(const char *run, uint64 lock_key)
 {
@@ -430,7 +375,7 @@ check_lease_capacity(const char *run)
 	hash_seq_init(&scan, held_runs);
 	while ((held = hash_seq_search(&scan)) != NULL)
 	{
-		if (lock_held_by_me(held->lock_key))
+		if (dl_run_lock_held(held->lock_key))
 			held_locks++;
 		else
 			lost++;
@@ -441,7 +386,7 @@ check_lease_capacity(const char *run)
 		hash_seq_init(&scan, held_runs);
 		while ((held = hash_seq_search(&scan)) != NULL)
 		{
-			if (!lock_held_by_me(held->lock_key))
+			if (!dl_run_lock_held(held->lock_key))
 				forget_held(held);	/* deleting the current entry is allowed */
 		}
 		forgot_lost_leases = true;
@@ -470,7 +415,7 @@ report_lost_lease(const char *run)
 static int64
 record_epoch_start(const char *run, uint64 lock_key, bool waited)
 {
-	int64		epoch = dl_write_next_epoch(run, lock_key);
+	int64		epoch = dl_write_next_epoch(run, lock_key, false);
 	DetailBuilder detail;
 
 	dl_detail_init(&detail);
@@ -502,6 +447,35 @@ record_epoch_end(const char *run, int64 epoch, bool lock_lost)
 }
 
 /*
+ * One run is held by at most one live lease of either kind.  A session that
+ * just took the run's lock waits for the token lease's calls in progress,
+ * then gives the lock back when a token lease holds the run: true then.
+ */
+static bool
+token_lease_holds(const char *run, uint64 lock_key, TimestampTz *until)
+{
+	RunState	state;
+
+	(void) dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, true);
+	if (!dl_read_run_state(run, &state) || !state.token || !state.token_live)
+		return false;
+	dl_run_unlock_session(lock_key);
+	*until = state.expires_at;
+	return true;
+}
+
+static void
+report_token_lease_holds(const char *run, TimestampTz until)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+			 errmsg("run \"%s\" is held by a token lease until %s", run,
+					timestamptz_to_str(until)),
+			 errdetail("A session lease and a token lease never hold one run at once."),
+			 errhint("Wait until it is released or expires, or take the run with durable_ledger.take_lease().")));
+}
+
+/*
  * The lease a begin_effect relies on: the session's current epoch of run.
  * Takes the lease (waiting) and starts an epoch when the session does not
  * hold the run; fails when the lock was lost behind our back, since silently
@@ -516,17 +490,21 @@ dl_lease_for_call(const char *run)
 
 	if (held != NULL)
 	{
-		if (!lock_held_by_me(lock_key))
+		if (!dl_run_lock_held(lock_key))
 			report_lost_lease(run);
 	}
 	else
 	{
 		int64		lost_epoch;
 
+		TimestampTz until;
+
 		if (forgot_lost_leases && dl_read_lease_unreleased_by_me(run, &lost_epoch))
 			report_lost_lease(run);
 		check_lease_capacity(run);
-		take_lock(lock_key, true, &waited);
+		dl_run_lock_session(lock_key, true, &waited);
+		if (token_lease_holds(run, lock_key, &until))
+			report_token_lease_holds(run, until);
 		held = add_held(run, lock_key);
 	}
 	if (held->epoch == 0)
@@ -602,15 +580,22 @@ dl_lease_acquire(const char *run, bool wait)
 	HeldRun    *held = find_held(run, lock_key);
 	bool		waited = false;
 	int64		epoch;
+	TimestampTz until;
 
 	if (held == NULL)
 	{
 		check_lease_capacity(run);
-		if (!take_lock(lock_key, wait, &waited))
+		if (!dl_run_lock_session(lock_key, wait, &waited))
 			return false;
+		if (token_lease_holds(run, lock_key, &until))
+		{
+			if (!wait)
+				return false;
+			report_token_lease_holds(run, until);
+		}
 		held = add_held(run, lock_key);
 	}
-	else if (!lock_held_by_me(lock_key))
+	else if (!dl_run_lock_held(lock_key))
 	{
 		/*
 		 * Lost behind our back: this is the new attempt the error asked for.
@@ -618,8 +603,14 @@ dl_lease_acquire(const char *run, bool wait)
 		 * epoch (the next call starts one) rather than the lost attempt's.
 		 */
 		check_lease_capacity(run);
-		if (!take_lock(lock_key, wait, &waited))
+		if (!dl_run_lock_session(lock_key, wait, &waited))
 			return false;
+		if (token_lease_holds(run, lock_key, &until))
+		{
+			if (!wait)
+				return false;
+			report_token_lease_holds(run, until);
+		}
 		forget_held(held);
 		held = add_held(run, lock_key);
 	}
@@ -640,7 +631,6 @@ dl_lease_release(const char *run)
 {
 	uint64		lock_key = dl_run_lock_key(run);
 	HeldRun    *held = find_held(run, lock_key);
-	LOCKTAG		tag;
 	int64		epoch;
 
 	if (held == NULL)
@@ -650,47 +640,17 @@ dl_lease_release(const char *run)
 		return false;
 	}
 	epoch = held->epoch;
-	if (!lock_held_by_me(lock_key))
+	if (!dl_run_lock_held(lock_key))
 	{
 		forget_held(held);
 		record_epoch_end(run, epoch, true);
 		return false;
 	}
 
-	set_lock_tag(&tag, lock_key);
-	LockRelease(&tag, ExclusiveLock, true);
+	dl_run_unlock_session(lock_key);
 	forget_held(held);
 	record_epoch_end(run, epoch, false);
 	return true;
-}
-
-/*
- * Is the lease that started an effect (run, epoch) still live?  It is while
- * epoch is the run's current one, not released, and the backend that took it
- * still holds the run's lock.  The durable_ledger.unresolved and leases views
- * ask the same question in SQL; all must agree, or a person could be shown an
- * effect that resolve_effect then refuses.  So this session's memory answers
- * only for its own current epoch; anything else (a lock it holds without an
- * epoch, after a rolled-back acquisition) is judged from the table, as
- * everyone else judges it.
- */
-bool
-dl_lease_is_live(const char *run, int64 epoch)
-{
-	uint64		lock_key = dl_run_lock_key(run);
-	HeldRun    *held = find_held(run, lock_key);
-	int64		current_epoch;
-	bool		released;
-	int			holder_pid;
-
-	if (held != NULL && held->epoch != 0 && held->epoch == epoch &&
-		lock_held_by_me(lock_key))
-		return true;
-
-	if (!dl_read_run_state(run, &current_epoch, &released, &holder_pid) ||
-		current_epoch != epoch || released)
-		return false;
-	return dl_read_lease_holder_pid(lock_key) == holder_pid;
 }
 
 /* Is (run, epoch) this session's current, still held lease? */
@@ -700,5 +660,5 @@ dl_lease_is_mine(const char *run, int64 epoch)
 	uint64		lock_key = dl_run_lock_key(run);
 	HeldRun    *held = find_held(run, lock_key);
 
-	return held != NULL && held->epoch == epoch && lock_held_by_me(lock_key);
+	return held != NULL && held->epoch == epoch && dl_run_lock_held(lock_key);
 }

@@ -1,8 +1,11 @@
 /*
- * lease.h: the lease layer: a run's lease (a session advisory lock in the
- * extension's lock class), its epochs, the occurrence counters of an epoch
- * and their undo on rollback, whether a lease is live, and the lease's
- * setting (durable_ledger.max_leases_per_session).
+ * lease.h: the lease layer.  A run's lease is either a session lease (a
+ * session advisory lock in the extension's lock class, lease.c) or a token
+ * lease (a row with an expiry, token_lease.c); either holds one epoch of the
+ * run at a time, and the calls of an epoch count their identical calls
+ * (occurrences), which roll back with their transaction.  liveness.c says
+ * whether the lease that started an effect is live; runlock.c holds the
+ * run's locks.
  *
  * Uses store.h and common.h; the entry points use it.  Functions that read
  * or write the ledger need an open SPI connection.
@@ -10,8 +13,11 @@
 #ifndef DURABLE_LEDGER_LEASE_H
 #define DURABLE_LEDGER_LEASE_H
 
+#include "datatype/timestamp.h"
+
 #include "store.h"
 
+/* lease.c: session leases */
 typedef struct HeldRun HeldRun;
 typedef struct CallCounter CallCounter;
 
@@ -23,9 +29,45 @@ extern CallCounter *dl_lease_call_counter(HeldRun *held, const char *tool,
 extern void dl_lease_count_call(HeldRun *held, CallCounter *counter);
 extern bool dl_lease_acquire(const char *run, bool wait);
 extern bool dl_lease_release(const char *run);
-extern bool dl_lease_is_live(const char *run, int64 epoch);
 extern bool dl_lease_is_mine(const char *run, int64 epoch);
-extern uint64 dl_run_lock_key(const char *run);
 extern void dl_lease_init(void);
+
+/* token_lease.c: token leases */
+typedef struct TokenGrant
+{
+	char	   *token;
+	int64		epoch;
+	TimestampTz expires_at;
+} TokenGrant;
+
+extern bool dl_token_take(const char *run, Interval *ttl, const char *holder,
+						  TokenGrant *grant);
+extern int64 dl_token_for_call(const char *run, const char *token);
+extern int32 dl_token_call_next(const char *run, int64 epoch, const char *tool,
+								const char *canon, int canon_len, bytea **call);
+extern void dl_token_count_call(const char *run, int64 epoch, bytea *call,
+								int32 occurrence);
+extern TimestampTz dl_token_renew(const char *token, Interval *ttl);
+extern bool dl_token_release(const char *token);
+extern bool dl_token_break(const char *run, const char *broken_by, const char *note);
+extern void dl_check_ttl(Interval *ttl);
+
+/* liveness.c */
+typedef enum Liveness
+{
+	LEASE_LIVE,
+	LEASE_ENDED,
+	LEASE_NOT_JUDGED			/* a session lease, seen from a hot standby */
+} Liveness;
+
+extern Liveness dl_lease_liveness(const char *run, int64 epoch);
+extern bool dl_lease_is_live(const char *run, int64 epoch);
+
+/* runlock.c */
+extern uint64 dl_run_lock_key(const char *run);
+extern bool dl_run_lock_held(uint64 lock_key);
+extern bool dl_run_lock_session(uint64 lock_key, bool wait, bool *waited);
+extern void dl_run_unlock_session(uint64 lock_key);
+extern bool dl_run_lock_xact(uint64 lock_key, uint16 lock_class, bool wait);
 
 #endif							/* DURABLE_LEDGER_LEASE_H */

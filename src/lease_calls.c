@@ -69,7 +69,13 @@ check_may_terminate(int holder, const char *run)
 				 errdetail("Its holder is a superuser's session; only a superuser may terminate it.")));
 }
 
-/* break_lease(run text, broken_by text, note text) RETURNS boolean */
+/*
+ * break_lease(run text, broken_by text, note text) RETURNS boolean
+ *
+ * A token lease that holds the run expires at once (nothing is terminated);
+ * a session lease ends with the holding backend, which is terminated.  Both
+ * are audited with the name; false when nobody holds the run.
+ */
 Datum
 dl_break_lease_1_1(PG_FUNCTION_ARGS)
 {
@@ -79,12 +85,15 @@ dl_break_lease_1_1(PG_FUNCTION_ARGS)
 	int			holder;
 	bool		terminated;
 	DetailBuilder detail;
-	int64		epoch = 0;
-	bool		released;
-	int			epoch_holder;
+	RunState	state;
 
 	dl_check_writable("break_lease()");
 	dl_spi_connect();
+	if (dl_token_break(run, broken_by, note))
+	{
+		dl_spi_finish();
+		PG_RETURN_BOOL(true);
+	}
 	holder = dl_read_lease_holder_pid(dl_run_lock_key(run));
 	if (holder == 0)
 	{
@@ -102,13 +111,14 @@ dl_break_lease_1_1(PG_FUNCTION_ARGS)
 												  Int32GetDatum(holder),
 												  Int64GetDatum(BREAK_LEASE_WAIT_MS)));
 
-	(void) dl_read_run_state(run, &epoch, &released, &epoch_holder);
+	if (!dl_read_run_state(run, &state))
+		state.epoch = 0;
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "broken_by", broken_by);
 	dl_detail_text(&detail, "note", note);
 	dl_detail_int(&detail, "holder_pid", holder);
 	dl_detail_bool(&detail, "terminated", terminated);
-	dl_write_audit(run, NULL, "lease_broken", dl_detail_finish(&detail), epoch, 0);
+	dl_write_audit(run, NULL, "lease_broken", dl_detail_finish(&detail), state.epoch, 0);
 	dl_note_durable_write();
 	dl_spi_finish();
 

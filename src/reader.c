@@ -93,9 +93,31 @@ static Statement lease_began_past_attempt = {
 };
 
 static Statement run_state = {
-	"SELECT epochs, released_at IS NOT NULL, holder_pid FROM durable_ledger.runs"
-	" WHERE run" EQ "$1",
+	"SELECT r.epochs, r.released_at IS NOT NULL, r.holder_pid,"
+	"       r.lease_kind OPERATOR(pg_catalog.=) 'token',"
+	"       t.released_at IS NULL"
+	"        AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp(),"
+	"       t.expires_at"
+	"  FROM durable_ledger.runs r"
+	"  LEFT JOIN durable_ledger.token_leases t"
+	"    ON t.run" EQ "r.run AND t.epoch" EQ "r.epochs"
+	" WHERE r.run" EQ "$1",
 	1, {TEXTOID}
+};
+
+static Statement token_lease = {
+	"SELECT t.run, t.epoch, r.epochs, t.released_at IS NOT NULL,"
+	"       t.expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp(), t.expires_at"
+	"  FROM durable_ledger.token_leases t"
+	"  JOIN durable_ledger.runs r ON r.run" EQ "t.run"
+	" WHERE t.token_sha256" EQ "$1",
+	1, {BYTEAOID}
+};
+
+static Statement token_calls = {
+	"SELECT calls FROM durable_ledger.token_lease_calls"
+	" WHERE run" EQ "$1 AND epoch" EQ "$2 AND call" EQ "$3",
+	3, {TEXTOID, INT8OID, BYTEAOID}
 };
 
 static Statement lease_holder = {
@@ -210,26 +232,74 @@ dl_read_lease_began_past_attempt(const char *key, const char *run, int64 lease_e
 }
 
 /*
- * The run's current epoch, whether it was released, and who took it, as
- * committed now (whatever the transaction's snapshot).
+ * What the ledger knows of the run's current epoch, as committed now
+ * (whatever the transaction's snapshot); false when the run has no row.
+ * Token leases are judged by the server's clock.
  */
 bool
-dl_read_run_state(const char *run, int64 *epoch, bool *released, int *holder_pid)
+dl_read_run_state(const char *run, RunState *state)
 {
 	Datum		values[1];
 	HeapTuple	tuple;
 	TupleDesc	desc;
 	bool		isnull;
+	Datum		d;
 
 	values[0] = dl_text_datum(run);
 	if (dl_plan_run_now(&run_state, values, NULL, SPI_OK_SELECT) == 0)
 		return false;
 	tuple = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;
-	*epoch = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
-	*released = DatumGetBool(SPI_getbinval(tuple, desc, 2, &isnull));
-	*holder_pid = DatumGetInt32(SPI_getbinval(tuple, desc, 3, &isnull));
+	state->epoch = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
+	state->released = DatumGetBool(SPI_getbinval(tuple, desc, 2, &isnull));
+	state->holder_pid = DatumGetInt32(SPI_getbinval(tuple, desc, 3, &isnull));
+	state->token = DatumGetBool(SPI_getbinval(tuple, desc, 4, &isnull));
+	d = SPI_getbinval(tuple, desc, 5, &isnull);
+	state->token_live = state->token && !isnull && DatumGetBool(d);
+	d = SPI_getbinval(tuple, desc, 6, &isnull);
+	state->expires_at = isnull ? 0 : DatumGetTimestampTz(d);
 	return true;
+}
+
+/*
+ * The token lease whose token has this SHA-256, as it is now (expiry judged
+ * by the server's clock); false when there is none.
+ */
+bool
+dl_read_token_lease(bytea *token_sha256, TokenLease *lease)
+{
+	Datum		values[1];
+	HeapTuple	tuple;
+	TupleDesc	desc;
+	bool		isnull;
+
+	values[0] = PointerGetDatum(token_sha256);
+	if (dl_plan_run_now(&token_lease, values, NULL, SPI_OK_SELECT) == 0)
+		return false;
+	tuple = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	lease->run = SPI_getvalue(tuple, desc, 1);
+	lease->epoch = DatumGetInt64(SPI_getbinval(tuple, desc, 2, &isnull));
+	lease->current_epoch = DatumGetInt64(SPI_getbinval(tuple, desc, 3, &isnull));
+	lease->released = DatumGetBool(SPI_getbinval(tuple, desc, 4, &isnull));
+	lease->expired = DatumGetBool(SPI_getbinval(tuple, desc, 5, &isnull));
+	lease->expires_at = DatumGetTimestampTz(SPI_getbinval(tuple, desc, 6, &isnull));
+	return true;
+}
+
+/* The identical calls counted so far in a token lease's epoch. */
+int32
+dl_read_token_calls(const char *run, int64 epoch, bytea *call)
+{
+	Datum		values[3];
+	bool		isnull;
+
+	values[0] = dl_text_datum(run);
+	values[1] = Int64GetDatum(epoch);
+	values[2] = PointerGetDatum(call);
+	if (dl_plan_run(&token_calls, values, NULL, SPI_OK_SELECT) == 0)
+		return 0;
+	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 }
 
 /* The pid holding the run's lease lock (by its lock key), or 0. */

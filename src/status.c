@@ -7,7 +7,6 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
-#include "access/xlog.h"
 #include "funcapi.h"
 #include "utils/builtins.h"
 #include "utils/tuplestore.h"
@@ -23,7 +22,8 @@ PG_FUNCTION_INFO_V1(dl_effect_status_1_1);
  * The row and the lease are both read as they are now (also under
  * REPEATABLE READ), and the row is read again once the lease is found ended:
  * an effect that was completed meanwhile must not be called unknown.  A hot
- * standby cannot see the primary's leases: it shows the stored status.
+ * standby cannot see the primary's session leases: it shows the stored
+ * status of an effect started under one.
  */
 static HeapTuple
 effect_as_now(const char *key, TupleDesc desc)
@@ -38,8 +38,8 @@ effect_as_now(const char *key, TupleDesc desc)
 		Datum	   *values;
 		bool	   *nulls;
 
-		if (tuple == NULL || row.status != EFFECT_STARTED || RecoveryInProgress() ||
-			dl_lease_is_live(row.run, row.lease_epoch))
+		if (tuple == NULL || row.status != EFFECT_STARTED ||
+			dl_lease_liveness(row.run, row.lease_epoch) != LEASE_ENDED)
 			return tuple;
 
 		/* ended: unknown, if the row is still that started attempt now */

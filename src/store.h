@@ -18,6 +18,7 @@
 #define DURABLE_LEDGER_STORE_H
 
 #include "access/htup.h"
+#include "datatype/timestamp.h"
 #include "executor/spi.h"
 #include "storage/itemptr.h"
 
@@ -73,6 +74,38 @@ typedef struct PastAttempt
 	Jsonb	   *error;			/* NULL when SQL NULL */
 } PastAttempt;
 
+/* What the ledger knows of a run's current epoch now. */
+typedef struct RunState
+{
+	int64		epoch;
+	bool		released;		/* its holder released it (session) */
+	int			holder_pid;		/* the backend that took it */
+	bool		token;			/* held by a token lease, not a session */
+	bool		token_live;		/* ... not released nor expired (server's clock) */
+	TimestampTz expires_at;		/* ... when it expires */
+} RunState;
+
+/* A token lease, as found by its token. */
+typedef struct TokenLease
+{
+	char	   *run;
+	int64		epoch;
+	int64		current_epoch;	/* its run's: a greater one superseded it */
+	bool		released;
+	bool		expired;		/* by the server's clock */
+	TimestampTz expires_at;
+} TokenLease;
+
+/* A token lease's row, locked for this transaction. */
+typedef struct LockedToken
+{
+	bool		released;
+	bool		expired;		/* by the server's clock */
+	TimestampTz expires_at;
+	Interval   *ttl;
+	HeapTuple	tuple;
+} LockedToken;
+
 /* reader.c */
 typedef enum KeyLookup
 {
@@ -86,8 +119,9 @@ extern HeapTuple dl_read_effect_now(const char *key, TupleDesc desc, EffectRow *
 extern bool dl_read_past_attempt(const char *key, int32 attempt, PastAttempt *past);
 extern bool dl_read_lease_began_past_attempt(const char *key, const char *run,
 											 int64 lease_epoch);
-extern bool dl_read_run_state(const char *run, int64 *epoch, bool *released,
-							  int *holder_pid);
+extern bool dl_read_run_state(const char *run, RunState *state);
+extern bool dl_read_token_lease(bytea *token_sha256, TokenLease *lease);
+extern int32 dl_read_token_calls(const char *run, int64 epoch, bytea *call);
 extern int	dl_read_lease_holder_pid(uint64 lock_key);
 extern bool dl_read_lease_unreleased_by_me(const char *run, int64 *epoch);
 extern void dl_error_unknown_key(const char *key);
@@ -103,7 +137,13 @@ extern void dl_write_conflict_flag(LockedEffect *locked);
 extern HeapTuple dl_write_resolution(LockedEffect *locked, EffectStatus to, Jsonb *value,
 									 const char *resolved_by, const char *note);
 extern void dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent);
-extern int64 dl_write_next_epoch(const char *run, uint64 lock_key);
+extern int64 dl_write_next_epoch(const char *run, uint64 lock_key, bool token);
+extern TimestampTz dl_write_token_lease(const char *run, int64 epoch, bytea *token_sha256,
+										const char *holder, Interval *ttl);
+extern bool dl_lock_token_lease(const char *run, int64 epoch, LockedToken *locked);
+extern void dl_write_token_expiry(LockedToken *locked, TimestampTz expires_at);
+extern void dl_write_token_release(LockedToken *locked);
+extern void dl_write_token_calls(const char *run, int64 epoch, bytea *call, int32 calls);
 extern void dl_write_epoch_end(const char *run, int64 epoch);
 extern void dl_write_audit(const char *run, const char *key, const char *event,
 						   Jsonb *detail, int64 lease_epoch, int32 attempt);

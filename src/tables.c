@@ -38,7 +38,14 @@ static const Column runs_columns[RUN_NCOLUMNS] = {
 	{"run", TEXTOID}, {"epochs", INT8OID}, {"lock_key", INT8OID}, {"holder_pid", INT4OID},
 	{"holder_role", TEXTOID}, {"holder_application_name", TEXTOID},
 	{"holder_client_addr", INETOID}, {"acquired_at", TIMESTAMPTZOID},
-	{"released_at", TIMESTAMPTZOID}, {"created_at", TIMESTAMPTZOID}
+	{"released_at", TIMESTAMPTZOID}, {"created_at", TIMESTAMPTZOID},
+	{"lease_kind", TEXTOID}
+};
+
+static const Column token_columns[TOK_NCOLUMNS] = {
+	{"run", TEXTOID}, {"epoch", INT8OID}, {"token_sha256", BYTEAOID}, {"holder", TEXTOID},
+	{"ttl", INTERVALOID}, {"taken_at", TIMESTAMPTZOID}, {"expires_at", TIMESTAMPTZOID},
+	{"released_at", TIMESTAMPTZOID}
 };
 
 static const Column past_columns[PAST_NCOLUMNS] = {
@@ -52,13 +59,15 @@ LedgerTable dl_effects_table = {"effects", effects_columns, EFF_NCOLUMNS};
 LedgerTable dl_audit_table = {"audit_log", audit_columns, AUD_NCOLUMNS};
 LedgerTable dl_runs_table = {"runs", runs_columns, RUN_NCOLUMNS};
 LedgerTable dl_past_table = {"past_attempts", past_columns, PAST_NCOLUMNS};
+LedgerTable dl_token_table = {"token_leases", token_columns, TOK_NCOLUMNS};
 static Oid	audit_id_seq = InvalidOid;
 
 /* A table (or one of its indexes) changed: look it up again before writing. */
 static void
 relcache_changed(Datum arg, Oid relid)
 {
-	LedgerTable *tables[] = {&dl_effects_table, &dl_audit_table, &dl_runs_table, &dl_past_table};
+	LedgerTable *tables[] = {&dl_effects_table, &dl_audit_table, &dl_runs_table,
+	&dl_past_table, &dl_token_table};
 	int			i;
 
 	for (i = 0; i < lengthof(tables); i++)

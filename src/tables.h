@@ -46,7 +46,7 @@ enum
 {
 	RUN_RUN, RUN_EPOCHS, RUN_LOCK_KEY, RUN_HOLDER_PID, RUN_HOLDER_ROLE,
 	RUN_HOLDER_APPLICATION_NAME, RUN_HOLDER_CLIENT_ADDR, RUN_ACQUIRED_AT,
-	RUN_RELEASED_AT, RUN_CREATED_AT, RUN_NCOLUMNS
+	RUN_RELEASED_AT, RUN_CREATED_AT, RUN_LEASE_KIND, RUN_NCOLUMNS
 };
 
 enum
@@ -60,6 +60,13 @@ extern LedgerTable dl_effects_table;
 extern LedgerTable dl_audit_table;
 extern LedgerTable dl_runs_table;
 extern LedgerTable dl_past_table;
+extern LedgerTable dl_token_table;
+
+enum
+{
+	TOK_RUN, TOK_EPOCH, TOK_TOKEN_SHA256, TOK_HOLDER, TOK_TTL, TOK_TAKEN_AT,
+	TOK_EXPIRES_AT, TOK_RELEASED_AT, TOK_NCOLUMNS
+};
 
 extern Relation dl_open_table(LedgerTable *t, LOCKMODE lockmode);
 extern Oid	dl_audit_id_sequence(void);

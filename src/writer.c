@@ -34,6 +34,7 @@
 #include "optimizer/optimizer.h"
 #include "rewrite/rewriteHandler.h"
 #include "utils/builtins.h"
+#include "utils/datum.h"
 #include "utils/fmgrprotos.h"
 #include "utils/guc.h"
 #include "utils/inet.h"
@@ -271,19 +272,21 @@ dl_write_intent_unless_exists(const NewIntent *intent)
 }
 
 /*
- * Finds the row with primary key value, waiting for a transaction that is
- * changing it, and locks its latest version for this transaction (as UPDATE
- * locks it); false when there is none.  *tuple is a copy of that version, in
- * the caller's memory.
+ * Finds the row whose primary key columns key_columns hold values, waiting
+ * for a transaction that is changing it, and locks its latest version for
+ * this transaction (as UPDATE locks it); false when there is none.  *tuple
+ * is a copy of that version, in the caller's memory.
  */
 static bool
-lock_row(Write *w, Datum value, int key_column, HeapTuple *tuple)
+lock_row_by(Write *w, int nkeys, const int *key_columns, const Datum *values,
+			HeapTuple *tuple)
 {
 	MemoryContext caller = MemoryContextSwitchTo(w->estate->es_query_cxt);
 	TupleTableSlot *search;
 	TupleTableSlot *found;
 	Oid			primary_key = RelationGetPrimaryKeyIndex(w->rel);
 	bool		exists;
+	int			i;
 
 	if (!OidIsValid(primary_key))
 		ereport(ERROR,
@@ -292,8 +295,11 @@ lock_row(Write *w, Datum value, int key_column, HeapTuple *tuple)
 	search = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel), &TTSOpsVirtual);
 	ExecClearTuple(search);
 	memset(search->tts_isnull, true, sizeof(bool) * RelationGetDescr(w->rel)->natts);
-	search->tts_values[w->table->attnums[key_column] - 1] = value;
-	search->tts_isnull[w->table->attnums[key_column] - 1] = false;
+	for (i = 0; i < nkeys; i++)
+	{
+		search->tts_values[w->table->attnums[key_columns[i]] - 1] = values[i];
+		search->tts_isnull[w->table->attnums[key_columns[i]] - 1] = false;
+	}
 	ExecStoreVirtualTuple(search);
 	found = table_slot_create(w->rel, &w->estate->es_tupleTable);
 
@@ -306,6 +312,13 @@ lock_row(Write *w, Datum value, int key_column, HeapTuple *tuple)
 		(*tuple)->t_self = found->tts_tid;
 	}
 	return exists;
+}
+
+/* lock_row_by for a table whose primary key is one column. */
+static bool
+lock_row(Write *w, Datum value, int key_column, HeapTuple *tuple)
+{
+	return lock_row_by(w, 1, &key_column, &value, tuple);
 }
 
 /* Changes the row locked by lock_row into the values of w->slot. */
@@ -538,7 +551,7 @@ set_holder(Write *w)
  * names: an epoch number is never used twice.  Needs an open SPI connection.
  */
 int64
-dl_write_next_epoch(const char *run, uint64 lock_key)
+dl_write_next_epoch(const char *run, uint64 lock_key, bool token)
 {
 	Write		w;
 	HeapTuple	current;
@@ -554,6 +567,7 @@ dl_write_next_epoch(const char *run, uint64 lock_key)
 										   RelationGetDescr(w.rel), &isnull)) + 1;
 		set_value(&w, RUN_EPOCHS, Int64GetDatum(epoch));
 		set_value(&w, RUN_LOCK_KEY, Int64GetDatum((int64) lock_key));
+		set_value(&w, RUN_LEASE_KIND, CStringGetTextDatum(token ? "token" : "session"));
 		set_holder(&w);
 		update_row(&w, current);
 	}
@@ -570,6 +584,7 @@ dl_write_next_epoch(const char *run, uint64 lock_key)
 		set_value(&w, RUN_RUN, CStringGetTextDatum(run));
 		set_value(&w, RUN_EPOCHS, Int64GetDatum(epoch));
 		set_value(&w, RUN_LOCK_KEY, Int64GetDatum((int64) lock_key));
+		set_value(&w, RUN_LEASE_KIND, CStringGetTextDatum(token ? "token" : "session"));
 		set_holder(&w);
 		set_value(&w, RUN_CREATED_AT, now_datum());
 		insert_row(&w);
@@ -600,6 +615,121 @@ dl_write_epoch_end(const char *run, int64 epoch)
 		}
 	}
 	end_write(&w);
+}
+
+/* ---------- token leases ---------- */
+
+/*
+ * Records a token lease on epoch of run (the epoch itself is recorded by
+ * dl_write_next_epoch), expiring ttl from now; returns when.
+ */
+TimestampTz
+dl_write_token_lease(const char *run, int64 epoch, bytea *token_sha256,
+					 const char *holder, Interval *ttl)
+{
+	Write		w;
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz expires_at = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+																	 TimestampTzGetDatum(now),
+																	 IntervalPGetDatum(ttl)));
+
+	begin_write(&w, &dl_token_table);
+	set_value(&w, TOK_RUN, CStringGetTextDatum(run));
+	set_value(&w, TOK_EPOCH, Int64GetDatum(epoch));
+	set_value(&w, TOK_TOKEN_SHA256, PointerGetDatum(token_sha256));
+	set_optional(&w, TOK_HOLDER, holder ? CStringGetTextDatum(holder) : (Datum) 0, holder == NULL);
+	set_value(&w, TOK_TTL, IntervalPGetDatum(ttl));
+	set_value(&w, TOK_TAKEN_AT, TimestampTzGetDatum(now));
+	set_value(&w, TOK_EXPIRES_AT, TimestampTzGetDatum(expires_at));
+	set_null(&w, TOK_RELEASED_AT);
+	insert_row(&w);
+	end_write(&w);
+	return expires_at;
+}
+
+/*
+ * Locks the row of the token lease on epoch of run for this transaction;
+ * false when there is none.  Its expiry is judged by the server's clock.
+ */
+bool
+dl_lock_token_lease(const char *run, int64 epoch, LockedToken *locked)
+{
+	static const int keys[] = {TOK_RUN, TOK_EPOCH};
+	Datum		values[2];
+	Write		w;
+	bool		found;
+
+	values[0] = CStringGetTextDatum(run);
+	values[1] = Int64GetDatum(epoch);
+	begin_write(&w, &dl_token_table);
+	found = lock_row_by(&w, 2, keys, values, &locked->tuple);
+	if (found)
+	{
+		TupleDesc	desc = RelationGetDescr(w.rel);
+		AttrNumber *a = dl_token_table.attnums;
+		bool		isnull;
+
+		(void) heap_getattr(locked->tuple, a[TOK_RELEASED_AT], desc, &isnull);
+		locked->released = !isnull;
+		locked->expires_at = DatumGetTimestampTz(heap_getattr(locked->tuple, a[TOK_EXPIRES_AT],
+															  desc, &isnull));
+		locked->expired = locked->expires_at <= GetCurrentTimestamp();
+		locked->ttl = DatumGetIntervalP(datumCopy(heap_getattr(locked->tuple, a[TOK_TTL], desc, &isnull),
+												  false, sizeof(Interval)));
+	}
+	end_write(&w);
+	return found;
+}
+
+static void
+update_token(LockedToken *locked, int column, Datum value)
+{
+	Write		w;
+
+	begin_write(&w, &dl_token_table);
+	start_from(&w, locked->tuple);
+	set_value(&w, column, value);
+	update_row(&w, locked->tuple);
+	end_write(&w);
+}
+
+/* A locked token lease expires at expires_at (renewed, or broken now). */
+void
+dl_write_token_expiry(LockedToken *locked, TimestampTz expires_at)
+{
+	update_token(locked, TOK_EXPIRES_AT, TimestampTzGetDatum(expires_at));
+	locked->expires_at = expires_at;
+}
+
+/* A locked token lease is released now. */
+void
+dl_write_token_release(LockedToken *locked)
+{
+	update_token(locked, TOK_RELEASED_AT, now_datum());
+	locked->released = true;
+}
+
+static Statement count_token_calls = {
+	"INSERT INTO durable_ledger.token_lease_calls AS c (run, epoch, call, calls)"
+	" VALUES ($1, $2, $3, $4)"
+	" ON CONFLICT (run, epoch, call) DO UPDATE SET calls = EXCLUDED.calls",
+	4, {TEXTOID, INT8OID, BYTEAOID, INT4OID}
+};
+
+/*
+ * Records that calls identical calls were counted in a token lease's epoch
+ * (the caller serialises the epoch's calls).  Needs an open SPI connection.
+ */
+void
+dl_write_token_calls(const char *run, int64 epoch, bytea *call, int32 calls)
+{
+	Datum		values[4];
+
+	values[0] = dl_text_datum(run);
+	values[1] = Int64GetDatum(epoch);
+	values[2] = PointerGetDatum(call);
+	values[3] = Int32GetDatum(calls);
+	dl_plan_run(&count_token_calls, values, NULL, SPI_OK_INSERT);
 }
 
 /* ---------- the audit log ---------- */

@@ -25,8 +25,8 @@ import sys
 LAYERS = {
     "common": ["names", "canonical", "keys", "call", "detail", "common.h", "compat.h"],
     "store": ["plans", "tables", "reader", "writer", "durability", "store.h", "tables.h"],
-    "lease": ["lease", "lease.h"],
-    "entry": ["begin", "report", "resolve", "status", "lease_calls", "key_calls",
+    "lease": ["runlock", "lease", "token_lease", "liveness", "lease.h"],
+    "entry": ["begin", "report", "resolve", "status", "lease_calls", "token_calls", "key_calls",
               "drop_guard", "older_sql"],
     "module": ["module"],
 }

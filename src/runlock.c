@@ -1,0 +1,100 @@
+/*
+ * runlock.c: the locks of a run, in lock classes of the extension's own
+ * (field4 of an advisory LOCKTAG; applications' advisory locks cannot
+ * collide with them).  A run is named by a 64-bit hash of its text: a
+ * collision only makes two runs wait for each other, since rows are keyed by
+ * the full text.
+ *
+ *   DL_LOCK_CLASS       a session lease: a session-level lock; take_lease
+ *                       takes it for its own transaction, to exclude one
+ *   DL_CALL_LOCK_CLASS  the calls of a token lease: a transaction-level lock,
+ *                       which serialises them inside their transactions
+ */
+#include "postgres.h"
+
+#include "common/hashfn.h"
+#include "miscadmin.h"
+#include "storage/lock.h"
+
+#include "lease.h"
+
+/* The seed of the run -> lock key hash; changing it changes every lock key. */
+#define RUN_LOCK_KEY_SEED UINT64CONST(0x64757261626c65)
+
+uint64
+dl_run_lock_key(const char *run)
+{
+	return hash_bytes_extended((const unsigned char *) run, strlen(run),
+							   RUN_LOCK_KEY_SEED);
+}
+
+static void
+set_lock_tag(LOCKTAG *tag, uint64 lock_key, uint16 lock_class)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (lock_key >> 32),
+						 (uint32) lock_key, lock_class);
+}
+
+/* Does this session hold the run's session lease lock? */
+bool
+dl_run_lock_held(uint64 lock_key)
+{
+	LOCKTAG		tag;
+
+	set_lock_tag(&tag, lock_key, DL_LOCK_CLASS);
+	return LockHeldByMe(&tag, ExclusiveLock);
+}
+
+/*
+ * Takes the run's session lease lock; returns false when wait is false and
+ * another session holds it.  *waited tells whether the lock had to be waited
+ * for.  A wait honours lock_timeout (55P03) and deadlock detection.
+ */
+bool
+dl_run_lock_session(uint64 lock_key, bool wait, bool *waited)
+{
+	LOCKTAG		tag;
+	LockAcquireResult res;
+
+	set_lock_tag(&tag, lock_key, DL_LOCK_CLASS);
+	*waited = false;
+	res = LockAcquireExtended(&tag, ExclusiveLock, true, true, true, NULL);
+	if (res == LOCKACQUIRE_NOT_AVAIL)
+	{
+		if (!wait)
+			return false;
+		*waited = true;
+		res = LockAcquireExtended(&tag, ExclusiveLock, true, false, true, NULL);
+	}
+
+	/*
+	 * Already held without an entry (an error struck between taking the lock
+	 * and recording it): keep one hold, never a stack of them.
+	 */
+	if (res == LOCKACQUIRE_ALREADY_HELD || res == LOCKACQUIRE_ALREADY_CLEAR)
+		LockRelease(&tag, ExclusiveLock, true);
+	return true;
+}
+
+void
+dl_run_unlock_session(uint64 lock_key)
+{
+	LOCKTAG		tag;
+
+	set_lock_tag(&tag, lock_key, DL_LOCK_CLASS);
+	LockRelease(&tag, ExclusiveLock, true);
+}
+
+/*
+ * Takes a lock of lock_class on the run for this transaction (released at
+ * its end, rolled back or not); false when wait is false and it is taken.
+ */
+bool
+dl_run_lock_xact(uint64 lock_key, uint16 lock_class, bool wait)
+{
+	LOCKTAG		tag;
+
+	set_lock_tag(&tag, lock_key, lock_class);
+	return LockAcquireExtended(&tag, ExclusiveLock, false, !wait, true, NULL) !=
+		LOCKACQUIRE_NOT_AVAIL;
+}

@@ -1,0 +1,270 @@
+/*
+ * token_lease.c: token leases, a lease that is a row, not a session lock, so
+ * that a run's calls may come through a transaction pooler, each in its own
+ * transaction on whichever backend.
+ *
+ * take_lease starts a new epoch (a new attempt) when no live lease of either
+ * kind holds the run, and hands out an unguessable token; only its SHA-256 is
+ * stored.  A call with the token belongs to that epoch while the lease is
+ * live: not expired (the server's clock, never the client's), not released,
+ * not superseded by a newer epoch.  Anything else is the lost-lease error
+ * (ERRCODE_DL_LEASE_LOST), writing nothing.  The calls of one run are
+ * serialised inside their own transactions by a transaction-level lock
+ * (DL_CALL_LOCK_CLASS), and their occurrence counters are rows, which roll
+ * back with the call's transaction: consecutive calls may run in different
+ * backends.
+ */
+#include "postgres.h"
+
+#include "common/cryptohash.h"
+#include "common/sha2.h"
+#include "port.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "lease.h"
+
+/* How many random bytes a token carries (hex-encoded: twice as many characters). */
+#define TOKEN_BYTES 32
+
+/* A token lease lasts from one second to one day between renewals. */
+void
+dl_check_ttl(Interval *ttl)
+{
+	Interval	second = {.time = USECS_PER_SEC};
+	Interval	day = {.day = 1};
+
+	if (DatumGetInt32(DirectFunctionCall2(interval_cmp, IntervalPGetDatum(ttl),
+										  IntervalPGetDatum(&second))) < 0 ||
+		DatumGetInt32(DirectFunctionCall2(interval_cmp, IntervalPGetDatum(ttl),
+										  IntervalPGetDatum(&day))) > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl must be between 1 second and 1 day"),
+				 errdetail("The ttl given was %s.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(ttl))))));
+}
+
+/* SHA-256 of bytes, as a bytea. */
+static bytea *
+token_sha256(const char *bytes, size_t len)
+{
+	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
+	bytea	   *digest = palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
+
+	SET_VARSIZE(digest, VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
+	if (pg_cryptohash_init(ctx) < 0 ||
+		pg_cryptohash_update(ctx, (const uint8 *) bytes, len) < 0 ||
+		pg_cryptohash_final(ctx, (uint8 *) VARDATA(digest), PG_SHA256_DIGEST_LENGTH) < 0)
+	{
+		pg_cryptohash_free(ctx);
+		elog(ERROR, "could not compute SHA-256");
+	}
+	pg_cryptohash_free(ctx);
+	return digest;
+}
+
+static void
+report_lease_lost(const char *run, const char *what, const char *detail)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_DL_LEASE_LOST),
+			 errmsg("the token lease on run \"%s\" %s", run, what),
+			 detail ? errdetail_internal("%s", detail) : 0,
+			 errhint("Stop this attempt; start a new one with durable_ledger.take_lease().")));
+}
+
+/* Refuses a token lease that is not live: expired, released or superseded. */
+static void
+check_live(const char *run, bool released, bool expired, TimestampTz expires_at,
+		   int64 epoch, int64 current_epoch)
+{
+	if (current_epoch != epoch)
+		report_lease_lost(run, "was superseded",
+						  psprintf("Epoch %lld of the run has started since this lease's epoch %lld.",
+								   (long long) current_epoch, (long long) epoch));
+	if (released)
+		report_lease_lost(run, "was released", NULL);
+	if (expired)
+		report_lease_lost(run, "has expired",
+						  psprintf("It expired at %s (the server's clock).",
+								   timestamptz_to_str(expires_at)));
+}
+
+/* The token lease with this token, found whatever its state; errors if none. */
+static void
+find_token(const char *token, TokenLease *lease)
+{
+	if (!dl_read_token_lease(token_sha256(token, strlen(token)), lease))
+		ereport(ERROR,
+				(errcode(ERRCODE_DL_LEASE_LOST),
+				 errmsg("no token lease has this token"),
+				 errhint("Tokens come from durable_ledger.take_lease().")));
+}
+
+/*
+ * Takes a token lease on run when no live lease of either kind holds it,
+ * starting a new epoch; false at once (no waiting: a pooled transaction must
+ * not sit on its connection) when one does, or another take or call of the
+ * run is under way.
+ */
+bool
+dl_token_take(const char *run, Interval *ttl, const char *holder, TokenGrant *grant)
+{
+	uint64		lock_key = dl_run_lock_key(run);
+	RunState	state;
+	char		random[TOKEN_BYTES];
+	DetailBuilder detail;
+
+	/* a session lease, another take_lease, or a call in progress: not now */
+	if (!dl_run_lock_xact(lock_key, DL_LOCK_CLASS, false) ||
+		!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, false))
+		return false;
+	if (dl_read_run_state(run, &state) && dl_lease_is_live(run, state.epoch))
+		return false;
+
+	if (!pg_strong_random(random, sizeof(random)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate a random token")));
+	grant->token = palloc(2 * TOKEN_BYTES + 1);
+	hex_encode(random, TOKEN_BYTES, grant->token);
+	grant->token[2 * TOKEN_BYTES] = '\0';
+
+	grant->epoch = dl_write_next_epoch(run, lock_key, true);
+	grant->expires_at = dl_write_token_lease(run, grant->epoch,
+											 token_sha256(grant->token, 2 * TOKEN_BYTES),
+											 holder, ttl);
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "kind", "token");
+	dl_detail_text(&detail, "holder", holder);
+	dl_detail_text(&detail, "ttl", DatumGetCString(DirectFunctionCall1(interval_out,
+																	   IntervalPGetDatum(ttl))));
+	dl_detail_text(&detail, "expires_at", timestamptz_to_str(grant->expires_at));
+	dl_write_audit(run, NULL, "lease_acquired", dl_detail_finish(&detail), grant->epoch, 0);
+	return true;
+}
+
+/*
+ * The epoch a call of run with this token belongs to.  Waits for the run's
+ * other calls in progress (serialised inside their transactions), then
+ * checks the lease with a fresh look: it must be this run's, and live.
+ */
+int64
+dl_token_for_call(const char *run, const char *token)
+{
+	TokenLease	lease;
+
+	find_token(token, &lease);
+	if (strcmp(lease.run, run) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("the token lease is for run \"%s\", not \"%s\"", lease.run, run)));
+	(void) dl_run_lock_xact(dl_run_lock_key(run), DL_CALL_LOCK_CLASS, true);
+	find_token(token, &lease);
+	check_live(run, lease.released, lease.expired, lease.expires_at, lease.epoch,
+			   lease.current_epoch);
+	return lease.epoch;
+}
+
+/*
+ * The occurrence the next call of tool with these canonical args gets in a
+ * token lease's epoch; *call names the call in the counters.
+ */
+int32
+dl_token_call_next(const char *run, int64 epoch, const char *tool, const char *canon,
+				   int canon_len, bytea **call)
+{
+	size_t		tool_len = strlen(tool);
+	char	   *bytes = palloc(tool_len + 1 + canon_len);
+	int32		counted;
+
+	memcpy(bytes, tool, tool_len + 1);
+	memcpy(bytes + tool_len + 1, canon, canon_len);
+	*call = token_sha256(bytes, tool_len + 1 + canon_len);
+	pfree(bytes);
+	counted = dl_read_token_calls(run, epoch, *call);
+	if (counted == PG_INT32_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("too many identical calls in one lease epoch of run \"%s\"", run)));
+	return counted + 1;
+}
+
+/* Counts a call: its occurrence is used up (rolled back with the transaction). */
+void
+dl_token_count_call(const char *run, int64 epoch, bytea *call, int32 occurrence)
+{
+	dl_write_token_calls(run, epoch, call, occurrence);
+}
+
+/* Extends a live token lease to now + ttl (or its own ttl); returns when. */
+TimestampTz
+dl_token_renew(const char *token, Interval *ttl)
+{
+	TokenLease	lease;
+	LockedToken locked;
+	RunState	state;
+	TimestampTz expires_at;
+
+	find_token(token, &lease);
+	if (!dl_lock_token_lease(lease.run, lease.epoch, &locked))
+		elog(ERROR, "token lease of run \"%s\" disappeared", lease.run);
+	if (!dl_read_run_state(lease.run, &state))
+		elog(ERROR, "run \"%s\" of a token lease has no row", lease.run);
+	check_live(lease.run, locked.released, locked.expired, locked.expires_at, lease.epoch,
+			   state.epoch);
+	expires_at = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+														 TimestampTzGetDatum(GetCurrentTimestamp()),
+														 IntervalPGetDatum(ttl ? ttl : locked.ttl)));
+	dl_write_token_expiry(&locked, expires_at);
+	return expires_at;
+}
+
+/* Ends a live token lease; false when it was not live (or no such token). */
+bool
+dl_token_release(const char *token)
+{
+	TokenLease	lease;
+	LockedToken locked;
+	RunState	state;
+	DetailBuilder detail;
+
+	if (!dl_read_token_lease(token_sha256(token, strlen(token)), &lease) ||
+		!dl_lock_token_lease(lease.run, lease.epoch, &locked) ||
+		!dl_read_run_state(lease.run, &state) ||
+		locked.released || locked.expired || state.epoch != lease.epoch)
+		return false;
+	dl_write_token_release(&locked);
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "kind", "token");
+	dl_write_audit(lease.run, NULL, "lease_released", dl_detail_finish(&detail), lease.epoch, 0);
+	return true;
+}
+
+/*
+ * break_lease of a token lease: when a live one holds run, it expires now
+ * (nothing is terminated), audited with the name; false when none does.
+ */
+bool
+dl_token_break(const char *run, const char *broken_by, const char *note)
+{
+	RunState	state;
+	LockedToken locked;
+	DetailBuilder detail;
+
+	if (!dl_read_run_state(run, &state) || !state.token ||
+		!dl_lock_token_lease(run, state.epoch, &locked) ||
+		locked.released || locked.expired)
+		return false;
+	dl_write_token_expiry(&locked, GetCurrentTimestamp());
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "kind", "token");
+	dl_detail_text(&detail, "broken_by", broken_by);
+	dl_detail_text(&detail, "note", note);
+	dl_detail_bool(&detail, "terminated", false);
+	dl_write_audit(run, NULL, "lease_broken", dl_detail_finish(&detail), state.epoch, 0);
+	dl_note_durable_write();
+	return true;
+}
