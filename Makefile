@@ -49,6 +49,7 @@ REGRESS = \
 	rollback \
 	leases \
 	liveness \
+	token_leases \
 	durability \
 	search_path \
 	hostile_input \

@@ -469,9 +469,9 @@ report_token_lease_holds(const char *run, TimestampTz until)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-			 errmsg("run \"%s\" is held by a token lease until %s", run,
-					timestamptz_to_str(until)),
-			 errdetail("A session lease and a token lease never hold one run at once."),
+			 errmsg("run \"%s\" is held by a token lease", run),
+			 errdetail("It is held until %s (the server's clock); a session lease and a token lease never hold one run at once.",
+					   timestamptz_to_str(until)),
 			 errhint("Wait until it is released or expires, or take the run with durable_ledger.take_lease().")));
 }
 
