@@ -66,7 +66,12 @@ ISOLATION = \
 	lease_lost \
 	break_lease \
 	rollback_while_waiting \
-	concurrent_writes
+	concurrent_writes \
+	token_take_race \
+	token_calls_serialised \
+	token_call_rollback \
+	token_vs_session \
+	token_expiry_race
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 
 # TAP tests (test/t/), each with clusters of its own: make prove_installcheck

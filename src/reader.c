@@ -287,7 +287,11 @@ dl_read_token_lease(bytea *token_sha256, TokenLease *lease)
 	return true;
 }
 
-/* The identical calls counted so far in a token lease's epoch. */
+/*
+ * The identical calls counted so far in a token lease's epoch, as committed
+ * now (the caller serialises the epoch's calls; an older snapshot would
+ * count a call twice).
+ */
 int32
 dl_read_token_calls(const char *run, int64 epoch, bytea *call)
 {
@@ -297,7 +301,7 @@ dl_read_token_calls(const char *run, int64 epoch, bytea *call)
 	values[0] = dl_text_datum(run);
 	values[1] = Int64GetDatum(epoch);
 	values[2] = PointerGetDatum(call);
-	if (dl_plan_run(&token_calls, values, NULL, SPI_OK_SELECT) == 0)
+	if (dl_plan_run_now(&token_calls, values, NULL, SPI_OK_SELECT) == 0)
 		return 0;
 	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 }

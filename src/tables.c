@@ -48,6 +48,10 @@ static const Column token_columns[TOK_NCOLUMNS] = {
 	{"released_at", TIMESTAMPTZOID}
 };
 
+static const Column calls_columns[CALLS_NCOLUMNS] = {
+	{"run", TEXTOID}, {"epoch", INT8OID}, {"call", BYTEAOID}, {"calls", INT4OID}
+};
+
 static const Column past_columns[PAST_NCOLUMNS] = {
 	{"key", TEXTOID}, {"attempt", INT4OID}, {"run", TEXTOID}, {"lease_epoch", INT8OID},
 	{"holder_pid", INT4OID}, {"status", TEXTOID}, {"error", JSONBOID}, {"meta", JSONBOID},
@@ -60,6 +64,7 @@ LedgerTable dl_audit_table = {"audit_log", audit_columns, AUD_NCOLUMNS};
 LedgerTable dl_runs_table = {"runs", runs_columns, RUN_NCOLUMNS};
 LedgerTable dl_past_table = {"past_attempts", past_columns, PAST_NCOLUMNS};
 LedgerTable dl_token_table = {"token_leases", token_columns, TOK_NCOLUMNS};
+LedgerTable dl_calls_table = {"token_lease_calls", calls_columns, CALLS_NCOLUMNS};
 static Oid	audit_id_seq = InvalidOid;
 
 /* A table (or one of its indexes) changed: look it up again before writing. */
@@ -67,7 +72,7 @@ static void
 relcache_changed(Datum arg, Oid relid)
 {
 	LedgerTable *tables[] = {&dl_effects_table, &dl_audit_table, &dl_runs_table,
-	&dl_past_table, &dl_token_table};
+	&dl_past_table, &dl_token_table, &dl_calls_table};
 	int			i;
 
 	for (i = 0; i < lengthof(tables); i++)

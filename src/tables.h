@@ -61,11 +61,17 @@ extern LedgerTable dl_audit_table;
 extern LedgerTable dl_runs_table;
 extern LedgerTable dl_past_table;
 extern LedgerTable dl_token_table;
+extern LedgerTable dl_calls_table;
 
 enum
 {
 	TOK_RUN, TOK_EPOCH, TOK_TOKEN_SHA256, TOK_HOLDER, TOK_TTL, TOK_TAKEN_AT,
 	TOK_EXPIRES_AT, TOK_RELEASED_AT, TOK_NCOLUMNS
+};
+
+enum
+{
+	CALLS_RUN, CALLS_EPOCH, CALLS_CALL, CALLS_CALLS, CALLS_NCOLUMNS
 };
 
 extern Relation dl_open_table(LedgerTable *t, LOCKMODE lockmode);

@@ -143,6 +143,8 @@ dl_token_take(const char *run, Interval *ttl, const char *holder, TokenGrant *gr
 																	   IntervalPGetDatum(ttl))));
 	dl_detail_text(&detail, "expires_at", timestamptz_to_str(grant->expires_at));
 	dl_write_audit(run, NULL, "lease_acquired", dl_detail_finish(&detail), grant->epoch, 0);
+	/* its holder goes on after a failover: the lease must be there */
+	dl_note_durable_write();
 	return true;
 }
 
@@ -192,11 +194,16 @@ dl_token_call_next(const char *run, int64 epoch, const char *tool, const char *c
 	return counted + 1;
 }
 
-/* Counts a call: its occurrence is used up (rolled back with the transaction). */
+/*
+ * Counts a call: its occurrence is used up (rolled back with the
+ * transaction).  Durable like an intent: the holder goes on after a failover,
+ * and a lost count would give its next identical call this occurrence again.
+ */
 void
 dl_token_count_call(const char *run, int64 epoch, bytea *call, int32 occurrence)
 {
 	dl_write_token_calls(run, epoch, call, occurrence);
+	dl_note_durable_write();
 }
 
 /* Extends a live token lease to now + ttl (or its own ttl); returns when. */
@@ -219,6 +226,7 @@ dl_token_renew(const char *token, Interval *ttl)
 														 TimestampTzGetDatum(GetCurrentTimestamp()),
 														 IntervalPGetDatum(ttl ? ttl : locked.ttl)));
 	dl_write_token_expiry(&locked, expires_at);
+	dl_note_durable_write();
 	return expires_at;
 }
 
@@ -240,6 +248,7 @@ dl_token_release(const char *token)
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "kind", "token");
 	dl_write_audit(lease.run, NULL, "lease_released", dl_detail_finish(&detail), lease.epoch, 0);
+	dl_note_durable_write();
 	return true;
 }
 

@@ -709,27 +709,38 @@ dl_write_token_release(LockedToken *locked)
 	locked->released = true;
 }
 
-static Statement count_token_calls = {
-	"INSERT INTO durable_ledger.token_lease_calls AS c (run, epoch, call, calls)"
-	" VALUES ($1, $2, $3, $4)"
-	" ON CONFLICT (run, epoch, call) DO UPDATE SET calls = EXCLUDED.calls",
-	4, {TEXTOID, INT8OID, BYTEAOID, INT4OID}
-};
-
 /*
- * Records that calls identical calls were counted in a token lease's epoch
- * (the caller serialises the epoch's calls).  Needs an open SPI connection.
+ * Records that calls identical calls were counted in a token lease's epoch.
+ * The caller serialises the epoch's calls, so the row is changed in place
+ * (its latest version, whatever the transaction's snapshot) or added.
  */
 void
 dl_write_token_calls(const char *run, int64 epoch, bytea *call, int32 calls)
 {
-	Datum		values[4];
+	static const int keys[] = {CALLS_RUN, CALLS_EPOCH, CALLS_CALL};
+	Datum		values[3];
+	HeapTuple	counted;
+	Write		w;
 
-	values[0] = dl_text_datum(run);
+	values[0] = CStringGetTextDatum(run);
 	values[1] = Int64GetDatum(epoch);
 	values[2] = PointerGetDatum(call);
-	values[3] = Int32GetDatum(calls);
-	dl_plan_run(&count_token_calls, values, NULL, SPI_OK_INSERT);
+	begin_write(&w, &dl_calls_table);
+	if (lock_row_by(&w, 3, keys, values, &counted))
+	{
+		start_from(&w, counted);
+		set_value(&w, CALLS_CALLS, Int32GetDatum(calls));
+		update_row(&w, counted);
+	}
+	else
+	{
+		set_value(&w, CALLS_RUN, values[0]);
+		set_value(&w, CALLS_EPOCH, values[1]);
+		set_value(&w, CALLS_CALL, values[2]);
+		set_value(&w, CALLS_CALLS, Int32GetDatum(calls));
+		insert_row(&w);
+	}
+	end_write(&w);
 }
 
 /* ---------- the audit log ---------- */
