@@ -198,6 +198,27 @@ SELECT count(DISTINCT run) AS runs FROM durable_ledger.effects;
 DROP EXTENSION durable_ledger;
 RESET durable_ledger.allow_drop;
 
+-- ==== a run this session still holds when its ledger is dropped: the
+-- ==== re-created ledger knows nothing of it, and neither does the session
+CREATE EXTENSION durable_ledger;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-9', 'pay', '{"i": 1}');
+SET durable_ledger.allow_drop = on;
+DROP EXTENSION durable_ledger;
+RESET durable_ledger.allow_drop;
+CREATE EXTENSION durable_ledger;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-9', 'pay', '{"i": 1}');
+SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-9';
+SELECT status FROM durable_ledger.effect_status(durable_ledger.effect_key('drop-9', 'pay', '{"i": 1}', 1));
+SELECT count(*) AS unresolved FROM durable_ledger.unresolved WHERE run = 'drop-9';
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT durable_ledger.release_run('drop-9') AS released;
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SET durable_ledger.allow_drop = on;
+DROP EXTENSION durable_ledger;
+RESET durable_ledger.allow_drop;
+
 -- ==== leave a clean database: the extension installed, its ledger empty ====
 CREATE EXTENSION durable_ledger;
 SELECT extname, pg_get_userbyid(extowner) = current_user AS owned_by_me,

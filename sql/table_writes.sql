@@ -2,9 +2,11 @@
 -- single-row helpers) leave every row in every index, as SQL would (amcheck
 -- verifies every heap row is in every btree index), and whatever an
 -- administrator adds to a ledger table takes part: row triggers fire, CHECK
--- and NOT NULL constraints hold, any index kind is kept, a column the ledger
--- does not know gets its default, a publication's replica identity rule
--- holds; at every isolation level, and in a read-only transaction nothing.
+-- and NOT NULL constraints hold, domains are checked, any index kind is kept,
+-- a column the ledger does not know gets its default, a publication's replica
+-- identity rule holds; at every isolation level, and in a read-only
+-- transaction nothing.  A BEFORE trigger that skips the ledger's row fails
+-- the call: the ledger records every change or none.
 \set VERBOSITY default
 CREATE EXTENSION amcheck;
 CREATE FUNCTION regress_ledger_indexes_intact() RETURNS boolean LANGUAGE plpgsql AS $$
@@ -171,6 +173,82 @@ SELECT count(*) FROM durable_ledger.effects WHERE args @> '{"regress": "gin"}';
 RESET enable_seqscan;
 SELECT durable_ledger.release_run('direct-gin');
 DROP INDEX durable_ledger.regress_effects_args;
+
+-- a BEFORE ROW trigger that skips the ledger's row (returns NULL) makes the
+-- call fail with 09000, writing nothing: an intent that is not recorded must
+-- never be executed, a report that is not recorded never acknowledged
+CREATE FUNCTION regress_skip_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN NULL;
+END $$;
+CREATE TRIGGER regress_skip BEFORE INSERT ON durable_ledger.effects
+    FOR EACH ROW WHEN (NEW.tool = 'email') EXECUTE FUNCTION regress_skip_row();
+SELECT regress_try($$SELECT durable_ledger.begin_effect('direct-skip', 'email', '{"to": "a@b"}')$$);
+SELECT durable_ledger.release_run('direct-skip');
+SELECT regress_try($$SELECT durable_ledger.begin_effect('direct-skip', 'email', '{"to": "a@b"}')$$);
+SELECT regress_try($$SELECT durable_ledger.begin_effect('direct-skip', 'email', '{"to": "c@d"}', 'BK-SKIP')$$);
+SELECT count(*) AS effects, (SELECT count(*) FROM durable_ledger.audit_log
+                              WHERE run = 'direct-skip' AND event = 'intent') AS intents
+  FROM durable_ledger.effects WHERE run = 'direct-skip';
+DROP TRIGGER regress_skip ON durable_ledger.effects;
+SELECT key AS k15, decision FROM durable_ledger.begin_effect('direct-skip', 'email', '{"to": "a@b"}') \gset
+CREATE TRIGGER regress_skip BEFORE UPDATE ON durable_ledger.effects
+    FOR EACH ROW EXECUTE FUNCTION regress_skip_row();
+SELECT regress_try(format('SELECT durable_ledger.complete_effect(%L, %L, 1)', :'k15', '{"sent": 15}'));
+SELECT status, result FROM durable_ledger.effects WHERE key = :'k15';
+SELECT count(*) AS completions FROM durable_ledger.audit_log WHERE key = :'k15' AND event = 'completed';
+DROP TRIGGER regress_skip ON durable_ledger.effects;
+SELECT status FROM durable_ledger.complete_effect(:'k15', '{"sent": 15}', 1);
+SELECT durable_ledger.release_run('direct-skip');
+DROP FUNCTION regress_skip_row();
+
+-- an UPDATE OF trigger fires on the columns the ledger sets, as after SQL's
+-- UPDATE ... SET status = ..., and not on the ones it leaves alone
+CREATE FUNCTION regress_update_of() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE NOTICE '% fired: % -> %', TG_NAME, OLD.status, NEW.status;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER regress_status_changed AFTER UPDATE OF status ON durable_ledger.effects
+    FOR EACH ROW EXECUTE FUNCTION regress_update_of();
+CREATE TRIGGER regress_tool_changed AFTER UPDATE OF tool ON durable_ledger.effects
+    FOR EACH ROW EXECUTE FUNCTION regress_update_of();
+SELECT key AS k16 FROM durable_ledger.begin_effect('direct-of', 'pay', '{"n": 16}') \gset
+\set VERBOSITY terse
+SELECT status FROM durable_ledger.complete_effect(:'k16', '{"paid": 16}', 1);
+\set VERBOSITY default
+DROP TRIGGER regress_status_changed ON durable_ledger.effects;
+DROP TRIGGER regress_tool_changed ON durable_ledger.effects;
+DROP FUNCTION regress_update_of();
+SELECT durable_ledger.release_run('direct-of');
+
+-- a domain someone gives a ledger column is checked, as SQL checks it: on
+-- the ledger's columns when it sets them, on a column it does not know when
+-- it gets its default (tried in a transaction, rolled back)
+CREATE DOMAIN regress_json_object AS jsonb CHECK (jsonb_typeof(VALUE) = 'object');
+CREATE DOMAIN regress_tenant AS text NOT NULL;
+BEGIN;
+ALTER TABLE durable_ledger.effects ALTER COLUMN result TYPE regress_json_object;
+SELECT key AS k17 FROM durable_ledger.begin_effect('direct-dom', 'pay', '{"n": 17}') \gset
+SELECT regress_try(format('SELECT durable_ledger.complete_effect(%L, %L, 1)', :'k17', '[1, 2, 3]'));
+SELECT status FROM durable_ledger.complete_effect(:'k17', '{"paid": 17}', 1);
+DELETE FROM durable_ledger.effects;
+ALTER TABLE durable_ledger.effects ADD COLUMN regress_tenant regress_tenant;
+SELECT regress_try($$SELECT durable_ledger.begin_effect('direct-dom', 'pay', '{"n": 18}')$$);
+ROLLBACK;
+DROP DOMAIN regress_json_object;
+DROP DOMAIN regress_tenant;
+SELECT durable_ledger.release_run('direct-dom');
+
+-- audit_log.id takes the column's own default: made an identity that starts
+-- elsewhere, the ledger's rows number from there (tried and rolled back)
+BEGIN;
+ALTER TABLE durable_ledger.audit_log ALTER COLUMN id DROP DEFAULT;
+ALTER TABLE durable_ledger.audit_log ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (START WITH 900000001);
+SELECT decision FROM durable_ledger.begin_effect('direct-id', 'pay', '{"n": 19}');
+SELECT id, event FROM durable_ledger.audit_log WHERE run = 'direct-id' ORDER BY id;
+ROLLBACK;
+SELECT durable_ledger.release_run('direct-id');
 
 -- a read-only transaction writes nothing
 SELECT durable_ledger.acquire_run('direct-ro');

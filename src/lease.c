@@ -80,7 +80,11 @@ static int	max_leases_per_session = 64;
 
 static MemoryContext lease_cxt = NULL;
 static HTAB *held_runs = NULL;
+static Oid	held_in_ledger = InvalidOid;	/* dl_ledger_identity() of held_runs */
 static uint64 next_generation = 1;
+
+/* Entries the undo log keeps room for between transactions. */
+#define UNDO_KEEP 1024
 
 static UndoEntry *undo_log = NULL;
 static int	undo_len = 0;
@@ -214,6 +218,14 @@ lease_xact_end(bool commit)
 	}
 	else
 		undo_to(InvalidSubTransactionId);
+
+	/* one huge transaction must not keep its undo log for the session's life */
+	if (undo_cap > UNDO_KEEP)
+	{
+		pfree(undo_log);
+		undo_log = NULL;
+		undo_cap = 0;
+	}
 }
 
 static void
@@ -307,12 +319,41 @@ start_epoch(HeldRun *held, int64 epoch)
 	e->generation = held->generation;
 }
 
+static void forget_held(HeldRun *held);
+static bool forgot_lost_leases;
+
+/*
+ * Runs held in a ledger that was dropped since (DROP EXTENSION, then CREATE
+ * EXTENSION, in this session) belong to nothing: their locks are given back
+ * and they are forgotten, so that the new ledger starts from its own rows.
+ */
+static void
+forget_dropped_ledger(void)
+{
+	Oid			ledger = dl_ledger_identity();
+	HASH_SEQ_STATUS scan;
+	HeldRun    *held;
+
+	if (ledger == held_in_ledger)
+		return;
+	hash_seq_init(&scan, held_runs);
+	while ((held = hash_seq_search(&scan)) != NULL)
+	{
+		if (dl_run_lock_held(held->lock_key))
+			dl_run_unlock_session(held->lock_key);
+		forget_held(held);		/* deleting the current entry is allowed */
+	}
+	forgot_lost_leases = false;
+	held_in_ledger = ledger;
+}
+
 static HeldRun *
 find_held(const char *run, uint64 lock_key)
 {
 	HeldRun    *held;
 
 	ensure_state();
+	forget_dropped_ledger();
 	held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
 	if (held != NULL && strcmp(held->run, run) != 0)
 		ereport(ERROR,

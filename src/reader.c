@@ -195,7 +195,9 @@ dl_error_unknown_key(const char *key)
 
 /*
  * An attempt of key that a later attempt replaced: the run and epoch that
- * started it and what was recorded for it.  False when it is not on record.
+ * started it and what was recorded for it, as committed now (the caller has
+ * locked key's latest version, which may be newer than the transaction's
+ * snapshot).  False when it is not on record.
  */
 bool
 dl_read_past_attempt(const char *key, int32 attempt, PastAttempt *past)
@@ -207,7 +209,7 @@ dl_read_past_attempt(const char *key, int32 attempt, PastAttempt *past)
 
 	values[0] = dl_text_datum(key);
 	values[1] = Int32GetDatum(attempt);
-	if (dl_plan_run(&past_attempt, values, NULL, SPI_OK_SELECT) == 0)
+	if (dl_plan_run_now(&past_attempt, values, NULL, SPI_OK_SELECT) == 0)
 		return false;
 	tuple = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;
@@ -219,7 +221,10 @@ dl_read_past_attempt(const char *key, int32 attempt, PastAttempt *past)
 	return true;
 }
 
-/* Did the lease (run, epoch) also start an attempt of key that was replaced? */
+/*
+ * Did the lease (run, epoch) also start an attempt of key that was replaced?
+ * As committed now, like dl_read_past_attempt.
+ */
 bool
 dl_read_lease_began_past_attempt(const char *key, const char *run, int64 lease_epoch)
 {
@@ -228,7 +233,7 @@ dl_read_lease_began_past_attempt(const char *key, const char *run, int64 lease_e
 	values[0] = dl_text_datum(key);
 	values[1] = dl_text_datum(run);
 	values[2] = Int64GetDatum(lease_epoch);
-	return dl_plan_run(&lease_began_past_attempt, values, NULL, SPI_OK_SELECT) > 0;
+	return dl_plan_run_now(&lease_began_past_attempt, values, NULL, SPI_OK_SELECT) > 0;
 }
 
 /*

@@ -114,6 +114,7 @@ typedef enum KeyLookup
 	KEY_BUSY					/* a writer is changing it: lock it to know */
 } KeyLookup;
 
+extern Oid	dl_ledger_identity(void);
 extern KeyLookup dl_read_key(const char *key, EffectRow *row);
 extern HeapTuple dl_read_effect_now(const char *key, TupleDesc desc, EffectRow *row);
 extern bool dl_read_past_attempt(const char *key, int32 attempt, PastAttempt *past);

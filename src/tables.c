@@ -9,7 +9,10 @@
 #include "access/table.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
+#include "nodes/nodeFuncs.h"
+#include "rewrite/rewriteHandler.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -65,7 +68,6 @@ LedgerTable dl_runs_table = {"runs", runs_columns, RUN_NCOLUMNS};
 LedgerTable dl_past_table = {"past_attempts", past_columns, PAST_NCOLUMNS};
 LedgerTable dl_token_table = {"token_leases", token_columns, TOK_NCOLUMNS};
 LedgerTable dl_calls_table = {"token_lease_calls", calls_columns, CALLS_NCOLUMNS};
-static Oid	audit_id_seq = InvalidOid;
 
 /* A table (or one of its indexes) changed: look it up again before writing. */
 static void
@@ -78,8 +80,6 @@ relcache_changed(Datum arg, Oid relid)
 	for (i = 0; i < lengthof(tables); i++)
 		if (!OidIsValid(relid) || relid == tables[i]->relid)
 			tables[i]->relid = InvalidOid;
-	if (!OidIsValid(relid) || relid == audit_id_seq)
-		audit_id_seq = InvalidOid;
 }
 
 void
@@ -99,6 +99,72 @@ ledger_relid(const char *name)
 }
 
 /*
+ * The sequence a column's default draws from, when the default is nothing
+ * but that (nextval of a sequence, or an identity); else InvalidOid.
+ */
+static Oid
+default_sequence(Relation rel, AttrNumber attnum)
+{
+	Node	   *expr = build_column_default(rel, attnum);
+
+	if (expr != NULL && IsA(expr, NextValueExpr))
+		return ((NextValueExpr *) expr)->seqid;
+	if (expr != NULL && IsA(expr, FuncExpr) && ((FuncExpr *) expr)->funcid == F_NEXTVAL &&
+		list_length(((FuncExpr *) expr)->args) == 1 &&
+		IsA(linitial(((FuncExpr *) expr)->args), Const) &&
+		!((Const *) linitial(((FuncExpr *) expr)->args))->constisnull)
+		return DatumGetObjectId(((Const *) linitial(((FuncExpr *) expr)->args))->constvalue);
+	return InvalidOid;
+}
+
+/*
+ * The attributes of rel whose type is a domain: SQL checks a domain's
+ * constraints when a value is assigned to such a column, and so must we.
+ */
+static void
+learn_domains(LedgerTable *t, Relation rel)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			i;
+
+	t->ndomains = 0;
+	t->domain_attnums = palloc(sizeof(AttrNumber) * desc->natts);
+	t->domain_types = palloc(sizeof(Oid) * desc->natts);
+	t->domain_checks = palloc0(sizeof(void *) * desc->natts);
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (att->attisdropped || att->attgenerated || get_typtype(att->atttypid) != TYPTYPE_DOMAIN)
+			continue;
+		t->domain_attnums[t->ndomains] = att->attnum;
+		t->domain_types[t->ndomains] = att->atttypid;
+		t->ndomains++;
+	}
+}
+
+/*
+ * Checks the values in slot of t's domain-typed attributes (all of them, or
+ * those in only, offset by FirstLowInvalidHeapAttributeNumber as in
+ * updatedCols) against their domains' constraints.
+ */
+void
+dl_check_domains(LedgerTable *t, TupleTableSlot *slot, Bitmapset *only)
+{
+	int			i;
+
+	for (i = 0; i < t->ndomains; i++)
+	{
+		AttrNumber	attnum = t->domain_attnums[i];
+
+		if (only != NULL && !bms_is_member(attnum - FirstLowInvalidHeapAttributeNumber, only))
+			continue;
+		domain_check(slot->tts_values[attnum - 1], slot->tts_isnull[attnum - 1],
+					 t->domain_types[i], &t->domain_checks[i], t->cxt);
+	}
+}
+
+/*
  * Learns where t's columns are in relation rel (opened and locked), and
  * checks that each holds what the ledger writes into it.
  */
@@ -107,6 +173,7 @@ learn_table(LedgerTable *t, Relation rel)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
 	MemoryContext cxt;
+	MemoryContext old;
 	AttrNumber *attnums;
 	int			i;
 
@@ -136,9 +203,23 @@ learn_table(LedgerTable *t, Relation rel)
 		MemoryContextDelete(t->cxt);
 	t->cxt = cxt;
 	t->attnums = attnums;
+	old = MemoryContextSwitchTo(cxt);
+	learn_domains(t, rel);
+	MemoryContextSwitchTo(old);
+	t->first_sequence = default_sequence(rel, attnums[0]);
 	t->relid = RelationGetRelid(rel);
 }
 
+
+/*
+ * Which ledger this is: the OID of its runs table, which a DROP EXTENSION
+ * and CREATE EXTENSION in one session changes.
+ */
+Oid
+dl_ledger_identity(void)
+{
+	return OidIsValid(dl_runs_table.relid) ? dl_runs_table.relid : ledger_relid(dl_runs_table.name);
+}
 
 /*
  * Opens the ledger table t with lockmode.  When what we knew went stale
@@ -163,15 +244,6 @@ dl_open_table(LedgerTable *t, LOCKMODE lockmode)
 		table_close(rel, lockmode);
 		t->relid = InvalidOid;
 	}
-}
-
-/* The sequence of audit_log.id. */
-Oid
-dl_audit_id_sequence(void)
-{
-	if (!OidIsValid(audit_id_seq))
-		audit_id_seq = ledger_relid("audit_log_id_seq");
-	return audit_id_seq;
 }
 
 static Jsonb *

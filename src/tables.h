@@ -24,6 +24,11 @@ typedef struct LedgerTable
 	int			ncolumns;
 	Oid			relid;			/* InvalidOid: look it up again */
 	AttrNumber *attnums;		/* columns[i] is attribute attnums[i] */
+	int			ndomains;		/* attributes of a domain type, checked as SQL would */
+	AttrNumber *domain_attnums;
+	Oid		   *domain_types;
+	void	  **domain_checks;	/* domain_check()'s cache, one per attribute */
+	Oid			first_sequence; /* the sequence its first column's default draws from */
 	MemoryContext cxt;
 } LedgerTable;
 
@@ -75,7 +80,7 @@ enum
 };
 
 extern Relation dl_open_table(LedgerTable *t, LOCKMODE lockmode);
-extern Oid	dl_audit_id_sequence(void);
+extern void dl_check_domains(LedgerTable *t, TupleTableSlot *slot, Bitmapset *only);
 extern void dl_effect_row_from_slot(TupleTableSlot *slot, EffectRow *row);
 
 #endif							/* DURABLE_LEDGER_TABLES_H */

@@ -54,8 +54,11 @@ typedef struct Write
 	Relation	rel;
 	EState	   *estate;
 	ResultRelInfo *rri;
+	RangeTblEntry *rte;
 	TupleTableSlot *slot;		/* the new row's values */
 	bool	   *set;			/* which attributes the ledger gave a value */
+	bool		updating;		/* an update: its SET list is collected in updated */
+	Bitmapset  *updated;		/* as RangeTblEntry.updatedCols */
 } Write;
 
 static void
@@ -79,6 +82,9 @@ begin_write(Write *w, LedgerTable *t)
 	rte->relkind = w->rel->rd_rel->relkind;
 	rte->rellockmode = RowExclusiveLock;
 	ExecInitRangeTable(w->estate, list_make1(rte));
+	w->rte = rte;
+	w->updating = false;
+	w->updated = NULL;
 	w->rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(w->rri, w->rel, 1, NULL, 0);
 	/* as the apply worker does: so that AFTER triggers find it */
@@ -117,6 +123,20 @@ end_write(Write *w)
 	table_close(w->rel, NoLock);	/* locked until the end of the transaction */
 }
 
+/* In an update, column is in the SET list (for UPDATE OF triggers, domains). */
+static void
+note_updated(Write *w, int column)
+{
+	MemoryContext caller;
+
+	if (!w->updating)
+		return;
+	caller = MemoryContextSwitchTo(w->estate->es_query_cxt);
+	w->updated = bms_add_member(w->updated,
+								w->table->attnums[column] - FirstLowInvalidHeapAttributeNumber);
+	MemoryContextSwitchTo(caller);
+}
+
 static void
 set_value(Write *w, int column, Datum value)
 {
@@ -125,6 +145,7 @@ set_value(Write *w, int column, Datum value)
 	w->slot->tts_values[i] = value;
 	w->slot->tts_isnull[i] = false;
 	w->set[i] = true;
+	note_updated(w, column);
 }
 
 static void
@@ -134,6 +155,7 @@ set_null(Write *w, int column)
 
 	w->slot->tts_isnull[i] = true;
 	w->set[i] = true;
+	note_updated(w, column);
 }
 
 static void
@@ -174,12 +196,37 @@ fill_defaults(Write *w)
 	}
 }
 
+/*
+ * A BEFORE ROW trigger that returns NULL makes the executor skip the row
+ * silently.  The ledger cannot leave a row unwritten (an intent not recorded
+ * would still be executed), so the call fails and writes nothing.  The slot
+ * gets the new row's TID only when the row was written.
+ */
+static void
+report_skipped(LedgerTable *t, const char *command)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+			 errmsg("a trigger on durable_ledger.%s skipped the ledger's %s", t->name, command),
+			 errdetail("A BEFORE ROW trigger returned NULL. The ledger records every change or none, so nothing was written."),
+			 errhint("A BEFORE ROW trigger on a ledger table must return the row.")));
+}
+
+static void
+check_written(Write *w, const char *command)
+{
+	if (!ItemPointerIsValid(&w->slot->tts_tid))
+		report_skipped(w->table, command);
+}
+
 static void
 insert_row(Write *w)
 {
 	fill_defaults(w);
 	ExecStoreVirtualTuple(w->slot);
+	dl_check_domains(w->table, w->slot, NULL);
 	ExecSimpleRelationInsert(w->rri, w->estate, w->slot);
+	check_written(w, "INSERT");
 }
 
 /* ---------- effects ---------- */
@@ -244,6 +291,23 @@ static Statement insert_intent_unless_exists = {
 };
 
 /*
+ * ON CONFLICT DO NOTHING inserted nothing: because the key exists, or
+ * because a BEFORE ROW trigger skipped the row (then no version of the key
+ * exists, not even one being inserted).
+ */
+static bool
+insert_was_skipped(const char *key)
+{
+	Relation	rel = dl_open_table(&dl_effects_table, RowExclusiveLock);
+	bool		before_row_triggers = rel->trigdesc != NULL &&
+		rel->trigdesc->trig_insert_before_row;
+	EffectRow	row;
+
+	table_close(rel, NoLock);
+	return before_row_triggers && dl_read_key(key, &row) == KEY_ABSENT;
+}
+
+/*
  * Inserts an intent and its audit row, as INSERT ... ON CONFLICT DO NOTHING:
  * false when the key exists (also when another transaction inserts it at the
  * same moment).  Needs an open SPI connection.
@@ -268,7 +332,11 @@ dl_write_intent_unless_exists(const NewIntent *intent)
 	values[7] = Int64GetDatum(intent->lease_epoch);
 	values[8] = dl_text_datum(dl_caller_role_name());
 	dl_note_ledger_write();
-	return dl_plan_run(&insert_intent_unless_exists, values, nulls, SPI_OK_INSERT) == 1;
+	if (dl_plan_run(&insert_intent_unless_exists, values, nulls, SPI_OK_INSERT) == 1)
+		return true;
+	if (insert_was_skipped(intent->key))
+		report_skipped(&dl_effects_table, "INSERT");
+	return false;
 }
 
 /*
@@ -332,10 +400,15 @@ update_row(Write *w, HeapTuple locked)
 	search = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel), &TTSOpsHeapTuple);
 	ExecStoreHeapTuple(locked, search, false);
 	ExecStoreVirtualTuple(w->slot);
+	/* the SET list: UPDATE OF triggers fire on it, as after SQL's UPDATE */
+	w->rte->updatedCols = w->updated;
+	if (w->updated != NULL)
+		dl_check_domains(w->table, w->slot, w->updated);
 	dl_EvalPlanQualInit(&epq, w->estate);
 	ExecSimpleRelationUpdate(w->rri, w->estate, &epq, search, w->slot);
 	EvalPlanQualEnd(&epq);
 	MemoryContextSwitchTo(caller);
+	check_written(w, "UPDATE");
 }
 
 /* The values of a locked row, as the starting point of its update. */
@@ -346,6 +419,7 @@ start_from(Write *w, HeapTuple locked)
 
 	heap_deform_tuple(locked, desc, w->slot->tts_values, w->slot->tts_isnull);
 	memset(w->set, true, sizeof(bool) * desc->natts);
+	w->updating = true;
 }
 
 /*
@@ -760,7 +834,9 @@ dl_write_audit(const char *run, const char *key, const char *event, Jsonb *detai
 
 	dl_note_ledger_write();
 	begin_write(&w, &dl_audit_table);
-	set_value(&w, AUD_ID, Int64GetDatum(nextval_internal(dl_audit_id_sequence(), false)));
+	/* the column's default, drawn here when it is a sequence's next value */
+	if (OidIsValid(dl_audit_table.first_sequence))
+		set_value(&w, AUD_ID, Int64GetDatum(nextval_internal(dl_audit_table.first_sequence, false)));
 	set_value(&w, AUD_LOGGED_AT, now_datum());
 	set_optional(&w, AUD_RUN, run ? CStringGetTextDatum(run) : (Datum) 0, run == NULL);
 	set_optional(&w, AUD_KEY, key ? CStringGetTextDatum(key) : (Datum) 0, key == NULL);
