@@ -332,12 +332,15 @@ SELECT r.run,
          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
 UNION ALL
 SELECT t.run, NULL, t.epoch, r.holder_role, r.holder_application_name, r.holder_client_addr,
-       t.taken_at, NULL, r.lock_key, 'live', 'token', t.holder, t.expires_at
+       t.taken_at, NULL, r.lock_key,
+       CASE WHEN pg_catalog.pg_is_in_recovery() THEN 'not judged on a standby' ELSE 'live' END,
+       'token', t.holder, t.expires_at
   FROM durable_ledger.token_leases t
   JOIN durable_ledger.runs r
     ON r.run OPERATOR(pg_catalog.=) t.run AND r.epochs OPERATOR(pg_catalog.=) t.epoch
  WHERE t.released_at IS NULL
-   AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
+   AND (pg_catalog.pg_is_in_recovery()
+        OR t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
 UNION ALL
 SELECT r.run, r.holder_pid, r.epochs, r.holder_role, r.holder_application_name,
        r.holder_client_addr, r.acquired_at, NULL, r.lock_key,
@@ -353,9 +356,10 @@ SELECT r.run, r.holder_pid, r.epochs, r.holder_role, r.holder_application_name,
 -- one may still be in flight).  Liveness is the question the C functions ask
 -- (lease.c): the effect's epoch is the run's current one, not released, and
 -- either its session lock is held by the backend that took it, or its token
--- lease has not expired, judged by the server's clock.  On a hot standby a
--- session lease cannot be judged: a started effect under one is listed as
--- started, with a reason saying so.
+-- lease has not expired, judged by the server's clock.  On a hot standby no
+-- lease is judged (it cannot see the primary's locks, and its copy of a token
+-- lease may lag behind a renewal): a started effect is listed as started,
+-- with a reason saying so.
 CREATE VIEW durable_ledger.unresolved AS
 SELECT e.key,
        e.run,
@@ -388,17 +392,15 @@ SELECT e.key,
            AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
            AND r.released_at IS NULL) cur ON e.status OPERATOR(pg_catalog.=) 'started'
  CROSS JOIN LATERAL (
-        SELECT e.status OPERATOR(pg_catalog.=) 'started' AND s.standby
-               AND (cur.lease_kind IS NULL OR cur.lease_kind OPERATOR(pg_catalog.=) 'session')
-                   AS not_judged,
+        SELECT e.status OPERATOR(pg_catalog.=) 'started' AND s.standby AS not_judged,
                e.status OPERATOR(pg_catalog.=) 'started' AND CASE
+                   WHEN s.standby THEN false
                    WHEN cur.lease_kind OPERATOR(pg_catalog.=) 'token' THEN NOT EXISTS (
                        SELECT 1 FROM durable_ledger.token_leases t
                         WHERE t.run OPERATOR(pg_catalog.=) e.run
                           AND t.epoch OPERATOR(pg_catalog.=) e.lease_epoch
                           AND t.released_at IS NULL
                           AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
-                   WHEN s.standby THEN false
                    WHEN cur.lease_kind IS NULL THEN true
                    ELSE NOT EXISTS (
                        SELECT 1 FROM pg_catalog.pg_locks l

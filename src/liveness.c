@@ -9,7 +9,8 @@
  * answers only for its own current session epoch; anything else (a lock it
  * holds without an epoch, after a rolled-back acquisition) is judged from the
  * tables, as everyone else judges it.  A hot standby never holds the
- * primary's locks: there a session lease is not judged at all.
+ * primary's locks, and its copy of a token lease may lag behind a renewal:
+ * there no lease is judged at all.
  */
 #include "postgres.h"
 
@@ -24,15 +25,12 @@ dl_lease_liveness(const char *run, int64 epoch)
 
 	if (dl_lease_is_mine(run, epoch))
 		return LEASE_LIVE;
-	if (!dl_read_run_state(run, &state) || state.epoch != epoch)
-	{
-		/* superseded; on a standby, its kind is not known: not judged */
-		return RecoveryInProgress() ? LEASE_NOT_JUDGED : LEASE_ENDED;
-	}
-	if (state.token)
-		return state.token_live ? LEASE_LIVE : LEASE_ENDED;
 	if (RecoveryInProgress())
 		return LEASE_NOT_JUDGED;
+	if (!dl_read_run_state(run, &state) || state.epoch != epoch)
+		return LEASE_ENDED;		/* superseded */
+	if (state.token)
+		return state.token_live ? LEASE_LIVE : LEASE_ENDED;
 	if (state.released)
 		return LEASE_ENDED;
 	return dl_read_lease_holder_pid(dl_run_lock_key(run)) == state.holder_pid ?

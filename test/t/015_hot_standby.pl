@@ -9,7 +9,11 @@
 # failed on the standby holds no lease (pg_locks class 17484) before or after
 # the standby is promoted, and the same session then writes normally on the
 # new primary, where the effect whose lease died with the old primary is
-# 'unknown' and pauses its run.
+# 'unknown' and pauses its run.  Token leases are rows, replicated, but the
+# standby's copy may lag behind a renewal: there they are not judged either
+# (a token lease whose stored expiry has passed is not called ended), and
+# take_lease, renew_lease and release_lease fail with 25006; after the
+# promotion the token lease's holder goes on with its token.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -97,6 +101,27 @@ is($primary->safe_psql('postgres', "SELECT status FROM durable_ledger.effect_sta
 is($primary->safe_psql('postgres', 'SELECT run || \' \' || holder_pid || \' \' || liveness FROM durable_ledger.leases'),
 	"live-run $worker_pid live", 'primary: only the live worker holds a lease, judged live');
 
+# tok-run: a token-lease worker (say behind PgBouncer) performing a payment
+my $token = $primary->safe_psql('postgres',
+	q{SELECT (durable_ledger.take_lease('tok-run', '1 hour', 'worker-t')).token});
+my $tok_key = $primary->safe_psql('postgres', qq{
+	SELECT key FROM durable_ledger.begin_effect('tok-run', 'bank.pay', '{"invoice": "INV-8"}',
+	                                            lease => '$token') WHERE decision = 'execute'});
+isnt($tok_key, '', 'tok-run: the token-lease worker was told to execute');
+
+# tok-short: a token lease that expires on the primary with its effect in flight
+my $short = $primary->safe_psql('postgres',
+	q{SELECT (durable_ledger.take_lease('tok-short', '1 second')).token});
+my $short_key = $primary->safe_psql('postgres', qq{
+	SELECT key FROM durable_ledger.begin_effect('tok-short', 'bank.pay', '{"invoice": "INV-9"}',
+	                                            lease => '$short')});
+ok($primary->poll_query_until('postgres',
+		"SELECT count(*) = 0 FROM durable_ledger.leases WHERE run = 'tok-short'"),
+	'tok-short: its token lease expired');
+is($primary->safe_psql('postgres',
+		"SELECT status || '|' || reason FROM durable_ledger.unresolved WHERE key = '$short_key'"),
+	"unknown|$ended_reason", 'primary: the expired token lease\'s effect is unknown');
+
 $primary->wait_for_catchup($standby);
 
 # --- on the standby: reads --------------------------------------------------
@@ -136,8 +161,19 @@ is($standby->safe_psql('postgres',
 		"SELECT holder_pid || ' ' || liveness FROM durable_ledger.leases WHERE run = 'live-run'"),
 	"$worker_pid not judged on a standby", 'standby: leases lists the live run, not judged');
 is($standby->safe_psql('postgres',
+		"SELECT kind || ' ' || holder || ' ' || liveness FROM durable_ledger.leases WHERE run = 'tok-run'"),
+	'token worker-t not judged on a standby', 'standby: leases lists the token lease, not judged');
+is($standby->safe_psql('postgres',
 		"SELECT count(*) FROM durable_ledger.leases WHERE liveness <> 'not judged on a standby'"),
 	0, 'standby: leases judges no lease live');
+for my $k ([ 'tok-run', $tok_key ], [ 'tok-short', $short_key ])
+{
+	is($standby->safe_psql('postgres',
+			"SELECT status || '|' || reason FROM durable_ledger.unresolved WHERE key = '$k->[1]'"),
+		"started|$standby_reason", "standby: $k->[0]'s effect under a token lease is started, not judged");
+	is($standby->safe_psql('postgres', "SELECT status FROM durable_ledger.effect_status('$k->[1]')"),
+		'started', "standby: effect_status of $k->[0]'s effect is its stored status");
+}
 is($standby->safe_psql('postgres',
 		"SELECT count(*) FROM durable_ledger.leases WHERE run = 'dead-run'"),
 	1, 'standby: leases lists the unreleased epoch of the dead worker as well, not judged');
@@ -159,6 +195,10 @@ my @writes = (
 	[ 'acquire_run()', q{SELECT durable_ledger.acquire_run('promo-run', wait => false)} ],
 	[ 'release_run()', q{SELECT durable_ledger.release_run('live-run')} ],
 	[ 'break_lease()', q{SELECT durable_ledger.break_lease('live-run', 'maria', 'worker hung')} ],
+	[ 'take_lease()', q{SELECT durable_ledger.take_lease('promo-run')} ],
+	[ 'renew_lease()', "SELECT durable_ledger.renew_lease('$token')" ],
+	[ 'release_lease()', "SELECT durable_ledger.release_lease('$token')" ],
+	[ 'begin_effect()', "SELECT * FROM durable_ledger.begin_effect('tok-run', 'bank.pay', '{}', lease => '$token')" ],
 	# the last call before the promotion: a begin_effect, as a worker would retry
 	[ 'begin_effect()', q{SELECT * FROM durable_ledger.begin_effect('promo-run', 'bank.pay', '{"invoice": "INV-6"}')} ],
 );
@@ -187,15 +227,15 @@ is(lease_locks($standby, $ro_pid), 0,
 is($standby->safe_psql('postgres',
 		"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 17484"),
 	0, 'promoted: no lease lock is held by anyone');
-is($standby->safe_psql('postgres', 'SELECT count(*) FROM durable_ledger.leases'),
-	0, 'promoted: the leases view is empty');
+is($standby->safe_psql('postgres', 'SELECT run || \' \' || kind || \' \' || liveness FROM durable_ledger.leases'),
+	'tok-run token live', 'promoted: the leases view holds only the token lease, a row that survived');
 
 # the same session now writes
 is($ro->query_safe(q{
 	SELECT decision FROM durable_ledger.begin_effect('promo-run', 'bank.pay', '{"invoice": "INV-6"}')}),
 	'execute', 'promoted: the same session\'s begin_effect now executes');
 is(lease_locks($standby, $ro_pid), 1, 'promoted: and it holds the run\'s lease lock once');
-is($standby->safe_psql('postgres', "SELECT run || ' ' || holder_pid || ' ' || liveness FROM durable_ledger.leases"),
+is($standby->safe_psql('postgres', "SELECT run || ' ' || holder_pid || ' ' || liveness FROM durable_ledger.leases WHERE kind = 'session'"),
 	"promo-run $ro_pid live", 'promoted: leases shows it, judged live');
 is($ro->query_safe(q{
 	SELECT status FROM durable_ledger.complete_effect(
@@ -221,6 +261,19 @@ is($standby->safe_psql('postgres', q{
 is($standby->safe_psql('postgres',
 		"SELECT status FROM durable_ledger.resolve_effect('$live_key', 'completed', '{\"payment_id\": \"pay_5\"}', 'maria', 'seen at the bank')"),
 	'completed', 'promoted: a person resolves it');
+
+# the token lease's holder goes on against the new primary
+is($standby->safe_psql('postgres', "SELECT status FROM durable_ledger.effect_status('$tok_key')"),
+	'started', 'promoted: the token lease\'s effect in flight is still started (its lease is live)');
+is($standby->safe_psql('postgres', qq{
+	SELECT status FROM durable_ledger.complete_effect('$tok_key', '{"payment_id": "pay_8"}', 1)}),
+	'completed', 'promoted: its holder reports it');
+is($standby->safe_psql('postgres', qq{
+	SELECT decision FROM durable_ledger.begin_effect('tok-run', 'bank.pay', '{"invoice": "INV-8"}',
+	                                                 lease => '$token')}),
+	'execute', 'promoted: its next call with the same token is counted after the first (occurrence 2)');
+is($standby->safe_psql('postgres', "SELECT durable_ledger.release_lease('$token')"),
+	't', 'promoted: it releases its token lease');
 
 $standby->stop;
 done_testing();

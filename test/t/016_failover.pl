@@ -34,6 +34,8 @@ use PostgreSQL::Test::Utils;
 use IPC::Run;
 use Time::HiRes qw(usleep);
 use Test::More;
+use lib "$ENV{TESTDIR}/test/perl";
+use DurableLedger::TestNode;
 
 my $max_pairs = 3000;    # more than the loop can do before the stop lands
 my $stop_after = 150;    # acknowledged completions before the primary is stopped
@@ -73,47 +75,6 @@ except psycopg.Error as e:
     sys.exit(0)
 print("finished", flush=True)
 PY
-
-# A primary with durable_ledger and a streaming hot standby, both fsync = on;
-# with $sync, the primary waits for the standby's flush.
-sub ledger_pair
-{
-	my ($tag, $sync) = @_;
-	my $primary = PostgreSQL::Test::Cluster->new("${tag}_primary");
-	$primary->init(allows_streaming => 1);
-	$primary->append_conf('postgresql.conf', "fsync = on\n");
-	$primary->start;
-	$primary->safe_psql('postgres', 'CREATE EXTENSION durable_ledger');
-	$primary->backup("${tag}_backup");
-
-	my $name = "${tag}_standby";
-	my $standby = PostgreSQL::Test::Cluster->new($name);
-	$standby->init_from_backup($primary, "${tag}_backup", has_streaming => 1);
-	$standby->append_conf('postgresql.conf',
-		"fsync = on\nprimary_conninfo = '" . $primary->connstr . " application_name=$name'\n");
-	$standby->start;
-
-	# after the backup: the promoted standby must not wait for a standby of its own
-	if ($sync)
-	{
-		$primary->append_conf('postgresql.conf', "synchronous_standby_names = '$name'\n");
-		$primary->reload;
-	}
-	my $state = $sync ? 'sync' : 'async';
-	ok($primary->poll_query_until('postgres',
-			"SELECT sync_state = '$state' AND state = 'streaming' FROM pg_stat_replication WHERE application_name = '$name'"),
-		"$tag: the standby streams, $state");
-	return ($primary, $standby);
-}
-
-# The standby stops receiving WAL (its walreceiver is not restarted).
-sub cut_off
-{
-	my ($primary, $standby) = @_;
-	$standby->append_conf('postgresql.conf', "primary_conninfo = ''\n");
-	$standby->reload;
-	return $primary->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_stat_replication');
-}
 
 sub count_done
 {
