@@ -120,6 +120,19 @@ dl_check_writable(const char *function)
 }
 
 /*
+ * PREPARE TRANSACTION of a transaction that used the ledger: its occurrence
+ * counters, epochs and durability rule need the outcome at COMMIT.
+ */
+void
+dl_refuse_prepare(void)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("cannot PREPARE a transaction that used the ledger"),
+			 errdetail("The ledger's occurrence counters and durability rules need the transaction's outcome at COMMIT.")));
+}
+
+/*
  * The function's composite result type, looked up on its first call and kept
  * with its FmgrInfo for the calls that follow (a query calling it per row).
  */

@@ -56,10 +56,7 @@ durability_xact_callback(XactEvent event, void *arg)
 			break;
 		case XACT_EVENT_PRE_PREPARE:
 			if (ledger_write_in_xact)
-				ereport(ERROR,
-						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-						 errmsg("cannot PREPARE a transaction that used the ledger"),
-						 errdetail("The ledger's occurrence counters and durability rules need the transaction's outcome at COMMIT.")));
+				dl_refuse_prepare();
 			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:

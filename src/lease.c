@@ -235,10 +235,7 @@ lease_xact_callback(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_PRE_PREPARE:
 			if (undo_len > 0)
-				ereport(ERROR,
-						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-						 errmsg("cannot PREPARE a transaction that used the ledger"),
-						 errdetail("The ledger's occurrence counters and durability rules need the transaction's outcome at COMMIT.")));
+				dl_refuse_prepare();
 			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
