@@ -237,6 +237,7 @@ AS $fn$
             SELECT l.pid FROM pg_catalog.pg_locks l
              WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
                AND l.objsubid OPERATOR(pg_catalog.=) 17484
+               AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
                AND l.granted
                AND l.database OPERATOR(pg_catalog.=)
                    (SELECT d.oid FROM pg_catalog.pg_database d
@@ -249,11 +250,13 @@ COMMENT ON FUNCTION durable_ledger.lease_holder_activity() IS
 -- extension's lock class (17484) in this database, matched to their run by
 -- the lock key (a lock whose acquiring transaction rolled back is live but
 -- has no epoch: lease_epoch and since are then NULL, and so is run if the run
--- was never recorded).  Token leases: the rows not expired, released or
+-- was never recorded); their mode is ExclusiveLock (take_lease's transaction
+-- holds a ShareLock there, which is no lease).  Token leases: the rows not expired, released or
 -- superseded, judged by the server's clock.  On a hot standby, which never
 -- holds the primary's locks, a session lease's liveness cannot be judged: the
 -- view lists the session epochs that were taken and not released, with
--- liveness 'not judged on a standby' (token leases are rows, judged there too).
+-- liveness 'not judged on a standby', and so does it list the token leases
+-- not released (its copy may lag behind a renewal).
 CREATE VIEW durable_ledger.leases AS
 SELECT r.run,
        l.pid                                                 AS holder_pid,
@@ -280,6 +283,7 @@ SELECT r.run,
   LEFT JOIN durable_ledger.lease_holder_activity() a ON a.pid OPERATOR(pg_catalog.=) l.pid
  WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
    AND l.objsubid OPERATOR(pg_catalog.=) 17484
+   AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
    AND l.granted
    AND l.database OPERATOR(pg_catalog.=)
        (SELECT d.oid FROM pg_catalog.pg_database d
@@ -360,6 +364,7 @@ SELECT e.key,
                        SELECT 1 FROM pg_catalog.pg_locks l
                         WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
                           AND l.objsubid OPERATOR(pg_catalog.=) 17484
+                          AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
                           AND l.granted
                           AND l.pid OPERATOR(pg_catalog.=) cur.holder_pid
                           AND cur.lock_key OPERATOR(pg_catalog.=)

@@ -340,6 +340,18 @@ SELECT durable_ledger.release_run('lost-1') AND durable_ledger.release_run('lost
 -- a run this session never held is not lost
 SELECT decision FROM durable_ledger.begin_effect('lost-new', 'pay', '{}');
 SELECT durable_ledger.release_run('lost-new') AS released;
+-- nor is a token lease this session took: its calls without the token are
+-- refused as for any live token lease, and release_run leaves it alone
+SELECT (durable_ledger.take_lease('lost-token', '1 minute')).token AS lost_token \gset
+\set VERBOSITY terse
+SELECT decision FROM durable_ledger.begin_effect('lost-token', 'pay', '{}');
+\set VERBOSITY default
+SELECT durable_ledger.release_run('lost-token') AS released;
+SELECT r.released_at IS NULL AS unreleased, l.liveness,
+       (SELECT count(*) FROM durable_ledger.audit_log a
+         WHERE a.run = 'lost-token' AND a.event = 'lease_released') AS releases
+  FROM durable_ledger.runs r JOIN durable_ledger.leases l USING (run) WHERE r.run = 'lost-token';
+SELECT durable_ledger.release_lease(:'lost_token') AS released;
 -- releasing every lost lease (false: none was held) ends each on record
 SELECT count(*) FILTER (WHERE durable_ledger.release_run('lost-' || i)) AS released
   FROM generate_series(3, 1100) AS i;

@@ -96,6 +96,32 @@ SELECT durable_ledger.take_lease('tok-3') IS NULL AS refused;
 SELECT durable_ledger.release_run('tok-3');
 SELECT (durable_ledger.take_lease('tok-3', '1 minute')).epoch AS next_epoch;
 
+-- the session that holds a run (also a lock kept after a rolled-back
+-- acquisition, with no epoch) cannot take a token lease on it
+BEGIN;
+SELECT durable_ledger.acquire_run('tok-3b');
+ROLLBACK;
+SELECT count(*) AS session_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND mode = 'ExclusiveLock' AND pid = pg_backend_pid();
+SELECT durable_ledger.take_lease('tok-3b') IS NULL AS refused;
+SELECT durable_ledger.acquire_run('tok-3b');
+SELECT durable_ledger.take_lease('tok-3b') IS NULL AS refused;
+SELECT durable_ledger.release_run('tok-3b');
+-- a session whose lease was lost takes a token lease on the run: its own
+-- transaction's take_lease lock is no session lease, so its calls without
+-- the token are refused, never executed under the lost epoch
+SELECT durable_ledger.acquire_run('tok-3c');
+SELECT pg_advisory_unlock_all();
+BEGIN;
+SELECT (durable_ledger.take_lease('tok-3c', '1 minute')).epoch AS token_epoch;
+SELECT regress_error($$SELECT durable_ledger.begin_effect('tok-3c', 'pay', '{"n": 1}')$$);
+SELECT count(*) AS session_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND mode = 'ExclusiveLock' AND pid = pg_backend_pid();
+SELECT count(*) AS leases, count(*) FILTER (WHERE kind = 'session') AS session_leases
+  FROM durable_ledger.leases WHERE run = 'tok-3c';
+ROLLBACK;
+SELECT durable_ledger.release_run('tok-3c') AS released_lost;
+
 -- ===================================================================
 -- a lease that is no longer held: 55L01, nothing written
 -- ===================================================================
@@ -164,6 +190,15 @@ SELECT regress_error(format($$SELECT durable_ledger.renew_lease(%L, '0 seconds')
 SELECT regress_error($$SELECT durable_ledger.release_lease(NULL)$$);
 SELECT regress_error($$SELECT durable_ledger.begin_effect('tok-6', 'pay', '{}', lease => '')$$);
 SELECT regress_token_footprint('tok-6') = :'before' AS nothing_written;
+-- a ttl is a duration: months (of no fixed length) are refused, also when
+-- days take them back; days and times may offset each other
+SELECT regress_error($$SELECT durable_ledger.take_lease('tok-6', '1000 years -359999 days')$$);
+SELECT regress_error($$SELECT durable_ledger.take_lease('tok-6', '1 mon -29 days')$$);
+SELECT regress_error($$SELECT durable_ledger.take_lease('tok-6', '-1 year 361 days')$$);
+SELECT regress_error(format($$SELECT durable_ledger.renew_lease(%L, '1 mon')$$, :'t2'));
+SELECT regress_token_footprint('tok-6') = :'before' AS nothing_written;
+SELECT (l).expires_at - now() BETWEEN interval '59 minutes' AND interval '61 minutes' AS one_hour
+  FROM (SELECT durable_ledger.take_lease('tok-6b', '1 day -23 hours') AS l) s;
 -- the bounds themselves are accepted
 SELECT (durable_ledger.take_lease('tok-6', '1 second')).epoch AS one_second;
 SELECT (durable_ledger.take_lease('tok-7', '1 day')).epoch AS one_day;

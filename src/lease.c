@@ -472,7 +472,7 @@ record_epoch_end(const char *run, int64 epoch, bool lock_lost)
 	Jsonb	   *detail = NULL;
 
 	if (epoch > 0)
-		dl_write_epoch_end(run, epoch);
+		dl_write_epoch_end(run, epoch, false);
 	if (lock_lost)
 	{
 		DetailBuilder d;
@@ -484,24 +484,6 @@ record_epoch_end(const char *run, int64 epoch, bool lock_lost)
 	dl_write_audit(run, NULL, "lease_released", detail, epoch, 0);
 }
 
-/*
- * One run is held by at most one live lease of either kind.  A session that
- * just took the run's lock waits for the token lease's calls in progress,
- * then gives the lock back when a token lease holds the run: true then.
- */
-static bool
-token_lease_holds(const char *run, uint64 lock_key, TimestampTz *until)
-{
-	RunState	state;
-
-	(void) dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, true);
-	if (!dl_read_run_state(run, &state) || !state.token || !state.token_live)
-		return false;
-	dl_run_unlock_session(lock_key);
-	*until = state.expires_at;
-	return true;
-}
-
 static void
 report_token_lease_holds(const char *run, TimestampTz until)
 {
@@ -511,6 +493,35 @@ report_token_lease_holds(const char *run, TimestampTz until)
 			 errdetail("It is held until %s (the server's clock); a session lease and a token lease never hold one run at once.",
 					   timestamptz_to_str(until)),
 			 errhint("Wait until it is released or expires, or take the run with durable_ledger.take_lease().")));
+}
+
+/*
+ * Takes run's session lease lock, unless a token lease holds the run: one run
+ * is held by at most one live lease of either kind.  The run's token calls,
+ * renewals and take_lease in progress are waited for first (their lock, for
+ * this transaction), then the session lock, then the run is looked at.  With
+ * wait false, false at once when any of them is busy or a token lease holds
+ * the run; with wait true, a token lease holding the run is 55P03.  Nothing
+ * stays locked on either (an error while waiting ends the transaction, and
+ * with it the transaction's lock).
+ */
+static bool
+take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
+{
+	RunState	state;
+
+	if (!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, wait))
+		return false;
+	if (!dl_run_lock_session(lock_key, wait, waited))
+		return false;
+	if (dl_read_run_state(run, &state) && state.token && state.token_live)
+	{
+		dl_run_unlock_session(lock_key);
+		if (!wait)
+			return false;
+		report_token_lease_holds(run, state.expires_at);
+	}
+	return true;
 }
 
 /*
@@ -535,14 +546,10 @@ dl_lease_for_call(const char *run)
 	{
 		int64		lost_epoch;
 
-		TimestampTz until;
-
 		if (forgot_lost_leases && dl_read_lease_unreleased_by_me(run, &lost_epoch))
 			report_lost_lease(run);
 		check_lease_capacity(run);
-		dl_run_lock_session(lock_key, true, &waited);
-		if (token_lease_holds(run, lock_key, &until))
-			report_token_lease_holds(run, until);
+		(void) take_session_lock(run, lock_key, true, &waited);
 		held = add_held(run, lock_key);
 	}
 	if (held->epoch == 0)
@@ -618,19 +625,12 @@ dl_lease_acquire(const char *run, bool wait)
 	HeldRun    *held = find_held(run, lock_key);
 	bool		waited = false;
 	int64		epoch;
-	TimestampTz until;
 
 	if (held == NULL)
 	{
 		check_lease_capacity(run);
-		if (!dl_run_lock_session(lock_key, wait, &waited))
+		if (!take_session_lock(run, lock_key, wait, &waited))
 			return false;
-		if (token_lease_holds(run, lock_key, &until))
-		{
-			if (!wait)
-				return false;
-			report_token_lease_holds(run, until);
-		}
 		held = add_held(run, lock_key);
 	}
 	else if (!dl_run_lock_held(lock_key))
@@ -641,14 +641,8 @@ dl_lease_acquire(const char *run, bool wait)
 		 * epoch (the next call starts one) rather than the lost attempt's.
 		 */
 		check_lease_capacity(run);
-		if (!dl_run_lock_session(lock_key, wait, &waited))
+		if (!take_session_lock(run, lock_key, wait, &waited))
 			return false;
-		if (token_lease_holds(run, lock_key, &until))
-		{
-			if (!wait)
-				return false;
-			report_token_lease_holds(run, until);
-		}
 		forget_held(held);
 		held = add_held(run, lock_key);
 	}

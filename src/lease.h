@@ -68,6 +68,8 @@ extern uint64 dl_run_lock_key(const char *run);
 extern bool dl_run_lock_held(uint64 lock_key);
 extern bool dl_run_lock_session(uint64 lock_key, bool wait, bool *waited);
 extern void dl_run_unlock_session(uint64 lock_key);
+extern bool dl_run_exclude_sessions(uint64 lock_key);
+extern bool dl_run_when_calls_idle(uint64 lock_key, void (*judge_now) (void *), void *arg);
 extern bool dl_run_lock_xact(uint64 lock_key, uint16 lock_class, bool wait);
 
 #endif							/* DURABLE_LEDGER_LEASE_H */

@@ -18,6 +18,41 @@
 
 #include "lease.h"
 
+typedef struct TokenJudgement
+{
+	const char *run;
+	int64		epoch;
+	bool		live;
+} TokenJudgement;
+
+static void
+judge_token_lease(void *arg)
+{
+	TokenJudgement *j = arg;
+	RunState	state;
+
+	j->live = dl_read_run_state(j->run, &state) && state.epoch == j->epoch &&
+		state.token && state.token_live;
+}
+
+/*
+ * A token lease that looks expired is ended only if no renewal (or call) of
+ * its run is in progress: a renewal that began before the expiry may commit
+ * after it, and then the lease goes on.  So it is looked at again while no
+ * call of the run can be under way; while one is, it is not certainly ended.
+ */
+static Liveness
+token_lease_liveness(const char *run, int64 epoch, const RunState *state)
+{
+	TokenJudgement j = {run, epoch, false};
+
+	if (state->token_live)
+		return LEASE_LIVE;
+	if (!dl_run_when_calls_idle(dl_run_lock_key(run), judge_token_lease, &j))
+		return LEASE_LIVE;
+	return j.live ? LEASE_LIVE : LEASE_ENDED;
+}
+
 Liveness
 dl_lease_liveness(const char *run, int64 epoch)
 {
@@ -30,7 +65,7 @@ dl_lease_liveness(const char *run, int64 epoch)
 	if (!dl_read_run_state(run, &state) || state.epoch != epoch)
 		return LEASE_ENDED;		/* superseded */
 	if (state.token)
-		return state.token_live ? LEASE_LIVE : LEASE_ENDED;
+		return token_lease_liveness(run, epoch, &state);
 	if (state.released)
 		return LEASE_ENDED;
 	return dl_read_lease_holder_pid(dl_run_lock_key(run)) == state.holder_pid ?

@@ -124,21 +124,23 @@ static Statement lease_holder = {
 	"SELECT l.pid FROM pg_catalog.pg_locks l"
 	" WHERE l.locktype" EQ "'advisory' AND l.database" EQ "$1"
 	"   AND l.classid" EQ "$2 AND l.objid" EQ "$3"
-	"   AND l.objsubid" EQ "$4 AND l.granted",
+	"   AND l.objsubid" EQ "$4 AND l.granted AND l.mode" EQ "'ExclusiveLock'",
 	4, {OIDOID, OIDOID, OIDOID, INT2OID}
 };
 
 static Statement last_lease_event = {
 	/*
-	 * This session's last lease event on run: its audit rows are those of
-	 * its backend pid since the backend started (a pid is reused only after
-	 * its previous backend has ended).
+	 * This session's last session-lease event on run: its audit rows are
+	 * those of its backend pid since the backend started (a pid is reused
+	 * only after its previous backend has ended); a token lease it took or
+	 * released is no session lease of its.
 	 */
 	"SELECT event OPERATOR(pg_catalog.=) 'lease_acquired', lease_epoch"
 	"  FROM durable_ledger.audit_log"
 	" WHERE run" EQ "$1 AND backend_pid" EQ "pg_catalog.pg_backend_pid()"
 	"   AND logged_at OPERATOR(pg_catalog.>=) $2"
 	"   AND event OPERATOR(pg_catalog.=) ANY ('{lease_acquired,lease_released}')"
+	"   AND (detail OPERATOR(pg_catalog.->>) 'kind') IS DISTINCT FROM 'token'"
 	" ORDER BY id DESC LIMIT 1",
 	2, {TEXTOID, TIMESTAMPTZOID}
 };

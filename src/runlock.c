@@ -5,8 +5,9 @@
  * collision only makes two runs wait for each other, since rows are keyed by
  * the full text.
  *
- *   DL_LOCK_CLASS       a session lease: a session-level lock; take_lease
- *                       takes it for its own transaction, to exclude one
+ *   DL_LOCK_CLASS       a session lease: a session-level ExclusiveLock;
+ *                       take_lease takes a ShareLock for its own
+ *                       transaction, to keep session leases out
  *   DL_CALL_LOCK_CLASS  the calls of a token lease: a transaction-level lock,
  *                       which serialises them inside their transactions
  */
@@ -83,6 +84,45 @@ dl_run_unlock_session(uint64 lock_key)
 
 	set_lock_tag(&tag, lock_key, DL_LOCK_CLASS);
 	LockRelease(&tag, ExclusiveLock, true);
+}
+
+/*
+ * Keeps session leases of the run out for this transaction (take_lease):
+ * false at once when another session holds one.  A ShareLock: it conflicts
+ * with a session lease's ExclusiveLock but is not one, so that nothing
+ * (LockHeldByMe, pg_locks) takes it for a session lease.
+ */
+bool
+dl_run_exclude_sessions(uint64 lock_key)
+{
+	LOCKTAG		tag;
+
+	set_lock_tag(&tag, lock_key, DL_LOCK_CLASS);
+	return LockAcquireExtended(&tag, ShareLock, false, true, true, NULL) !=
+		LOCKACQUIRE_NOT_AVAIL;
+}
+
+/*
+ * Is no token call, renewal or take_lease of the run in progress in another
+ * transaction?  Then calls judge_now, holding their lock while it runs (so
+ * none of them can change the run meanwhile), and returns true; false at once
+ * when one is in progress.  The lock is let go again at once, unless this
+ * transaction held it already.
+ */
+bool
+dl_run_when_calls_idle(uint64 lock_key, void (*judge_now) (void *), void *arg)
+{
+	LOCKTAG		tag;
+	LockAcquireResult res;
+
+	set_lock_tag(&tag, lock_key, DL_CALL_LOCK_CLASS);
+	res = LockAcquireExtended(&tag, ExclusiveLock, false, true, true, NULL);
+	if (res == LOCKACQUIRE_NOT_AVAIL)
+		return false;
+	judge_now(arg);
+	if (res == LOCKACQUIRE_OK)
+		LockRelease(&tag, ExclusiveLock, false);
+	return true;
 }
 
 /*

@@ -139,13 +139,14 @@ extern HeapTuple dl_write_resolution(LockedEffect *locked, EffectStatus to, Json
 									 const char *resolved_by, const char *note);
 extern void dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent);
 extern int64 dl_write_next_epoch(const char *run, uint64 lock_key, bool token);
-extern TimestampTz dl_write_token_lease(const char *run, int64 epoch, bytea *token_sha256,
-										const char *holder, Interval *ttl);
+extern void dl_write_token_lease(const char *run, int64 epoch, bytea *token_sha256,
+								 const char *holder, Interval *ttl, TimestampTz taken_at,
+								 TimestampTz expires_at);
 extern bool dl_lock_token_lease(const char *run, int64 epoch, LockedToken *locked);
 extern void dl_write_token_expiry(LockedToken *locked, TimestampTz expires_at);
 extern void dl_write_token_release(LockedToken *locked);
 extern void dl_write_token_calls(const char *run, int64 epoch, bytea *call, int32 calls);
-extern void dl_write_epoch_end(const char *run, int64 epoch);
+extern void dl_write_epoch_end(const char *run, int64 epoch, bool token);
 extern void dl_write_audit(const char *run, const char *key, const char *event,
 						   Jsonb *detail, int64 lease_epoch, int32 attempt);
 

@@ -27,17 +27,30 @@
 /* How many random bytes a token carries (hex-encoded: twice as many characters). */
 #define TOKEN_BYTES 32
 
+/*
+ * A ttl is a duration: its days count 24 hours each, and months (whose
+ * length depends on the calendar) are refused.
+ */
+static int64
+ttl_usecs(Interval *ttl)
+{
+	return ttl->month != 0 ? -1 : (int64) ttl->day * USECS_PER_DAY + ttl->time;
+}
+
+/* When a lease given ttl from now expires. */
+static TimestampTz
+expiry(TimestampTz now, Interval *ttl)
+{
+	return now + ttl_usecs(ttl);
+}
+
 /* A token lease lasts from one second to one day between renewals. */
 void
 dl_check_ttl(Interval *ttl)
 {
-	Interval	second = {.time = USECS_PER_SEC};
-	Interval	day = {.day = 1};
+	int64		usecs = ttl_usecs(ttl);
 
-	if (DatumGetInt32(DirectFunctionCall2(interval_cmp, IntervalPGetDatum(ttl),
-										  IntervalPGetDatum(&second))) < 0 ||
-		DatumGetInt32(DirectFunctionCall2(interval_cmp, IntervalPGetDatum(ttl),
-										  IntervalPGetDatum(&day))) > 0)
+	if (ttl->month != 0 || usecs < USECS_PER_SEC || usecs > USECS_PER_DAY)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("ttl must be between 1 second and 1 day"),
@@ -115,10 +128,15 @@ dl_token_take(const char *run, Interval *ttl, const char *holder, TokenGrant *gr
 	uint64		lock_key = dl_run_lock_key(run);
 	RunState	state;
 	char		random[TOKEN_BYTES];
+	TimestampTz now;
 	DetailBuilder detail;
 
-	/* a session lease, another take_lease, or a call in progress: not now */
-	if (!dl_run_lock_xact(lock_key, DL_LOCK_CLASS, false) ||
+	/*
+	 * a session lease (this session's too: its own lock would not keep it
+	 * out), another take_lease, or a call or renewal in progress: not now
+	 */
+	if (dl_run_lock_held(lock_key) ||
+		!dl_run_exclude_sessions(lock_key) ||
 		!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, false))
 		return false;
 	if (dl_read_run_state(run, &state) && dl_lease_is_live(run, state.epoch))
@@ -133,9 +151,10 @@ dl_token_take(const char *run, Interval *ttl, const char *holder, TokenGrant *gr
 	grant->token[2 * TOKEN_BYTES] = '\0';
 
 	grant->epoch = dl_write_next_epoch(run, lock_key, true);
-	grant->expires_at = dl_write_token_lease(run, grant->epoch,
-											 token_sha256(grant->token, 2 * TOKEN_BYTES),
-											 holder, ttl);
+	now = GetCurrentTimestamp();
+	grant->expires_at = expiry(now, ttl);
+	dl_write_token_lease(run, grant->epoch, token_sha256(grant->token, 2 * TOKEN_BYTES),
+						 holder, ttl, now, grant->expires_at);
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "kind", "token");
 	dl_detail_text(&detail, "holder", holder);
@@ -216,15 +235,19 @@ dl_token_renew(const char *token, Interval *ttl)
 	TimestampTz expires_at;
 
 	find_token(token, &lease);
+	/*
+	 * Like a call: a renewal that is under way when the lease's expiry
+	 * passes may still commit, so nothing may judge the lease ended (or take
+	 * the run) meanwhile; they wait for this lock, or say the run is busy.
+	 */
+	(void) dl_run_lock_xact(dl_run_lock_key(lease.run), DL_CALL_LOCK_CLASS, true);
 	if (!dl_lock_token_lease(lease.run, lease.epoch, &locked))
 		elog(ERROR, "token lease of run \"%s\" disappeared", lease.run);
 	if (!dl_read_run_state(lease.run, &state))
 		elog(ERROR, "run \"%s\" of a token lease has no row", lease.run);
 	check_live(lease.run, locked.released, locked.expired, locked.expires_at, lease.epoch,
 			   state.epoch);
-	expires_at = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-														 TimestampTzGetDatum(GetCurrentTimestamp()),
-														 IntervalPGetDatum(ttl ? ttl : locked.ttl)));
+	expires_at = expiry(GetCurrentTimestamp(), ttl ? ttl : locked.ttl);
 	dl_write_token_expiry(&locked, expires_at);
 	dl_note_durable_write();
 	return expires_at;
@@ -245,6 +268,7 @@ dl_token_release(const char *token)
 		locked.released || locked.expired || state.epoch != lease.epoch)
 		return false;
 	dl_write_token_release(&locked);
+	dl_write_epoch_end(lease.run, lease.epoch, true);
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "kind", "token");
 	dl_write_audit(lease.run, NULL, "lease_released", dl_detail_finish(&detail), lease.epoch, 0);

@@ -667,9 +667,12 @@ dl_write_next_epoch(const char *run, uint64 lock_key, bool token)
 	return epoch;
 }
 
-/* Records the end of epoch of run, if it is this backend's current one. */
+/*
+ * Records the end of epoch of run, if it is still the run's current one and
+ * of the kind given: a token lease's, or this backend's session lease's.
+ */
 void
-dl_write_epoch_end(const char *run, int64 epoch)
+dl_write_epoch_end(const char *run, int64 epoch, bool token)
 {
 	Write		w;
 	HeapTuple	current;
@@ -678,11 +681,17 @@ dl_write_epoch_end(const char *run, int64 epoch)
 	if (lock_row(&w, CStringGetTextDatum(run), RUN_RUN, &current))
 	{
 		TupleDesc	desc = RelationGetDescr(w.rel);
+		AttrNumber *a = dl_runs_table.attnums;
 		bool		isnull;
+		bool		kind_isnull;
+		Datum		kind = heap_getattr(current, a[RUN_LEASE_KIND], desc, &kind_isnull);
 
 		start_from(&w, current);
-		if (DatumGetInt64(heap_getattr(current, dl_runs_table.attnums[RUN_EPOCHS], desc, &isnull)) == epoch &&
-			DatumGetInt32(heap_getattr(current, dl_runs_table.attnums[RUN_HOLDER_PID], desc, &isnull)) == MyProcPid)
+		if (DatumGetInt64(heap_getattr(current, a[RUN_EPOCHS], desc, &isnull)) == epoch &&
+			!kind_isnull &&
+			strcmp(TextDatumGetCString(kind), token ? "token" : "session") == 0 &&
+			(token ||
+			 DatumGetInt32(heap_getattr(current, a[RUN_HOLDER_PID], desc, &isnull)) == MyProcPid))
 		{
 			set_value(&w, RUN_RELEASED_AT, now_datum());
 			update_row(&w, current);
@@ -695,17 +704,14 @@ dl_write_epoch_end(const char *run, int64 epoch)
 
 /*
  * Records a token lease on epoch of run (the epoch itself is recorded by
- * dl_write_next_epoch), expiring ttl from now; returns when.
+ * dl_write_next_epoch), taken at taken_at and expiring at expires_at.
  */
-TimestampTz
+void
 dl_write_token_lease(const char *run, int64 epoch, bytea *token_sha256,
-					 const char *holder, Interval *ttl)
+					 const char *holder, Interval *ttl, TimestampTz taken_at,
+					 TimestampTz expires_at)
 {
 	Write		w;
-	TimestampTz now = GetCurrentTimestamp();
-	TimestampTz expires_at = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-																	 TimestampTzGetDatum(now),
-																	 IntervalPGetDatum(ttl)));
 
 	begin_write(&w, &dl_token_table);
 	set_value(&w, TOK_RUN, CStringGetTextDatum(run));
@@ -713,12 +719,11 @@ dl_write_token_lease(const char *run, int64 epoch, bytea *token_sha256,
 	set_value(&w, TOK_TOKEN_SHA256, PointerGetDatum(token_sha256));
 	set_optional(&w, TOK_HOLDER, holder ? CStringGetTextDatum(holder) : (Datum) 0, holder == NULL);
 	set_value(&w, TOK_TTL, IntervalPGetDatum(ttl));
-	set_value(&w, TOK_TAKEN_AT, TimestampTzGetDatum(now));
+	set_value(&w, TOK_TAKEN_AT, TimestampTzGetDatum(taken_at));
 	set_value(&w, TOK_EXPIRES_AT, TimestampTzGetDatum(expires_at));
 	set_null(&w, TOK_RELEASED_AT);
 	insert_row(&w);
 	end_write(&w);
-	return expires_at;
 }
 
 /*
