@@ -85,6 +85,10 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
+# every object depends on the headers (PGXS tracks them only in a server
+# configured with --enable-depend): a changed struct must rebuild its users
+$(OBJS): $(wildcard $(srcdir)/src/*.h)
+
 # Everything, in throwaway clusters (as root too): see CONTRIBUTING.md.
 .PHONY: test prove_installcheck check-clients check-layers deps demo bench
 test: all

@@ -4,8 +4,10 @@
  * A key is looked up as a unique check looks (SnapshotDirty on the primary
  * key: committed versions and those of transactions in progress), which
  * tells begin_effect at once whether a key is new, settled, or being
- * changed.  Everything else is SQL with saved plans (plans.c); the questions
- * about now (is a lease live?) are read with the latest snapshot.
+ * changed.  The rows a lease is judged by (a run, a token lease, a token
+ * lease's counters) are found through their unique indexes as committed
+ * now.  Everything else is SQL with saved plans (plans.c); the questions
+ * about now are read with the latest snapshot.
  */
 #include "postgres.h"
 
@@ -14,6 +16,8 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_index.h"
 #include "catalog/pg_type.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
@@ -90,34 +94,6 @@ static Statement lease_began_past_attempt = {
 	"SELECT FROM durable_ledger.past_attempts"
 	" WHERE key" EQ "$1 AND run" EQ "$2 AND lease_epoch" EQ "$3",
 	3, {TEXTOID, TEXTOID, INT8OID}
-};
-
-static Statement run_state = {
-	"SELECT r.epochs, r.released_at IS NOT NULL, r.holder_pid,"
-	"       r.lease_kind OPERATOR(pg_catalog.=) 'token',"
-	"       t.released_at IS NULL"
-	"        AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp(),"
-	"       t.expires_at"
-	"  FROM durable_ledger.runs r"
-	"  LEFT JOIN durable_ledger.token_leases t"
-	"    ON t.run" EQ "r.run AND t.epoch" EQ "r.epochs"
-	" WHERE r.run" EQ "$1",
-	1, {TEXTOID}
-};
-
-static Statement token_lease = {
-	"SELECT t.run, t.epoch, r.epochs, t.released_at IS NOT NULL,"
-	"       t.expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp(), t.expires_at"
-	"  FROM durable_ledger.token_leases t"
-	"  JOIN durable_ledger.runs r ON r.run" EQ "t.run"
-	" WHERE t.token_sha256" EQ "$1",
-	1, {BYTEAOID}
-};
-
-static Statement token_calls = {
-	"SELECT calls FROM durable_ledger.token_lease_calls"
-	" WHERE run" EQ "$1 AND epoch" EQ "$2 AND call" EQ "$3",
-	3, {TEXTOID, INT8OID, BYTEAOID}
 };
 
 static Statement lease_holder = {
@@ -238,6 +214,167 @@ dl_read_lease_began_past_attempt(const char *key, const char *run, int64 lease_e
 	return dl_plan_run_now(&lease_began_past_attempt, values, NULL, SPI_OK_SELECT) > 0;
 }
 
+/* ---------- rows found by a unique index, as committed now ---------- */
+
+/* The unique index a lookup uses, found once per version of its table. */
+typedef struct LookupIndex
+{
+	uint64		learned;		/* the version of the table it was found in */
+	Oid			index;
+} LookupIndex;
+
+/*
+ * The valid unique btree index of rel whose key columns are exactly t's
+ * columns, in that order (no expressions, no predicate).
+ */
+static Oid
+unique_index_on(LedgerTable *t, Relation rel, int nkeys, const int *columns)
+{
+	List	   *indexes = RelationGetIndexList(rel);
+	ListCell   *lc;
+
+	foreach(lc, indexes)
+	{
+		Relation	index = index_open(lfirst_oid(lc), AccessShareLock);
+		Form_pg_index form = index->rd_index;
+		bool		matches = form->indisunique && form->indisvalid &&
+			index->rd_rel->relam == BTREE_AM_OID &&
+			form->indnkeyatts == nkeys &&
+			RelationGetIndexExpressions(index) == NIL &&
+			RelationGetIndexPredicate(index) == NIL;
+		int			i;
+
+		for (i = 0; matches && i < nkeys; i++)
+			matches = form->indkey.values[i] == t->attnums[columns[i]];
+		index_close(index, AccessShareLock);
+		if (matches)
+			return lfirst_oid(lc);
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("durable_ledger.%s lost the unique index the ledger looks its rows up by",
+					t->name),
+			 errhint("The table must keep the indexes the extension created.")));
+	return InvalidOid;			/* keep compiler quiet */
+}
+
+static RegProcedure
+equality_proc(Oid type)
+{
+	switch (type)
+	{
+		case TEXTOID:
+			return F_TEXTEQ;
+		case INT8OID:
+			return F_INT8EQ;
+		case BYTEAOID:
+			return F_BYTEAEQ;
+		default:
+			elog(ERROR, "no lookup by a column of type %u", type);
+			return InvalidOid;	/* keep compiler quiet */
+	}
+}
+
+/*
+ * Finds the row of t whose columns hold values, through the unique index on
+ * them, as committed now (the latest snapshot, this transaction's own writes
+ * included), whatever the transaction's snapshot; calls take with it.  false
+ * when there is none.  An index scan, never a plan: a plan made while the
+ * table was small would scan it whole once it has grown.
+ */
+static bool
+find_row_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
+			 const Datum *values, void (*take) (TupleTableSlot *, void *), void *arg)
+{
+	Relation	rel = dl_open_table(t, AccessShareLock);
+	Relation	index;
+	Snapshot	snapshot;
+	ScanKeyData keys[INDEX_MAX_KEYS];
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	bool		found;
+	int			i;
+
+	if (by->learned != t->learned)
+	{
+		by->index = unique_index_on(t, rel, nkeys, columns);
+		by->learned = t->learned;
+	}
+	index = index_open(by->index, AccessShareLock);
+	for (i = 0; i < nkeys; i++)
+		ScanKeyEntryInitialize(&keys[i], 0, i + 1, BTEqualStrategyNumber, InvalidOid,
+							   index->rd_indcollation[i],
+							   equality_proc(t->columns[columns[i]].type), values[i]);
+
+	CommandCounterIncrement();	/* our own writes so far are seen */
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	slot = table_slot_create(rel, NULL);
+	scan = index_beginscan(rel, index, snapshot, nkeys, 0);
+	index_rescan(scan, keys, nkeys, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	if (found)
+		take(slot, arg);
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	UnregisterSnapshot(snapshot);
+	index_close(index, NoLock);
+	table_close(rel, NoLock);
+	return found;
+}
+
+static Datum
+column_value(LedgerTable *t, TupleTableSlot *slot, int column, bool *isnull)
+{
+	return slot_getattr(slot, t->attnums[column], isnull);
+}
+
+static void
+take_run_state(TupleTableSlot *slot, void *arg)
+{
+	RunState   *state = arg;
+	bool		isnull;
+	Datum		d;
+
+	state->epoch = DatumGetInt64(column_value(&dl_runs_table, slot, RUN_EPOCHS, &isnull));
+	(void) column_value(&dl_runs_table, slot, RUN_RELEASED_AT, &isnull);
+	state->released = !isnull;
+	d = column_value(&dl_runs_table, slot, RUN_HOLDER_PID, &isnull);
+	state->holder_pid = isnull ? 0 : DatumGetInt32(d);
+	d = column_value(&dl_runs_table, slot, RUN_LEASE_KIND, &isnull);
+	state->token = !isnull && strcmp(TextDatumGetCString(d), "token") == 0;
+}
+
+/* The token lease row's state, judged by the server's clock now. */
+typedef struct TokenRow
+{
+	char	   *run;
+	int64		epoch;
+	bool		released;
+	TimestampTz expires_at;
+} TokenRow;
+
+static void
+take_token_row(TupleTableSlot *slot, void *arg)
+{
+	TokenRow   *row = arg;
+	bool		isnull;
+
+	row->run = TextDatumGetCString(column_value(&dl_token_table, slot, TOK_RUN, &isnull));
+	row->epoch = DatumGetInt64(column_value(&dl_token_table, slot, TOK_EPOCH, &isnull));
+	(void) column_value(&dl_token_table, slot, TOK_RELEASED_AT, &isnull);
+	row->released = !isnull;
+	row->expires_at = DatumGetTimestampTz(column_value(&dl_token_table, slot, TOK_EXPIRES_AT,
+													   &isnull));
+}
+
+static void
+take_calls(TupleTableSlot *slot, void *arg)
+{
+	bool		isnull;
+
+	*(int32 *) arg = DatumGetInt32(column_value(&dl_calls_table, slot, CALLS_CALLS, &isnull));
+}
+
 /*
  * What the ledger knows of the run's current epoch, as committed now
  * (whatever the transaction's snapshot); false when the run has no row.
@@ -246,25 +383,25 @@ dl_read_lease_began_past_attempt(const char *key, const char *run, int64 lease_e
 bool
 dl_read_run_state(const char *run, RunState *state)
 {
-	Datum		values[1];
-	HeapTuple	tuple;
-	TupleDesc	desc;
-	bool		isnull;
-	Datum		d;
+	static LookupIndex runs_by_run;
+	static LookupIndex token_by_epoch;
+	static const int run_key[] = {RUN_RUN};
+	static const int token_key[] = {TOK_RUN, TOK_EPOCH};
+	Datum		values[2];
+	TokenRow	token;
 
-	values[0] = dl_text_datum(run);
-	if (dl_plan_run_now(&run_state, values, NULL, SPI_OK_SELECT) == 0)
+	values[0] = CStringGetTextDatum(run);
+	if (!find_row_now(&dl_runs_table, &runs_by_run, 1, run_key, values, take_run_state, state))
 		return false;
-	tuple = SPI_tuptable->vals[0];
-	desc = SPI_tuptable->tupdesc;
-	state->epoch = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
-	state->released = DatumGetBool(SPI_getbinval(tuple, desc, 2, &isnull));
-	state->holder_pid = DatumGetInt32(SPI_getbinval(tuple, desc, 3, &isnull));
-	state->token = DatumGetBool(SPI_getbinval(tuple, desc, 4, &isnull));
-	d = SPI_getbinval(tuple, desc, 5, &isnull);
-	state->token_live = state->token && !isnull && DatumGetBool(d);
-	d = SPI_getbinval(tuple, desc, 6, &isnull);
-	state->expires_at = isnull ? 0 : DatumGetTimestampTz(d);
+	state->token_live = false;
+	state->expires_at = 0;
+	values[1] = Int64GetDatum(state->epoch);
+	if (state->token &&
+		find_row_now(&dl_token_table, &token_by_epoch, 2, token_key, values, take_token_row, &token))
+	{
+		state->token_live = !token.released && token.expires_at > GetCurrentTimestamp();
+		state->expires_at = token.expires_at;
+	}
 	return true;
 }
 
@@ -275,22 +412,21 @@ dl_read_run_state(const char *run, RunState *state)
 bool
 dl_read_token_lease(bytea *token_sha256, TokenLease *lease)
 {
+	static LookupIndex token_by_hash;
+	static const int hash_key[] = {TOK_TOKEN_SHA256};
 	Datum		values[1];
-	HeapTuple	tuple;
-	TupleDesc	desc;
-	bool		isnull;
+	TokenRow	token;
+	RunState	state;
 
 	values[0] = PointerGetDatum(token_sha256);
-	if (dl_plan_run_now(&token_lease, values, NULL, SPI_OK_SELECT) == 0)
+	if (!find_row_now(&dl_token_table, &token_by_hash, 1, hash_key, values, take_token_row, &token))
 		return false;
-	tuple = SPI_tuptable->vals[0];
-	desc = SPI_tuptable->tupdesc;
-	lease->run = SPI_getvalue(tuple, desc, 1);
-	lease->epoch = DatumGetInt64(SPI_getbinval(tuple, desc, 2, &isnull));
-	lease->current_epoch = DatumGetInt64(SPI_getbinval(tuple, desc, 3, &isnull));
-	lease->released = DatumGetBool(SPI_getbinval(tuple, desc, 4, &isnull));
-	lease->expired = DatumGetBool(SPI_getbinval(tuple, desc, 5, &isnull));
-	lease->expires_at = DatumGetTimestampTz(SPI_getbinval(tuple, desc, 6, &isnull));
+	lease->run = token.run;
+	lease->epoch = token.epoch;
+	lease->current_epoch = dl_read_run_state(token.run, &state) ? state.epoch : 0;
+	lease->released = token.released;
+	lease->expired = token.expires_at <= GetCurrentTimestamp();
+	lease->expires_at = token.expires_at;
 	return true;
 }
 
@@ -302,15 +438,16 @@ dl_read_token_lease(bytea *token_sha256, TokenLease *lease)
 int32
 dl_read_token_calls(const char *run, int64 epoch, bytea *call)
 {
+	static LookupIndex calls_by_call;
+	static const int calls_key[] = {CALLS_RUN, CALLS_EPOCH, CALLS_CALL};
 	Datum		values[3];
-	bool		isnull;
+	int32		calls = 0;
 
-	values[0] = dl_text_datum(run);
+	values[0] = CStringGetTextDatum(run);
 	values[1] = Int64GetDatum(epoch);
 	values[2] = PointerGetDatum(call);
-	if (dl_plan_run_now(&token_calls, values, NULL, SPI_OK_SELECT) == 0)
-		return 0;
-	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	(void) find_row_now(&dl_calls_table, &calls_by_call, 3, calls_key, values, take_calls, &calls);
+	return calls;
 }
 
 /* The pid holding the run's lease lock (by its lock key), or 0. */

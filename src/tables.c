@@ -208,6 +208,7 @@ learn_table(LedgerTable *t, Relation rel)
 	MemoryContextSwitchTo(old);
 	t->first_sequence = default_sequence(rel, attnums[0]);
 	t->relid = RelationGetRelid(rel);
+	t->learned++;
 }
 
 

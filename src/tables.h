@@ -23,6 +23,7 @@ typedef struct LedgerTable
 	const Column *columns;
 	int			ncolumns;
 	Oid			relid;			/* InvalidOid: look it up again */
+	uint64		learned;		/* how many times it was looked up: a new version */
 	AttrNumber *attnums;		/* columns[i] is attribute attnums[i] */
 	int			ndomains;		/* attributes of a domain type, checked as SQL would */
 	AttrNumber *domain_attnums;
