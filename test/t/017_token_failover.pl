@@ -50,8 +50,11 @@ for my $n (1 .. 2)
 ok($w->query_safe(qq{SELECT durable_ledger.renew_lease('$token', '2 hours') > now() + interval '119 minutes'}) eq 't',
 	'the lease was renewed for two hours');
 
-# a second token lease, to be released while the standby is cut off
+# two more token leases, one to be released and one renewed while the standby is
+# cut off (on runs of their own: a call of tok-fo that waits for the standby holds
+# the run's call lock until it ends, and a renewal of tok-fo would wait for that)
 my $other = $w->query_safe(q{SELECT (durable_ledger.take_lease('tok-fo-2', '1 hour')).token});
+my $renewed = $w->query_safe(q{SELECT (durable_ledger.take_lease('tok-fo-4', '1 hour')).token});
 
 # --- the standby is cut off: each token write waits for it ------------------
 
@@ -59,7 +62,7 @@ ok(cut_off($primary, $standby), 'the standby no longer receives WAL');
 
 my %waiting = (
 	'take_lease()' => q{SELECT durable_ledger.take_lease('tok-fo-3', '1 hour');},
-	'renew_lease()' => qq{SELECT durable_ledger.renew_lease('$token');},
+	'renew_lease()' => qq{SELECT durable_ledger.renew_lease('$renewed');},
 	'release_lease()' => qq{SELECT durable_ledger.release_lease('$other');},
 	'a counted call (a replay)' => qq{SELECT decision FROM durable_ledger.begin_effect(
 		'tok-fo', 'bank.pay', '{"invoice": "INV-1"}', lease => '$token');},
