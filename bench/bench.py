@@ -4,7 +4,14 @@
 The floor is the same writes done by hand, one round trip each (bench/floor_pair.sql).
 Every comparison runs interleaved in one cluster (A B A B ...) and reports the
 median of its rounds as a ratio; absolute numbers are context only.  Run by
-bench/run.sh against a throwaway cluster.
+bench/run.sh against a throwaway cluster.  --only runs some sections:
+pairs, batch, replay, handoff, pooler, growth.
+
+The pooler section starts Debian's PgBouncer (pool_mode = transaction) in front
+of the cluster and sends both sides through it: begin+complete under token
+leases (bench/ledger_token_pair.sql) against the same floor.  PgBouncer 1.18
+does not carry prepared statements across transactions, so that section uses
+pgbench -M extended (unnamed statements) for both sides.
 """
 
 import argparse
@@ -12,6 +19,9 @@ import datetime
 import glob
 import os
 import platform
+import pwd
+import shutil
+import socket
 import statistics
 import subprocess
 import tempfile
@@ -23,12 +33,14 @@ from psycopg.types.json import Jsonb
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def pgbench(args, script, clients, seconds, logdir, tag):
+def pgbench(args, script, clients, seconds, logdir, tag, dsn=None, protocol="prepared", defines=None):
     """Runs one pgbench round; returns (tps, p50 ms, p99 ms)."""
     prefix = os.path.join(logdir, tag)
-    cmd = [args.pgbench, "-n", "-M", "prepared", "-f", os.path.join(HERE, script), "-c", str(clients),
+    cmd = [args.pgbench, "-n", "-M", protocol, "-f", os.path.join(HERE, script), "-c", str(clients),
            "-j", str(min(clients, os.cpu_count() or 2)), "-T", str(seconds),
-           "-l", f"--log-prefix={prefix}", "-d", args.dsn]
+           "-l", f"--log-prefix={prefix}", "-d", dsn or args.dsn]
+    for name, value in (defines or {}).items():
+        cmd += ["-D", f"{name}={value}"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"pgbench failed: {done.stderr.strip()}")
@@ -133,9 +145,109 @@ def settle(conn):
     previous section wrote vacuumed (so that autovacuum does not wake up in the
     middle of a measurement) and a checkpoint behind us."""
     for table in ("durable_ledger.effects", "durable_ledger.audit_log", "durable_ledger.runs",
+                  "durable_ledger.token_leases", "durable_ledger.token_lease_calls",
                   "floor_effects", "floor_audit"):
         conn.execute(f"VACUUM (ANALYZE) {table}")
     conn.execute("CHECKPOINT")
+
+
+class PgBouncer:
+    """Debian's PgBouncer in transaction pooling mode in front of the bench
+    cluster (reached over its Unix socket), listening on 127.0.0.1 at a free
+    port; run as the postgres OS user when bench.py runs as root (PgBouncer
+    refuses root).  A context manager: stopped (SIGTERM) and its folder removed
+    on exit."""
+
+    def __init__(self, args):
+        info = psycopg.conninfo.conninfo_to_dict(args.dsn)
+        self.pool_size = args.pool_size
+        self.binary = args.pgbouncer or shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        self.dir = tempfile.mkdtemp(prefix="durable_ledger_bench_pgbouncer.")
+        with socket.socket() as s:  # a free port
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        user = info.get("user") or pwd.getpwuid(os.getuid()).pw_name
+        with open(os.path.join(self.dir, "userlist.txt"), "w") as f:
+            f.write(f'"{user}" ""\n')
+        with open(os.path.join(self.dir, "pgbouncer.ini"), "w") as f:
+            f.write(f"[databases]\n* = host={info.get('host', '/tmp')} port={info.get('port', 5432)}\n\n"
+                    f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+                    f"auth_type = trust\nauth_file = {self.dir}/userlist.txt\npool_mode = transaction\n"
+                    f"default_pool_size = {self.pool_size}\nreserve_pool_size = 0\nmax_client_conn = 200\n"
+                    f"ignore_startup_parameters = extra_float_digits\n")
+        self.dsn = psycopg.conninfo.make_conninfo(
+            "", host="127.0.0.1", port=self.port, dbname=info.get("dbname", "postgres"), user=user)
+        self.as_user = {}
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+            for name in os.listdir(self.dir):
+                os.chown(os.path.join(self.dir, name), pw.pw_uid, pw.pw_gid)
+            self.as_user = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+
+    def __enter__(self):
+        self.log = open(os.path.join(self.dir, "pgbouncer.log"), "w")
+        self.proc = subprocess.Popen([self.binary, os.path.join(self.dir, "pgbouncer.ini")],
+                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+                                     **self.as_user)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None) as c:
+                    c.execute("SELECT 1")
+                return self
+            except psycopg.OperationalError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.__exit__()
+                    raise SystemExit("pgbouncer did not start: "
+                                     + open(os.path.join(self.dir, "pgbouncer.log")).read()[-2000:])
+                time.sleep(0.1)
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def pooler(args, conn, logdir, clients):
+    """begin+complete under token leases through PgBouncer against the floor
+    through the same PgBouncer; yields a row per number of clients."""
+    rounds = iter(range(10 ** 6))
+
+    def ledger(dsn, c, seconds=None):
+        result = pgbench(args, "ledger_token_pair.sql", c, seconds or args.seconds, logdir, f"pl{c}", dsn=dsn,
+                         protocol="extended", defines={"have_lease": 0, "round": next(rounds)})
+        # the round's leases outlive its clients: end them, as a supervisor would
+        conn.execute("SELECT count(durable_ledger.break_lease(run, 'bench', 'end of a pgbench round'))"
+                     "  FROM durable_ledger.leases WHERE kind = 'token'")
+        return result
+
+    with PgBouncer(args) as bouncer:
+        for c in clients:
+            # Not measured: a round of each side first, so that the pooler has
+            # opened its server connections and the token leases' tables are not
+            # empty when settle() analyzes them.  The server connections live
+            # across rounds, and so do the plans they cached: a lookup planned
+            # on an empty table (a sequential scan) would stay until autovacuum
+            # analyzes it again, getting slower with every call (see README).
+            ledger(bouncer.dsn, c, max(2, args.seconds // 4))
+            pgbench(args, "floor_pair.sql", c, max(2, args.seconds // 4), logdir, f"pw{c}",
+                    dsn=bouncer.dsn, protocol="extended")
+            settle(conn)
+            led, flo = interleaved(args.rounds,
+                                   lambda: ledger(bouncer.dsn, c),
+                                   lambda: pgbench(args, "floor_pair.sql", c, args.seconds, logdir, f"pf{c}",
+                                                   dsn=bouncer.dsn, protocol="extended"))
+            yield (f"begin+complete, token leases through PgBouncer, {c} client{'s' if c > 1 else ''}",
+                   med(led, 0) / med(flo, 0), "≥ 0.95",
+                   f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "
+                   f"floor {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms); "
+                   f"transaction pooling, {bouncer.pool_size} server connections, -M extended")
 
 
 def ledger_bytes(conn):
@@ -172,15 +284,27 @@ def populate(conn, target):
     conn.execute("CHECKPOINT")
 
 
+SECTIONS = ("pairs", "batch", "replay", "handoff", "pooler", "growth")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dsn", required=True)
     p.add_argument("--pgbench", default="pgbench")
+    p.add_argument("--pgbouncer", help="the pgbouncer binary (default: on PATH, else /usr/sbin/pgbouncer)")
     p.add_argument("--seconds", type=int, default=8, help="length of one pgbench round")
     p.add_argument("--rounds", type=int, default=5, help="rounds of each side, interleaved")
     p.add_argument("--clients", default="1,8,32")
+    p.add_argument("--pool-size", type=int, default=8,
+                   help="PgBouncer's default_pool_size (server connections) in the pooler section")
     p.add_argument("--big", type=int, default=2000000, help="effects in the ledger for the growth test")
+    p.add_argument("--only", default=",".join(SECTIONS),
+                   help="the sections to run, comma-separated: " + ", ".join(SECTIONS))
     args = p.parse_args()
+    only = set(args.only.split(","))
+    if not only <= set(SECTIONS):
+        p.error(f"--only: unknown section {', '.join(sorted(only - set(SECTIONS)))}")
+    clients = [int(x) for x in args.clients.split(",")]
 
     conn = psycopg.connect(args.dsn, autocommit=True)
     conn.execute(open(os.path.join(HERE, "floor.sql")).read())
@@ -188,70 +312,84 @@ def main():
     rows = []
     say = lambda *a: print(*a, flush=True)
 
-    say("begin+complete against the floor ...")
-    for c in [int(x) for x in args.clients.split(",")]:
-        settle(conn)
-        led, flo = interleaved(args.rounds,
-                               lambda: pgbench(args, "ledger_pair.sql", c, args.seconds, logdir, f"l{c}"),
-                               lambda: pgbench(args, "floor_pair.sql", c, args.seconds, logdir, f"f{c}"))
-        rows.append((f"begin+complete, {c} client{'s' if c > 1 else ''}",
-                     med(led, 0) / med(flo, 0), "≥ 0.97",
-                     f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "
-                     f"floor {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms)"))
-        say("  ", rows[-1])
+    if "pairs" in only:
+        say("begin+complete against the floor ...")
+        for c in clients:
+            settle(conn)
+            led, flo = interleaved(args.rounds,
+                                   lambda: pgbench(args, "ledger_pair.sql", c, args.seconds, logdir, f"l{c}"),
+                                   lambda: pgbench(args, "floor_pair.sql", c, args.seconds, logdir, f"f{c}"))
+            rows.append((f"begin+complete, {c} client{'s' if c > 1 else ''}",
+                         med(led, 0) / med(flo, 0), "≥ 0.97",
+                         f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "
+                         f"floor {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms)"))
+            say("  ", rows[-1])
 
     # the single-transaction measures take well under a second a round: more rounds
     short_rounds = max(args.rounds, 11)
-    say("20,000 intents in one transaction ...")
-    settle(conn)
-    led, flo = cpu_bound(conn, short_rounds, 20000)
-    rows.append(("20,000 begin_effect in one transaction (time)", med(led, 0) / med(flo, 0), "≤ 1.3",
-                 f"ledger {med(led, 0) * 1000:.0f} ms; floor {med(flo, 0) * 1000:.0f} ms"))
-    say("  ", rows[-1])
+    if "batch" in only:
+        say("20,000 intents in one transaction ...")
+        settle(conn)
+        led, flo = cpu_bound(conn, short_rounds, 20000)
+        rows.append(("20,000 begin_effect in one transaction (time)", med(led, 0) / med(flo, 0), "≤ 1.3",
+                     f"ledger {med(led, 0) * 1000:.0f} ms; floor {med(flo, 0) * 1000:.0f} ms"))
+        say("  ", rows[-1])
 
-    say("replay against a primary-key SELECT ...")
-    settle(conn)
-    led, sel = replay(conn, short_rounds, 5000)
-    rows.append(("replay in a new epoch vs PK SELECT (throughput)", med(led, 0) / med(sel, 0), "≥ 0.8",
-                 f"ledger {med(led, 0):.0f}/s; SELECT {med(sel, 0):.0f}/s (5,000 calls per transaction)"))
-    say("  ", rows[-1])
+    if "replay" in only:
+        say("replay against a primary-key SELECT ...")
+        settle(conn)
+        led, sel = replay(conn, short_rounds, 5000)
+        rows.append(("replay in a new epoch vs PK SELECT (throughput)", med(led, 0) / med(sel, 0), "≥ 0.8",
+                     f"ledger {med(led, 0):.0f}/s; SELECT {med(sel, 0):.0f}/s (5,000 calls per transaction)"))
+        say("  ", rows[-1])
 
-    say("contention: 8 workers on 1 run ...")
-    hand = [pgbench(args, "handoff.sql", 8, args.seconds, logdir, "h8") for _ in range(args.rounds)]
-    one = [pgbench(args, "handoff.sql", 1, args.seconds, logdir, "h1") for _ in range(args.rounds)]
-    rows.append(("8 workers on 1 run: handoffs/s vs 1 worker", med(hand, 0) / med(one, 0), "(context)",
-                 f"{med(hand, 0):.0f} handoffs/s with 8 workers; {med(one, 0):.0f}/s with 1 (p99 {med(hand, 2):.2f} ms)"))
-    say("  ", rows[-1])
+    if "handoff" in only:
+        say("contention: 8 workers on 1 run ...")
+        hand = [pgbench(args, "handoff.sql", 8, args.seconds, logdir, "h8") for _ in range(args.rounds)]
+        one = [pgbench(args, "handoff.sql", 1, args.seconds, logdir, "h1") for _ in range(args.rounds)]
+        rows.append(("8 workers on 1 run: handoffs/s vs 1 worker", med(hand, 0) / med(one, 0), "(context)",
+                     f"{med(hand, 0):.0f} handoffs/s with 8 workers; {med(one, 0):.0f}/s with 1 "
+                     f"(p99 {med(hand, 2):.2f} ms)"))
+        say("  ", rows[-1])
 
-    say("growth: 10,000 vs %d effects ..." % args.big)
-    populate(conn, 10000)
-    before_bytes = ledger_bytes(conn)
-    before_n = conn.execute("SELECT count(*) FROM durable_ledger.effects").fetchone()[0]
-    small = [pgbench(args, "ledger_pair.sql", 8, args.seconds, logdir, "g_small") for _ in range(args.rounds)]
-    n_small = conn.execute("SELECT count(*) FROM durable_ledger.effects").fetchone()[0]
-    bytes_small = ledger_bytes(conn)
-    populate(conn, args.big)
-    big = [pgbench(args, "ledger_pair.sql", 8, args.seconds, logdir, "g_big") for _ in range(args.rounds)]
-    rows.append((f"p99 at {args.big:,} effects vs at 10,000", med(big, 2) / med(small, 2), "≤ 1.2",
-                 f"p99 {med(big, 2):.2f} ms vs {med(small, 2):.2f} ms (8 clients); "
-                 f"p50 {med(big, 1):.2f} vs {med(small, 1):.2f} ms"))
-    say("  ", rows[-1])
-    per_effect = (bytes_small - before_bytes) / max(1, n_small - before_n)
-    rows.append(("bytes per effect (effects + audit log + runs, with indexes)", per_effect, "(context)",
-                 "measured over the effects written by real begin/complete pairs"))
+    if "pooler" in only:
+        say("begin+complete under token leases through PgBouncer (transaction pooling) against the floor ...")
+        for row in pooler(args, conn, logdir, clients):
+            rows.append(row)
+            say("  ", rows[-1])
+
+    if "growth" in only:
+        say("growth: 10,000 vs %d effects ..." % args.big)
+        populate(conn, 10000)
+        before_bytes = ledger_bytes(conn)
+        before_n = conn.execute("SELECT count(*) FROM durable_ledger.effects").fetchone()[0]
+        small = [pgbench(args, "ledger_pair.sql", 8, args.seconds, logdir, "g_small") for _ in range(args.rounds)]
+        n_small = conn.execute("SELECT count(*) FROM durable_ledger.effects").fetchone()[0]
+        bytes_small = ledger_bytes(conn)
+        populate(conn, args.big)
+        big = [pgbench(args, "ledger_pair.sql", 8, args.seconds, logdir, "g_big") for _ in range(args.rounds)]
+        rows.append((f"p99 at {args.big:,} effects vs at 10,000", med(big, 2) / med(small, 2), "≤ 1.2",
+                     f"p99 {med(big, 2):.2f} ms vs {med(small, 2):.2f} ms (8 clients); "
+                     f"p50 {med(big, 1):.2f} vs {med(small, 1):.2f} ms"))
+        say("  ", rows[-1])
+        per_effect = (bytes_small - before_bytes) / max(1, n_small - before_n)
+        rows.append(("bytes per effect (effects + audit log + runs, with indexes)", per_effect, "(context)",
+                     "measured over the effects written by real begin/complete pairs"))
 
     cores = os.cpu_count()
     print()
     print(f"durable_ledger bench, {datetime.date.today()}, {cores} cores, PostgreSQL "
           + conn.execute("SHOW server_version").fetchone()[0] + f", {platform.machine()}; "
-          f"median of {args.rounds} interleaved rounds of {args.seconds} s "
-          f"({short_rounds} rounds for the single-transaction measures)")
+          f"median of {args.rounds} interleaved rounds of {args.seconds} s"
+          + (f" ({short_rounds} rounds for the single-transaction measures)" if only & {"batch", "replay"} else "")
+          + (f"; PgBouncer {args.pool_size} server connections, transaction pooling" if "pooler" in only else ""))
     print()
     print("| measure | ratio | target | context |")
     print("| --- | --- | --- | --- |")
     for name, ratio, target, ctx in rows:
         value = f"{ratio:.0f}" if name.startswith("bytes") else f"{ratio:.2f}x"
         print(f"| {name} | {value} | {target} | {ctx} |")
+    shutil.rmtree(logdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

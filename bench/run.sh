@@ -2,7 +2,7 @@
 # make bench: builds and installs durable_ledger, starts a throwaway cluster
 # tuned like a small production server, runs bench/bench.py, and removes the
 # cluster.  Not part of the test run.  Extra arguments go to bench.py
-# (e.g. --seconds 20 --rounds 5 --big 500000).
+# (e.g. --seconds 20 --rounds 5 --big 500000; --only pooler runs one section).
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)

@@ -9,6 +9,8 @@ packages=(
 	postgresql-server-dev-15       # PGXS, pg_regress, pg_isolation_regress, TAP modules
 	libipc-run-perl                # PostgreSQL's TAP tests
 	python3-psycopg                # the Python client and the fleet chaos test
+	python3-psycopg-pool           # the Python client's token-lease tests (a connection pool)
+	pgbouncer                      # the tests and bench section through a transaction pooler
 )
 
 missing=()

@@ -1,11 +1,17 @@
 // Type declarations for durable-ledger (hand-written; the package is plain ES modules).
 
-/** Anything with node-postgres' query(): a pg Client or PoolClient. */
+/**
+ * Anything with node-postgres' query(): a pg Client or PoolClient (session and token
+ * leases), or a pg.Pool (token leases only: each query may run on another connection).
+ */
 export interface Queryable {
   query(text: string, values?: unknown[]): Promise<{ rows: any[] }>;
   /** pg >= 8.21: 'I' idle, 'T' in a transaction, 'E' in a failed transaction. */
   getTransactionStatus?(): string | null;
 }
+
+/** The SQLSTATE of a lost token lease: expired, released, superseded or unknown. */
+export const LEASE_LOST: '55L01';
 
 export type DecisionWord = 'execute' | 'replay' | 'pause' | 'in_progress';
 export type EffectStatusWord = 'started' | 'completed' | 'failed' | 'unknown';
@@ -54,6 +60,46 @@ export interface CallOptions {
   businessKey?: string | null;
   /** Free JSON stored with the intent (model, prompt version, trace id...). */
   meta?: unknown;
+}
+
+export interface BeginEffectOptions extends CallOptions {
+  /** A token lease (or its token): the call belongs to that lease's epoch, no session lock. */
+  lease?: TokenLease | string | null;
+}
+
+export interface TokenAttemptOptions {
+  /** Seconds the lease lives without renewal: 1 to 86400 (the server checks). Default 300. */
+  ttl?: number;
+  /** The worker's name, shown in durable_ledger.leases. */
+  holder?: string | null;
+  /**
+   * Hears of a renewal that failed for another reason than a lost lease (it is retried
+   * within a second). Default: a process warning (DurableLedgerWarning).
+   */
+  onRenewalError?: (err: unknown, lease: TokenLease) => void;
+}
+
+/** One attempt at a run under a token lease: what tokenAttempt() hands to its function. */
+export class TokenLease {
+  private constructor();
+  readonly run: string;
+  /** The capability itself: whoever has it acts for the lease. Not serialised by JSON.stringify. */
+  readonly token: string;
+  /** The attempt's lease epoch. */
+  readonly epoch: number;
+  /** The expiry as of the last renewal (the server's clock decides). */
+  expiresAt: Date;
+  readonly holder: string | null;
+  /** Seconds the lease lives without renewal. */
+  readonly ttl: number;
+  /** Renewals that succeeded so far. */
+  renewals: number;
+  /** Why the lease is lost, once it is; null while it is held. */
+  lost: LeaseLostError | null;
+  /** Aborted, with the LeaseLostError as its reason, when the lease is found lost. */
+  readonly signal: AbortSignal;
+  /** Throws LeaseLostError when the lease is known to be lost. */
+  check(): void;
 }
 
 export interface GuardedCall<T> extends CallOptions {
@@ -106,7 +152,27 @@ export class EffectInProgress extends LedgerError {
  * `key` is the effect that stopped the run.
  */
 export class RunStopped extends LedgerError {
-  key: string;
+  /** null when a token attempt stopped because a begin_effect's outcome is unknown. */
+  key: string | null;
+}
+
+/** tokenAttempt(): a live lease of either kind holds the run (take_lease never waits). */
+export class RunBusy extends LedgerError {}
+
+/**
+ * The token lease of this attempt is gone (SQLSTATE 55L01: expired, broken by an admin,
+ * released, superseded). The attempt stops: every further call throws this without asking
+ * the database; a call that was in flight had its outcome reported; the next attempt
+ * (a new tokenAttempt) replays what was completed.
+ */
+export class LeaseLostError extends LedgerError {
+  constructor(message: string, fields: { run: string; epoch: number; reason?: string | null; cause?: unknown });
+  key: null;
+  decision: null;
+  /** The run of the lost attempt. */
+  run: string;
+  /** The lease epoch (the attempt) that was lost. */
+  epoch: number;
 }
 
 /** Throw from perform() when the downstream API definitively refused before changing anything. */
@@ -118,21 +184,24 @@ export class EffectDidNotHappen extends Error {
 
 export class Ledger {
   /**
-   * @param client a connected pg Client or PoolClient. A lease is a session lock: use the
-   *   same client for a whole attempt; never a transaction-pooling PgBouncer.
+   * @param client a connected pg Client or PoolClient, or a pg.Pool. A session lease is a
+   *   session lock: use the same client for a whole attempt; never a transaction-pooling
+   *   PgBouncer. A token lease (tokenAttempt) works on any of them; a pg.Pool serves token
+   *   leases only (session-lease calls throw LedgerError).
    */
   constructor(client: Queryable);
   readonly client: Queryable;
 
   /** durable_ledger.begin_effect, as is (no transaction check, no control flow). */
-  beginEffect(run: string, tool: string, args: unknown, options?: CallOptions): Promise<Decision>;
+  beginEffect(run: string, tool: string, args: unknown, options?: BeginEffectOptions): Promise<Decision>;
 
   /**
    * Runs one side effect at most once. Resolves to the result as recorded in the ledger
    * (a JSON round trip of what perform returned; undefined becomes null). The outcome is
    * reported on the attempt that begin_effect executed.
-   * @throws EffectFailed, EffectPaused, EffectInProgress, LedgerError, or perform's own
-   *   error (outcome unknown: the next attempt pauses).
+   * Inside tokenAttempt(run, ...) the call passes the lease's token to begin_effect.
+   * @throws EffectFailed, EffectPaused, EffectInProgress, RunStopped, LeaseLostError,
+   *   LedgerError, or perform's own error (outcome unknown: the next attempt pauses).
    */
   guarded<T = unknown>(call: GuardedCall<T>): Promise<any>;
 
@@ -153,4 +222,18 @@ export class Ledger {
 
   /** acquireRun(run), fn(run), releaseRun(run) in finally. */
   attempt<T>(run: string, fn: (run: string) => T | Promise<T>): Promise<T>;
+
+  /**
+   * One attempt at a run under a token lease: take_lease, fn(lease) with the lease renewed
+   * every ttl / 3, release_lease in finally. Every guarded() call on `run` inside passes the
+   * token; each statement is a transaction of its own, on whatever connection.
+   * @throws RunBusy when a live lease holds the run; LeaseLostError at the end when the
+   *   lease was lost and fn did not throw.
+   */
+  tokenAttempt<T>(run: string, fn: (lease: TokenLease) => T | Promise<T>): Promise<T>;
+  tokenAttempt<T>(
+    run: string,
+    options: TokenAttemptOptions,
+    fn: (lease: TokenLease) => T | Promise<T>
+  ): Promise<T>;
 }

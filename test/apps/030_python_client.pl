@@ -1,12 +1,16 @@
 # 030_python_client: the Python client (clients/python) against a real cluster.
 # Runs its unittest suite (clients/python/tests, which also runs the example
-# agent loop once) with Debian's /usr/bin/python3 and python3-psycopg, and
-# turns every unittest result line into a TAP ok / not ok, plus one check that
-# every test reported a result and one for the suite's exit status.
+# agent loop once, with session and with token leases) with Debian's
+# /usr/bin/python3, python3-psycopg and python3-psycopg-pool, and turns every
+# unittest result line into a TAP ok / not ok, plus one check that every test
+# reported a result and one for the suite's exit status.  The token-lease tests
+# also go through a PgBouncer in transaction mode that this script starts in
+# front of the cluster (Debian's pgbouncer, see DurableLedger::PgBouncer).
 # Needs clients/ copied into $TESTDIR next to test/.
 use strict;
 use warnings;
 use lib "$ENV{TESTDIR}/test/perl";
+use DurableLedger::PgBouncer;
 use DurableLedger::TestNode;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -16,10 +20,19 @@ BAIL_OUT("$client not found: copy clients/ into TESTDIR") unless -d "$client/tes
 
 my $node = ledger_node('python_client');
 
+# PgBouncer in transaction mode in front of the node, for the token-lease
+# tests; server_round_robin spreads one client's transactions over the server
+# connections the pooler has.
+my $user = getpwuid($<);
+my $bouncer = DurableLedger::PgBouncer->start($node,
+	users => [$user], user => $user, pool_size => 4,
+	settings => { server_round_robin => 1 });
+
 my ($stdout, $stderr);
 my $exit_ok;
 {
 	local $ENV{DURABLE_LEDGER_DSN} = $node->connstr('postgres');
+	local $ENV{DURABLE_LEDGER_PGBOUNCER_DSN} = $bouncer->connstr('postgres');
 	local $ENV{PYTHONPATH} =
 	  join(':', $client, grep { defined && $_ ne '' } $ENV{PYTHONPATH});
 	my @cmd = ('/usr/bin/python3', '-m', 'unittest', 'discover', '-v',
@@ -64,5 +77,6 @@ ok($exit_ok, 'the python client test suite passed');
 unlike($report, qr/ \.\.\. skipped|^OK \(.*skipped/m, 'no python test was skipped');
 diag($report) unless $exit_ok && defined $ran && $ran == $results;
 
+$bouncer->stop;
 $node->stop;
 done_testing();

@@ -1,10 +1,13 @@
 # 031_js_client: the JavaScript client's own tests (clients/js/test/, node's
 # built-in test runner) against a real cluster; each node test becomes a TAP
 # line of its own.  Its dependencies must already be installed in clients/js
-# (`npm ci` there, from package-lock.json).
+# (`npm ci` there, from package-lock.json).  The token-lease tests also go
+# through a PgBouncer in transaction mode that this script starts in front of
+# the cluster (Debian's pgbouncer, see DurableLedger::PgBouncer).
 use strict;
 use warnings;
 use lib "$ENV{TESTDIR}/test/perl";
+use DurableLedger::PgBouncer;
 use DurableLedger::TestNode;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -34,12 +37,22 @@ my $user = getpwuid($<);
 my $dsn = sprintf('postgresql://%s@/postgres?host=%s&port=%d',
 	uri_escape($user), uri_escape($node->host), $node->port);
 
+# PgBouncer in transaction mode in front of the node, for the token-lease
+# tests; server_round_robin spreads one client's transactions over the server
+# connections the pooler has.
+my $bouncer = DurableLedger::PgBouncer->start($node,
+	users => [$user], user => $user, pool_size => 4,
+	settings => { server_round_robin => 1 });
+my $bouncer_dsn = sprintf('postgresql://%s@%s:%d/postgres',
+	uri_escape($user), $bouncer->host, $bouncer->port);
+
 # The files are named one by one: node 21 and later no longer search a
 # directory given to --test.
 my @cmd = ('node', '--test', '--test-reporter=tap', @files);
 my ($stdout, $stderr) = ('', '');
 my $ran = eval {
 	local $ENV{DURABLE_LEDGER_DSN} = $dsn;
+	local $ENV{DURABLE_LEDGER_PGBOUNCER_DSN} = $bouncer_dsn;
 	IPC::Run::run(\@cmd, '<', \undef, '>', \$stdout, '2>', \$stderr,
 		init => sub { chdir $dir or die "chdir $dir: $!" },
 		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default * 2));
@@ -96,5 +109,6 @@ ok(@results && defined $plan && @results == $plan,
   or diag("plan " . ($plan // 'missing') . ', results ' . scalar(@results));
 diag($stderr) if $stderr ne '' && $ran && $rc == 0;
 
+$bouncer->stop;
 $node->stop;
 done_testing();

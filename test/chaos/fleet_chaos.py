@@ -34,8 +34,34 @@ record of every attempt (effects, past_attempts, audit_log) agrees with what
 the bank did for that very attempt.  Prints "ok - ..." / "not ok - ..." lines
 and exits non-zero when a check fails.
 
+With --lease token the workers hold token leases instead of session leases,
+and with --pooler-dsn every worker, the late reporter and the reconciler
+connect through a transaction pooler (PgBouncer, pool_mode = transaction):
+a worker takes a token lease for its run (polling take_lease while a twin,
+or a killed predecessor whose lease has not expired yet, holds it), renews
+it from a heartbeat thread on a connection of its own, passes lease => token
+to every begin_effect, and releases it at the end (or when the run pauses).
+A lost lease (SQLSTATE 55L01) ends the worker's attempt; the orchestrator
+restarts the run.  A SIGKILLed worker's lease is not ended by its death: the
+run waits for the lease to expire (--ttl).  Besides the SIGKILLs, a few
+workers are frozen (SIGSTOP) for longer than their ttl and then resumed
+(--freezes): zombies, whose next begin_effect is refused.  The first run is
+always delivered twice.  Setup and the final checks use --dsn, a direct
+connection; the checks add that every attempt held a token lease and, through
+a pooler, that the workers shared fewer server connections than there were
+workers.
+
     fleet_chaos.py --dsn DSN [--seed 42] [--runs 40] [--kills 60] [--workers 6]
                    [--kill-chance 0.15] [--timeout 240]
+                   [--lease session|token] [--pooler-dsn DSN] [--ttl 2]
+                   [--freezes 6] [--freeze-chance 0.02]
+
+Its parts, for other tests: "fleet_chaos.py setup --dsn DSN" creates the bank
+tables and roles; "fleet_chaos.py worker --dsn DSN --run RUN --plan JSON
+[--lease token --ttl S] [--pooled] [--hold PHASE]" is one worker (--pooled:
+its DSN goes through a transaction pooler; --hold: it waits for a line on
+stdin each time it has printed PHASE).  Exit status 0 when the run is done,
+3 when it paused, 5 when its token lease was lost.
 
 The default size runs in well under a minute; a soak run raises --runs and
 --kills (see README).  Needs Debian's python3-psycopg (psycopg 3).
@@ -51,6 +77,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -59,6 +86,23 @@ from psycopg.types.json import Jsonb
 
 PAUSED = 3    # a worker's exit status when the run pauses for a person
 REJECTED = 4  # a worker's exit status when the ledger did not accept a truthful report
+LOST = 5      # a worker's exit status when its token lease was lost (55L01)
+
+LEASE_LOST = "55L01"  # the SQLSTATE of a token lease that expired, was released or superseded
+
+# Set when connections go through a transaction pooler: PgBouncer 1.18 does not
+# carry prepared statements from one transaction to the next, so psycopg must
+# not prepare any.
+POOLED = False
+
+# A phase at which a worker waits for a line on stdin ("worker --hold PHASE").
+HOLD_AT = None
+
+
+def connect(dsn, **kwargs):
+    if POOLED:
+        kwargs["prepare_threshold"] = None
+    return psycopg.connect(dsn, autocommit=True, **kwargs)
 
 # What the bank's answers look like in the ledger.  Each decline carries the id of
 # the bank's record of that try, so a report that landed on another attempt than
@@ -98,8 +142,11 @@ def truthful_report(conn, key, attempt, bank_id, bank_status):
 
 def phase(rng, name):
     """Tells the orchestrator where the worker is, then pauses a moment: a
-    SIGKILL sent on hearing it lands exactly between two steps."""
+    SIGKILL sent on hearing it lands exactly between two steps.  A worker
+    told to hold at this phase waits for a line on stdin first."""
     print(name, flush=True)
+    if HOLD_AT is not None and name == HOLD_AT:
+        sys.stdin.readline()
     time.sleep(rng.random() * 0.005)
 
 
@@ -109,11 +156,65 @@ def rejected(what, key, attempt, row):
     sys.exit(REJECTED)
 
 
-def worker(dsn, run, plan, seed):
+class Heartbeat(threading.Thread):
+    """Renews a token lease every quarter of its ttl, on a connection of its
+    own, the way a worker busy with a long step (a model call) keeps its lease;
+    stops at the first refusal.  A worker frozen whole (SIGSTOP) stops renewing
+    too: that is how a live worker's lease expires."""
+
+    def __init__(self, dsn, token, ttl):
+        super().__init__(daemon=True)
+        self.conn = connect(dsn, application_name="chaos-heartbeat")
+        self.token, self.interval = token, ttl / 4
+        self.stopping = threading.Event()
+        self.lost = None
+
+    def run(self):
+        while not self.stopping.wait(self.interval):
+            try:
+                self.conn.execute("SELECT durable_ledger.renew_lease(%s)", (self.token,))
+            except psycopg.Error as e:
+                if e.sqlstate != LEASE_LOST:
+                    raise
+                self.lost = e.diag.message_primary
+                print(f"heartbeat: renew_lease refused, {LEASE_LOST}: {self.lost}", file=sys.stderr)
+                return
+
+    def stop(self):
+        self.stopping.set()
+        self.join()
+        self.conn.close()
+
+
+def take_token_lease(conn, run, ttl, rng):
+    """Takes a token lease on run, polling while another lease holds it (a twin
+    delivered at the same time, or a killed predecessor whose lease has not
+    expired yet): take_lease never waits.  Returns (token, epoch)."""
+    holder = f"chaos-worker-{os.getpid()}"
+    while True:
+        token, epoch = conn.execute(
+            "SELECT token, epoch FROM durable_ledger.take_lease(%s, %s * interval '1 second', %s)",
+            (run, ttl, holder)).fetchone()
+        if token is not None:
+            return token, epoch
+        time.sleep(0.02 + rng.random() * 0.03)
+
+
+def lease_lost(e):
+    """A worker whose token lease is gone stops its attempt, writing nothing more."""
+    print(f"lease lost, {e.sqlstate}: {e.diag.message_primary}", file=sys.stderr)
+    sys.exit(LOST)
+
+
+def worker(dsn, run, plan, seed, lease="session", ttl=2.0):
     rng = random.Random(seed)
-    # one connection for the ledger and the bank: when the lease ends (the
-    # connection closed), any try this worker made at the bank is committed and visible
-    conn = psycopg.connect(dsn, autocommit=True, application_name="chaos-worker")
+    # One connection for the ledger and the bank.  With a session lease, when
+    # the lease ends (the connection closed), any try this worker made at the
+    # bank is committed and visible.  With a token lease through a pooler, a
+    # SIGKILLed worker's try still in flight commits or aborts within
+    # milliseconds, long before its lease expires, the earliest the next
+    # attempt (and the reconciler) can see its effect as unknown.
+    conn = connect(dsn, application_name="chaos-worker")
 
     # A replacement first re-sends what its killed predecessors may or may not
     # have reported: every try this run made at the bank, in any order.
@@ -127,15 +228,42 @@ def worker(dsn, run, plan, seed):
     if tries:
         phase(rng, "reports re-sent")
 
-    conn.execute("SELECT durable_ledger.acquire_run(%s)", (run,))
+    token, heartbeat = None, None
+    if lease == "token":
+        token, epoch = take_token_lease(conn, run, ttl, rng)
+        heartbeat = Heartbeat(dsn, token, ttl)
+        heartbeat.start()
+        phase(rng, f"lease taken, epoch {epoch}")
+    else:
+        conn.execute("SELECT durable_ledger.acquire_run(%s)", (run,))
+
+    def end_attempt():
+        """A token lease is released, not left to expire: the next attempt need not wait."""
+        if token is not None:
+            heartbeat.stop()
+            conn.execute("SELECT durable_ledger.release_lease(%s)", (token,))
+        else:
+            conn.execute("SELECT durable_ledger.release_run(%s)", (run,))
+
     declined = {}  # key -> (bank id, attempt) of the last decline this worker reported
     for step in plan:
         args = {"invoice": step["invoice"], "amount": step["amount"]}
         while True:
-            key, decision, status, attempt = conn.execute(
-                "SELECT key, decision, status, attempt"
-                "  FROM durable_ledger.begin_effect(%s, 'bank.pay', %s, %s)",
-                (run, Jsonb(args), step.get("business_key"))).fetchone()
+            if token is None:
+                key, decision, status, attempt = conn.execute(
+                    "SELECT key, decision, status, attempt"
+                    "  FROM durable_ledger.begin_effect(%s, 'bank.pay', %s, %s)",
+                    (run, Jsonb(args), step.get("business_key"))).fetchone()
+            else:
+                try:
+                    key, decision, status, attempt = conn.execute(
+                        "SELECT key, decision, status, attempt"
+                        "  FROM durable_ledger.begin_effect(%s, 'bank.pay', %s, %s, lease => %s)",
+                        (run, Jsonb(args), step.get("business_key"), token)).fetchone()
+                except psycopg.Error as e:
+                    if e.sqlstate != LEASE_LOST:
+                        raise
+                    lease_lost(e)
             if decision == "execute":
                 phase(rng, "intent recorded")
                 earlier = declined.get(key)
@@ -173,10 +301,12 @@ def worker(dsn, run, plan, seed):
             if decision == "replay":
                 continue  # it failed (never reached the bank): call again, the next occurrence
             if decision == "pause":
+                if token is not None:
+                    end_attempt()
                 sys.exit(PAUSED)
             time.sleep(0.01)  # in_progress: another run is paying this business key now
         phase(rng, "step done")
-    conn.execute("SELECT durable_ledger.release_run(%s)", (run,))
+    end_attempt()
     conn.close()
     sys.exit(0)
 
@@ -190,7 +320,7 @@ def late_reporter(dsn, seed):
     twice, until a line arrives on stdin; then once more for every try, in random
     order.  Prints what the ledger made of them as one JSON line."""
     rng = random.Random(seed)
-    conn = psycopg.connect(dsn, autocommit=True, application_name="chaos-late-reporter")
+    conn = connect(dsn, application_name="chaos-late-reporter")
     stats = collections.Counter()
 
     def send(bank_id, key, attempt, bank_status):
@@ -365,7 +495,7 @@ class AttemptMovedOn(Exception):
 def reconcile(reconciler_dsn, stats):
     """Ask the bank about the attempt of every effect that needs a person, and
     resolve that attempt -- never another one."""
-    with psycopg.connect(reconciler_dsn, autocommit=True, application_name="chaos-reconciler") as conn:
+    with connect(reconciler_dsn, application_name="chaos-reconciler") as conn:
         for key, attempt, conflict in conn.execute(
                 "SELECT key, attempt, conflict FROM durable_ledger.unresolved ORDER BY created_at").fetchall():
             if conflict:
@@ -404,8 +534,10 @@ def reconcile(reconciler_dsn, stats):
 def orchestrate(args):
     rng = random.Random(args.seed)
     admin_dsn = args.dsn
-    worker_dsn = with_user(admin_dsn, "chaos_worker")
-    reconciler_dsn = with_user(admin_dsn, "chaos_reconciler")
+    # the fleet's connections: direct, or through the pooler
+    fleet_dsn = args.pooler_dsn or admin_dsn
+    worker_dsn = with_user(fleet_dsn, "chaos_worker")
+    reconciler_dsn = with_user(fleet_dsn, "chaos_reconciler")
     plans, expected, declines = make_plans(rng, args.runs)
     setup(admin_dsn, declines)
 
@@ -416,25 +548,55 @@ def orchestrate(args):
     stats = collections.Counter({"workers started": 0, "killed": 0, "delivered twice": 0,
                                  "paused": 0, "resolved by the reconciler": 0, "errors": 0,
                                  "earlier reports retried with the next attempt in flight": 0})
+    if args.lease == "token":
+        stats["frozen past their ttl"] = 0
+        stats["attempts ended by a lost lease"] = 0
     kills_left = args.kills
     deadline = time.monotonic() + args.timeout
 
+    # Zombies (token leases only): a worker frozen with SIGSTOP at a step it
+    # reports, for longer than its lease lives, then resumed.  Its heartbeat is
+    # frozen too, so its lease expires (and a twin may take the run over); once
+    # resumed, its next begin_effect is refused (55L01).  It may have been
+    # frozen between an intent and its try at the bank, and makes that try
+    # once resumed, so while a zombie is alive (frozen or resumed) the
+    # reconciler waits: asking the bank about an attempt is sound only when
+    # nobody who might still make that try is alive.  Runs that pause
+    # meanwhile are parked until then.  (A separate random stream: the session
+    # mode's chaos is the same as ever for a given seed.)
+    freeze_rng = random.Random(args.seed + 1)
+    freezes_left = args.freezes
+    frozen = {}                       # process -> when to resume it
+    zombies = set()                   # every process ever frozen
+    parked = []                       # paused runs waiting for the reconciler
+    reconcile_due = False
+
+    # Through a pooler: how many server connections the fleet's role used at
+    # once, against how many worker processes were connected at once.
+    pooling = collections.Counter()
+    sampler = psycopg.connect(admin_dsn, autocommit=True) if args.pooler_dsn else None
+    next_sample = 0.0
+
     me = os.path.abspath(__file__)
     reporter = subprocess.Popen(
-        [sys.executable, me, "reporter", "--dsn", worker_dsn, "--seed", str(rng.randrange(2**32))],
+        [sys.executable, me, "reporter", "--dsn", worker_dsn, "--seed", str(rng.randrange(2**32))]
+        + (["--pooled"] if args.pooler_dsn else []),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def start(run):
-        proc = Forked(worker, worker_dsn, run, plans[run], rng.randrange(2**32))
+        proc = Forked(worker, worker_dsn, run, plans[run], rng.randrange(2**32), args.lease, args.ttl)
         live.append((proc, run))
         selector.register(proc.stdout, selectors.EVENT_READ, proc)
         stats["workers started"] += 1
 
-    while (pending or live) and time.monotonic() < deadline:
+    while (pending or live or parked) and time.monotonic() < deadline:
         while pending and len(live) < args.workers:
             run = pending.pop(rng.randrange(len(pending)))
             start(run)
-            if rng.random() < 0.2 and len(live) < args.workers:
+            # (with token leases the first delivery is always doubled, so that a twin
+            # really polls take_lease while the run's lease is held)
+            if (rng.random() < 0.2 or (args.lease == "token" and not stats["delivered twice"])) \
+                    and len(live) < args.workers:
                 start(run)  # the queue redelivers: two workers on one run at once
                 stats["delivered twice"] += 1
 
@@ -453,7 +615,28 @@ def orchestrate(args):
                     kills_left -= 1
                     stats["killed"] += 1
                     break
+                if freezes_left > 0 and proc not in frozen and proc.poll() is None \
+                        and freeze_rng.random() < args.freeze_chance:
+                    proc.send_signal(signal.SIGSTOP)  # the VM is suspended, or a long GC pause
+                    frozen[proc] = time.monotonic() + args.ttl * 1.5 + 0.5
+                    zombies.add(proc)
+                    freezes_left -= 1
+                    stats["frozen past their ttl"] += 1
+                    break
+        for proc, when in list(frozen.items()):
+            if time.monotonic() >= when or proc.poll() is not None:
+                proc.send_signal(signal.SIGCONT)
+                del frozen[proc]
 
+        if sampler is not None and time.monotonic() >= next_sample:
+            next_sample = time.monotonic() + 0.05
+            servers = sampler.execute("SELECT count(*) FROM pg_stat_activity"
+                                      " WHERE usename = 'chaos_worker'"
+                                      "   AND datname = current_database()").fetchone()[0]
+            pooling["server connections"] = max(pooling["server connections"], servers)
+            pooling["worker processes"] = max(pooling["worker processes"], len(live))
+
+        zombies = {proc for proc in zombies if proc.poll() is None}
         need_reconcile = False
         for proc, run in list(live):
             code = proc.poll()
@@ -471,14 +654,24 @@ def orchestrate(args):
             if code == PAUSED:
                 stats["paused"] += 1
                 need_reconcile = True
+            elif code == LOST and args.lease == "token":
+                stats["attempts ended by a lost lease"] += 1
+                said = [line for line in err.splitlines() if line.startswith("lease lost, ")]
+                for why in ("expired", "superseded", "released"):
+                    stats[f"lost leases {why}"] += sum(why in line for line in said)
             elif code != -signal.SIGKILL:
                 stats["errors"] += 1
                 print(f"# worker for {run} exited with {code}: {err.strip()[-400:]}")
             # restart the interrupted run, unless its twin already finished it
-            if run not in done and run not in pending and all(r != run for _, r in live):
-                pending.append(run)
-        if need_reconcile:
+            if run not in done and run not in pending and run not in parked \
+                    and all(r != run for _, r in live):
+                (parked if code == PAUSED and zombies else pending).append(run)
+        reconcile_due = reconcile_due or need_reconcile
+        if reconcile_due and not zombies:
             reconcile(reconciler_dsn, stats)
+            reconcile_due = False
+            pending += [run for run in parked if all(r != run for _, r in live)]
+            parked = []
 
     for proc, _ in live:
         proc.kill()
@@ -490,10 +683,12 @@ def orchestrate(args):
         print(f"# the late reporter exited with {reporter.returncode}")
     late = collections.Counter(json.loads(out.strip().splitlines()[-1]) if out.strip() else {})
     reconcile(reconciler_dsn, stats)
-    return plans, expected, done, stats, late
+    if sampler is not None:
+        sampler.close()
+    return plans, expected, done, stats, late, pooling
 
 
-def check(dsn, plans, expected, done, stats, late):
+def check(dsn, plans, expected, done, stats, late, lease="session", pooling=None):
     failures, checks = 0, 0
 
     def report(ok, what):
@@ -527,6 +722,9 @@ def check(dsn, plans, expected, done, stats, late):
             " WHERE key IS NOT NULL ORDER BY id").fetchall()
         declined_keys = [k for (k,) in conn.execute(
             "SELECT idempotency_key FROM bank_declines WHERE declines > 0").fetchall()]
+        lease_kinds = collections.Counter(dict(conn.execute(
+            "SELECT COALESCE(detail->>'kind', 'session'), count(*) FROM durable_ledger.audit_log"
+            " WHERE event = 'lease_acquired' GROUP BY 1").fetchall()))
 
     wrong = {inv: (paid.get(inv, 0), n) for inv, n in expected.items() if paid.get(inv, 0) != n}
     report(done == set(plans), f"every run finished ({len(done)} of {len(plans)})")
@@ -631,7 +829,8 @@ def check(dsn, plans, expected, done, stats, late):
     report(conflicts == 0, f"no contradicting reports ({conflicts})")
     report(late["rejected"] == 0, f"every truthful late report was accepted ({late['rejected']} rejected)")
     report(leases == 0, f"no lease left held ({leases})")
-    report(stats["killed"] > 0 and stats["paused"] > 0,
+    report(stats["killed"] > 0 and stats["paused"] > 0
+           and (stats["frozen past their ttl"] == 0 or stats["attempts ended by a lost lease"] > 0),
            "the chaos happened: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
     declined_tries = sum(1 for row in bank if row[4] == "declined")
     in_flight = stats["earlier reports retried with the next attempt in flight"]
@@ -641,16 +840,45 @@ def check(dsn, plans, expected, done, stats, late):
            f"{len(declined_keys)} keys set to decline, {declined_tries} declined tries, "
            f"{in_flight} reports on an earlier attempt retried by the lease that had begun the next, "
            f"late reports " + ", ".join(f"{k} {v}" for k, v in sorted(late.items())))
-    report(stats["errors"] == 0, f"no worker failed other than by SIGKILL or pause ({stats['errors']})")
+    if lease == "token":
+        report(lease_kinds["session"] == 0 and lease_kinds["token"] > 0,
+               f"every attempt held a token lease, none a session lease "
+               f"({lease_kinds['token']} token leases, {lease_kinds['session']} session leases)")
+    if pooling is not None:
+        report(0 < pooling["server connections"] < pooling["worker processes"],
+               f"through the pooler, the workers and the late reporter shared at most "
+               f"{pooling['server connections']} server connections while up to "
+               f"{pooling['worker processes']} worker processes ran at once")
+    report(stats["errors"] == 0, f"no worker failed other than by SIGKILL, pause or a lost lease "
+                                 f"({stats['errors']})" if lease == "token" else
+           f"no worker failed other than by SIGKILL or pause ({stats['errors']})")
     print(f"{checks - failures} passed, {failures} failed")
     return failures
 
 
 def main():
+    global POOLED, HOLD_AT
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("role", nargs="?", default="orchestrator",
-                        choices=["orchestrator", "worker", "reporter"])
-    parser.add_argument("--dsn", required=True)
+                        choices=["orchestrator", "setup", "worker", "reporter"])
+    parser.add_argument("--dsn", required=True,
+                        help="the orchestrator's direct connection, as a superuser "
+                             "(the worker and reporter roles: their own connection)")
+    parser.add_argument("--lease", choices=["session", "token"], default="session",
+                        help="the workers' kind of lease")
+    parser.add_argument("--pooler-dsn",
+                        help="the workers, the late reporter and the reconciler connect here, through a "
+                             "transaction pooler (with --lease token: session leases do not work there)")
+    parser.add_argument("--ttl", type=float, default=2.0,
+                        help="seconds a token lease lives between renewals")
+    parser.add_argument("--freezes", type=int,
+                        help="workers frozen (SIGSTOP) past their ttl and resumed; token leases only "
+                             "(default 6 with --lease token)")
+    parser.add_argument("--freeze-chance", type=float, default=0.02,
+                        help="chance that a worker is frozen at a step it reports")
+    parser.add_argument("--pooled", action="store_true",
+                        help="a worker's or reporter's --dsn goes through a transaction pooler")
+    parser.add_argument("--hold", help="a worker waits for a line on stdin after printing this phase")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--kills", type=int, default=60)
@@ -662,17 +890,29 @@ def main():
     parser.add_argument("--run")
     parser.add_argument("--plan")
     args = parser.parse_args()
+    if args.pooler_dsn and args.lease != "token":
+        parser.error("--pooler-dsn needs --lease token: a session lease does not survive transaction pooling")
+    if args.freezes is None:
+        args.freezes = 6 if args.lease == "token" else 0
+    if args.freezes and args.lease != "token":
+        parser.error("--freezes needs --lease token: a frozen worker keeps its session lease")
+    POOLED = args.pooled or bool(args.pooler_dsn)
+    HOLD_AT = args.hold
+    if args.role == "setup":
+        setup(args.dsn, {})
+        sys.exit(0)
     if args.role == "worker":
-        worker(args.dsn, args.run, json.loads(args.plan), args.seed)
+        worker(args.dsn, args.run, json.loads(args.plan), args.seed, args.lease, args.ttl)
     if args.role == "reporter":
         late_reporter(args.dsn, args.seed)
     try:
-        plans, expected, done, stats, late = orchestrate(args)
+        plans, expected, done, stats, late, pooling = orchestrate(args)
     except Exception as e:  # report it as a failed check, not a bare traceback
         print(f"not ok - the orchestrator ran to its end: {type(e).__name__}: {e}")
         print("0 passed, 1 failed")
         raise
-    sys.exit(1 if check(args.dsn, plans, expected, done, stats, late) else 0)
+    sys.exit(1 if check(args.dsn, plans, expected, done, stats, late, args.lease,
+                        pooling if args.pooler_dsn else None) else 0)
 
 
 if __name__ == "__main__":

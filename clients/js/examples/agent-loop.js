@@ -7,7 +7,11 @@
 //      nothing is performed twice.  The read-only tool bypasses the ledger and
 //      simply runs again.
 //
-//   DURABLE_LEDGER_DSN=postgresql://user@host/db node clients/js/examples/agent-loop.js [run-id]
+//   DURABLE_LEDGER_DSN=postgresql://user@host/db node clients/js/examples/agent-loop.js [run-id] [--token-lease]
+//
+// With --token-lease each worker runs its attempt on a pg.Pool under a token
+// lease instead of a session lease: every ledger call may use another
+// connection, so the DSN may point at PgBouncer in transaction mode.
 //
 // The database needs `CREATE EXTENSION durable_ledger` and a role with
 // durable_ledger_worker.
@@ -19,7 +23,8 @@ if (!dsn) {
   console.error('set DURABLE_LEDGER_DSN to a connection string of a database with durable_ledger');
   process.exit(2);
 }
-const run = process.argv[2] ?? `agent-loop-${Date.now()}-${process.pid}`;
+const tokenLease = process.argv.includes('--token-lease');
+const run = process.argv.slice(2).find((a) => !a.startsWith('--')) ?? `agent-loop-${Date.now()}-${process.pid}`;
 
 // ---- Downstream systems (in memory; they outlive the workers, like a real bank) ----
 
@@ -69,9 +74,12 @@ const script = [
 ];
 
 async function worker(label) {
-  console.log(`${label}: run ${run}`);
-  const client = new pg.Client({ connectionString: dsn, application_name: 'agent-loop example' });
-  await client.connect();
+  console.log(`${label}: run ${run}${tokenLease ? ' (token lease, on a pool)' : ''}`);
+  // A session lease needs one connection for the attempt; a token lease takes a pool.
+  const client = tokenLease
+    ? new pg.Pool({ connectionString: dsn, max: 3, application_name: 'agent-loop example' })
+    : new pg.Client({ connectionString: dsn, application_name: 'agent-loop example' });
+  if (!tokenLease) await client.connect();
   try {
     const ledger = new Ledger(client);
     let performed = false; // set when a side-effecting tool really runs
@@ -89,7 +97,7 @@ async function worker(label) {
     };
     const readOnly = new Set(['crm.lookup']);
     const results = [];
-    await ledger.attempt(run, async () => {
+    const agent = async () => {
       for (const [i, step] of script.entries()) {
         const args = step.args(results);
         performed = false;
@@ -98,7 +106,15 @@ async function worker(label) {
         const how = readOnly.has(step.tool) ? 'read-only' : performed ? 'executed' : 'replayed';
         console.log(`  step ${i + 1} ${step.tool} [${how}] ${JSON.stringify(args)} -> ${JSON.stringify(result)}`);
       }
-    });
+    };
+    if (tokenLease) {
+      await ledger.tokenAttempt(run, { ttl: 30, holder: label }, async (lease) => {
+        console.log(`  token lease: epoch ${lease.epoch}, renewed every ${lease.ttl / 3} s while the attempt runs`);
+        await agent();
+      });
+    } else {
+      await ledger.attempt(run, agent);
+    }
     return results;
   } finally {
     await client.end();

@@ -17,12 +17,26 @@
 // business key is executed again after a failure (attempt 2, 3, ...), and a
 // report must decide the attempt it is about and no other, whichever session
 // holds the lease by the time it arrives.
+//
+// Two kinds of lease keep two workers off one run: a session lease (attempt():
+// an advisory lock of the one connection that makes every call of the
+// attempt), and a token lease (tokenAttempt(): a row with an expiry, renewed by
+// a timer, whose calls may each land on another connection of a pg.Pool, or
+// another backend behind PgBouncer in transaction mode).
 
 /**
- * @typedef {object} Queryable  A node-postgres Client or PoolClient (anything with query()).
+ * @typedef {object} Queryable  A node-postgres Client, PoolClient or Pool (anything with query()).
  * @property {(text: string, values?: unknown[]) => Promise<{rows: any[]}>} query
  * @property {() => string | null} [getTransactionStatus]  pg >= 8.21: 'I', 'T' or 'E'
  */
+
+/** The SQLSTATE of a lost token lease: expired, released, superseded or unknown. */
+export const LEASE_LOST = '55L01';
+
+/** A pg.Pool: each query() may run on another connection. */
+function isPool(q) {
+  return typeof q.connect === 'function' && typeof q.totalCount === 'number';
+}
 
 /**
  * @typedef {object} Decision  A row of durable_ledger.decision.
@@ -99,6 +113,103 @@ export class EffectInProgress extends LedgerError {}
 export class RunStopped extends LedgerError {}
 
 /**
+ * tokenAttempt() found the run held by a live lease of either kind (another
+ * worker's attempt): take_lease never waits.  Try again later.
+ */
+export class RunBusy extends LedgerError {}
+
+/**
+ * The token lease of this attempt is gone: it expired, an admin broke it, or it
+ * was released or superseded (SQLSTATE 55L01 from begin_effect or renew_lease).
+ * The attempt must stop: from the moment the client knows, every further call of
+ * the attempt throws this without asking the database, and tokenAttempt() throws
+ * it at its end if fn did not.  Nothing is lost: a call that was in flight had
+ * its outcome reported (a report needs no lease), a begin_effect refused with
+ * 55L01 wrote nothing, and the next attempt (a new tokenAttempt) replays what
+ * was completed.  Another worker may hold the run by now.
+ */
+export class LeaseLostError extends LedgerError {
+  /**
+   * @param {string} message
+   * @param {{run: string, epoch: number, reason?: string|null, cause?: unknown}} fields
+   */
+  constructor(message, { run, epoch, reason = null, cause }) {
+    super(message, { key: null, decision: null, reason: reason ?? message, cause });
+    /** @type {string} the run of the lost attempt */
+    this.run = run;
+    /** @type {number} the lease epoch (the attempt) that was lost */
+    this.epoch = epoch;
+  }
+}
+
+const lose = Symbol('lose');
+
+/**
+ * One attempt at a run under a token lease: what tokenAttempt() hands to its
+ * function.  `token` is the capability itself (whoever has it acts for the
+ * lease); it is a getter, so that logging the lease does not print it.
+ */
+export class TokenLease {
+  #token;
+  #controller = new AbortController();
+
+  /** @param {{run: string, token: string, epoch: number, expiresAt: Date, holder: string|null, ttl: number}} fields */
+  constructor({ run, token, epoch, expiresAt, holder, ttl }) {
+    /** @type {string} */
+    this.run = run;
+    this.#token = token;
+    /** @type {number} the attempt's lease epoch */
+    this.epoch = epoch;
+    /** @type {Date} the expiry as of the last renewal (the server's clock decides) */
+    this.expiresAt = expiresAt;
+    /** @type {string|null} */
+    this.holder = holder;
+    /** @type {number} seconds the lease lives without renewal */
+    this.ttl = ttl;
+    /** @type {number} renewals that succeeded so far */
+    this.renewals = 0;
+    /** @type {LeaseLostError|null} why the lease is lost, once it is */
+    this.lost = null;
+  }
+
+  /** @returns {string} */
+  get token() {
+    return this.#token;
+  }
+
+  /**
+   * Aborted (with the LeaseLostError as its reason) when the lease is found
+   * lost: pass it to a model call or a fetch so that it stops with the attempt.
+   * @returns {AbortSignal}
+   */
+  get signal() {
+    return this.#controller.signal;
+  }
+
+  /** Throws LeaseLostError when the lease is known to be lost. */
+  check() {
+    if (this.lost) {
+      throw new LeaseLostError(this.lost.message, {
+        run: this.run, epoch: this.epoch, reason: this.lost.reason, cause: this.lost,
+      });
+    }
+  }
+
+  /** Records the loss (once), aborts the signal; returns the LeaseLostError. */
+  [lose](err, message) {
+    if (!this.lost) {
+      const detail = err?.detail ? `: ${String(err.detail).replace(/\.$/, '')}` : '';
+      const what = message ?? `${err?.message ?? err} (lease epoch ${this.epoch})${detail}`;
+      this.lost = new LeaseLostError(
+        `${what}; this attempt stops here, and a new one (tokenAttempt) replays what it completed`,
+        { run: this.run, epoch: this.epoch, cause: err ?? undefined });
+      this.#controller.abort(this.lost);
+    }
+    return this.lost;
+  }
+}
+
+/**
  * Throw this from perform() (or from a tool function) when the downstream API
  * definitively refused the call before changing anything.  `error` (any JSON
  * value) is recorded with fail_effect.  Only throw it when you know nothing
@@ -155,32 +266,50 @@ const stoppedRuns = new WeakMap();
 
 export class Ledger {
   /**
-   * @param {Queryable} client  a connected pg Client or PoolClient.  A lease is a
-   *   session lock: use the same client for a whole attempt, and never a
-   *   connection behind a transaction-pooling PgBouncer.
+   * @param {Queryable} client  a connected pg Client or PoolClient, or a pg.Pool.
+   *   A session lease (attempt(), acquireRun()) is a session lock: use the same
+   *   client for a whole attempt, and never a connection behind a
+   *   transaction-pooling PgBouncer.  A token lease (tokenAttempt()) works on
+   *   any of them: each statement is a transaction of its own, on whatever
+   *   connection.  A pg.Pool serves token leases only.
    */
   constructor(client) {
     if (!client || typeof client.query !== 'function') {
-      throw new TypeError('new Ledger(client): client must be a node-postgres Client or PoolClient');
+      throw new TypeError('new Ledger(client): client must be a node-postgres Client, PoolClient or Pool');
     }
     this.client = client;
     if (!stoppedRuns.has(client)) stoppedRuns.set(client, new Map());
-    /** @type {Map<string, {key: string, reason: string}>} */
+    /** @type {Map<string, {key: string|null, reason: string}>} */
     this.#stopped = stoppedRuns.get(client);
   }
 
   #stopped;
+  /** @type {Map<string, TokenLease>} the open token attempts of this Ledger */
+  #leases = new Map();
+  /** @type {Set<string>} runs whose tokenAttempt is taking its lease */
+  #opening = new Set();
 
   #stop(run, key, reason) {
-    this.#stopped.set(run, { key, reason });
+    if (!this.#stopped.has(run)) this.#stopped.set(run, { key, reason });
+  }
+
+  /** A session lease needs one connection for the whole attempt: not a pool. */
+  #sessionOnly(what) {
+    if (isPool(this.client)) {
+      throw new LedgerError(
+        `${what} needs a session lease, which belongs to one connection for the whole attempt; ` +
+          'this Ledger was given a pg.Pool: run the attempt in ledger.tokenAttempt(run, fn)');
+    }
   }
 
   /**
    * Refuses to begin an effect inside an open transaction: the intent must be
-   * committed before the effect is performed.
+   * committed before the effect is performed.  (A pg.Pool runs every query on an
+   * idle connection, outside any transaction.)
    */
   async #assertNoOpenTransaction() {
     const c = this.client;
+    if (isPool(c)) return;
     let inTransaction;
     if (typeof c.getTransactionStatus === 'function') {
       const s = c.getTransactionStatus();
@@ -204,15 +333,42 @@ export class Ledger {
    * @param {string} run
    * @param {string} tool
    * @param {unknown} args
-   * @param {{businessKey?: string|null, meta?: unknown}} [options]
+   * @param {{businessKey?: string|null, meta?: unknown, lease?: TokenLease|string|null}} [options]
+   *   lease: a token lease (or its token): the call belongs to that lease's epoch
    * @returns {Promise<Decision>}
    */
-  async beginEffect(run, tool, args, { businessKey = null, meta } = {}) {
+  async beginEffect(run, tool, args, { businessKey = null, meta, lease = null } = {}) {
+    const params = [run, tool, jsonParam(args), businessKey ?? null, jsonParam(meta)];
+    if (lease == null) {
+      const { rows } = await this.client.query(
+        'SELECT * FROM durable_ledger.begin_effect($1::text, $2::text, $3::jsonb, $4::text, $5::jsonb)',
+        params);
+      return rows[0];
+    }
     const { rows } = await this.client.query(
-      'SELECT * FROM durable_ledger.begin_effect($1::text, $2::text, $3::jsonb, $4::text, $5::jsonb)',
-      [run, tool, jsonParam(args), businessKey ?? null, jsonParam(meta)]
-    );
+      'SELECT * FROM durable_ledger.begin_effect($1::text, $2::text, $3::jsonb, $4::text, $5::jsonb, $6::text)',
+      [...params, typeof lease === 'string' ? lease : lease.token]);
     return rows[0];
+  }
+
+  /**
+   * begin_effect in a token lease's epoch.  55L01 is a lost lease; an error
+   * that leaves unknown whether the statement committed (the connection broke,
+   * a FATAL) stops the run in this attempt: its intent may be recorded under a
+   * lease that is still live, and the same call again would be the next
+   * occurrence.
+   */
+  async #tokenBegin(lease, run, tool, args, businessKey, meta) {
+    try {
+      return await this.beginEffect(run, tool, args, { businessKey, meta, lease });
+    } catch (err) {
+      if (err?.code === LEASE_LOST) throw lease[lose](err);
+      if (err?.severity !== 'ERROR') {
+        this.#stop(run, null, `begin_effect of ${tool} failed with the outcome of the statement unknown ` +
+          `(${describe(err?.message ?? err)}); a new attempt finds out whether its intent was recorded.`);
+      }
+      throw err;
+    }
   }
 
   /**
@@ -229,16 +385,21 @@ export class Ledger {
     if (typeof perform !== 'function') {
       throw new TypeError('guarded(): perform must be a function (key) => result');
     }
+    const lease = this.#leases.get(run);
+    if (lease) lease.check();
+    else this.#sessionOnly('guarded() outside tokenAttempt()');
     const stop = this.#stopped.get(run);
     if (stop) {
       throw new RunStopped(
         `run ${run} is stopped in this attempt: ${stop.reason}  End the attempt; once the ` +
-          'effect is resolved, a new attempt (acquireRun or attempt()) replays it.',
+          'effect is resolved, a new attempt (acquireRun, attempt() or tokenAttempt()) replays it.',
         { key: stop.key, decision: null, reason: stop.reason }
       );
     }
     await this.#assertNoOpenTransaction();
-    const d = await this.beginEffect(run, tool, args, { businessKey, meta });
+    const d = lease
+      ? await this.#tokenBegin(lease, run, tool, args, businessKey, meta)
+      : await this.beginEffect(run, tool, args, { businessKey, meta });
     const where = `${tool} (key ${d.key})`;
 
     switch (d.decision) {
@@ -359,6 +520,7 @@ export class Ledger {
    * @returns {Promise<boolean>}
    */
   async acquireRun(run, { wait = true } = {}) {
+    this.#sessionOnly('acquireRun()');
     const { rows } = await this.client.query(
       'SELECT durable_ledger.acquire_run($1::text, $2::boolean) AS ok', [run, wait]);
     if (rows[0].ok) this.#stopped.delete(run); // a new attempt starts
@@ -371,6 +533,7 @@ export class Ledger {
    * @returns {Promise<boolean>} false when this session did not hold it
    */
   async releaseRun(run) {
+    this.#sessionOnly('releaseRun()');
     const { rows } = await this.client.query(
       'SELECT durable_ledger.release_run($1::text) AS ok', [run]);
     this.#stopped.delete(run); // the attempt is over
@@ -397,6 +560,7 @@ export class Ledger {
    * @returns {Promise<T>}
    */
   async attempt(run, fn) {
+    this.#sessionOnly('attempt()');
     await this.acquireRun(run);
     let failed = false;
     try {
@@ -413,4 +577,143 @@ export class Ledger {
       }
     }
   }
+
+  /**
+   * One attempt at a run under a token lease, on a pg.Pool or a pooled
+   * connection (PgBouncer in transaction mode): take_lease(run, ttl, holder),
+   * fn(lease), release_lease in finally.
+   *
+   * Every guarded() call (and every tool()) on `run` through this Ledger inside
+   * fn passes the token to begin_effect; each statement is a transaction of its
+   * own, so consecutive calls may land on different backends.  A timer renews
+   * the lease every ttl / 3 while fn runs, also during a long tool or model
+   * call; a renewal that fails for another reason than a lost lease is retried
+   * within a second (onRenewalError(err) hears of it; by default a process
+   * warning).  A lost lease (55L01 from begin_effect or a renewal) stops the
+   * attempt: the next guarded() call on the run throws LeaseLostError without
+   * asking the database, lease.signal aborts, lease.check() throws, and so does
+   * tokenAttempt() at its end if fn did not throw.  A call that was in flight
+   * is not cut short: its outcome is reported (a report needs no lease).
+   *
+   * @template T
+   * @param {string} run
+   * @param {{ttl?: number, holder?: string|null, onRenewalError?: (err: unknown) => void}
+   *         | ((lease: TokenLease) => T | Promise<T>)} options
+   *   ttl: seconds the lease lives without renewal (1 to 86400; default 300);
+   *   holder: the worker's name in durable_ledger.leases
+   * @param {(lease: TokenLease) => T | Promise<T>} [fn]
+   * @returns {Promise<T>}
+   * @throws RunBusy when a live lease of either kind holds the run (no waiting)
+   */
+  async tokenAttempt(run, options, fn) {
+    if (typeof options === 'function') [options, fn] = [{}, options];
+    if (typeof fn !== 'function') throw new TypeError('tokenAttempt(run, [options,] fn): fn must be a function');
+    const { ttl = 300, holder = null, onRenewalError = warnRenewalError } = options ?? {};
+    if (typeof ttl !== 'number' || !Number.isFinite(ttl)) {
+      throw new TypeError('tokenAttempt(): ttl must be a number of seconds');
+    }
+    if (this.#leases.has(run) || this.#opening.has(run)) {
+      throw new LedgerError(`an attempt at run ${run} is already open in this Ledger`);
+    }
+    this.#opening.add(run);
+    let lease;
+    try {
+      const { rows: [r] } = await this.client.query(
+        'SELECT * FROM durable_ledger.take_lease($1::text, make_interval(secs => $2::double precision), $3::text)',
+        [run, ttl, holder]);
+      if (r.token === null) {
+        throw new RunBusy(`run ${run} is held by a live lease (another worker's attempt)`);
+      }
+      lease = new TokenLease({
+        run, token: r.token, epoch: Number(r.epoch), expiresAt: r.expires_at, holder: r.holder, ttl,
+      });
+      this.#stopped.delete(run); // a new attempt
+      this.#leases.set(run, lease);
+    } finally {
+      this.#opening.delete(run);
+    }
+
+    const renewal = this.#renew(lease, onRenewalError);
+    let result;
+    let failed = false;
+    let error;
+    try {
+      result = await fn(lease);
+    } catch (err) {
+      failed = true;
+      error = err;
+    }
+    await renewal.stop();
+    this.#leases.delete(run);
+    this.#stopped.delete(run);
+    if (!lease.lost) {
+      try {
+        const { rows: [r] } = await this.client.query(
+          'SELECT durable_ledger.release_lease($1::text) AS released', [lease.token]);
+        if (!r.released) {
+          lease[lose](null, `the token lease on run ${run} (epoch ${lease.epoch}) was no longer live ` +
+            'at the end of the attempt (it expired or was broken)');
+        }
+      } catch (releaseErr) {
+        // fn's error matters more; the lease expires by itself
+        if (!failed) throw releaseErr;
+      }
+    }
+    if (failed) throw error;
+    lease.check();
+    return result;
+  }
+
+  /** The renewal timer of a token attempt; stop() ends it and waits for a renewal in flight. */
+  #renew(lease, onRenewalError) {
+    const every = (lease.ttl * 1000) / 3;
+    let stopped = false;
+    let timer = null;
+    let inFlight = Promise.resolve();
+    const schedule = (ms) => {
+      timer = setTimeout(tick, ms);
+      timer.unref?.();
+    };
+    const tick = () => {
+      timer = null;
+      inFlight = (async () => {
+        let wait = every;
+        try {
+          const { rows: [r] } = await this.client.query(
+            'SELECT durable_ledger.renew_lease($1::text) AS expires_at', [lease.token]);
+          if (stopped) return;
+          lease.expiresAt = r.expires_at;
+          lease.renewals += 1;
+        } catch (err) {
+          if (stopped) return;
+          if (err?.code === LEASE_LOST) {
+            lease[lose](err);
+            return;
+          }
+          wait = Math.min(every, 1000);
+          try {
+            onRenewalError(err, lease);
+          } catch {
+            // a listener's failure must not stop the renewals
+          }
+        }
+        if (!stopped) schedule(wait);
+      })();
+    };
+    schedule(every);
+    return {
+      stop: async () => {
+        stopped = true;
+        if (timer) clearTimeout(timer);
+        await inFlight;
+      },
+    };
+  }
 }
+
+function warnRenewalError(err, lease) {
+  process.emitWarning(
+    `could not renew the token lease on run ${lease.run} (retrying): ${describe(err?.message ?? err)}`,
+    'DurableLedgerWarning');
+}
+

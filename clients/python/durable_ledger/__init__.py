@@ -12,6 +12,14 @@
     with ledger.attempt(run_id):
         receipt = pay(run_id, {"invoice": "INV-9", "amount": 4200})
 
+On a pool of connections, or behind PgBouncer in transaction mode, build the Ledger on
+the pool (the tools are decorated the same way) and run each attempt under a token lease,
+renewed in the background; a lost lease raises LeaseLost:
+
+    ledger = Ledger(psycopg_pool.ConnectionPool(dsn, kwargs={"autocommit": True}))
+    with ledger.token_attempt(run_id, ttl=60):
+        receipt = pay(run_id, {"invoice": "INV-9", "amount": 4200})
+
 Run it twice (a crash, a redelivery, an LLM calling the tool again on replay) and the
 bank is paid once: the second time the recorded receipt is returned.  See README.md next
 to this package and the SQL contract of the extension.
@@ -22,17 +30,19 @@ from .errors import (
     EffectFailed,
     EffectInProgress,
     EffectPaused,
+    LeaseLost,
     LedgerError,
     LedgerUsageError,
     OutcomeNotRecorded,
     RunBusy,
 )
-from .ledger import Ledger, Perform, ToolFunction, side_effect
+from .ledger import Ledger, Perform, TokenLease, ToolFunction, side_effect
 
 __version__ = "1.0"
 
 __all__ = [
     "Ledger",
+    "TokenLease",
     "side_effect",
     "Perform",
     "ToolFunction",
@@ -42,6 +52,7 @@ __all__ = [
     "EffectInProgress",
     "OutcomeNotRecorded",
     "RunBusy",
+    "LeaseLost",
     "LedgerUsageError",
     "EffectDidNotHappen",
 ]

@@ -19,6 +19,9 @@ exception              did the effect happen?        what to do
                        but the ledger has not        pauses until a person resolves it;
                        recorded it                   `result`/`error` say what happened
 `RunBusy`              not attempted                 another worker holds the run
+`LeaseLost`            a call in flight was          stop the attempt; a new one
+                       reported; nothing more was    (``token_attempt``) replays what
+                       begun                         was completed
 `LedgerUsageError`     not attempted                 fix the calling code
 =====================  ============================  ====================================
 
@@ -37,6 +40,7 @@ __all__ = [
     "EffectInProgress",
     "OutcomeNotRecorded",
     "RunBusy",
+    "LeaseLost",
     "LedgerUsageError",
     "EffectDidNotHappen",
 ]
@@ -123,7 +127,34 @@ class OutcomeNotRecorded(LedgerError):
 
 
 class RunBusy(LedgerError):
-    """Another session holds the run's lease and the caller asked not to wait."""
+    """Another worker holds the run's lease and the caller asked not to wait.
+
+    Raised by ``attempt(run, wait=False)`` when another session holds the run, and by
+    ``token_attempt(run)`` when a live lease of either kind holds it (``take_lease``
+    never waits).
+    """
+
+
+class LeaseLost(LedgerError):
+    """The token lease of this attempt is gone: expired, broken by an admin, released or
+    superseded (SQLSTATE 55L01 from ``begin_effect`` or ``renew_lease``).
+
+    The attempt must stop: from the moment the client knows, no further call of the
+    attempt goes out (every one raises this again without asking the database), and
+    ``token_attempt`` raises it at its end if the body did not.  Nothing is lost: a call
+    that was in flight when the lease went had its outcome reported (a report needs no
+    lease), a ``begin_effect`` refused with 55L01 wrote nothing, and the next attempt
+    (a new ``token_attempt``) replays everything that was completed.  Another worker may
+    hold the run by now.
+
+    ``run`` and ``epoch`` name the attempt (the lease epoch) that was lost; ``key`` is
+    None (the loss is the lease's, not an effect's); ``reason`` is the ledger's message.
+    """
+
+    def __init__(self, run: str, epoch: Optional[int], reason: str) -> None:
+        self.run = run
+        self.epoch = epoch
+        super().__init__(None, None, reason)
 
 
 class LedgerUsageError(LedgerError):

@@ -7,14 +7,23 @@ fixed; this module only makes the right sequence of calls hard to get wrong:
 
 and turns every answer that is not "here is your result" into an exception, so that an
 agent loop cannot mistake "do not perform this" for "nothing to do".
+
+Two kinds of lease keep two workers off one run (see `Ledger.attempt` and
+`Ledger.token_attempt`): a session lease (an advisory lock of the one connection that makes
+every call of the attempt), and a token lease (a row with an expiry, renewed in the
+background, whose calls may each use another connection: a pool, or PgBouncer in
+transaction mode).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple, TypeVar
+from datetime import datetime, timedelta
+from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple,
+                    TypeVar, Union)
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -26,13 +35,14 @@ from .errors import (
     EffectFailed,
     EffectInProgress,
     EffectPaused,
+    LeaseLost,
     LedgerError,
     LedgerUsageError,
     OutcomeNotRecorded,
     RunBusy,
 )
 
-__all__ = ["Ledger", "side_effect", "Perform", "ToolFunction"]
+__all__ = ["Ledger", "TokenLease", "side_effect", "Perform", "ToolFunction"]
 
 log = logging.getLogger("durable_ledger")
 log.addHandler(logging.NullHandler())  # a library logs only where the application says
@@ -43,6 +53,13 @@ R = TypeVar("R")
 Perform = Callable[[str], Any]
 #: ``tool(args, idempotency_key) -> result``: a side-effecting tool, before decoration.
 ToolFunction = Callable[[Any, str], Any]
+#: What `Ledger` is given: one connection, a pool (anything with ``.connection()``, such
+#: as ``psycopg_pool.ConnectionPool``) or a factory (``connect() -> Connection``, or a
+#: context manager that yields one).
+ConnectionSource = Union["psycopg.Connection[Any]", Any, Callable[[], Any]]
+
+#: The SQLSTATE of a lost token lease (expired, released, superseded, unknown).
+LEASE_LOST = "55L01"
 
 
 def _json(value: Any) -> Optional[Jsonb]:
@@ -50,8 +67,73 @@ def _json(value: Any) -> Optional[Jsonb]:
     return None if value is None else Jsonb(value)
 
 
+def _refused_cleanly(exc: BaseException, conn: "psycopg.Connection[Any]") -> bool:
+    """True when the server refused a statement with an ERROR and the session lives on.
+
+    A statement run in its own transaction then wrote nothing.  Anything else (the
+    connection broke, a FATAL, a client-side failure while the statement was out) leaves
+    it unknown whether the statement committed.
+    """
+    return (isinstance(exc, psycopg.Error) and exc.sqlstate is not None
+            and exc.diag.severity_nonlocalized == "ERROR"
+            and not conn.closed and not conn.broken)
+
+
+class TokenLease:
+    """One attempt at a run under a token lease: what `Ledger.token_attempt` yields.
+
+    - ``run``, ``epoch`` (the attempt's lease epoch), ``holder``, ``ttl``;
+    - ``expires_at``: the expiry as of the last renewal (the server's clock decides);
+    - ``renewals``: how many renewals succeeded so far;
+    - ``lost``: None while the lease is held, else the `LeaseLost` that says why not;
+    - ``check()``: raises `LeaseLost` if the lease is known to be lost -- call it before
+      a long step that does not go through the ledger (a model call);
+    - ``token``: the capability itself (whoever has it acts for the lease); it is never
+      shown by ``repr`` nor written to the log.
+    """
+
+    def __init__(self, run: str, token: str, epoch: int, expires_at: datetime,
+                 holder: Optional[str], ttl: timedelta) -> None:
+        self.run = run
+        self.token = token
+        self.epoch = epoch
+        self.expires_at = expires_at
+        self.holder = holder
+        self.ttl = ttl
+        self.renewals = 0
+        self.lost: Optional[LeaseLost] = None
+        self._mutex = threading.Lock()
+
+    def check(self) -> None:
+        """Raise `LeaseLost` when the lease is known to be lost; return otherwise."""
+        lost = self.lost
+        if lost is not None:
+            raise LeaseLost(self.run, self.epoch, lost.reason) from lost
+
+    def _lose(self, exc: BaseException) -> LeaseLost:
+        with self._mutex:
+            if self.lost is None:
+                primary = detail = None
+                if isinstance(exc, psycopg.Error):
+                    primary, detail = exc.diag.message_primary, exc.diag.message_detail
+                lost = LeaseLost(
+                    self.run, self.epoch,
+                    f"{primary or exc} (lease epoch {self.epoch})"
+                    f"{': ' + detail.rstrip('.') if detail else ''}; this attempt stops here, "
+                    f"and a new one (token_attempt) replays what it completed")
+                lost.__cause__ = exc
+                self.lost = lost
+                log.warning("%s", lost.reason)
+            return self.lost
+
+    def __repr__(self) -> str:
+        return (f"TokenLease(run={self.run!r}, epoch={self.epoch}, expires_at={self.expires_at!r}, "
+                f"holder={self.holder!r}, renewals={self.renewals}, "
+                f"lost={None if self.lost is None else self.lost.reason!r})")
+
+
 class Ledger:
-    """The ledger, seen through one psycopg connection.
+    """The ledger, seen through one psycopg connection, a pool, or a connection factory.
 
     ``Ledger(conn)`` requires ``conn`` to be a synchronous ``psycopg.Connection`` in
     **autocommit** mode, and refuses (`LedgerUsageError`) every writing call made while
@@ -62,18 +144,44 @@ class Ledger:
     no trace of it, and the next attempt would pay again.  In autocommit mode each call is
     its own committed transaction, so an ``execute`` the client has seen is on disk.
 
-    The lease (and with it the occurrence counters that make "again" differ from "twice")
-    belongs to the database session, so use one `Ledger` per connection and one connection
-    per worker at a time.  Pooled connections: wrap each attempt in `attempt`.
+    A session lease (and with it the occurrence counters that make "again" differ from
+    "twice") belongs to the database session, so use one `Ledger` per connection and one
+    connection per worker at a time.  Pooled connections: wrap each attempt in `attempt`.
+
+    ``Ledger(pool)`` (a ``psycopg_pool.ConnectionPool``, or anything whose
+    ``.connection()`` yields a connection) and ``Ledger(connect)`` (a factory: ``connect()``
+    returns a new ``psycopg.Connection``, closed after the call, or a context manager that
+    yields one) are for **token leases** only: every call of an attempt is then made in
+    its own short transaction on whatever connection the source hands out, which is what
+    a pool, PgBouncer in transaction mode or a serverless endpoint needs -- see
+    `token_attempt`.  Such a `Ledger` refuses session-lease calls (`LedgerUsageError`):
+    a session lock on a pooled connection would outlive the attempt or vanish under it.
+    A single connection serves both kinds of lease (a connection to PgBouncer in
+    transaction mode only token leases).  One `Ledger` may serve several threads, each
+    with attempts at runs of its own.
     """
 
-    def __init__(self, conn: "psycopg.Connection[Any]") -> None:
-        if not isinstance(conn, psycopg.Connection):
-            raise TypeError("Ledger needs a synchronous psycopg.Connection (psycopg 3)")
-        self.conn = conn
+    def __init__(self, conn: ConnectionSource) -> None:
         # Runs that must not go on in this attempt: run -> (key, reason).  See guarded().
-        self._halted: Dict[str, Tuple[str, str]] = {}
-        self._check_writable()
+        self._halted: Dict[str, Tuple[Optional[str], str]] = {}
+        # The open token attempts of this Ledger: run -> its lease.  See token_attempt().
+        self._leases: Dict[str, TokenLease] = {}
+        self._opening: set = set()  # runs whose token_attempt is taking its lease
+        self._leases_lock = threading.Lock()
+        # One statement at a time on a single connection shared with the renewal threads.
+        self._conn_lock = threading.RLock()
+        self._borrow: Optional[Callable[[], ContextManager[Any]]]
+        if isinstance(conn, psycopg.Connection):
+            self.conn: Optional["psycopg.Connection[Any]"] = conn
+            self._borrow = None
+            self._check_writable()
+        elif isinstance(conn, psycopg.AsyncConnection) or not (
+                callable(getattr(conn, "connection", None)) or callable(conn)):
+            raise TypeError("Ledger needs a synchronous psycopg.Connection (psycopg 3), a "
+                            "psycopg_pool.ConnectionPool, or a function returning a connection")
+        else:
+            self.conn = None  # a pool or a factory: a connection per call
+            self._borrow = conn.connection if callable(getattr(conn, "connection", None)) else conn
 
     # ------------------------------------------------------------------ guarded
 
@@ -129,20 +237,38 @@ class Ledger:
 
         After an unknown outcome or a pause, every further call on ``run`` through this
         `Ledger` raises `EffectPaused` without asking the database, until a new attempt
-        starts (`acquire_run`, `release_run` or `attempt`).  Why: occurrences count
-        identical calls within an attempt, so the same call retried in the same attempt
-        would be occurrence 2, get a new key and ``execute`` -- a second payment.  A
-        run whose outcome is unknown must stop, not improvise.
+        starts (`acquire_run`, `release_run`, `attempt` or `token_attempt`).  Why:
+        occurrences count identical calls within an attempt, so the same call retried in
+        the same attempt would be occurrence 2, get a new key and ``execute`` -- a second
+        payment.  A run whose outcome is unknown must stop, not improvise.
+
+        Inside ``with ledger.token_attempt(run):`` the call belongs to that attempt: it
+        passes the lease's token to ``begin_effect`` and runs each statement in its own
+        transaction on whatever connection the `Ledger`'s source hands out.  Once the
+        lease is known to be lost, the call raises `LeaseLost` without asking the
+        database; a ``begin_effect`` refused with 55L01 (the lease expired, was broken,
+        released or superseded) wrote nothing and raises `LeaseLost`.  An effect that was
+        in flight when the lease went has its outcome reported as usual (a report needs no
+        lease): this call returns (or raises) as it would have, the next one raises
+        `LeaseLost`.
         """
-        self._check_writable()
+        lease = self._leases.get(run)
+        if lease is None:
+            self._session_only("guarded() outside token_attempt()")
+            self._check_writable()
+        else:
+            lease.check()
         halted = self._halted.get(run)
         if halted is not None:
             raise EffectPaused(halted[0], "pause", halted[1])
 
-        row = self._one(
-            "SELECT * FROM durable_ledger.begin_effect(%s, %s, %s, %s, %s)",
-            (run, tool, Jsonb(args), business_key, _json(meta)),
-        )
+        if lease is None:
+            row = self._one(
+                "SELECT * FROM durable_ledger.begin_effect(%s, %s, %s, %s, %s)",
+                (run, tool, Jsonb(args), business_key, _json(meta)),
+            )
+        else:
+            row = self._token_begin(lease, tool, args, business_key, meta)
         key: str = row["key"]
         decision: str = row["decision"]
         reason: str = row["reason"] or ""
@@ -164,6 +290,30 @@ class Ledger:
             raise EffectInProgress(key, decision, reason)
         raise LedgerError(key, decision, f"unexpected answer from begin_effect: decision "
                                          f"{decision!r}, status {row['status']!r}")
+
+    def _token_begin(self, lease: TokenLease, tool: str, args: Any,
+                     business_key: Optional[str], meta: Any) -> Dict[str, Any]:
+        """begin_effect in the token lease's epoch, in a transaction of its own."""
+        run = lease.run
+
+        def uncertain(exc: BaseException) -> None:
+            # The statement went out and nobody knows whether it committed: its intent may
+            # be recorded under this still-live lease, and the same call again would be
+            # the next occurrence.  This attempt stops; the next one finds out.
+            self._halt(run, None, f"run {run!r} is stopped in this attempt: begin_effect "
+                                  f"of {tool} failed with the outcome of the statement "
+                                  f"unknown ({type(exc).__name__}: {exc}); a new attempt "
+                                  f"finds out whether its intent was recorded")
+
+        try:
+            return self._pooled_one(
+                "SELECT * FROM durable_ledger.begin_effect(%s, %s, %s, %s, %s, %s)",
+                (run, tool, Jsonb(args), business_key, _json(meta), lease.token),
+                on_uncertain=uncertain)
+        except psycopg.Error as exc:
+            if exc.sqlstate == LEASE_LOST:
+                raise lease._lose(exc) from exc
+            raise
 
     def _execute(self, run: str, tool: str, key: str, attempt: int, perform: Perform) -> Any:
         try:
@@ -194,9 +344,13 @@ class Ledger:
         Anything but a clean record is `OutcomeNotRecorded`.
         """
         what = {"result": result} if function == "complete_effect" else {"error": payload}
+        query = f"SELECT * FROM durable_ledger.{function}(%s, %s, %s)"
+        params = (key, _json(payload), attempt)
         try:
-            row = self._one(f"SELECT * FROM durable_ledger.{function}(%s, %s, %s)",
-                            (key, _json(payload), attempt))
+            if run in self._leases:  # a report needs no token: any connection will do
+                row = self._pooled_one(query, params)
+            else:
+                row = self._one(query, params)
         except BaseException as exc:
             self._halt(run, key, f"run {run!r} is stopped in this attempt: the outcome of "
                                  f"effect {key} could not be recorded")
@@ -275,6 +429,7 @@ class Ledger:
         ``run`` after a pause or an unknown outcome: the new attempt will meet the
         unresolved effect again in the ledger, at the same occurrence.
         """
+        self._session_only("acquire_run()")
         self._check_writable()
         row = self._one("SELECT durable_ledger.acquire_run(%s, %s) AS ok", (run, wait))
         if row["ok"]:
@@ -286,6 +441,7 @@ class Ledger:
 
         Effects still ``started`` under it become ``unknown`` for the next attempt.
         """
+        self._session_only("release_run()")
         self._check_writable()
         row = self._one("SELECT durable_ledger.release_run(%s) AS ok", (run,))
         self._halted.pop(run, None)
@@ -302,6 +458,7 @@ class Ledger:
         """
         if not self.acquire_run(run, wait=wait):
             raise RunBusy(None, None, f"run {run!r} is held by another session")
+        assert self.conn is not None
         try:
             yield run
         except BaseException:
@@ -315,6 +472,129 @@ class Ledger:
         else:
             self.release_run(run)
 
+    # ------------------------------------------------------------ token leases
+
+    @contextmanager
+    def token_attempt(
+        self,
+        run: str,
+        *,
+        ttl: Union[float, timedelta] = timedelta(minutes=5),
+        holder: Optional[str] = None,
+    ) -> Iterator[TokenLease]:
+        """``with ledger.token_attempt(run, ttl=60) as lease:`` -- one attempt at a run
+        under a token lease, on a pool of connections or a pooled one.
+
+        At entry ``take_lease(run, ttl, holder)`` starts a new attempt (a new lease epoch:
+        occurrence counters start again at 1, so the attempt replays what earlier attempts
+        completed) and hands out a token; `RunBusy` when a live lease of either kind holds
+        the run (``take_lease`` never waits).  ``ttl`` (seconds, or a ``timedelta``; 1 s to
+        1 day) is how long the lease lives without renewal; ``holder`` names the worker in
+        ``durable_ledger.leases``.
+
+        Inside, every `guarded` call (and every decorated tool) on ``run`` through this
+        `Ledger` passes the token to ``begin_effect``, and every statement -- intent,
+        report, renewal -- runs in its own short transaction on whatever connection the
+        source hands out, so that consecutive calls may land on different backends
+        (psycopg_pool, PgBouncer ``pool_mode = transaction``).  No session lock is taken.
+
+        A background thread renews the lease every ``ttl / 3`` while the attempt is open,
+        also while a tool or a model call is running; a renewal that fails for another
+        reason than a lost lease (the database unreachable for a moment) is retried within
+        a second, and the log says so.  At exit the renewal stops and ``release_lease``
+        ends the lease, also when the body raises.
+
+        A lost lease (expired, broken by an admin, superseded: SQLSTATE 55L01 from
+        ``begin_effect`` or from a renewal) stops the attempt: the next `guarded` call on
+        ``run`` raises `LeaseLost` without asking the database, ``lease.check()`` raises
+        it (call it before long steps that do not go through the ledger), and so does the
+        end of the ``with`` block if the body itself did not raise.  A call that was in
+        flight is not cut short: its outcome is reported, since a report needs no lease.
+        """
+        ttl = ttl if isinstance(ttl, timedelta) else timedelta(seconds=ttl)
+        with self._leases_lock:
+            if run in self._leases or run in self._opening:
+                raise LedgerUsageError(None, None, f"an attempt at run {run!r} is already open "
+                                                   f"in this Ledger")
+            self._opening.add(run)
+        try:
+            row = self._pooled_one("SELECT * FROM durable_ledger.take_lease(%s, %s, %s)",
+                                   (run, ttl, holder))
+            if row["token"] is None:
+                raise RunBusy(None, None, f"run {run!r} is held by a live lease (another "
+                                          f"worker's attempt)")
+            lease = TokenLease(run, row["token"], row["epoch"], row["expires_at"], row["holder"],
+                               ttl)
+            self._halted.pop(run, None)  # a new attempt
+            self._leases[run] = lease
+        finally:
+            self._opening.discard(run)
+        stop = threading.Event()
+        renewer = threading.Thread(target=self._renew, args=(lease, stop), daemon=True,
+                                   name=f"durable_ledger renewal of {run}")
+        renewer.start()
+        log.debug("token attempt at %s: epoch %s, ttl %s", run, lease.epoch, ttl)
+        try:
+            yield lease
+        except BaseException:
+            self._end_token_attempt(lease, stop, renewer, body_failed=True)
+            raise
+        self._end_token_attempt(lease, stop, renewer, body_failed=False)
+        lease.check()
+
+    def _renew(self, lease: TokenLease, stop: threading.Event) -> None:
+        """The renewal thread of a token attempt: renew_lease every ttl / 3 until stopped."""
+        every = lease.ttl.total_seconds() / 3
+        wait = every
+        while not stop.wait(wait):
+            if self.conn is not None and self.conn.closed:
+                return
+            try:
+                row = self._pooled_one("SELECT durable_ledger.renew_lease(%s) AS expires_at",
+                                       (lease.token,))
+            except Exception as exc:
+                if stop.is_set():
+                    return
+                if isinstance(exc, psycopg.Error) and exc.sqlstate == LEASE_LOST:
+                    lease._lose(exc)
+                    return
+                log.warning("could not renew the token lease on run %s (retrying): %s: %s",
+                            lease.run, type(exc).__name__, exc)
+                wait = min(every, 1.0)
+                continue
+            lease.expires_at = row["expires_at"]
+            lease.renewals += 1
+            wait = every
+
+    def _end_token_attempt(self, lease: TokenLease, stop: threading.Event,
+                           renewer: threading.Thread, *, body_failed: bool) -> None:
+        stop.set()
+        renewer.join(timeout=30)  # a renewal in flight finishes first
+        self._leases.pop(lease.run, None)
+        self._halted.pop(lease.run, None)
+        if lease.lost is not None:
+            return  # nothing to release
+        try:
+            released = self._pooled_one("SELECT durable_ledger.release_lease(%s) AS released",
+                                        (lease.token,))["released"]
+        except Exception:
+            if not body_failed:
+                raise
+            # the body's exception is the one that matters; the lease expires by itself
+            log.warning("could not release the token lease on run %s after an error",
+                        lease.run, exc_info=True)
+            return
+        if not released:
+            # It was no longer live: it expired (or was broken) after the last call.
+            with lease._mutex:
+                if lease.lost is None:
+                    lease.lost = LeaseLost(
+                        lease.run, lease.epoch,
+                        f"the token lease on run {lease.run!r} (epoch {lease.epoch}) was no "
+                        f"longer live at the end of the attempt (it expired or was broken); "
+                        f"a new attempt (token_attempt) replays what this one completed")
+                    log.warning("%s", lease.lost.reason)
+
     # ------------------------------------------------------------------- reads
 
     def effect_status(self, key: str) -> Optional[Dict[str, Any]]:
@@ -323,14 +603,25 @@ class Ledger:
         A ``started`` effect whose lease has ended is reported ``unknown``: the question
         is "may it still be in flight?".  Read-only, so allowed inside a transaction.
         """
+        if self.conn is None:
+            rows = self._pooled_all("SELECT * FROM durable_ledger.effect_status(%s)", (key,))
+            return rows[0] if rows else None
         with self.conn.cursor(row_factory=dict_row) as cur:
             cur.execute("SELECT * FROM durable_ledger.effect_status(%s)", (key,))
             return cur.fetchone()
 
     # ----------------------------------------------------------------- helpers
 
+    def _session_only(self, what: str) -> None:
+        if self.conn is None:
+            raise LedgerUsageError(
+                None, None, f"{what} needs a session lease, which belongs to one connection "
+                "for the whole attempt; this Ledger was given a pool (or a connection "
+                "factory): run the attempt in `with ledger.token_attempt(run):`")
+
     def _check_writable(self) -> None:
         conn = self.conn
+        assert conn is not None
         if conn.closed:
             raise LedgerUsageError(None, None, "the connection is closed")
         if not conn.autocommit:
@@ -344,15 +635,76 @@ class Ledger:
                 "would only be committed at COMMIT, after the effect; call the ledger "
                 "outside transactions")
 
-    def _halt(self, run: str, key: str, reason: str) -> None:
+    def _halt(self, run: str, key: Optional[str], reason: str) -> None:
         self._halted.setdefault(run, (key, reason))
 
     def _one(self, query: str, params: Tuple[Any, ...]) -> Dict[str, Any]:
+        assert self.conn is not None
         with self.conn.cursor(row_factory=dict_row) as cur:
             cur.execute(query, params)  # type: ignore[arg-type]
             row = cur.fetchone()
         assert row is not None, query
         return row
+
+    @contextmanager
+    def _connection(self) -> Iterator["psycopg.Connection[Any]"]:
+        """A connection for one statement of a token attempt (or of a pooled Ledger).
+
+        The single connection, serialised with the renewal threads; or one from the pool or
+        the factory, given back (or closed) right after the statement.
+        """
+        if self._borrow is None:
+            with self._conn_lock:
+                self._check_writable()
+                yield self.conn  # type: ignore[misc]
+            return
+        source = self._borrow()
+        if not hasattr(source, "__enter__"):
+            raise TypeError("the connection source must hand out synchronous psycopg "
+                            "connections (a psycopg_pool.ConnectionPool, or a function "
+                            "returning a psycopg.Connection)")
+        with source as conn:
+            if not isinstance(conn, psycopg.Connection):
+                raise TypeError(f"the connection source handed out {type(conn).__name__}, not a "
+                                f"psycopg.Connection")
+            if conn.closed or conn.broken:
+                raise psycopg.OperationalError("the connection source handed out a closed "
+                                               "connection")
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                raise LedgerUsageError(None, None, "the connection source handed out a connection "
+                                                   "inside a transaction")
+            yield conn
+
+    def _pooled_all(self, query: str, params: Tuple[Any, ...], *,
+                    on_uncertain: Optional[Callable[[BaseException], None]] = None,
+                    ) -> List[Dict[str, Any]]:
+        """One statement in a transaction of its own, committed before this returns.
+
+        Never a prepared statement: through PgBouncer in transaction mode the next call
+        may land on a backend that never saw it.  ``on_uncertain(exc)`` is called when the
+        statement went out and it is unknown whether it committed.
+        """
+        with self._connection() as conn:
+            try:
+                with conn.cursor(row_factory=dict_row) as cur:
+                    if conn.autocommit:
+                        cur.execute(query, params, prepare=False)  # type: ignore[arg-type]
+                        return cur.fetchall()
+                    with conn.transaction():
+                        cur.execute(query, params, prepare=False)  # type: ignore[arg-type]
+                        rows = cur.fetchall()
+                    return rows
+            except BaseException as exc:
+                if on_uncertain is not None and not _refused_cleanly(exc, conn):
+                    on_uncertain(exc)
+                raise
+
+    def _pooled_one(self, query: str, params: Tuple[Any, ...], *,
+                    on_uncertain: Optional[Callable[[BaseException], None]] = None,
+                    ) -> Dict[str, Any]:
+        rows = self._pooled_all(query, params, on_uncertain=on_uncertain)
+        assert len(rows) == 1, query
+        return rows[0]
 
 
 def side_effect(

@@ -19,6 +19,13 @@ payment, so the agent takes exactly the same path.
 
     /usr/bin/python3 clients/python/examples/agent_loop.py --dsn "dbname=postgres"
 
+With ``--token-lease`` each attempt runs on a pool of connections (psycopg_pool) under a
+token lease instead of a session lease: every ledger call may use another connection, so
+the DSN may point at PgBouncer in transaction mode:
+
+    /usr/bin/python3 clients/python/examples/agent_loop.py --token-lease \
+        --dsn "host=127.0.0.1 port=6432 dbname=app user=agent"
+
 The role needs durable_ledger_worker.  Exit status 0 when the second attempt performed
 nothing and every downstream system got each effect exactly once.
 """
@@ -177,18 +184,41 @@ def attempt(dsn: str, run: str, inbox: List[str], title: str) -> int:
     return performed
 
 
+def token_attempt(dsn: str, run: str, inbox: List[str], title: str) -> int:
+    """One attempt under a token lease, on a pool of its own (a restarted worker's)."""
+    from psycopg_pool import ConnectionPool  # Debian: python3-psycopg-pool
+
+    before = downstream_calls()
+    # prepare_threshold=None: no prepared statements, which PgBouncer's transaction mode
+    # cannot carry from one transaction to the next (the ledger's own calls never prepare).
+    with ConnectionPool(dsn, min_size=2, max_size=4, kwargs={
+            "autocommit": True, "prepare_threshold": None,
+            "application_name": "agent-loop-example"}) as pool:
+        ledger = Ledger(pool)
+        with ledger.token_attempt(run, ttl=30, holder="agent-loop-example") as lease:
+            print(f"== {title} (token lease, epoch {lease.epoch})", flush=True)
+            agent(make_tools(ledger), run, inbox)
+    performed = downstream_calls() - before
+    print(f"   downstream calls made in this attempt: {performed}", flush=True)
+    return performed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", required=True, help="libpq connection string")
     parser.add_argument("--run", default=None, help="run id (default: a new one)")
+    parser.add_argument("--token-lease", action="store_true",
+                        help="run each attempt on a connection pool under a token lease "
+                             "(works through PgBouncer in transaction mode)")
     options = parser.parse_args()
+    one_attempt = token_attempt if options.token_lease else attempt
     run = options.run or f"agent-demo-{uuid.uuid4().hex[:12]}"
     inbox = ["INV-101", "INV-102", "INV-103"]
 
     print(f"run {run}: an agent pays its inbox {inbox}", flush=True)
-    first = attempt(options.dsn, run, inbox, "attempt 1: the agent works through its inbox")
-    second = attempt(options.dsn, run, inbox,
-                     "attempt 2: the worker restarts and runs the same agent again")
+    first = one_attempt(options.dsn, run, inbox, "attempt 1: the agent works through its inbox")
+    second = one_attempt(options.dsn, run, inbox,
+                         "attempt 2: the worker restarts and runs the same agent again")
 
     print(f"== downstream after both attempts: bank payments {len(BANK.payments)}, "
           f"bank refusals {len(BANK.refusals)}, emails sent {len(MAIL.outbox)}")

@@ -1,0 +1,521 @@
+"""Tests of the Python client's token-lease mode (``Ledger.token_attempt``) against a real
+server: calls of one attempt on different connections and backends, through a
+psycopg_pool, a connection factory, and PgBouncer in transaction mode; renewal across a
+slow tool; a lease broken by an admin, lost while a tool runs, or expired; the attempt
+that retries it.
+
+DURABLE_LEDGER_DSN must be a superuser connection string of a database with the
+extension; DURABLE_LEDGER_PGBOUNCER_DSN one of the same database through PgBouncer with
+``pool_mode = transaction`` (test/apps/030_python_client.pl starts one).
+
+    DURABLE_LEDGER_DSN="dbname=postgres" DURABLE_LEDGER_PGBOUNCER_DSN="port=6432 dbname=postgres" \\
+        /usr/bin/python3 -m unittest discover -v -s clients/python/tests
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+import unittest
+import uuid
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # clients/python, if PYTHONPATH lacks it
+
+from durable_ledger import (  # noqa: E402
+    EffectPaused,
+    LeaseLost,
+    Ledger,
+    LedgerError,
+    LedgerUsageError,
+    RunBusy,
+    TokenLease,
+)
+
+DSN = os.environ.get("DURABLE_LEDGER_DSN")
+BOUNCER_DSN = os.environ.get("DURABLE_LEDGER_PGBOUNCER_DSN")
+EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "agent_loop.py")
+
+
+def setUpModule() -> None:
+    if not DSN:
+        raise unittest.SkipTest("DURABLE_LEDGER_DSN is not set")
+
+
+class Tool:
+    """A side effect that remembers every call; ``during(key)`` runs inside it."""
+
+    def __init__(self, result: Any = None, during: Any = None) -> None:
+        self.keys: List[str] = []
+        self.result = result
+        self.during = during
+
+    def __call__(self, key: str) -> Any:
+        self.keys.append(key)
+        if self.during is not None:
+            self.during(key)
+        return self.result
+
+
+class Connections:
+    """A connection factory over a fixed set of connections, handed out in turn (FIFO),
+    that records which thread used which backend, and can refuse the renewal thread."""
+
+    def __init__(self, conns: List["psycopg.Connection[Any]"]) -> None:
+        self.free: "queue.Queue[psycopg.Connection[Any]]" = queue.Queue()
+        for conn in conns:
+            self.free.put(conn)
+        self.uses: List[Tuple[str, int]] = []  # (thread name, backend pid)
+        self.refuse_renewals = False
+
+    @contextmanager
+    def __call__(self) -> Iterator["psycopg.Connection[Any]"]:
+        thread = threading.current_thread().name
+        if self.refuse_renewals and "renewal" in thread:
+            raise psycopg.OperationalError("the database cannot be reached (test)")
+        conn = self.free.get(timeout=30)
+        try:
+            self.uses.append((thread, conn.info.backend_pid))
+            yield conn
+        finally:
+            self.free.put(conn)
+
+    def calls(self) -> int:
+        """Statements sent by anything but the renewal thread."""
+        return sum(1 for thread, _ in self.uses if "renewal" not in thread)
+
+
+class TokenLeaseTest(unittest.TestCase):
+
+    def setUp(self) -> None:
+        self.run_id = f"pytoken-{uuid.uuid4()}"
+        self.admin = self.connect()
+
+    # -------------------------------------------------------------- helpers
+
+    def connect(self, dsn: Optional[str] = None, **kwargs: Any) -> "psycopg.Connection[Any]":
+        kwargs.setdefault("autocommit", True)
+        conn = psycopg.connect(dsn or DSN, application_name="durable-ledger-pytest", **kwargs)
+        self.addCleanup(conn.close)
+        return conn
+
+    def pool(self, dsn: Optional[str] = None, size: int = 3, **kwargs: Any) -> ConnectionPool:
+        kwargs.setdefault("application_name", "durable-ledger-pytest")
+        pool = ConnectionPool(dsn or DSN, min_size=size, max_size=size, kwargs=kwargs)
+        self.addCleanup(pool.close)
+        pool.wait(timeout=30)
+        return pool
+
+    def factory(self, n: int = 2) -> Connections:
+        return Connections([self.connect() for _ in range(n)])
+
+    def audit(self, run: str, *events: str) -> List[Dict[str, Any]]:
+        with self.admin.cursor(row_factory=psycopg.rows.dict_row) as cur:
+            cur.execute("SELECT event::text, key, backend_pid, lease_epoch, detail"
+                        "  FROM durable_ledger.audit_log WHERE run = %s"
+                        "   AND (cardinality(%s::text[]) = 0 OR event::text = ANY(%s))"
+                        " ORDER BY id", (run, list(events), list(events)))
+            return cur.fetchall()
+
+    def effects(self, run: str) -> List[Tuple[Any, ...]]:
+        """(tool, occurrence, status, lease_epoch, key) of the run, in order."""
+        return self.admin.execute(
+            "SELECT tool, occurrence, status::text, lease_epoch, key FROM durable_ledger.effects"
+            " WHERE run = %s ORDER BY created_at, occurrence", (run,)).fetchall()
+
+    def key(self, run: str, tool: str, args: Any, occurrence: int) -> str:
+        return self.admin.execute("SELECT durable_ledger.effect_key(%s, %s, %s, %s)",
+                                  (run, tool, Jsonb(args), occurrence)).fetchone()[0]
+
+    def live_leases(self, run: str) -> List[Tuple[Any, ...]]:
+        """(kind, holder, lease_epoch) of the run's live leases (the leases view)."""
+        return self.admin.execute(
+            "SELECT kind::text, holder, lease_epoch FROM durable_ledger.leases WHERE run = %s",
+            (run,)).fetchall()
+
+    def session_locks_of(self, pids: List[int]) -> int:
+        """Advisory locks of the ledger's own lock class held by these backends."""
+        return self.admin.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 17484"
+            " AND pid = ANY(%s)", (pids,)).fetchone()[0]
+
+    def take_elsewhere(self, run: str) -> bool:
+        """Whether another worker could take the run right now (and then it has it)."""
+        return self.admin.execute("SELECT (durable_ledger.take_lease(%s, '1 minute')).token"
+                                  " IS NOT NULL", (run,)).fetchone()[0]
+
+    def tools(self, ledger: Ledger) -> Dict[str, Any]:
+        """Three side-effecting tools whose downstream systems record every call."""
+        sent: Dict[str, List[str]] = {"bank.pay": [], "mail.send": [], "crm.note": []}
+
+        def make(name: str) -> Any:
+            @ledger.tool(name)
+            def tool(args: Any, idempotency_key: str) -> Any:
+                sent[name].append(idempotency_key)
+                return {"tool": name, "n": len(sent[name]), "args": args}
+            return tool
+
+        tools = {name: make(name) for name in sent}
+        tools["sent"] = sent
+        return tools
+
+    # ------------------------------------------------ calls on many backends
+
+    def test_one_attempt_on_a_pool_runs_on_several_backends_and_lines_up(self) -> None:
+        # Non-autocommit pool connections: each call is a transaction of its own all
+        # the same, committed before the call returns.
+        pool = self.pool(size=3)
+        ledger = Ledger(pool)
+        t = self.tools(ledger)
+        pay, mail = t["bank.pay"], t["mail.send"]
+        args = {"invoice": "INV-1", "amount": 10}
+        with ledger.token_attempt(self.run_id, ttl=30, holder="pytest-worker") as lease:
+            self.assertIsInstance(lease, TokenLease)
+            self.assertEqual((lease.run, lease.epoch, lease.holder), (self.run_id, 1, "pytest-worker"))
+            self.assertNotIn(lease.token, repr(lease))
+            self.assertEqual(self.live_leases(self.run_id), [("token", "pytest-worker", 1)])
+            first = [pay(self.run_id, args), pay(self.run_id, args),  # again: occurrence 2
+                     mail(self.run_id, {"to": "a@example.com"}), pay(self.run_id, {"invoice": "INV-2"})]
+        self.assertEqual([r["n"] for r in first], [1, 2, 1, 3])
+        intents = self.audit(self.run_id, "intent")
+        self.assertEqual(len(intents), 4)
+        backends = {row["backend_pid"] for row in self.audit(self.run_id)}
+        self.assertGreater(len({row["backend_pid"] for row in intents}), 1,
+                           f"every call ran on one backend: {intents}")
+        self.assertEqual(self.session_locks_of(list(backends)), 0, "a session lock was taken")
+        self.assertEqual(self.effects(self.run_id), [
+            ("bank.pay", 1, "completed", 1, self.key(self.run_id, "bank.pay", args, 1)),
+            ("bank.pay", 2, "completed", 1, self.key(self.run_id, "bank.pay", args, 2)),
+            ("mail.send", 1, "completed", 1, self.key(self.run_id, "mail.send", {"to": "a@example.com"}, 1)),
+            ("bank.pay", 1, "completed", 1, self.key(self.run_id, "bank.pay", {"invoice": "INV-2"}, 1)),
+        ])
+        self.assertEqual(t["sent"]["bank.pay"], [row[4] for row in self.effects(self.run_id)
+                                                 if row[0] == "bank.pay"])
+        # released at the end: no live lease, and the release is audited
+        self.assertEqual(self.live_leases(self.run_id), [])
+        self.assertEqual(len(self.audit(self.run_id, "lease_released")), 1)
+
+        # The retry (another worker, a connection factory this time) replays it all, in order.
+        factory = self.factory(2)
+        again = Ledger(factory)
+        t2 = self.tools(again)
+        with again.token_attempt(self.run_id, ttl=30) as lease:
+            self.assertEqual(lease.epoch, 2)
+            replayed = [t2["bank.pay"](self.run_id, args), t2["bank.pay"](self.run_id, args),
+                        t2["mail.send"](self.run_id, {"to": "a@example.com"}),
+                        t2["bank.pay"](self.run_id, {"invoice": "INV-2"})]
+        self.assertEqual(replayed, first)
+        self.assertEqual(t2["sent"], {"bank.pay": [], "mail.send": [], "crm.note": []})
+        self.assertEqual(len(self.audit(self.run_id, "replay")), 4)
+        used = {pid for thread, pid in factory.uses if "renewal" not in thread}
+        self.assertEqual(len(used), 2, f"the factory's two connections were not both used: {factory.uses}")
+
+    def test_through_pgbouncer_in_transaction_mode(self) -> None:
+        if not BOUNCER_DSN:
+            self.skipTest("DURABLE_LEDGER_PGBOUNCER_DSN is not set")
+        self.warm_bouncer(3)
+        # One client connection to PgBouncer, psycopg's defaults (it would prepare
+        # statements after 5 executions: the ledger's calls never do), shared with the
+        # renewal thread.
+        conn = self.connect(BOUNCER_DSN)
+        ledger = Ledger(conn)
+        t = self.tools(ledger)
+        with ledger.token_attempt(self.run_id, ttl=2) as lease:
+            results = []
+            for i in range(8):
+                results.append(t[("bank.pay", "mail.send")[i % 2]](self.run_id, {"i": i // 4}))
+                if i == 3:
+                    time.sleep(1.5)  # renewals go through PgBouncer too
+            self.assertGreaterEqual(lease.renewals, 1)
+        self.assertIsNone(lease.lost)
+        pids = [row["backend_pid"] for row in self.audit(self.run_id, "intent")]
+        self.assertGreater(len(set(pids)), 1, f"PgBouncer sent every call to one backend: {pids}")
+        self.assertEqual([(tool, occ) for tool, occ, *_ in self.effects(self.run_id)],
+                         [("bank.pay", 1), ("mail.send", 1), ("bank.pay", 2), ("mail.send", 2),
+                          ("bank.pay", 1), ("mail.send", 1), ("bank.pay", 2), ("mail.send", 2)])
+        self.assertEqual(self.live_leases(self.run_id), [])
+
+        # the retry, through PgBouncer on a pool, replays everything
+        again = Ledger(self.pool(BOUNCER_DSN, size=2, autocommit=True, prepare_threshold=None))
+        t2 = self.tools(again)
+        with again.token_attempt(self.run_id, ttl=30):
+            replayed = [t2[("bank.pay", "mail.send")[i % 2]](self.run_id, {"i": i // 4})
+                        for i in range(8)]
+        self.assertEqual(replayed, results)
+        self.assertEqual(t2["sent"], {"bank.pay": [], "mail.send": [], "crm.note": []})
+
+    def warm_bouncer(self, n: int) -> None:
+        """Makes PgBouncer open n server connections (n transactions at once)."""
+        barrier = threading.Barrier(n)
+        pids: List[int] = []
+
+        def hold() -> None:
+            with psycopg.connect(BOUNCER_DSN, autocommit=True) as conn:
+                with conn.transaction():
+                    pids.append(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+                    barrier.wait(30)
+
+        threads = [threading.Thread(target=hold) for _ in range(n)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        self.assertEqual(len(set(pids)), n, f"PgBouncer did not open {n} server connections")
+
+    # ------------------------------------------------------------- renewal
+
+    def test_renewal_keeps_a_short_lease_alive_across_a_slow_tool(self) -> None:
+        # ttl 2 s; the tool takes 5 s.  Without renewal the lease would expire after 2 s
+        # and another worker could take the run while the payment is in flight.
+        conn = self.connect()
+        ledger = Ledger(conn)  # one connection, shared by the calls and the renewals
+        seen: Dict[str, Any] = {}
+
+        def slow(key: str) -> None:
+            time.sleep(3.5)
+            seen["taken_elsewhere"] = self.take_elsewhere(self.run_id)
+            seen["live"] = self.live_leases(self.run_id)
+            time.sleep(1.5)
+
+        with ledger.token_attempt(self.run_id, ttl=2) as lease:
+            taken_at = lease.expires_at
+            result = ledger.guarded(self.run_id, "bank.pay", {"amount": 5},
+                                    Tool({"payment_id": "p1"}, during=slow))
+            self.assertEqual(result, {"payment_id": "p1"})
+            self.assertFalse(seen["taken_elsewhere"], "another worker took the run mid-payment")
+            self.assertEqual(seen["live"], [("token", None, 1)])
+            self.assertGreaterEqual(lease.renewals, 5)  # every ttl / 3
+            self.assertGreater(lease.expires_at, taken_at + timedelta(seconds=3))
+            nxt = Tool({"message_id": "m1"})
+            self.assertEqual(ledger.guarded(self.run_id, "mail.send", {"to": "x"}, nxt),
+                             {"message_id": "m1"})
+            self.assertEqual(len(nxt.keys), 1)
+        self.assertIsNone(lease.lost)
+        self.assertEqual([(tool, status, epoch) for tool, _, status, epoch, _ in self.effects(self.run_id)],
+                         [("bank.pay", "completed", 1), ("mail.send", "completed", 1)])
+        # the completion came while the lease was live: not a late one
+        self.assertEqual([row["event"] for row in self.audit(self.run_id)],
+                         ["lease_acquired", "intent", "completed", "intent", "completed",
+                          "lease_released"])
+        # the renewals stopped with the attempt
+        renewals = lease.renewals
+        time.sleep(1)
+        self.assertEqual(lease.renewals, renewals)
+
+    # ------------------------------------------------------------ lost lease
+
+    def test_a_lease_broken_by_an_admin_stops_the_attempt_and_the_retry_replays(self) -> None:
+        factory = self.factory(2)
+        ledger = Ledger(factory)
+        first = Tool({"payment_id": "p1"})
+        never = Tool({"should": "not happen"})
+        with self.assertRaises(LeaseLost) as at_exit:
+            with ledger.token_attempt(self.run_id, ttl=30) as lease:
+                self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"n": 1}, first),
+                                 {"payment_id": "p1"})
+                self.assertTrue(self.admin.execute(
+                    "SELECT durable_ledger.break_lease(%s, 'admin', NULL)", (self.run_id,)).fetchone()[0])
+                with self.assertRaises(LeaseLost) as caught:
+                    ledger.guarded(self.run_id, "mail.send", {"n": 2}, never)
+                lost = caught.exception
+                self.assertIsInstance(lost, LedgerError)
+                self.assertEqual((lost.run, lost.epoch, lost.key, lost.decision),
+                                 (self.run_id, 1, None, None))
+                self.assertIn("expired", lost.reason)
+                self.assertEqual(getattr(lost.__cause__, "sqlstate", None), "55L01")
+                self.assertIs(lease.lost, lost)
+                # from now on nothing goes out
+                sent = factory.calls()
+                for tool in ("mail.send", "crm.note"):
+                    self.assertRaises(LeaseLost, ledger.guarded, self.run_id, tool, {"n": 3}, never)
+                self.assertRaises(LeaseLost, lease.check)
+                self.assertEqual(factory.calls(), sent)
+            # the body went on after catching it: the attempt's end raises it again
+        self.assertEqual(at_exit.exception.run, self.run_id)
+        self.assertEqual(factory.calls(), sent, "a call went out after the lease was lost")
+        self.assertEqual(never.keys, [])
+        self.assertEqual([(tool, status) for tool, _, status, *_ in self.effects(self.run_id)],
+                         [("bank.pay", "completed")])
+        broken = self.audit(self.run_id, "lease_broken")
+        self.assertEqual(len(broken), 1)
+        self.assertEqual(broken[0]["detail"]["broken_by"], "admin")
+        self.assertEqual(self.audit(self.run_id, "lease_released"), [])
+
+        # the retry: a new attempt replays what the first completed and goes on
+        retry = Tool({"should": "not happen"})
+        nxt = Tool({"message_id": "m1"})
+        with ledger.token_attempt(self.run_id, ttl=30) as lease:
+            self.assertEqual(lease.epoch, 2)
+            self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"n": 1}, retry),
+                             {"payment_id": "p1"})
+            self.assertEqual(ledger.guarded(self.run_id, "mail.send", {"n": 2}, nxt),
+                             {"message_id": "m1"})
+        self.assertEqual((retry.keys, len(nxt.keys)), ([], 1))
+        self.assertEqual([(tool, status, epoch) for tool, _, status, epoch, _ in self.effects(self.run_id)],
+                         [("bank.pay", "completed", 1), ("mail.send", "completed", 2)])
+
+    def test_a_lease_lost_while_a_tool_runs_reports_the_outcome_then_stops(self) -> None:
+        ledger = Ledger(self.pool(size=2, autocommit=True))
+        state: Dict[str, Any] = {}
+
+        def broken_meanwhile(key: str) -> None:
+            self.admin.execute("SELECT durable_ledger.break_lease(%s, 'oncall', 'hung?')",
+                               (self.run_id,))
+            deadline = time.monotonic() + 10
+            while state["lease"].lost is None and time.monotonic() < deadline:
+                time.sleep(0.05)  # the renewal (every 2/3 s) finds out
+            state["lost_seen_in_flight"] = state["lease"].lost is not None
+
+        never = Tool({"should": "not happen"})
+        with self.assertRaises(LeaseLost):
+            with ledger.token_attempt(self.run_id, ttl=2) as lease:
+                state["lease"] = lease
+                # the call in flight is not cut short: its outcome is reported and returned
+                self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"n": 1},
+                                                Tool({"payment_id": "p1"}, during=broken_meanwhile)),
+                                 {"payment_id": "p1"})
+                self.assertTrue(state["lost_seen_in_flight"], "the renewal never noticed")
+                ledger.guarded(self.run_id, "mail.send", {"n": 2}, never)
+        self.assertEqual(never.keys, [])
+        (pay,) = self.effects(self.run_id)
+        self.assertEqual(pay[:3], ("bank.pay", 1, "completed"))
+        self.assertEqual([row["event"] for row in self.audit(self.run_id)],
+                         ["lease_acquired", "intent", "lease_broken", "late_completion"])
+
+    def test_an_expired_lease_stops_the_attempt(self) -> None:
+        # The renewals cannot reach the database (the tool's own calls can): the lease
+        # expires by the server's clock while the tool runs.
+        factory = self.factory(2)
+        ledger = Ledger(factory)
+        never = Tool({"should": "not happen"})
+        with self.assertLogs("durable_ledger", "WARNING") as logs:
+            with self.assertRaises(LeaseLost) as caught:
+                with ledger.token_attempt(self.run_id, ttl=1) as lease:
+                    factory.refuse_renewals = True
+                    self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"n": 1},
+                                                    Tool({"payment_id": "p1"},
+                                                         during=lambda key: time.sleep(2.5))),
+                                     {"payment_id": "p1"})
+                    ledger.guarded(self.run_id, "mail.send", {"n": 2}, never)
+        self.assertIn("has expired", caught.exception.reason)
+        self.assertIs(lease.lost, caught.exception)
+        self.assertTrue(any("could not renew" in line for line in logs.output), logs.output)
+        self.assertEqual(never.keys, [])
+        self.assertEqual([(tool, status) for tool, _, status, *_ in self.effects(self.run_id)],
+                         [("bank.pay", "completed")])
+        self.assertEqual([row["event"] for row in self.audit(self.run_id)],
+                         ["lease_acquired", "intent", "late_completion"])
+        factory.refuse_renewals = False
+        with ledger.token_attempt(self.run_id, ttl=30) as lease:
+            self.assertEqual(lease.epoch, 2)
+            self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"n": 1}, never),
+                             {"payment_id": "p1"})
+        self.assertEqual(never.keys, [])
+
+    def test_a_begin_whose_outcome_is_unknown_stops_the_attempt(self) -> None:
+        # The connection dies under begin_effect: its intent may or may not be recorded,
+        # under a lease that is still live; the same call again would be the next
+        # occurrence.  The attempt stops; the next one finds out.
+        conns = [self.connect(), self.connect()]
+        factory = Connections(conns)
+        ledger = Ledger(factory)
+        never = Tool({"should": "not happen"})
+        with self.assertRaises(EffectPaused):
+            with ledger.token_attempt(self.run_id, ttl=30):
+                # the connection the next call will get is terminated
+                victim = factory.free.queue[0]
+                self.admin.execute("SELECT pg_terminate_backend(%s)", (victim.info.backend_pid,))
+                time.sleep(0.2)
+                with self.assertRaises(psycopg.OperationalError):
+                    ledger.guarded(self.run_id, "bank.pay", {"n": 1}, never)
+                sent = factory.calls()
+                ledger.guarded(self.run_id, "bank.pay", {"n": 1}, never)
+        self.assertEqual(factory.calls(), sent + 1, "only the release went out")  # at exit
+        self.assertEqual(never.keys, [])
+        # nothing was recorded: the next attempt executes it
+        ledger = Ledger(lambda: psycopg.connect(DSN, autocommit=True))
+        once = Tool({"payment_id": "p1"})
+        with ledger.token_attempt(self.run_id, ttl=30):
+            self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"n": 1}, once),
+                             {"payment_id": "p1"})
+        self.assertEqual(len(once.keys), 1)
+
+    # ---------------------------------------------------- exclusion, usage
+
+    def test_one_live_lease_of_either_kind_and_release_at_the_end(self) -> None:
+        ledger = Ledger(self.pool(size=2))
+        other = Ledger(self.pool(size=1))
+        session = Ledger(self.connect())
+        with ledger.token_attempt(self.run_id, ttl=30):
+            with self.assertRaises(RunBusy):
+                with other.token_attempt(self.run_id):
+                    self.fail("two token leases on one run")
+            self.assertFalse(session.acquire_run(self.run_id, wait=False))
+            with self.assertRaises(psycopg.errors.LockNotAvailable):  # 55P03
+                session.guarded(self.run_id, "t", {}, Tool())
+            with self.assertRaises(LedgerUsageError):
+                with ledger.token_attempt(self.run_id):
+                    self.fail("two attempts at one run in one Ledger")
+        # released at the end, also after an error: the next worker takes it at once
+        with self.assertRaises(KeyError):
+            with other.token_attempt(self.run_id, ttl=30):
+                raise KeyError("the agent crashed")
+        self.assertEqual(self.live_leases(self.run_id), [])
+        with session.attempt(self.run_id):
+            with self.assertRaises(RunBusy):
+                with other.token_attempt(self.run_id):
+                    self.fail("a token lease while a session holds the run")
+        self.assertEqual(len(self.audit(self.run_id, "lease_released")), 3)
+
+    def test_a_pooled_ledger_refuses_session_leases(self) -> None:
+        ledger = Ledger(self.pool(size=1))
+        self.assertIsNone(ledger.conn)
+        never = Tool()
+        with self.assertRaises(LedgerUsageError) as caught:
+            ledger.guarded(self.run_id, "t", {}, never)
+        self.assertIn("token_attempt", str(caught.exception))
+        self.assertRaises(LedgerUsageError, ledger.acquire_run, self.run_id)
+        self.assertRaises(LedgerUsageError, ledger.release_run, self.run_id)
+        with self.assertRaises(LedgerUsageError):
+            with ledger.attempt(self.run_id):
+                self.fail("a session attempt on a pool")
+        self.assertEqual(never.keys, [])
+        self.assertEqual(self.effects(self.run_id), [])
+        self.assertIsNone(ledger.effect_status("0" * 64))
+        with ledger.token_attempt(self.run_id, ttl=timedelta(seconds=30)):
+            ledger.guarded(self.run_id, "t", {}, Tool({"ok": 1}))
+        self.assertEqual(ledger.effect_status(self.key(self.run_id, "t", {}, 1))["status"], "completed")
+        self.assertRaises(TypeError, Ledger, object())
+        with self.assertRaises(psycopg.errors.InvalidParameterValue):  # ttl 1 s .. 1 day
+            with ledger.token_attempt(self.run_id, ttl=0.5):
+                self.fail("a ttl below one second")
+
+    def test_example_agent_loop_with_token_leases_through_pgbouncer(self) -> None:
+        if not BOUNCER_DSN:
+            self.skipTest("DURABLE_LEDGER_PGBOUNCER_DSN is not set")
+        proc = subprocess.run([sys.executable, EXAMPLE, "--token-lease", "--dsn", BOUNCER_DSN,
+                               "--run", self.run_id], capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        first, _, second = proc.stdout.partition("== attempt 2")
+        self.assertIn("(token lease, epoch 1)", first)
+        self.assertIn("(token lease, epoch 2)", second)
+        self.assertEqual(first.count("EXECUTED"), 3, proc.stdout)
+        self.assertEqual(second.count("EXECUTED"), 0, proc.stdout)
+        self.assertIn("downstream calls made in this attempt: 0", second)
+        self.assertRegex(proc.stdout, r"(?m)^ok - ")
+        self.assertEqual(len(self.audit(self.run_id, "lease_released")), 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
