@@ -10,6 +10,7 @@ OBJS = \
 	src/keys.o \
 	src/call.o \
 	src/detail.o \
+	src/identity.o \
 	src/plans.o \
 	src/tables.o \
 	src/reader.o \
@@ -19,6 +20,9 @@ OBJS = \
 	src/lease.o \
 	src/token_lease.o \
 	src/liveness.o \
+	src/counters.o \
+	src/tools.o \
+	src/divergence.o \
 	src/begin.o \
 	src/report.o \
 	src/resolve.o \
@@ -26,6 +30,8 @@ OBJS = \
 	src/lease_calls.o \
 	src/token_calls.o \
 	src/key_calls.o \
+	src/tool_calls.o \
+	src/run_calls.o \
 	src/drop_guard.o \
 	src/older_sql.o
 DATA = $(wildcard $(EXTENSION)--*.sql)

@@ -14,9 +14,9 @@
 #include "funcapi.h"
 #include "utils/builtins.h"
 
-#include "lease.h"
+#include "policy.h"
 
-PG_FUNCTION_INFO_V1(dl_begin_effect_1_1);
+PG_FUNCTION_INFO_V1(dl_begin_effect_1_2);
 
 /* How often a decision is tried again when the row changed under it. */
 #define MAX_DECISION_ROUNDS 16
@@ -34,6 +34,8 @@ PG_FUNCTION_INFO_V1(dl_begin_effect_1_1);
 	"this lease began this effect and has not reported its outcome yet; report it with complete_effect or fail_effect"
 #define REASON_IN_PROGRESS_OTHER \
 	"run \"%s\" is performing this effect right now under a live lease; ask again later"
+#define REASON_PAUSE_DIVERGENCE \
+	"this attempt's call of tool \"%s\" was not made by the run's earlier attempts, which recorded effect \"%s\" of the tool that this attempt has not replayed: the call may be that effect again with drifted arguments; a person must decide with durable_ledger.resolve_divergence() whether it is the same (its outcome is replayed) or distinct (it is executed)"
 
 typedef enum DecisionKind
 {
@@ -53,6 +55,8 @@ static const char *const decision_names[] = {
 typedef struct Decision
 {
 	DecisionKind kind;
+	const char *key;			/* the effect decided on: the call's, or the one it is the same as */
+	bool		no_effect;		/* a divergence waiting for a person: no effect, no status */
 	EffectStatus status;
 	int32		attempt;
 	Jsonb	   *result;
@@ -60,11 +64,17 @@ typedef struct Decision
 	const char *reason;
 } Decision;
 
-/* A business key names one operation: the same tool with the same args. */
+/*
+ * A business key names one operation: the same tool with the same args (the
+ * same key fields, for a tool registered with them).
+ */
 static void
-check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row)
+check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row,
+				const ToolRules *rules)
 {
 	StringInfoData recorded;
+	Jsonb	   *identity;
+	bool		complete;
 
 	if (strcmp(row->tool, intent->tool) != 0)
 		ereport(ERROR,
@@ -75,14 +85,23 @@ check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row
 				 errhint("A business key identifies one operation: the same tool with the same arguments.")));
 
 	initStringInfo(&recorded);
-	dl_append_canonical_args(&recorded, row->args);
-	if (strcmp(recorded.data, canon) != 0)
+	identity = dl_identity_of_call(rules, row->args, &complete);
+	if (complete)
+		dl_append_canonical_args(&recorded, identity);
+	if (!complete || strcmp(recorded.data, canon) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
 				 errmsg("business key \"%s\" is already used by a different call", intent->key),
 				 errdetail("It was begun with other arguments for tool \"%s\".", row->tool),
 				 errhint("A business key identifies one operation: the same tool with the same arguments.")));
 }
+
+/* What a decision needs besides the intent: the tool's rules, the replay's progress. */
+typedef struct CallRules
+{
+	const ToolRules *rules;
+	ReplayProgress *progress;
+} CallRules;
 
 static void
 audit_decision(const NewIntent *intent, const char *event, const Decision *d,
@@ -117,27 +136,52 @@ decide_pause(const NewIntent *intent, Decision *d, const char *reason, const cha
 }
 
 /*
- * Finds the intent's key, or inserts the intent when there is none: true
- * when it was inserted (the caller executes), false with *row when it is
- * there.  A derived key is only ever written under its run's lease, which
- * this session holds, so a key nobody has is inserted straight away (a
- * duplicate would still be a unique violation); a business key is shared by
- * runs, so its intent is inserted as with ON CONFLICT DO NOTHING.  A key
- * that another transaction is writing is locked, which waits for it.
+ * What happens to a call whose intent would be inserted now (a new key): it
+ * is refused when its tool may not execute (tools.c), paused or turned into
+ * a replay when it diverges from the run's earlier attempts (divergence.c);
+ * true when it executes.
+ */
+static bool
+may_insert(const NewIntent *intent, const CallRules *call, Drift *drift)
+{
+	dl_check_may_execute(intent->tool, call->rules);
+	drift->kind = DRIFT_NONE;
+	if (!intent->business_key)
+		dl_check_drift(call->progress, intent->key, intent->args, intent->occurrence, drift);
+	return drift->kind == DRIFT_NONE;
+}
+
+typedef enum Found
+{
+	FOUND_ROW,					/* *row is the key's */
+	FOUND_INSERTED,				/* the intent was inserted: execute */
+	FOUND_DRIFT					/* not inserted: *drift says why */
+} Found;
+
+/*
+ * Finds the intent's key, or inserts the intent when there is none (and
+ * may_insert allows it).  A derived key is only ever written under its run's
+ * lease, which this call holds, so a key nobody has is inserted straight
+ * away (a duplicate would still be a unique violation); a business key is
+ * shared by runs, so its intent is inserted as with ON CONFLICT DO NOTHING.
+ * A key that another transaction is writing is locked, which waits for it.
  *
  * In a run's first epoch a derived key is not even looked up: epoch 1 is
  * given only to a run whose audit log names no epoch at all (writer.c), and
  * every intent is logged with its epoch, so no key of the run can exist.
  */
-static bool
-find_or_insert_intent(const NewIntent *intent, EffectRow *row)
+static Found
+find_or_insert_intent(const NewIntent *intent, const CallRules *call, EffectRow *row,
+					  Drift *drift)
 {
 	int			round;
 
 	if (!intent->business_key && intent->lease_epoch == 1)
 	{
+		if (!may_insert(intent, call, drift))
+			return FOUND_DRIFT;
 		dl_write_new_intent(intent);
-		return true;
+		return FOUND_INSERTED;
 	}
 
 	for (round = 0; round < MAX_DECISION_ROUNDS; round++)
@@ -147,21 +191,23 @@ find_or_insert_intent(const NewIntent *intent, EffectRow *row)
 		switch (dl_read_key(intent->key, row))
 		{
 			case KEY_ABSENT:
+				if (!may_insert(intent, call, drift))
+					return FOUND_DRIFT;
 				if (!intent->business_key)
 				{
 					dl_write_new_intent(intent);
-					return true;
+					return FOUND_INSERTED;
 				}
 				if (dl_write_intent_unless_exists(intent))
-					return true;
+					return FOUND_INSERTED;
 				break;			/* another run inserted it: look again */
 			case KEY_FOUND:
-				return false;
+				return FOUND_ROW;
 			case KEY_BUSY:
 				if (dl_lock_effect(intent->key, &locked))
 				{
 					*row = locked.row;
-					return false;
+					return FOUND_ROW;
 				}
 				break;			/* its insert rolled back: look again */
 		}
@@ -170,7 +216,7 @@ find_or_insert_intent(const NewIntent *intent, EffectRow *row)
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 			 errmsg("effect \"%s\" kept changing while a decision was being made", intent->key),
 			 errhint("Retry the call.")));
-	return false;				/* keep compiler quiet */
+	return FOUND_ROW;			/* keep compiler quiet */
 }
 
 /*
@@ -180,13 +226,13 @@ find_or_insert_intent(const NewIntent *intent, EffectRow *row)
  * false when it changed meanwhile (the caller looks again).
  */
 static bool
-decide_from_row(const NewIntent *intent, const char *canon, const EffectRow *row,
-				Decision *d)
+decide_from_row(const NewIntent *intent, const char *canon, const CallRules *call,
+				const EffectRow *row, Decision *d)
 {
 	LockedEffect locked;
 
 	if (intent->business_key)
-		check_same_call(intent, canon, row);
+		check_same_call(intent, canon, row, call->rules);
 
 	d->status = row->status;
 	d->attempt = row->attempt;
@@ -216,6 +262,7 @@ decide_from_row(const NewIntent *intent, const char *canon, const EffectRow *row
 				return true;
 			}
 			/* a failed business key is executed again: its next attempt */
+			dl_check_may_execute(intent->tool, call->rules);
 			if (!dl_lock_effect(intent->key, &locked) ||
 				locked.row.status != EFFECT_FAILED || locked.row.conflict ||
 				locked.row.attempt != row->attempt)
@@ -256,22 +303,74 @@ decide_from_row(const NewIntent *intent, const char *canon, const EffectRow *row
 	return false;				/* keep compiler quiet */
 }
 
+/*
+ * A call that diverges from the run's earlier attempts: it waits for a
+ * person, or (a person said so) is the same operation as an earlier effect,
+ * whose outcome it gets as that effect's own call would.
+ */
+static bool
+decide_drift(const NewIntent *intent, const char *canon, const CallRules *call,
+			 const Drift *drift, Decision *d)
+{
+	NewIntent	same;
+	EffectRow	row;
+	LockedEffect locked;
+
+	if (drift->kind == DRIFT_PAUSE)
+	{
+		d->kind = DECIDE_PAUSE;
+		d->no_effect = true;
+		d->reason = psprintf(REASON_PAUSE_DIVERGENCE, intent->tool, drift->candidate_key);
+		if (!drift->recorded_now)
+			audit_decision(intent, "pause", d, "cause", "divergence");
+		return true;
+	}
+
+	/* DRIFT_SAME: decide as a call of the earlier effect's key would */
+	same = *intent;
+	same.key = drift->same_as;
+	d->key = drift->same_as;
+	switch (dl_read_key(same.key, &row))
+	{
+		case KEY_FOUND:
+			return decide_from_row(&same, canon, call, &row, d);
+		case KEY_BUSY:
+			if (dl_lock_effect(same.key, &locked))
+				return decide_from_row(&same, canon, call, &locked.row, d);
+			return false;
+		case KEY_ABSENT:
+			break;
+	}
+	elog(ERROR, "effect \"%s\" that a divergence was resolved as the same as does not exist",
+		 same.key);
+	return false;				/* keep compiler quiet */
+}
+
 static void
-decide(const NewIntent *intent, const char *canon, Decision *d)
+decide(const NewIntent *intent, const char *canon, const CallRules *call, Decision *d)
 {
 	int			round;
 
 	for (round = 0; round < MAX_DECISION_ROUNDS; round++)
 	{
 		EffectRow	row;
+		Drift		drift;
 
-		if (find_or_insert_intent(intent, &row))
+		d->key = intent->key;
+		switch (find_or_insert_intent(intent, call, &row, &drift))
 		{
-			decide_execute(d, 1);
-			return;
+			case FOUND_INSERTED:
+				decide_execute(d, 1);
+				return;
+			case FOUND_DRIFT:
+				if (decide_drift(intent, canon, call, &drift, d))
+					return;
+				break;
+			case FOUND_ROW:
+				if (decide_from_row(intent, canon, call, &row, d))
+					return;
+				break;
 		}
-		if (decide_from_row(intent, canon, &row, d))
-			return;
 	}
 	ereport(ERROR,
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
@@ -288,7 +387,7 @@ decide(const NewIntent *intent, const char *canon, Decision *d)
  * epoch, and the session holds nothing.
  */
 Datum
-dl_begin_effect_1_1(PG_FUNCTION_ARGS)
+dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 {
 	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
 	char	   *tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
@@ -298,10 +397,12 @@ dl_begin_effect_1_1(PG_FUNCTION_ARGS)
 	MemoryContext call_cxt = CurrentMemoryContext;
 	TupleDesc	desc;
 	StringInfoData canon;
+	ToolRules	rules;
+	CallLease	lease;
+	ReplayProgress progress = {0};
+	CallRules call = {&rules, &progress};
 	NewIntent	intent;
-	HeldRun    *held = NULL;
-	CallCounter *counter = NULL;
-	bytea	   *token_call = NULL;
+	EpochCounter counter;
 	char		derived_key[DL_KEY_HEX_LEN + 1];
 	Decision	d = {0};
 	Datum		values[8];
@@ -319,22 +420,30 @@ dl_begin_effect_1_1(PG_FUNCTION_ARGS)
 	desc = dl_result_desc(fcinfo);
 	dl_check_writable("begin_effect()");
 
+	/* a call is counted and keyed by its identity: its tool's key fields, or all of args */
+	dl_tool_rules(tool, &rules);
 	initStringInfo(&canon);
-	dl_append_canonical_args(&canon, args);
+	dl_append_canonical_args(&canon, dl_identity_of_call(&rules, args, NULL));
 
 	dl_spi_connect();
+	lease.run = run;
 	if (token != NULL)
-		intent.lease_epoch = dl_token_for_call(run, token);
+	{
+		lease.held = NULL;
+		lease.epoch = dl_token_for_call(run, token);
+	}
 	else
 	{
-		held = dl_lease_for_call(run);
-		intent.lease_epoch = dl_lease_epoch(held);
+		lease.held = dl_lease_for_call(run);
+		lease.epoch = dl_lease_epoch(lease.held);
 	}
+	dl_check_run_open(run);
 
 	intent.run = run;
 	intent.tool = tool;
 	intent.args = args;
 	intent.meta = dl_optional_jsonb_arg(fcinfo, 4);
+	intent.lease_epoch = lease.epoch;
 	intent.business_key = business_key != NULL;
 	if (business_key != NULL)
 	{
@@ -343,35 +452,35 @@ dl_begin_effect_1_1(PG_FUNCTION_ARGS)
 	}
 	else
 	{
-		if (token != NULL)
-			intent.occurrence = dl_token_call_next(run, intent.lease_epoch, tool,
-												   canon.data, canon.len, &token_call);
-		else
-			counter = dl_lease_call_counter(held, tool, canon.data, canon.len,
-											&intent.occurrence);
+		intent.occurrence = dl_next_occurrence(&lease, tool, canon.data, canon.len, &counter);
 		dl_derive_key(run, tool, canon.data, canon.len, intent.occurrence, derived_key);
 		intent.key = derived_key;
+		dl_progress_start(&progress, &lease, tool, dl_divergence_policy(&rules));
 	}
 
-	decide(&intent, canon.data, &d);
+	decide(&intent, canon.data, &call, &d);
 
 	/*
 	 * A paused call did not happen: it does not use up its occurrence, so
 	 * asking again in this epoch asks about the same effect (pause until a
 	 * person resolves it, then its outcome) and never executes a new one.
 	 */
-	if (d.kind != DECIDE_PAUSE && counter != NULL)
-		dl_lease_count_call(held, counter);
-	if (d.kind != DECIDE_PAUSE && token_call != NULL)
-		dl_token_count_call(run, intent.lease_epoch, token_call, intent.occurrence);
+	if (d.kind != DECIDE_PAUSE && !intent.business_key)
+	{
+		dl_epoch_count(&lease, &counter, intent.occurrence);
+		if (d.kind == DECIDE_REPLAY)
+			dl_progress_replayed(&progress);
+	}
 
 	/* form the answer where it outlives SPI_finish */
-	values[0] = CStringGetTextDatum(intent.key);
+	values[0] = CStringGetTextDatum(d.key);
 	values[1] = CStringGetTextDatum(decision_names[d.kind]);
-	values[2] = CStringGetTextDatum(dl_status_name(d.status));
+	values[2] = d.no_effect ? (Datum) 0 : CStringGetTextDatum(dl_status_name(d.status));
+	nulls[2] = d.no_effect;
 	values[3] = Int32GetDatum(intent.occurrence);
 	nulls[3] = intent.business_key;
 	values[4] = Int32GetDatum(d.attempt);
+	nulls[4] = d.no_effect;
 	values[5] = PointerGetDatum(d.result);
 	nulls[5] = d.result == NULL;
 	values[6] = PointerGetDatum(d.error);

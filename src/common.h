@@ -25,19 +25,25 @@
 
 #include "compat.h"
 
-/* The SQL version this library implements (its C symbols end in _1_1). */
-#define DL_LIBRARY_VERSION "1.1"
+/* The SQL version this library implements (its new C symbols end in _1_2). */
+#define DL_LIBRARY_VERSION "1.2"
 
 /*
  * field4 of the extension's advisory LOCKTAGs: pg_locks shows it as objsubid.
  * PostgreSQL uses 1 and 2, Citus 4 to 16; 17484 is "DL".  Session leases use
- * DL_LOCK_CLASS, the calls of a token lease DL_CALL_LOCK_CLASS (runlock.c).
+ * DL_LOCK_CLASS, the calls of a token lease DL_CALL_LOCK_CLASS, every call
+ * and abandon_run DL_OPEN_LOCK_CLASS (runlock.c).
  */
 #define DL_LOCK_CLASS 17484
 #define DL_CALL_LOCK_CLASS 17485
+#define DL_OPEN_LOCK_CLASS 17486
 
 /* The SQLSTATE of a token lease that is no longer held (expired, released, ...). */
 #define ERRCODE_DL_LEASE_LOST MAKE_SQLSTATE('5','5','L','0','1')
+/* ... of a call of a run that a person abandoned */
+#define ERRCODE_DL_RUN_ABANDONED MAKE_SQLSTATE('5','5','L','0','2')
+/* ... of a tool that may not be executed: retired, or not registered where that is refused */
+#define ERRCODE_DL_TOOL_REFUSED MAKE_SQLSTATE('5','5','L','0','3')
 
 /* Limits on names (characters, not bytes); see docs/reference.md. */
 #define DL_MAX_RUN_CHARS 512
@@ -61,6 +67,10 @@ extern EffectStatus dl_status_from_name(const char *name);
 
 /* canonical.c */
 extern void dl_append_canonical_args(StringInfo out, Jsonb *args);
+
+/* identity.c: the key fields of a registered tool */
+extern Jsonb *dl_identity_args(const char *tool, Jsonb *args, int nfields,
+							   char *const *fields, bool *complete);
 
 /* keys.c */
 extern void dl_check_business_key(const char *business_key);

@@ -58,7 +58,7 @@ struct HeldRun
 
 typedef enum UndoKind
 {
-	UNDO_COUNT,					/* a counter was advanced */
+	UNDO_COUNT,					/* a counter was set */
 	UNDO_EPOCH					/* a new epoch replaced the previous one */
 } UndoKind;
 
@@ -68,7 +68,8 @@ typedef struct UndoEntry
 	SubTransactionId subid;
 	uint64		lock_key;
 	uint64		generation;		/* of the epoch the change belongs to */
-	CallCounter *counter;		/* UNDO_COUNT */
+	CallCounter *counter;		/* UNDO_COUNT: the counter, and its value before */
+	int32		old_count;
 	int64		old_epoch;		/* UNDO_EPOCH: what to restore */
 	uint64		old_generation;
 	MemoryContext old_cxt;
@@ -175,7 +176,7 @@ undo_one(UndoEntry *e)
 	{
 		case UNDO_COUNT:
 			if (current)
-				e->counter->count--;
+				e->counter->count = e->old_count;
 			break;
 		case UNDO_EPOCH:
 			if (current)
@@ -548,6 +549,7 @@ dl_lease_for_call(const char *run)
 
 		if (forgot_lost_leases && dl_read_lease_unreleased_by_me(run, &lost_epoch))
 			report_lost_lease(run);
+		dl_refuse_if_abandoned(run);
 		check_lease_capacity(run);
 		(void) take_session_lock(run, lock_key, true, &waited);
 		held = add_held(run, lock_key);
@@ -568,13 +570,14 @@ dl_lease_epoch(const HeldRun *held)
 }
 
 /*
- * The counter of identical calls (tool, canonical args) in the held run's
- * current epoch; *next is the occurrence number the next such call gets.
- * Nothing is counted until dl_lease_count_call().
+ * A counter of the held run's current epoch: of identical calls (tool,
+ * canonical args), or of what else the epoch counts about a tool (what:
+ * bytes that no canonical args can be, since they begin with a zero byte).
+ * *count is its value; nothing changes until dl_lease_set_count().
  */
 CallCounter *
-dl_lease_call_counter(HeldRun *held, const char *tool, const char *canon,
-					  int canon_len, int32 *next)
+dl_lease_call_counter(HeldRun *held, const char *tool, const char *what,
+					  int what_len, int32 *count)
 {
 	size_t		tool_len = strlen(tool);
 	char	   *bytes;
@@ -582,10 +585,10 @@ dl_lease_call_counter(HeldRun *held, const char *tool, const char *canon,
 	CallCounter *counter;
 	bool		found;
 
-	probe.len = tool_len + 1 + canon_len;
+	probe.len = tool_len + 1 + what_len;
 	bytes = palloc(probe.len);
 	memcpy(bytes, tool, tool_len + 1);
-	memcpy(bytes + tool_len + 1, canon, canon_len);
+	memcpy(bytes + tool_len + 1, what, what_len);
 	probe.bytes = bytes;
 	probe.hash = hash_bytes((const unsigned char *) bytes, probe.len);
 
@@ -599,22 +602,19 @@ dl_lease_call_counter(HeldRun *held, const char *tool, const char *canon,
 		counter->count = 0;
 	}
 	pfree(bytes);
-	if (counter->count == PG_INT32_MAX)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("too many identical calls in one lease epoch of run \"%s\"", held->run)));
-	*next = counter->count + 1;
+	*count = counter->count;
 	return counter;
 }
 
-/* Counts a call: its occurrence number is used up (undone on rollback). */
+/* Sets a counter of the epoch (undone on rollback). */
 void
-dl_lease_count_call(HeldRun *held, CallCounter *counter)
+dl_lease_set_count(HeldRun *held, CallCounter *counter, int32 count)
 {
 	UndoEntry  *e = push_undo(UNDO_COUNT, held);
 
 	e->counter = counter;
-	counter->count++;
+	e->old_count = counter->count;
+	counter->count = count;
 }
 
 /* acquire_run: take the lease if needed, and start a new epoch in any case. */
@@ -626,6 +626,7 @@ dl_lease_acquire(const char *run, bool wait)
 	bool		waited = false;
 	int64		epoch;
 
+	dl_refuse_if_abandoned(run);
 	if (held == NULL)
 	{
 		check_lease_capacity(run);

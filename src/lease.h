@@ -5,7 +5,8 @@
  * run at a time, and the calls of an epoch count their identical calls
  * (occurrences), which roll back with their transaction.  liveness.c says
  * whether the lease that started an effect is live; runlock.c holds the
- * run's locks.
+ * run's locks and says whether it is open for calls (not abandoned);
+ * counters.c reads and sets an epoch's counters, whichever kind holds it.
  *
  * Uses store.h and common.h; the entry points use it.  Functions that read
  * or write the ledger need an open SPI connection.
@@ -24,9 +25,9 @@ typedef struct CallCounter CallCounter;
 extern HeldRun *dl_lease_for_call(const char *run);
 extern int64 dl_lease_epoch(const HeldRun *held);
 extern CallCounter *dl_lease_call_counter(HeldRun *held, const char *tool,
-										  const char *canon, int canon_len,
-										  int32 *next);
-extern void dl_lease_count_call(HeldRun *held, CallCounter *counter);
+										  const char *what, int what_len,
+										  int32 *count);
+extern void dl_lease_set_count(HeldRun *held, CallCounter *counter, int32 count);
 extern bool dl_lease_acquire(const char *run, bool wait);
 extern bool dl_lease_release(const char *run);
 extern bool dl_lease_is_mine(const char *run, int64 epoch);
@@ -43,14 +44,34 @@ typedef struct TokenGrant
 extern bool dl_token_take(const char *run, Interval *ttl, const char *holder,
 						  TokenGrant *grant);
 extern int64 dl_token_for_call(const char *run, const char *token);
-extern int32 dl_token_call_next(const char *run, int64 epoch, const char *tool,
-								const char *canon, int canon_len, bytea **call);
-extern void dl_token_count_call(const char *run, int64 epoch, bytea *call,
-								int32 occurrence);
+extern int32 dl_token_counter(const char *run, int64 epoch, const char *tool,
+							  const char *what, int what_len, bytea **call);
+extern void dl_token_set_count(const char *run, int64 epoch, bytea *call, int32 count);
 extern TimestampTz dl_token_renew(const char *token, Interval *ttl);
 extern bool dl_token_release(const char *token);
 extern bool dl_token_break(const char *run, const char *broken_by, const char *note);
 extern void dl_check_ttl(Interval *ttl);
+
+/* counters.c: the counters of a lease epoch, either kind */
+typedef struct CallLease
+{
+	const char *run;
+	int64		epoch;
+	HeldRun    *held;			/* a session lease's; NULL under a token lease */
+} CallLease;
+
+typedef struct EpochCounter
+{
+	int32		count;			/* its value */
+	CallCounter *session;		/* where a session lease keeps it */
+	bytea	   *token_call;		/* what a token lease's row is keyed by */
+} EpochCounter;
+
+extern void dl_epoch_counter(const CallLease *lease, const char *tool,
+							 const char *what, int what_len, EpochCounter *counter);
+extern void dl_epoch_count(const CallLease *lease, EpochCounter *counter, int32 count);
+extern int32 dl_next_occurrence(const CallLease *lease, const char *tool,
+								const char *canon, int canon_len, EpochCounter *counter);
 
 /* liveness.c */
 typedef enum Liveness
@@ -71,5 +92,9 @@ extern void dl_run_unlock_session(uint64 lock_key);
 extern bool dl_run_exclude_sessions(uint64 lock_key);
 extern bool dl_run_when_calls_idle(uint64 lock_key, void (*judge_now) (void *), void *arg);
 extern bool dl_run_lock_xact(uint64 lock_key, uint16 lock_class, bool wait);
+extern void dl_run_lock_open(uint64 lock_key);
+extern void dl_run_lock_closing(uint64 lock_key);
+extern void dl_refuse_if_abandoned(const char *run);
+extern void dl_check_run_open(const char *run);
 
 #endif							/* DURABLE_LEDGER_LEASE_H */

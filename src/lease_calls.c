@@ -12,7 +12,7 @@
 
 #include "lease.h"
 
-PG_FUNCTION_INFO_V1(dl_acquire_run_1_1);
+PG_FUNCTION_INFO_V1(dl_acquire_run_1_2);
 PG_FUNCTION_INFO_V1(dl_release_run_1_1);
 PG_FUNCTION_INFO_V1(dl_break_lease_1_1);
 
@@ -21,7 +21,7 @@ PG_FUNCTION_INFO_V1(dl_break_lease_1_1);
 
 /* acquire_run(run text, wait boolean) RETURNS boolean */
 Datum
-dl_acquire_run_1_1(PG_FUNCTION_ARGS)
+dl_acquire_run_1_2(PG_FUNCTION_ARGS)
 {
 	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
 	bool		acquired;

@@ -37,3 +37,10 @@ REFUSED_1_0(dl_effect_status)
 REFUSED_1_0(dl_acquire_run)
 REFUSED_1_0(dl_release_run)
 REFUSED_1_0(dl_break_lease)
+
+/* The functions of durable_ledger 1.1 that this library implements anew. */
+#define REFUSED_1_1(name) REFUSED_1_0(name)
+
+REFUSED_1_1(dl_begin_effect_1_1)
+REFUSED_1_1(dl_acquire_run_1_1)
+REFUSED_1_1(dl_take_lease_1_1)

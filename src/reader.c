@@ -21,6 +21,7 @@
 #include "catalog/pg_type.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/rel.h"
@@ -221,14 +222,16 @@ typedef struct LookupIndex
 {
 	uint64		learned;		/* the version of the table it was found in */
 	Oid			index;
+	bool		unique;			/* unique on exactly the lookup's columns */
 } LookupIndex;
 
 /*
- * The valid unique btree index of rel whose key columns are exactly t's
- * columns, in that order (no expressions, no predicate).
+ * The valid btree index of rel (no expressions, no predicate) whose key
+ * columns are exactly t's columns, in that order, and that is unique; or,
+ * when unique is false, whose key columns begin with them.
  */
 static Oid
-unique_index_on(LedgerTable *t, Relation rel, int nkeys, const int *columns)
+index_on(LedgerTable *t, Relation rel, int nkeys, const int *columns, bool unique)
 {
 	List	   *indexes = RelationGetIndexList(rel);
 	ListCell   *lc;
@@ -237,9 +240,10 @@ unique_index_on(LedgerTable *t, Relation rel, int nkeys, const int *columns)
 	{
 		Relation	index = index_open(lfirst_oid(lc), AccessShareLock);
 		Form_pg_index form = index->rd_index;
-		bool		matches = form->indisunique && form->indisvalid &&
+		bool		matches = form->indisvalid &&
 			index->rd_rel->relam == BTREE_AM_OID &&
-			form->indnkeyatts == nkeys &&
+			(unique ? form->indisunique && form->indnkeyatts == nkeys :
+			 form->indnkeyatts >= nkeys) &&
 			RelationGetIndexExpressions(index) == NIL &&
 			RelationGetIndexPredicate(index) == NIL;
 		int			i;
@@ -252,8 +256,7 @@ unique_index_on(LedgerTable *t, Relation rel, int nkeys, const int *columns)
 	}
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("durable_ledger.%s lost the unique index the ledger looks its rows up by",
-					t->name),
+			 errmsg("durable_ledger.%s lost an index the ledger looks its rows up by", t->name),
 			 errhint("The table must keep the indexes the extension created.")));
 	return InvalidOid;			/* keep compiler quiet */
 }
@@ -269,6 +272,8 @@ equality_proc(Oid type)
 			return F_INT8EQ;
 		case BYTEAOID:
 			return F_BYTEAEQ;
+		case INT4OID:
+			return F_INT4EQ;
 		default:
 			elog(ERROR, "no lookup by a column of type %u", type);
 			return InvalidOid;	/* keep compiler quiet */
@@ -276,15 +281,17 @@ equality_proc(Oid type)
 }
 
 /*
- * Finds the row of t whose columns hold values, through the unique index on
- * them, as committed now (the latest snapshot, this transaction's own writes
- * included), whatever the transaction's snapshot; calls take with it.  false
- * when there is none.  An index scan, never a plan: a plan made while the
- * table was small would scan it whole once it has grown.
+ * Finds the rows of t whose columns hold values, through an index on them, as
+ * committed now (the latest snapshot, this transaction's own writes
+ * included), whatever the transaction's snapshot; calls take with each until
+ * it returns false.  by->unique: the index is unique on exactly those
+ * columns, else one whose key begins with them.  Returns whether any row was
+ * found.  An index scan, never a plan: a plan made while the table was small
+ * would scan it whole once it has grown.
  */
 static bool
-find_row_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
-			 const Datum *values, void (*take) (TupleTableSlot *, void *), void *arg)
+scan_rows_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
+			  const Datum *values, bool (*take) (TupleTableSlot *, void *), void *arg)
 {
 	Relation	rel = dl_open_table(t, AccessShareLock);
 	Relation	index;
@@ -292,12 +299,12 @@ find_row_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
 	ScanKeyData keys[INDEX_MAX_KEYS];
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
-	bool		found;
+	bool		found = false;
 	int			i;
 
 	if (by->learned != t->learned)
 	{
-		by->index = unique_index_on(t, rel, nkeys, columns);
+		by->index = index_on(t, rel, nkeys, columns, by->unique);
 		by->learned = t->learned;
 	}
 	index = index_open(by->index, AccessShareLock);
@@ -311,9 +318,12 @@ find_row_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
 	slot = table_slot_create(rel, NULL);
 	scan = index_beginscan(rel, index, snapshot, nkeys, 0);
 	index_rescan(scan, keys, nkeys, NULL, 0);
-	found = index_getnext_slot(scan, ForwardScanDirection, slot);
-	if (found)
-		take(slot, arg);
+	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		found = true;
+		if (!take(slot, arg))
+			break;
+	}
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
 	UnregisterSnapshot(snapshot);
@@ -322,13 +332,22 @@ find_row_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
 	return found;
 }
 
+/* The one row of t that a unique index finds (scan_rows_now). */
+static bool
+find_row_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
+			 const Datum *values, bool (*take) (TupleTableSlot *, void *), void *arg)
+{
+	by->unique = true;
+	return scan_rows_now(t, by, nkeys, columns, values, take, arg);
+}
+
 static Datum
 column_value(LedgerTable *t, TupleTableSlot *slot, int column, bool *isnull)
 {
 	return slot_getattr(slot, t->attnums[column], isnull);
 }
 
-static void
+static bool
 take_run_state(TupleTableSlot *slot, void *arg)
 {
 	RunState   *state = arg;
@@ -342,6 +361,12 @@ take_run_state(TupleTableSlot *slot, void *arg)
 	state->holder_pid = isnull ? 0 : DatumGetInt32(d);
 	d = column_value(&dl_runs_table, slot, RUN_LEASE_KIND, &isnull);
 	state->token = !isnull && strcmp(TextDatumGetCString(d), "token") == 0;
+	d = column_value(&dl_runs_table, slot, RUN_ABANDONED_AT, &isnull);
+	state->abandoned = !isnull;
+	state->abandoned_at = isnull ? 0 : DatumGetTimestampTz(d);
+	d = column_value(&dl_runs_table, slot, RUN_ABANDONED_BY, &isnull);
+	state->abandoned_by = isnull ? NULL : TextDatumGetCString(d);
+	return false;
 }
 
 /* The token lease row's state, judged by the server's clock now. */
@@ -353,7 +378,7 @@ typedef struct TokenRow
 	TimestampTz expires_at;
 } TokenRow;
 
-static void
+static bool
 take_token_row(TupleTableSlot *slot, void *arg)
 {
 	TokenRow   *row = arg;
@@ -365,14 +390,16 @@ take_token_row(TupleTableSlot *slot, void *arg)
 	row->released = !isnull;
 	row->expires_at = DatumGetTimestampTz(column_value(&dl_token_table, slot, TOK_EXPIRES_AT,
 													   &isnull));
+	return false;
 }
 
-static void
+static bool
 take_calls(TupleTableSlot *slot, void *arg)
 {
 	bool		isnull;
 
 	*(int32 *) arg = DatumGetInt32(column_value(&dl_calls_table, slot, CALLS_CALLS, &isnull));
+	return false;
 }
 
 /*
@@ -486,4 +513,219 @@ dl_read_lease_unreleased_by_me(const char *run, int64 *epoch)
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
 	*epoch = isnull ? 0 : DatumGetInt64(d);
 	return true;
+}
+
+/* ---------- the tools registry, divergences, a run's earlier effects ---------- */
+
+static char *
+optional_text(LedgerTable *t, TupleTableSlot *slot, int column)
+{
+	bool		isnull;
+	Datum		d = column_value(t, slot, column, &isnull);
+
+	return isnull ? NULL : TextDatumGetCString(d);
+}
+
+/* A tool's row (store.h), copied out of slot. */
+void
+dl_tool_row_from_slot(TupleTableSlot *slot, ToolRow *row)
+{
+	LedgerTable *t = &dl_tools_table;
+	bool		isnull;
+	Datum		d;
+	char	   *policy;
+
+	row->tool = optional_text(t, slot, TOOL_TOOL);
+	row->side_effecting = DatumGetBool(column_value(t, slot, TOOL_SIDE_EFFECTING, &isnull));
+	policy = optional_text(t, slot, TOOL_DIVERGENCE);
+	row->divergence = strcmp(policy, "pause") == 0 ? DIVERGENCE_PAUSE :
+		strcmp(policy, "warn") == 0 ? DIVERGENCE_WARN : DIVERGENCE_OFF;
+	d = column_value(t, slot, TOOL_KEY_FIELDS, &isnull);
+	row->nkey_fields = -1;
+	row->key_fields = NULL;
+	if (!isnull)
+	{
+		Datum	   *elems;
+		bool	   *nulls;
+		int			n;
+		int			i;
+
+		deconstruct_array(DatumGetArrayTypeP(d), TEXTOID, -1, false, TYPALIGN_INT,
+						  &elems, &nulls, &n);
+		row->key_fields = palloc(sizeof(char *) * Max(n, 1));
+		for (i = 0; i < n; i++)
+			row->key_fields[i] = nulls[i] ? pstrdup("") : TextDatumGetCString(elems[i]);
+		row->nkey_fields = n;
+	}
+	row->note = optional_text(t, slot, TOOL_NOTE);
+	(void) column_value(t, slot, TOOL_RETIRED_AT, &isnull);
+	row->retired = !isnull;
+}
+
+static bool
+take_tool(TupleTableSlot *slot, void *arg)
+{
+	dl_tool_row_from_slot(slot, arg);
+	return false;
+}
+
+/* The registry's row of tool, as committed now; false when it has none. */
+bool
+dl_read_tool(const char *tool, ToolRow *row)
+{
+	static LookupIndex tools_by_tool;
+	static const int tool_key[] = {TOOL_TOOL};
+	Datum		values[1];
+
+	values[0] = CStringGetTextDatum(tool);
+	return find_row_now(&dl_tools_table, &tools_by_tool, 1, tool_key, values, take_tool, row);
+}
+
+static bool
+take_derived(TupleTableSlot *slot, void *arg)
+{
+	bool		isnull;
+
+	if (DatumGetBool(column_value(&dl_effects_table, slot, EFF_BUSINESS_KEY, &isnull)))
+		return true;			/* look on */
+	*(bool *) arg = true;
+	return false;
+}
+
+/* Has tool been called with a derived key (its calls' keys depend on its key fields)? */
+bool
+dl_read_tool_has_derived_effects(const char *tool)
+{
+	static LookupIndex effects_by_tool = {.unique = false};
+	static const int tool_key[] = {EFF_TOOL};
+	Datum		values[1];
+	bool		derived = false;
+
+	values[0] = CStringGetTextDatum(tool);
+	(void) scan_rows_now(&dl_effects_table, &effects_by_tool, 1, tool_key, values,
+						 take_derived, &derived);
+	return derived;
+}
+
+static bool
+take_divergence(TupleTableSlot *slot, void *arg)
+{
+	LedgerTable *t = &dl_divergences_table;
+	DivergenceRow *row = arg;
+	bool		isnull;
+
+	row->key = optional_text(t, slot, DIV_KEY);
+	row->run = optional_text(t, slot, DIV_RUN);
+	row->lease_epoch = DatumGetInt64(column_value(t, slot, DIV_LEASE_EPOCH, &isnull));
+	row->tool = optional_text(t, slot, DIV_TOOL);
+	row->args = DatumGetJsonbPCopy(column_value(t, slot, DIV_ARGS, &isnull));
+	row->occurrence = DatumGetInt32(column_value(t, slot, DIV_OCCURRENCE, &isnull));
+	row->candidate_key = optional_text(t, slot, DIV_CANDIDATE_KEY);
+	row->verdict = optional_text(t, slot, DIV_VERDICT);
+	row->same_as = optional_text(t, slot, DIV_SAME_AS);
+	return false;
+}
+
+/* The divergence recorded for key, as committed now; false when there is none. */
+bool
+dl_read_divergence(const char *key, DivergenceRow *row)
+{
+	static LookupIndex divergences_by_key;
+	static const int div_key[] = {DIV_KEY};
+	Datum		values[1];
+
+	values[0] = CStringGetTextDatum(key);
+	return find_row_now(&dl_divergences_table, &divergences_by_key, 1, div_key, values,
+						take_divergence, row);
+}
+
+typedef struct EarlierEffects
+{
+	int64		before_epoch;
+	List	   *effects;		/* of EarlierEffect */
+} EarlierEffects;
+
+static bool
+take_earlier(TupleTableSlot *slot, void *arg)
+{
+	EarlierEffects *earlier = arg;
+	LedgerTable *t = &dl_effects_table;
+	EarlierEffect *effect;
+	bool		isnull;
+
+	if (DatumGetBool(column_value(t, slot, EFF_BUSINESS_KEY, &isnull)) ||
+		DatumGetInt64(column_value(t, slot, EFF_LEASE_EPOCH, &isnull)) >= earlier->before_epoch)
+		return true;
+	effect = palloc(sizeof(EarlierEffect));
+	effect->key = optional_text(t, slot, EFF_KEY);
+	effect->created_at = DatumGetTimestampTz(column_value(t, slot, EFF_CREATED_AT, &isnull));
+	earlier->effects = lappend(earlier->effects, effect);
+	return true;
+}
+
+static int
+earlier_order(const ListCell *a, const ListCell *b)
+{
+	const EarlierEffect *ea = lfirst(a);
+	const EarlierEffect *eb = lfirst(b);
+
+	if (ea->created_at != eb->created_at)
+		return ea->created_at < eb->created_at ? -1 : 1;
+	return strcmp(ea->key, eb->key);
+}
+
+/*
+ * The effects of tool that run's attempts before epoch recorded under derived
+ * keys, as committed now, in the order they were begun (then by key).
+ */
+List *
+dl_read_earlier_effects(const char *run, const char *tool, int64 epoch)
+{
+	static LookupIndex effects_by_tool_run = {.unique = false};
+	static const int tool_run_key[] = {EFF_TOOL, EFF_RUN};
+	Datum		values[2];
+	EarlierEffects earlier = {epoch, NIL};
+
+	values[0] = CStringGetTextDatum(tool);
+	values[1] = CStringGetTextDatum(run);
+	(void) scan_rows_now(&dl_effects_table, &effects_by_tool_run, 2, tool_run_key, values,
+						 take_earlier, &earlier);
+	list_sort(earlier.effects, earlier_order);
+	return earlier.effects;
+}
+
+static bool
+take_tuple(TupleTableSlot *slot, void *arg)
+{
+	*(HeapTuple *) arg = ExecCopySlotHeapTuple(slot);
+	return false;
+}
+
+/* tool's row of the registry as committed now, or NULL. */
+HeapTuple
+dl_read_tool_tuple(const char *tool)
+{
+	static LookupIndex tools_by_tool;
+	static const int tool_key[] = {TOOL_TOOL};
+	Datum		values[1];
+	HeapTuple	tuple = NULL;
+
+	values[0] = CStringGetTextDatum(tool);
+	(void) find_row_now(&dl_tools_table, &tools_by_tool, 1, tool_key, values, take_tuple, &tuple);
+	return tuple;
+}
+
+/* The row of key's divergence as committed now, or NULL. */
+HeapTuple
+dl_read_divergence_tuple(const char *key)
+{
+	static LookupIndex divergences_by_key;
+	static const int div_key[] = {DIV_KEY};
+	Datum		values[1];
+	HeapTuple	tuple = NULL;
+
+	values[0] = CStringGetTextDatum(key);
+	(void) find_row_now(&dl_divergences_table, &divergences_by_key, 1, div_key, values,
+						take_tuple, &tuple);
+	return tuple;
 }

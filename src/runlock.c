@@ -10,12 +10,16 @@
  *                       transaction, to keep session leases out
  *   DL_CALL_LOCK_CLASS  the calls of a token lease: a transaction-level lock,
  *                       which serialises them inside their transactions
+ *   DL_OPEN_LOCK_CLASS  every begin_effect holds a ShareLock for its
+ *                       transaction, abandon_run an ExclusiveLock: a call
+ *                       decides either before an abandonment or after it
  */
 #include "postgres.h"
 
 #include "common/hashfn.h"
 #include "miscadmin.h"
 #include "storage/lock.h"
+#include "utils/timestamp.h"
 
 #include "lease.h"
 
@@ -137,4 +141,61 @@ dl_run_lock_xact(uint64 lock_key, uint16 lock_class, bool wait)
 	set_lock_tag(&tag, lock_key, lock_class);
 	return LockAcquireExtended(&tag, ExclusiveLock, false, !wait, true, NULL) !=
 		LOCKACQUIRE_NOT_AVAIL;
+}
+
+/* A call of the run, for this transaction: abandon_run waits for it to end. */
+void
+dl_run_lock_open(uint64 lock_key)
+{
+	LOCKTAG		tag;
+
+	set_lock_tag(&tag, lock_key, DL_OPEN_LOCK_CLASS);
+	(void) LockAcquire(&tag, ShareLock, false, false);
+}
+
+/* abandon_run, for this transaction: waits for the run's calls in progress. */
+void
+dl_run_lock_closing(uint64 lock_key)
+{
+	LOCKTAG		tag;
+
+	set_lock_tag(&tag, lock_key, DL_OPEN_LOCK_CLASS);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+}
+
+/* ---------- whether the run is open for calls ---------- */
+
+static void
+report_abandoned(const char *run, const RunState *state)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_DL_RUN_ABANDONED),
+			 errmsg("run \"%s\" was abandoned", run),
+			 errdetail("%s abandoned it at %s; nothing more is executed for it.",
+					   state->abandoned_by ? state->abandoned_by : "someone",
+					   timestamptz_to_str(state->abandoned_at)),
+			 errhint("Stop this attempt. Effects it left in flight wait for a person in durable_ledger.unresolved.")));
+}
+
+/* Refuses to start an attempt of an abandoned run (acquire_run, take_lease). */
+void
+dl_refuse_if_abandoned(const char *run)
+{
+	RunState	state;
+
+	if (dl_read_run_state(run, &state) && state.abandoned)
+		report_abandoned(run, &state);
+}
+
+/*
+ * A call of run may go on only while nobody has abandoned the run.  Its
+ * transaction keeps abandon_run out until it ends (runlock.c), so that once
+ * abandon_run has returned no call decides anything more; the run is then
+ * read as committed now, abandon_run's own commit included.
+ */
+void
+dl_check_run_open(const char *run)
+{
+	dl_run_lock_open(dl_run_lock_key(run));
+	dl_refuse_if_abandoned(run);
 }

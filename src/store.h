@@ -20,6 +20,7 @@
 #include "access/htup.h"
 #include "datatype/timestamp.h"
 #include "executor/spi.h"
+#include "nodes/pg_list.h"
 #include "storage/itemptr.h"
 
 #include "common.h"
@@ -77,6 +78,9 @@ typedef struct PastAttempt
 /* What the ledger knows of a run's current epoch now. */
 typedef struct RunState
 {
+	bool		abandoned;		/* by a person: no further calls */
+	char	   *abandoned_by;
+	TimestampTz abandoned_at;
 	int64		epoch;
 	bool		released;		/* its holder released it (session) */
 	int			holder_pid;		/* the backend that took it */
@@ -106,6 +110,53 @@ typedef struct LockedToken
 	HeapTuple	tuple;
 } LockedToken;
 
+/* What a registered tool's calls are allowed and identified by. */
+typedef enum DivergencePolicy
+{
+	DIVERGENCE_OFF,
+	DIVERGENCE_WARN,
+	DIVERGENCE_PAUSE
+} DivergencePolicy;
+
+/* A row of durable_ledger.tools. */
+typedef struct ToolRow
+{
+	char	   *tool;
+	bool		side_effecting;
+	DivergencePolicy divergence;
+	int			nkey_fields;	/* -1: none named, the whole args */
+	char	  **key_fields;
+	char	   *note;
+	bool		retired;
+} ToolRow;
+
+/* A tool's row locked for this transaction. */
+typedef struct LockedTool
+{
+	ToolRow		row;
+	HeapTuple	tuple;
+} LockedTool;
+
+/* A row of durable_ledger.divergences: a later attempt's drifted call. */
+typedef struct DivergenceRow
+{
+	char	   *key;
+	char	   *run;
+	int64		lease_epoch;
+	char	   *tool;
+	Jsonb	   *args;
+	int32		occurrence;
+	char	   *candidate_key;
+	char	   *verdict;		/* NULL until a person decides */
+	char	   *same_as;
+} DivergenceRow;
+
+typedef struct LockedDivergence
+{
+	DivergenceRow row;
+	HeapTuple	tuple;
+} LockedDivergence;
+
 /* reader.c */
 typedef enum KeyLookup
 {
@@ -124,6 +175,19 @@ extern bool dl_read_run_state(const char *run, RunState *state);
 extern bool dl_read_token_lease(bytea *token_sha256, TokenLease *lease);
 extern int32 dl_read_token_calls(const char *run, int64 epoch, bytea *call);
 extern int	dl_read_lease_holder_pid(uint64 lock_key);
+extern bool dl_read_tool(const char *tool, ToolRow *row);
+extern bool dl_read_tool_has_derived_effects(const char *tool);
+extern bool dl_read_divergence(const char *key, DivergenceRow *row);
+extern HeapTuple dl_read_tool_tuple(const char *tool);
+extern HeapTuple dl_read_divergence_tuple(const char *key);
+extern List *dl_read_earlier_effects(const char *run, const char *tool, int64 epoch);
+
+/* An effect of a run's earlier attempt (dl_read_earlier_effects). */
+typedef struct EarlierEffect
+{
+	char	   *key;
+	TimestampTz created_at;
+} EarlierEffect;
 extern bool dl_read_lease_unreleased_by_me(const char *run, int64 *epoch);
 extern void dl_error_unknown_key(const char *key);
 
@@ -147,6 +211,19 @@ extern void dl_write_token_expiry(LockedToken *locked, TimestampTz expires_at);
 extern void dl_write_token_release(LockedToken *locked);
 extern void dl_write_token_calls(const char *run, int64 epoch, bytea *call, int32 calls);
 extern void dl_write_epoch_end(const char *run, int64 epoch, bool token);
+extern bool dl_write_run_abandoned(const char *run, const char *abandoned_by,
+								   const char *note, int64 *epoch);
+extern void dl_write_new_tool(const ToolRow *row, const char *registered_by);
+extern bool dl_lock_tool(const char *tool, LockedTool *locked);
+extern void dl_write_tool_change(LockedTool *locked, const ToolRow *to,
+								 const char *changed_by, bool registered_anew);
+extern void dl_write_tool_retired(LockedTool *locked, const char *retired_by,
+								  const char *note);
+extern void dl_write_divergence(const DivergenceRow *row);
+extern bool dl_lock_divergence(const char *key, LockedDivergence *locked);
+extern void dl_write_divergence_verdict(LockedDivergence *locked, const char *verdict,
+										const char *same_as, const char *resolved_by,
+										const char *note);
 extern void dl_write_audit(const char *run, const char *key, const char *event,
 						   Jsonb *detail, int64 lease_epoch, int32 attempt);
 

@@ -42,7 +42,8 @@ static const Column runs_columns[RUN_NCOLUMNS] = {
 	{"holder_role", TEXTOID}, {"holder_application_name", TEXTOID},
 	{"holder_client_addr", INETOID}, {"acquired_at", TIMESTAMPTZOID},
 	{"released_at", TIMESTAMPTZOID}, {"created_at", TIMESTAMPTZOID},
-	{"lease_kind", TEXTOID}
+	{"lease_kind", TEXTOID}, {"abandoned_at", TIMESTAMPTZOID}, {"abandoned_by", TEXTOID},
+	{"abandon_note", TEXTOID}
 };
 
 static const Column token_columns[TOK_NCOLUMNS] = {
@@ -62,19 +63,37 @@ static const Column past_columns[PAST_NCOLUMNS] = {
 	{"resolved_by", TEXTOID}, {"resolution_note", TEXTOID}, {"replaced_at", TIMESTAMPTZOID}
 };
 
+static const Column tools_columns[TOOL_NCOLUMNS] = {
+	{"tool", TEXTOID}, {"side_effecting", BOOLOID}, {"divergence", TEXTOID},
+	{"key_fields", TEXTARRAYOID}, {"note", TEXTOID}, {"registered_by", TEXTOID},
+	{"registered_at", TIMESTAMPTZOID}, {"changed_by", TEXTOID},
+	{"changed_at", TIMESTAMPTZOID}, {"retired_by", TEXTOID}, {"retired_at", TIMESTAMPTZOID}
+};
+
+static const Column divergences_columns[DIV_NCOLUMNS] = {
+	{"key", TEXTOID}, {"run", TEXTOID}, {"lease_epoch", INT8OID}, {"tool", TEXTOID},
+	{"args", JSONBOID}, {"occurrence", INT4OID}, {"candidate_key", TEXTOID},
+	{"detected_at", TIMESTAMPTZOID}, {"verdict", TEXTOID}, {"same_as", TEXTOID},
+	{"resolved_by", TEXTOID}, {"resolved_at", TIMESTAMPTZOID},
+	{"resolution_note", TEXTOID}
+};
+
 LedgerTable dl_effects_table = {"effects", effects_columns, EFF_NCOLUMNS};
 LedgerTable dl_audit_table = {"audit_log", audit_columns, AUD_NCOLUMNS};
 LedgerTable dl_runs_table = {"runs", runs_columns, RUN_NCOLUMNS};
 LedgerTable dl_past_table = {"past_attempts", past_columns, PAST_NCOLUMNS};
 LedgerTable dl_token_table = {"token_leases", token_columns, TOK_NCOLUMNS};
 LedgerTable dl_calls_table = {"token_lease_calls", calls_columns, CALLS_NCOLUMNS};
+LedgerTable dl_tools_table = {"tools", tools_columns, TOOL_NCOLUMNS};
+LedgerTable dl_divergences_table = {"divergences", divergences_columns, DIV_NCOLUMNS};
 
 /* A table (or one of its indexes) changed: look it up again before writing. */
 static void
 relcache_changed(Datum arg, Oid relid)
 {
 	LedgerTable *tables[] = {&dl_effects_table, &dl_audit_table, &dl_runs_table,
-	&dl_past_table, &dl_token_table, &dl_calls_table};
+	&dl_past_table, &dl_token_table, &dl_calls_table, &dl_tools_table,
+	&dl_divergences_table};
 	int			i;
 
 	for (i = 0; i < lengthof(tables); i++)

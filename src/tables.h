@@ -52,7 +52,8 @@ enum
 {
 	RUN_RUN, RUN_EPOCHS, RUN_LOCK_KEY, RUN_HOLDER_PID, RUN_HOLDER_ROLE,
 	RUN_HOLDER_APPLICATION_NAME, RUN_HOLDER_CLIENT_ADDR, RUN_ACQUIRED_AT,
-	RUN_RELEASED_AT, RUN_CREATED_AT, RUN_LEASE_KIND, RUN_NCOLUMNS
+	RUN_RELEASED_AT, RUN_CREATED_AT, RUN_LEASE_KIND, RUN_ABANDONED_AT, RUN_ABANDONED_BY,
+	RUN_ABANDON_NOTE, RUN_NCOLUMNS
 };
 
 enum
@@ -68,6 +69,8 @@ extern LedgerTable dl_runs_table;
 extern LedgerTable dl_past_table;
 extern LedgerTable dl_token_table;
 extern LedgerTable dl_calls_table;
+extern LedgerTable dl_tools_table;
+extern LedgerTable dl_divergences_table;
 
 enum
 {
@@ -80,8 +83,23 @@ enum
 	CALLS_RUN, CALLS_EPOCH, CALLS_CALL, CALLS_CALLS, CALLS_NCOLUMNS
 };
 
+enum
+{
+	TOOL_TOOL, TOOL_SIDE_EFFECTING, TOOL_DIVERGENCE, TOOL_KEY_FIELDS, TOOL_NOTE,
+	TOOL_REGISTERED_BY, TOOL_REGISTERED_AT, TOOL_CHANGED_BY, TOOL_CHANGED_AT,
+	TOOL_RETIRED_BY, TOOL_RETIRED_AT, TOOL_NCOLUMNS
+};
+
+enum
+{
+	DIV_KEY, DIV_RUN, DIV_LEASE_EPOCH, DIV_TOOL, DIV_ARGS, DIV_OCCURRENCE,
+	DIV_CANDIDATE_KEY, DIV_DETECTED_AT, DIV_VERDICT, DIV_SAME_AS, DIV_RESOLVED_BY,
+	DIV_RESOLVED_AT, DIV_RESOLUTION_NOTE, DIV_NCOLUMNS
+};
+
 extern Relation dl_open_table(LedgerTable *t, LOCKMODE lockmode);
 extern void dl_check_domains(LedgerTable *t, TupleTableSlot *slot, Bitmapset *only);
 extern void dl_effect_row_from_slot(TupleTableSlot *slot, EffectRow *row);
+extern void dl_tool_row_from_slot(TupleTableSlot *slot, ToolRow *row);
 
 #endif							/* DURABLE_LEDGER_TABLES_H */

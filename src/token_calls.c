@@ -11,7 +11,7 @@
 
 #include "lease.h"
 
-PG_FUNCTION_INFO_V1(dl_take_lease_1_1);
+PG_FUNCTION_INFO_V1(dl_take_lease_1_2);
 PG_FUNCTION_INFO_V1(dl_renew_lease_1_1);
 PG_FUNCTION_INFO_V1(dl_release_lease_1_1);
 
@@ -33,7 +33,7 @@ optional_ttl(FunctionCallInfo fcinfo, int argno)
  * holds the run.
  */
 Datum
-dl_take_lease_1_1(PG_FUNCTION_ARGS)
+dl_take_lease_1_2(PG_FUNCTION_ARGS)
 {
 	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
 	Interval   *ttl;

@@ -135,6 +135,7 @@ dl_token_take(const char *run, Interval *ttl, const char *holder, TokenGrant *gr
 	 * a session lease (this session's too: its own lock would not keep it
 	 * out), another take_lease, or a call or renewal in progress: not now
 	 */
+	dl_refuse_if_abandoned(run);
 	if (dl_run_lock_held(lock_key) ||
 		!dl_run_exclude_sessions(lock_key) ||
 		!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, false))
@@ -190,38 +191,33 @@ dl_token_for_call(const char *run, const char *token)
 }
 
 /*
- * The occurrence the next call of tool with these canonical args gets in a
- * token lease's epoch; *call names the call in the counters.
+ * A counter of a token lease's epoch, as committed now (the caller holds the
+ * run's call lock): of identical calls (tool, canonical args), or of what else
+ * the epoch counts about a tool (lease.c).  *call names it in the counters.
  */
 int32
-dl_token_call_next(const char *run, int64 epoch, const char *tool, const char *canon,
-				   int canon_len, bytea **call)
+dl_token_counter(const char *run, int64 epoch, const char *tool, const char *what,
+				 int what_len, bytea **call)
 {
 	size_t		tool_len = strlen(tool);
-	char	   *bytes = palloc(tool_len + 1 + canon_len);
-	int32		counted;
+	char	   *bytes = palloc(tool_len + 1 + what_len);
 
 	memcpy(bytes, tool, tool_len + 1);
-	memcpy(bytes + tool_len + 1, canon, canon_len);
-	*call = token_sha256(bytes, tool_len + 1 + canon_len);
+	memcpy(bytes + tool_len + 1, what, what_len);
+	*call = token_sha256(bytes, tool_len + 1 + what_len);
 	pfree(bytes);
-	counted = dl_read_token_calls(run, epoch, *call);
-	if (counted == PG_INT32_MAX)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("too many identical calls in one lease epoch of run \"%s\"", run)));
-	return counted + 1;
+	return dl_read_token_calls(run, epoch, *call);
 }
 
 /*
- * Counts a call: its occurrence is used up (rolled back with the
- * transaction).  Durable like an intent: the holder goes on after a failover,
- * and a lost count would give its next identical call this occurrence again.
+ * Sets a counter of a token lease's epoch (rolled back with the transaction).
+ * Durable like an intent: the holder goes on after a failover, and a lost
+ * count would give its next identical call an occurrence again.
  */
 void
-dl_token_count_call(const char *run, int64 epoch, bytea *call, int32 occurrence)
+dl_token_set_count(const char *run, int64 epoch, bytea *call, int32 count)
 {
-	dl_write_token_calls(run, epoch, call, occurrence);
+	dl_write_token_calls(run, epoch, call, count);
 	dl_note_durable_write();
 }
 

@@ -33,6 +33,7 @@
 #include "nodes/makefuncs.h"
 #include "optimizer/optimizer.h"
 #include "rewrite/rewriteHandler.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/fmgrprotos.h"
@@ -859,5 +860,241 @@ dl_write_audit(const char *run, const char *key, const char *event, Jsonb *detai
 	set_optional(&w, AUD_LEASE_EPOCH, Int64GetDatum(lease_epoch), lease_epoch <= 0);
 	set_optional(&w, AUD_ATTEMPT, Int32GetDatum(attempt), attempt <= 0);
 	insert_row(&w);
+	end_write(&w);
+}
+
+/* ---------- abandoned runs ---------- */
+
+/*
+ * Records that a person abandoned run; false when it has no row or was
+ * abandoned already (nothing changes).  *epoch is its current epoch.
+ */
+bool
+dl_write_run_abandoned(const char *run, const char *abandoned_by, const char *note,
+					   int64 *epoch)
+{
+	Write		w;
+	HeapTuple	current;
+	bool		changed = false;
+
+	*epoch = 0;
+	begin_write(&w, &dl_runs_table);
+	if (lock_row(&w, CStringGetTextDatum(run), RUN_RUN, &current))
+	{
+		TupleDesc	desc = RelationGetDescr(w.rel);
+		bool		isnull;
+
+		*epoch = DatumGetInt64(heap_getattr(current, dl_runs_table.attnums[RUN_EPOCHS],
+											desc, &isnull));
+		(void) heap_getattr(current, dl_runs_table.attnums[RUN_ABANDONED_AT], desc, &isnull);
+		if (isnull)
+		{
+			start_from(&w, current);
+			set_value(&w, RUN_ABANDONED_AT, now_datum());
+			set_value(&w, RUN_ABANDONED_BY, CStringGetTextDatum(abandoned_by));
+			set_optional(&w, RUN_ABANDON_NOTE, note ? CStringGetTextDatum(note) : (Datum) 0,
+						 note == NULL);
+			update_row(&w, current);
+			changed = true;
+		}
+	}
+	end_write(&w);
+	return changed;
+}
+
+/* ---------- the tools registry ---------- */
+
+static const char *const policy_names[] = {
+	[DIVERGENCE_OFF] = "off",
+	[DIVERGENCE_WARN] = "warn",
+	[DIVERGENCE_PAUSE] = "pause",
+};
+
+static void
+set_tool_rules(Write *w, const ToolRow *row)
+{
+	set_value(w, TOOL_SIDE_EFFECTING, BoolGetDatum(row->side_effecting));
+	set_value(w, TOOL_DIVERGENCE, CStringGetTextDatum(policy_names[row->divergence]));
+	if (row->nkey_fields < 0)
+		set_null(w, TOOL_KEY_FIELDS);
+	else
+	{
+		Datum	   *elems = palloc(sizeof(Datum) * Max(row->nkey_fields, 1));
+		int			i;
+
+		for (i = 0; i < row->nkey_fields; i++)
+			elems[i] = CStringGetTextDatum(row->key_fields[i]);
+		set_value(w, TOOL_KEY_FIELDS,
+				  PointerGetDatum(construct_array(elems, row->nkey_fields, TEXTOID, -1, false,
+												  TYPALIGN_INT)));
+	}
+	set_optional(w, TOOL_NOTE, row->note ? CStringGetTextDatum(row->note) : (Datum) 0,
+				 row->note == NULL);
+}
+
+/* Registers a tool that has no row. */
+void
+dl_write_new_tool(const ToolRow *row, const char *registered_by)
+{
+	Write		w;
+
+	begin_write(&w, &dl_tools_table);
+	set_value(&w, TOOL_TOOL, CStringGetTextDatum(row->tool));
+	set_tool_rules(&w, row);
+	set_value(&w, TOOL_REGISTERED_BY, CStringGetTextDatum(registered_by));
+	set_value(&w, TOOL_REGISTERED_AT, now_datum());
+	set_null(&w, TOOL_CHANGED_BY);
+	set_null(&w, TOOL_CHANGED_AT);
+	set_null(&w, TOOL_RETIRED_BY);
+	set_null(&w, TOOL_RETIRED_AT);
+	insert_row(&w);
+	end_write(&w);
+}
+
+/* Locks tool's row for this transaction; false when it has none. */
+bool
+dl_lock_tool(const char *tool, LockedTool *locked)
+{
+	Write		w;
+	bool		found;
+
+	begin_write(&w, &dl_tools_table);
+	found = lock_row(&w, CStringGetTextDatum(tool), TOOL_TOOL, &locked->tuple);
+	if (found)
+	{
+		TupleTableSlot *slot = MakeSingleTupleTableSlot(RelationGetDescr(w.rel),
+														&TTSOpsHeapTuple);
+
+		ExecStoreHeapTuple(locked->tuple, slot, false);
+		dl_tool_row_from_slot(slot, &locked->row);
+		ExecDropSingleTupleTableSlot(slot);
+	}
+	end_write(&w);
+	return found;
+}
+
+/*
+ * Gives a locked tool the rules of to, by changed_by; registered_anew: a
+ * retired tool registered again, which is in use again from now.
+ */
+void
+dl_write_tool_change(LockedTool *locked, const ToolRow *to, const char *changed_by,
+					 bool registered_anew)
+{
+	Write		w;
+
+	begin_write(&w, &dl_tools_table);
+	start_from(&w, locked->tuple);
+	set_tool_rules(&w, to);
+	if (registered_anew)
+	{
+		set_value(&w, TOOL_REGISTERED_BY, CStringGetTextDatum(changed_by));
+		set_value(&w, TOOL_REGISTERED_AT, now_datum());
+		set_null(&w, TOOL_CHANGED_BY);
+		set_null(&w, TOOL_CHANGED_AT);
+		set_null(&w, TOOL_RETIRED_BY);
+		set_null(&w, TOOL_RETIRED_AT);
+	}
+	else
+	{
+		set_value(&w, TOOL_CHANGED_BY, CStringGetTextDatum(changed_by));
+		set_value(&w, TOOL_CHANGED_AT, now_datum());
+	}
+	update_row(&w, locked->tuple);
+	end_write(&w);
+}
+
+/* A locked tool is retired: it is executed no more. */
+void
+dl_write_tool_retired(LockedTool *locked, const char *retired_by, const char *note)
+{
+	Write		w;
+
+	begin_write(&w, &dl_tools_table);
+	start_from(&w, locked->tuple);
+	set_value(&w, TOOL_RETIRED_BY, CStringGetTextDatum(retired_by));
+	set_value(&w, TOOL_RETIRED_AT, now_datum());
+	if (note != NULL)
+		set_value(&w, TOOL_NOTE, CStringGetTextDatum(note));
+	update_row(&w, locked->tuple);
+	end_write(&w);
+}
+
+/* ---------- divergences ---------- */
+
+/* Records a later attempt's drifted call, waiting for a person. */
+void
+dl_write_divergence(const DivergenceRow *row)
+{
+	Write		w;
+
+	begin_write(&w, &dl_divergences_table);
+	set_value(&w, DIV_KEY, CStringGetTextDatum(row->key));
+	set_value(&w, DIV_RUN, CStringGetTextDatum(row->run));
+	set_value(&w, DIV_LEASE_EPOCH, Int64GetDatum(row->lease_epoch));
+	set_value(&w, DIV_TOOL, CStringGetTextDatum(row->tool));
+	set_value(&w, DIV_ARGS, JsonbPGetDatum(row->args));
+	set_value(&w, DIV_OCCURRENCE, Int32GetDatum(row->occurrence));
+	set_value(&w, DIV_CANDIDATE_KEY, CStringGetTextDatum(row->candidate_key));
+	set_value(&w, DIV_DETECTED_AT, now_datum());
+	set_null(&w, DIV_VERDICT);
+	set_null(&w, DIV_SAME_AS);
+	set_null(&w, DIV_RESOLVED_BY);
+	set_null(&w, DIV_RESOLVED_AT);
+	set_null(&w, DIV_RESOLUTION_NOTE);
+	insert_row(&w);
+	end_write(&w);
+}
+
+/* Locks the divergence of key for this transaction; false when there is none. */
+bool
+dl_lock_divergence(const char *key, LockedDivergence *locked)
+{
+	Write		w;
+	bool		found;
+
+	begin_write(&w, &dl_divergences_table);
+	found = lock_row(&w, CStringGetTextDatum(key), DIV_KEY, &locked->tuple);
+	if (found)
+	{
+		TupleDesc	desc = RelationGetDescr(w.rel);
+		AttrNumber *a = dl_divergences_table.attnums;
+		bool		isnull;
+		Datum		d;
+
+		locked->row.key = pstrdup(key);
+		locked->row.run = TextDatumGetCString(heap_getattr(locked->tuple, a[DIV_RUN], desc, &isnull));
+		locked->row.lease_epoch = DatumGetInt64(heap_getattr(locked->tuple, a[DIV_LEASE_EPOCH],
+															 desc, &isnull));
+		locked->row.tool = TextDatumGetCString(heap_getattr(locked->tuple, a[DIV_TOOL], desc, &isnull));
+		locked->row.candidate_key = TextDatumGetCString(heap_getattr(locked->tuple,
+																	 a[DIV_CANDIDATE_KEY],
+																	 desc, &isnull));
+		d = heap_getattr(locked->tuple, a[DIV_VERDICT], desc, &isnull);
+		locked->row.verdict = isnull ? NULL : TextDatumGetCString(d);
+		d = heap_getattr(locked->tuple, a[DIV_SAME_AS], desc, &isnull);
+		locked->row.same_as = isnull ? NULL : TextDatumGetCString(d);
+	}
+	end_write(&w);
+	return found;
+}
+
+/* A person's verdict on a locked divergence. */
+void
+dl_write_divergence_verdict(LockedDivergence *locked, const char *verdict,
+							const char *same_as, const char *resolved_by, const char *note)
+{
+	Write		w;
+
+	begin_write(&w, &dl_divergences_table);
+	start_from(&w, locked->tuple);
+	set_value(&w, DIV_VERDICT, CStringGetTextDatum(verdict));
+	set_optional(&w, DIV_SAME_AS, same_as ? CStringGetTextDatum(same_as) : (Datum) 0,
+				 same_as == NULL);
+	set_value(&w, DIV_RESOLVED_BY, CStringGetTextDatum(resolved_by));
+	set_value(&w, DIV_RESOLVED_AT, now_datum());
+	set_optional(&w, DIV_RESOLUTION_NOTE, note ? CStringGetTextDatum(note) : (Datum) 0,
+				 note == NULL);
+	update_row(&w, locked->tuple);
 	end_write(&w);
 }

@@ -21,16 +21,17 @@ import re
 import subprocess
 import sys
 
-# layer of each C file and header: 0 common, 1 store, 2 lease, 3 entry points, 4 module
+# layer of each C file and header: 0 common, 1 store, 2 lease, 3 policy, 4 entry points, 5 module
 LAYERS = {
-    "common": ["names", "canonical", "keys", "call", "detail", "common.h", "compat.h"],
+    "common": ["names", "canonical", "identity", "keys", "call", "detail", "common.h", "compat.h"],
     "store": ["plans", "tables", "reader", "writer", "durability", "store.h", "tables.h"],
-    "lease": ["runlock", "lease", "token_lease", "liveness", "lease.h"],
+    "lease": ["runlock", "lease", "token_lease", "liveness", "counters", "lease.h"],
+    "policy": ["tools", "divergence", "policy.h"],
     "entry": ["begin", "report", "resolve", "status", "lease_calls", "token_calls", "key_calls",
-              "drop_guard", "older_sql"],
+              "tool_calls", "run_calls", "drop_guard", "older_sql"],
     "module": ["module"],
 }
-ORDER = ["common", "store", "lease", "entry", "module"]
+ORDER = ["common", "store", "lease", "policy", "entry", "module"]
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
 RANK = {layer: i for i, layer in enumerate(ORDER)}
 

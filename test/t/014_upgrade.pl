@@ -124,6 +124,30 @@ for my $from (@sources)
 	is($node->safe_psql($db, $counts_sql), $counts_before,
 		"from $from: every effect, run and audit row is unchanged");
 
+	if ($from eq '1.1')
+	{
+		# the updated 1.1 ledger decides as before: completed and resolved
+		# effects replay, a failed one replays its error, the business key
+		# in flight when its worker died pauses, the completed one replays
+		is($node->safe_psql($db, q{
+				SELECT string_agg(decision || ':' || COALESCE(status, '-') || ':' || attempt, ' ' ORDER BY n)
+				  FROM (VALUES (1, 'ap-1', 'bank.pay', '{"invoice": "INV-1", "amount": 100}'::jsonb, NULL),
+				               (2, 'ap-1', 'mail.send', '{"to": "a@example.com"}', NULL),
+				               (3, 'ap-1', 'bank.pay', '{"invoice": "INV-1", "amount": 100}', NULL),
+				               (4, 'ap-1', 'desk.ticket', '{"subject": "refund"}', NULL),
+				               (5, 'up-2', 'bank.pay', '{"invoice": "BK-A"}', 'BK-A'),
+				               (6, 'up-2', 'shop.order', '{"order": "BK-B"}', 'BK-B')) AS c(n, run, tool, args, bk),
+				       LATERAL durable_ledger.begin_effect(c.run, c.tool, c.args, c.bk) AS d}),
+			'replay:completed:1 replay:failed:1 replay:completed:1 pause:completed:1 replay:completed:3 pause:unknown:1',
+			'from 1.1: completed, resolved and failed effects replay, a conflict and an unknown outcome pause');
+		# a token lease of the 1.1 ledger: its run's next epoch follows its
+		# last, and its calls' counters were kept
+		is($node->safe_psql($db, q{
+				SELECT (durable_ledger.take_lease('tok-2', '1 minute')).epoch}),
+			'2', 'from 1.1: a released token lease\'s run starts its next epoch');
+		is($node->safe_psql($db, q{SELECT string_agg(calls::text, ',' ORDER BY run) FROM durable_ledger.token_lease_calls}),
+			'2,1,1', 'from 1.1: the token leases\' counters are kept');
+	}
 	next unless $from eq '1.0';
 
 	# 1.1 keeps the attempts of business keys that a later attempt replaced:
@@ -178,7 +202,10 @@ for my $from (@sources)
 # are new), or it would apply older rules to the newer tables.  Only the
 # functions whose C code has not changed since a version may keep a symbol of
 # that version's library (listed here, by version).
-my %unchanged_since = ('1.0' => { map { $_ => 1 } qw(canonical_args effect_key guard_drop) });
+my %unchanged_since = (
+	'1.0' => { map { $_ => 1 } qw(canonical_args effect_key guard_drop) },
+	'1.1' => { map { $_ => 1 } qw(canonical_args effect_key guard_drop complete_effect fail_effect
+		resolve_effect effect_status release_run break_lease renew_lease release_lease) });
 for my $from (@sources)
 {
 	my $symbols = "$ENV{TESTDIR}/test/fixtures/symbols-$from.txt";

@@ -1,0 +1,295 @@
+/* durable_ledger--1.1--1.2.sql: from 1.1 to 1.2 (ALTER EXTENSION durable_ledger UPDATE). */
+
+\echo Use "ALTER EXTENSION durable_ledger UPDATE TO '1.2'" to load this file. \quit
+
+-- ---------------------------------------------------------------------------
+-- The new events of the audit log.
+-- ---------------------------------------------------------------------------
+ALTER DOMAIN durable_ledger.audit_event DROP CONSTRAINT audit_event_check;
+ALTER DOMAIN durable_ledger.audit_event ADD CONSTRAINT audit_event_check
+    CHECK (VALUE IN ('lease_acquired', 'lease_released', 'lease_broken',
+                     'intent', 'replay', 'pause', 'in_progress',
+                     'completed', 'late_completion', 'failed', 'late_failure',
+                     'resolved', 'conflict',
+                     'tool_registered', 'tool_changed', 'tool_retired',
+                     'divergence', 'divergence_resolved', 'run_abandoned'));
+
+-- ---------------------------------------------------------------------------
+-- The tools registry.
+-- ---------------------------------------------------------------------------
+CREATE DOMAIN durable_ledger.divergence_policy AS text
+    CHECK (VALUE IN ('pause', 'warn', 'off'));
+
+CREATE TABLE durable_ledger.tools (
+    tool            text PRIMARY KEY,
+    side_effecting  boolean NOT NULL,       -- false: a read-only tool, registered for review
+    divergence      durable_ledger.divergence_policy NOT NULL,
+    key_fields      text[],                 -- the fields of args that make a call's identity; NULL: all of args
+    note            text,
+    registered_by   text NOT NULL,
+    registered_at   timestamptz NOT NULL,
+    changed_by      text,
+    changed_at      timestamptz,
+    retired_by      text,                   -- a retired tool is executed no more
+    retired_at      timestamptz
+);
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.tools', '');
+
+-- The effects of a run by tool: the earlier effects a later attempt of the run
+-- is compared with (divergence), counted once per attempt and tool.
+CREATE INDEX effects_tool_run_idx ON durable_ledger.effects (tool, run);
+
+-- ---------------------------------------------------------------------------
+-- Divergence: a later attempt's call that its run's earlier attempts did not
+-- make, while they made calls of the same tool that it has not replayed yet.
+-- ---------------------------------------------------------------------------
+CREATE DOMAIN durable_ledger.divergence_verdict AS text
+    CHECK (VALUE IN ('distinct', 'same'));
+
+CREATE TABLE durable_ledger.divergences (
+    key             text PRIMARY KEY,       -- the drifted call's derived key
+    run             text NOT NULL,
+    lease_epoch     bigint NOT NULL,        -- the attempt that made the call
+    tool            text NOT NULL,
+    args            jsonb NOT NULL,
+    occurrence      integer NOT NULL,
+    candidate_key   text NOT NULL,          -- the earlier effect it may duplicate
+    detected_at     timestamptz NOT NULL,
+    verdict         durable_ledger.divergence_verdict,  -- NULL until a person decides
+    same_as         text,                   -- verdict 'same': the effect whose outcome it replays
+    resolved_by     text,
+    resolved_at     timestamptz,
+    resolution_note text
+);
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.divergences', '');
+
+-- ---------------------------------------------------------------------------
+-- Abandoned runs.
+-- ---------------------------------------------------------------------------
+ALTER TABLE durable_ledger.runs
+    ADD COLUMN abandoned_at timestamptz,    -- no further begin_effect, acquire_run or take_lease
+    ADD COLUMN abandoned_by text,
+    ADD COLUMN abandon_note text;
+
+-- ---------------------------------------------------------------------------
+-- Functions.
+-- ---------------------------------------------------------------------------
+
+-- begin_effect, acquire_run and take_lease know tools, divergence and
+-- abandoned runs: their C code changed, so their symbols are new.
+CREATE OR REPLACE FUNCTION durable_ledger.acquire_run(run text, wait boolean DEFAULT true)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_acquire_run_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION durable_ledger.begin_effect(run text, tool text, args jsonb,
+                                                       business_key text DEFAULT NULL,
+                                                       meta jsonb DEFAULT NULL,
+                                                       lease text DEFAULT NULL)
+RETURNS durable_ledger.decision
+AS 'MODULE_PATHNAME', 'dl_begin_effect_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION durable_ledger.take_lease(run text, ttl interval DEFAULT '5 minutes',
+                                                     holder text DEFAULT NULL)
+RETURNS durable_ledger.lease
+AS 'MODULE_PATHNAME', 'dl_take_lease_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+-- The tools registry, managed by admins; every change is audited by name.
+CREATE FUNCTION durable_ledger.register_tool(tool text, registered_by text,
+                                             side_effecting boolean DEFAULT true,
+                                             divergence text DEFAULT NULL,
+                                             key_fields text[] DEFAULT NULL,
+                                             note text DEFAULT NULL)
+RETURNS durable_ledger.tools
+AS 'MODULE_PATHNAME', 'dl_register_tool_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.register_tool(text, text, boolean, text, text[], text) IS
+    'registers a tool (or a retired one anew): side-effecting or not, its divergence policy, the fields of args that make a call''s identity';
+
+CREATE FUNCTION durable_ledger.change_tool(tool text, changed_by text,
+                                           side_effecting boolean DEFAULT NULL,
+                                           divergence text DEFAULT NULL,
+                                           key_fields text[] DEFAULT NULL,
+                                           note text DEFAULT NULL)
+RETURNS durable_ledger.tools
+AS 'MODULE_PATHNAME', 'dl_change_tool_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.change_tool(text, text, boolean, text, text[], text) IS
+    'changes what is given of a registered tool (key_fields only while no call of it is recorded; ''{}'' for none)';
+
+CREATE FUNCTION durable_ledger.retire_tool(tool text, retired_by text, note text DEFAULT NULL)
+RETURNS durable_ledger.tools
+AS 'MODULE_PATHNAME', 'dl_retire_tool_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.retire_tool(text, text, text) IS
+    'retires a tool: its calls are executed no more; what was recorded still replays';
+
+CREATE FUNCTION durable_ledger.resolve_divergence(key text, verdict text, resolved_by text,
+                                                  note text DEFAULT NULL,
+                                                  same_as text DEFAULT NULL)
+RETURNS durable_ledger.divergences
+AS 'MODULE_PATHNAME', 'dl_resolve_divergence_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.resolve_divergence(text, text, text, text, text) IS
+    'a named person''s verdict on a drifted call: the same as an earlier effect (its outcome is replayed) or distinct (it is executed)';
+
+CREATE FUNCTION durable_ledger.abandon_run(run text, abandoned_by text, note text DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_abandon_run_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.abandon_run(text, text, text) IS
+    'stops a run for good: nothing more is executed for it; effects in flight wait for a person';
+
+-- ---------------------------------------------------------------------------
+-- A run's history, for auditors and debuggers.
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION durable_ledger.history(run text)
+RETURNS TABLE (id bigint, logged_at timestamptz, lease_epoch bigint, event text, key text,
+               tool text, args jsonb, attempt integer, outcome jsonb, detail jsonb,
+               role_name text, application_name text)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT a.id, a.logged_at, a.lease_epoch, a.event::text, a.key,
+           COALESCE(e.tool, d.tool, a.detail OPERATOR(pg_catalog.->>) 'tool'),
+           COALESCE(e.args, d.args),
+           a.attempt,
+           COALESCE(a.detail OPERATOR(pg_catalog.->) 'result',
+                    a.detail OPERATOR(pg_catalog.->) 'error',
+                    CASE WHEN a.event OPERATOR(pg_catalog.=) ANY ('{completed,late_completion}')
+                          AND a.attempt IS NOT DISTINCT FROM e.attempt THEN e.result
+                         WHEN a.event OPERATOR(pg_catalog.=) 'replay'
+                         THEN COALESCE(e.result, e.error) END),
+           a.detail, a.role_name, a.application_name
+      FROM durable_ledger.audit_log a
+      LEFT JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) a.key
+      LEFT JOIN durable_ledger.divergences d ON d.key OPERATOR(pg_catalog.=) a.key
+     WHERE a.run OPERATOR(pg_catalog.=) $1
+     ORDER BY a.id
+$fn$;
+COMMENT ON FUNCTION durable_ledger.history(text) IS
+    'the run''s timeline in order: attempts, decisions, reports, pauses, resolutions, lease events and divergences, with keys, args, outcomes, who and when';
+
+-- ---------------------------------------------------------------------------
+-- Views: unresolved also lists the divergences waiting for a person (status
+-- NULL: no effect was recorded for the drifted call; may_duplicate names the
+-- earlier effect it may be), and says when a run was abandoned.
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE VIEW durable_ledger.unresolved AS
+SELECT e.key,
+       e.run,
+       e.tool,
+       CASE WHEN j.ended THEN 'unknown'
+            ELSE e.status END::durable_ledger.effect_state AS status,
+       e.conflict,
+       CASE
+           WHEN e.conflict THEN
+               'a report contradicts the recorded outcome; a person must decide which is true'
+           WHEN j.not_judged THEN
+               'read on a hot standby, which cannot see the primary''s leases: whether this effect is still in flight cannot be judged here; ask the primary'
+           ELSE
+               'intent recorded, no completion, and the lease that started it has ended: nobody knows whether the effect happened'
+       END                                          AS reason,
+       e.created_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) e.created_at AS age,
+       e.args,
+       e.meta,
+       e.business_key,
+       e.occurrence,
+       e.attempt,
+       e.lease_epoch,
+       NULL::text                                   AS may_duplicate,
+       ab.abandoned_at                              AS run_abandoned_at
+  FROM durable_ledger.effects e
+  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) e.run
+ CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
+  LEFT JOIN LATERAL (
+        SELECT r.lease_kind, r.lock_key, r.holder_pid
+          FROM durable_ledger.runs r
+         WHERE r.run OPERATOR(pg_catalog.=) e.run
+           AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
+           AND r.released_at IS NULL) cur ON e.status OPERATOR(pg_catalog.=) 'started'
+ CROSS JOIN LATERAL (
+        SELECT e.status OPERATOR(pg_catalog.=) 'started' AND s.standby AS not_judged,
+               e.status OPERATOR(pg_catalog.=) 'started' AND CASE
+                   WHEN s.standby THEN false
+                   WHEN cur.lease_kind OPERATOR(pg_catalog.=) 'token' THEN NOT EXISTS (
+                       SELECT 1 FROM durable_ledger.token_leases t
+                        WHERE t.run OPERATOR(pg_catalog.=) e.run
+                          AND t.epoch OPERATOR(pg_catalog.=) e.lease_epoch
+                          AND t.released_at IS NULL
+                          AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
+                   WHEN cur.lease_kind IS NULL THEN true
+                   ELSE NOT EXISTS (
+                       SELECT 1 FROM pg_catalog.pg_locks l
+                        WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+                          AND l.objsubid OPERATOR(pg_catalog.=) 17484
+                          AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
+                          AND l.granted
+                          AND l.pid OPERATOR(pg_catalog.=) cur.holder_pid
+                          AND cur.lock_key OPERATOR(pg_catalog.=)
+                              ((l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+                               OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8)
+                          AND l.database OPERATOR(pg_catalog.=)
+                              (SELECT d.oid FROM pg_catalog.pg_database d
+                                WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()))
+               END AS ended) j
+ WHERE e.conflict
+    OR e.status OPERATOR(pg_catalog.=) 'unknown'
+    OR j.ended
+    OR j.not_judged
+UNION ALL
+SELECT d.key,
+       d.run,
+       d.tool,
+       NULL::durable_ledger.effect_state,
+       false,
+       'a later attempt made a call of this tool that the run''s earlier attempts did not make, while an earlier effect of the tool (may_duplicate) was not replayed yet: a person must say whether it is the same operation (durable_ledger.resolve_divergence(key, ''same'', ...): its outcome is replayed) or distinct (''distinct'': it is executed)',
+       d.detected_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) d.detected_at,
+       d.args,
+       NULL,
+       false,
+       d.occurrence,
+       NULL,
+       d.lease_epoch,
+       d.candidate_key,
+       ab.abandoned_at
+  FROM durable_ledger.divergences d
+  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) d.run
+ WHERE d.verdict IS NULL;
+
+-- ---------------------------------------------------------------------------
+-- Privileges.
+-- ---------------------------------------------------------------------------
+REVOKE ALL ON durable_ledger.tools, durable_ledger.divergences FROM PUBLIC;
+REVOKE ALL ON FUNCTION
+    durable_ledger.register_tool(text, text, boolean, text, text[], text),
+    durable_ledger.change_tool(text, text, boolean, text, text[], text),
+    durable_ledger.retire_tool(text, text, text),
+    durable_ledger.resolve_divergence(text, text, text, text, text),
+    durable_ledger.abandon_run(text, text, text),
+    durable_ledger.history(text)
+    FROM PUBLIC;
+REVOKE ALL ON TYPE durable_ledger.divergence_policy, durable_ledger.divergence_verdict FROM PUBLIC;
+GRANT USAGE ON TYPE durable_ledger.divergence_policy, durable_ledger.divergence_verdict
+    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin;
+GRANT SELECT ON durable_ledger.tools, durable_ledger.divergences TO durable_ledger_auditor;
+GRANT EXECUTE ON FUNCTION durable_ledger.history(text) TO durable_ledger_auditor;
+GRANT EXECUTE ON FUNCTION
+    durable_ledger.register_tool(text, text, boolean, text, text[], text),
+    durable_ledger.change_tool(text, text, boolean, text, text[], text),
+    durable_ledger.retire_tool(text, text, text),
+    durable_ledger.resolve_divergence(text, text, text, text, text),
+    durable_ledger.abandon_run(text, text, text)
+    TO durable_ledger_admin;

@@ -1,0 +1,60 @@
+/*
+ * policy.h: the policy layer, what a run's calls may execute: the tools
+ * registry and its setting (tools.c), divergence of a later attempt's calls
+ * from its run's earlier attempts (divergence.c).
+ *
+ * Uses lease.h, store.h and common.h; the entry points use it.  Functions
+ * that read or write the ledger need an open SPI connection.
+ */
+#ifndef DURABLE_LEDGER_POLICY_H
+#define DURABLE_LEDGER_POLICY_H
+
+#include "lease.h"
+
+/* tools.c */
+typedef struct ToolRules
+{
+	bool		registered;
+	ToolRow		row;			/* when registered */
+} ToolRules;
+
+extern void dl_tool_rules(const char *tool, ToolRules *rules);
+extern Jsonb *dl_identity_of_call(const ToolRules *rules, Jsonb *args, bool *complete);
+extern void dl_check_may_execute(const char *tool, const ToolRules *rules);
+extern DivergencePolicy dl_divergence_policy(const ToolRules *rules);
+extern void dl_tools_init(void);
+
+/* divergence.c */
+typedef struct ReplayProgress
+{
+	bool		watched;		/* divergence is checked for this call */
+	const CallLease *lease;
+	const char *tool;
+	DivergencePolicy policy;
+	EpochCounter replayed;		/* earlier effects of tool this epoch has replayed */
+	EpochCounter earlier;		/* 1 + how many there are; 0: not counted yet */
+	List	   *earlier_effects;	/* when read */
+} ReplayProgress;
+
+typedef enum DriftKind
+{
+	DRIFT_NONE,					/* execute */
+	DRIFT_PAUSE,				/* pause for a person (recorded, or waiting) */
+	DRIFT_SAME					/* a person said it is same_as: replay that */
+} DriftKind;
+
+typedef struct Drift
+{
+	DriftKind	kind;
+	char	   *candidate_key;	/* the earlier effect it may duplicate */
+	char	   *same_as;		/* DRIFT_SAME */
+	bool		recorded_now;	/* DRIFT_PAUSE: this call recorded the divergence */
+} Drift;
+
+extern void dl_progress_start(ReplayProgress *progress, const CallLease *lease,
+							  const char *tool, DivergencePolicy policy);
+extern void dl_progress_replayed(ReplayProgress *progress);
+extern void dl_check_drift(ReplayProgress *progress, const char *key, Jsonb *args,
+						   int32 occurrence, Drift *drift);
+
+#endif							/* DURABLE_LEDGER_POLICY_H */

@@ -1,0 +1,304 @@
+/*
+ * tool_calls.c: register_tool(), change_tool() and retire_tool(), the admin
+ * functions of the tools registry (tools.c says what it means for a call).
+ * Every change is audited with the name of the person who made it.
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "funcapi.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+
+#include "policy.h"
+
+PG_FUNCTION_INFO_V1(dl_register_tool_1_2);
+PG_FUNCTION_INFO_V1(dl_change_tool_1_2);
+PG_FUNCTION_INFO_V1(dl_retire_tool_1_2);
+
+static DivergencePolicy
+policy_arg(FunctionCallInfo fcinfo, int argno)
+{
+	char	   *policy = text_to_cstring(PG_GETARG_TEXT_PP(argno));
+
+	if (strcmp(policy, "pause") == 0)
+		return DIVERGENCE_PAUSE;
+	if (strcmp(policy, "warn") == 0)
+		return DIVERGENCE_WARN;
+	if (strcmp(policy, "off") == 0)
+		return DIVERGENCE_OFF;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("divergence must be \"pause\", \"warn\" or \"off\", not \"%s\"", policy)));
+	return DIVERGENCE_OFF;		/* keep compiler quiet */
+}
+
+/*
+ * key_fields: top-level field names, none NULL, empty or repeated.  An
+ * empty array names none: the whole of args is the identity (*nfields -1).
+ */
+static void
+key_fields_arg(FunctionCallInfo fcinfo, int argno, int *nfields, char ***fields)
+{
+	Datum	   *elems;
+	bool	   *nulls;
+	int			n;
+	int			i;
+	int			j;
+
+	deconstruct_array(PG_GETARG_ARRAYTYPE_P(argno), TEXTOID, -1, false, TYPALIGN_INT,
+					  &elems, &nulls, &n);
+	*fields = palloc(sizeof(char *) * Max(n, 1));
+	for (i = 0; i < n; i++)
+	{
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("key_fields must not contain NULL")));
+		(*fields)[i] = TextDatumGetCString(elems[i]);
+		if ((*fields)[i][0] == '\0')
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("key_fields must not contain an empty name")));
+		for (j = 0; j < i; j++)
+			if (strcmp((*fields)[i], (*fields)[j]) == 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("key_fields names \"%s\" twice", (*fields)[i])));
+	}
+	*nfields = n == 0 ? -1 : n;
+}
+
+static bool
+same_key_fields(const ToolRow *a, const ToolRow *b)
+{
+	int			i;
+
+	if (a->nkey_fields != b->nkey_fields)
+		return false;
+	for (i = 0; i < a->nkey_fields; i++)
+		if (strcmp(a->key_fields[i], b->key_fields[i]) != 0)
+			return false;
+	return true;
+}
+
+/*
+ * The key fields decide the keys of the tool's calls: once a call was keyed
+ * by them, other ones would give its replay another key, and it would be
+ * executed again.
+ */
+static void
+check_key_fields_change(const ToolRow *from, const ToolRow *to)
+{
+	if (!same_key_fields(from, to) && dl_read_tool_has_derived_effects(to->tool))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the key fields of tool \"%s\" cannot change: calls of it are recorded",
+						to->tool),
+				 errdetail("Recorded calls were keyed by the present key fields; with others, their replays would get new keys and be executed again."),
+				 errhint("Register the new version of the tool under another name.")));
+}
+
+static Jsonb *
+key_fields_json(const ToolRow *row)
+{
+	JsonbParseState *state = NULL;
+	JsonbValue *result;
+	int			i;
+
+	if (row->nkey_fields < 0)
+		return NULL;
+	pushJsonbValue(&state, WJB_BEGIN_ARRAY, NULL);
+	for (i = 0; i < row->nkey_fields; i++)
+	{
+		JsonbValue	v;
+
+		v.type = jbvString;
+		v.val.string.val = row->key_fields[i];
+		v.val.string.len = strlen(row->key_fields[i]);
+		pushJsonbValue(&state, WJB_ELEM, &v);
+	}
+	result = pushJsonbValue(&state, WJB_END_ARRAY, NULL);
+	return JsonbValueToJsonb(result);
+}
+
+static const char *
+policy_name(DivergencePolicy policy)
+{
+	return policy == DIVERGENCE_PAUSE ? "pause" : policy == DIVERGENCE_WARN ? "warn" : "off";
+}
+
+static void
+audit_tool(const char *event, const ToolRow *row, const char *by_name, const char *by,
+		   const char *note)
+{
+	DetailBuilder detail;
+
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "tool", row->tool);
+	dl_detail_text(&detail, by_name, by);
+	dl_detail_bool(&detail, "side_effecting", row->side_effecting);
+	dl_detail_text(&detail, "divergence", policy_name(row->divergence));
+	dl_detail_jsonb(&detail, "key_fields", key_fields_json(row));
+	dl_detail_text(&detail, "note", note);
+	dl_write_audit(NULL, NULL, event, dl_detail_finish(&detail), 0, 0);
+}
+
+/* tool's row as the function's result, formed in call_cxt (it outlives SPI). */
+static Datum
+tool_result(FunctionCallInfo fcinfo, MemoryContext call_cxt, const char *tool)
+{
+	TupleDesc	desc = dl_result_desc(fcinfo);
+	HeapTuple	tuple = dl_read_tool_tuple(tool);
+	MemoryContext old;
+	Datum		result;
+
+	if (tuple == NULL)
+		elog(ERROR, "tool \"%s\" has no row", tool);
+	old = MemoryContextSwitchTo(call_cxt);
+	result = heap_copy_tuple_as_datum(tuple, desc);
+	MemoryContextSwitchTo(old);
+	return result;
+}
+
+static void
+error_unknown_tool(const char *tool)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_UNDEFINED_OBJECT),
+			 errmsg("tool \"%s\" is not registered", tool),
+			 errhint("Register it with durable_ledger.register_tool().")));
+}
+
+/*
+ * register_tool(tool text, registered_by text, side_effecting boolean,
+ *               divergence text, key_fields text[], note text)
+ *   RETURNS durable_ledger.tools
+ *
+ * divergence defaults to pause for a side-effecting tool, off for a read-only
+ * one.  A retired tool is registered anew; a registered one is 23505.
+ */
+Datum
+dl_register_tool_1_2(PG_FUNCTION_ARGS)
+{
+	MemoryContext call_cxt = CurrentMemoryContext;
+	ToolRow		row = {0};
+	char	   *registered_by;
+	LockedTool	locked;
+	Datum		result;
+
+	row.tool = dl_required_text_arg(fcinfo, 0, "tool", DL_MAX_TOOL_CHARS);
+	registered_by = dl_required_text_arg(fcinfo, 1, "registered_by", 0);
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("side_effecting must not be null")));
+	row.side_effecting = PG_GETARG_BOOL(2);
+	row.divergence = PG_ARGISNULL(3) ?
+		(row.side_effecting ? DIVERGENCE_PAUSE : DIVERGENCE_OFF) : policy_arg(fcinfo, 3);
+	row.nkey_fields = -1;
+	if (!PG_ARGISNULL(4))
+		key_fields_arg(fcinfo, 4, &row.nkey_fields, &row.key_fields);
+	row.note = dl_optional_text_arg(fcinfo, 5);
+	dl_check_writable("register_tool()");
+
+	dl_spi_connect();
+	if (dl_lock_tool(row.tool, &locked))
+	{
+		if (!locked.row.retired)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNIQUE_VIOLATION),
+					 errmsg("tool \"%s\" is already registered", row.tool),
+					 errhint("Change it with durable_ledger.change_tool().")));
+		check_key_fields_change(&locked.row, &row);
+		dl_write_tool_change(&locked, &row, registered_by, true);
+	}
+	else
+	{
+		ToolRow		none = {.nkey_fields = -1};
+
+		none.tool = row.tool;
+		check_key_fields_change(&none, &row);
+		dl_write_new_tool(&row, registered_by);
+	}
+	audit_tool("tool_registered", &row, "registered_by", registered_by, row.note);
+	dl_note_durable_write();
+	result = tool_result(fcinfo, call_cxt, row.tool);
+	dl_spi_finish();
+	PG_RETURN_DATUM(result);
+}
+
+/*
+ * change_tool(tool text, changed_by text, side_effecting boolean,
+ *             divergence text, key_fields text[], note text)
+ *   RETURNS durable_ledger.tools
+ *
+ * What is NULL stays as it is; key_fields '{}' means none (the whole args).
+ */
+Datum
+dl_change_tool_1_2(PG_FUNCTION_ARGS)
+{
+	char	   *tool = dl_required_text_arg(fcinfo, 0, "tool", DL_MAX_TOOL_CHARS);
+	char	   *changed_by = dl_required_text_arg(fcinfo, 1, "changed_by", 0);
+	MemoryContext call_cxt = CurrentMemoryContext;
+	LockedTool	locked;
+	ToolRow		to;
+	Datum		result;
+
+	dl_check_writable("change_tool()");
+	dl_spi_connect();
+	if (!dl_lock_tool(tool, &locked))
+		error_unknown_tool(tool);
+	if (locked.row.retired)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("tool \"%s\" is retired", tool),
+				 errhint("Register it again with durable_ledger.register_tool().")));
+	to = locked.row;
+	if (!PG_ARGISNULL(2))
+		to.side_effecting = PG_GETARG_BOOL(2);
+	if (!PG_ARGISNULL(3))
+		to.divergence = policy_arg(fcinfo, 3);
+	if (!PG_ARGISNULL(4))
+		key_fields_arg(fcinfo, 4, &to.nkey_fields, &to.key_fields);
+	if (!PG_ARGISNULL(5))
+		to.note = dl_optional_text_arg(fcinfo, 5);
+	check_key_fields_change(&locked.row, &to);
+	dl_write_tool_change(&locked, &to, changed_by, false);
+	audit_tool("tool_changed", &to, "changed_by", changed_by, to.note);
+	dl_note_durable_write();
+	result = tool_result(fcinfo, call_cxt, tool);
+	dl_spi_finish();
+	PG_RETURN_DATUM(result);
+}
+
+/*
+ * retire_tool(tool text, retired_by text, note text) RETURNS durable_ledger.tools
+ *
+ * Its calls are executed no more (55L03); what was recorded still replays.
+ * Retiring a retired tool changes nothing.
+ */
+Datum
+dl_retire_tool_1_2(PG_FUNCTION_ARGS)
+{
+	char	   *tool = dl_required_text_arg(fcinfo, 0, "tool", DL_MAX_TOOL_CHARS);
+	char	   *retired_by = dl_required_text_arg(fcinfo, 1, "retired_by", 0);
+	char	   *note = dl_optional_text_arg(fcinfo, 2);
+	MemoryContext call_cxt = CurrentMemoryContext;
+	LockedTool	locked;
+	Datum		result;
+
+	dl_check_writable("retire_tool()");
+	dl_spi_connect();
+	if (!dl_lock_tool(tool, &locked))
+		error_unknown_tool(tool);
+	if (!locked.row.retired)
+	{
+		dl_write_tool_retired(&locked, retired_by, note);
+		audit_tool("tool_retired", &locked.row, "retired_by", retired_by, note);
+		dl_note_durable_write();
+	}
+	result = tool_result(fcinfo, call_cxt, tool);
+	dl_spi_finish();
+	PG_RETURN_DATUM(result);
+}

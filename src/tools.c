@@ -1,0 +1,107 @@
+/*
+ * tools.c: what the tools registry (durable_ledger.tools) says about a call.
+ *
+ * A registered tool says whether it changes the world, how divergence of a
+ * later attempt's calls is handled (divergence.c), and which fields of args
+ * make a call's identity (identity.c).  A retired tool is executed no more;
+ * a tool nobody registered is executed as durable_ledger.unregistered_tools
+ * says: allow (the default), warn, or refuse.  Both are judged only when a
+ * call would execute: replaying what was recorded performs nothing.
+ */
+#include "postgres.h"
+
+#include "utils/guc.h"
+
+#include "policy.h"
+
+typedef enum UnregisteredTools
+{
+	UNREGISTERED_ALLOW,
+	UNREGISTERED_WARN,
+	UNREGISTERED_REFUSE
+} UnregisteredTools;
+
+static const struct config_enum_entry unregistered_tools_options[] = {
+	{"allow", UNREGISTERED_ALLOW, false},
+	{"warn", UNREGISTERED_WARN, false},
+	{"refuse", UNREGISTERED_REFUSE, false},
+	{NULL, 0, false}
+};
+
+/* durable_ledger.unregistered_tools */
+static int	unregistered_tools = UNREGISTERED_ALLOW;
+
+void
+dl_tools_init(void)
+{
+	DefineCustomEnumVariable("durable_ledger.unregistered_tools",
+							 "What happens when a call of a tool that is not in durable_ledger.tools would execute.",
+							 "allow executes it, warn executes it with a WARNING, refuse refuses it (SQLSTATE 55L03).",
+							 &unregistered_tools,
+							 UNREGISTERED_ALLOW,
+							 unregistered_tools_options,
+							 PGC_SUSET,
+							 0,
+							 NULL, NULL, NULL);
+}
+
+/* The registry's rules for tool, as committed now. */
+void
+dl_tool_rules(const char *tool, ToolRules *rules)
+{
+	rules->registered = dl_read_tool(tool, &rules->row);
+}
+
+/*
+ * The args that make a call's identity: its tool's key fields, or all of
+ * args.  With complete NULL, args without every key field are an error; else
+ * *complete says whether they had them (NULL is returned when not).
+ */
+Jsonb *
+dl_identity_of_call(const ToolRules *rules, Jsonb *args, bool *complete)
+{
+	if (complete != NULL)
+		*complete = true;
+	if (!rules->registered || rules->row.nkey_fields < 0)
+		return args;
+	return dl_identity_args(rules->row.tool, args, rules->row.nkey_fields,
+							rules->row.key_fields, complete);
+}
+
+/* Refuses, before anything is written, a call that may not execute. */
+void
+dl_check_may_execute(const char *tool, const ToolRules *rules)
+{
+	if (rules->registered && rules->row.retired)
+		ereport(ERROR,
+				(errcode(ERRCODE_DL_TOOL_REFUSED),
+				 errmsg("tool \"%s\" is retired", tool),
+				 errdetail("A retired tool is executed no more; nothing was recorded."),
+				 errhint("An admin registers it again with durable_ledger.register_tool().")));
+	if (rules->registered)
+		return;
+	switch ((UnregisteredTools) unregistered_tools)
+	{
+		case UNREGISTERED_ALLOW:
+			break;
+		case UNREGISTERED_WARN:
+			ereport(WARNING,
+					(errmsg("tool \"%s\" is not registered", tool),
+					 errhint("An admin registers the tools a deployment uses with durable_ledger.register_tool().")));
+			break;
+		case UNREGISTERED_REFUSE:
+			ereport(ERROR,
+					(errcode(ERRCODE_DL_TOOL_REFUSED),
+					 errmsg("tool \"%s\" is not registered", tool),
+					 errdetail("durable_ledger.unregistered_tools is \"refuse\"; nothing was recorded."),
+					 errhint("An admin registers it with durable_ledger.register_tool().")));
+			break;
+	}
+}
+
+/* How divergence is handled for the tool's calls: off for unregistered tools. */
+DivergencePolicy
+dl_divergence_policy(const ToolRules *rules)
+{
+	return rules->registered ? rules->row.divergence : DIVERGENCE_OFF;
+}
