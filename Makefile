@@ -56,6 +56,10 @@ REGRESS = \
 	leases \
 	liveness \
 	token_leases \
+	tools \
+	divergence \
+	abandon \
+	history \
 	durability \
 	search_path \
 	hostile_input \

@@ -1,0 +1,179 @@
+-- tools: the tools registry.  Admins register, change and retire tools, each
+-- change audited with a name; a registered tool says whether it changes the
+-- world, its divergence policy (pause by default when it does, off when it
+-- does not) and optionally the fields of args that make a call's identity
+-- (key_fields): then only those fields are counted and keyed, so a replay
+-- that rewords a memo is the same call.  A retired tool is executed no more
+-- (55L03), what was recorded of it still replays; durable_ledger.
+-- unregistered_tools (allow, warn, refuse) says what happens to a tool
+-- nobody registered.  Bad input is refused and writes nothing.
+\set VERBOSITY default
+
+-- an error with its SQLSTATE
+CREATE FUNCTION regress_error(stmt text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE st text; msg text;
+BEGIN
+    EXECUTE stmt;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+    RETURN st || ': ' || msg;
+END $$;
+
+CREATE FUNCTION regress_registry_footprint() RETURNS text LANGUAGE sql AS $$
+    SELECT format('tools=%s audit=%s effects=%s',
+                  (SELECT count(*) FROM durable_ledger.tools),
+                  (SELECT count(*) FROM durable_ledger.audit_log),
+                  (SELECT count(*) FROM durable_ledger.effects))
+$$;
+
+-- ===================================================================
+-- register_tool
+-- ===================================================================
+SELECT tool, side_effecting, divergence, key_fields, note, registered_by,
+       registered_at BETWEEN now() AND clock_timestamp() AS registered_now, changed_by, retired_at
+  FROM durable_ledger.register_tool('tl.pay', 'maria', key_fields => '{invoice,amount}',
+                                    note => 'reviewed 2026-11');
+-- a read-only tool: divergence off unless asked for
+SELECT tool, side_effecting, divergence, key_fields
+  FROM durable_ledger.register_tool('tl.lookup', 'maria', side_effecting => false);
+SELECT tool, side_effecting, divergence
+  FROM durable_ledger.register_tool('tl.mail', 'maria', divergence => 'warn');
+SELECT event, detail, role_name = current_user AS by_the_caller
+  FROM durable_ledger.audit_log WHERE event LIKE 'tool_%' ORDER BY id;
+
+-- bad input writes nothing
+SELECT regress_registry_footprint() AS before \gset
+SELECT regress_error($$SELECT durable_ledger.register_tool(NULL, 'maria')$$);
+SELECT regress_error($$SELECT durable_ledger.register_tool('', 'maria')$$);
+SELECT regress_error($$SELECT durable_ledger.register_tool('x.tool', NULL)$$);
+SELECT regress_error($$SELECT durable_ledger.register_tool('x.tool', '')$$);
+SELECT regress_error($$SELECT durable_ledger.register_tool('x.tool', 'maria', NULL)$$);
+SELECT regress_error($$SELECT durable_ledger.register_tool('x.tool', 'maria', divergence => 'sometimes')$$);
+SELECT regress_error($$SELECT durable_ledger.register_tool('x.tool', 'maria', key_fields => '{invoice,NULL}')$$);
+SELECT regress_error($$SELECT durable_ledger.register_tool('x.tool', 'maria', key_fields => '{invoice,""}')$$);
+SELECT regress_error($$SELECT durable_ledger.register_tool('x.tool', 'maria', key_fields => '{invoice,invoice}')$$);
+SELECT regress_error($$SELECT durable_ledger.register_tool(repeat('t', 256), 'maria')$$);
+SELECT regress_error($$SELECT durable_ledger.register_tool('tl.pay', 'maria')$$);
+SELECT regress_registry_footprint() = :'before' AS nothing_written;
+
+-- ===================================================================
+-- key_fields: the fields of args that make a call's identity
+-- ===================================================================
+SELECT durable_ledger.acquire_run('kf-1');
+SELECT decision, occurrence
+  FROM durable_ledger.begin_effect('kf-1', 'tl.pay',
+         '{"invoice": "INV-1", "amount": 4200, "memo": "Thanks for your order"}');
+SELECT (durable_ledger.complete_effect(key, '{"payment_id": "pay_1"}')).status
+  FROM durable_ledger.effects WHERE run = 'kf-1';
+-- the next attempt (a new epoch) rewords the memo: the same call, replayed
+SELECT durable_ledger.acquire_run('kf-1');
+SELECT decision, status, occurrence, result
+  FROM durable_ledger.begin_effect('kf-1', 'tl.pay',
+         '{"memo": "Thank you!", "amount": 4200.00, "invoice": "INV-1"}');
+-- another amount is another call
+SELECT decision, occurrence
+  FROM durable_ledger.begin_effect('kf-1', 'tl.pay',
+         '{"invoice": "INV-1", "amount": 4300, "memo": "Thanks"}');
+-- the key is recomputed in plain SQL from the key fields (docs/keys.md)
+SELECT e.key = encode(sha256(convert_to(concat_ws('|', 'durable_ledger.v1',
+                  octet_length(e.run), e.run, octet_length(e.tool), e.tool, e.occurrence,
+                  durable_ledger.canonical_args(
+                      (SELECT jsonb_object_agg(f, e.args -> f) FROM unnest(t.key_fields) f))),
+              'UTF8')), 'hex') AS key_checks_out,
+       e.args ->> 'memo' AS memo_as_first_called
+  FROM durable_ledger.effects e JOIN durable_ledger.tools t USING (tool)
+ WHERE e.run = 'kf-1' ORDER BY e.created_at;
+-- a call without a key field, or with args that are no object, has no identity
+SELECT regress_registry_footprint() AS before \gset
+SELECT regress_error($$SELECT durable_ledger.begin_effect('kf-1', 'tl.pay', '{"invoice": "INV-2", "memo": "m"}')$$);
+SELECT regress_error($$SELECT durable_ledger.begin_effect('kf-1', 'tl.pay', '["INV-2", 4200]')$$);
+SELECT regress_registry_footprint() = :'before' AS nothing_written;
+-- a business key compares the key fields too: a reworded memo is the same call
+-- (in progress under this very lease), another amount a different one
+SELECT decision FROM durable_ledger.begin_effect('kf-1', 'tl.pay',
+         '{"invoice": "INV-7", "amount": 100, "memo": "a"}', 'PAY-INV-7');
+SELECT decision FROM durable_ledger.begin_effect('kf-1', 'tl.pay',
+         '{"invoice": "INV-7", "amount": 100, "memo": "b"}', 'PAY-INV-7');
+SELECT regress_error($$SELECT durable_ledger.begin_effect('kf-1', 'tl.pay',
+         '{"invoice": "INV-7", "amount": 999, "memo": "a"}', 'PAY-INV-7')$$);
+SELECT durable_ledger.release_run('kf-1');
+
+-- ===================================================================
+-- change_tool
+-- ===================================================================
+SELECT tool, divergence, changed_by, changed_at BETWEEN now() AND clock_timestamp() AS changed_now, note
+  FROM durable_ledger.change_tool('tl.pay', 'ana', divergence => 'warn');
+SELECT event, detail ->> 'changed_by' AS changed_by, detail ->> 'divergence' AS divergence
+  FROM durable_ledger.audit_log WHERE event = 'tool_changed';
+-- the key fields of a tool whose calls are recorded cannot change: their
+-- replays would get new keys and be executed again
+SELECT regress_error($$SELECT durable_ledger.change_tool('tl.pay', 'ana', key_fields => '{invoice}')$$);
+SELECT regress_error($$SELECT durable_ledger.change_tool('tl.pay', 'ana', key_fields => '{}')$$);
+-- ... those of a tool never called with a derived key can ('{}': none, the whole args)
+SELECT key_fields FROM durable_ledger.change_tool('tl.mail', 'ana', key_fields => '{to}');
+SELECT key_fields FROM durable_ledger.change_tool('tl.mail', 'ana', key_fields => '{}');
+SELECT regress_error($$SELECT durable_ledger.change_tool('no.such.tool', 'ana', divergence => 'off')$$);
+SELECT regress_error($$SELECT durable_ledger.change_tool('tl.pay', NULL)$$);
+SELECT regress_error($$SELECT durable_ledger.change_tool('tl.pay', 'ana', divergence => 'always')$$);
+
+-- ===================================================================
+-- retire_tool: executed no more; what was recorded still replays
+-- ===================================================================
+SELECT durable_ledger.acquire_run('rt-1');
+SELECT (durable_ledger.complete_effect(key, '{"sent": true}')).status
+  FROM durable_ledger.begin_effect('rt-1', 'tl.mail', '{"to": "a@example.com"}');
+SELECT tool, retired_by, retired_at BETWEEN now() AND clock_timestamp() AS retired_now, note
+  FROM durable_ledger.retire_tool('tl.mail', 'ana', 'replaced by tl.mail.v2');
+SELECT durable_ledger.acquire_run('rt-1');
+SELECT decision, result FROM durable_ledger.begin_effect('rt-1', 'tl.mail', '{"to": "a@example.com"}');
+SELECT regress_registry_footprint() AS before \gset
+SELECT regress_error($$SELECT durable_ledger.begin_effect('rt-1', 'tl.mail', '{"to": "b@example.com"}')$$);
+SELECT regress_registry_footprint() = :'before' AS nothing_written;
+-- retiring again changes nothing; registering again puts it back in use
+SELECT retired_by FROM durable_ledger.retire_tool('tl.mail', 'someone else');
+SELECT count(*) AS retirements FROM durable_ledger.audit_log WHERE event = 'tool_retired';
+SELECT regress_error($$SELECT durable_ledger.change_tool('tl.mail', 'ana', divergence => 'off')$$);
+SELECT registered_by, retired_at, divergence
+  FROM durable_ledger.register_tool('tl.mail', 'ana', divergence => 'off');
+SELECT decision FROM durable_ledger.begin_effect('rt-1', 'tl.mail', '{"to": "b@example.com"}');
+SELECT regress_error($$SELECT durable_ledger.retire_tool('no.such.tool', 'ana')$$);
+SELECT durable_ledger.release_run('rt-1');
+
+-- ===================================================================
+-- durable_ledger.unregistered_tools
+-- ===================================================================
+SHOW durable_ledger.unregistered_tools;
+SELECT durable_ledger.acquire_run('ur-1');
+SELECT decision, (durable_ledger.complete_effect(key, '{"faxed": true}')).status
+  FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 1}');
+SET durable_ledger.unregistered_tools = warn;
+SELECT decision FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 2}');
+SET durable_ledger.unregistered_tools = refuse;
+SELECT regress_registry_footprint() AS before \gset
+SELECT regress_error($$SELECT durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 3}')$$);
+SELECT regress_registry_footprint() = :'before' AS nothing_written;
+-- registered tools go on; what was recorded replays
+SELECT decision FROM durable_ledger.begin_effect('ur-1', 'tl.lookup', '{"customer": 1}');
+SELECT durable_ledger.acquire_run('ur-1');
+SELECT decision, status FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 1}');
+SELECT regress_error($$SELECT durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 3}')$$);
+SELECT regress_error($$SET durable_ledger.unregistered_tools = sometimes$$);
+RESET durable_ledger.unregistered_tools;
+SELECT durable_ledger.release_run('ur-1');
+
+-- ===================================================================
+-- privileges: workers call tools, admins register them
+-- ===================================================================
+CREATE ROLE regress_tools_worker IN ROLE durable_ledger_worker;
+CREATE ROLE regress_tools_auditor IN ROLE durable_ledger_auditor;
+SET ROLE regress_tools_worker;
+SELECT regress_error($$SELECT durable_ledger.register_tool('w.tool', 'w')$$);
+SELECT regress_error($$SELECT durable_ledger.retire_tool('tl.pay', 'w')$$);
+SELECT regress_error($$SET durable_ledger.unregistered_tools = allow$$);
+SELECT regress_error($$SELECT count(*) FROM durable_ledger.tools$$);
+RESET ROLE;
+SET ROLE regress_tools_auditor;
+SELECT tool, divergence, retired_at IS NOT NULL AS retired FROM durable_ledger.tools ORDER BY tool;
+RESET ROLE;
+DROP ROLE regress_tools_worker, regress_tools_auditor;
