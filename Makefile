@@ -60,6 +60,7 @@ REGRESS = \
 	divergence \
 	abandon \
 	history \
+	fork \
 	durability \
 	search_path \
 	hostile_input \

@@ -12,7 +12,7 @@ ALTER DOMAIN durable_ledger.audit_event ADD CONSTRAINT audit_event_check
                      'completed', 'late_completion', 'failed', 'late_failure',
                      'resolved', 'conflict',
                      'tool_registered', 'tool_changed', 'tool_retired',
-                     'divergence', 'divergence_resolved', 'run_abandoned'));
+                     'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked'));
 
 -- ---------------------------------------------------------------------------
 -- The tools registry.
@@ -70,6 +70,15 @@ ALTER TABLE durable_ledger.runs
     ADD COLUMN abandoned_at timestamptz,    -- no further begin_effect, acquire_run or take_lease
     ADD COLUMN abandoned_by text,
     ADD COLUMN abandon_note text;
+
+-- ---------------------------------------------------------------------------
+-- Forked runs: a new run that starts with the first steps of another.
+-- ---------------------------------------------------------------------------
+ALTER TABLE durable_ledger.runs
+    ADD COLUMN forked_from text,            -- the run it was forked from
+    ADD COLUMN forked_up_to text;           -- the last effect of that run it carries
+ALTER TABLE durable_ledger.effects
+    ADD COLUMN forked_from text;            -- the effect of the source run it carries
 
 -- ---------------------------------------------------------------------------
 -- Functions.
@@ -149,6 +158,15 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.abandon_run(text, text, text) IS
     'stops a run for good: nothing more is executed for it; effects in flight wait for a person';
+
+CREATE FUNCTION durable_ledger.fork_run(source_run text, new_run text, up_to text,
+                                        forked_by text, note text DEFAULT NULL)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'dl_fork_run_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.fork_run(text, text, text, text, text) IS
+    'a new run that carries the source run''s effects up to one it names: their replays return the recorded outcomes, later calls execute; returns how many it carries';
 
 -- ---------------------------------------------------------------------------
 -- A run's history, for auditors and debuggers.
@@ -279,6 +297,7 @@ REVOKE ALL ON FUNCTION
     durable_ledger.retire_tool(text, text, text),
     durable_ledger.resolve_divergence(text, text, text, text, text),
     durable_ledger.abandon_run(text, text, text),
+    durable_ledger.fork_run(text, text, text, text, text),
     durable_ledger.history(text)
     FROM PUBLIC;
 REVOKE ALL ON TYPE durable_ledger.divergence_policy, durable_ledger.divergence_verdict FROM PUBLIC;
@@ -291,5 +310,6 @@ GRANT EXECUTE ON FUNCTION
     durable_ledger.change_tool(text, text, boolean, text, text[], text),
     durable_ledger.retire_tool(text, text, text),
     durable_ledger.resolve_divergence(text, text, text, text, text),
-    durable_ledger.abandon_run(text, text, text)
+    durable_ledger.abandon_run(text, text, text),
+    durable_ledger.fork_run(text, text, text, text, text)
     TO durable_ledger_admin;

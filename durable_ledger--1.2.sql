@@ -56,7 +56,7 @@ CREATE DOMAIN durable_ledger.audit_event AS text
                      'completed', 'late_completion', 'failed', 'late_failure',
                      'resolved', 'conflict',
                      'tool_registered', 'tool_changed', 'tool_retired',
-                     'divergence', 'divergence_resolved', 'run_abandoned'));
+                     'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked'));
 
 -- ---------------------------------------------------------------------------
 -- Token leases: a lease that is a row, not a session lock, so that a run's
@@ -125,7 +125,9 @@ CREATE TABLE durable_ledger.runs (
     lease_kind              durable_ledger.lease_kind NOT NULL DEFAULT 'session',  -- of the current epoch
     abandoned_at            timestamptz,            -- no further begin_effect, acquire_run or take_lease
     abandoned_by            text,
-    abandon_note            text
+    abandon_note            text,
+    forked_from             text,                   -- the run it was forked from
+    forked_up_to            text                    -- the last effect of that run it carries
 );
 CREATE INDEX runs_lock_key_idx ON durable_ledger.runs (lock_key);
 
@@ -148,7 +150,8 @@ CREATE TABLE durable_ledger.effects (
     completed_at    timestamptz,
     resolved_by     text,
     resolution_note text,
-    conflict        boolean NOT NULL DEFAULT false
+    conflict        boolean NOT NULL DEFAULT false,
+    forked_from     text                    -- a forked run's: the effect of the source run it carries
 ) WITH (fillfactor = 85);   -- room for the HOT update that completes an effect
 -- (No table CHECK constraints here: every statement that writes a table reads
 -- its CHECKs back from their stored form, which costs more than the write.
@@ -632,6 +635,15 @@ COMMENT ON FUNCTION durable_ledger.abandon_run(text, text, text) IS
 
 -- ---------------------------------------------------------------------------
 -- A run's history, for auditors and debuggers.
+CREATE FUNCTION durable_ledger.fork_run(source_run text, new_run text, up_to text,
+                                        forked_by text, note text DEFAULT NULL)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'dl_fork_run_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.fork_run(text, text, text, text, text) IS
+    'a new run that carries the source run''s effects up to one it names: their replays return the recorded outcomes, later calls execute; returns how many it carries';
+
 -- ---------------------------------------------------------------------------
 CREATE FUNCTION durable_ledger.history(run text)
 RETURNS TABLE (id bigint, logged_at timestamptz, lease_epoch bigint, event text, key text,
@@ -723,6 +735,7 @@ REVOKE ALL ON FUNCTION
     durable_ledger.retire_tool(text, text, text),
     durable_ledger.resolve_divergence(text, text, text, text, text),
     durable_ledger.abandon_run(text, text, text),
+    durable_ledger.fork_run(text, text, text, text, text),
     durable_ledger.history(text)
     FROM PUBLIC;
 REVOKE ALL ON TYPE durable_ledger.divergence_policy, durable_ledger.divergence_verdict FROM PUBLIC;
@@ -735,5 +748,6 @@ GRANT EXECUTE ON FUNCTION
     durable_ledger.change_tool(text, text, boolean, text, text[], text),
     durable_ledger.retire_tool(text, text, text),
     durable_ledger.resolve_divergence(text, text, text, text, text),
-    durable_ledger.abandon_run(text, text, text)
+    durable_ledger.abandon_run(text, text, text),
+    durable_ledger.fork_run(text, text, text, text, text)
     TO durable_ledger_admin;

@@ -5,7 +5,7 @@
 -- the runs table, unresolved and history show it; admins only; audited.
 \set VERBOSITY default
 
-CREATE FUNCTION regress_error(stmt text) RETURNS text LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION regress_sqlstate(stmt text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE st text; msg text;
 BEGIN
     EXECUTE stmt;
@@ -30,20 +30,20 @@ SELECT count(*) AS abandonments FROM durable_ledger.audit_log WHERE event = 'run
 
 -- the session that holds it can call nothing more, not even a replay; nothing is written
 SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
-SELECT regress_error($$SELECT durable_ledger.begin_effect('ab-1', 'ab.pay', '{"invoice": 3}')$$);
-SELECT regress_error($$SELECT durable_ledger.begin_effect('ab-1', 'ab.pay', '{"invoice": 1}')$$);
-SELECT regress_error($$SELECT durable_ledger.begin_effect('ab-1', 'ab.pay', '{"invoice": 4}', 'BK-AB-1')$$);
-SELECT regress_error($$SELECT durable_ledger.acquire_run('ab-1')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('ab-1', 'ab.pay', '{"invoice": 3}')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('ab-1', 'ab.pay', '{"invoice": 1}')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('ab-1', 'ab.pay', '{"invoice": 4}', 'BK-AB-1')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.acquire_run('ab-1')$$);
 SELECT count(*) = :audit_rows AS nothing_written FROM durable_ledger.audit_log;
 -- the effect in flight keeps its status; its report is still recorded
 SELECT status FROM durable_ledger.effect_status(:'in_flight');
 SELECT status FROM durable_ledger.complete_effect(:'in_flight', '{"paid": 2}');
 SELECT durable_ledger.release_run('ab-1');
 -- nobody takes it again, with either kind of lease
-SELECT regress_error($$SELECT durable_ledger.acquire_run('ab-1')$$);
-SELECT regress_error($$SELECT durable_ledger.acquire_run('ab-1', false)$$);
-SELECT regress_error($$SELECT durable_ledger.take_lease('ab-1', '1 minute')$$);
-SELECT regress_error($$SELECT durable_ledger.begin_effect('ab-1', 'ab.pay', '{"invoice": 1}')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.acquire_run('ab-1')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.acquire_run('ab-1', false)$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.take_lease('ab-1', '1 minute')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('ab-1', 'ab.pay', '{"invoice": 1}')$$);
 SELECT count(*) AS leases FROM durable_ledger.leases WHERE run = 'ab-1';
 SELECT count(*) AS lease_locks FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 17484;
 
@@ -51,21 +51,21 @@ SELECT count(*) AS lease_locks FROM pg_locks WHERE locktype = 'advisory' AND obj
 SELECT (durable_ledger.take_lease('ab-2', '1 minute')).token AS t \gset
 SELECT key AS tok_in_flight FROM durable_ledger.begin_effect('ab-2', 'ab.pay', '{"invoice": 1}', lease => :'t') \gset
 SELECT durable_ledger.abandon_run('ab-2', 'maria');
-SELECT regress_error(format($$SELECT durable_ledger.begin_effect('ab-2', 'ab.pay', '{"invoice": 2}', lease => %L)$$, :'t'));
+SELECT regress_sqlstate(format($$SELECT durable_ledger.begin_effect('ab-2', 'ab.pay', '{"invoice": 2}', lease => %L)$$, :'t'));
 -- its effect in flight waits for a person once its lease has ended, and says the run was abandoned
 SELECT durable_ledger.release_lease(:'t');
 SELECT key = :'tok_in_flight' AS in_flight, status, run_abandoned_at IS NOT NULL AS run_abandoned
   FROM durable_ledger.unresolved WHERE run = 'ab-2';
 
 -- bad input and privileges
-SELECT regress_error($$SELECT durable_ledger.abandon_run('never-seen', 'maria')$$);
-SELECT regress_error($$SELECT durable_ledger.abandon_run(NULL, 'maria')$$);
-SELECT regress_error($$SELECT durable_ledger.abandon_run('ab-3', NULL)$$);
-SELECT regress_error($$SELECT durable_ledger.abandon_run('ab-3', '')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.abandon_run('never-seen', 'maria')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.abandon_run(NULL, 'maria')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.abandon_run('ab-3', NULL)$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.abandon_run('ab-3', '')$$);
 CREATE ROLE regress_ab_worker IN ROLE durable_ledger_worker;
 SET ROLE regress_ab_worker;
 SELECT durable_ledger.acquire_run('ab-3');
-SELECT regress_error($$SELECT durable_ledger.abandon_run('ab-3', 'w')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.abandon_run('ab-3', 'w')$$);
 SELECT durable_ledger.release_run('ab-3');
 RESET ROLE;
 DROP ROLE regress_ab_worker;

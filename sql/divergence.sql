@@ -11,7 +11,7 @@
 -- resolved) never trips it, under session and token leases alike.
 \set VERBOSITY default
 
-CREATE FUNCTION regress_error(stmt text) RETURNS text LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION regress_sqlstate(stmt text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE st text; msg text;
 BEGIN
     EXECUTE stmt;
@@ -22,7 +22,7 @@ EXCEPTION WHEN OTHERS THEN
 END $$;
 
 -- one call: its decision (a completed execution reports a result)
-CREATE FUNCTION regress_call(r text, t text, a jsonb, outcome jsonb DEFAULT '{"ok": true}',
+CREATE FUNCTION regress_div_call(r text, t text, a jsonb, outcome jsonb DEFAULT '{"ok": true}',
                              token text DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE d durable_ledger.decision;
@@ -43,63 +43,63 @@ SELECT tool, divergence FROM durable_ledger.register_tool('dv.lookup', 'maria', 
 -- ===================================================================
 -- the same calls in the same order, then something new
 SELECT durable_ledger.acquire_run('hr-1');
-SELECT regress_call('hr-1', 'dv.pay', '{"invoice": "A"}'),
-       regress_call('hr-1', 'dv.pay', '{"invoice": "B"}'),
-       regress_call('hr-1', 'dv.mail', '{"to": "x"}');
+SELECT regress_div_call('hr-1', 'dv.pay', '{"invoice": "A"}'),
+       regress_div_call('hr-1', 'dv.pay', '{"invoice": "B"}'),
+       regress_div_call('hr-1', 'dv.mail', '{"to": "x"}');
 SELECT durable_ledger.acquire_run('hr-1');
-SELECT regress_call('hr-1', 'dv.pay', '{"invoice": "A"}'),
-       regress_call('hr-1', 'dv.pay', '{"invoice": "B"}'),
-       regress_call('hr-1', 'dv.mail', '{"to": "x"}'),
-       regress_call('hr-1', 'dv.pay', '{"invoice": "C"}');
+SELECT regress_div_call('hr-1', 'dv.pay', '{"invoice": "A"}'),
+       regress_div_call('hr-1', 'dv.pay', '{"invoice": "B"}'),
+       regress_div_call('hr-1', 'dv.mail', '{"to": "x"}'),
+       regress_div_call('hr-1', 'dv.pay', '{"invoice": "C"}');
 -- in another order, then something new
 SELECT durable_ledger.acquire_run('hr-1');
-SELECT regress_call('hr-1', 'dv.pay', '{"invoice": "C"}'),
-       regress_call('hr-1', 'dv.mail', '{"to": "x"}'),
-       regress_call('hr-1', 'dv.pay', '{"invoice": "B"}'),
-       regress_call('hr-1', 'dv.pay', '{"invoice": "A"}'),
-       regress_call('hr-1', 'dv.pay', '{"invoice": "D"}');
+SELECT regress_div_call('hr-1', 'dv.pay', '{"invoice": "C"}'),
+       regress_div_call('hr-1', 'dv.mail', '{"to": "x"}'),
+       regress_div_call('hr-1', 'dv.pay', '{"invoice": "B"}'),
+       regress_div_call('hr-1', 'dv.pay', '{"invoice": "A"}'),
+       regress_div_call('hr-1', 'dv.pay', '{"invoice": "D"}');
 -- legitimate repeats: the same call made twice is made twice again, a third is new
 SELECT durable_ledger.acquire_run('hr-2');
-SELECT regress_call('hr-2', 'dv.pay', '{"invoice": "A"}'),
-       regress_call('hr-2', 'dv.pay', '{"invoice": "A"}');
+SELECT regress_div_call('hr-2', 'dv.pay', '{"invoice": "A"}'),
+       regress_div_call('hr-2', 'dv.pay', '{"invoice": "A"}');
 SELECT durable_ledger.acquire_run('hr-2');
-SELECT regress_call('hr-2', 'dv.pay', '{"invoice": "A"}'),
-       regress_call('hr-2', 'dv.pay', '{"invoice": "A"}'),
-       regress_call('hr-2', 'dv.pay', '{"invoice": "A"}');
+SELECT regress_div_call('hr-2', 'dv.pay', '{"invoice": "A"}'),
+       regress_div_call('hr-2', 'dv.pay', '{"invoice": "A"}'),
+       regress_div_call('hr-2', 'dv.pay', '{"invoice": "A"}');
 -- a failure replayed, then retried as a new call
 SELECT durable_ledger.acquire_run('hr-3');
 SELECT decision, (durable_ledger.fail_effect(key, '{"code": "declined"}')).status
   FROM durable_ledger.begin_effect('hr-3', 'dv.pay', '{"invoice": "A"}');
 SELECT durable_ledger.acquire_run('hr-3');
-SELECT regress_call('hr-3', 'dv.pay', '{"invoice": "A"}'),
-       regress_call('hr-3', 'dv.pay', '{"invoice": "A"}');
+SELECT regress_div_call('hr-3', 'dv.pay', '{"invoice": "A"}'),
+       regress_div_call('hr-3', 'dv.pay', '{"invoice": "A"}');
 -- an unknown outcome pauses (not a replay); resolved, it replays; then new calls execute
 SELECT durable_ledger.acquire_run('hr-4');
 SELECT decision FROM durable_ledger.begin_effect('hr-4', 'dv.pay', '{"invoice": "A"}');
 SELECT durable_ledger.acquire_run('hr-4');
-SELECT regress_call('hr-4', 'dv.pay', '{"invoice": "A"}');
+SELECT regress_div_call('hr-4', 'dv.pay', '{"invoice": "A"}');
 SELECT status FROM durable_ledger.resolve_effect(durable_ledger.effect_key('hr-4', 'dv.pay', '{"invoice": "A"}', 1),
                                                  'completed', '{"seen": "at the bank"}', 'maria');
-SELECT regress_call('hr-4', 'dv.pay', '{"invoice": "A"}'),
-       regress_call('hr-4', 'dv.pay', '{"invoice": "B"}');
+SELECT regress_div_call('hr-4', 'dv.pay', '{"invoice": "A"}'),
+       regress_div_call('hr-4', 'dv.pay', '{"invoice": "B"}');
 -- a read-only tool (off) and an unregistered one are never checked
 SELECT durable_ledger.acquire_run('hr-5');
-SELECT regress_call('hr-5', 'dv.lookup', '{"q": "acme"}'), regress_call('hr-5', 'notes.add', '{"n": 1}');
+SELECT regress_div_call('hr-5', 'dv.lookup', '{"q": "acme"}'), regress_div_call('hr-5', 'notes.add', '{"n": 1}');
 SELECT durable_ledger.acquire_run('hr-5');
-SELECT regress_call('hr-5', 'dv.lookup', '{"q": "ACME Inc"}'), regress_call('hr-5', 'notes.add', '{"n": 2}');
+SELECT regress_div_call('hr-5', 'dv.lookup', '{"q": "ACME Inc"}'), regress_div_call('hr-5', 'notes.add', '{"n": 2}');
 -- each tool keeps its own count: new calls of a tool whose earlier effects are replayed
 SELECT durable_ledger.acquire_run('hr-1');
-SELECT regress_call('hr-1', 'dv.mail', '{"to": "x"}'),
-       regress_call('hr-1', 'dv.mail', '{"to": "y"}');
+SELECT regress_div_call('hr-1', 'dv.mail', '{"to": "x"}'),
+       regress_div_call('hr-1', 'dv.mail', '{"to": "y"}');
 -- under token leases too (the counters live in rows)
 SELECT (durable_ledger.take_lease('hr-6', '1 minute')).token AS t1 \gset
-SELECT regress_call('hr-6', 'dv.pay', '{"invoice": "A"}', token => :'t1'),
-       regress_call('hr-6', 'dv.pay', '{"invoice": "B"}', token => :'t1');
+SELECT regress_div_call('hr-6', 'dv.pay', '{"invoice": "A"}', token => :'t1'),
+       regress_div_call('hr-6', 'dv.pay', '{"invoice": "B"}', token => :'t1');
 SELECT durable_ledger.release_lease(:'t1');
 SELECT (durable_ledger.take_lease('hr-6', '1 minute')).token AS t2 \gset
-SELECT regress_call('hr-6', 'dv.pay', '{"invoice": "B"}', token => :'t2'),
-       regress_call('hr-6', 'dv.pay', '{"invoice": "A"}', token => :'t2'),
-       regress_call('hr-6', 'dv.pay', '{"invoice": "C"}', token => :'t2');
+SELECT regress_div_call('hr-6', 'dv.pay', '{"invoice": "B"}', token => :'t2'),
+       regress_div_call('hr-6', 'dv.pay', '{"invoice": "A"}', token => :'t2'),
+       regress_div_call('hr-6', 'dv.pay', '{"invoice": "C"}', token => :'t2');
 SELECT durable_ledger.release_lease(:'t2');
 SELECT count(*) AS divergences_of_honest_replays,
        (SELECT count(*) FROM durable_ledger.audit_log WHERE event = 'divergence') AS divergence_events
@@ -109,7 +109,7 @@ SELECT count(*) AS divergences_of_honest_replays,
 -- a drifted replay pauses (policy pause)
 -- ===================================================================
 SELECT durable_ledger.acquire_run('dr-1');
-SELECT regress_call('dr-1', 'dv.pay', '{"invoice": "INV-1", "amount": 4200, "memo": "Thanks"}',
+SELECT regress_div_call('dr-1', 'dv.pay', '{"invoice": "INV-1", "amount": 4200, "memo": "Thanks"}',
                     '{"payment_id": "pay_1"}');
 SELECT durable_ledger.effect_key('dr-1', 'dv.pay', '{"invoice": "INV-1", "amount": 4200, "memo": "Thanks"}', 1) AS earlier_key \gset
 SELECT durable_ledger.acquire_run('dr-1');
@@ -139,18 +139,18 @@ SELECT verdict, same_as = :'earlier_key' AS same_as_the_earlier, resolved_by, re
   FROM durable_ledger.resolve_divergence(:'drifted', 'same', 'maria', 'the model reworded the memo');
 SELECT key = :'earlier_key' AS earlier_key, decision, status, result
   FROM durable_ledger.begin_effect('dr-1', 'dv.pay', '{"invoice": "INV-1", "amount": 4200, "memo": "Thank you"}');
-SELECT regress_call('dr-1', 'dv.pay', '{"invoice": "INV-2", "amount": 10, "memo": "x"}');
+SELECT regress_div_call('dr-1', 'dv.pay', '{"invoice": "INV-2", "amount": 10, "memo": "x"}');
 SELECT count(*) AS payments_executed FROM durable_ledger.effects WHERE run = 'dr-1';
 SELECT count(*) AS unresolved FROM durable_ledger.unresolved WHERE run = 'dr-1';
 -- ... and in every later attempt too
 SELECT durable_ledger.acquire_run('dr-1');
-SELECT regress_call('dr-1', 'dv.pay', '{"invoice": "INV-1", "amount": 4200, "memo": "Thank you"}'),
-       regress_call('dr-1', 'dv.pay', '{"invoice": "INV-2", "amount": 10, "memo": "x"}');
+SELECT regress_div_call('dr-1', 'dv.pay', '{"invoice": "INV-1", "amount": 4200, "memo": "Thank you"}'),
+       regress_div_call('dr-1', 'dv.pay', '{"invoice": "INV-2", "amount": 10, "memo": "x"}');
 SELECT durable_ledger.release_run('dr-1');
 
 -- another person: it is a distinct payment.  The call executes.
 SELECT durable_ledger.acquire_run('dr-2');
-SELECT regress_call('dr-2', 'dv.pay', '{"invoice": "INV-1", "memo": "a"}');
+SELECT regress_div_call('dr-2', 'dv.pay', '{"invoice": "INV-1", "memo": "a"}');
 SELECT durable_ledger.acquire_run('dr-2');
 SELECT decision FROM durable_ledger.begin_effect('dr-2', 'dv.pay', '{"invoice": "INV-9", "memo": "a"}');
 SELECT verdict, same_as FROM durable_ledger.resolve_divergence(
@@ -160,57 +160,57 @@ SELECT durable_ledger.release_run('dr-2');
 
 -- the replay's progress rolls back with its transaction: a replay undone is not counted
 SELECT durable_ledger.acquire_run('dr-3');
-SELECT regress_call('dr-3', 'dv.pay', '{"invoice": "A"}');
+SELECT regress_div_call('dr-3', 'dv.pay', '{"invoice": "A"}');
 SELECT durable_ledger.acquire_run('dr-3');
 BEGIN;
-SELECT regress_call('dr-3', 'dv.pay', '{"invoice": "A"}');
+SELECT regress_div_call('dr-3', 'dv.pay', '{"invoice": "A"}');
 ROLLBACK;
 SELECT decision FROM durable_ledger.begin_effect('dr-3', 'dv.pay', '{"invoice": "B"}');
 SELECT durable_ledger.release_run('dr-3');
 
 -- policy warn: executed, with a WARNING and an audited divergence
 SELECT durable_ledger.acquire_run('dw-1');
-SELECT regress_call('dw-1', 'dv.mail', '{"to": "a", "body": "Hello"}');
+SELECT regress_div_call('dw-1', 'dv.mail', '{"to": "a", "body": "Hello"}');
 SELECT durable_ledger.acquire_run('dw-1');
-SELECT regress_call('dw-1', 'dv.mail', '{"to": "a", "body": "Hi there"}');
+SELECT regress_div_call('dw-1', 'dv.mail', '{"to": "a", "body": "Hi there"}');
 SELECT event, detail ->> 'policy' AS policy FROM durable_ledger.audit_log WHERE run = 'dw-1' AND event = 'divergence';
 SELECT count(*) AS recorded_for_a_person FROM durable_ledger.divergences WHERE run = 'dw-1';
 SELECT durable_ledger.release_run('dw-1');
 
 -- a drift under a token lease pauses too
 SELECT (durable_ledger.take_lease('dt-1', '1 minute')).token AS t1 \gset
-SELECT regress_call('dt-1', 'dv.pay', '{"invoice": "A", "memo": "1"}', token => :'t1');
+SELECT regress_div_call('dt-1', 'dv.pay', '{"invoice": "A", "memo": "1"}', token => :'t1');
 SELECT durable_ledger.release_lease(:'t1');
 SELECT (durable_ledger.take_lease('dt-1', '1 minute')).token AS t2 \gset
-SELECT regress_call('dt-1', 'dv.pay', '{"invoice": "A", "memo": "2"}', token => :'t2');
+SELECT regress_div_call('dt-1', 'dv.pay', '{"invoice": "A", "memo": "2"}', token => :'t2');
 SELECT durable_ledger.release_lease(:'t2');
 
 -- ===================================================================
 -- resolve_divergence refuses what it cannot mean, writing nothing
 -- ===================================================================
 SELECT durable_ledger.acquire_run('dr-4');
-SELECT regress_call('dr-4', 'dv.pay', '{"invoice": "A"}');
+SELECT regress_div_call('dr-4', 'dv.pay', '{"invoice": "A"}');
 SELECT durable_ledger.acquire_run('dr-4');
 SELECT decision FROM durable_ledger.begin_effect('dr-4', 'dv.pay', '{"invoice": "Z"}');
 SELECT durable_ledger.effect_key('dr-4', 'dv.pay', '{"invoice": "Z"}', 1) AS z \gset
 SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
-SELECT regress_error($$SELECT durable_ledger.resolve_divergence('no-such-key', 'same', 'maria')$$);
-SELECT regress_error(format($$SELECT durable_ledger.resolve_divergence(%L, 'maybe', 'maria')$$, :'z'));
-SELECT regress_error(format($$SELECT durable_ledger.resolve_divergence(%L, NULL, 'maria')$$, :'z'));
-SELECT regress_error(format($$SELECT durable_ledger.resolve_divergence(%L, 'same', NULL)$$, :'z'));
-SELECT regress_error(format($$SELECT durable_ledger.resolve_divergence(%L, 'distinct', 'maria', same_as => %L)$$, :'z', :'earlier_key'));
+SELECT regress_sqlstate($$SELECT durable_ledger.resolve_divergence('no-such-key', 'same', 'maria')$$);
+SELECT regress_sqlstate(format($$SELECT durable_ledger.resolve_divergence(%L, 'maybe', 'maria')$$, :'z'));
+SELECT regress_sqlstate(format($$SELECT durable_ledger.resolve_divergence(%L, NULL, 'maria')$$, :'z'));
+SELECT regress_sqlstate(format($$SELECT durable_ledger.resolve_divergence(%L, 'same', NULL)$$, :'z'));
+SELECT regress_sqlstate(format($$SELECT durable_ledger.resolve_divergence(%L, 'distinct', 'maria', same_as => %L)$$, :'z', :'earlier_key'));
 -- same_as must be an earlier effect of the same tool in the same run
-SELECT regress_error(format($$SELECT durable_ledger.resolve_divergence(%L, 'same', 'maria', same_as => %L)$$, :'z', :'earlier_key'));
-SELECT regress_error(format($$SELECT durable_ledger.resolve_divergence(%L, 'same', 'maria', same_as => 'no-such-key')$$, :'z'));
+SELECT regress_sqlstate(format($$SELECT durable_ledger.resolve_divergence(%L, 'same', 'maria', same_as => %L)$$, :'z', :'earlier_key'));
+SELECT regress_sqlstate(format($$SELECT durable_ledger.resolve_divergence(%L, 'same', 'maria', same_as => 'no-such-key')$$, :'z'));
 SELECT count(*) = :audit_rows AS nothing_written, (SELECT verdict FROM durable_ledger.divergences WHERE key = :'z') AS verdict
   FROM durable_ledger.audit_log;
 SELECT verdict FROM durable_ledger.resolve_divergence(:'z', 'distinct', 'maria');
-SELECT regress_error(format($$SELECT durable_ledger.resolve_divergence(%L, 'same', 'maria')$$, :'z'));
+SELECT regress_sqlstate(format($$SELECT durable_ledger.resolve_divergence(%L, 'same', 'maria')$$, :'z'));
 SELECT durable_ledger.release_run('dr-4');
 
 -- workers do not decide divergences
 CREATE ROLE regress_div_worker IN ROLE durable_ledger_worker;
 SET ROLE regress_div_worker;
-SELECT regress_error(format($$SELECT durable_ledger.resolve_divergence(%L, 'same', 'w')$$, :'z'));
+SELECT regress_sqlstate(format($$SELECT durable_ledger.resolve_divergence(%L, 'same', 'w')$$, :'z'));
 RESET ROLE;
 DROP ROLE regress_div_worker;

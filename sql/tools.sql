@@ -10,7 +10,7 @@
 \set VERBOSITY default
 
 -- an error with its SQLSTATE
-CREATE FUNCTION regress_error(stmt text) RETURNS text LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION regress_sqlstate(stmt text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE st text; msg text;
 BEGIN
     EXECUTE stmt;
@@ -44,17 +44,17 @@ SELECT event, detail, role_name = current_user AS by_the_caller
 
 -- bad input writes nothing
 SELECT regress_registry_footprint() AS before \gset
-SELECT regress_error($$SELECT durable_ledger.register_tool(NULL, 'maria')$$);
-SELECT regress_error($$SELECT durable_ledger.register_tool('', 'maria')$$);
-SELECT regress_error($$SELECT durable_ledger.register_tool('x.tool', NULL)$$);
-SELECT regress_error($$SELECT durable_ledger.register_tool('x.tool', '')$$);
-SELECT regress_error($$SELECT durable_ledger.register_tool('x.tool', 'maria', NULL)$$);
-SELECT regress_error($$SELECT durable_ledger.register_tool('x.tool', 'maria', divergence => 'sometimes')$$);
-SELECT regress_error($$SELECT durable_ledger.register_tool('x.tool', 'maria', key_fields => '{invoice,NULL}')$$);
-SELECT regress_error($$SELECT durable_ledger.register_tool('x.tool', 'maria', key_fields => '{invoice,""}')$$);
-SELECT regress_error($$SELECT durable_ledger.register_tool('x.tool', 'maria', key_fields => '{invoice,invoice}')$$);
-SELECT regress_error($$SELECT durable_ledger.register_tool(repeat('t', 256), 'maria')$$);
-SELECT regress_error($$SELECT durable_ledger.register_tool('tl.pay', 'maria')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.register_tool(NULL, 'maria')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.register_tool('', 'maria')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.register_tool('x.tool', NULL)$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.register_tool('x.tool', '')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.register_tool('x.tool', 'maria', NULL)$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.register_tool('x.tool', 'maria', divergence => 'sometimes')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.register_tool('x.tool', 'maria', key_fields => '{invoice,NULL}')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.register_tool('x.tool', 'maria', key_fields => '{invoice,""}')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.register_tool('x.tool', 'maria', key_fields => '{invoice,invoice}')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.register_tool(repeat('t', 256), 'maria')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.register_tool('tl.pay', 'maria')$$);
 SELECT regress_registry_footprint() = :'before' AS nothing_written;
 
 -- ===================================================================
@@ -86,8 +86,8 @@ SELECT e.key = encode(sha256(convert_to(concat_ws('|', 'durable_ledger.v1',
  WHERE e.run = 'kf-1' ORDER BY e.created_at;
 -- a call without a key field, or with args that are no object, has no identity
 SELECT regress_registry_footprint() AS before \gset
-SELECT regress_error($$SELECT durable_ledger.begin_effect('kf-1', 'tl.pay', '{"invoice": "INV-2", "memo": "m"}')$$);
-SELECT regress_error($$SELECT durable_ledger.begin_effect('kf-1', 'tl.pay', '["INV-2", 4200]')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('kf-1', 'tl.pay', '{"invoice": "INV-2", "memo": "m"}')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('kf-1', 'tl.pay', '["INV-2", 4200]')$$);
 SELECT regress_registry_footprint() = :'before' AS nothing_written;
 -- a business key compares the key fields too: a reworded memo is the same call
 -- (in progress under this very lease), another amount a different one
@@ -95,7 +95,7 @@ SELECT decision FROM durable_ledger.begin_effect('kf-1', 'tl.pay',
          '{"invoice": "INV-7", "amount": 100, "memo": "a"}', 'PAY-INV-7');
 SELECT decision FROM durable_ledger.begin_effect('kf-1', 'tl.pay',
          '{"invoice": "INV-7", "amount": 100, "memo": "b"}', 'PAY-INV-7');
-SELECT regress_error($$SELECT durable_ledger.begin_effect('kf-1', 'tl.pay',
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('kf-1', 'tl.pay',
          '{"invoice": "INV-7", "amount": 999, "memo": "a"}', 'PAY-INV-7')$$);
 SELECT durable_ledger.release_run('kf-1');
 
@@ -108,14 +108,14 @@ SELECT event, detail ->> 'changed_by' AS changed_by, detail ->> 'divergence' AS 
   FROM durable_ledger.audit_log WHERE event = 'tool_changed';
 -- the key fields of a tool whose calls are recorded cannot change: their
 -- replays would get new keys and be executed again
-SELECT regress_error($$SELECT durable_ledger.change_tool('tl.pay', 'ana', key_fields => '{invoice}')$$);
-SELECT regress_error($$SELECT durable_ledger.change_tool('tl.pay', 'ana', key_fields => '{}')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.change_tool('tl.pay', 'ana', key_fields => '{invoice}')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.change_tool('tl.pay', 'ana', key_fields => '{}')$$);
 -- ... those of a tool never called with a derived key can ('{}': none, the whole args)
 SELECT key_fields FROM durable_ledger.change_tool('tl.mail', 'ana', key_fields => '{to}');
 SELECT key_fields FROM durable_ledger.change_tool('tl.mail', 'ana', key_fields => '{}');
-SELECT regress_error($$SELECT durable_ledger.change_tool('no.such.tool', 'ana', divergence => 'off')$$);
-SELECT regress_error($$SELECT durable_ledger.change_tool('tl.pay', NULL)$$);
-SELECT regress_error($$SELECT durable_ledger.change_tool('tl.pay', 'ana', divergence => 'always')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.change_tool('no.such.tool', 'ana', divergence => 'off')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.change_tool('tl.pay', NULL)$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.change_tool('tl.pay', 'ana', divergence => 'always')$$);
 
 -- ===================================================================
 -- retire_tool: executed no more; what was recorded still replays
@@ -128,16 +128,16 @@ SELECT tool, retired_by, retired_at BETWEEN now() AND clock_timestamp() AS retir
 SELECT durable_ledger.acquire_run('rt-1');
 SELECT decision, result FROM durable_ledger.begin_effect('rt-1', 'tl.mail', '{"to": "a@example.com"}');
 SELECT regress_registry_footprint() AS before \gset
-SELECT regress_error($$SELECT durable_ledger.begin_effect('rt-1', 'tl.mail', '{"to": "b@example.com"}')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('rt-1', 'tl.mail', '{"to": "b@example.com"}')$$);
 SELECT regress_registry_footprint() = :'before' AS nothing_written;
 -- retiring again changes nothing; registering again puts it back in use
 SELECT retired_by FROM durable_ledger.retire_tool('tl.mail', 'someone else');
 SELECT count(*) AS retirements FROM durable_ledger.audit_log WHERE event = 'tool_retired';
-SELECT regress_error($$SELECT durable_ledger.change_tool('tl.mail', 'ana', divergence => 'off')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.change_tool('tl.mail', 'ana', divergence => 'off')$$);
 SELECT registered_by, retired_at, divergence
   FROM durable_ledger.register_tool('tl.mail', 'ana', divergence => 'off');
 SELECT decision FROM durable_ledger.begin_effect('rt-1', 'tl.mail', '{"to": "b@example.com"}');
-SELECT regress_error($$SELECT durable_ledger.retire_tool('no.such.tool', 'ana')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.retire_tool('no.such.tool', 'ana')$$);
 SELECT durable_ledger.release_run('rt-1');
 
 -- ===================================================================
@@ -151,14 +151,14 @@ SET durable_ledger.unregistered_tools = warn;
 SELECT decision FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 2}');
 SET durable_ledger.unregistered_tools = refuse;
 SELECT regress_registry_footprint() AS before \gset
-SELECT regress_error($$SELECT durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 3}')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 3}')$$);
 SELECT regress_registry_footprint() = :'before' AS nothing_written;
 -- registered tools go on; what was recorded replays
 SELECT decision FROM durable_ledger.begin_effect('ur-1', 'tl.lookup', '{"customer": 1}');
 SELECT durable_ledger.acquire_run('ur-1');
 SELECT decision, status FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 1}');
-SELECT regress_error($$SELECT durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 3}')$$);
-SELECT regress_error($$SET durable_ledger.unregistered_tools = sometimes$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 3}')$$);
+SELECT regress_sqlstate($$SET durable_ledger.unregistered_tools = sometimes$$);
 RESET durable_ledger.unregistered_tools;
 SELECT durable_ledger.release_run('ur-1');
 
@@ -168,10 +168,10 @@ SELECT durable_ledger.release_run('ur-1');
 CREATE ROLE regress_tools_worker IN ROLE durable_ledger_worker;
 CREATE ROLE regress_tools_auditor IN ROLE durable_ledger_auditor;
 SET ROLE regress_tools_worker;
-SELECT regress_error($$SELECT durable_ledger.register_tool('w.tool', 'w')$$);
-SELECT regress_error($$SELECT durable_ledger.retire_tool('tl.pay', 'w')$$);
-SELECT regress_error($$SET durable_ledger.unregistered_tools = allow$$);
-SELECT regress_error($$SELECT count(*) FROM durable_ledger.tools$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.register_tool('w.tool', 'w')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.retire_tool('tl.pay', 'w')$$);
+SELECT regress_sqlstate($$SET durable_ledger.unregistered_tools = allow$$);
+SELECT regress_sqlstate($$SELECT count(*) FROM durable_ledger.tools$$);
 RESET ROLE;
 SET ROLE regress_tools_auditor;
 SELECT tool, divergence, retired_at IS NOT NULL AS retired FROM durable_ledger.tools ORDER BY tool;

@@ -12,6 +12,7 @@
 
 #include "access/xact.h"
 #include "miscadmin.h"
+#include "nodes/parsenodes.h"
 #include "utils/builtins.h"
 #include "utils/snapmgr.h"
 
@@ -22,7 +23,8 @@ prepared(Statement *stmt)
 {
 	if (stmt->plan == NULL)
 	{
-		SPIPlanPtr	plan = SPI_prepare(stmt->sql, stmt->nargs, stmt->argtypes);
+		SPIPlanPtr	plan = SPI_prepare_cursor(stmt->sql, stmt->nargs, stmt->argtypes,
+											  stmt->replan ? CURSOR_OPT_CUSTOM_PLAN : 0);
 
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s",

@@ -729,3 +729,51 @@ dl_read_divergence_tuple(const char *key)
 						take_tuple, &tuple);
 	return tuple;
 }
+
+static Statement run_effect_keys = {
+	/* found through the run's audit log (indexed by run): every intent is logged */
+	"SELECT e.key FROM durable_ledger.effects e"
+	" WHERE e.key OPERATOR(pg_catalog.=) ANY (SELECT a.key FROM durable_ledger.audit_log a"
+	"                                  WHERE a.run" EQ "$1"
+	"                                    AND a.event OPERATOR(pg_catalog.=) 'intent')"
+	"   AND e.run" EQ "$1 AND NOT e.business_key"
+	" ORDER BY e.created_at, e.key",
+	1, {TEXTOID}, NULL, true
+};
+
+/*
+ * The keys of the effects run recorded under derived keys, as committed now,
+ * in the order they were begun (then by key), as dl_read_earlier_effects
+ * orders them.
+ */
+List *
+dl_read_run_effect_keys(const char *run)
+{
+	Datum		values[1];
+	List	   *keys = NIL;
+	uint64		i;
+
+	values[0] = dl_text_datum(run);
+	dl_plan_run_now(&run_effect_keys, values, NULL, SPI_OK_SELECT);
+	for (i = 0; i < SPI_processed; i++)
+		keys = lappend(keys, SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1));
+	return keys;
+}
+
+static Statement run_logged = {
+	"SELECT FROM durable_ledger.audit_log WHERE run" EQ "$1 LIMIT 1",
+	1, {TEXTOID}, NULL, true
+};
+
+/* Has the ledger ever heard of run: a row of it, or a line of its audit log? */
+bool
+dl_read_run_known(const char *run)
+{
+	RunState	state;
+	Datum		values[1];
+
+	if (dl_read_run_state(run, &state))
+		return true;
+	values[0] = dl_text_datum(run);
+	return dl_plan_run_now(&run_logged, values, NULL, SPI_OK_SELECT) > 0;
+}

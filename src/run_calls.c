@@ -1,7 +1,8 @@
 /*
- * run_calls.c: abandon_run() and resolve_divergence(), what a person decides
- * about a run: stop it for good, or say what a drifted call of a later
- * attempt is (divergence.c).  Both are audited with the person's name.
+ * run_calls.c: abandon_run(), resolve_divergence() and fork_run(), what a
+ * person decides about a run: stop it for good, say what a drifted call of a
+ * later attempt is (divergence.c), or start a new run from its first steps.
+ * Each is audited with the person's name.
  */
 #include "postgres.h"
 
@@ -12,6 +13,7 @@
 
 PG_FUNCTION_INFO_V1(dl_abandon_run_1_2);
 PG_FUNCTION_INFO_V1(dl_resolve_divergence_1_2);
+PG_FUNCTION_INFO_V1(dl_fork_run_1_2);
 
 /*
  * abandon_run(run text, abandoned_by text, note text) RETURNS boolean
@@ -136,4 +138,132 @@ dl_resolve_divergence_1_2(PG_FUNCTION_ARGS)
 	result = heap_copy_tuple_as_datum(tuple, desc);
 	dl_spi_finish();
 	PG_RETURN_DATUM(result);
+}
+
+/* The rules of tool, looked up once per fork. */
+static const ToolRules *
+rules_of(List **known, const char *tool)
+{
+	ListCell   *lc;
+	ToolRules  *rules;
+
+	foreach(lc, *known)
+	{
+		rules = lfirst(lc);
+		if (strcmp(rules->row.tool, tool) == 0)
+			return rules;
+	}
+	rules = palloc0(sizeof(ToolRules));
+	dl_tool_rules(tool, rules);
+	rules->row.tool = pstrdup(tool);
+	*known = lappend(*known, rules);
+	return rules;
+}
+
+/*
+ * fork_run(source_run text, new_run text, up_to text, forked_by text,
+ *          note text) RETURNS integer
+ *
+ * A new run whose first steps are those of source_run, up to its effect
+ * up_to, in the order they were begun: each effect the source run recorded
+ * under a derived key is recorded in new_run under new_run's key for the
+ * same call, with its outcome, and says which effect it carries.  The new
+ * run's first attempt replays them and executes what comes after (its
+ * divergence is judged against them).  Business keys are not carried: they
+ * keep their own identity, and a completed one replays in any run.  Every
+ * effect carried must have a settled outcome; a report in progress on one is
+ * waited for.  Nothing of the source run changes.  Returns how many effects
+ * the new run carries.
+ */
+Datum
+dl_fork_run_1_2(PG_FUNCTION_ARGS)
+{
+	char	   *source_run = dl_required_text_arg(fcinfo, 0, "source_run", DL_MAX_RUN_CHARS);
+	char	   *new_run = dl_required_text_arg(fcinfo, 1, "new_run", DL_MAX_RUN_CHARS);
+	char	   *up_to = dl_required_text_arg(fcinfo, 2, "up_to", 0);
+	char	   *forked_by = dl_required_text_arg(fcinfo, 3, "forked_by", 0);
+	char	   *note = dl_optional_text_arg(fcinfo, 4);
+	uint64		new_lock = dl_run_lock_key(new_run);
+	List	   *keys;
+	List	   *known_rules = NIL;
+	ListCell   *lc;
+	int			carried = 0;
+	int			last = -1;
+	DetailBuilder detail;
+
+	if (strcmp(source_run, new_run) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a run cannot be forked into itself")));
+	dl_check_writable("fork_run()");
+	dl_spi_connect();
+
+	/* the new run is ours until this transaction ends: no lease, no other fork */
+	(void) dl_run_lock_xact(new_lock, DL_CALL_LOCK_CLASS, true);
+	if (!dl_run_exclude_sessions(new_lock) || dl_read_run_known(new_run))
+		ereport(ERROR,
+				(errcode(ERRCODE_DUPLICATE_OBJECT),
+				 errmsg("run \"%s\" exists already", new_run),
+				 errhint("A fork starts a run the ledger has never seen.")));
+	if (!dl_read_run_known(source_run))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("run \"%s\" is not in the ledger", source_run)));
+
+	keys = dl_read_run_effect_keys(source_run);
+	foreach(lc, keys)
+	{
+		if (strcmp(lfirst(lc), up_to) == 0)
+			last = foreach_current_index(lc);
+	}
+	if (last < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("effect \"%s\" is not an effect of run \"%s\" under a derived key",
+						up_to, source_run),
+				 errhint("up_to names the last effect the new run carries: a key of durable_ledger.effects with run \"%s\".",
+						 source_run)));
+
+	foreach(lc, keys)
+	{
+		LockedEffect source;
+		const ToolRules *rules;
+		StringInfoData canon;
+		char		new_key[DL_KEY_HEX_LEN + 1];
+
+		if (foreach_current_index(lc) > last)
+			break;
+		/* waits for a report in progress on it: its outcome is what is carried */
+		if (!dl_lock_effect(lfirst(lc), &source))
+			elog(ERROR, "effect \"%s\" disappeared", (char *) lfirst(lc));
+		if (source.row.conflict ||
+			(source.row.status != EFFECT_COMPLETED && source.row.status != EFFECT_FAILED))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("effect \"%s\" of run \"%s\" has no settled outcome", source.row.key,
+							source_run),
+					 errdetail("It is %s%s; a fork carries only completed and failed effects.",
+							   dl_status_name(source.row.status),
+							   source.row.conflict ? " and contradicted" : ""),
+					 errhint("A person resolves it with durable_ledger.resolve_effect() first, or the fork stops before it.")));
+		rules = rules_of(&known_rules, source.row.tool);
+		initStringInfo(&canon);
+		dl_append_canonical_args(&canon, dl_identity_of_call(rules, source.row.args, NULL));
+		dl_derive_key(new_run, source.row.tool, canon.data, canon.len, source.row.occurrence,
+					  new_key);
+		dl_write_forked_effect(&source, new_run, new_key, 1);
+		carried++;
+	}
+	dl_write_forked_run(new_run, new_lock, source_run, up_to);
+
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "source_run", source_run);
+	dl_detail_text(&detail, "up_to", up_to);
+	dl_detail_int(&detail, "effects", carried);
+	dl_detail_text(&detail, "forked_by", forked_by);
+	dl_detail_text(&detail, "note", note);
+	dl_write_audit(new_run, NULL, "run_forked", dl_detail_finish(&detail), 1, 0);
+	dl_note_durable_write();
+	dl_spi_finish();
+	PG_RETURN_INT32(carried);
 }

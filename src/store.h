@@ -181,6 +181,8 @@ extern bool dl_read_divergence(const char *key, DivergenceRow *row);
 extern HeapTuple dl_read_tool_tuple(const char *tool);
 extern HeapTuple dl_read_divergence_tuple(const char *key);
 extern List *dl_read_earlier_effects(const char *run, const char *tool, int64 epoch);
+extern List *dl_read_run_effect_keys(const char *run);
+extern bool dl_read_run_known(const char *run);
 
 /* An effect of a run's earlier attempt (dl_read_earlier_effects). */
 typedef struct EarlierEffect
@@ -220,6 +222,10 @@ extern void dl_write_tool_change(LockedTool *locked, const ToolRow *to,
 extern void dl_write_tool_retired(LockedTool *locked, const char *retired_by,
 								  const char *note);
 extern void dl_write_divergence(const DivergenceRow *row);
+extern void dl_write_forked_effect(const LockedEffect *source, const char *new_run,
+								   const char *new_key, int64 lease_epoch);
+extern void dl_write_forked_run(const char *new_run, uint64 lock_key, const char *source_run,
+								const char *up_to);
 extern bool dl_lock_divergence(const char *key, LockedDivergence *locked);
 extern void dl_write_divergence_verdict(LockedDivergence *locked, const char *verdict,
 										const char *same_as, const char *resolved_by,
@@ -242,6 +248,8 @@ typedef struct Statement
 	int			nargs;
 	Oid			argtypes[9];
 	SPIPlanPtr	plan;			/* prepared on first use, kept */
+	bool		replan;			/* planned anew for each run's values (a rare
+								 * question about one run of a table that grows) */
 } Statement;
 
 extern uint64 dl_plan_run(Statement *stmt, Datum *values, const char *nulls,

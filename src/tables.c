@@ -26,7 +26,7 @@ static const Column effects_columns[EFF_NCOLUMNS] = {
 	{"status", TEXTOID}, {"result", JSONBOID}, {"error", JSONBOID}, {"meta", JSONBOID},
 	{"lease_epoch", INT8OID}, {"holder_pid", INT4OID}, {"created_at", TIMESTAMPTZOID},
 	{"completed_at", TIMESTAMPTZOID}, {"resolved_by", TEXTOID},
-	{"resolution_note", TEXTOID}, {"conflict", BOOLOID}
+	{"resolution_note", TEXTOID}, {"conflict", BOOLOID}, {"forked_from", TEXTOID}
 };
 
 static const Column audit_columns[AUD_NCOLUMNS] = {
@@ -43,7 +43,7 @@ static const Column runs_columns[RUN_NCOLUMNS] = {
 	{"holder_client_addr", INETOID}, {"acquired_at", TIMESTAMPTZOID},
 	{"released_at", TIMESTAMPTZOID}, {"created_at", TIMESTAMPTZOID},
 	{"lease_kind", TEXTOID}, {"abandoned_at", TIMESTAMPTZOID}, {"abandoned_by", TEXTOID},
-	{"abandon_note", TEXTOID}
+	{"abandon_note", TEXTOID}, {"forked_from", TEXTOID}, {"forked_up_to", TEXTOID}
 };
 
 static const Column token_columns[TOK_NCOLUMNS] = {

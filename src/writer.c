@@ -1098,3 +1098,58 @@ dl_write_divergence_verdict(LockedDivergence *locked, const char *verdict,
 	update_row(&w, locked->tuple);
 	end_write(&w);
 }
+
+/* ---------- forked runs ---------- */
+
+/*
+ * Records in new_run, under new_key, what a locked effect of the source run
+ * recorded: its call, outcome and resolution, as of lease_epoch (the fork's),
+ * and which effect it carries.
+ */
+void
+dl_write_forked_effect(const LockedEffect *source, const char *new_run, const char *new_key,
+					   int64 lease_epoch)
+{
+	Write		w;
+
+	begin_write(&w, &dl_effects_table);
+	start_from(&w, source->tuple);
+	w.updating = false;			/* a new row with the source's values */
+	set_value(&w, EFF_KEY, CStringGetTextDatum(new_key));
+	set_value(&w, EFF_RUN, CStringGetTextDatum(new_run));
+	set_value(&w, EFF_LEASE_EPOCH, Int64GetDatum(lease_epoch));
+	set_value(&w, EFF_HOLDER_PID, Int32GetDatum(MyProcPid));
+	set_value(&w, EFF_CREATED_AT, now_datum());
+	set_value(&w, EFF_CONFLICT, BoolGetDatum(false));
+	set_value(&w, EFF_FORKED_FROM, CStringGetTextDatum(source->row.key));
+	insert_row(&w);
+	end_write(&w);
+}
+
+/*
+ * Records new_run, forked from source_run up to its effect up_to, in its
+ * first epoch, which the fork itself is (held by nobody): its first lease
+ * starts epoch 2, whose calls look their keys up.
+ */
+void
+dl_write_forked_run(const char *new_run, uint64 lock_key, const char *source_run,
+					const char *up_to)
+{
+	Write		w;
+
+	begin_write(&w, &dl_runs_table);
+	set_value(&w, RUN_RUN, CStringGetTextDatum(new_run));
+	set_value(&w, RUN_EPOCHS, Int64GetDatum(1));
+	set_value(&w, RUN_LOCK_KEY, Int64GetDatum((int64) lock_key));
+	set_value(&w, RUN_LEASE_KIND, CStringGetTextDatum("session"));
+	set_holder(&w);
+	set_value(&w, RUN_RELEASED_AT, now_datum());
+	set_value(&w, RUN_CREATED_AT, now_datum());
+	set_null(&w, RUN_ABANDONED_AT);
+	set_null(&w, RUN_ABANDONED_BY);
+	set_null(&w, RUN_ABANDON_NOTE);
+	set_value(&w, RUN_FORKED_FROM, CStringGetTextDatum(source_run));
+	set_value(&w, RUN_FORKED_UP_TO, CStringGetTextDatum(up_to));
+	insert_row(&w);
+	end_write(&w);
+}
