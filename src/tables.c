@@ -7,12 +7,16 @@
 #include "postgres.h"
 
 #include "access/table.h"
+#include "access/genam.h"
+#include "catalog/indexing.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
 #include "nodes/nodeFuncs.h"
 #include "rewrite/rewriteHandler.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "access/htup_details.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -183,6 +187,57 @@ dl_check_domains(LedgerTable *t, TupleTableSlot *slot, Bitmapset *only)
 	}
 }
 
+/* The version of the extension's SQL objects in this database, or NULL. */
+static char *
+installed_version(void)
+{
+	Relation	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	char	   *version = NULL;
+
+	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber, F_NAMEEQ,
+				CStringGetDatum("durable_ledger"));
+	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tuple, Anum_pg_extension_extversion,
+									 RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			version = TextDatumGetCString(d);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return version;
+}
+
+/*
+ * A column the ledger writes is missing: the objects are of an older version
+ * than this library (ALTER EXTENSION ... UPDATE not run yet; then the call
+ * fails as older_sql.c's do), or someone dropped it.
+ */
+static void
+report_missing_column(LedgerTable *t, const char *column)
+{
+	char	   *version = installed_version();
+
+	if (version != NULL && strcmp(version, DL_LIBRARY_VERSION) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the durable_ledger extension in this database is older than its library"),
+				 errdetail("The installed library is version %s; the extension's SQL objects are version %s.",
+						   DL_LIBRARY_VERSION, version),
+				 errhint("Run ALTER EXTENSION durable_ledger UPDATE in this database.")));
+	ereport(ERROR,
+			(errcode(ERRCODE_UNDEFINED_COLUMN),
+			 errmsg("durable_ledger.%s has no column \"%s\"", t->name, column),
+			 errhint("The table must keep the columns the extension created.")));
+}
+
 /*
  * Learns where t's columns are in relation rel (opened and locked), and
  * checks that each holds what the ledger writes into it.
@@ -205,10 +260,7 @@ learn_table(LedgerTable *t, Relation rel)
 		Oid			type;
 
 		if (attnum == InvalidAttrNumber)
-			ereport(ERROR,
-					(errcode(ERRCODE_UNDEFINED_COLUMN),
-					 errmsg("durable_ledger.%s has no column \"%s\"", t->name, t->columns[i].name),
-					 errhint("The table must keep the columns the extension created.")));
+			report_missing_column(t, t->columns[i].name);
 		type = getBaseType(TupleDescAttr(desc, attnum - 1)->atttypid);
 		if (type != t->columns[i].type)
 			ereport(ERROR,

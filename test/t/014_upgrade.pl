@@ -108,6 +108,12 @@ for my $from (@sources)
 		on_error_stop => 1);
 	like($err, qr/older than its library.*ALTER EXTENSION durable_ledger UPDATE/s,
 		"from $from: before the update, writes fail with a clear error");
+	# ... also those whose C code did not change (they find the tables lack a column)
+	($rc, $out, $err) = $node->psql($db, q{
+		SELECT status FROM durable_ledger.complete_effect('no-such-key', '{}')},
+		on_error_stop => 1);
+	like($err, qr/older than its library.*ALTER EXTENSION durable_ledger UPDATE/s,
+		"from $from: before the update, a report fails with the same clear error");
 	is($node->safe_psql($db, 'SELECT count(*) FROM durable_ledger.effects')
 		 . $node->safe_psql($db, q{SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 17484}),
 		'00', "from $from: ... and write nothing, nor keep a lock");
