@@ -46,16 +46,20 @@ def naive_worker(dsn, run):
         time.sleep(30)  # the orchestrator kills us here
 
 
-def ledger_worker(dsn, run, calls, die_after):
+def ledger_worker(dsn, run, calls, die_after, memo=None):
     """Pays through the ledger.  calls: how many identical payments the run makes.
     die_after: 'paid' (killed after recording the result), 'intent' (killed
-    between intent and completion), or 'never'."""
+    between intent and completion), or 'never'.  memo: the free text a model
+    writes into the payment (worded anew on every replay)."""
+    args = dict(PAY_ARGS, **({"memo": memo} if memo else {}))
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(calls):
+            if memo:
+                say(f"the model asks to pay INV-9 $4,200 with memo {memo!r}")
             key, decision, status, occurrence, result, reason = conn.execute(
                 "SELECT key, decision, status, occurrence, result, reason"
                 "  FROM durable_ledger.begin_effect(%s, 'bank.pay', %s)",
-                (run, Jsonb(PAY_ARGS))).fetchone()
+                (run, Jsonb(args))).fetchone()
             say(f"begin_effect -> {decision} (occurrence {occurrence}, key {key[:12]}…)")
             if decision == "execute":
                 if die_after == "intent":
@@ -202,7 +206,35 @@ def story(dsn):
         follow(spawn(worker_dsn, "ledger", "--run", "ap-5", "--calls", "2"))
         ok &= verdict(conn, "ap-5", 2, "two payments on purpose (occurrences 1 and 2), none on replay")
 
-        heading(6, "The audit trail of INV-9 in run ap-3, read with plain SQL")
+        heading(6, "An LLM replays the run and rewords the memo: paused, not paid twice")
+        print("      [Maria Lopez] registers bank.pay as a reviewed, side-effecting tool:"
+              " register_tool('bank.pay', 'maria.lopez')  (divergence policy: pause)")
+        conn.execute("SELECT durable_ledger.register_tool('bank.pay', 'maria.lopez',"
+                     " note => 'reviewed by accounts payable')")
+        w = spawn(worker_dsn, "ledger", "--run", "ap-6", "--die-after", "paid",
+                  "--memo", "Thanks for your order")
+        follow(w, until="acknowledging")
+        evict(w)
+        print("      [orchestrator] retrying the job; the agent plans again, and its model words the memo anew")
+        follow(spawn(worker_dsn, "ledger", "--run", "ap-6", "--memo", "Thank you for your order!"))
+        print("      [orchestrator] the run is paused; it is listed for a person:")
+        for key, may_duplicate, args, reason in conn.execute(
+                "SELECT key, may_duplicate, args, reason FROM durable_ledger.unresolved WHERE run = 'ap-6'"):
+            earlier = conn.execute("SELECT args, result FROM durable_ledger.effects WHERE key = %s",
+                                   (may_duplicate,)).fetchone()
+            print(f"        {key[:12]}…  {args}")
+            print(f"        may duplicate {may_duplicate[:12]}…  {earlier[0]} -> {earlier[1]}")
+            print("      [Maria Lopez] the same invoice and amount; only the memo differs:"
+                  " resolve_divergence(..., 'same', 'maria.lopez', 'the model reworded the memo')")
+            conn.execute("SELECT durable_ledger.resolve_divergence(%s, 'same', 'maria.lopez',"
+                         " 'the model reworded the memo')", (key,))
+        print("      [orchestrator] retrying the job")
+        follow(spawn(worker_dsn, "ledger", "--run", "ap-6", "--memo", "Thank you for your order!"))
+        ok &= verdict(conn, "ap-6", 1, "the reworded replay got the recorded payment, paid nothing")
+        print("      (registered with key_fields => '{invoice,amount,currency}', bank.pay would have"
+              " taken the reworded memo for the same call at once)")
+
+        heading(7, "The audit trail of INV-9 in run ap-3, read with plain SQL")
         query = textwrap.dedent("""\
             SELECT a.id, a.event, a.role_name, a.application_name,
                    coalesce(a.detail ->> 'resolved_by', '') AS resolved_by,
@@ -230,11 +262,12 @@ def main():
     parser.add_argument("--run")
     parser.add_argument("--calls", type=int, default=1)
     parser.add_argument("--die-after", default="never", choices=["never", "paid", "intent"])
+    parser.add_argument("--memo")
     args = parser.parse_args()
     if args.role == "naive":
         naive_worker(args.dsn, args.run)
     elif args.role == "ledger":
-        ledger_worker(args.dsn, args.run, args.calls, args.die_after)
+        ledger_worker(args.dsn, args.run, args.calls, args.die_after, args.memo)
     else:
         sys.exit(0 if story(args.dsn) else 1)
 

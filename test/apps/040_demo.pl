@@ -1,7 +1,8 @@
 # 040_demo: the demo's story (demo/demo.py, run by `make demo`) ends as told
 # against a real cluster: two payments without the ledger, one with it, a
-# pause resolved by a named person, a lease that serializes two workers, and
-# "again" paying twice while its replay pays nothing.
+# pause resolved by a named person, a lease that serializes two workers,
+# "again" paying twice while its replay pays nothing, and an LLM-style replay
+# that rewords the memo paused instead of paying twice, then resolved.
 use strict;
 use warnings;
 use lib "$ENV{TESTDIR}/test/perl";
@@ -22,6 +23,9 @@ like($stdout, qr/OK the bank shows 1 payment for ap-2/, 'with the ledger, the re
 like($stdout, qr/maria\.lopez/, 'the unknown outcome is resolved by a named person');
 like($stdout, qr/OK the bank shows 1 payment for ap-4/, 'two workers on one run pay once');
 like($stdout, qr/OK the bank shows 2 payments for ap-5/, '"again" pays twice, its replay nothing');
+like($stdout, qr/begin_effect -> pause.*was not made by the run's earlier attempts/s,
+	'a replay that rewords the memo is paused as a divergence');
+like($stdout, qr/OK the bank shows 1 payment for ap-6/, '... resolved by a person as the same payment, it pays nothing');
 like($stdout, qr/Every story ended as told\./, 'every story ended as told');
 
 $node->stop;
