@@ -28,8 +28,17 @@ attempt), and names that attempt.  Workers are forked from the orchestrator
 (one process and one connection each), which spares an interpreter start-up
 per worker.
 
+Agents drift, as models do: with --drift-chance (default 0.3) a worker's
+model words the memo of its payments anew (a "memo" arg outside the
+business keys), so a replay makes calls its run's earlier attempts did not
+make.  bank.pay is registered with the default divergence policy (pause):
+such a call pauses the run, and the reconciler compares it with the earlier
+effect it may duplicate (same invoice and amount: the same payment) and
+calls resolve_divergence, after which the run's next attempt replays.
+
 At the end: every invoice paid exactly as often as planned, no key paid twice,
-no attempt at the bank twice, nothing unresolved, no conflict, and the ledger's
+no attempt at the bank twice, nothing unresolved, no conflict, every drift
+paused and resolved by the reconciler, and the ledger's
 record of every attempt (effects, past_attempts, audit_log) agrees with what
 the bank did for that very attempt.  Prints "ok - ..." / "not ok - ..." lines
 and exits non-zero when a check fails.
@@ -54,7 +63,7 @@ workers.
     fleet_chaos.py --dsn DSN [--seed 42] [--runs 40] [--kills 60] [--workers 6]
                    [--kill-chance 0.15] [--timeout 240]
                    [--lease session|token] [--pooler-dsn DSN] [--ttl 2]
-                   [--freezes 6] [--freeze-chance 0.02]
+                   [--freezes 6] [--freeze-chance 0.02] [--drift-chance 0.3]
 
 Its parts, for other tests: "fleet_chaos.py setup --dsn DSN" creates the bank
 tables and roles; "fleet_chaos.py worker --dsn DSN --run RUN --plan JSON
@@ -206,8 +215,15 @@ def lease_lost(e):
     sys.exit(LOST)
 
 
-def worker(dsn, run, plan, seed, lease="session", ttl=2.0):
+def worker(dsn, run, plan, seed, lease="session", ttl=2.0, drift_chance=0.0):
     rng = random.Random(seed)
+    # the memo this worker's model writes into its payments: as planned, or
+    # worded anew (a separate random stream: the rest of the chaos is as ever)
+    # (without drift, as a worker started on its own: no memo at all)
+    drifting = random.Random(seed ^ 0x5eed).random() < drift_chance
+    memo = (f"reworded by worker {os.getpid()}" if drifting else "as planned") if drift_chance else None
+    if drifting:
+        phase(rng, "memo reworded")
     # One connection for the ledger and the bank.  With a session lease, when
     # the lease ends (the connection closed), any try this worker made at the
     # bank is committed and visible.  With a token lease through a pooler, a
@@ -248,6 +264,8 @@ def worker(dsn, run, plan, seed, lease="session", ttl=2.0):
     declined = {}  # key -> (bank id, attempt) of the last decline this worker reported
     for step in plan:
         args = {"invoice": step["invoice"], "amount": step["amount"]}
+        if memo is not None and not step.get("business_key"):
+            args["memo"] = memo  # a business key names its operation: its args never drift
         while True:
             if token is None:
                 key, decision, status, attempt = conn.execute(
@@ -426,6 +444,9 @@ def setup(admin_dsn, declines):
             GRANT USAGE ON SEQUENCE bank_payments_id_seq TO chaos_worker;
             GRANT SELECT ON bank_payments TO chaos_reconciler;
         """)
+        # bank.pay changes the world: reviewed, with the default divergence policy (pause)
+        if not conn.execute("SELECT FROM durable_ledger.tools WHERE tool = 'bank.pay'").fetchone():
+            conn.execute("SELECT durable_ledger.register_tool('bank.pay', 'fleet-chaos', note => 'the bank')")
         with conn.cursor() as cur:
             cur.executemany("INSERT INTO bank_declines VALUES (%s, %s)", sorted(declines.items()))
 
@@ -492,12 +513,31 @@ class AttemptMovedOn(Exception):
     """The effect went on to a later attempt than the one the bank was asked about."""
 
 
+def resolve_drift(conn, key, args, may_duplicate, stats):
+    """A drifted call: the same payment as the earlier effect it may duplicate
+    when it pays the same invoice the same amount (only the memo was reworded)."""
+    earlier = conn.execute("SELECT args FROM durable_ledger.effects WHERE key = %s",
+                           (may_duplicate,)).fetchone()[0]
+    same = earlier["invoice"] == args["invoice"] and earlier["amount"] == args["amount"]
+    verdict = "same" if same else "distinct"
+    try:
+        conn.execute("SELECT durable_ledger.resolve_divergence(%s, %s, 'chaos-reconciler', %s)",
+                     (key, verdict, f"compared with {may_duplicate[:12]}: memo {args.get('memo')!r}"))
+        stats[f"drifts resolved as {verdict}"] += 1
+    except psycopg.errors.ObjectNotInPrerequisiteState as e:
+        print(f"# divergence not resolved, {key[:12]}: {e.diag.message_primary}")
+
+
 def reconcile(reconciler_dsn, stats):
     """Ask the bank about the attempt of every effect that needs a person, and
-    resolve that attempt -- never another one."""
+    resolve that attempt -- never another one; judge every drifted call."""
     with connect(reconciler_dsn, application_name="chaos-reconciler") as conn:
-        for key, attempt, conflict in conn.execute(
-                "SELECT key, attempt, conflict FROM durable_ledger.unresolved ORDER BY created_at").fetchall():
+        for key, attempt, conflict, args, may_duplicate in conn.execute(
+                "SELECT key, attempt, conflict, args, may_duplicate FROM durable_ledger.unresolved"
+                " ORDER BY created_at").fetchall():
+            if may_duplicate is not None:
+                resolve_drift(conn, key, args, may_duplicate, stats)
+                continue
             if conflict:
                 continue  # a contradiction is a bug here; the final check reports it
             # the lease of this attempt has ended, so its try at the bank, if any, is committed
@@ -584,7 +624,8 @@ def orchestrate(args):
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def start(run):
-        proc = Forked(worker, worker_dsn, run, plans[run], rng.randrange(2**32), args.lease, args.ttl)
+        proc = Forked(worker, worker_dsn, run, plans[run], rng.randrange(2**32), args.lease, args.ttl,
+                      args.drift_chance)
         live.append((proc, run))
         selector.register(proc.stdout, selectors.EVENT_READ, proc)
         stats["workers started"] += 1
@@ -609,6 +650,7 @@ def orchestrate(args):
                 continue
             stats["earlier reports retried with the next attempt in flight"] += \
                 heard.count(b"earlier report retried")
+            stats["workers whose memo drifted"] += heard.count(b"memo reworded")
             for _ in range(heard.count(b"\n")):
                 if kills_left > 0 and rng.random() < args.kill_chance and proc.poll() is None:
                     proc.send_signal(signal.SIGKILL)  # the pod is evicted
@@ -722,6 +764,9 @@ def check(dsn, plans, expected, done, stats, late, lease="session", pooling=None
             " WHERE key IS NOT NULL ORDER BY id").fetchall()
         declined_keys = [k for (k,) in conn.execute(
             "SELECT idempotency_key FROM bank_declines WHERE declines > 0").fetchall()]
+        drifts, undecided = conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE verdict IS NULL) FROM durable_ledger.divergences"
+            " WHERE run = ANY(%s)", (sorted(plans),)).fetchone()
         lease_kinds = collections.Counter(dict(conn.execute(
             "SELECT COALESCE(detail->>'kind', 'session'), count(*) FROM durable_ledger.audit_log"
             " WHERE event = 'lease_acquired' GROUP BY 1").fetchall()))
@@ -732,6 +777,11 @@ def check(dsn, plans, expected, done, stats, late, lease="session", pooling=None
                       f"{sum(expected.values())} payments)" + (f": wrong {sorted(wrong.items())[:10]}" if wrong else ""))
     report(set(paid) <= set(expected), "no payment for an invoice nobody planned")
     report(twice == 0, f"no idempotency key paid twice ({twice})")
+    if stats["workers whose memo drifted"]:
+        report(drifts > 0 and undecided == 0,
+               f"replays whose memo drifted paused and were resolved by the reconciler ({drifts} drifted "
+               f"calls, {stats['drifts resolved as same']} the same payment, "
+               f"{stats['drifts resolved as distinct']} distinct, {undecided} undecided)")
 
     # the bank's tries, per (key, attempt)
     tries = collections.defaultdict(list)
@@ -887,6 +937,9 @@ def main():
                         help="seconds before the orchestrator gives up")
     parser.add_argument("--kill-chance", type=float, default=0.15,
                         help="chance that a worker is killed at a step it reports")
+    parser.add_argument("--drift-chance", type=float,
+                        help="chance that a worker's model rewords its payments' memo "
+                             "(default 0.3; 0 for a worker started on its own)")
     parser.add_argument("--run")
     parser.add_argument("--plan")
     args = parser.parse_args()
@@ -896,13 +949,16 @@ def main():
         args.freezes = 6 if args.lease == "token" else 0
     if args.freezes and args.lease != "token":
         parser.error("--freezes needs --lease token: a frozen worker keeps its session lease")
+    if args.drift_chance is None and args.role == "orchestrator":
+        args.drift_chance = 0.3
     POOLED = args.pooled or bool(args.pooler_dsn)
     HOLD_AT = args.hold
     if args.role == "setup":
         setup(args.dsn, {})
         sys.exit(0)
     if args.role == "worker":
-        worker(args.dsn, args.run, json.loads(args.plan), args.seed, args.lease, args.ttl)
+        worker(args.dsn, args.run, json.loads(args.plan), args.seed, args.lease, args.ttl,
+               args.drift_chance or 0.0)
     if args.role == "reporter":
         late_reporter(args.dsn, args.seed)
     try:
