@@ -5,7 +5,12 @@ The floor is the same writes done by hand, one round trip each (bench/floor_pair
 Every comparison runs interleaved in one cluster (A B A B ...) and reports the
 median of its rounds as a ratio; absolute numbers are context only.  Run by
 bench/run.sh against a throwaway cluster.  --only runs some sections:
-pairs, batch, replay, handoff, pooler, growth.
+pairs, registered, batch, replay, handoff, pooler, growth.
+
+The registered section measures begin+complete of a registered tool (divergence
+policy pause) in a later attempt of each client's run, where divergence is
+checked on every call (bench/ledger_registered_pair.sql), against the same
+floor.
 
 The pooler section starts Debian's PgBouncer (pool_mode = transaction) in front
 of the cluster and sends both sides through it: begin+complete under token
@@ -284,7 +289,7 @@ def populate(conn, target):
     conn.execute("CHECKPOINT")
 
 
-SECTIONS = ("pairs", "batch", "replay", "handoff", "pooler", "growth")
+SECTIONS = ("pairs", "registered", "batch", "replay", "handoff", "pooler", "growth")
 
 
 def main():
@@ -321,6 +326,23 @@ def main():
                                    lambda: pgbench(args, "floor_pair.sql", c, args.seconds, logdir, f"f{c}"))
             rows.append((f"begin+complete, {c} client{'s' if c > 1 else ''}",
                          med(led, 0) / med(flo, 0), "≥ 0.97",
+                         f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "
+                         f"floor {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms)"))
+            say("  ", rows[-1])
+
+    if "registered" in only:
+        say("begin+complete of a registered tool, divergence checked on every call, against the floor ...")
+        conn.execute("""SELECT durable_ledger.register_tool('bench.pay', 'bench', note => 'make bench')
+                         WHERE NOT EXISTS (SELECT FROM durable_ledger.tools WHERE tool = 'bench.pay')""")
+        rounds = iter(range(10**6))
+        for c in clients:
+            settle(conn)
+            led, flo = interleaved(args.rounds,
+                                   lambda: pgbench(args, "ledger_registered_pair.sql", c, args.seconds, logdir,
+                                                   f"r{c}", defines={"started": 0, "round": next(rounds)}),
+                                   lambda: pgbench(args, "floor_pair.sql", c, args.seconds, logdir, f"rf{c}"))
+            rows.append((f"begin+complete, registered tool, divergence checked, {c} client{'s' if c > 1 else ''}",
+                         med(led, 0) / med(flo, 0), "≥ 0.95",
                          f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "
                          f"floor {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms)"))
             say("  ", rows[-1])
