@@ -161,9 +161,10 @@ export class RunBusy extends LedgerError {}
 
 /**
  * The token lease of this attempt is gone (SQLSTATE 55L01: expired, broken by an admin,
- * released, superseded). The attempt stops: every further call throws this without asking
- * the database; a call that was in flight had its outcome reported; the next attempt
- * (a new tokenAttempt) replays what was completed.
+ * released, superseded), or the call belongs to a token attempt that has ended (its fn
+ * settled while the call's branch was still running: nothing was begun). The attempt stops:
+ * every further call throws this without asking the database; a call that was in flight had
+ * its outcome reported; the next attempt (a new tokenAttempt) replays what was completed.
  */
 export class LeaseLostError extends LedgerError {
   constructor(message: string, fields: { run: string; epoch: number; reason?: string | null; cause?: unknown });
@@ -187,7 +188,9 @@ export class Ledger {
    * @param client a connected pg Client or PoolClient, or a pg.Pool. A session lease is a
    *   session lock: use the same client for a whole attempt; never a transaction-pooling
    *   PgBouncer. A token lease (tokenAttempt) works on any of them; a pg.Pool serves token
-   *   leases only (session-lease calls throw LedgerError).
+   *   leases only (session-lease calls throw LedgerError). A single client must be dedicated
+   *   to the Ledger (tools must not run transactions on it): a ledger statement that ran
+   *   inside another transaction on it is refused (LedgerError), its effect not performed.
    */
   constructor(client: Queryable);
   readonly client: Queryable;
@@ -199,7 +202,11 @@ export class Ledger {
    * Runs one side effect at most once. Resolves to the result as recorded in the ledger
    * (a JSON round trip of what perform returned; undefined becomes null). The outcome is
    * reported on the attempt that begin_effect executed.
-   * Inside tokenAttempt(run, ...) the call passes the lease's token to begin_effect.
+   * Inside tokenAttempt(run, ...) (in its fn's async context) the call belongs to that attempt
+   * and passes the lease's token to begin_effect; once the attempt has ended, such a call
+   * throws LeaseLostError and performs nothing. While a token attempt is open on the run, a
+   * call from outside its async context throws LedgerError; a Ledger that has run token
+   * attempts takes no implicit session lease (LedgerError).
    * @throws EffectFailed, EffectPaused, EffectInProgress, RunStopped, LeaseLostError,
    *   LedgerError, or perform's own error (outcome unknown: the next attempt pauses).
    */
@@ -225,8 +232,10 @@ export class Ledger {
 
   /**
    * One attempt at a run under a token lease: take_lease, fn(lease) with the lease renewed
-   * every ttl / 3, release_lease in finally. Every guarded() call on `run` inside passes the
-   * token; each statement is a transaction of its own, on whatever connection.
+   * every ttl / 3, release_lease at the end. Every guarded() call on `run` made by fn or by
+   * what fn started (its async context) passes the token; each statement is a transaction of
+   * its own, on whatever connection. When fn settles the attempt ends: its calls not begun
+   * yet throw LeaseLostError, and the calls in flight finish (reported) before the release.
    * @throws RunBusy when a live lease holds the run; LeaseLostError at the end when the
    *   lease was lost and fn did not throw.
    */

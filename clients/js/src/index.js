@@ -23,6 +23,14 @@
 // attempt), and a token lease (tokenAttempt(): a row with an expiry, renewed by
 // a timer, whose calls may each land on another connection of a pg.Pool, or
 // another backend behind PgBouncer in transaction mode).
+//
+// A call made inside tokenAttempt(run, fn) belongs to that attempt through
+// fn's async context (AsyncLocalStorage), not through a lookup by run: a
+// branch of fn that outlives the attempt (Promise.all whose other branch
+// threw) can never act under the next attempt's token, nor fall back to a
+// session lease.  The attempt's end waits for its calls in flight.
+
+import { AsyncLocalStorage } from 'node:async_hooks';
 
 /**
  * @typedef {object} Queryable  A node-postgres Client, PoolClient or Pool (anything with query()).
@@ -145,6 +153,60 @@ export class LeaseLostError extends LedgerError {
 const lose = Symbol('lose');
 
 /**
+ * The token attempts a piece of code runs in: tokenAttempt() runs its function
+ * with this store extended by its attempt, and every promise, timer and
+ * callback created inside inherits it.  The store is an array of Attempt.
+ * @type {AsyncLocalStorage<ReadonlyArray<Attempt>>}
+ */
+const attemptContext = new AsyncLocalStorage();
+
+/**
+ * One token attempt of a Ledger (internal): its lease, whether it has ended,
+ * its calls in flight, and whether it is stopped (after an unknown outcome or
+ * a pause).
+ */
+class Attempt {
+  /** @param {Ledger} ledger @param {TokenLease} lease */
+  constructor(ledger, lease) {
+    this.ledger = ledger;
+    this.lease = lease;
+    this.run = lease.run;
+    /** true once fn has settled: calls not yet begun are refused */
+    this.ended = false;
+    /** calls past their checks and not yet settled */
+    this.inflight = 0;
+    /** @type {{key: string|null, reason: string}|null} */
+    this.stopped = null;
+    /** @type {Array<() => void>} */
+    this.waiters = [];
+  }
+
+  enter() {
+    this.inflight += 1;
+  }
+
+  leave() {
+    this.inflight -= 1;
+    if (this.inflight === 0) {
+      for (const wake of this.waiters.splice(0)) wake();
+    }
+  }
+
+  /** Resolves once no call of the attempt is in flight. */
+  idle() {
+    if (this.inflight === 0) return Promise.resolve();
+    return new Promise((resolve) => this.waiters.push(resolve));
+  }
+}
+
+/**
+ * Marks an error thrown because a ledger statement ran inside a transaction
+ * that something else opened on the Ledger's connection: the statement did not
+ * commit (it goes with that transaction).
+ */
+const notCommitted = Symbol('notCommitted');
+
+/**
  * One attempt at a run under a token lease: what tokenAttempt() hands to its
  * function.  `token` is the capability itself (whoever has it acts for the
  * lease); it is a getter, so that logging the lease does not print it.
@@ -259,10 +321,16 @@ function describe(value) {
   }
 }
 
-// Runs stopped in their current attempt, per client (a lease belongs to the
-// session, so every Ledger on one client shares this): run -> {key, reason}.
-/** @type {WeakMap<object, Map<string, {key: string, reason: string}>>} */
+// Runs stopped in their current session-lease attempt, per client (a session
+// lease belongs to the session, so every Ledger on one client shares this):
+// run -> {key, reason}.  A token attempt keeps its own (Attempt.stopped).
+/** @type {WeakMap<object, Map<string, {key: string|null, reason: string}>>} */
 const stoppedRuns = new WeakMap();
+
+/** A transaction status that says the last statement did not commit on its own. */
+function inTransaction(status) {
+  return status === 'T' || status === 'E';
+}
 
 export class Ledger {
   /**
@@ -271,7 +339,10 @@ export class Ledger {
    *   client for a whole attempt, and never a connection behind a
    *   transaction-pooling PgBouncer.  A token lease (tokenAttempt()) works on
    *   any of them: each statement is a transaction of its own, on whatever
-   *   connection.  A pg.Pool serves token leases only.
+   *   connection.  A pg.Pool serves token leases only.  A single client given
+   *   to a Ledger must be dedicated to it: a statement of the ledger queued
+   *   behind a tool's BEGIN would run inside the tool's transaction (the
+   *   ledger then refuses to go on, see guarded()).
    */
   constructor(client) {
     if (!client || typeof client.query !== 'function') {
@@ -284,13 +355,32 @@ export class Ledger {
   }
 
   #stopped;
-  /** @type {Map<string, TokenLease>} the open token attempts of this Ledger */
-  #leases = new Map();
+  /** @type {Map<string, Attempt>} the open token attempts of this Ledger, by run */
+  #attempts = new Map();
   /** @type {Set<string>} runs whose tokenAttempt is taking its lease */
   #opening = new Set();
+  /** true once this Ledger has run a token attempt: no implicit session lease from then on */
+  #usedTokens = false;
+  /** @type {Set<string>} runs this Ledger holds by an explicit acquireRun() */
+  #sessionHeld = new Set();
 
-  #stop(run, key, reason) {
-    if (!this.#stopped.has(run)) this.#stopped.set(run, { key, reason });
+  /** Stops `run` in its current attempt (the token attempt, or the session's). */
+  #stop(run, key, reason, attempt = null) {
+    if (attempt) {
+      attempt.stopped ??= { key, reason };
+    } else if (!this.#stopped.has(run)) {
+      this.#stopped.set(run, { key, reason });
+    }
+  }
+
+  /** The token attempt of this Ledger at `run` that the calling code runs in, if any. */
+  #boundAttempt(run) {
+    const store = attemptContext.getStore();
+    if (!store) return null;
+    for (let i = store.length - 1; i >= 0; i -= 1) {
+      if (store[i].ledger === this && store[i].run === run) return store[i];
+    }
+    return null;
   }
 
   /** A session lease needs one connection for the whole attempt: not a pool. */
@@ -303,23 +393,76 @@ export class Ledger {
   }
 
   /**
+   * One statement of the ledger, and the transaction status of its connection
+   * right after its own reply ('I' idle, 'T' inside a transaction, 'E' inside
+   * a failed one; null when the connection cannot tell).  On a pg.Pool the
+   * statement runs on a client checked out for it alone.  On a single client,
+   * node-postgres runs queued queries one at a time, and the status read right
+   * after the reply is the one of this statement's ReadyForQuery (the next
+   * queued query's reply comes in a later I/O event).
+   * @returns {Promise<{rows: any[], status: string|null}>}
+   */
+  async #query(text, values) {
+    const q = this.client;
+    if (isPool(q)) {
+      const c = await q.connect();
+      let res;
+      try {
+        res = await c.query(text, values);
+      } catch (err) {
+        c.release(err); // like pool.query(): a client that failed a query is not reused
+        throw err;
+      }
+      const status = typeof c.getTransactionStatus === 'function' ? c.getTransactionStatus() : null;
+      // A client that came back from the pool inside a transaction (someone
+      // released it mid-transaction) is closed, which rolls that transaction
+      // back, and this statement with it.
+      c.release(inTransaction(status) ? new Error('a pooled client was inside a transaction') : undefined);
+      return { rows: res.rows, status };
+    }
+    const res = await q.query(text, values);
+    const status = typeof q.getTransactionStatus === 'function' ? q.getTransactionStatus() : null;
+    return { rows: res.rows, status };
+  }
+
+  /**
+   * #query(), refusing a statement that ran inside a transaction something else
+   * opened on the connection: it did not commit.  `what` names it in the error.
+   */
+  async #statement(what, text, values) {
+    const { rows, status } = await this.#query(text, values);
+    if (inTransaction(status)) {
+      const err = new LedgerError(
+        `${what} ran inside a transaction that something else opened on this Ledger's connection ` +
+          `(transaction status ${status}): it is not committed, it goes with that transaction.  ` +
+          'The connection given to a Ledger must be dedicated to it: tools must not run their own ' +
+          'transactions on it (give the Ledger a pg.Pool, or the tools a client of their own).',
+        { reason: 'the ledger statement ran inside another transaction' });
+      err[notCommitted] = true;
+      throw err;
+    }
+    return rows;
+  }
+
+  /**
    * Refuses to begin an effect inside an open transaction: the intent must be
    * committed before the effect is performed.  (A pg.Pool runs every query on an
-   * idle connection, outside any transaction.)
+   * idle connection, outside any transaction.)  A transaction opened by a query
+   * still queued on the client is not seen here; #statement() finds it after
+   * begin_effect's reply.
    */
   async #assertNoOpenTransaction() {
     const c = this.client;
     if (isPool(c)) return;
-    let inTransaction;
+    let open;
     if (typeof c.getTransactionStatus === 'function') {
-      const s = c.getTransactionStatus();
-      inTransaction = s === 'T' || s === 'E';
+      open = inTransaction(c.getTransactionStatus());
     } else {
       // In autocommit, a statement's transaction starts with the statement.
       const { rows } = await c.query('SELECT now() <> statement_timestamp() AS in_transaction');
-      inTransaction = rows[0].in_transaction;
+      open = rows[0].in_transaction;
     }
-    if (inTransaction) {
+    if (open) {
       throw new LedgerError(
         'guarded() must not run inside an open transaction: the intent has to be committed ' +
           'before the effect is performed.  COMMIT or ROLLBACK first, or call ' +
@@ -352,20 +495,34 @@ export class Ledger {
   }
 
   /**
-   * begin_effect in a token lease's epoch.  55L01 is a lost lease; an error
-   * that leaves unknown whether the statement committed (the connection broke,
-   * a FATAL) stops the run in this attempt: its intent may be recorded under a
-   * lease that is still live, and the same call again would be the next
-   * occurrence.
+   * begin_effect for guarded(): in the token attempt's epoch when there is one.
+   * A lost lease (55L01) stops the attempt; an error that leaves unknown
+   * whether the statement committed (the connection broke, a FATAL) stops the
+   * run in this attempt: its intent may be recorded under a lease that is
+   * still live, and the same call again would be the next occurrence.  So does
+   * a begin_effect that ran inside another transaction on the connection:
+   * whether its intent is recorded depends on that transaction.
    */
-  async #tokenBegin(lease, run, tool, args, businessKey, meta) {
+  async #begin(attempt, run, tool, args, businessKey, meta) {
+    const params = [run, tool, jsonParam(args), businessKey ?? null, jsonParam(meta)];
     try {
-      return await this.beginEffect(run, tool, args, { businessKey, meta, lease });
+      const rows = attempt
+        ? await this.#statement(`begin_effect of ${tool}`,
+          'SELECT * FROM durable_ledger.begin_effect($1::text, $2::text, $3::jsonb, $4::text, $5::jsonb, $6::text)',
+          [...params, attempt.lease.token])
+        : await this.#statement(`begin_effect of ${tool}`,
+          'SELECT * FROM durable_ledger.begin_effect($1::text, $2::text, $3::jsonb, $4::text, $5::jsonb)',
+          params);
+      return rows[0];
     } catch (err) {
-      if (err?.code === LEASE_LOST) throw lease[lose](err);
-      if (err?.severity !== 'ERROR') {
+      if (attempt && err?.code === LEASE_LOST) throw attempt.lease[lose](err);
+      if (err?.[notCommitted]) {
+        this.#stop(run, null, `begin_effect of ${tool} ran inside another transaction on the ` +
+          "Ledger's connection; whether its intent is recorded depends on that transaction, and " +
+          'the effect was not performed.', attempt);
+      } else if (attempt && err?.severity !== 'ERROR') {
         this.#stop(run, null, `begin_effect of ${tool} failed with the outcome of the statement unknown ` +
-          `(${describe(err?.message ?? err)}); a new attempt finds out whether its intent was recorded.`);
+          `(${describe(err?.message ?? err)}); a new attempt finds out whether its intent was recorded.`, attempt);
       }
       throw err;
     }
@@ -373,6 +530,15 @@ export class Ledger {
 
   /**
    * Runs one side effect at most once.
+   *
+   * Inside tokenAttempt(run, fn) (in fn, or in anything fn started: its async
+   * context) the call belongs to that attempt and passes its token.  Once the
+   * attempt has ended (fn settled), a call of it that had not begun yet throws
+   * LeaseLostError and performs nothing: a branch that outlives its attempt
+   * never acts under a later attempt, nor under a session lease.  A call on a
+   * run that this Ledger holds by a token attempt, made from outside that
+   * attempt's async context, throws LedgerError; so does a call that would take
+   * an implicit session lease on a Ledger that has run token attempts.
    * @template T
    * @param {{run: string, tool: string, args: unknown,
    *          perform: (key: string) => T | Promise<T>,
@@ -385,10 +551,33 @@ export class Ledger {
     if (typeof perform !== 'function') {
       throw new TypeError('guarded(): perform must be a function (key) => result');
     }
-    const lease = this.#leases.get(run);
-    if (lease) lease.check();
-    else this.#sessionOnly('guarded() outside tokenAttempt()');
-    const stop = this.#stopped.get(run);
+    const attempt = this.#boundAttempt(run);
+    if (attempt) {
+      if (attempt.ended) {
+        throw new LeaseLostError(
+          `run ${run}: this call belongs to the token attempt of epoch ${attempt.lease.epoch}, which has ` +
+            'ended (its function settled while this branch was still running); nothing was begun.  ' +
+            'A branch must not outlive its attempt: await every branch (Promise.allSettled), or stop it ' +
+            'with lease.signal',
+          { run, epoch: attempt.lease.epoch, reason: 'the attempt has ended' });
+      }
+      attempt.lease.check();
+    } else if (this.#attempts.has(run)) {
+      throw new LedgerError(
+        `guarded() on run ${run} was called from outside the token attempt that this Ledger holds on it ` +
+          "(not from tokenAttempt()'s function, nor from anything it started): it is not performed.  " +
+          'Make the call inside the attempt\'s function.');
+    } else {
+      this.#sessionOnly('guarded() outside tokenAttempt()');
+      if (this.#usedTokens && !this.#sessionHeld.has(run)) {
+        throw new LedgerError(
+          `guarded() on run ${run} outside a token attempt would take an implicit session lease, and ` +
+            'this Ledger runs token attempts: it never falls back to a session lease (a leftover call ' +
+            'of an ended attempt must not act).  Call it inside ledger.tokenAttempt(run, fn), or hold ' +
+            'the run by a session lease explicitly (attempt(), acquireRun()).');
+      }
+    }
+    const stop = attempt ? attempt.stopped : this.#stopped.get(run);
     if (stop) {
       throw new RunStopped(
         `run ${run} is stopped in this attempt: ${stop.reason}  End the attempt; once the ` +
@@ -396,10 +585,17 @@ export class Ledger {
         { key: stop.key, decision: null, reason: stop.reason }
       );
     }
+    attempt?.enter();
+    try {
+      return await this.#guarded(attempt, run, tool, args, perform, businessKey, meta);
+    } finally {
+      attempt?.leave();
+    }
+  }
+
+  async #guarded(attempt, run, tool, args, perform, businessKey, meta) {
     await this.#assertNoOpenTransaction();
-    const d = lease
-      ? await this.#tokenBegin(lease, run, tool, args, businessKey, meta)
-      : await this.beginEffect(run, tool, args, { businessKey, meta });
+    const d = await this.#begin(attempt, run, tool, args, businessKey, meta);
     const where = `${tool} (key ${d.key})`;
 
     switch (d.decision) {
@@ -414,7 +610,7 @@ export class Ledger {
         }
         throw new LedgerError(`${where}: replay with unexpected status ${d.status}`, d);
       case 'pause':
-        this.#stop(run, d.key, `${where} is paused.`);
+        this.#stop(run, d.key, `${where} is paused.`, attempt);
         throw new EffectPaused(
           `${where} is paused: ${sentence(d.reason)}  A person must resolve it ` +
             '(durable_ledger.resolve_effect) before the run can go on.',
@@ -433,7 +629,7 @@ export class Ledger {
     } catch (err) {
       if (err instanceof EffectDidNotHappen) {
         const json = errorParam(err.error);
-        const row = await this.#report(run, 'fail_effect', d.key, d.attempt, json, where);
+        const row = await this.#report(attempt, run, 'fail_effect', d.key, d.attempt, json, where);
         throw new EffectFailed(`${where} did not happen: ${err.message}`, {
           key: d.key, decision: d.decision, reason: err.message,
           // the row is a later attempt's when one replaced ours: ours is what we sent
@@ -443,7 +639,7 @@ export class Ledger {
       }
       // Outcome unknown: never guess.  The effect stays "started"; the next
       // attempt pauses until a person resolves it; this one must not go on.
-      this.#stop(run, d.key, `the outcome of ${where} is unknown (${describe(err?.message ?? err)}).`);
+      this.#stop(run, d.key, `the outcome of ${where} is unknown (${describe(err?.message ?? err)}).`, attempt);
       throw err;
     }
 
@@ -451,28 +647,30 @@ export class Ledger {
     try {
       resultJson = jsonParam(result);
     } catch (err) {
-      this.#stop(run, d.key, `${where} happened but its result could not be recorded.`);
+      this.#stop(run, d.key, `${where} happened but its result could not be recorded.`, attempt);
       throw new LedgerError(
         `${where} happened but its result cannot be stored as JSON (${err.message}); ` +
           'it stays "started", and the next attempt pauses until a person resolves it',
         { key: d.key, decision: d.decision, cause: err }
       );
     }
-    const row = await this.#report(run, 'complete_effect', d.key, d.attempt, resultJson, where);
+    const row = await this.#report(attempt, run, 'complete_effect', d.key, d.attempt, resultJson, where);
     return row.result;
   }
 
   /**
    * complete_effect / fail_effect on `attempt`, the attempt of the effect that
-   * begin_effect executed; anything but an accepted report stops the run.
+   * begin_effect executed; anything but an accepted report stops the run (in
+   * `owner`, the token attempt of the call, or the session's).  A report needs
+   * no token: it goes out on any connection, also after the lease was lost.
    */
-  async #report(run, fn, key, attempt, json, where) {
+  async #report(owner, run, fn, key, attempt, json, where) {
     let row;
     try {
-      ({ rows: [row] } = await this.client.query(
-        `SELECT * FROM durable_ledger.${fn}($1::text, $2::jsonb, $3::integer)`, [key, json, attempt]));
+      [row] = await this.#statement(`${fn} of ${where}`,
+        `SELECT * FROM durable_ledger.${fn}($1::text, $2::jsonb, $3::integer)`, [key, json, attempt]);
     } catch (err) {
-      this.#stop(run, key, `${where} could not be recorded (${fn}: ${err.message}).`);
+      this.#stop(run, key, `${where} could not be recorded (${fn}: ${err.message}).`, owner);
       throw err;
     }
     const wanted = fn === 'complete_effect' ? 'completed' : 'failed';
@@ -487,7 +685,7 @@ export class Ledger {
       const now = row.attempt === attempt
         ? row.status
         : `at attempt ${row.attempt} (this report was on attempt ${attempt}), ${row.status}`;
-      this.#stop(run, key, `${where}: the ledger did not accept the report (${fn}).`);
+      this.#stop(run, key, `${where}: the ledger did not accept the report (${fn}).`, owner);
       throw new LedgerError(
         `${where}: the ledger did not accept the report (${fn}); the effect is ${now}` +
           `${row.conflict ? ' and flagged as a conflict' : ''}.  A person must look at it ` +
@@ -521,10 +719,13 @@ export class Ledger {
    */
   async acquireRun(run, { wait = true } = {}) {
     this.#sessionOnly('acquireRun()');
-    const { rows } = await this.client.query(
+    const [r] = await this.#statement(`acquire_run of ${run}`,
       'SELECT durable_ledger.acquire_run($1::text, $2::boolean) AS ok', [run, wait]);
-    if (rows[0].ok) this.#stopped.delete(run); // a new attempt starts
-    return rows[0].ok;
+    if (r.ok) {
+      this.#stopped.delete(run); // a new attempt starts
+      this.#sessionHeld.add(run);
+    }
+    return r.ok;
   }
 
   /**
@@ -534,10 +735,11 @@ export class Ledger {
    */
   async releaseRun(run) {
     this.#sessionOnly('releaseRun()');
-    const { rows } = await this.client.query(
+    this.#sessionHeld.delete(run);
+    const [r] = await this.#statement(`release_run of ${run}`,
       'SELECT durable_ledger.release_run($1::text) AS ok', [run]);
     this.#stopped.delete(run); // the attempt is over
-    return rows[0].ok;
+    return r.ok;
   }
 
   /**
@@ -581,19 +783,25 @@ export class Ledger {
   /**
    * One attempt at a run under a token lease, on a pg.Pool or a pooled
    * connection (PgBouncer in transaction mode): take_lease(run, ttl, holder),
-   * fn(lease), release_lease in finally.
+   * fn(lease), release_lease at the end.
    *
-   * Every guarded() call (and every tool()) on `run` through this Ledger inside
-   * fn passes the token to begin_effect; each statement is a transaction of its
-   * own, so consecutive calls may land on different backends.  A timer renews
-   * the lease every ttl / 3 while fn runs, also during a long tool or model
-   * call; a renewal that fails for another reason than a lost lease is retried
-   * within a second (onRenewalError(err) hears of it; by default a process
-   * warning).  A lost lease (55L01 from begin_effect or a renewal) stops the
-   * attempt: the next guarded() call on the run throws LeaseLostError without
-   * asking the database, lease.signal aborts, lease.check() throws, and so does
-   * tokenAttempt() at its end if fn did not throw.  A call that was in flight
-   * is not cut short: its outcome is reported (a report needs no lease).
+   * Every guarded() call (and every tool()) on `run` through this Ledger made
+   * by fn, or by anything fn started (its async context: promises, timers),
+   * belongs to this attempt and passes its token to begin_effect; each
+   * statement is a transaction of its own, so consecutive calls may land on
+   * different backends.  When fn settles, the attempt ends: calls of it that
+   * have not begun yet throw LeaseLostError (a branch that outlived fn never
+   * acts under the next attempt), and tokenAttempt waits for the calls in
+   * flight to finish (their outcome is reported) before it releases the lease.
+   *
+   * A timer renews the lease every ttl / 3 until then, also during a long tool
+   * or model call; a renewal that fails for another reason than a lost lease
+   * is retried within a second (onRenewalError(err) hears of it; by default a
+   * process warning).  A lost lease (55L01 from begin_effect or a renewal)
+   * stops the attempt: the next guarded() call of it throws LeaseLostError
+   * without asking the database, lease.signal aborts, lease.check() throws, and
+   * so does tokenAttempt() at its end if fn did not throw.  A call that was in
+   * flight is not cut short: its outcome is reported (a report needs no lease).
    *
    * @template T
    * @param {string} run
@@ -612,43 +820,49 @@ export class Ledger {
     if (typeof ttl !== 'number' || !Number.isFinite(ttl)) {
       throw new TypeError('tokenAttempt(): ttl must be a number of seconds');
     }
-    if (this.#leases.has(run) || this.#opening.has(run)) {
+    if (this.#attempts.has(run) || this.#opening.has(run)) {
       throw new LedgerError(`an attempt at run ${run} is already open in this Ledger`);
     }
     this.#opening.add(run);
-    let lease;
+    this.#usedTokens = true;
+    let attempt;
     try {
-      const { rows: [r] } = await this.client.query(
+      const [r] = await this.#statement(`take_lease of ${run}`,
         'SELECT * FROM durable_ledger.take_lease($1::text, make_interval(secs => $2::double precision), $3::text)',
         [run, ttl, holder]);
       if (r.token === null) {
         throw new RunBusy(`run ${run} is held by a live lease (another worker's attempt)`);
       }
-      lease = new TokenLease({
+      const lease = new TokenLease({
         run, token: r.token, epoch: Number(r.epoch), expiresAt: r.expires_at, holder: r.holder, ttl,
       });
-      this.#stopped.delete(run); // a new attempt
-      this.#leases.set(run, lease);
+      attempt = new Attempt(this, lease);
+      this.#attempts.set(run, attempt);
     } finally {
       this.#opening.delete(run);
     }
+    const { lease } = attempt;
 
     const renewal = this.#renew(lease, onRenewalError);
     let result;
     let failed = false;
     let error;
     try {
-      result = await fn(lease);
+      const outer = attemptContext.getStore() ?? [];
+      result = await attemptContext.run([...outer, attempt], () => fn(lease));
     } catch (err) {
       failed = true;
       error = err;
     }
+    // The attempt ends: its calls that have not begun are refused from now on;
+    // those in flight finish first (the lease is still renewed meanwhile).
+    attempt.ended = true;
+    await attempt.idle();
     await renewal.stop();
-    this.#leases.delete(run);
-    this.#stopped.delete(run);
+    this.#attempts.delete(run);
     if (!lease.lost) {
       try {
-        const { rows: [r] } = await this.client.query(
+        const [r] = await this.#statement(`release_lease of ${run}`,
           'SELECT durable_ledger.release_lease($1::text) AS released', [lease.token]);
         if (!r.released) {
           lease[lose](null, `the token lease on run ${run} (epoch ${lease.epoch}) was no longer live ` +
@@ -679,7 +893,7 @@ export class Ledger {
       inFlight = (async () => {
         let wait = every;
         try {
-          const { rows: [r] } = await this.client.query(
+          const [r] = await this.#statement(`renew_lease of ${lease.run}`,
             'SELECT durable_ledger.renew_lease($1::text) AS expires_at', [lease.token]);
           if (stopped) return;
           lease.expiresAt = r.expires_at;
@@ -700,7 +914,8 @@ export class Ledger {
         if (!stopped) schedule(wait);
       })();
     };
-    schedule(every);
+    // The timer is created outside any attempt's context: a renewal is no call of the attempt.
+    attemptContext.exit(() => schedule(every));
     return {
       stop: async () => {
         stopped = true;
@@ -716,4 +931,3 @@ function warnRenewalError(err, lease) {
     `could not renew the token lease on run ${lease.run} (retrying): ${describe(err?.message ?? err)}`,
     'DurableLedgerWarning');
 }
-

@@ -482,6 +482,205 @@ test('a begin_effect whose outcome is unknown (the connection died) stops the at
   });
 });
 
+// ---------------------------------------------- the calls of an attempt
+
+/** A promise and the function that resolves it. */
+function deferred() {
+  let resolve;
+  const promise = new Promise((r) => { resolve = r; });
+  return { promise, resolve };
+}
+
+/** Session locks (the ledger's lock class) held by a backend. */
+async function sessionLocks(admin, pid) {
+  const { rows: [r] } = await admin.query(
+    "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = $1", [pid]);
+  return r.n;
+}
+
+test('a branch that outlives its attempt never acts in the retry: the e-mail goes once', async () => {
+  // Promise.all with two branches: one throws, which ends the attempt while the
+  // other waits for a model; the job is retried in the same process, and the
+  // leftover branch wakes up during the retry.
+  const run = unique('leftover-branch');
+  await withClients(1, (admin) => withPool({ max: 3 }, async (pool) => {
+    const ledger = new Ledger(pool);
+    const t = tools(ledger);
+    const model = deferred();
+    let leftover;
+    const first = await rejection(ledger.tokenAttempt(run, { ttl: 30 }, async () => {
+      await Promise.all([
+        (leftover = (async () => {
+          await model.promise;
+          return t['mail.send'](run, { to: 'a@example.com' });
+        })()),
+        (async () => { throw new Error('crm lookup: 503'); })(),
+      ]);
+    }));
+    assert.match(first.message, /crm lookup: 503/);
+    leftover.catch(() => {});
+
+    const again = await ledger.tokenAttempt(run, { ttl: 30 }, async (lease) => {
+      assert.equal(lease.epoch, 2);
+      model.resolve(); // the leftover branch of attempt 1 goes on now
+      const stale = await rejection(leftover);
+      assert.ok(stale instanceof LeaseLostError, `got ${stale}`);
+      assert.deepEqual([stale.run, stale.epoch], [run, 1]);
+      assert.match(stale.message, /has ended/);
+      assert.equal(lease.lost, null, "the stale call did not touch this attempt's lease");
+      return t['mail.send'](run, { to: 'a@example.com' }); // this attempt's own call
+    });
+    assert.equal(again.n, 1);
+    assert.equal(t.sent['mail.send'].length, 1, 'the e-mail was sent twice');
+    assert.deepEqual((await effects(admin, run)).map((e) => [e.tool, e.occurrence, e.epoch, e.status]),
+      [['mail.send', 1, 2, 'completed']]);
+  }));
+});
+
+test('a leftover branch on one pg.Client never falls back to a session lease', async () => {
+  // One client (as to PgBouncer): a branch that outlives the attempt, with no
+  // retry, used to take an implicit session lease on whatever backend it hit.
+  const run = unique('no-session-fallback');
+  await withClients(2, async (admin, client) => {
+    const ledger = new Ledger(client);
+    const t = tools(ledger);
+    const model = deferred();
+    let leftover;
+    await rejection(ledger.tokenAttempt(run, { ttl: 30 }, async () => {
+      leftover = (async () => {
+        await model.promise;
+        return t['mail.send'](run, { to: 'a@example.com' });
+      })();
+      leftover.catch(() => {});
+      throw new Error('crm lookup: 503');
+    }));
+    model.resolve();
+    const stale = await rejection(leftover);
+    assert.ok(stale instanceof LeaseLostError, `got ${stale}`);
+    assert.equal(stale.epoch, 1);
+    // a call outside any attempt on this Ledger: no implicit session lease either
+    const outside = await rejection(t['mail.send'](run, { to: 'b@example.com' }));
+    assert.ok(outside instanceof LedgerError && !(outside instanceof LeaseLostError), `got ${outside}`);
+    assert.match(outside.message, /never falls back to a session lease/);
+    assert.deepEqual(t.sent['mail.send'], []);
+    assert.equal(await sessionLocks(admin, client.processID), 0, 'a session lock was taken');
+    assert.deepEqual(await liveLeases(admin, run), []);
+    assert.deepEqual(await effects(admin, run), []);
+    // an explicit session attempt is still possible on this Ledger
+    await ledger.attempt(run, () => t['mail.send'](run, { to: 'c@example.com' }));
+    assert.equal(t.sent['mail.send'].length, 1);
+  });
+});
+
+test('a call from outside the attempt\'s async context is refused while the attempt is open', async () => {
+  const run = unique('outside-context');
+  await withClients(1, (admin) => withPool({ max: 2 }, async (pool) => {
+    const ledger = new Ledger(pool);
+    const t = tools(ledger);
+    const gate = deferred();
+    // created before the attempt: its continuation runs in the outer context
+    const outside = gate.promise.then(() => t['bank.pay'](run, { n: 1 }));
+    outside.catch(() => {});
+    await ledger.tokenAttempt(run, { ttl: 30 }, async () => {
+      gate.resolve();
+      const err = await rejection(outside);
+      assert.ok(err instanceof LedgerError && !(err instanceof LeaseLostError), `got ${err}`);
+      assert.match(err.message, /outside the token attempt/);
+      // the attempt's own calls go on
+      assert.equal((await t['bank.pay'](run, { n: 1 })).n, 1);
+    });
+    assert.equal(t.sent['bank.pay'].length, 1);
+    assert.deepEqual((await effects(admin, run)).map((e) => [e.tool, e.occurrence, e.status]),
+      [['bank.pay', 1, 'completed']]);
+  }));
+});
+
+test('the end of an attempt waits for its calls in flight: their outcome is recorded, then the release', async () => {
+  const run = unique('in-flight-at-end');
+  await withClients(1, (admin) => withPool({ max: 3 }, async (pool) => {
+    const sent = [];
+    const q = { query: (text, values) => { sent.push(text); return pool.query(text, values); } };
+    const ledger = new Ledger(q);
+    const inPerform = deferred();
+    const bank = deferred();
+    const pay = tool({ payment_id: 'p1' }, async () => { inPerform.resolve(); await bank.promise; });
+    let branch;
+    let settled = false;
+    const ending = ledger.tokenAttempt(run, { ttl: 30 }, async () => {
+      branch = ledger.guarded({ run, tool: 'bank.pay', args: { n: 1 }, perform: pay });
+      branch.catch(() => {});
+      await inPerform.promise;
+      throw new Error('the other branch failed');
+    }).finally(() => { settled = true; });
+    ending.catch(() => {});
+    await inPerform.promise;
+    // let fn's rejection and everything it triggers run (microtasks, then this turn's I/O)
+    await new Promise((resolve) => setImmediate(resolve));
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.equal(settled, false, 'tokenAttempt settled while a call of it was in flight');
+    assert.ok(!sent.some((s) => s.includes('release_lease')), 'the lease was released under a call in flight');
+    assert.deepEqual(await liveLeases(admin, run), [{ kind: 'token', holder: null, epoch: 1 }]);
+    bank.resolve();
+    assert.deepEqual(await branch, { payment_id: 'p1' });
+    assert.match((await rejection(ending)).message, /the other branch failed/);
+    assert.deepEqual((await audit(admin, run)).map((r) => r.event),
+      ['lease_acquired', 'intent', 'completed', 'lease_released']);
+    assert.deepEqual(await liveLeases(admin, run), []);
+  }));
+});
+
+// ------------------------------------------- one client shared with a tool
+
+test('a begin_effect queued behind a tool\'s BEGIN on the shared client is not performed', async () => {
+  // The tool's BEGIN is queued on the client before begin_effect: the intent
+  // runs inside the tool's transaction and would vanish with its ROLLBACK.
+  const run = unique('shared-begin');
+  await withClients(2, async (admin, client) => {
+    const ledger = new Ledger(client);
+    const never = tool({ should: 'not happen' });
+    await ledger.tokenAttempt(run, { ttl: 30 }, async () => {
+      const begin = client.query('BEGIN'); // another tool's transaction
+      const call = ledger.guarded({ run, tool: 'mail.send', args: { to: 'a' }, perform: never });
+      await begin;
+      const err = await rejection(call);
+      await client.query('ROLLBACK');
+      assert.ok(err instanceof LedgerError, `got ${err}`);
+      assert.match(err.message, /ran inside a transaction that something else opened/);
+      assert.match(err.message, /dedicated/);
+      // the attempt stops: the intent's fate was that transaction's
+      await assert.rejects(ledger.guarded({ run, tool: 'mail.send', args: { to: 'a' }, perform: never }),
+        RunStopped);
+    });
+    assert.equal(never.keys.length, 0);
+    assert.deepEqual(await effects(admin, run), [], 'the intent went with the rollback');
+    // the retry executes it once
+    const once = tool({ message_id: 'm1' });
+    await ledger.tokenAttempt(run, { ttl: 30 }, () =>
+      ledger.guarded({ run, tool: 'mail.send', args: { to: 'a' }, perform: once }));
+    assert.equal(once.keys.length, 1);
+    assert.deepEqual((await effects(admin, run)).map((e) => [e.occurrence, e.epoch, e.status]),
+      [[1, 2, 'completed']]);
+  });
+});
+
+test('a completion queued behind a tool\'s BEGIN on the shared client is not reported as recorded', async () => {
+  const run = unique('shared-report');
+  await withClients(2, async (admin, client) => {
+    const ledger = new Ledger(client); // a session lease, this time
+    // while the e-mail is sent, another tool opens a transaction on the client
+    const mail = tool({ message_id: 'm1' }, () => { client.query('BEGIN').catch(() => {}); });
+    const err = await rejection(ledger.guarded({ run, tool: 'mail.send', args: { to: 'a' }, perform: mail }));
+    await client.query('ROLLBACK');
+    assert.ok(err instanceof LedgerError, `got ${err}`);
+    assert.match(err.message, /complete_effect .* ran inside a transaction/);
+    assert.equal(mail.keys.length, 1);
+    assert.deepEqual((await effects(admin, run)).map((e) => e.status), ['started'],
+      'the completion went with the rollback');
+    await assert.rejects(ledger.guarded({ run, tool: 'mail.send', args: { to: 'a' }, perform: mail }), RunStopped);
+    assert.equal(mail.keys.length, 1);
+  });
+});
+
 // -------------------------------------------------------- exclusion, usage
 
 test('one live lease of either kind; released at the end, also after an error', async () => {

@@ -13,10 +13,18 @@ Two kinds of lease keep two workers off one run (see `Ledger.attempt` and
 every call of the attempt), and a token lease (a row with an expiry, renewed in the
 background, whose calls may each use another connection: a pool, or PgBouncer in
 transaction mode).
+
+A call made inside ``with ledger.token_attempt(run) as lease:`` belongs to that attempt
+through the context it runs in (a `contextvars` variable, which asyncio tasks,
+``asyncio.to_thread`` and ``lease.bind(fn)`` carry into other tasks and threads), not
+through a lookup by run: a call of an attempt that has ended is refused, never made under
+the next attempt's token nor under a session lease, and the attempt's end waits for its
+calls in flight.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import threading
@@ -26,7 +34,7 @@ from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optiona
                     TypeVar, Union)
 
 import psycopg
-from psycopg.pq import TransactionStatus
+from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -61,6 +69,22 @@ ConnectionSource = Union["psycopg.Connection[Any]", Any, Callable[[], Any]]
 #: The SQLSTATE of a lost token lease (expired, released, superseded, unknown).
 LEASE_LOST = "55L01"
 
+#: The token attempts the running code belongs to (innermost last).  `Ledger.token_attempt`
+#: extends it for its body; a call finds its attempt here, never by looking its run up.
+_ATTEMPTS: "contextvars.ContextVar[Tuple[TokenLease, ...]]" = contextvars.ContextVar(
+    "durable_ledger_attempts", default=())
+
+
+def _not_committed(exc: BaseException) -> bool:
+    """Whether ``exc`` says that a ledger statement ran inside a transaction that something
+    else opened on the Ledger's connection: it did not commit, it goes with that
+    transaction (a `LedgerUsageError` raised by `_execute_on`)."""
+    return isinstance(exc, LedgerUsageError) and getattr(exc, "_not_committed", False)
+
+
+class _NotSent(psycopg.OperationalError):
+    """The connection source handed out a connection already closed: nothing was sent."""
+
 
 def _json(value: Any) -> Optional[Jsonb]:
     """None becomes SQL NULL ("nothing"), anything else a jsonb parameter."""
@@ -88,12 +112,14 @@ class TokenLease:
     - ``lost``: None while the lease is held, else the `LeaseLost` that says why not;
     - ``check()``: raises `LeaseLost` if the lease is known to be lost -- call it before
       a long step that does not go through the ledger (a model call);
+    - ``bind(fn)``: ``fn`` wrapped so that it runs as part of this attempt in whatever
+      thread calls it (``executor.submit(lease.bind(tool), run, args)``);
     - ``token``: the capability itself (whoever has it acts for the lease); it is never
       shown by ``repr`` nor written to the log.
     """
 
     def __init__(self, run: str, token: str, epoch: int, expires_at: datetime,
-                 holder: Optional[str], ttl: timedelta) -> None:
+                 holder: Optional[str], ttl: timedelta, ledger: Optional["Ledger"] = None) -> None:
         self.run = run
         self.token = token
         self.epoch = epoch
@@ -103,12 +129,71 @@ class TokenLease:
         self.renewals = 0
         self.lost: Optional[LeaseLost] = None
         self._mutex = threading.Lock()
+        self._ledger = ledger
+        # The attempt's own state: ended (its body is over: calls not yet begun are
+        # refused), its calls in flight (the end waits for them), and its stop after an
+        # unknown outcome or a pause (key, reason).
+        self._ended = False
+        self._inflight = 0
+        self._idle = threading.Condition(self._mutex)
+        self._halted: Optional[Tuple[Optional[str], str]] = None
 
     def check(self) -> None:
         """Raise `LeaseLost` when the lease is known to be lost; return otherwise."""
         lost = self.lost
         if lost is not None:
             raise LeaseLost(self.run, self.epoch, lost.reason) from lost
+
+    def bind(self, fn: Callable[..., R]) -> Callable[..., R]:
+        """``fn``, made a part of this attempt wherever it runs.
+
+        A thread does not inherit the attempt of the code that started it (a
+        ``ThreadPoolExecutor`` runs its tasks in contexts of its own), and a ledger call
+        from such a thread is refused.  ``executor.submit(lease.bind(pay_invoice), run,
+        args)`` runs ``pay_invoice`` in a copy of the context ``bind`` was called in, with
+        this attempt in it.  Once the attempt has ended, its calls raise `LeaseLost` and
+        perform nothing.  (``asyncio.to_thread`` and ``contextvars.copy_context().run``
+        carry the attempt by themselves.)
+        """
+        context = contextvars.copy_context()
+
+        def run_in_attempt(*args: Any, **kwargs: Any) -> R:
+            def call() -> R:
+                attempts = _ATTEMPTS.get()
+                if not any(a is self for a in attempts):
+                    _ATTEMPTS.set(attempts + (self,))
+                return fn(*args, **kwargs)
+            return context.copy().run(call)
+
+        return functools.wraps(fn)(run_in_attempt)
+
+    def _enter(self) -> None:
+        """A call of the attempt starts (refused once the attempt has ended)."""
+        with self._mutex:
+            if self._ended:
+                raise LeaseLost(
+                    self.run, self.epoch,
+                    f"run {self.run!r}: this call belongs to the token attempt of epoch "
+                    f"{self.epoch}, which has ended (its block was left while this call's "
+                    f"thread or task was still running); nothing was begun.  A call must not "
+                    f"outlive its attempt: wait for every branch before leaving the block")
+            self._inflight += 1
+
+    def _leave(self) -> None:
+        with self._mutex:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.notify_all()
+
+    def _end(self) -> None:
+        """The attempt's block is over: refuse new calls, wait for those in flight."""
+        with self._mutex:
+            self._ended = True
+            if self._inflight:
+                log.debug("token attempt at %s waits for %d call(s) in flight", self.run,
+                          self._inflight)
+            while self._inflight:
+                self._idle.wait()
 
     def _lose(self, exc: BaseException) -> LeaseLost:
         with self._mutex:
@@ -157,19 +242,31 @@ class Ledger:
     `token_attempt`.  Such a `Ledger` refuses session-lease calls (`LedgerUsageError`):
     a session lock on a pooled connection would outlive the attempt or vanish under it.
     A single connection serves both kinds of lease (a connection to PgBouncer in
-    transaction mode only token leases).  One `Ledger` may serve several threads, each
-    with attempts at runs of its own.
+    transaction mode only token leases).  It must be **dedicated** to the `Ledger`: a tool
+    that runs its own transaction on it (``with conn.transaction():`` in another thread)
+    would pull the ledger's statements into that transaction.  The `Ledger` runs its
+    statements one at a time on it and checks after each that it committed on its own;
+    one that ran inside another transaction is refused (`LedgerUsageError`): no effect is
+    performed on such an intent, and no report in one counts as recorded.  A pool is the
+    recommended shape.  One `Ledger` may serve several threads, each with attempts at runs
+    of its own.
     """
 
     def __init__(self, conn: ConnectionSource) -> None:
-        # Runs that must not go on in this attempt: run -> (key, reason).  See guarded().
+        # Runs that must not go on in their session-lease attempt: run -> (key, reason).
+        # A token attempt keeps its own (TokenLease._halted).  See guarded().
         self._halted: Dict[str, Tuple[Optional[str], str]] = {}
         # The open token attempts of this Ledger: run -> its lease.  See token_attempt().
         self._leases: Dict[str, TokenLease] = {}
         self._opening: set = set()  # runs whose token_attempt is taking its lease
         self._leases_lock = threading.Lock()
+        # Once a token attempt has run, no implicit session lease: only runs this Ledger
+        # holds by an explicit acquire_run() are called with a session lease.
+        self._used_tokens = False
+        self._session_held: set = set()
         # One statement at a time on a single connection shared with the renewal threads.
         self._conn_lock = threading.RLock()
+        self._source = conn
         self._borrow: Optional[Callable[[], ContextManager[Any]]]
         if isinstance(conn, psycopg.Connection):
             self.conn: Optional["psycopg.Connection[Any]"] = conn
@@ -235,38 +332,83 @@ class Ledger:
         ledger already recorded for it raises `EffectFailed` as usual, anything else
         `OutcomeNotRecorded` (kept as a conflict for a person).
 
-        After an unknown outcome or a pause, every further call on ``run`` through this
-        `Ledger` raises `EffectPaused` without asking the database, until a new attempt
-        starts (`acquire_run`, `release_run`, `attempt` or `token_attempt`).  Why:
-        occurrences count identical calls within an attempt, so the same call retried in
-        the same attempt would be occurrence 2, get a new key and ``execute`` -- a second
-        payment.  A run whose outcome is unknown must stop, not improvise.
+        After an unknown outcome or a pause, every further call on ``run`` in the same
+        attempt through this `Ledger` raises `EffectPaused` without asking the database,
+        until a new attempt starts (`acquire_run`, `release_run`, `attempt` or
+        `token_attempt`).  Why: occurrences count identical calls within an attempt, so the
+        same call retried in the same attempt would be occurrence 2, get a new key and
+        ``execute`` -- a second payment.  A run whose outcome is unknown must stop, not
+        improvise.
 
         Inside ``with ledger.token_attempt(run):`` the call belongs to that attempt: it
         passes the lease's token to ``begin_effect`` and runs each statement in its own
-        transaction on whatever connection the `Ledger`'s source hands out.  Once the
-        lease is known to be lost, the call raises `LeaseLost` without asking the
-        database; a ``begin_effect`` refused with 55L01 (the lease expired, was broken,
-        released or superseded) wrote nothing and raises `LeaseLost`.  An effect that was
-        in flight when the lease went has its outcome reported as usual (a report needs no
-        lease): this call returns (or raises) as it would have, the next one raises
-        `LeaseLost`.
+        transaction on whatever connection the `Ledger`'s source hands out.  The attempt
+        is the one of the context the call runs in (the block's own thread, an asyncio
+        task, ``asyncio.to_thread``, a function wrapped by ``lease.bind``); a call from a
+        thread that does not carry it (a bare ``executor.submit``) is refused with
+        `LedgerUsageError` while the attempt is open.  Once the attempt has ended, a call
+        of it raises `LeaseLost` and performs nothing: a thread that outlives its attempt
+        never acts under the next attempt nor under a session lease.  Once the lease is
+        known to be lost, the call raises `LeaseLost` without asking the database; a
+        ``begin_effect`` refused with 55L01 (the lease expired, was broken, released or
+        superseded) wrote nothing and raises `LeaseLost`.  An effect that was in flight
+        when the lease went has its outcome reported as usual (a report needs no lease):
+        this call returns (or raises) as it would have, the next one raises `LeaseLost`.
+        A `Ledger` that has run token attempts takes no implicit session lease: outside a
+        token attempt, only a run it holds by ``attempt``/``acquire_run`` is called.
         """
-        lease = self._leases.get(run)
-        if lease is None:
-            self._session_only("guarded() outside token_attempt()")
-            self._check_writable()
-        else:
-            lease.check()
+        lease = self._bound_lease(run)
+        if lease is not None:
+            lease._enter()  # LeaseLost once the attempt has ended
+            try:
+                lease.check()
+                if lease._halted is not None:
+                    raise EffectPaused(lease._halted[0], "pause", lease._halted[1])
+                return self._guarded(lease, run, tool, args, perform, business_key, meta)
+            finally:
+                lease._leave()
+        if run in self._leases:
+            raise LedgerUsageError(
+                None, None, f"guarded() on run {run!r} was called from a thread or task that "
+                f"does not carry the token attempt this Ledger holds on it, so it is not "
+                f"performed: a thread started inside the attempt does not inherit it.  Submit "
+                f"lease.bind(fn) to the executor (or contextvars.copy_context().run, fn; "
+                f"asyncio.to_thread carries it)")
+        self._session_only("guarded() outside token_attempt()")
+        if self._used_tokens and run not in self._session_held:
+            raise LedgerUsageError(
+                None, None, f"guarded() on run {run!r} outside a token attempt would take "
+                f"an implicit session lease, and this Ledger runs token attempts: it never "
+                f"falls back to a session lease (a leftover call of an ended attempt must "
+                f"not act).  Call it inside `with ledger.token_attempt(run):`, or hold the "
+                f"run by a session lease explicitly (attempt(), acquire_run())")
+        self._check_writable()
         halted = self._halted.get(run)
         if halted is not None:
             raise EffectPaused(halted[0], "pause", halted[1])
+        return self._guarded(None, run, tool, args, perform, business_key, meta)
 
+    def _bound_lease(self, run: str) -> Optional[TokenLease]:
+        """The token attempt of this Ledger at ``run`` that the running code belongs to."""
+        for lease in reversed(_ATTEMPTS.get()):
+            if lease._ledger is self and lease.run == run:
+                return lease
+        return None
+
+    def _guarded(self, lease: Optional[TokenLease], run: str, tool: str, args: Any,
+                 perform: Perform, business_key: Optional[str], meta: Any) -> Any:
         if lease is None:
-            row = self._one(
-                "SELECT * FROM durable_ledger.begin_effect(%s, %s, %s, %s, %s)",
-                (run, tool, Jsonb(args), business_key, _json(meta)),
-            )
+            try:
+                row = self._one(
+                    "SELECT * FROM durable_ledger.begin_effect(%s, %s, %s, %s, %s)",
+                    (run, tool, Jsonb(args), business_key, _json(meta)),
+                )
+            except LedgerUsageError as exc:
+                if _not_committed(exc):
+                    self._halt(run, None, f"run {run!r} is stopped in this attempt: "
+                                          f"begin_effect of {tool} ran inside another "
+                                          f"transaction on the Ledger's connection")
+                raise
         else:
             row = self._token_begin(lease, tool, args, business_key, meta)
         key: str = row["key"]
@@ -275,7 +417,7 @@ class Ledger:
         log.debug("%s %s run=%s key=%s", decision, tool, run, key)
 
         if decision == "execute":
-            return self._execute(run, tool, key, row["attempt"], perform)
+            return self._execute(run, tool, key, row["attempt"], perform, lease)
         if decision == "replay":
             if row["status"] == "completed":
                 return row["result"]
@@ -284,7 +426,7 @@ class Ledger:
         elif decision == "pause":
             log.warning("run %s paused at %s %s: %s", run, tool, key, reason)
             self._halt(run, key, f"run {run!r} is stopped in this attempt: effect {key} "
-                                 f"({tool}) was paused: {reason}")
+                                 f"({tool}) was paused: {reason}", lease)
             raise EffectPaused(key, decision, reason)
         elif decision == "in_progress":
             raise EffectInProgress(key, decision, reason)
@@ -299,27 +441,38 @@ class Ledger:
         def uncertain(exc: BaseException) -> None:
             # The statement went out and nobody knows whether it committed: its intent may
             # be recorded under this still-live lease, and the same call again would be
-            # the next occurrence.  This attempt stops; the next one finds out.
+            # the next occurrence.  This attempt stops; the next one finds out.  (Never
+            # sent again: a begin_effect is not idempotent.)
             self._halt(run, None, f"run {run!r} is stopped in this attempt: begin_effect "
                                   f"of {tool} failed with the outcome of the statement "
                                   f"unknown ({type(exc).__name__}: {exc}); a new attempt "
-                                  f"finds out whether its intent was recorded")
+                                  f"finds out whether its intent was recorded", lease)
 
         try:
             return self._pooled_one(
                 "SELECT * FROM durable_ledger.begin_effect(%s, %s, %s, %s, %s, %s)",
                 (run, tool, Jsonb(args), business_key, _json(meta), lease.token),
-                on_uncertain=uncertain)
+                on_uncertain=uncertain, what=f"begin_effect of {tool}")
+        except LedgerUsageError as exc:
+            if _not_committed(exc):
+                # Whether the intent is recorded is up to that other transaction: this
+                # attempt stops, and the effect is not performed.
+                self._halt(run, None, f"run {run!r} is stopped in this attempt: begin_effect "
+                                      f"of {tool} ran inside another transaction on the "
+                                      f"Ledger's connection", lease)
+            raise
         except psycopg.Error as exc:
             if exc.sqlstate == LEASE_LOST:
                 raise lease._lose(exc) from exc
             raise
 
-    def _execute(self, run: str, tool: str, key: str, attempt: int, perform: Perform) -> Any:
+    def _execute(self, run: str, tool: str, key: str, attempt: int, perform: Perform,
+                 lease: Optional[TokenLease]) -> Any:
         try:
             result = perform(key)
         except EffectDidNotHappen as refusal:
-            self._record(run, key, attempt, "fail_effect", "failed", refusal.error, result=None)
+            self._record(run, key, attempt, "fail_effect", "failed", refusal.error,
+                         result=None, lease=lease)
             raise EffectFailed(key, "execute", "the downstream refused the effect; its "
                                "failure is recorded", refusal.error, replayed=False) from refusal
         except BaseException as exc:
@@ -327,14 +480,14 @@ class Ledger:
             self._halt(run, key, f"run {run!r} is stopped in this attempt: the outcome of "
                                  f"effect {key} ({tool}) is unknown (perform raised "
                                  f"{type(exc).__name__}); a person must resolve it, then "
-                                 f"start a new attempt")
+                                 f"start a new attempt", lease)
             raise
         recorded = self._record(run, key, attempt, "complete_effect", "completed", result,
-                                result=result)
+                                result=result, lease=lease)
         return recorded["result"]
 
     def _record(self, run: str, key: str, attempt: int, function: str, expected: str,
-                payload: Any, *, result: Any) -> Dict[str, Any]:
+                payload: Any, *, result: Any, lease: Optional[TokenLease]) -> Dict[str, Any]:
         """complete_effect / fail_effect on ``attempt``, the attempt begin_effect executed.
 
         The report always names its attempt: a business key is executed again after a
@@ -342,18 +495,24 @@ class Ledger:
         attempt than the one it is about -- or, when this connection no longer holds the
         lease that started the attempt, be kept as a conflict instead of applied.
         Anything but a clean record is `OutcomeNotRecorded`.
+
+        The way it goes out was decided when the call began: a call of a token attempt
+        (``lease``) reports on any connection (a report needs no token), also after the
+        attempt or its lease ended; one whose connection broke before the reply is sent
+        once more on a fresh connection (a report is idempotent: the same payload on the
+        same attempt changes nothing the second time).
         """
         what = {"result": result} if function == "complete_effect" else {"error": payload}
         query = f"SELECT * FROM durable_ledger.{function}(%s, %s, %s)"
         params = (key, _json(payload), attempt)
         try:
-            if run in self._leases:  # a report needs no token: any connection will do
-                row = self._pooled_one(query, params)
+            if lease is not None or self.conn is None:
+                row = self._pooled_one(query, params, retry=True, what=f"{function} of {key}")
             else:
-                row = self._one(query, params)
+                row = self._one(query, params, what=f"{function} of {key}")
         except BaseException as exc:
             self._halt(run, key, f"run {run!r} is stopped in this attempt: the outcome of "
-                                 f"effect {key} could not be recorded")
+                                 f"effect {key} could not be recorded", lease)
             if not isinstance(exc, Exception):
                 raise
             raise OutcomeNotRecorded(
@@ -370,7 +529,7 @@ class Ledger:
             accepted = function == "fail_effect" and not row["conflict"]
         if not accepted:
             self._halt(run, key, f"run {run!r} is stopped in this attempt: the report on "
-                                 f"effect {key} contradicted the ledger")
+                                 f"effect {key} contradicted the ledger", lease)
             now = (f"{row['status']}" if row["attempt"] == attempt else
                    f"at attempt {row['attempt']} (this report was on attempt {attempt}), "
                    f"{row['status']}")
@@ -431,9 +590,11 @@ class Ledger:
         """
         self._session_only("acquire_run()")
         self._check_writable()
-        row = self._one("SELECT durable_ledger.acquire_run(%s, %s) AS ok", (run, wait))
+        row = self._one("SELECT durable_ledger.acquire_run(%s, %s) AS ok", (run, wait),
+                        what=f"acquire_run of {run}")
         if row["ok"]:
             self._halted.pop(run, None)
+            self._session_held.add(run)
         return bool(row["ok"])
 
     def release_run(self, run: str) -> bool:
@@ -443,7 +604,9 @@ class Ledger:
         """
         self._session_only("release_run()")
         self._check_writable()
-        row = self._one("SELECT durable_ledger.release_run(%s) AS ok", (run,))
+        self._session_held.discard(run)
+        row = self._one("SELECT durable_ledger.release_run(%s) AS ok", (run,),
+                        what=f"release_run of {run}")
         self._halted.pop(run, None)
         return bool(row["ok"])
 
@@ -463,9 +626,11 @@ class Ledger:
             yield run
         except BaseException:
             self._halted.pop(run, None)
+            self._session_held.discard(run)
             if not (self.conn.closed or self.conn.broken):
                 try:
-                    self._one("SELECT durable_ledger.release_run(%s) AS ok", (run,))
+                    self._one("SELECT durable_ledger.release_run(%s) AS ok", (run,),
+                              what=f"release_run of {run}")
                 except Exception:  # the body's exception is the one that matters
                     log.warning("could not release run %s after an error", run, exc_info=True)
             raise
@@ -493,16 +658,27 @@ class Ledger:
         ``durable_ledger.leases``.
 
         Inside, every `guarded` call (and every decorated tool) on ``run`` through this
-        `Ledger` passes the token to ``begin_effect``, and every statement -- intent,
-        report, renewal -- runs in its own short transaction on whatever connection the
-        source hands out, so that consecutive calls may land on different backends
-        (psycopg_pool, PgBouncer ``pool_mode = transaction``).  No session lock is taken.
+        `Ledger` made in the block's context passes the token to ``begin_effect``, and
+        every statement -- intent, report, renewal -- runs in its own short transaction on
+        whatever connection the source hands out, so that consecutive calls may land on
+        different backends (psycopg_pool, PgBouncer ``pool_mode = transaction``).  No
+        session lock is taken.  The block's context is what makes a call part of the
+        attempt: asyncio tasks and ``asyncio.to_thread`` inherit it; a thread of a
+        ``ThreadPoolExecutor`` does not, so submit ``lease.bind(fn)`` to it (a call from a
+        thread without the attempt is refused).
 
-        A background thread renews the lease every ``ttl / 3`` while the attempt is open,
-        also while a tool or a model call is running; a renewal that fails for another
-        reason than a lost lease (the database unreachable for a moment) is retried within
-        a second, and the log says so.  At exit the renewal stops and ``release_lease``
-        ends the lease, also when the body raises.
+        When the block is left (normally or by an exception), the attempt ends: its calls
+        that have not begun yet raise `LeaseLost` and perform nothing (a thread that
+        outlives the block never acts under the next attempt), and the exit waits for
+        the calls in flight in other threads to finish, their outcome reported.
+
+        A background thread renews the lease every ``ttl / 3`` until then, also while a
+        tool or a model call is running; a renewal that fails for another reason than a
+        lost lease (the database unreachable for a moment) is retried within a second,
+        and the log says so.  At exit the renewal stops and ``release_lease`` ends the
+        lease, also when the body raises.  Reports, renewals and the release whose
+        connection broke before the reply (a stale pooled connection) are sent once more
+        on a fresh one; a ``begin_effect`` never is.
 
         A lost lease (expired, broken by an admin, superseded: SQLSTATE 55L01 from
         ``begin_effect`` or from a renewal) stops the attempt: the next `guarded` call on
@@ -517,14 +693,18 @@ class Ledger:
                 raise LedgerUsageError(None, None, f"an attempt at run {run!r} is already open "
                                                    f"in this Ledger")
             self._opening.add(run)
+            self._used_tokens = True
         try:
+            # Sent again on a fresh connection if the first one broke: a take_lease that
+            # did commit unseen leaves the run held until its ttl, and the second answers
+            # NULL (RunBusy) -- no worse than the error.
             row = self._pooled_one("SELECT * FROM durable_ledger.take_lease(%s, %s, %s)",
-                                   (run, ttl, holder))
+                                   (run, ttl, holder), retry=True, what=f"take_lease of {run}")
             if row["token"] is None:
                 raise RunBusy(None, None, f"run {run!r} is held by a live lease (another "
                                           f"worker's attempt)")
             lease = TokenLease(run, row["token"], row["epoch"], row["expires_at"], row["holder"],
-                               ttl)
+                               ttl, self)
             self._halted.pop(run, None)  # a new attempt
             self._leases[run] = lease
         finally:
@@ -534,13 +714,24 @@ class Ledger:
                                    name=f"durable_ledger renewal of {run}")
         renewer.start()
         log.debug("token attempt at %s: epoch %s, ttl %s", run, lease.epoch, ttl)
+        bound = _ATTEMPTS.set(_ATTEMPTS.get() + (lease,))
         try:
             yield lease
         except BaseException:
+            self._unbind(bound, lease)
             self._end_token_attempt(lease, stop, renewer, body_failed=True)
             raise
+        self._unbind(bound, lease)
         self._end_token_attempt(lease, stop, renewer, body_failed=False)
         lease.check()
+
+    @staticmethod
+    def _unbind(bound: "contextvars.Token[Tuple[TokenLease, ...]]", lease: TokenLease) -> None:
+        """The block's context leaves the attempt (its copies taken meanwhile keep it)."""
+        try:
+            _ATTEMPTS.reset(bound)
+        except ValueError:  # left in another context than it was entered in
+            _ATTEMPTS.set(tuple(a for a in _ATTEMPTS.get() if a is not lease))
 
     def _renew(self, lease: TokenLease, stop: threading.Event) -> None:
         """The renewal thread of a token attempt: renew_lease every ttl / 3 until stopped."""
@@ -551,7 +742,8 @@ class Ledger:
                 return
             try:
                 row = self._pooled_one("SELECT durable_ledger.renew_lease(%s) AS expires_at",
-                                       (lease.token,))
+                                       (lease.token,), retry=True,
+                                       what=f"renew_lease of {lease.run}")
             except Exception as exc:
                 if stop.is_set():
                     return
@@ -568,6 +760,9 @@ class Ledger:
 
     def _end_token_attempt(self, lease: TokenLease, stop: threading.Event,
                            renewer: threading.Thread, *, body_failed: bool) -> None:
+        # Calls of the attempt not begun yet are refused from now on; those in flight in
+        # other threads finish first (the lease is still renewed meanwhile).
+        lease._end()
         stop.set()
         renewer.join(timeout=30)  # a renewal in flight finishes first
         self._leases.pop(lease.run, None)
@@ -575,14 +770,23 @@ class Ledger:
         if lease.lost is not None:
             return  # nothing to release
         try:
-            released = self._pooled_one("SELECT durable_ledger.release_lease(%s) AS released",
-                                        (lease.token,))["released"]
+            rows, resent = self._pooled_rows(
+                "SELECT durable_ledger.release_lease(%s) AS released", (lease.token,),
+                retry=True, what=f"release_lease of {lease.run}")
+            released = rows[0]["released"]
         except Exception:
             if not body_failed:
                 raise
             # the body's exception is the one that matters; the lease expires by itself
             log.warning("could not release the token lease on run %s after an error",
                         lease.run, exc_info=True)
+            return
+        if not released and resent:
+            # The first release may have committed before its connection broke: the
+            # second one then finds the lease released already.
+            log.warning("the release of the token lease on run %s was sent twice (the first "
+                        "connection broke) and the second found it no longer live: released "
+                        "by the first, or expired", lease.run)
             return
         if not released:
             # It was no longer live: it expired (or was broken) after the last call.
@@ -635,76 +839,188 @@ class Ledger:
                 "would only be committed at COMMIT, after the effect; call the ledger "
                 "outside transactions")
 
-    def _halt(self, run: str, key: Optional[str], reason: str) -> None:
-        self._halted.setdefault(run, (key, reason))
+    def _halt(self, run: str, key: Optional[str], reason: str,
+              lease: Optional[TokenLease] = None) -> None:
+        """Stop ``run`` in its current attempt: the token attempt ``lease``, or the session's."""
+        if lease is not None:
+            with lease._mutex:
+                if lease._halted is None:
+                    lease._halted = (key, reason)
+        else:
+            self._halted.setdefault(run, (key, reason))
 
-    def _one(self, query: str, params: Tuple[Any, ...]) -> Dict[str, Any]:
+    def _one(self, query: str, params: Tuple[Any, ...], *, what: str = "a ledger statement",
+             ) -> Dict[str, Any]:
+        """A statement on the single connection (session leases), checked to have committed."""
         assert self.conn is not None
-        with self.conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(query, params)  # type: ignore[arg-type]
-            row = cur.fetchone()
-        assert row is not None, query
-        return row
+        with self._conn_lock:
+            rows = _execute_on(self.conn, query, params, shared=True, what=what)
+        assert len(rows) == 1, query
+        return rows[0]
 
     @contextmanager
-    def _connection(self) -> Iterator["psycopg.Connection[Any]"]:
+    def _connection(self, *, fresh: bool = False) -> Iterator["psycopg.Connection[Any]"]:
         """A connection for one statement of a token attempt (or of a pooled Ledger).
 
         The single connection, serialised with the renewal threads; or one from the pool or
-        the factory, given back (or closed) right after the statement.
+        the factory, given back (or closed) right after the statement.  ``fresh``: one that
+        answered an empty query just now (a pool may hand out a connection that died while
+        idle: psycopg_pool 3.1 does not check them); the dead ones are given back (the pool
+        discards them) and the next one is tried.
         """
         if self._borrow is None:
             with self._conn_lock:
                 self._check_writable()
                 yield self.conn  # type: ignore[misc]
             return
-        source = self._borrow()
-        if not hasattr(source, "__enter__"):
-            raise TypeError("the connection source must hand out synchronous psycopg "
-                            "connections (a psycopg_pool.ConnectionPool, or a function "
-                            "returning a psycopg.Connection)")
-        with source as conn:
-            if not isinstance(conn, psycopg.Connection):
-                raise TypeError(f"the connection source handed out {type(conn).__name__}, not a "
-                                f"psycopg.Connection")
-            if conn.closed or conn.broken:
-                raise psycopg.OperationalError("the connection source handed out a closed "
-                                               "connection")
-            if conn.info.transaction_status != TransactionStatus.IDLE:
-                raise LedgerUsageError(None, None, "the connection source handed out a connection "
-                                                   "inside a transaction")
-            yield conn
+        tries = 1
+        if fresh:
+            size = getattr(self._source, "max_size", None)
+            tries = size + 1 if isinstance(size, int) and size > 0 else 5
+        for _ in range(tries):
+            source = self._borrow()
+            if not hasattr(source, "__enter__"):
+                raise TypeError("the connection source must hand out synchronous psycopg "
+                                "connections (a psycopg_pool.ConnectionPool, or a function "
+                                "returning a psycopg.Connection)")
+            with source as conn:
+                if not isinstance(conn, psycopg.Connection):
+                    raise TypeError(f"the connection source handed out {type(conn).__name__}, "
+                                    f"not a psycopg.Connection")
+                if conn.closed or conn.broken or (fresh and not _answers(conn)):
+                    if fresh:
+                        continue  # given back broken: the pool discards it
+                    raise _NotSent("the connection source handed out a closed connection")
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    raise LedgerUsageError(None, None, "the connection source handed out a "
+                                                       "connection inside a transaction")
+                yield conn
+                return
+        raise psycopg.OperationalError(f"the connection source handed out no working "
+                                       f"connection in {tries} tries")
 
-    def _pooled_all(self, query: str, params: Tuple[Any, ...], *,
-                    on_uncertain: Optional[Callable[[BaseException], None]] = None,
-                    ) -> List[Dict[str, Any]]:
-        """One statement in a transaction of its own, committed before this returns.
+    def _pooled_rows(self, query: str, params: Tuple[Any, ...], *,
+                     on_uncertain: Optional[Callable[[BaseException], None]] = None,
+                     retry: bool = False, what: str = "a ledger statement",
+                     ) -> Tuple[List[Dict[str, Any]], bool]:
+        """One statement in a transaction of its own, committed before this returns; and
+        whether it was sent a second time.
 
         Never a prepared statement: through PgBouncer in transaction mode the next call
         may land on a backend that never saw it.  ``on_uncertain(exc)`` is called when the
-        statement went out and it is unknown whether it committed.
+        statement went out and it is unknown whether it committed.  ``retry``: the
+        statement is idempotent (a report, a renewal, a release), and one whose connection
+        broke before its reply (an OperationalError: a pooled connection that died while
+        idle, a restarted PgBouncer) is sent once more, on a fresh connection of a pool or
+        a factory.  A begin_effect is never retried.
         """
-        with self._connection() as conn:
-            try:
-                with conn.cursor(row_factory=dict_row) as cur:
-                    if conn.autocommit:
-                        cur.execute(query, params, prepare=False)  # type: ignore[arg-type]
-                        return cur.fetchall()
-                    with conn.transaction():
-                        cur.execute(query, params, prepare=False)  # type: ignore[arg-type]
-                        rows = cur.fetchall()
-                    return rows
-            except BaseException as exc:
-                if on_uncertain is not None and not _refused_cleanly(exc, conn):
-                    on_uncertain(exc)
+        broke: List[BaseException] = []
+        try:
+            return self._pooled_once(query, params, on_uncertain, broke, what, fresh=False), False
+        except psycopg.OperationalError as exc:
+            if not (retry and self._borrow is not None and (broke or isinstance(exc, _NotSent))):
                 raise
+            log.warning("%s: the connection broke before the reply (%s: %s); sending it once "
+                        "more on a fresh connection", what, type(exc).__name__,
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+            first = exc
+        try:
+            return self._pooled_once(query, params, None, [], what, fresh=True), True
+        except BaseException as again:
+            if again.__context__ is None:
+                again.__context__ = first
+            raise
+
+    def _pooled_once(self, query: str, params: Tuple[Any, ...],
+                     on_uncertain: Optional[Callable[[BaseException], None]],
+                     broke: List[BaseException], what: str, *, fresh: bool,
+                     ) -> List[Dict[str, Any]]:
+        with self._connection(fresh=fresh) as conn:
+            try:
+                return _execute_on(conn, query, params, shared=self._borrow is None, what=what)
+            except BaseException as exc:
+                if not _refused_cleanly(exc, conn) and not _not_committed(exc):
+                    broke.append(exc)
+                    if on_uncertain is not None:
+                        on_uncertain(exc)
+                raise
+
+    def _pooled_all(self, query: str, params: Tuple[Any, ...], *,
+                    on_uncertain: Optional[Callable[[BaseException], None]] = None,
+                    retry: bool = False, what: str = "a ledger statement",
+                    ) -> List[Dict[str, Any]]:
+        return self._pooled_rows(query, params, on_uncertain=on_uncertain, retry=retry,
+                                 what=what)[0]
 
     def _pooled_one(self, query: str, params: Tuple[Any, ...], *,
                     on_uncertain: Optional[Callable[[BaseException], None]] = None,
+                    retry: bool = False, what: str = "a ledger statement",
                     ) -> Dict[str, Any]:
-        rows = self._pooled_all(query, params, on_uncertain=on_uncertain)
+        rows = self._pooled_all(query, params, on_uncertain=on_uncertain, retry=retry,
+                                what=what)
         assert len(rows) == 1, query
         return rows[0]
+
+
+def _answers(conn: "psycopg.Connection[Any]") -> bool:
+    """Whether the connection answers an empty query (nothing of the ledger is sent)."""
+    try:
+        with conn.lock:
+            res = conn.pgconn.exec_(b"")
+    except Exception:
+        return False
+    return conn.pgconn.status == ConnStatus.OK and res.status == ExecStatus.EMPTY_QUERY
+
+
+def _execute_on(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any, ...], *,
+                shared: bool, what: str) -> List[Dict[str, Any]]:
+    """Run one ledger statement on ``conn`` in a transaction of its own; its rows.
+
+    ``shared``: the Ledger's single connection, which other code (a tool in another
+    thread) may use too.  A statement queued behind someone else's BEGIN would run inside
+    that transaction and commit or roll back with it: the connection's transaction status
+    is read together with the statement's own reply (under psycopg's connection lock, so
+    that no other thread's statement comes in between), and a statement that did not end
+    idle raises `LedgerUsageError` (`_not_committed`).
+    """
+    with conn.cursor(row_factory=dict_row) as cur:
+        if shared:
+            status = _execute_and_status(conn, cur, query, params)
+            if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+                refused = LedgerUsageError(
+                    None, None,
+                    f"{what} ran inside a transaction that something else opened on the "
+                    f"Ledger's connection (transaction status {TransactionStatus(status).name}): "
+                    f"it is not committed, it goes with that transaction.  The connection given "
+                    f"to a Ledger must be dedicated to it: tools must not run their own "
+                    f"transactions on it (give the Ledger a pool, or the tools a connection of "
+                    f"their own)")
+                refused._not_committed = True  # type: ignore[attr-defined]
+                raise refused
+            return cur.fetchall()
+        if conn.autocommit:
+            cur.execute(query, params, prepare=False)  # type: ignore[arg-type]
+            return cur.fetchall()
+        with conn.transaction():
+            cur.execute(query, params, prepare=False)  # type: ignore[arg-type]
+            rows = cur.fetchall()
+        return rows
+
+
+def _execute_and_status(conn: "psycopg.Connection[Any]", cur: Any, query: str,
+                        params: Tuple[Any, ...]) -> int:
+    """``cur.execute(query, params)`` and the transaction status right after its reply."""
+    execute_gen = getattr(cur, "_execute_gen", None)
+    lock = getattr(conn, "lock", None)
+    if execute_gen is None or lock is None:  # not psycopg 3.1/3.2: no atomic read
+        cur.execute(query, params, prepare=False)
+        return conn.info.transaction_status
+    try:
+        with lock:
+            conn.wait(execute_gen(query, params, prepare=False))
+            return conn.pgconn.transaction_status
+    except psycopg.Error as exc:
+        raise exc.with_traceback(None)
 
 
 def side_effect(

@@ -568,6 +568,28 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(never.keys, [])
         self.assertEqual(self.effect_count(self.run_id), 0)
 
+    def test_a_report_that_ran_inside_a_tools_transaction_is_not_recorded(self) -> None:
+        # A tool opens a transaction on the Ledger's connection while the effect is
+        # performed (a parallel tool call, say): the completion then runs inside that
+        # transaction, and would vanish with its ROLLBACK although the call had returned
+        # the result as recorded.
+        ledger = self.ledger()
+
+        def send(key: str) -> Any:
+            ledger.conn.execute("BEGIN")  # another tool's transaction on the shared connection
+            return {"message_id": "m1"}
+
+        with self.assertRaises(OutcomeNotRecorded) as caught:
+            ledger.guarded(self.run_id, "mail.send", {"to": "a"}, send)
+        ledger.conn.execute("ROLLBACK")
+        self.assertEqual(caught.exception.result, {"message_id": "m1"})
+        self.assertIn("ran inside a transaction", str(caught.exception))
+        self.assertEqual(self.row(caught.exception.key)["status"], "started")
+        never = Recorder({"x": 1})
+        with self.assertRaises(EffectPaused):  # the run stops in this attempt
+            ledger.guarded(self.run_id, "mail.send", {"to": "a"}, never)
+        self.assertEqual(never.keys, [])
+
     def test_acquire_release_and_attempt(self) -> None:
         def holder() -> Any:
             row = self.admin.execute("SELECT holder_pid FROM durable_ledger.leases WHERE run = %s",
