@@ -13,6 +13,12 @@ export interface Queryable {
 /** The SQLSTATE of a lost token lease: expired, released, superseded or unknown. */
 export const LEASE_LOST: '55L01';
 
+/** The SQLSTATE of a call of a run that a person abandoned (begin_effect, acquire_run, take_lease). */
+export const RUN_ABANDONED: '55L02';
+
+/** The SQLSTATE of a call that would execute a retired tool, or an unregistered one under `refuse`. */
+export const TOOL_REFUSED: '55L03';
+
 export type DecisionWord = 'execute' | 'replay' | 'pause' | 'in_progress';
 export type EffectStatusWord = 'started' | 'completed' | 'failed' | 'unknown';
 
@@ -20,13 +26,18 @@ export type EffectStatusWord = 'started' | 'completed' | 'failed' | 'unknown';
 export interface Decision {
   key: string;
   decision: DecisionWord;
-  status: EffectStatusWord;
+  /**
+   * The effect's status after the call; null for a call paused because it diverges from
+   * the run's earlier attempts (decision `pause`: nothing was recorded for it).
+   */
+  status: EffectStatusWord | null;
   occurrence: number | null;
   /**
-   * 1; for a business key, n+1 after n recorded failures.  guarded() names it in its
-   * report (complete_effect / fail_effect), so the report decides this attempt only.
+   * 1; for a business key, n+1 after n recorded failures; null with a null status.
+   * guarded() names it in its report (complete_effect / fail_effect), so the report
+   * decides this attempt only.
    */
-  attempt: number;
+  attempt: number | null;
   result: unknown;
   error: unknown;
   reason: string | null;
@@ -53,6 +64,35 @@ export interface EffectRow {
   resolved_by: string | null;
   resolution_note: string | null;
   conflict: boolean;
+  /** In a forked run (extension 1.2): the effect of the source run it carries. */
+  forked_from?: string | null;
+}
+
+/**
+ * A row of durable_ledger.history(run) (extension 1.2): one audit event of the run.
+ * node-postgres returns the bigint columns (id, lease_epoch) as strings.
+ */
+export interface HistoryRow {
+  id: string;
+  logged_at: Date;
+  /** The attempt (lease epoch) the event belongs to; null for an event outside any. */
+  lease_epoch: string | null;
+  /**
+   * lease_acquired, lease_released, lease_broken, intent, replay, pause, in_progress,
+   * completed, late_completion, failed, late_failure, resolved, conflict, divergence,
+   * divergence_resolved, run_abandoned, run_forked, ...
+   */
+  event: string;
+  key: string | null;
+  tool: string | null;
+  args: unknown;
+  /** The attempt of the key the event concerns. */
+  attempt: number | null;
+  /** The result or error the event concerns. */
+  outcome: unknown;
+  detail: unknown;
+  role_name: string | null;
+  application_name: string | null;
 }
 
 export interface CallOptions {
@@ -140,6 +180,53 @@ export class EffectPaused extends LedgerError {
   key: string;
 }
 
+/**
+ * `pause` with a null status: the call diverges from the run's earlier attempts (it may be
+ * an effect they recorded, made again with drifted arguments). Nothing was performed or
+ * recorded; it is listed in durable_ledger.unresolved (`may_duplicate`). An EffectPaused:
+ * the attempt stops like on any pause. A person decides with
+ * durable_ledger.resolve_divergence(key, 'same' | 'distinct', resolved_by, note); the next
+ * attempt then replays the earlier effect's outcome (same) or executes the call (distinct).
+ */
+export class DivergencePausedError extends EffectPaused {
+  constructor(
+    message: string,
+    fields: { key: string; run: string; tool: string; reason?: string | null; cause?: unknown }
+  );
+  /** The drifted call's own key: the one to pass to resolve_divergence. */
+  key: string;
+  decision: 'pause';
+  run: string;
+  tool: string;
+}
+
+/**
+ * SQLSTATE 55L02: a person abandoned the run (abandon_run). Nothing was performed or
+ * written. The attempt stops (further calls throw this again without asking the database),
+ * and a new attempt (attempt(), acquireRun(), tokenAttempt()) throws it at its start.
+ * Do not retry the run: it is stopped for good (an admin may fork it into a new run).
+ */
+export class RunAbandonedError extends LedgerError {
+  constructor(message: string, fields: { run: string; reason?: string | null; cause?: unknown });
+  key: null;
+  decision: null;
+  run: string;
+}
+
+/**
+ * SQLSTATE 55L03: the ledger refuses to execute the tool: it is retired, or nobody
+ * registered it and durable_ledger.unregistered_tools = refuse. Nothing was recorded or
+ * performed. The attempt stops (further calls throw RunStopped): an admin registers the
+ * tool, then a new attempt may go on. What a retired tool recorded still replays.
+ */
+export class ToolRefusedError extends LedgerError {
+  constructor(message: string, fields: { run: string; tool: string; reason?: string | null; cause?: unknown });
+  key: null;
+  decision: null;
+  run: string;
+  tool: string;
+}
+
 /** `in_progress`: another live lease is performing this business key right now. */
 export class EffectInProgress extends LedgerError {
   key: string;
@@ -207,8 +294,12 @@ export class Ledger {
    * throws LeaseLostError and performs nothing. While a token attempt is open on the run, a
    * call from outside its async context throws LedgerError; a Ledger that has run token
    * attempts takes no implicit session lease (LedgerError).
-   * @throws EffectFailed, EffectPaused, EffectInProgress, RunStopped, LeaseLostError,
-   *   LedgerError, or perform's own error (outcome unknown: the next attempt pauses).
+   * A pause, an unknown outcome, an abandoned run and a refused tool stop the attempt: its
+   * further calls throw RunStopped (RunAbandonedError again for an abandoned run).
+   * @throws EffectFailed, EffectPaused (DivergencePausedError for a call that diverges from
+   *   the run's earlier attempts), EffectInProgress, RunAbandonedError (55L02),
+   *   ToolRefusedError (55L03), RunStopped, LeaseLostError, LedgerError, or perform's own
+   *   error (outcome unknown: the next attempt pauses).
    */
   guarded<T = unknown>(call: GuardedCall<T>): Promise<any>;
 
@@ -218,7 +309,10 @@ export class Ledger {
     fn: (args: A, idempotencyKey: string) => R | Promise<R>
   ): (run: string, args: A, options?: CallOptions) => Promise<any>;
 
-  /** durable_ledger.acquire_run: takes the lease and starts a new attempt. */
+  /**
+   * durable_ledger.acquire_run: takes the lease and starts a new attempt.
+   * @throws RunAbandonedError when a person abandoned the run.
+   */
   acquireRun(run: string, options?: { wait?: boolean }): Promise<boolean>;
 
   /** durable_ledger.release_run: false when this session did not hold the run. */
@@ -227,7 +321,14 @@ export class Ledger {
   /** durable_ledger.effect_status: the row, or null for a key never seen. */
   effectStatus(key: string): Promise<EffectRow | null>;
 
-  /** acquireRun(run), fn(run), releaseRun(run) in finally. */
+  /**
+   * durable_ledger.history(run) (extension 1.2): the run's audit events, oldest first.
+   * Needs the durable_ledger_auditor role (or admin): a worker role alone gets a
+   * permission error (SQLSTATE 42501). On a pg.Pool it uses a connection of the pool.
+   */
+  history(run: string): Promise<HistoryRow[]>;
+
+  /** acquireRun(run), fn(run), releaseRun(run) in finally; RunAbandonedError for an abandoned run. */
   attempt<T>(run: string, fn: (run: string) => T | Promise<T>): Promise<T>;
 
   /**
@@ -236,8 +337,9 @@ export class Ledger {
    * what fn started (its async context) passes the token; each statement is a transaction of
    * its own, on whatever connection. When fn settles the attempt ends: its calls not begun
    * yet throw LeaseLostError, and the calls in flight finish (reported) before the release.
-   * @throws RunBusy when a live lease holds the run; LeaseLostError at the end when the
-   *   lease was lost and fn did not throw.
+   * @throws RunBusy when a live lease holds the run; RunAbandonedError when a person
+   *   abandoned the run; LeaseLostError at the end when the lease was lost and fn did not
+   *   throw.
    */
   tokenAttempt<T>(run: string, fn: (lease: TokenLease) => T | Promise<T>): Promise<T>;
   tokenAttempt<T>(

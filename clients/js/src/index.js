@@ -7,7 +7,11 @@
 //   execute      -> perform(key), then complete_effect(key, result, attempt) -> result
 //   replay       -> the recorded result (or EffectFailed for a recorded failure)
 //   pause        -> EffectPaused   (an earlier attempt's outcome is unknown)
+//                   DivergencePausedError, an EffectPaused (status null: the
+//                   call diverges from the run's earlier attempts)
 //   in_progress  -> EffectInProgress (another live lease is performing it)
+//   55L02        -> RunAbandonedError (a person abandoned the run)
+//   55L03        -> ToolRefusedError  (a retired or unregistered tool)
 //
 // Unknown outcomes are never guessed: an error from perform() that is not an
 // EffectDidNotHappen leaves the effect "started", and the next attempt pauses
@@ -41,6 +45,12 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 /** The SQLSTATE of a lost token lease: expired, released, superseded or unknown. */
 export const LEASE_LOST = '55L01';
 
+/** The SQLSTATE of a call of a run that a person abandoned (begin_effect, acquire_run, take_lease). */
+export const RUN_ABANDONED = '55L02';
+
+/** The SQLSTATE of a call that would execute a retired tool, or an unregistered one under `refuse`. */
+export const TOOL_REFUSED = '55L03';
+
 /** A pg.Pool: each query() may run on another connection. */
 function isPool(q) {
   return typeof q.connect === 'function' && typeof q.totalCount === 'number';
@@ -50,9 +60,10 @@ function isPool(q) {
  * @typedef {object} Decision  A row of durable_ledger.decision.
  * @property {string} key
  * @property {'execute'|'replay'|'pause'|'in_progress'} decision
- * @property {'started'|'completed'|'failed'|'unknown'} status
+ * @property {'started'|'completed'|'failed'|'unknown'|null} status  null for a
+ *   call paused because it diverges (nothing was recorded for it)
  * @property {number|null} occurrence
- * @property {number} attempt
+ * @property {number|null} attempt  null with a null status
  * @property {unknown} result
  * @property {unknown} error
  * @property {string|null} reason
@@ -105,6 +116,34 @@ export class EffectFailed extends LedgerError {
 export class EffectPaused extends LedgerError {}
 
 /**
+ * begin_effect answered `pause` with no status: this call diverges from the
+ * run's earlier attempts.  Its tool is registered with the divergence policy
+ * `pause`, this is a later attempt, and the call would have executed (its key
+ * is new) while an effect of the tool that an earlier attempt recorded has not
+ * been replayed yet: it may be that effect again with drifted arguments (a
+ * reworded memo).  Nothing was performed or recorded; the ledger lists it in
+ * durable_ledger.unresolved (`may_duplicate`, also named in `reason`).
+ * It is an EffectPaused, and stops the attempt like any pause.  A person
+ * decides with durable_ledger.resolve_divergence(key, 'same' | 'distinct',
+ * resolved_by, note): `same` -- the next attempt gets that earlier effect's
+ * recorded outcome; `distinct` -- the next attempt executes the call.
+ * `key` is the drifted call's own key; `run` and `tool` name the call.
+ */
+export class DivergencePausedError extends EffectPaused {
+  /**
+   * @param {string} message
+   * @param {{key: string, run: string, tool: string, reason?: string|null, cause?: unknown}} fields
+   */
+  constructor(message, { key, run, tool, reason = null, cause }) {
+    super(message, { key, decision: 'pause', reason, cause });
+    /** @type {string} */
+    this.run = run;
+    /** @type {string} */
+    this.tool = tool;
+  }
+}
+
+/**
  * begin_effect answered `in_progress`: another live lease is performing this
  * very business key right now.  Do not perform it; ask again later.
  */
@@ -119,6 +158,52 @@ export class EffectInProgress extends LedgerError {}
  * resolved.  `key` is the effect that stopped the run.
  */
 export class RunStopped extends LedgerError {}
+
+/**
+ * A person abandoned the run (durable_ledger.abandon_run): SQLSTATE 55L02 from
+ * begin_effect, acquire_run or take_lease.  Nothing was performed or written.
+ * The attempt stops (every further call of it throws this again without asking
+ * the database), and a new attempt (attempt(), acquireRun(), tokenAttempt())
+ * throws it at its start.  Do NOT retry the run: it is stopped for good.  Drop
+ * the job; to redo part of it, an admin forks it into a new run
+ * (durable_ledger.fork_run), and that run is what gets retried.  `run` names
+ * the run; `key` and `decision` are null; `cause` is the server's error.
+ */
+export class RunAbandonedError extends LedgerError {
+  /**
+   * @param {string} message
+   * @param {{run: string, reason?: string|null, cause?: unknown}} fields
+   */
+  constructor(message, { run, reason = null, cause }) {
+    super(message, { key: null, decision: null, reason: reason ?? message, cause });
+    /** @type {string} */
+    this.run = run;
+  }
+}
+
+/**
+ * The ledger refuses to execute the tool: SQLSTATE 55L03 from begin_effect.
+ * The tool is retired (durable_ledger.retire_tool), or nobody registered it and
+ * the database runs with durable_ledger.unregistered_tools = refuse.  Nothing
+ * was recorded or performed.  The attempt stops (the run cannot make this
+ * call): further calls of it throw RunStopped.  An admin registers the tool
+ * (again), or the run is changed; then a new attempt may go on.  What a
+ * retired tool recorded earlier still replays.  `run` and `tool` name the
+ * call; `key` and `decision` are null; `cause` is the server's error.
+ */
+export class ToolRefusedError extends LedgerError {
+  /**
+   * @param {string} message
+   * @param {{run: string, tool: string, reason?: string|null, cause?: unknown}} fields
+   */
+  constructor(message, { run, tool, reason = null, cause }) {
+    super(message, { key: null, decision: null, reason: reason ?? message, cause });
+    /** @type {string} */
+    this.run = run;
+    /** @type {string} */
+    this.tool = tool;
+  }
+}
 
 /**
  * tokenAttempt() found the run held by a live lease of either kind (another
@@ -162,8 +247,8 @@ const attemptContext = new AsyncLocalStorage();
 
 /**
  * One token attempt of a Ledger (internal): its lease, whether it has ended,
- * its calls in flight, and whether it is stopped (after an unknown outcome or
- * a pause).
+ * its calls in flight, and whether it is stopped (after an unknown outcome, a
+ * pause, an abandoned run or a refused tool).
  */
 class Attempt {
   /** @param {Ledger} ledger @param {TokenLease} lease */
@@ -175,7 +260,7 @@ class Attempt {
     this.ended = false;
     /** calls past their checks and not yet settled */
     this.inflight = 0;
-    /** @type {{key: string|null, reason: string}|null} */
+    /** @type {{key: string|null, reason: string, error: (() => Error)|null}|null} */
     this.stopped = null;
     /** @type {Array<() => void>} */
     this.waiters = [];
@@ -323,9 +408,25 @@ function describe(value) {
 
 // Runs stopped in their current session-lease attempt, per client (a session
 // lease belongs to the session, so every Ledger on one client shares this):
-// run -> {key, reason}.  A token attempt keeps its own (Attempt.stopped).
-/** @type {WeakMap<object, Map<string, {key: string|null, reason: string}>>} */
+// run -> {key, reason, error}: its further calls throw RunStopped, or error()
+// when given.  A token attempt keeps its own (Attempt.stopped).
+/** @type {WeakMap<object, Map<string, {key: string|null, reason: string, error: (() => Error)|null}>>} */
 const stoppedRuns = new WeakMap();
+
+/** The server's message and detail as one sentence. */
+function serverMessage(err) {
+  const detail = err?.detail ? `: ${String(err.detail).replace(/\.$/, '')}` : '';
+  return `${err?.message ?? err}${detail}`;
+}
+
+/** RunAbandonedError for a 55L02 refusal of a call of `run`. */
+function abandoned(run, err) {
+  const reason = serverMessage(err);
+  return new RunAbandonedError(
+    `${reason} (SQLSTATE 55L02).  This attempt stops here, and the run must not be retried: ` +
+      'it is stopped for good.',
+    { run, reason, cause: err });
+}
 
 /** A transaction status that says the last statement did not commit on its own. */
 function inTransaction(status) {
@@ -350,7 +451,7 @@ export class Ledger {
     }
     this.client = client;
     if (!stoppedRuns.has(client)) stoppedRuns.set(client, new Map());
-    /** @type {Map<string, {key: string|null, reason: string}>} */
+    /** @type {Map<string, {key: string|null, reason: string, error: (() => Error)|null}>} */
     this.#stopped = stoppedRuns.get(client);
   }
 
@@ -364,12 +465,15 @@ export class Ledger {
   /** @type {Set<string>} runs this Ledger holds by an explicit acquireRun() */
   #sessionHeld = new Set();
 
-  /** Stops `run` in its current attempt (the token attempt, or the session's). */
-  #stop(run, key, reason, attempt = null) {
+  /**
+   * Stops `run` in its current attempt (the token attempt, or the session's):
+   * its further calls throw RunStopped, or `error()` when given.
+   */
+  #stop(run, key, reason, attempt = null, error = null) {
     if (attempt) {
-      attempt.stopped ??= { key, reason };
+      attempt.stopped ??= { key, reason, error };
     } else if (!this.#stopped.has(run)) {
-      this.#stopped.set(run, { key, reason });
+      this.#stopped.set(run, { key, reason, error });
     }
   }
 
@@ -516,6 +620,22 @@ export class Ledger {
       return rows[0];
     } catch (err) {
       if (attempt && err?.code === LEASE_LOST) throw attempt.lease[lose](err);
+      if (err?.code === RUN_ABANDONED) {
+        // Nothing was written; the run is stopped for good.
+        const stopped = abandoned(run, err);
+        this.#stop(run, null, stopped.reason, attempt,
+          () => new RunAbandonedError(stopped.message, { run, reason: stopped.reason, cause: err }));
+        throw stopped;
+      }
+      if (err?.code === TOOL_REFUSED) {
+        // Nothing was recorded; the run cannot make this call, so the attempt stops.
+        const reason = serverMessage(err);
+        this.#stop(run, null, `the ledger refused tool ${tool} (${reason}); nothing was performed.`, attempt);
+        throw new ToolRefusedError(
+          `${reason} (SQLSTATE 55L03).  Nothing was recorded or performed; this attempt stops here ` +
+            '(the run cannot make this call): an admin registers the tool, then a new attempt may go on.',
+          { run, tool, reason, cause: err });
+      }
       if (err?.[notCommitted]) {
         this.#stop(run, null, `begin_effect of ${tool} ran inside another transaction on the ` +
           "Ledger's connection; whether its intent is recorded depends on that transaction, and " +
@@ -546,6 +666,12 @@ export class Ledger {
    * @returns {Promise<any>} the result as recorded in the ledger (a JSON round
    *   trip of what perform returned; undefined becomes null), the same on a
    *   first run and on a replay.
+   * @throws EffectFailed, EffectPaused (DivergencePausedError for a call that
+   *   diverges from the run's earlier attempts), EffectInProgress,
+   *   RunAbandonedError (55L02), ToolRefusedError (55L03), RunStopped,
+   *   LeaseLostError, LedgerError, or perform's own error.  A pause, an unknown
+   *   outcome, an abandoned run and a refused tool stop the attempt: its further
+   *   calls throw RunStopped (RunAbandonedError again for an abandoned run).
    */
   async guarded({ run, tool, args, perform, businessKey = null, meta }) {
     if (typeof perform !== 'function') {
@@ -578,6 +704,7 @@ export class Ledger {
       }
     }
     const stop = attempt ? attempt.stopped : this.#stopped.get(run);
+    if (stop?.error) throw stop.error();
     if (stop) {
       throw new RunStopped(
         `run ${run} is stopped in this attempt: ${stop.reason}  End the attempt; once the ` +
@@ -610,6 +737,15 @@ export class Ledger {
         }
         throw new LedgerError(`${where}: replay with unexpected status ${d.status}`, d);
       case 'pause':
+        if (d.status === null) {
+          // Nothing was recorded for the call: it diverges from the run's earlier
+          // attempts and waits for resolve_divergence.  It stops the attempt like any pause.
+          this.#stop(run, d.key, `${where} diverges from the run's earlier attempts and is paused.`, attempt);
+          throw new DivergencePausedError(
+            `${where} is paused: ${sentence(d.reason)}  A person must decide with ` +
+              'durable_ledger.resolve_divergence (same or distinct) before the run can go on.',
+            { key: d.key, run, tool, reason: d.reason });
+        }
         this.#stop(run, d.key, `${where} is paused.`, attempt);
         throw new EffectPaused(
           `${where} is paused: ${sentence(d.reason)}  A person must resolve it ` +
@@ -716,11 +852,18 @@ export class Ledger {
    * @param {string} run
    * @param {{wait?: boolean}} [options]  wait: false returns false at once when another session holds it
    * @returns {Promise<boolean>}
+   * @throws RunAbandonedError when a person abandoned the run (nothing written; do not retry it)
    */
   async acquireRun(run, { wait = true } = {}) {
     this.#sessionOnly('acquireRun()');
-    const [r] = await this.#statement(`acquire_run of ${run}`,
-      'SELECT durable_ledger.acquire_run($1::text, $2::boolean) AS ok', [run, wait]);
+    let r;
+    try {
+      [r] = await this.#statement(`acquire_run of ${run}`,
+        'SELECT durable_ledger.acquire_run($1::text, $2::boolean) AS ok', [run, wait]);
+    } catch (err) {
+      if (err?.code === RUN_ABANDONED) throw abandoned(run, err);
+      throw err;
+    }
     if (r.ok) {
       this.#stopped.delete(run); // a new attempt starts
       this.#sessionHeld.add(run);
@@ -751,6 +894,23 @@ export class Ledger {
     const { rows } = await this.client.query(
       'SELECT * FROM durable_ledger.effect_status($1::text)', [key]);
     return rows[0] ?? null;
+  }
+
+  /**
+   * durable_ledger.history: the run's timeline, one object per audit event,
+   * oldest first, with the columns id, logged_at, lease_epoch, event, key,
+   * tool, args, attempt, outcome, detail, role_name, application_name
+   * (node-postgres returns the bigint columns id and lease_epoch as strings).
+   * An empty array for a run the ledger never saw.  Needs the
+   * durable_ledger_auditor role (or admin): a worker role alone gets a
+   * permission error (42501).  Needs the extension at version 1.2.  On a
+   * pg.Pool it runs on a connection of the pool, like any call.
+   * @param {string} run
+   * @returns {Promise<object[]>}
+   */
+  async history(run) {
+    const { rows } = await this.client.query('SELECT * FROM durable_ledger.history($1::text)', [run]);
+    return rows;
   }
 
   /**
@@ -811,7 +971,8 @@ export class Ledger {
    *   holder: the worker's name in durable_ledger.leases
    * @param {(lease: TokenLease) => T | Promise<T>} [fn]
    * @returns {Promise<T>}
-   * @throws RunBusy when a live lease of either kind holds the run (no waiting)
+   * @throws RunBusy when a live lease of either kind holds the run (no waiting);
+   *   RunAbandonedError when a person abandoned the run (do not retry it)
    */
   async tokenAttempt(run, options, fn) {
     if (typeof options === 'function') [options, fn] = [{}, options];
@@ -827,9 +988,15 @@ export class Ledger {
     this.#usedTokens = true;
     let attempt;
     try {
-      const [r] = await this.#statement(`take_lease of ${run}`,
-        'SELECT * FROM durable_ledger.take_lease($1::text, make_interval(secs => $2::double precision), $3::text)',
-        [run, ttl, holder]);
+      let r;
+      try {
+        [r] = await this.#statement(`take_lease of ${run}`,
+          'SELECT * FROM durable_ledger.take_lease($1::text, make_interval(secs => $2::double precision), $3::text)',
+          [run, ttl, holder]);
+      } catch (err) {
+        if (err?.code === RUN_ABANDONED) throw abandoned(run, err);
+        throw err;
+      }
       if (r.token === null) {
         throw new RunBusy(`run ${run} is held by a live lease (another worker's attempt)`);
       }

@@ -26,6 +26,7 @@ to this package and the SQL contract of the extension.
 """
 
 from .errors import (
+    DivergencePaused,
     EffectDidNotHappen,
     EffectFailed,
     EffectInProgress,
@@ -34,7 +35,9 @@ from .errors import (
     LedgerError,
     LedgerUsageError,
     OutcomeNotRecorded,
+    RunAbandoned,
     RunBusy,
+    ToolRefused,
 )
 from .ledger import Ledger, Perform, TokenLease, ToolFunction, side_effect
 
@@ -49,10 +52,13 @@ __all__ = [
     "LedgerError",
     "EffectFailed",
     "EffectPaused",
+    "DivergencePaused",
     "EffectInProgress",
     "OutcomeNotRecorded",
     "RunBusy",
     "LeaseLost",
+    "RunAbandoned",
+    "ToolRefused",
     "LedgerUsageError",
     "EffectDidNotHappen",
 ]

@@ -14,6 +14,9 @@ exception              did the effect happen?        what to do
                                                      call again (the next occurrence)
 `EffectPaused`         unknown                       stop the run; a person resolves the
                                                      effect, then start a new attempt
+`DivergencePaused`     not performed; it may be an   stop the run; a person decides with
+(an `EffectPaused`)    earlier effect again, with    ``resolve_divergence`` (same or
+                       drifted args                  distinct), then start a new attempt
 `EffectInProgress`     being done elsewhere now      ask again later (same call)
 `OutcomeNotRecorded`   performed (or declared not)   stop the run; the next attempt
                        but the ledger has not        pauses until a person resolves it;
@@ -22,6 +25,13 @@ exception              did the effect happen?        what to do
 `LeaseLost`            a call in flight was          stop the attempt; a new one
                        reported; nothing more was    (``token_attempt``) replays what
                        begun                         was completed
+`RunAbandoned`         not performed, nothing        stop the attempt and do NOT retry
+                       recorded: a person abandoned  the run (fork it into a new run
+                       the run (55L02)               to redo part of it)
+`ToolRefused`          not performed, nothing        stop the attempt; an admin registers
+                       recorded: the tool is         the tool (again), then a new attempt
+                       retired or not registered     may call it
+                       (55L03)
 `LedgerUsageError`     not attempted                 fix the calling code
 =====================  ============================  ====================================
 
@@ -37,10 +47,13 @@ __all__ = [
     "LedgerError",
     "EffectFailed",
     "EffectPaused",
+    "DivergencePaused",
     "EffectInProgress",
     "OutcomeNotRecorded",
     "RunBusy",
     "LeaseLost",
+    "RunAbandoned",
+    "ToolRefused",
     "LedgerUsageError",
     "EffectDidNotHappen",
 ]
@@ -99,6 +112,35 @@ class EffectPaused(LedgerError):
     """
 
 
+class DivergencePaused(EffectPaused):
+    """This call diverges from the run's earlier attempts: it may be an effect they
+    recorded, made again with drifted arguments (the model reworded a memo, rounded an
+    amount).  Not performed, and nothing was recorded for it.
+
+    ``begin_effect`` answered ``pause`` with no status: the call's tool is registered with
+    the divergence policy ``pause``, this is a later attempt of the run, and the call
+    would have executed (its key is new) while an effect of the tool that an earlier
+    attempt recorded has not been replayed by this attempt yet.  The ledger lists it in
+    ``durable_ledger.unresolved`` (``may_duplicate`` names that earlier effect; ``reason``
+    names it too).
+
+    The run must stop, as on any pause (it is an `EffectPaused`, so handlers of pauses
+    catch it): every further call of the attempt raises `EffectPaused` without asking the
+    database.  A person decides with ``durable_ledger.resolve_divergence(key, 'same' |
+    'distinct', resolved_by, note)``: ``same`` -- the call is that earlier effect, and the
+    next attempt gets its recorded outcome instead of performing it; ``distinct`` -- it is
+    a new operation, and the next attempt executes it.
+
+    ``key`` is the drifted call's own key (the one to pass to ``resolve_divergence``);
+    ``run`` and ``tool`` name the call; ``reason`` is the ledger's sentence.
+    """
+
+    def __init__(self, key: str, reason: str, *, run: str, tool: str) -> None:
+        self.run = run
+        self.tool = tool
+        super().__init__(key, "pause", reason)
+
+
 class EffectInProgress(LedgerError):
     """Another live worker is performing this very effect (a shared ``business_key``).
 
@@ -154,6 +196,51 @@ class LeaseLost(LedgerError):
     def __init__(self, run: str, epoch: Optional[int], reason: str) -> None:
         self.run = run
         self.epoch = epoch
+        super().__init__(None, None, reason)
+
+
+class RunAbandoned(LedgerError):
+    """A person abandoned the run (``durable_ledger.abandon_run``): SQLSTATE 55L02 from
+    ``begin_effect``, ``acquire_run`` or ``take_lease``.
+
+    Nothing was performed and nothing was written for this call.  The attempt stops: every
+    further call of it raises `RunAbandoned` again without asking the database, and a new
+    attempt (``attempt``, ``acquire_run``, ``token_attempt``) raises it at its start.  **Do
+    not retry the run**: it is stopped for good.  Drop the job (or tell whoever queued it);
+    to redo part of the run, an admin forks it into a new run (``durable_ledger.fork_run``)
+    and the new run is what gets retried.  Effects the run left in flight wait for a person
+    in ``durable_ledger.unresolved``.
+
+    ``run`` names the run; ``key`` and ``decision`` are None; ``reason`` is the ledger's
+    message (who abandoned it, and when).
+    """
+
+    def __init__(self, run: str, reason: str) -> None:
+        self.run = run
+        super().__init__(None, None, reason)
+
+
+class ToolRefused(LedgerError):
+    """The ledger refuses to execute the tool: SQLSTATE 55L03 from ``begin_effect``.
+
+    The tool is retired (``durable_ledger.retire_tool``), or nobody registered it and the
+    database runs with ``durable_ledger.unregistered_tools = refuse``.  Nothing was
+    recorded and nothing was performed (the occurrence is not used up).
+
+    The attempt stops: the run cannot make that call, so its plan cannot go on as it was.
+    Every further call of the attempt raises `EffectPaused` (``key`` None, the refusal in
+    its ``reason``) without asking the database.  An admin registers the tool (again) with
+    ``durable_ledger.register_tool``, or the run is changed so that it no longer calls it;
+    then a new attempt may go on.  (What a retired tool recorded earlier still replays:
+    only a call that would execute is refused.)
+
+    ``run`` and ``tool`` name the call; ``key`` and ``decision`` are None; ``reason`` is
+    the ledger's message.
+    """
+
+    def __init__(self, run: str, tool: str, reason: str) -> None:
+        self.run = run
+        self.tool = tool
         super().__init__(None, None, reason)
 
 

@@ -39,6 +39,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from .errors import (
+    DivergencePaused,
     EffectDidNotHappen,
     EffectFailed,
     EffectInProgress,
@@ -47,7 +48,9 @@ from .errors import (
     LedgerError,
     LedgerUsageError,
     OutcomeNotRecorded,
+    RunAbandoned,
     RunBusy,
+    ToolRefused,
 )
 
 __all__ = ["Ledger", "TokenLease", "side_effect", "Perform", "ToolFunction"]
@@ -68,6 +71,16 @@ ConnectionSource = Union["psycopg.Connection[Any]", Any, Callable[[], Any]]
 
 #: The SQLSTATE of a lost token lease (expired, released, superseded, unknown).
 LEASE_LOST = "55L01"
+#: The SQLSTATE of a call of a run that a person abandoned (begin_effect, acquire_run,
+#: take_lease): `RunAbandoned`.
+RUN_ABANDONED = "55L02"
+#: The SQLSTATE of a call that would execute a retired tool, or one nobody registered
+#: while ``durable_ledger.unregistered_tools = refuse``: `ToolRefused`.
+TOOL_REFUSED = "55L03"
+
+#: Why a run is stopped in its current attempt: (key, reason, the exception to raise
+#: instead of `EffectPaused` or None).  See `Ledger.guarded`.
+_Halt = Tuple[Optional[str], str, Optional[Callable[[], LedgerError]]]
 
 #: The token attempts the running code belongs to (innermost last).  `Ledger.token_attempt`
 #: extends it for its body; a call finds its attempt here, never by looking its run up.
@@ -84,6 +97,19 @@ def _not_committed(exc: BaseException) -> bool:
 
 class _NotSent(psycopg.OperationalError):
     """The connection source handed out a connection already closed: nothing was sent."""
+
+
+def _server_message(exc: "psycopg.Error") -> str:
+    """The server's message and detail, as one sentence."""
+    primary = exc.diag.message_primary or str(exc).strip()
+    detail = exc.diag.message_detail
+    return f"{primary}: {detail}" if detail else primary
+
+
+def _abandoned(run: str, exc: "psycopg.Error") -> RunAbandoned:
+    """`RunAbandoned` for a 55L02 refusal of a call of ``run``."""
+    return RunAbandoned(run, f"{_server_message(exc)} (SQLSTATE 55L02).  This attempt stops "
+                             f"here, and the run must not be retried: it is stopped for good")
 
 
 def _json(value: Any) -> Optional[Jsonb]:
@@ -132,11 +158,11 @@ class TokenLease:
         self._ledger = ledger
         # The attempt's own state: ended (its body is over: calls not yet begun are
         # refused), its calls in flight (the end waits for them), and its stop after an
-        # unknown outcome or a pause (key, reason).
+        # unknown outcome, a pause, an abandoned run or a refused tool (key, reason, error).
         self._ended = False
         self._inflight = 0
         self._idle = threading.Condition(self._mutex)
-        self._halted: Optional[Tuple[Optional[str], str]] = None
+        self._halted: Optional[_Halt] = None
 
     def check(self) -> None:
         """Raise `LeaseLost` when the lease is known to be lost; return otherwise."""
@@ -253,9 +279,9 @@ class Ledger:
     """
 
     def __init__(self, conn: ConnectionSource) -> None:
-        # Runs that must not go on in their session-lease attempt: run -> (key, reason).
-        # A token attempt keeps its own (TokenLease._halted).  See guarded().
-        self._halted: Dict[str, Tuple[Optional[str], str]] = {}
+        # Runs that must not go on in their session-lease attempt: run -> (key, reason,
+        # error).  A token attempt keeps its own (TokenLease._halted).  See guarded().
+        self._halted: Dict[str, _Halt] = {}
         # The open token attempts of this Ledger: run -> its lease.  See token_attempt().
         self._leases: Dict[str, TokenLease] = {}
         self._opening: set = set()  # runs whose token_attempt is taking its lease
@@ -321,7 +347,13 @@ class Ledger:
           is returned.
         - ``replay`` of a failed effect: ``perform`` is not called; `EffectFailed` with
           ``replayed=True``.  To try again, call again: that is the next occurrence.
-        - ``pause``: `EffectPaused`; ``in_progress``: `EffectInProgress`.
+        - ``pause``: `EffectPaused`; a pause with no status (the call diverges from the
+          run's earlier attempts, nothing was recorded for it): `DivergencePaused`, an
+          `EffectPaused` too.  ``in_progress``: `EffectInProgress`.
+        - the run was abandoned (SQLSTATE 55L02): `RunAbandoned`; the tool is retired, or
+          not registered while ``durable_ledger.unregistered_tools = refuse`` (55L03):
+          `ToolRefused`.  Nothing was recorded or performed; both stop the attempt (below):
+          further calls raise `RunAbandoned` again, or `EffectPaused` after a refusal.
 
         Both reports name the attempt of the effect that ``begin_effect`` executed
         (``complete_effect(key, result, attempt)``, ``fail_effect(key, error, attempt)``):
@@ -332,10 +364,10 @@ class Ledger:
         ledger already recorded for it raises `EffectFailed` as usual, anything else
         `OutcomeNotRecorded` (kept as a conflict for a person).
 
-        After an unknown outcome or a pause, every further call on ``run`` in the same
-        attempt through this `Ledger` raises `EffectPaused` without asking the database,
-        until a new attempt starts (`acquire_run`, `release_run`, `attempt` or
-        `token_attempt`).  Why: occurrences count identical calls within an attempt, so the
+        After an unknown outcome, a pause or a refused tool, every further call on ``run``
+        in the same attempt through this `Ledger` raises `EffectPaused` (`RunAbandoned`
+        once the run is known to be abandoned) without asking the database, until a new
+        attempt starts (`acquire_run`, `release_run`, `attempt` or `token_attempt`).  Why: occurrences count identical calls within an attempt, so the
         same call retried in the same attempt would be occurrence 2, get a new key and
         ``execute`` -- a second payment.  A run whose outcome is unknown must stop, not
         improvise.
@@ -363,7 +395,7 @@ class Ledger:
             try:
                 lease.check()
                 if lease._halted is not None:
-                    raise EffectPaused(lease._halted[0], "pause", lease._halted[1])
+                    raise _stopped(lease._halted)
                 return self._guarded(lease, run, tool, args, perform, business_key, meta)
             finally:
                 lease._leave()
@@ -385,7 +417,7 @@ class Ledger:
         self._check_writable()
         halted = self._halted.get(run)
         if halted is not None:
-            raise EffectPaused(halted[0], "pause", halted[1])
+            raise _stopped(halted)
         return self._guarded(None, run, tool, args, perform, business_key, meta)
 
     def _bound_lease(self, run: str) -> Optional[TokenLease]:
@@ -409,6 +441,11 @@ class Ledger:
                                           f"begin_effect of {tool} ran inside another "
                                           f"transaction on the Ledger's connection")
                 raise
+            except psycopg.Error as exc:
+                refused = self._refused(exc, run, tool, None)
+                if refused is not None:
+                    raise refused from exc
+                raise
         else:
             row = self._token_begin(lease, tool, args, business_key, meta)
         key: str = row["key"]
@@ -425,6 +462,14 @@ class Ledger:
                 raise EffectFailed(key, decision, reason, row["error"], replayed=True)
         elif decision == "pause":
             log.warning("run %s paused at %s %s: %s", run, tool, key, reason)
+            if row["status"] is None:
+                # Nothing was recorded for the call: it diverges from the run's earlier
+                # attempts, and waits for resolve_divergence.  It stops the attempt
+                # like any pause.
+                self._halt(run, key, f"run {run!r} is stopped in this attempt: the call of "
+                                     f"{tool} (key {key}) diverges from the run's earlier "
+                                     f"attempts and was paused: {reason}", lease)
+                raise DivergencePaused(key, reason, run=run, tool=tool)
             self._halt(run, key, f"run {run!r} is stopped in this attempt: effect {key} "
                                  f"({tool}) was paused: {reason}", lease)
             raise EffectPaused(key, decision, reason)
@@ -464,6 +509,9 @@ class Ledger:
         except psycopg.Error as exc:
             if exc.sqlstate == LEASE_LOST:
                 raise lease._lose(exc) from exc
+            refused = self._refused(exc, run, tool, lease)
+            if refused is not None:
+                raise refused from exc
             raise
 
     def _execute(self, run: str, tool: str, key: str, attempt: int, perform: Perform,
@@ -586,12 +634,18 @@ class Ledger:
         the keys of its earlier attempt -- so call it at the start of every attempt on a
         connection that outlives attempts (a pool).  Also lifts this client's stop on
         ``run`` after a pause or an unknown outcome: the new attempt will meet the
-        unresolved effect again in the ledger, at the same occurrence.
+        unresolved effect again in the ledger, at the same occurrence.  Raises
+        `RunAbandoned` (nothing written) when a person abandoned the run.
         """
         self._session_only("acquire_run()")
         self._check_writable()
-        row = self._one("SELECT durable_ledger.acquire_run(%s, %s) AS ok", (run, wait),
-                        what=f"acquire_run of {run}")
+        try:
+            row = self._one("SELECT durable_ledger.acquire_run(%s, %s) AS ok", (run, wait),
+                            what=f"acquire_run of {run}")
+        except psycopg.Error as exc:
+            if exc.sqlstate == RUN_ABANDONED:
+                raise _abandoned(run, exc) from exc
+            raise
         if row["ok"]:
             self._halted.pop(run, None)
             self._session_held.add(run)
@@ -616,7 +670,8 @@ class Ledger:
 
         Acquires the lease (a new epoch) at entry and releases it at exit, also when the
         body raises, so that a connection going back to the pool carries no lease.
-        ``wait=False`` raises `RunBusy` at once if another session holds the run.  If the
+        ``wait=False`` raises `RunBusy` at once if another session holds the run;
+        `RunAbandoned` when a person abandoned it (do not retry it).  If the
         connection broke, there is nothing to release: the lease ended with the session.
         """
         if not self.acquire_run(run, wait=wait):
@@ -653,7 +708,8 @@ class Ledger:
         At entry ``take_lease(run, ttl, holder)`` starts a new attempt (a new lease epoch:
         occurrence counters start again at 1, so the attempt replays what earlier attempts
         completed) and hands out a token; `RunBusy` when a live lease of either kind holds
-        the run (``take_lease`` never waits).  ``ttl`` (seconds, or a ``timedelta``; 1 s to
+        the run (``take_lease`` never waits); `RunAbandoned` when a person abandoned the
+        run (do not retry it).  ``ttl`` (seconds, or a ``timedelta``; 1 s to
         1 day) is how long the lease lives without renewal; ``holder`` names the worker in
         ``durable_ledger.leases``.
 
@@ -698,8 +754,14 @@ class Ledger:
             # Sent again on a fresh connection if the first one broke: a take_lease that
             # did commit unseen leaves the run held until its ttl, and the second answers
             # NULL (RunBusy) -- no worse than the error.
-            row = self._pooled_one("SELECT * FROM durable_ledger.take_lease(%s, %s, %s)",
-                                   (run, ttl, holder), retry=True, what=f"take_lease of {run}")
+            try:
+                row = self._pooled_one("SELECT * FROM durable_ledger.take_lease(%s, %s, %s)",
+                                       (run, ttl, holder), retry=True,
+                                       what=f"take_lease of {run}")
+            except psycopg.Error as exc:
+                if exc.sqlstate == RUN_ABANDONED:
+                    raise _abandoned(run, exc) from exc
+                raise
             if row["token"] is None:
                 raise RunBusy(None, None, f"run {run!r} is held by a live lease (another "
                                           f"worker's attempt)")
@@ -814,6 +876,29 @@ class Ledger:
             cur.execute("SELECT * FROM durable_ledger.effect_status(%s)", (key,))
             return cur.fetchone()
 
+    def history(self, run: str) -> List[Dict[str, Any]]:
+        """The run's timeline: the rows of ``durable_ledger.history(run)``, in order.
+
+        One dict per audit event, oldest first, with the columns ``id``, ``logged_at``,
+        ``lease_epoch`` (the attempt), ``event`` (``lease_acquired``, ``intent``,
+        ``replay``, ``pause``, ``completed``, ``failed``, ``divergence``,
+        ``divergence_resolved``, ``run_abandoned``, ...), ``key``, ``tool``, ``args``,
+        ``attempt``, ``outcome`` (the result or error the event concerns), ``detail``,
+        ``role_name`` and ``application_name``.  An empty list for a run the ledger never
+        saw.
+
+        Needs the ``durable_ledger_auditor`` role (or admin): a worker role alone gets
+        ``psycopg.errors.InsufficientPrivilege``.  Needs the extension at version 1.2.
+        Read-only: on a single connection it may run inside a transaction; on a pool (or a
+        factory) it uses a connection of its own, like any call.
+        """
+        query = "SELECT * FROM durable_ledger.history(%s)"
+        if self.conn is None:
+            return self._pooled_all(query, (run,), what=f"history of {run}")
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(query, (run,))
+            return cur.fetchall()
+
     # ----------------------------------------------------------------- helpers
 
     def _session_only(self, what: str) -> None:
@@ -840,14 +925,41 @@ class Ledger:
                 "outside transactions")
 
     def _halt(self, run: str, key: Optional[str], reason: str,
-              lease: Optional[TokenLease] = None) -> None:
-        """Stop ``run`` in its current attempt: the token attempt ``lease``, or the session's."""
+              lease: Optional[TokenLease] = None, *,
+              error: Optional[Callable[[], LedgerError]] = None) -> None:
+        """Stop ``run`` in its current attempt: the token attempt ``lease``, or the session's.
+
+        Its further calls raise `EffectPaused` (``key``, ``reason``), or ``error()``.
+        """
         if lease is not None:
             with lease._mutex:
                 if lease._halted is None:
-                    lease._halted = (key, reason)
+                    lease._halted = (key, reason, error)
         else:
-            self._halted.setdefault(run, (key, reason))
+            self._halted.setdefault(run, (key, reason, error))
+
+    def _refused(self, exc: BaseException, run: str, tool: str,
+                 lease: Optional[TokenLease]) -> Optional[LedgerError]:
+        """The exception for a begin_effect that the ledger refused because the run is
+        abandoned (55L02) or the tool may not execute (55L03), with the run stopped in this
+        attempt; None for any other error.  Either refusal wrote nothing."""
+        if not isinstance(exc, psycopg.Error) or exc.sqlstate not in (RUN_ABANDONED,
+                                                                       TOOL_REFUSED):
+            return None
+        if exc.sqlstate == RUN_ABANDONED:
+            abandoned = _abandoned(run, exc)
+            log.warning("run %s was abandoned: %s", run, abandoned.reason)
+            self._halt(run, None, abandoned.reason, lease,
+                       error=lambda: RunAbandoned(run, abandoned.reason))
+            return abandoned
+        message = _server_message(exc)
+        log.warning("run %s: the ledger refused tool %s: %s", run, tool, message)
+        self._halt(run, None, f"run {run!r} is stopped in this attempt: the ledger refused "
+                              f"tool {tool!r} ({message}); nothing was performed", lease)
+        return ToolRefused(run, tool, f"{message} (SQLSTATE 55L03).  Nothing was recorded or "
+                                      f"performed; this attempt stops here (the run cannot "
+                                      f"make this call): an admin registers the tool, then a "
+                                      f"new attempt may go on")
 
     def _one(self, query: str, params: Tuple[Any, ...], *, what: str = "a ledger statement",
              ) -> Dict[str, Any]:
@@ -960,6 +1072,12 @@ class Ledger:
                                 what=what)
         assert len(rows) == 1, query
         return rows[0]
+
+
+def _stopped(halted: _Halt) -> LedgerError:
+    """The exception a call of a stopped attempt raises (without asking the database)."""
+    key, reason, error = halted
+    return error() if error is not None else EffectPaused(key, "pause", reason)
 
 
 def _answers(conn: "psycopg.Connection[Any]") -> bool:

@@ -1,0 +1,421 @@
+// Tests of the client against the runs people steer (extension 1.2): a drifted
+// replay paused as a divergence (DivergencePausedError), an abandoned run
+// (RunAbandonedError), a retired or unregistered tool (ToolRefusedError), and
+// ledger.history(run).
+//
+//   DURABLE_LEDGER_DSN=postgresql://postgres@host/db npm test
+//
+// The DSN must be a superuser connection to a database with the extension at
+// version 1.2: the tests register and retire tools, resolve divergences,
+// abandon runs and create login roles of their own (dropped again).  Every test
+// uses runs and tool names of its own, so that the tools registry, which is the
+// database's, stays out of the other tests' way.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import pg from 'pg';
+import {
+  Ledger, LedgerError, EffectPaused, EffectFailed, EffectDidNotHappen, RunStopped,
+  DivergencePausedError, RunAbandonedError, ToolRefusedError, RUN_ABANDONED, TOOL_REFUSED,
+} from '../src/index.js';
+
+const dsn = process.env.DURABLE_LEDGER_DSN;
+if (!dsn) {
+  throw new Error('set DURABLE_LEDGER_DSN to a superuser connection string of a database with durable_ledger');
+}
+
+const APP = 'durable-ledger js steering tests';
+const HISTORY_COLUMNS = ['id', 'logged_at', 'lease_epoch', 'event', 'key', 'tool', 'args', 'attempt',
+  'outcome', 'detail', 'role_name', 'application_name'];
+
+const unique = (name) => `js-steer-${name}-${randomUUID()}`;
+/** A tool of one test alone: the registry is the database's. */
+const toolName = (name) => `${name}.${randomUUID().slice(0, 12)}`;
+
+/** The DSN with another user (node-postgres lets the URL's user win over `user`). */
+function dsnAs(user) {
+  const at = dsn.match(/^(postgres(?:ql)?:\/\/)(?:[^@/?]*@)?(.*)$/);
+  assert.ok(at, `DURABLE_LEDGER_DSN is not a postgresql:// URL: ${dsn}`);
+  return `${at[1]}${encodeURIComponent(user)}@${at[2]}`;
+}
+
+/** Runs fn(...clients) on fresh connections (new sessions), ended afterwards. */
+async function withClients(n, fn, connectionString = dsn) {
+  const clients = [];
+  try {
+    for (let i = 0; i < n; i += 1) {
+      const c = new pg.Client({ connectionString, application_name: APP });
+      c.on('error', () => {});
+      await c.connect();
+      clients.push(c);
+    }
+    return await fn(...clients);
+  } finally {
+    await Promise.all(clients.map((c) => c.end().catch(() => {})));
+  }
+}
+
+async function withPool(fn) {
+  const pool = new pg.Pool({ connectionString: dsn, application_name: APP, max: 2 });
+  pool.on('error', () => {});
+  try {
+    return await fn(pool);
+  } finally {
+    await pool.end();
+  }
+}
+
+/**
+ * Login roles made for a test (with the given ledger roles and role settings),
+ * dropped (settings reset) by `drop()`.
+ */
+function roles(admin) {
+  const made = [];
+  return {
+    async make(grants, settings = {}) {
+      const role = `dl_jstest_${randomUUID().replace(/-/g, '').slice(0, 16)}`;
+      await admin.query(`CREATE ROLE ${role} LOGIN`);
+      made.push({ role, settings: Object.keys(settings) });
+      for (const g of grants) await admin.query(`GRANT ${g} TO ${role}`);
+      for (const [name, value] of Object.entries(settings)) {
+        await admin.query(`ALTER ROLE ${role} SET ${name} = ${admin.escapeLiteral(value)}`);
+      }
+      return role;
+    },
+    async drop() {
+      for (const { role, settings } of made.reverse()) {
+        for (const name of settings) await admin.query(`ALTER ROLE ${role} RESET ${name}`);
+        await admin.query(`DROP ROLE ${role}`);
+      }
+    },
+  };
+}
+
+/** A downstream system that performs what it is asked and remembers it. */
+function bank() {
+  const calls = [];
+  return {
+    calls,
+    tool(ledger, name) {
+      return ledger.tool(name, (args, key) => {
+        calls.push({ tool: name, args, key });
+        return { paid: args, n: calls.length };
+      });
+    },
+  };
+}
+
+async function register(admin, tool) {
+  await admin.query("SELECT durable_ledger.register_tool($1, 'test')", [tool]);
+}
+
+async function effectKeys(admin, run) {
+  const { rows } = await admin.query(
+    'SELECT key FROM durable_ledger.effects WHERE run = $1 ORDER BY created_at', [run]);
+  return rows.map((r) => r.key);
+}
+
+async function unresolved(admin, run) {
+  const { rows } = await admin.query(
+    'SELECT key, tool, status, may_duplicate FROM durable_ledger.unresolved WHERE run = $1', [run]);
+  return rows;
+}
+
+// ------------------------------------------------------------------ divergence
+
+test('a drifted replay of a registered tool throws DivergencePausedError and stops the attempt; resolved as the same, it replays', async () => {
+  const run = unique('drift');
+  const payTool = toolName('t.pay');
+  const mailTool = toolName('t.mail');
+  const b = bank();
+  await withClients(4, async (admin, c1, c2, c3) => {
+    await register(admin, payTool);
+
+    const first = new Ledger(c1);
+    const receipt = await first.attempt(run, () => b.tool(first, payTool)(run, { invoice: 1, memo: 'a' }));
+    assert.equal(b.calls.length, 1);
+    const [earlier] = await effectKeys(admin, run);
+
+    // Attempt 2: the model reworded the memo.  The call is not performed.
+    const second = new Ledger(c2);
+    const pay = b.tool(second, payTool);
+    const mail = b.tool(second, mailTool);
+    let drift;
+    await second.attempt(run, async () => {
+      drift = await pay(run, { invoice: 1, memo: 'b' }).then(
+        () => assert.fail('the drifted call was performed'), (err) => err);
+      assert.ok(drift instanceof DivergencePausedError, `got ${drift?.stack ?? drift}`);
+      assert.ok(drift instanceof EffectPaused); // existing handlers of pauses catch it
+      assert.ok(drift instanceof LedgerError);
+      assert.equal(drift.name, 'DivergencePausedError');
+      assert.equal(drift.decision, 'pause');
+      assert.equal(drift.run, run);
+      assert.equal(drift.tool, payTool);
+      assert.match(drift.key, /^[0-9a-f]{64}$/);
+      assert.notEqual(drift.key, earlier);
+      assert.ok(drift.reason.includes(earlier), drift.reason); // the effect it may duplicate
+      assert.match(drift.message, /resolve_divergence/);
+
+      // The attempt stops there: no further call of it performs anything.
+      for (const [call, args] of [[pay, { invoice: 1, memo: 'b' }], [pay, { invoice: 1, memo: 'a' }],
+        [mail, { to: 'ap@example.com' }]]) {
+        await assert.rejects(call(run, args), (err) => {
+          assert.ok(err instanceof RunStopped, `got ${err?.stack ?? err}`);
+          assert.equal(err.key, drift.key);
+          return true;
+        });
+      }
+    });
+    assert.equal(b.calls.length, 1, JSON.stringify(b.calls));
+    assert.deepEqual(await effectKeys(admin, run), [earlier]);
+    assert.deepEqual(await unresolved(admin, run),
+      [{ key: drift.key, tool: payTool, status: null, may_duplicate: earlier }]);
+
+    // A person says it is the same payment: a new attempt gets the recorded result.
+    await admin.query("SELECT durable_ledger.resolve_divergence($1, 'same', 'test')", [drift.key]);
+    const third = new Ledger(c3);
+    const again = await third.attempt(run, () => b.tool(third, payTool)(run, { invoice: 1, memo: 'b' }));
+    assert.deepEqual(again, receipt);
+    assert.equal(b.calls.length, 1, JSON.stringify(b.calls));
+    assert.deepEqual(await unresolved(admin, run), []);
+  });
+});
+
+test('a divergence in a token attempt on a pg.Pool; resolved as distinct, the next attempt executes it', async () => {
+  const run = unique('drift-token');
+  const payTool = toolName('t.pay');
+  const b = bank();
+  await withClients(1, (admin) => withPool(async (pool) => {
+    await register(admin, payTool);
+    const ledger = new Ledger(pool);
+    const pay = b.tool(ledger, payTool);
+    await ledger.tokenAttempt(run, { ttl: 60 }, () => pay(run, { invoice: 1, memo: 'a' }));
+    let drift;
+    await ledger.tokenAttempt(run, { ttl: 60 }, async () => {
+      drift = await pay(run, { invoice: 1, memo: 'b' }).then(
+        () => assert.fail('the drifted call was performed'), (err) => err);
+      assert.ok(drift instanceof DivergencePausedError, `got ${drift?.stack ?? drift}`);
+      await assert.rejects(pay(run, { invoice: 2, memo: 'c' }), RunStopped);
+    });
+    assert.equal(b.calls.length, 1);
+    assert.equal(drift.run, run);
+    assert.equal(drift.tool, payTool);
+
+    await admin.query("SELECT durable_ledger.resolve_divergence($1, 'distinct', 'test')", [drift.key]);
+    await ledger.tokenAttempt(run, { ttl: 60 }, () => pay(run, { invoice: 1, memo: 'b' }));
+    assert.deepEqual(b.calls.map((c) => c.args.memo), ['a', 'b']);
+    assert.equal(b.calls[1].key, drift.key);
+  }));
+});
+
+// --------------------------------------------------------------------- abandon
+
+test('an abandoned run throws RunAbandonedError on the next call and on a new attempt; nothing performed', async () => {
+  const run = unique('abandon');
+  const payTool = toolName('t.pay');
+  const b = bank();
+  await withClients(3, async (admin, c1, c2) => {
+    const ledger = new Ledger(c1);
+    const pay = b.tool(ledger, payTool);
+    await ledger.attempt(run, async () => {
+      await pay(run, { invoice: 1 });
+      const { rows } = await admin.query(
+        "SELECT durable_ledger.abandon_run($1, 'test', 'wrong customer') AS done", [run]);
+      assert.equal(rows[0].done, true);
+      await assert.rejects(pay(run, { invoice: 2 }), (err) => {
+        assert.ok(err instanceof RunAbandonedError, `got ${err?.stack ?? err}`);
+        assert.ok(err instanceof LedgerError);
+        assert.equal(err.run, run);
+        assert.equal(err.key, null);
+        assert.equal(err.cause?.code, RUN_ABANDONED);
+        assert.match(err.message, /abandoned/);
+        assert.match(err.message, /must not be retried/);
+        return true;
+      });
+      // the attempt stays stopped, without asking the database
+      await assert.rejects(pay(run, { invoice: 1 }), RunAbandonedError);
+    });
+    assert.deepEqual(b.calls.map((c) => c.args), [{ invoice: 1 }]);
+
+    // a new attempt, in each way one starts
+    await assert.rejects(ledger.attempt(run, () => assert.fail('an attempt of an abandoned run began')),
+      RunAbandonedError);
+    await assert.rejects(ledger.acquireRun(run), RunAbandonedError);
+    const fresh = new Ledger(c2); // an implicit session lease
+    await assert.rejects(b.tool(fresh, payTool)(run, { invoice: 3 }), RunAbandonedError);
+    await withPool(async (pool) => {
+      await assert.rejects(
+        new Ledger(pool).tokenAttempt(run, { ttl: 60 }, () => assert.fail('a token attempt of an abandoned run began')),
+        RunAbandonedError);
+    });
+    assert.equal(b.calls.length, 1);
+    assert.equal((await effectKeys(admin, run)).length, 1);
+  });
+});
+
+test('a run abandoned during a token attempt: RunAbandonedError, and the attempt stops', async () => {
+  const run = unique('abandon-token');
+  const b = bank();
+  await withClients(1, (admin) => withPool(async (pool) => {
+    const ledger = new Ledger(pool);
+    const pay = b.tool(ledger, toolName('t.pay'));
+    await assert.rejects(ledger.tokenAttempt(run, { ttl: 60 }, async () => {
+      await pay(run, { invoice: 1 });
+      await admin.query("SELECT durable_ledger.abandon_run($1, 'test')", [run]);
+      await assert.rejects(pay(run, { invoice: 2 }), RunAbandonedError);
+      await pay(run, { invoice: 3 }); // throws again: the attempt is stopped
+    }), RunAbandonedError);
+    assert.deepEqual(b.calls.map((c) => c.args), [{ invoice: 1 }]);
+    assert.equal((await effectKeys(admin, run)).length, 1);
+  }));
+});
+
+// --------------------------------------------------------------- refused tools
+
+test('a retired tool throws ToolRefusedError, performs nothing and stops the attempt; its record still replays', async () => {
+  const run = unique('retired');
+  const faxTool = toolName('t.fax');
+  const mailTool = toolName('t.mail');
+  const b = bank();
+  await withClients(3, async (admin, c1, c2) => {
+    await register(admin, faxTool);
+    const first = new Ledger(c1);
+    const sent = await first.attempt(run, () => b.tool(first, faxTool)(run, { to: '+1 555 0100' }));
+    await admin.query("SELECT durable_ledger.retire_tool($1, 'test', 'no more faxes')", [faxTool]);
+
+    const second = new Ledger(c2);
+    const fax = b.tool(second, faxTool);
+    const mail = b.tool(second, mailTool);
+    await second.attempt(run, async () => {
+      assert.deepEqual(await fax(run, { to: '+1 555 0100' }), sent); // what it recorded replays
+      await assert.rejects(fax(run, { to: '+1 555 0199' }), (err) => {
+        assert.ok(err instanceof ToolRefusedError, `got ${err?.stack ?? err}`);
+        assert.ok(err instanceof LedgerError);
+        assert.ok(!(err instanceof EffectPaused));
+        assert.equal(err.run, run);
+        assert.equal(err.tool, faxTool);
+        assert.equal(err.key, null);
+        assert.equal(err.cause?.code, TOOL_REFUSED);
+        assert.match(err.message, /retired/);
+        return true;
+      });
+      // the attempt stops: another tool's call is not performed either
+      await assert.rejects(mail(run, { to: 'ap@example.com' }), (err) => {
+        assert.ok(err instanceof RunStopped, `got ${err?.stack ?? err}`);
+        assert.match(err.message, /refused/);
+        return true;
+      });
+    });
+    assert.equal(b.calls.length, 1, JSON.stringify(b.calls));
+    assert.equal((await effectKeys(admin, run)).length, 1);
+  });
+});
+
+test('an unregistered tool throws ToolRefusedError where unregistered_tools = refuse', async () => {
+  const run = unique('unregistered');
+  const registered = toolName('t.pay');
+  const unknown = toolName('t.unknown');
+  const b = bank();
+  await withClients(1, async (admin) => {
+    const made = roles(admin);
+    try {
+      await register(admin, registered);
+      // a superuser's setting: here, of a worker role of the test
+      const role = await made.make(['durable_ledger_worker'], { 'durable_ledger.unregistered_tools': 'refuse' });
+      await withClients(1, async (worker) => {
+        const { rows } = await worker.query('SHOW durable_ledger.unregistered_tools');
+        assert.equal(Object.values(rows[0])[0], 'refuse');
+        const ledger = new Ledger(worker);
+        await ledger.attempt(run, async () => {
+          await assert.rejects(b.tool(ledger, unknown)(run, { invoice: 1 }), (err) => {
+            assert.ok(err instanceof ToolRefusedError, `got ${err?.stack ?? err}`);
+            assert.equal(err.tool, unknown);
+            assert.match(err.message, /not registered/);
+            return true;
+          });
+          await assert.rejects(b.tool(ledger, registered)(run, { invoice: 1 }), RunStopped);
+        });
+        assert.deepEqual(b.calls, []);
+        assert.deepEqual(await effectKeys(admin, run), []);
+        // a registered tool executes under refuse, in a new attempt
+        await ledger.attempt(run, () => b.tool(ledger, registered)(run, { invoice: 1 }));
+        assert.deepEqual(b.calls.map((c) => c.tool), [registered]);
+      }, dsnAs(role));
+    } finally {
+      await made.drop();
+    }
+  });
+});
+
+// --------------------------------------------------------------------- history
+
+test('history returns the events of a run in order, with tools, args and outcomes', async () => {
+  const run = unique('history');
+  const payTool = toolName('t.pay');
+  const refundTool = toolName('t.refund');
+  const b = bank();
+  await withClients(2, async (admin, c1) => {
+    const ledger = new Ledger(c1);
+    const pay = b.tool(ledger, payTool);
+    const refund = ledger.tool(refundTool, () => { throw new EffectDidNotHappen({ code: 'closed' }); });
+    const receipt = await ledger.attempt(run, async () => {
+      const r = await pay(run, { invoice: 1, amount: 10 });
+      await assert.rejects(refund(run, { invoice: 1 }), EffectFailed);
+      return r;
+    });
+    await ledger.attempt(run, async () => {
+      assert.deepEqual(await pay(run, { invoice: 1, amount: 10 }), receipt);
+    });
+
+    const rows = await ledger.history(run);
+    assert.ok(Array.isArray(rows));
+    for (const row of rows) assert.deepEqual(Object.keys(row), HISTORY_COLUMNS);
+    const ids = rows.map((r) => BigInt(r.id));
+    assert.deepEqual(ids, [...ids].sort((x, y) => (x < y ? -1 : x > y ? 1 : 0)));
+    assert.deepEqual(
+      rows.map((r) => [Number(r.lease_epoch), r.event, r.tool, r.args, r.attempt, r.outcome]),
+      [[1, 'lease_acquired', null, null, null, null],
+        [1, 'intent', payTool, { invoice: 1, amount: 10 }, 1, null],
+        [1, 'completed', payTool, { invoice: 1, amount: 10 }, 1, receipt],
+        [1, 'intent', refundTool, { invoice: 1 }, 1, null],
+        [1, 'failed', refundTool, { invoice: 1 }, 1, { code: 'closed' }],
+        [1, 'lease_released', null, null, null, null],
+        [2, 'lease_acquired', null, null, null, null],
+        [2, 'replay', payTool, { invoice: 1, amount: 10 }, 1, receipt],
+        [2, 'lease_released', null, null, null, null]]);
+    const [payKey, refundKey] = await effectKeys(admin, run);
+    assert.deepEqual(rows.filter((r) => r.tool === payTool).map((r) => r.key), [payKey, payKey, payKey]);
+    assert.deepEqual(rows.filter((r) => r.tool === refundTool).map((r) => r.key), [refundKey, refundKey]);
+    assert.ok(rows.every((r) => r.application_name === APP));
+    assert.ok(rows.every((r) => r.logged_at instanceof Date));
+
+    // on a pg.Pool, the same rows; a run never seen has none
+    await withPool(async (pool) => {
+      const pooled = new Ledger(pool);
+      assert.deepEqual(await pooled.history(run), rows);
+      assert.deepEqual(await pooled.history(`${run}-never`), []);
+    });
+  });
+});
+
+test('history needs the auditor role', async () => {
+  const run = unique('history-roles');
+  await withClients(2, async (admin, c1) => {
+    const made = roles(admin);
+    try {
+      const ledger = new Ledger(c1);
+      await ledger.attempt(run, () => bank().tool(ledger, toolName('t.pay'))(run, { invoice: 1 }));
+      const auditor = await made.make(['durable_ledger_auditor']);
+      const worker = await made.make(['durable_ledger_worker']);
+      await withClients(1, async (c) => {
+        assert.deepEqual((await new Ledger(c).history(run)).map((r) => r.event),
+          ['lease_acquired', 'intent', 'completed', 'lease_released']);
+      }, dsnAs(auditor));
+      await withClients(1, async (c) => {
+        await assert.rejects(new Ledger(c).history(run), (err) => err?.code === '42501');
+      }, dsnAs(worker));
+    } finally {
+      await made.drop();
+    }
+  });
+});
