@@ -290,6 +290,12 @@ def worker(dsn, run, plan, seed, lease="session", ttl=2.0, drift_chance=0.0):
                     # worker retries that report now, on the very lease that has just
                     # begun the next attempt: it must leave the next attempt in flight.
                     accepted, row = truthful_report(conn, key, earlier[1], earlier[0], "declined")
+                    if token is not None and accepted and row[0] == attempt and row[1] == "unknown":
+                        # the next attempt reads unknown only once its lease has ended: this
+                        # worker's token lease expired meanwhile (its heartbeat was late)
+                        print(f"lease lost, {LEASE_LOST}: the lease expired while the earlier "
+                              "report was retried (expired)", file=sys.stderr)
+                        sys.exit(LOST)
                     if not accepted or row[0] != attempt or row[1] != "started":
                         rejected("its retried report on an earlier attempt", key, earlier[1], row)
                     phase(rng, "earlier report retried")
