@@ -84,7 +84,8 @@ ISOLATION = \
 	token_vs_session \
 	token_expiry_race \
 	abandon_race \
-	fork_race
+	fork_race \
+	tool_change_race
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 
 # TAP tests (test/t/), each with clusters of its own: make prove_installcheck

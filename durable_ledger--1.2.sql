@@ -56,7 +56,8 @@ CREATE DOMAIN durable_ledger.audit_event AS text
                      'completed', 'late_completion', 'failed', 'late_failure',
                      'resolved', 'conflict',
                      'tool_registered', 'tool_changed', 'tool_retired',
-                     'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked'));
+                     'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
+                     'carried', 'policy_changed'));
 
 -- ---------------------------------------------------------------------------
 -- Token leases: a lease that is a row, not a session lock, so that a run's
@@ -236,6 +237,22 @@ CREATE TABLE durable_ledger.tools (
     retired_at      timestamptz
 );
 SELECT pg_catalog.pg_extension_config_dump('durable_ledger.tools', '');
+
+-- What a deployment allows: whether a tool nobody registered may execute
+-- (allow, warn, refuse).  A row, changed by admins with set_unregistered_tools()
+-- and audited, not a setting: a setting of a library loaded on first use can
+-- be overridden by a client's startup options.  No row: allow.
+CREATE DOMAIN durable_ledger.unregistered_tools_policy AS text
+    CHECK (VALUE IN ('allow', 'warn', 'refuse'));
+
+CREATE TABLE durable_ledger.policy (
+    singleton           boolean PRIMARY KEY DEFAULT true,   -- one row at most
+    unregistered_tools  durable_ledger.unregistered_tools_policy NOT NULL,
+    changed_by          text NOT NULL,
+    changed_at          timestamptz NOT NULL,
+    note                text
+);
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.policy', '');
 
 -- The effects of a run by tool: the earlier effects a later attempt of the run
 -- is compared with (divergence), counted once per attempt and tool.
@@ -480,8 +497,8 @@ COMMENT ON FUNCTION durable_ledger.canonical_args(jsonb) IS
 
 CREATE FUNCTION durable_ledger.effect_key(run text, tool text, args jsonb, occurrence integer)
 RETURNS text
-AS 'MODULE_PATHNAME', 'dl_effect_key'
-LANGUAGE C IMMUTABLE PARALLEL SAFE;
+AS 'MODULE_PATHNAME', 'dl_effect_key_1_2'
+LANGUAGE C STABLE PARALLEL SAFE;
 COMMENT ON FUNCTION durable_ledger.effect_key(text, text, jsonb, integer) IS
     'the derived idempotency key of a call, computed without writing anything';
 
@@ -615,6 +632,15 @@ SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.retire_tool(text, text, text) IS
     'retires a tool: its calls are executed no more; what was recorded still replays';
 
+CREATE FUNCTION durable_ledger.set_unregistered_tools(setting text, set_by text,
+                                                      note text DEFAULT NULL)
+RETURNS text
+AS 'MODULE_PATHNAME', 'dl_set_unregistered_tools_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.set_unregistered_tools(text, text, text) IS
+    'whether a tool nobody registered may execute: allow, warn or refuse; audited with the name; returns the previous setting';
+
 CREATE FUNCTION durable_ledger.resolve_divergence(key text, verdict text, resolved_by text,
                                                   note text DEFAULT NULL,
                                                   same_as text DEFAULT NULL)
@@ -649,9 +675,14 @@ CREATE FUNCTION durable_ledger.history(run text)
 RETURNS TABLE (id bigint, logged_at timestamptz, lease_epoch bigint, event text, key text,
                tool text, args jsonb, attempt integer, outcome jsonb, detail jsonb,
                role_name text, application_name text)
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
+BEGIN
+    IF history.run IS NULL THEN
+        RAISE EXCEPTION 'run must not be null' USING ERRCODE = '22004';
+    END IF;
+    RETURN QUERY
     SELECT a.id, a.logged_at, a.lease_epoch, a.event::text, a.key,
            COALESCE(e.tool, d.tool, a.detail OPERATOR(pg_catalog.->>) 'tool'),
            COALESCE(e.args, d.args),
@@ -660,14 +691,15 @@ AS $fn$
                     a.detail OPERATOR(pg_catalog.->) 'error',
                     CASE WHEN a.event OPERATOR(pg_catalog.=) ANY ('{completed,late_completion}')
                           AND a.attempt IS NOT DISTINCT FROM e.attempt THEN e.result
-                         WHEN a.event OPERATOR(pg_catalog.=) 'replay'
+                         WHEN a.event OPERATOR(pg_catalog.=) ANY ('{replay,carried}')
                          THEN COALESCE(e.result, e.error) END),
            a.detail, a.role_name, a.application_name
       FROM durable_ledger.audit_log a
       LEFT JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) a.key
       LEFT JOIN durable_ledger.divergences d ON d.key OPERATOR(pg_catalog.=) a.key
-     WHERE a.run OPERATOR(pg_catalog.=) $1
-     ORDER BY a.id
+     WHERE a.run OPERATOR(pg_catalog.=) history.run
+     ORDER BY a.id;
+END
 $fn$;
 COMMENT ON FUNCTION durable_ledger.history(text) IS
     'the run''s timeline in order: attempts, decisions, reports, pauses, resolutions, lease events and divergences, with keys, args, outcomes, who and when';
@@ -728,25 +760,30 @@ GRANT EXECUTE ON FUNCTION
 -- ---------------------------------------------------------------------------
 -- Privileges of the tools registry, divergences, abandon_run and history.
 -- ---------------------------------------------------------------------------
-REVOKE ALL ON durable_ledger.tools, durable_ledger.divergences FROM PUBLIC;
+REVOKE ALL ON durable_ledger.tools, durable_ledger.divergences, durable_ledger.policy FROM PUBLIC;
 REVOKE ALL ON FUNCTION
     durable_ledger.register_tool(text, text, boolean, text, text[], text),
     durable_ledger.change_tool(text, text, boolean, text, text[], text),
     durable_ledger.retire_tool(text, text, text),
+    durable_ledger.set_unregistered_tools(text, text, text),
     durable_ledger.resolve_divergence(text, text, text, text, text),
     durable_ledger.abandon_run(text, text, text),
     durable_ledger.fork_run(text, text, text, text, text),
     durable_ledger.history(text)
     FROM PUBLIC;
-REVOKE ALL ON TYPE durable_ledger.divergence_policy, durable_ledger.divergence_verdict FROM PUBLIC;
-GRANT USAGE ON TYPE durable_ledger.divergence_policy, durable_ledger.divergence_verdict
+REVOKE ALL ON TYPE durable_ledger.divergence_policy, durable_ledger.divergence_verdict,
+                   durable_ledger.unregistered_tools_policy FROM PUBLIC;
+GRANT USAGE ON TYPE durable_ledger.divergence_policy, durable_ledger.divergence_verdict,
+                    durable_ledger.unregistered_tools_policy
     TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin;
-GRANT SELECT ON durable_ledger.tools, durable_ledger.divergences TO durable_ledger_auditor;
+GRANT SELECT ON durable_ledger.tools, durable_ledger.divergences, durable_ledger.policy
+    TO durable_ledger_auditor;
 GRANT EXECUTE ON FUNCTION durable_ledger.history(text) TO durable_ledger_auditor;
 GRANT EXECUTE ON FUNCTION
     durable_ledger.register_tool(text, text, boolean, text, text[], text),
     durable_ledger.change_tool(text, text, boolean, text, text[], text),
     durable_ledger.retire_tool(text, text, text),
+    durable_ledger.set_unregistered_tools(text, text, text),
     durable_ledger.resolve_divergence(text, text, text, text, text),
     durable_ledger.abandon_run(text, text, text),
     durable_ledger.fork_run(text, text, text, text, text)

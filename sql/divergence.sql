@@ -185,6 +185,56 @@ SELECT (durable_ledger.take_lease('dt-1', '1 minute')).token AS t2 \gset
 SELECT regress_div_call('dt-1', 'dv.pay', '{"invoice": "A", "memo": "2"}', token => :'t2');
 SELECT durable_ledger.release_lease(:'t2');
 
+-- the effect it may duplicate is the first earlier effect this attempt has not
+-- replayed, in the order they were begun: here the second, since the first was
+-- replayed (out of order)
+SELECT durable_ledger.acquire_run('dr-5');
+SELECT regress_div_call('dr-5', 'dv.pay', '{"invoice": "X", "memo": "1"}'),
+       regress_div_call('dr-5', 'dv.pay', '{"invoice": "Y", "memo": "1"}');
+SELECT durable_ledger.acquire_run('dr-5');
+SELECT regress_div_call('dr-5', 'dv.pay', '{"invoice": "Y", "memo": "1"}') AS y_first;
+SELECT decision, position(durable_ledger.effect_key('dr-5', 'dv.pay', '{"invoice": "X", "memo": "1"}', 1) IN reason) > 0
+         AS names_x_not_y
+  FROM durable_ledger.begin_effect('dr-5', 'dv.pay', '{"invoice": "X", "memo": "2"}');
+SELECT candidate_key = durable_ledger.effect_key('dr-5', 'dv.pay', '{"invoice": "X", "memo": "1"}', 1) AS candidate_is_x
+  FROM durable_ledger.divergences WHERE run = 'dr-5';
+SELECT durable_ledger.release_run('dr-5');
+
+-- an earlier effect replayed twice (once as a verdict, once as itself) counts once:
+-- the other earlier effect, not replayed, still makes a reworded call of it pause
+SELECT durable_ledger.acquire_run('dr-6');
+SELECT regress_div_call('dr-6', 'dv.pay', '{"invoice": "X", "memo": "1"}'),
+       regress_div_call('dr-6', 'dv.pay', '{"invoice": "Y", "memo": "1"}');
+SELECT durable_ledger.acquire_run('dr-6');
+SELECT regress_div_call('dr-6', 'dv.pay', '{"invoice": "X", "memo": "2"}') AS x_reworded;
+SELECT verdict FROM durable_ledger.resolve_divergence(
+    durable_ledger.effect_key('dr-6', 'dv.pay', '{"invoice": "X", "memo": "2"}', 1), 'same', 'maria');
+SELECT regress_div_call('dr-6', 'dv.pay', '{"invoice": "X", "memo": "2"}') AS x_reworded_again,
+       regress_div_call('dr-6', 'dv.pay', '{"invoice": "X", "memo": "1"}') AS x_itself,
+       regress_div_call('dr-6', 'dv.pay', '{"invoice": "Y", "memo": "2"}') AS y_reworded;
+-- the replay that a verdict gave names the drifted call in the audit log
+SELECT detail ->> 'divergence' = durable_ledger.effect_key('dr-6', 'dv.pay', '{"invoice": "X", "memo": "2"}', 1)
+         AS names_the_drifted_call
+  FROM durable_ledger.audit_log WHERE run = 'dr-6' AND event = 'replay' AND detail ? 'divergence';
+SELECT count(*) AS payments FROM durable_ledger.effects WHERE run = 'dr-6';
+SELECT durable_ledger.release_run('dr-6');
+
+-- a divergence waits for its verdict however far the replay has come since
+SELECT durable_ledger.acquire_run('dr-7');
+SELECT regress_div_call('dr-7', 'dv.pay', '{"invoice": "X", "memo": "1"}');
+SELECT durable_ledger.acquire_run('dr-7');
+SELECT regress_div_call('dr-7', 'dv.pay', '{"invoice": "X", "memo": "2"}') AS drifted;
+SELECT durable_ledger.acquire_run('dr-7');
+SELECT regress_div_call('dr-7', 'dv.pay', '{"invoice": "X", "memo": "1"}') AS replayed,
+       regress_div_call('dr-7', 'dv.pay', '{"invoice": "X", "memo": "2"}') AS still_waiting;
+-- a policy turned off lets it execute; its verdict can then no longer be given
+SELECT divergence FROM durable_ledger.change_tool('dv.pay', 'ana', divergence => 'off');
+SELECT regress_div_call('dr-7', 'dv.pay', '{"invoice": "X", "memo": "2"}') AS executed;
+SELECT regress_sqlstate(format($$SELECT durable_ledger.resolve_divergence(%L, 'same', 'maria')$$,
+       durable_ledger.effect_key('dr-7', 'dv.pay', '{"invoice": "X", "memo": "2"}', 1)));
+SELECT divergence FROM durable_ledger.change_tool('dv.pay', 'ana', divergence => 'pause');
+SELECT durable_ledger.release_run('dr-7');
+
 -- ===================================================================
 -- resolve_divergence refuses what it cannot mean, writing nothing
 -- ===================================================================
@@ -214,3 +264,14 @@ SET ROLE regress_div_worker;
 SELECT regress_sqlstate(format($$SELECT durable_ledger.resolve_divergence(%L, 'same', 'w')$$, :'z'));
 RESET ROLE;
 DROP ROLE regress_div_worker;
+
+-- a retired tool's drifted call, resolved as the same, still replays (nothing executes)
+SELECT durable_ledger.acquire_run('dr-8');
+SELECT regress_div_call('dr-8', 'dv.pay', '{"invoice": "R", "memo": "1"}', '{"paid": "R"}');
+SELECT durable_ledger.acquire_run('dr-8');
+SELECT regress_div_call('dr-8', 'dv.pay', '{"invoice": "R", "memo": "2"}');
+SELECT verdict FROM durable_ledger.resolve_divergence(
+    durable_ledger.effect_key('dr-8', 'dv.pay', '{"invoice": "R", "memo": "2"}', 1), 'same', 'maria');
+SELECT retired_by FROM durable_ledger.retire_tool('dv.pay', 'ana');
+SELECT decision, result FROM durable_ledger.begin_effect('dr-8', 'dv.pay', '{"invoice": "R", "memo": "2"}');
+SELECT durable_ledger.release_run('dr-8');

@@ -78,6 +78,19 @@ SELECT regress_fork_call('fk-new', 'fk.ship', '{"order": 9}', bk => 'SHIP-9') AS
        regress_fork_call('fk-new', 'fk.pay', '{"invoice": "B"}', '{"paid": "B-again"}') AS step6;
 SELECT durable_ledger.release_run('fk-new');
 
+-- a forked run is forked like any other: what it carried comes along
+SELECT durable_ledger.fork_run('fk-new', 'fk-chain',
+         durable_ledger.effect_key('fk-new', 'fk.pay', '{"invoice": "B"}', 1), 'maria') AS carried;
+SELECT durable_ledger.acquire_run('fk-chain');
+SELECT regress_fork_call('fk-chain', 'fk.pay', '{"invoice": "A"}') AS step1,
+       regress_fork_call('fk-chain', 'fk.mail', '{"to": "x"}') AS step2,
+       regress_fork_call('fk-chain', 'fk.pay', '{"invoice": "A"}') AS step3,
+       regress_fork_call('fk-chain', 'fk.ticket', '{"subject": "refund"}') AS step4,
+       regress_fork_call('fk-chain', 'fk.pay', '{"invoice": "B"}') AS step6;
+SELECT durable_ledger.release_run('fk-chain');
+-- the new run's history starts with what it carries
+SELECT event, tool, outcome FROM durable_ledger.history('fk-chain') LIMIT 6;
+
 -- a forked run's replay that drifts before the end of what it carries pauses
 SELECT durable_ledger.fork_run('fk-src', 'fk-drift', :'step4', 'maria');
 SELECT durable_ledger.acquire_run('fk-drift');

@@ -34,6 +34,7 @@ SELECT lease_epoch AS attempt_epoch, event, tool, args, attempt, outcome,
 -- in order, nothing of another run
 SELECT bool_and(id > prev) AS ordered FROM (SELECT id, lag(id, 1, 0::bigint) OVER () AS prev FROM durable_ledger.history('hi-1')) s;
 SELECT count(*) FROM durable_ledger.history('no-such-run');
+SELECT count(*) FROM durable_ledger.history(NULL);
 
 -- auditors read it; workers do not
 CREATE ROLE regress_hi_auditor IN ROLE durable_ledger_auditor;

@@ -4,9 +4,9 @@
 -- does not) and optionally the fields of args that make a call's identity
 -- (key_fields): then only those fields are counted and keyed, so a replay
 -- that rewords a memo is the same call.  A retired tool is executed no more
--- (55L03), what was recorded of it still replays; durable_ledger.
--- unregistered_tools (allow, warn, refuse) says what happens to a tool
--- nobody registered.  Bad input is refused and writes nothing.
+-- (55L03), what was recorded of it still replays; set_unregistered_tools
+-- (allow, warn, refuse) says what happens to a tool nobody registered.  Bad
+-- input is refused and writes nothing.
 \set VERBOSITY default
 
 -- an error with its SQLSTATE
@@ -84,6 +84,10 @@ SELECT e.key = encode(sha256(convert_to(concat_ws('|', 'durable_ledger.v1',
        e.args ->> 'memo' AS memo_as_first_called
   FROM durable_ledger.effects e JOIN durable_ledger.tools t USING (tool)
  WHERE e.run = 'kf-1' ORDER BY e.created_at;
+-- effect_key derives the key begin_effect derives: from the key fields
+SELECT durable_ledger.effect_key('kf-1', 'tl.pay', '{"amount": 4200, "invoice": "INV-1", "memo": "any"}', 1)
+       = (SELECT key FROM durable_ledger.effects WHERE run = 'kf-1' AND args ->> 'memo' = 'Thanks for your order')
+       AS effect_key_agrees;
 -- a call without a key field, or with args that are no object, has no identity
 SELECT regress_registry_footprint() AS before \gset
 SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('kf-1', 'tl.pay', '{"invoice": "INV-2", "memo": "m"}')$$);
@@ -110,6 +114,8 @@ SELECT event, detail ->> 'changed_by' AS changed_by, detail ->> 'divergence' AS 
 -- replays would get new keys and be executed again
 SELECT regress_sqlstate($$SELECT durable_ledger.change_tool('tl.pay', 'ana', key_fields => '{invoice}')$$);
 SELECT regress_sqlstate($$SELECT durable_ledger.change_tool('tl.pay', 'ana', key_fields => '{}')$$);
+-- ... the same fields in another order are the same identity
+SELECT key_fields FROM durable_ledger.change_tool('tl.pay', 'ana', key_fields => '{amount,invoice}');
 -- ... those of a tool never called with a derived key can ('{}': none, the whole args)
 SELECT key_fields FROM durable_ledger.change_tool('tl.mail', 'ana', key_fields => '{to}');
 SELECT key_fields FROM durable_ledger.change_tool('tl.mail', 'ana', key_fields => '{}');
@@ -141,15 +147,18 @@ SELECT regress_sqlstate($$SELECT durable_ledger.retire_tool('no.such.tool', 'ana
 SELECT durable_ledger.release_run('rt-1');
 
 -- ===================================================================
--- durable_ledger.unregistered_tools
+-- set_unregistered_tools: what happens to a tool nobody registered
+-- (a row of durable_ledger.policy, not a setting a client could override)
 -- ===================================================================
-SHOW durable_ledger.unregistered_tools;
+SELECT count(*) AS policy_rows FROM durable_ledger.policy;
 SELECT durable_ledger.acquire_run('ur-1');
 SELECT decision, (durable_ledger.complete_effect(key, '{"faxed": true}')).status
   FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 1}');
-SET durable_ledger.unregistered_tools = warn;
+SELECT durable_ledger.set_unregistered_tools('warn', 'maria', 'review pending') AS previous;
 SELECT decision FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 2}');
-SET durable_ledger.unregistered_tools = refuse;
+SELECT durable_ledger.set_unregistered_tools('refuse', 'maria') AS previous;
+SELECT unregistered_tools, changed_by, note FROM durable_ledger.policy;
+SELECT event, detail FROM durable_ledger.audit_log WHERE event = 'policy_changed' ORDER BY id;
 SELECT regress_registry_footprint() AS before \gset
 SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 3}')$$);
 SELECT regress_registry_footprint() = :'before' AS nothing_written;
@@ -158,8 +167,13 @@ SELECT decision FROM durable_ledger.begin_effect('ur-1', 'tl.lookup', '{"custome
 SELECT durable_ledger.acquire_run('ur-1');
 SELECT decision, status FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 1}');
 SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 3}')$$);
-SELECT regress_sqlstate($$SET durable_ledger.unregistered_tools = sometimes$$);
-RESET durable_ledger.unregistered_tools;
+-- the setting of earlier versions' documentation is no setting: the prefix is reserved
+SELECT regress_sqlstate($$SET durable_ledger.unregistered_tools = allow$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.set_unregistered_tools('sometimes', 'maria')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.set_unregistered_tools(NULL, 'maria')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.set_unregistered_tools('allow', NULL)$$);
+SELECT durable_ledger.set_unregistered_tools('allow', 'maria', 'done') AS previous;
+SELECT decision FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 3}');
 SELECT durable_ledger.release_run('ur-1');
 
 -- ===================================================================
@@ -170,7 +184,7 @@ CREATE ROLE regress_tools_auditor IN ROLE durable_ledger_auditor;
 SET ROLE regress_tools_worker;
 SELECT regress_sqlstate($$SELECT durable_ledger.register_tool('w.tool', 'w')$$);
 SELECT regress_sqlstate($$SELECT durable_ledger.retire_tool('tl.pay', 'w')$$);
-SELECT regress_sqlstate($$SET durable_ledger.unregistered_tools = allow$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.set_unregistered_tools('allow', 'w')$$);
 SELECT regress_sqlstate($$SELECT count(*) FROM durable_ledger.tools$$);
 RESET ROLE;
 SET ROLE regress_tools_auditor;

@@ -57,6 +57,7 @@ typedef struct Decision
 	DecisionKind kind;
 	const char *key;			/* the effect decided on: the call's, or the one it is the same as */
 	bool		no_effect;		/* a divergence waiting for a person: no effect, no status */
+	const char *divergence;		/* the drifted call's key, when a verdict made it this effect's */
 	EffectStatus status;
 	int32		attempt;
 	Jsonb	   *result;
@@ -113,6 +114,8 @@ audit_decision(const NewIntent *intent, const char *event, const Decision *d,
 	dl_detail_text(&detail, detail_name, detail_value);
 	if (d->kind == DECIDE_EXECUTE)
 		dl_detail_int(&detail, "attempt", d->attempt);
+	if (d->divergence != NULL)
+		dl_detail_text(&detail, "divergence", d->divergence);
 	dl_write_audit(intent->run, intent->key, event, dl_detail_finish(&detail),
 				   intent->lease_epoch, d->attempt);
 }
@@ -144,11 +147,13 @@ decide_pause(const NewIntent *intent, Decision *d, const char *reason, const cha
 static bool
 may_insert(const NewIntent *intent, const CallRules *call, Drift *drift)
 {
-	dl_check_may_execute(intent->tool, call->rules);
 	drift->kind = DRIFT_NONE;
 	if (!intent->business_key)
 		dl_check_drift(call->progress, intent->key, intent->args, intent->occurrence, drift);
-	return drift->kind == DRIFT_NONE;
+	if (drift->kind != DRIFT_NONE)
+		return false;			/* it pauses, or replays an earlier effect: nothing executes */
+	dl_check_may_execute(intent->tool, call->rules);
+	return true;
 }
 
 typedef enum Found
@@ -330,6 +335,7 @@ decide_drift(const NewIntent *intent, const char *canon, const CallRules *call,
 	same = *intent;
 	same.key = drift->same_as;
 	d->key = drift->same_as;
+	d->divergence = intent->key;
 	switch (dl_read_key(same.key, &row))
 	{
 		case KEY_FOUND:
@@ -357,6 +363,7 @@ decide(const NewIntent *intent, const char *canon, const CallRules *call, Decisi
 		Drift		drift;
 
 		d->key = intent->key;
+		d->divergence = NULL;
 		switch (find_or_insert_intent(intent, call, &row, &drift))
 		{
 			case FOUND_INSERTED:
@@ -420,11 +427,6 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	desc = dl_result_desc(fcinfo);
 	dl_check_writable("begin_effect()");
 
-	/* a call is counted and keyed by its identity: its tool's key fields, or all of args */
-	dl_tool_rules(tool, &rules);
-	initStringInfo(&canon);
-	dl_append_canonical_args(&canon, dl_identity_of_call(&rules, args, NULL));
-
 	dl_spi_connect();
 	lease.run = run;
 	if (token != NULL)
@@ -438,6 +440,15 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 		lease.epoch = dl_lease_epoch(lease.held);
 	}
 	dl_check_run_open(run);
+
+	/*
+	 * A call is counted and keyed by its identity: its tool's key fields, or
+	 * all of args.  The tool's rules are read once the lease is held, and
+	 * cannot change until the call's transaction ends (tools.c).
+	 */
+	dl_tool_rules(tool, &rules);
+	initStringInfo(&canon);
+	dl_append_canonical_args(&canon, dl_identity_of_call(&rules, args, NULL));
 
 	intent.run = run;
 	intent.tool = tool;
@@ -469,7 +480,7 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	{
 		dl_epoch_count(&lease, &counter, intent.occurrence);
 		if (d.kind == DECIDE_REPLAY)
-			dl_progress_replayed(&progress);
+			dl_progress_replayed(&progress, d.key);
 	}
 
 	/* form the answer where it outlives SPI_finish */

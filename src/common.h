@@ -32,11 +32,13 @@
  * field4 of the extension's advisory LOCKTAGs: pg_locks shows it as objsubid.
  * PostgreSQL uses 1 and 2, Citus 4 to 16; 17484 is "DL".  Session leases use
  * DL_LOCK_CLASS, the calls of a token lease DL_CALL_LOCK_CLASS, every call
- * and abandon_run DL_OPEN_LOCK_CLASS (runlock.c).
+ * and abandon_run DL_OPEN_LOCK_CLASS, every call and the registry's changes
+ * DL_TOOL_LOCK_CLASS (runlock.c).
  */
 #define DL_LOCK_CLASS 17484
 #define DL_CALL_LOCK_CLASS 17485
 #define DL_OPEN_LOCK_CLASS 17486
+#define DL_TOOL_LOCK_CLASS 17487
 
 /* The SQLSTATE of a token lease that is no longer held (expired, released, ...). */
 #define ERRCODE_DL_LEASE_LOST MAKE_SQLSTATE('5','5','L','0','1')

@@ -15,25 +15,39 @@
  * what is new, when every earlier effect of T has been replayed.
  *
  * It costs nothing in an attempt's first epoch (there is nothing earlier) nor
- * for tools whose policy is off.  Otherwise an epoch keeps two counters per
- * tool, next to its occurrence counters and rolled back with them: how many
- * earlier effects of T it has replayed, and how many there are (counted once
- * per epoch and tool, by the effects' (tool, run) index, when a call of T
- * would first execute).  A call never scans the run's history.
+ * for tools whose policy is off.  Otherwise an epoch keeps, next to its
+ * occurrence counters and rolled back with them: which earlier effects of T
+ * it has replayed (a mark per effect, so that replaying one twice, or once
+ * as the verdict of a divergence and once as itself, counts once), how many
+ * those are, and how many earlier effects of T there are (counted once per
+ * epoch and tool, by the effects' (tool, run) index, when a call of T would
+ * first execute).  A call never scans the run's history.
  *
- * Policy pause records the divergence (durable_ledger.divergences) and
- * answers pause; a person then says whether the call is the same operation
- * as the earlier effect (its outcome is replayed) or a distinct one (it is
- * executed), with resolve_divergence().  Policy warn executes it with a
+ * A divergence is keyed by the drifted call's key, and looked up first for
+ * every new key of a watched tool: once recorded, it waits for its verdict
+ * however far the replay has come since.
+ *
+ * Policy pause records the divergence (durable_ledger.divergences), naming as
+ * the effect it may duplicate the first earlier effect of T (in the order
+ * they were begun) that this attempt has not replayed, and answers pause; a
+ * person then says whether the call is the same operation as an earlier
+ * effect (its outcome is replayed) or a distinct one (it is executed), with
+ * resolve_divergence().  Policy warn executes it with a
  * WARNING and an audited divergence event.
  */
 #include "postgres.h"
 
 #include "policy.h"
 
-/* What the epoch counts per tool (bytes no canonical args can be). */
+/*
+ * What the epoch counts per tool, under names no canonical args can be
+ * (they begin with a zero byte): the earlier effects replayed, how many
+ * earlier effects there are (plus one; 0: not counted yet), and per earlier
+ * effect whether it was replayed (the key follows the name).
+ */
 static const char REPLAYED[] = "\0replayed";
 static const char EARLIER[] = "\0earlier";
+static const char REACHED[] = "\0reached\0";
 
 void
 dl_progress_start(ReplayProgress *progress, const CallLease *lease, const char *tool,
@@ -49,12 +63,32 @@ dl_progress_start(ReplayProgress *progress, const CallLease *lease, const char *
 		dl_epoch_counter(lease, tool, REPLAYED, sizeof(REPLAYED) - 1, &progress->replayed);
 }
 
-/* The call replayed an earlier effect of the tool. */
-void
-dl_progress_replayed(ReplayProgress *progress)
+/* The mark of an earlier effect: replayed in this epoch or not. */
+static void
+reached_mark(ReplayProgress *progress, const char *key, EpochCounter *mark)
 {
-	if (progress->watched)
-		dl_epoch_count(progress->lease, &progress->replayed, progress->replayed.count + 1);
+	size_t		key_len = strlen(key);
+	char	   *what = palloc(sizeof(REACHED) - 1 + key_len);
+
+	memcpy(what, REACHED, sizeof(REACHED) - 1);
+	memcpy(what + sizeof(REACHED) - 1, key, key_len);
+	dl_epoch_counter(progress->lease, progress->tool, what, sizeof(REACHED) - 1 + key_len, mark);
+	pfree(what);
+}
+
+/* The call replayed key, an earlier effect of the tool: counted once per effect. */
+void
+dl_progress_replayed(ReplayProgress *progress, const char *key)
+{
+	EpochCounter mark;
+
+	if (!progress->watched)
+		return;
+	reached_mark(progress, key, &mark);
+	if (mark.count != 0)
+		return;
+	dl_epoch_count(progress->lease, &mark, 1);
+	dl_epoch_count(progress->lease, &progress->replayed, progress->replayed.count + 1);
 }
 
 static List *
@@ -77,6 +111,26 @@ earlier_count(ReplayProgress *progress)
 		dl_epoch_count(progress->lease, &progress->earlier,
 					   list_length(earlier_effects(progress)) + 1);
 	return progress->earlier.count - 1;
+}
+
+/* The first earlier effect of the tool, in begin order, this epoch has not replayed. */
+static char *
+first_not_replayed(ReplayProgress *progress)
+{
+	ListCell   *lc;
+
+	foreach(lc, earlier_effects(progress))
+	{
+		EarlierEffect *effect = lfirst(lc);
+		EpochCounter mark;
+
+		reached_mark(progress, effect->key, &mark);
+		if (mark.count == 0)
+			return effect->key;
+	}
+	elog(ERROR, "run \"%s\" has fewer earlier effects of tool \"%s\" than it counted",
+		 progress->lease->run, progress->tool);
+	return NULL;				/* keep compiler quiet */
 }
 
 static void
@@ -104,13 +158,14 @@ dl_check_drift(ReplayProgress *progress, const char *key, Jsonb *args, int32 occ
 			   Drift *drift)
 {
 	DivergenceRow recorded;
-	EarlierEffect *candidate;
+	char	   *candidate;
 
 	memset(drift, 0, sizeof(Drift));
 	drift->kind = DRIFT_NONE;
-	if (!progress->watched || earlier_count(progress) <= progress->replayed.count)
+	if (!progress->watched)
 		return;
 
+	/* a divergence recorded for this very call waits for its verdict, whatever came since */
 	if (dl_read_divergence(key, &recorded))
 	{
 		drift->candidate_key = recorded.candidate_key;
@@ -123,20 +178,20 @@ dl_check_drift(ReplayProgress *progress, const char *key, Jsonb *args, int32 occ
 		}
 		return;
 	}
+	if (earlier_count(progress) <= progress->replayed.count)
+		return;
 
 	/* in an honest replay, the earlier effect due next */
-	candidate = list_nth(earlier_effects(progress),
-						 Min(progress->replayed.count, list_length(earlier_effects(progress)) - 1));
-	drift->candidate_key = candidate->key;
-	audit_divergence(progress, key, candidate->key);
+	candidate = first_not_replayed(progress);
+	drift->candidate_key = candidate;
+	audit_divergence(progress, key, candidate);
 	if (progress->policy == DIVERGENCE_WARN)
 	{
 		ereport(WARNING,
 				(errmsg("call of tool \"%s\" diverges from the earlier attempts of run \"%s\"",
 						progress->tool, progress->lease->run),
 				 errdetail("The earlier attempts recorded %d effect(s) of the tool that this attempt has not replayed; it may duplicate effect \"%s\".",
-						   progress->earlier.count - 1 - progress->replayed.count,
-						   candidate->key),
+						   progress->earlier.count - 1 - progress->replayed.count, candidate),
 				 errhint("The tool's divergence policy is \"warn\": the call is executed.")));
 		return;
 	}
@@ -150,7 +205,7 @@ dl_check_drift(ReplayProgress *progress, const char *key, Jsonb *args, int32 occ
 		row.tool = (char *) progress->tool;
 		row.args = args;
 		row.occurrence = occurrence;
-		row.candidate_key = candidate->key;
+		row.candidate_key = candidate;
 		dl_write_divergence(&row);
 		drift->kind = DRIFT_PAUSE;
 		drift->recorded_now = true;

@@ -1,15 +1,17 @@
 /*
  * key_calls.c: the SQL functions canonical_args() and effect_key(), which
- * compute without writing anything what begin_effect() derives.
+ * compute without writing anything what begin_effect() derives (effect_key
+ * with the key fields the registry gives the tool).
  */
 #include "postgres.h"
 
 #include "utils/builtins.h"
 
-#include "common.h"
+#include "policy.h"
 
 PG_FUNCTION_INFO_V1(dl_canonical_args);
 PG_FUNCTION_INFO_V1(dl_effect_key);
+PG_FUNCTION_INFO_V1(dl_effect_key_1_2);
 
 /* canonical_args(args jsonb) RETURNS text */
 Datum
@@ -23,27 +25,58 @@ dl_canonical_args(PG_FUNCTION_ARGS)
 	PG_RETURN_TEXT_P(cstring_to_text_with_len(buf.data, buf.len));
 }
 
-/* effect_key(run text, tool text, args jsonb, occurrence integer) RETURNS text */
+static int32
+occurrence_arg(FunctionCallInfo fcinfo, int argno)
+{
+	int32		occurrence;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("occurrence must not be null")));
+	occurrence = PG_GETARG_INT32(argno);
+	if (occurrence < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("occurrence must be at least 1"),
+				 errdetail("The occurrence given was %d.", occurrence)));
+	return occurrence;
+}
+
+/*
+ * effect_key(run text, tool text, args jsonb, occurrence integer) RETURNS text
+ *
+ * As begin_effect derives it: from the identity args of a tool registered
+ * with key fields (as the registry says now), else from all of args.
+ */
+Datum
+dl_effect_key_1_2(PG_FUNCTION_ARGS)
+{
+	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
+	char	   *tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
+	Jsonb	   *args = dl_required_jsonb_arg(fcinfo, 2, "args");
+	int32		occurrence = occurrence_arg(fcinfo, 3);
+	ToolRules	rules;
+	StringInfoData canon;
+	char		key[DL_KEY_HEX_LEN + 1];
+
+	dl_tool_rules_now(tool, &rules);
+	initStringInfo(&canon);
+	dl_append_canonical_args(&canon, dl_identity_of_call(&rules, args, NULL));
+	dl_derive_key(run, tool, canon.data, canon.len, occurrence, key);
+	PG_RETURN_TEXT_P(cstring_to_text(key));
+}
+
+/* effect_key of the 1.0 and 1.1 SQL objects: all of args (they had no registry) */
 Datum
 dl_effect_key(PG_FUNCTION_ARGS)
 {
 	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
 	char	   *tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
 	Jsonb	   *args = dl_required_jsonb_arg(fcinfo, 2, "args");
-	int32		occurrence;
+	int32		occurrence = occurrence_arg(fcinfo, 3);
 	StringInfoData canon;
 	char		key[DL_KEY_HEX_LEN + 1];
-
-	if (PG_ARGISNULL(3))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("occurrence must not be null")));
-	occurrence = PG_GETARG_INT32(3);
-	if (occurrence < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("occurrence must be at least 1"),
-				 errdetail("The occurrence given was %d.", occurrence)));
 
 	initStringInfo(&canon);
 	dl_append_canonical_args(&canon, args);

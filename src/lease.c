@@ -515,9 +515,13 @@ take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 		return false;
 	if (!dl_run_lock_session(lock_key, wait, waited))
 		return false;
-	if (dl_read_run_state(run, &state) && state.token && state.token_live)
+	/* read once abandon_run cannot be under way: it may have ended while we waited */
+	dl_run_lock_open(lock_key);
+	if (dl_read_run_state(run, &state) && (state.abandoned || (state.token && state.token_live)))
 	{
 		dl_run_unlock_session(lock_key);
+		if (state.abandoned)
+			dl_refuse_if_abandoned(run);
 		if (!wait)
 			return false;
 		report_token_lease_holds(run, state.expires_at);

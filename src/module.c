@@ -7,7 +7,7 @@
 #include "fmgr.h"
 #include "utils/guc.h"
 
-#include "policy.h"
+#include "lease.h"
 
 PG_MODULE_MAGIC;
 
@@ -20,7 +20,6 @@ _PG_init(void)
 	dl_tables_init();
 	dl_durability_init();
 	dl_lease_init();
-	dl_tools_init();
 	dl_drop_guard_init();
 	MarkGUCPrefixReserved("durable_ledger");
 }

@@ -22,7 +22,7 @@ extern void dl_tool_rules(const char *tool, ToolRules *rules);
 extern Jsonb *dl_identity_of_call(const ToolRules *rules, Jsonb *args, bool *complete);
 extern void dl_check_may_execute(const char *tool, const ToolRules *rules);
 extern DivergencePolicy dl_divergence_policy(const ToolRules *rules);
-extern void dl_tools_init(void);
+extern void dl_tool_rules_now(const char *tool, ToolRules *rules);
 
 /* divergence.c */
 typedef struct ReplayProgress
@@ -31,7 +31,7 @@ typedef struct ReplayProgress
 	const CallLease *lease;
 	const char *tool;
 	DivergencePolicy policy;
-	EpochCounter replayed;		/* earlier effects of tool this epoch has replayed */
+	EpochCounter replayed;		/* how many earlier effects of tool this epoch replayed */
 	EpochCounter earlier;		/* 1 + how many there are; 0: not counted yet */
 	List	   *earlier_effects;	/* when read */
 } ReplayProgress;
@@ -53,7 +53,7 @@ typedef struct Drift
 
 extern void dl_progress_start(ReplayProgress *progress, const CallLease *lease,
 							  const char *tool, DivergencePolicy policy);
-extern void dl_progress_replayed(ReplayProgress *progress);
+extern void dl_progress_replayed(ReplayProgress *progress, const char *key);
 extern void dl_check_drift(ReplayProgress *progress, const char *key, Jsonb *args,
 						   int32 occurrence, Drift *drift);
 

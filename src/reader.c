@@ -274,6 +274,8 @@ equality_proc(Oid type)
 			return F_BYTEAEQ;
 		case INT4OID:
 			return F_INT4EQ;
+		case BOOLOID:
+			return F_BOOLEQ;
 		default:
 			elog(ERROR, "no lookup by a column of type %u", type);
 			return InvalidOid;	/* keep compiler quiet */
@@ -731,11 +733,11 @@ dl_read_divergence_tuple(const char *key)
 }
 
 static Statement run_effect_keys = {
-	/* found through the run's audit log (indexed by run): every intent is logged */
+	/* found through the run's audit log (indexed by run): every intent is logged, and every effect a fork carried */
 	"SELECT e.key FROM durable_ledger.effects e"
 	" WHERE e.key OPERATOR(pg_catalog.=) ANY (SELECT a.key FROM durable_ledger.audit_log a"
 	"                                  WHERE a.run" EQ "$1"
-	"                                    AND a.event OPERATOR(pg_catalog.=) 'intent')"
+	"                                    AND a.event OPERATOR(pg_catalog.=) ANY ('{intent,carried}'))"
 	"   AND e.run" EQ "$1 AND NOT e.business_key"
 	" ORDER BY e.created_at, e.key",
 	1, {TEXTOID}, NULL, true
@@ -776,4 +778,29 @@ dl_read_run_known(const char *run)
 		return true;
 	values[0] = dl_text_datum(run);
 	return dl_plan_run_now(&run_logged, values, NULL, SPI_OK_SELECT) > 0;
+}
+
+static bool
+take_policy(TupleTableSlot *slot, void *arg)
+{
+	char	   *setting = optional_text(&dl_policy_table, slot, POL_UNREGISTERED_TOOLS);
+
+	*(UnregisteredTools *) arg = strcmp(setting, "refuse") == 0 ? UNREGISTERED_REFUSE :
+		strcmp(setting, "warn") == 0 ? UNREGISTERED_WARN : UNREGISTERED_ALLOW;
+	return false;
+}
+
+/* What the ledger does with a tool nobody registered, as committed now (no row: allow). */
+UnregisteredTools
+dl_read_unregistered_tools(void)
+{
+	static LookupIndex policy_by_singleton;
+	static const int policy_key[] = {POL_SINGLETON};
+	Datum		values[1];
+	UnregisteredTools setting = UNREGISTERED_ALLOW;
+
+	values[0] = BoolGetDatum(true);
+	(void) find_row_now(&dl_policy_table, &policy_by_singleton, 1, policy_key, values,
+						take_policy, &setting);
+	return setting;
 }

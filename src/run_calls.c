@@ -116,6 +116,16 @@ dl_resolve_divergence_1_2(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("the divergence of key \"%s\" was decided already: %s",
 						key, locked.row.verdict)));
+	{
+		EffectRow	executed;
+
+		if (dl_read_key(key, &executed) != KEY_ABSENT)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("the drifted call of key \"%s\" was executed since", key),
+					 errdetail("Its tool's divergence policy no longer paused it; a verdict cannot undo it."),
+					 errhint("Look at the effect itself: durable_ledger.effect_status(key).")));
+	}
 	if (strcmp(verdict, "same") == 0)
 	{
 		if (same_as == NULL)
@@ -252,6 +262,11 @@ dl_fork_run_1_2(PG_FUNCTION_ARGS)
 		dl_derive_key(new_run, source.row.tool, canon.data, canon.len, source.row.occurrence,
 					  new_key);
 		dl_write_forked_effect(&source, new_run, new_key, 1);
+		dl_detail_init(&detail);
+		dl_detail_text(&detail, "forked_from", source.row.key);
+		dl_detail_text(&detail, "status", dl_status_name(source.row.status));
+		dl_write_audit(new_run, new_key, "carried", dl_detail_finish(&detail), 1,
+					   source.row.attempt);
 		carried++;
 	}
 	dl_write_forked_run(new_run, new_lock, source_run, up_to);

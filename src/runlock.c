@@ -13,6 +13,9 @@
  *   DL_OPEN_LOCK_CLASS  every begin_effect holds a ShareLock for its
  *                       transaction, abandon_run an ExclusiveLock: a call
  *                       decides either before an abandonment or after it
+ *   DL_TOOL_LOCK_CLASS  on a tool (a hash of its name, not of a run): every
+ *                       begin_effect holds a ShareLock for its transaction,
+ *                       changes of the registry an ExclusiveLock
  */
 #include "postgres.h"
 
@@ -161,6 +164,20 @@ dl_run_lock_closing(uint64 lock_key)
 
 	set_lock_tag(&tag, lock_key, DL_OPEN_LOCK_CLASS);
 	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+}
+
+/*
+ * The lock of a tool's rules, for this transaction: shared by a call,
+ * exclusive for a change of the registry.
+ */
+void
+dl_tool_lock(const char *tool, bool exclusive)
+{
+	LOCKTAG		tag;
+
+	set_lock_tag(&tag, hash_bytes_extended((const unsigned char *) tool, strlen(tool),
+										   RUN_LOCK_KEY_SEED), DL_TOOL_LOCK_CLASS);
+	(void) LockAcquire(&tag, exclusive ? ExclusiveLock : ShareLock, false, false);
 }
 
 /* ---------- whether the run is open for calls ---------- */

@@ -118,6 +118,14 @@ typedef enum DivergencePolicy
 	DIVERGENCE_PAUSE
 } DivergencePolicy;
 
+/* What the ledger does with a tool nobody registered (durable_ledger.policy). */
+typedef enum UnregisteredTools
+{
+	UNREGISTERED_ALLOW,
+	UNREGISTERED_WARN,
+	UNREGISTERED_REFUSE
+} UnregisteredTools;
+
 /* A row of durable_ledger.tools. */
 typedef struct ToolRow
 {
@@ -176,6 +184,7 @@ extern bool dl_read_token_lease(bytea *token_sha256, TokenLease *lease);
 extern int32 dl_read_token_calls(const char *run, int64 epoch, bytea *call);
 extern int	dl_read_lease_holder_pid(uint64 lock_key);
 extern bool dl_read_tool(const char *tool, ToolRow *row);
+extern UnregisteredTools dl_read_unregistered_tools(void);
 extern bool dl_read_tool_has_derived_effects(const char *tool);
 extern bool dl_read_divergence(const char *key, DivergenceRow *row);
 extern HeapTuple dl_read_tool_tuple(const char *tool);
@@ -216,6 +225,8 @@ extern void dl_write_epoch_end(const char *run, int64 epoch, bool token);
 extern bool dl_write_run_abandoned(const char *run, const char *abandoned_by,
 								   const char *note, int64 *epoch);
 extern void dl_write_new_tool(const ToolRow *row, const char *registered_by);
+extern UnregisteredTools dl_write_unregistered_tools(UnregisteredTools setting,
+													 const char *changed_by, const char *note);
 extern bool dl_lock_tool(const char *tool, LockedTool *locked);
 extern void dl_write_tool_change(LockedTool *locked, const ToolRow *to,
 								 const char *changed_by, bool registered_anew);

@@ -82,6 +82,11 @@ static const Column divergences_columns[DIV_NCOLUMNS] = {
 	{"resolution_note", TEXTOID}
 };
 
+static const Column policy_columns[POL_NCOLUMNS] = {
+	{"singleton", BOOLOID}, {"unregistered_tools", TEXTOID}, {"changed_by", TEXTOID},
+	{"changed_at", TIMESTAMPTZOID}, {"note", TEXTOID}
+};
+
 LedgerTable dl_effects_table = {"effects", effects_columns, EFF_NCOLUMNS};
 LedgerTable dl_audit_table = {"audit_log", audit_columns, AUD_NCOLUMNS};
 LedgerTable dl_runs_table = {"runs", runs_columns, RUN_NCOLUMNS};
@@ -90,6 +95,7 @@ LedgerTable dl_token_table = {"token_leases", token_columns, TOK_NCOLUMNS};
 LedgerTable dl_calls_table = {"token_lease_calls", calls_columns, CALLS_NCOLUMNS};
 LedgerTable dl_tools_table = {"tools", tools_columns, TOOL_NCOLUMNS};
 LedgerTable dl_divergences_table = {"divergences", divergences_columns, DIV_NCOLUMNS};
+LedgerTable dl_policy_table = {"policy", policy_columns, POL_NCOLUMNS};
 
 /* A table (or one of its indexes) changed: look it up again before writing. */
 static void
@@ -97,7 +103,7 @@ relcache_changed(Datum arg, Oid relid)
 {
 	LedgerTable *tables[] = {&dl_effects_table, &dl_audit_table, &dl_runs_table,
 	&dl_past_table, &dl_token_table, &dl_calls_table, &dl_tools_table,
-	&dl_divergences_table};
+	&dl_divergences_table, &dl_policy_table};
 	int			i;
 
 	for (i = 0; i < lengthof(tables); i++)

@@ -71,6 +71,7 @@ extern LedgerTable dl_token_table;
 extern LedgerTable dl_calls_table;
 extern LedgerTable dl_tools_table;
 extern LedgerTable dl_divergences_table;
+extern LedgerTable dl_policy_table;
 
 enum
 {
@@ -88,6 +89,12 @@ enum
 	TOOL_TOOL, TOOL_SIDE_EFFECTING, TOOL_DIVERGENCE, TOOL_KEY_FIELDS, TOOL_NOTE,
 	TOOL_REGISTERED_BY, TOOL_REGISTERED_AT, TOOL_CHANGED_BY, TOOL_CHANGED_AT,
 	TOOL_RETIRED_BY, TOOL_RETIRED_AT, TOOL_NCOLUMNS
+};
+
+enum
+{
+	POL_SINGLETON, POL_UNREGISTERED_TOOLS, POL_CHANGED_BY, POL_CHANGED_AT, POL_NOTE,
+	POL_NCOLUMNS
 };
 
 enum

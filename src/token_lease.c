@@ -142,6 +142,7 @@ dl_token_take(const char *run, Interval *ttl, const char *holder, TokenGrant *gr
 		return false;
 	if (dl_read_run_state(run, &state) && dl_lease_is_live(run, state.epoch))
 		return false;
+	dl_check_run_open(run);		/* abandon_run cannot be under way from here on */
 
 	if (!pg_strong_random(random, sizeof(random)))
 		ereport(ERROR,

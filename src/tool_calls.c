@@ -15,6 +15,7 @@
 PG_FUNCTION_INFO_V1(dl_register_tool_1_2);
 PG_FUNCTION_INFO_V1(dl_change_tool_1_2);
 PG_FUNCTION_INFO_V1(dl_retire_tool_1_2);
+PG_FUNCTION_INFO_V1(dl_set_unregistered_tools_1_2);
 
 static DivergencePolicy
 policy_arg(FunctionCallInfo fcinfo, int argno)
@@ -69,16 +70,23 @@ key_fields_arg(FunctionCallInfo fcinfo, int argno, int *nfields, char ***fields)
 	*nfields = n == 0 ? -1 : n;
 }
 
+/* The same key fields, in any order (the identity args do not depend on it). */
 static bool
 same_key_fields(const ToolRow *a, const ToolRow *b)
 {
 	int			i;
+	int			j;
 
 	if (a->nkey_fields != b->nkey_fields)
 		return false;
 	for (i = 0; i < a->nkey_fields; i++)
-		if (strcmp(a->key_fields[i], b->key_fields[i]) != 0)
+	{
+		for (j = 0; j < b->nkey_fields; j++)
+			if (strcmp(a->key_fields[i], b->key_fields[j]) == 0)
+				break;
+		if (j == b->nkey_fields)
 			return false;
+	}
 	return true;
 }
 
@@ -203,6 +211,7 @@ dl_register_tool_1_2(PG_FUNCTION_ARGS)
 	dl_check_writable("register_tool()");
 
 	dl_spi_connect();
+	dl_tool_lock(row.tool, true);	/* waits for the tool's calls in progress */
 	if (dl_lock_tool(row.tool, &locked))
 	{
 		if (!locked.row.retired)
@@ -247,6 +256,7 @@ dl_change_tool_1_2(PG_FUNCTION_ARGS)
 
 	dl_check_writable("change_tool()");
 	dl_spi_connect();
+	dl_tool_lock(tool, true);	/* waits for the tool's calls in progress */
 	if (!dl_lock_tool(tool, &locked))
 		error_unknown_tool(tool);
 	if (locked.row.retired)
@@ -290,6 +300,7 @@ dl_retire_tool_1_2(PG_FUNCTION_ARGS)
 
 	dl_check_writable("retire_tool()");
 	dl_spi_connect();
+	dl_tool_lock(tool, true);	/* waits for the tool's calls in progress */
 	if (!dl_lock_tool(tool, &locked))
 		error_unknown_tool(tool);
 	if (!locked.row.retired)
@@ -301,4 +312,46 @@ dl_retire_tool_1_2(PG_FUNCTION_ARGS)
 	result = tool_result(fcinfo, call_cxt, tool);
 	dl_spi_finish();
 	PG_RETURN_DATUM(result);
+}
+
+/*
+ * set_unregistered_tools(setting text, set_by text, note text) RETURNS text
+ *
+ * What the ledger does with a call of a tool nobody registered that would
+ * execute: allow, warn (a WARNING) or refuse (55L03).  Returns the setting
+ * it replaces.
+ */
+Datum
+dl_set_unregistered_tools_1_2(PG_FUNCTION_ARGS)
+{
+	char	   *setting = dl_required_text_arg(fcinfo, 0, "setting", 0);
+	char	   *set_by = dl_required_text_arg(fcinfo, 1, "set_by", 0);
+	char	   *note = dl_optional_text_arg(fcinfo, 2);
+	static const char *const names[] = {"allow", "warn", "refuse"};
+	UnregisteredTools to;
+	UnregisteredTools before;
+	DetailBuilder detail;
+
+	if (strcmp(setting, "allow") == 0)
+		to = UNREGISTERED_ALLOW;
+	else if (strcmp(setting, "warn") == 0)
+		to = UNREGISTERED_WARN;
+	else if (strcmp(setting, "refuse") == 0)
+		to = UNREGISTERED_REFUSE;
+	else
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("setting must be \"allow\", \"warn\" or \"refuse\", not \"%s\"", setting)));
+	dl_check_writable("set_unregistered_tools()");
+	dl_spi_connect();
+	before = dl_write_unregistered_tools(to, set_by, note);
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "unregistered_tools", names[to]);
+	dl_detail_text(&detail, "previous", names[before]);
+	dl_detail_text(&detail, "set_by", set_by);
+	dl_detail_text(&detail, "note", note);
+	dl_write_audit(NULL, NULL, "policy_changed", dl_detail_finish(&detail), 0, 0);
+	dl_note_durable_write();
+	dl_spi_finish();
+	PG_RETURN_TEXT_P(cstring_to_text(names[before]));
 }

@@ -4,51 +4,35 @@
  * A registered tool says whether it changes the world, how divergence of a
  * later attempt's calls is handled (divergence.c), and which fields of args
  * make a call's identity (identity.c).  A retired tool is executed no more;
- * a tool nobody registered is executed as durable_ledger.unregistered_tools
- * says: allow (the default), warn, or refuse.  Both are judged only when a
- * call would execute: replaying what was recorded performs nothing.
+ * a tool nobody registered is executed as the ledger's policy says (a row of
+ * durable_ledger.policy, set by set_unregistered_tools()): allow (the
+ * default), warn, or refuse.  A row, not a setting: a setting of a library
+ * loaded on first use is overridden by a client's startup options.  Both are
+ * judged only when a call would execute: replaying what was recorded
+ * performs nothing.
  */
 #include "postgres.h"
 
-#include "utils/guc.h"
-
 #include "policy.h"
 
-typedef enum UnregisteredTools
-{
-	UNREGISTERED_ALLOW,
-	UNREGISTERED_WARN,
-	UNREGISTERED_REFUSE
-} UnregisteredTools;
-
-static const struct config_enum_entry unregistered_tools_options[] = {
-	{"allow", UNREGISTERED_ALLOW, false},
-	{"warn", UNREGISTERED_WARN, false},
-	{"refuse", UNREGISTERED_REFUSE, false},
-	{NULL, 0, false}
-};
-
-/* durable_ledger.unregistered_tools */
-static int	unregistered_tools = UNREGISTERED_ALLOW;
-
+/* The registry's rules for tool, as committed now (effect_key: no lock). */
 void
-dl_tools_init(void)
+dl_tool_rules_now(const char *tool, ToolRules *rules)
 {
-	DefineCustomEnumVariable("durable_ledger.unregistered_tools",
-							 "What happens when a call of a tool that is not in durable_ledger.tools would execute.",
-							 "allow executes it, warn executes it with a WARNING, refuse refuses it (SQLSTATE 55L03).",
-							 &unregistered_tools,
-							 UNREGISTERED_ALLOW,
-							 unregistered_tools_options,
-							 PGC_SUSET,
-							 0,
-							 NULL, NULL, NULL);
+	rules->registered = dl_read_tool(tool, &rules->row);
 }
 
-/* The registry's rules for tool, as committed now. */
+/*
+ * The registry's rules for tool, as committed now, fixed until this
+ * transaction ends: a call holds its tool's lock shared, and register_tool,
+ * change_tool and retire_tool take it exclusively, so that they wait for the
+ * calls in progress (whose intents they then see) and the calls after them
+ * read what they wrote.
+ */
 void
 dl_tool_rules(const char *tool, ToolRules *rules)
 {
+	dl_tool_lock(tool, false);
 	rules->registered = dl_read_tool(tool, &rules->row);
 }
 
@@ -80,7 +64,7 @@ dl_check_may_execute(const char *tool, const ToolRules *rules)
 				 errhint("An admin registers it again with durable_ledger.register_tool().")));
 	if (rules->registered)
 		return;
-	switch ((UnregisteredTools) unregistered_tools)
+	switch (dl_read_unregistered_tools())
 	{
 		case UNREGISTERED_ALLOW:
 			break;
@@ -93,7 +77,7 @@ dl_check_may_execute(const char *tool, const ToolRules *rules)
 			ereport(ERROR,
 					(errcode(ERRCODE_DL_TOOL_REFUSED),
 					 errmsg("tool \"%s\" is not registered", tool),
-					 errdetail("durable_ledger.unregistered_tools is \"refuse\"; nothing was recorded."),
+					 errdetail("The ledger refuses tools nobody registered (durable_ledger.set_unregistered_tools); nothing was recorded."),
 					 errhint("An admin registers it with durable_ledger.register_tool().")));
 			break;
 	}

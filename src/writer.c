@@ -1153,3 +1153,48 @@ dl_write_forked_run(const char *new_run, uint64 lock_key, const char *source_run
 	insert_row(&w);
 	end_write(&w);
 }
+
+/* ---------- the ledger's policy ---------- */
+
+static const char *const unregistered_names[] = {
+	[UNREGISTERED_ALLOW] = "allow",
+	[UNREGISTERED_WARN] = "warn",
+	[UNREGISTERED_REFUSE] = "refuse",
+};
+
+/*
+ * Sets what the ledger does with a tool nobody registered; returns what it
+ * did before (no row: allow).
+ */
+UnregisteredTools
+dl_write_unregistered_tools(UnregisteredTools setting, const char *changed_by, const char *note)
+{
+	Write		w;
+	HeapTuple	current;
+	UnregisteredTools before = UNREGISTERED_ALLOW;
+
+	begin_write(&w, &dl_policy_table);
+	if (lock_row(&w, BoolGetDatum(true), POL_SINGLETON, &current))
+	{
+		bool		isnull;
+		char	   *was = TextDatumGetCString(heap_getattr(current,
+														   dl_policy_table.attnums[POL_UNREGISTERED_TOOLS],
+														   RelationGetDescr(w.rel), &isnull));
+
+		before = strcmp(was, "refuse") == 0 ? UNREGISTERED_REFUSE :
+			strcmp(was, "warn") == 0 ? UNREGISTERED_WARN : UNREGISTERED_ALLOW;
+		start_from(&w, current);
+	}
+	else
+		set_value(&w, POL_SINGLETON, BoolGetDatum(true));
+	set_value(&w, POL_UNREGISTERED_TOOLS, CStringGetTextDatum(unregistered_names[setting]));
+	set_value(&w, POL_CHANGED_BY, CStringGetTextDatum(changed_by));
+	set_value(&w, POL_CHANGED_AT, now_datum());
+	set_optional(&w, POL_NOTE, note ? CStringGetTextDatum(note) : (Datum) 0, note == NULL);
+	if (w.updating)
+		update_row(&w, current);
+	else
+		insert_row(&w);
+	end_write(&w);
+	return before;
+}
