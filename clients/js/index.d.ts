@@ -215,7 +215,7 @@ export class RunAbandonedError extends LedgerError {
 
 /**
  * SQLSTATE 55L03: the ledger refuses to execute the tool: it is retired, or nobody
- * registered it and durable_ledger.unregistered_tools = refuse. Nothing was recorded or
+ * registered it and the ledger refuses tools nobody registered (set_unregistered_tools('refuse', ...)). Nothing was recorded or
  * performed. The attempt stops (further calls throw RunStopped): an admin registers the
  * tool, then a new attempt may go on. What a retired tool recorded still replays.
  */

@@ -184,7 +184,7 @@ export class RunAbandonedError extends LedgerError {
 /**
  * The ledger refuses to execute the tool: SQLSTATE 55L03 from begin_effect.
  * The tool is retired (durable_ledger.retire_tool), or nobody registered it and
- * the database runs with durable_ledger.unregistered_tools = refuse.  Nothing
+ * the database runs with the ledger refuses tools nobody registered (set_unregistered_tools('refuse', ...)).  Nothing
  * was recorded or performed.  The attempt stops (the run cannot make this
  * call): further calls of it throw RunStopped.  An admin registers the tool
  * (again), or the run is changed; then a new attempt may go on.  What a

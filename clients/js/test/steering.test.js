@@ -39,6 +39,13 @@ function dsnAs(user) {
   return `${at[1]}${encodeURIComponent(user)}@${at[2]}`;
 }
 
+/** The DSN of another database of the same cluster (a host may be a socket directory). */
+function dsnIn(database) {
+  const at = dsn.match(/^(postgres(?:ql)?:\/\/[^/?]*\/)([^?]*)(.*)$/);
+  assert.ok(at, `DURABLE_LEDGER_DSN is not a postgresql:// URL with a database: ${dsn}`);
+  return `${at[1]}${encodeURIComponent(database)}${at[3]}`;
+}
+
 /** Runs fn(...clients) on fresh connections (new sessions), ended afterwards. */
 async function withClients(n, fn, connectionString = dsn) {
   const clients = [];
@@ -311,40 +318,41 @@ test('a retired tool throws ToolRefusedError, performs nothing and stops the att
   });
 });
 
-test('an unregistered tool throws ToolRefusedError where unregistered_tools = refuse', async () => {
+test('an unregistered tool throws ToolRefusedError where the ledger refuses them', async () => {
+  // set_unregistered_tools is the database's: a database of this test alone,
+  // so that the other test files' unregistered tools are not refused meanwhile
+  const db = `js_steer_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
   const run = unique('unregistered');
   const registered = toolName('t.pay');
   const unknown = toolName('t.unknown');
   const b = bank();
-  await withClients(1, async (admin) => {
-    const made = roles(admin);
-    try {
+  await withClients(1, (admin) => admin.query(`CREATE DATABASE ${db}`));
+  try {
+    await withClients(1, async (admin) => {
+      await admin.query('CREATE EXTENSION durable_ledger');
       await register(admin, registered);
-      // a superuser's setting: here, of a worker role of the test
-      const role = await made.make(['durable_ledger_worker'], { 'durable_ledger.unregistered_tools': 'refuse' });
-      await withClients(1, async (worker) => {
-        const { rows } = await worker.query('SHOW durable_ledger.unregistered_tools');
-        assert.equal(Object.values(rows[0])[0], 'refuse');
-        const ledger = new Ledger(worker);
-        await ledger.attempt(run, async () => {
-          await assert.rejects(b.tool(ledger, unknown)(run, { invoice: 1 }), (err) => {
-            assert.ok(err instanceof ToolRefusedError, `got ${err?.stack ?? err}`);
-            assert.equal(err.tool, unknown);
-            assert.match(err.message, /not registered/);
-            return true;
-          });
-          await assert.rejects(b.tool(ledger, registered)(run, { invoice: 1 }), RunStopped);
+      const { rows } = await admin.query(
+        "SELECT durable_ledger.set_unregistered_tools('refuse', 'js-test') AS previous");
+      assert.equal(rows[0].previous, 'allow');
+      const ledger = new Ledger(admin);
+      await ledger.attempt(run, async () => {
+        await assert.rejects(b.tool(ledger, unknown)(run, { invoice: 1 }), (err) => {
+          assert.ok(err instanceof ToolRefusedError, `got ${err?.stack ?? err}`);
+          assert.equal(err.tool, unknown);
+          assert.match(err.message, /not registered/);
+          return true;
         });
-        assert.deepEqual(b.calls, []);
-        assert.deepEqual(await effectKeys(admin, run), []);
-        // a registered tool executes under refuse, in a new attempt
-        await ledger.attempt(run, () => b.tool(ledger, registered)(run, { invoice: 1 }));
-        assert.deepEqual(b.calls.map((c) => c.tool), [registered]);
-      }, dsnAs(role));
-    } finally {
-      await made.drop();
-    }
-  });
+        await assert.rejects(b.tool(ledger, registered)(run, { invoice: 1 }), RunStopped);
+      });
+      assert.deepEqual(b.calls, []);
+      assert.deepEqual(await effectKeys(admin, run), []);
+      // a registered tool executes under refuse, in a new attempt
+      await ledger.attempt(run, () => b.tool(ledger, registered)(run, { invoice: 1 }));
+      assert.deepEqual(b.calls.map((c) => c.tool), [registered]);
+    }, dsnIn(db));
+  } finally {
+    await withClients(1, (admin) => admin.query(`DROP DATABASE ${db} WITH (FORCE)`));
+  }
 });
 
 // --------------------------------------------------------------------- history

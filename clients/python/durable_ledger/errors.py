@@ -224,7 +224,7 @@ class ToolRefused(LedgerError):
     """The ledger refuses to execute the tool: SQLSTATE 55L03 from ``begin_effect``.
 
     The tool is retired (``durable_ledger.retire_tool``), or nobody registered it and the
-    database runs with ``durable_ledger.unregistered_tools = refuse``.  Nothing was
+    database runs with `the ledger refuses tools nobody registered (`set_unregistered_tools('refuse', …)`)`.  Nothing was
     recorded and nothing was performed (the occurrence is not used up).
 
     The attempt stops: the run cannot make that call, so its plan cannot go on as it was.

@@ -75,7 +75,7 @@ LEASE_LOST = "55L01"
 #: take_lease): `RunAbandoned`.
 RUN_ABANDONED = "55L02"
 #: The SQLSTATE of a call that would execute a retired tool, or one nobody registered
-#: while ``durable_ledger.unregistered_tools = refuse``: `ToolRefused`.
+#: while `the ledger refuses tools nobody registered (`set_unregistered_tools('refuse', …)`)`: `ToolRefused`.
 TOOL_REFUSED = "55L03"
 
 #: Why a run is stopped in its current attempt: (key, reason, the exception to raise
@@ -351,7 +351,7 @@ class Ledger:
           run's earlier attempts, nothing was recorded for it): `DivergencePaused`, an
           `EffectPaused` too.  ``in_progress``: `EffectInProgress`.
         - the run was abandoned (SQLSTATE 55L02): `RunAbandoned`; the tool is retired, or
-          not registered while ``durable_ledger.unregistered_tools = refuse`` (55L03):
+          not registered while `the ledger refuses tools nobody registered (`set_unregistered_tools('refuse', …)`)` (55L03):
           `ToolRefused`.  Nothing was recorded or performed; both stop the attempt (below):
           further calls raise `RunAbandoned` again, or `EffectPaused` after a refusal.
 

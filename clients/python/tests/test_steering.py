@@ -297,15 +297,16 @@ class SteeringTest(unittest.TestCase):
         self.assertEqual(len(self.effect_keys()), 1)
 
     def test_unregistered_tool_refused_where_the_database_says_so(self) -> None:
-        # unregistered_tools is a superuser's setting: here, of a worker role of the test.
+        # set_unregistered_tools is the database's (an admin's, audited); the
+        # suite runs one test at a time, and it is set back at the end
         registered, unknown = self.tool_name("t.pay"), self.tool_name("t.unknown")
         self.register(registered)
-        role = self.login_role("durable_ledger_worker",
-                               settings={"durable_ledger.unregistered_tools": "refuse"})
+        previous = self.admin.execute(
+            "SELECT durable_ledger.set_unregistered_tools('refuse', 'python-test')").fetchone()[0]
+        self.addCleanup(self.admin.execute,
+                        "SELECT durable_ledger.set_unregistered_tools(%s, 'python-test')", (previous,))
         bank = Bank()
-        worker = self.ledger(user=role)
-        self.assertEqual(worker.conn.execute(
-            "SHOW durable_ledger.unregistered_tools").fetchone()[0], "refuse")
+        worker = self.ledger(user=self.login_role("durable_ledger_worker"))
         with worker.attempt(self.run_id):
             with self.assertRaises(ToolRefused) as caught:
                 bank.tool(worker, unknown)(self.run_id, {"invoice": 1})
