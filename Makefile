@@ -16,6 +16,7 @@ OBJS = \
 	src/reader.o \
 	src/writer.o \
 	src/durability.o \
+	src/attention.o \
 	src/runlock.o \
 	src/lease.o \
 	src/token_lease.o \
@@ -85,7 +86,8 @@ ISOLATION = \
 	token_expiry_race \
 	abandon_race \
 	fork_race \
-	tool_change_race
+	tool_change_race \
+	attention
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 
 # TAP tests (test/t/), each with clusters of its own: make prove_installcheck

@@ -119,11 +119,12 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
 -- effect_key applies a registered tool's key fields, as begin_effect does:
--- it reads the registry, so it is STABLE now.
+-- it reads the registry, so it is STABLE now (and PARALLEL RESTRICTED: it
+-- reads the registry as committed now, which a parallel worker cannot).
 CREATE OR REPLACE FUNCTION durable_ledger.effect_key(run text, tool text, args jsonb, occurrence integer)
 RETURNS text
 AS 'MODULE_PATHNAME', 'dl_effect_key_1_2'
-LANGUAGE C STABLE PARALLEL SAFE;
+LANGUAGE C STABLE PARALLEL RESTRICTED;
 
 CREATE OR REPLACE FUNCTION durable_ledger.take_lease(run text, ttl interval DEFAULT '5 minutes',
                                                      holder text DEFAULT NULL)
@@ -324,7 +325,9 @@ SELECT d.key,
        ab.abandoned_at
   FROM durable_ledger.divergences d
   LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) d.run
- WHERE d.verdict IS NULL;
+ WHERE d.verdict IS NULL
+   AND NOT EXISTS (SELECT FROM durable_ledger.effects x
+                    WHERE x.key OPERATOR(pg_catalog.=) d.key);  -- executed meanwhile (policy off)
 
 -- ---------------------------------------------------------------------------
 -- Privileges.

@@ -477,7 +477,9 @@ SELECT d.key,
        ab.abandoned_at
   FROM durable_ledger.divergences d
   LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) d.run
- WHERE d.verdict IS NULL;
+ WHERE d.verdict IS NULL
+   AND NOT EXISTS (SELECT FROM durable_ledger.effects x
+                    WHERE x.key OPERATOR(pg_catalog.=) d.key);  -- executed meanwhile (policy off)
 
 -- ---------------------------------------------------------------------------
 -- Functions.  The writers are SECURITY DEFINER with a pinned search_path; every
@@ -498,7 +500,7 @@ COMMENT ON FUNCTION durable_ledger.canonical_args(jsonb) IS
 CREATE FUNCTION durable_ledger.effect_key(run text, tool text, args jsonb, occurrence integer)
 RETURNS text
 AS 'MODULE_PATHNAME', 'dl_effect_key_1_2'
-LANGUAGE C STABLE PARALLEL SAFE;
+LANGUAGE C STABLE PARALLEL RESTRICTED;
 COMMENT ON FUNCTION durable_ledger.effect_key(text, text, jsonb, integer) IS
     'the derived idempotency key of a call, computed without writing anything';
 

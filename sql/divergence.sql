@@ -235,6 +235,27 @@ SELECT regress_sqlstate(format($$SELECT durable_ledger.resolve_divergence(%L, 's
 SELECT divergence FROM durable_ledger.change_tool('dv.pay', 'ana', divergence => 'pause');
 SELECT durable_ledger.release_run('dr-7');
 
+-- a person's "same" is kept whatever the policy becomes: with the policy off,
+-- the drifted call still gets the earlier payment, never a second one
+SELECT durable_ledger.acquire_run('dr-9');
+SELECT regress_div_call('dr-9', 'dv.pay', '{"invoice": "S", "memo": "1"}', '{"paid": "S"}');
+SELECT durable_ledger.acquire_run('dr-9');
+SELECT regress_div_call('dr-9', 'dv.pay', '{"invoice": "S", "memo": "2"}') AS drifted;
+SELECT verdict FROM durable_ledger.resolve_divergence(
+    durable_ledger.effect_key('dr-9', 'dv.pay', '{"invoice": "S", "memo": "2"}', 1), 'same', 'maria');
+SELECT divergence FROM durable_ledger.change_tool('dv.pay', 'ana', divergence => 'off');
+SELECT durable_ledger.acquire_run('dr-9');
+SELECT regress_div_call('dr-9', 'dv.pay', '{"invoice": "S", "memo": "2"}') AS same_under_off;
+SELECT count(*) AS payments FROM durable_ledger.effects WHERE run = 'dr-9';
+-- a drift that executed under off (dr-7 above) no longer waits in unresolved
+SELECT count(*) AS dr7_unresolved FROM durable_ledger.unresolved WHERE run = 'dr-7';
+-- an attempt that called the tool while it was unwatched is not judged for it,
+-- even once the policy is on again (it kept no marks of what it replayed)
+SELECT regress_div_call('dr-9', 'dv.pay', '{"invoice": "S", "memo": "1"}') AS replayed_unwatched;
+SELECT divergence FROM durable_ledger.change_tool('dv.pay', 'ana', divergence => 'pause');
+SELECT regress_div_call('dr-9', 'dv.pay', '{"invoice": "T", "memo": "1"}') AS new_call;
+SELECT durable_ledger.release_run('dr-9');
+
 -- ===================================================================
 -- resolve_divergence refuses what it cannot mean, writing nothing
 -- ===================================================================

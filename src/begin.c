@@ -447,6 +447,8 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	 * cannot change until the call's transaction ends (tools.c).
 	 */
 	dl_tool_rules(tool, &rules);
+	if (token != NULL)
+		(void) dl_token_for_call(run, token);	/* still live after waiting for the tool */
 	initStringInfo(&canon);
 	dl_append_canonical_args(&canon, dl_identity_of_call(&rules, args, NULL));
 

@@ -48,19 +48,41 @@
 static const char REPLAYED[] = "\0replayed";
 static const char EARLIER[] = "\0earlier";
 static const char REACHED[] = "\0reached\0";
+static const char UNWATCHED[] = "\0unwatched";
 
+/*
+ * An attempt's calls of a tool are watched when its policy is not off, from
+ * its first call in the attempt on: an attempt that called the tool while it
+ * was unwatched (not registered yet, policy off) kept no marks of what it
+ * replayed, so it is not judged for that tool, even once the policy is on;
+ * its next attempt is.
+ */
 void
 dl_progress_start(ReplayProgress *progress, const CallLease *lease, const char *tool,
 				  DivergencePolicy policy)
 {
-	progress->watched = policy != DIVERGENCE_OFF && lease->epoch > 1;
+	EpochCounter unwatched;
+
+	progress->later = lease->epoch > 1;
+	progress->watched = false;
 	progress->lease = lease;
 	progress->tool = tool;
 	progress->policy = policy;
 	progress->earlier_effects = NIL;
 	progress->earlier.count = 0;
-	if (progress->watched)
-		dl_epoch_counter(lease, tool, REPLAYED, sizeof(REPLAYED) - 1, &progress->replayed);
+	if (!progress->later)
+		return;
+	dl_epoch_counter(lease, tool, UNWATCHED, sizeof(UNWATCHED) - 1, &unwatched);
+	if (policy == DIVERGENCE_OFF)
+	{
+		if (unwatched.count == 0)
+			dl_epoch_count(lease, &unwatched, 1);
+		return;
+	}
+	if (unwatched.count != 0)
+		return;
+	progress->watched = true;
+	dl_epoch_counter(lease, tool, REPLAYED, sizeof(REPLAYED) - 1, &progress->replayed);
 }
 
 /* The mark of an earlier effect: replayed in this epoch or not. */
@@ -162,23 +184,28 @@ dl_check_drift(ReplayProgress *progress, const char *key, Jsonb *args, int32 occ
 
 	memset(drift, 0, sizeof(Drift));
 	drift->kind = DRIFT_NONE;
-	if (!progress->watched)
+	if (!progress->later)
 		return;
 
-	/* a divergence recorded for this very call waits for its verdict, whatever came since */
+	/*
+	 * A divergence recorded for this very call: a person's "same" is kept
+	 * whatever the policy is now (executing would do that effect again); one
+	 * without a verdict waits for it while the tool is watched, however far
+	 * the replay has come since.
+	 */
 	if (dl_read_divergence(key, &recorded))
 	{
 		drift->candidate_key = recorded.candidate_key;
-		if (recorded.verdict == NULL)
-			drift->kind = DRIFT_PAUSE;
-		else if (strcmp(recorded.verdict, "same") == 0)
+		if (recorded.verdict != NULL && strcmp(recorded.verdict, "same") == 0)
 		{
 			drift->kind = DRIFT_SAME;
 			drift->same_as = recorded.same_as;
 		}
+		else if (recorded.verdict == NULL && progress->watched)
+			drift->kind = DRIFT_PAUSE;
 		return;
 	}
-	if (earlier_count(progress) <= progress->replayed.count)
+	if (!progress->watched || earlier_count(progress) <= progress->replayed.count)
 		return;
 
 	/* in an honest replay, the earlier effect due next */

@@ -516,7 +516,13 @@ take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 	if (!dl_run_lock_session(lock_key, wait, waited))
 		return false;
 	/* read once abandon_run cannot be under way: it may have ended while we waited */
-	dl_run_lock_open(lock_key);
+	if (wait)
+		dl_run_lock_open(lock_key);
+	else if (!dl_run_lock_open_nowait(lock_key))
+	{
+		dl_run_unlock_session(lock_key);
+		return false;			/* an abandon_run is under way: not now */
+	}
 	if (dl_read_run_state(run, &state) && (state.abandoned || (state.token && state.token_live)))
 	{
 		dl_run_unlock_session(lock_key);
@@ -651,6 +657,8 @@ dl_lease_acquire(const char *run, bool wait)
 		forget_held(held);
 		held = add_held(run, lock_key);
 	}
+	else
+		dl_check_run_open(run);	/* held already: an abandonment may have ended meanwhile */
 	epoch = record_epoch_start(run, lock_key, waited);
 	start_epoch(held, epoch);
 	return true;

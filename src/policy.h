@@ -27,6 +27,7 @@ extern void dl_tool_rules_now(const char *tool, ToolRules *rules);
 /* divergence.c */
 typedef struct ReplayProgress
 {
+	bool		later;			/* a later attempt of the run (epoch > 1) */
 	bool		watched;		/* divergence is checked for this call */
 	const CallLease *lease;
 	const char *tool;

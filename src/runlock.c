@@ -13,9 +13,11 @@
  *   DL_OPEN_LOCK_CLASS  every begin_effect holds a ShareLock for its
  *                       transaction, abandon_run an ExclusiveLock: a call
  *                       decides either before an abandonment or after it
- *   DL_TOOL_LOCK_CLASS  on a tool (a hash of its name, not of a run): every
- *                       begin_effect holds a ShareLock for its transaction,
- *                       changes of the registry an ExclusiveLock
+ *   DL_TOOL_LOCK_CLASS  on a bucket of tools (a hash of the name, not of a
+ *                       run): every begin_effect holds a ShareLock for its
+ *                       transaction, changes of the registry an
+ *                       ExclusiveLock; one more for the policy on
+ *                       unregistered tools
  */
 #include "postgres.h"
 
@@ -156,6 +158,16 @@ dl_run_lock_open(uint64 lock_key)
 	(void) LockAcquire(&tag, ShareLock, false, false);
 }
 
+/* dl_run_lock_open, or false at once while an abandon_run of the run is under way. */
+bool
+dl_run_lock_open_nowait(uint64 lock_key)
+{
+	LOCKTAG		tag;
+
+	set_lock_tag(&tag, lock_key, DL_OPEN_LOCK_CLASS);
+	return LockAcquire(&tag, ShareLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
+}
+
 /* abandon_run, for this transaction: waits for the run's calls in progress. */
 void
 dl_run_lock_closing(uint64 lock_key)
@@ -167,17 +179,43 @@ dl_run_lock_closing(uint64 lock_key)
 }
 
 /*
+ * Tools share TOOL_LOCK_BUCKETS locks, by a hash of their name: a
+ * transaction calling many tools holds a bounded number of locks (the shared
+ * lock table is finite), at the price of a registry change waiting for calls
+ * of the other tools of its bucket.  Bucket TOOL_LOCK_BUCKETS is the policy
+ * for unregistered tools.
+ */
+#define TOOL_LOCK_BUCKETS 1024
+
+static void
+lock_tool_bucket(uint64 bucket, bool exclusive)
+{
+	LOCKTAG		tag;
+
+	set_lock_tag(&tag, bucket, DL_TOOL_LOCK_CLASS);
+	(void) LockAcquire(&tag, exclusive ? ExclusiveLock : ShareLock, false, false);
+}
+
+/*
  * The lock of a tool's rules, for this transaction: shared by a call,
  * exclusive for a change of the registry.
  */
 void
 dl_tool_lock(const char *tool, bool exclusive)
 {
-	LOCKTAG		tag;
+	lock_tool_bucket(hash_bytes_extended((const unsigned char *) tool, strlen(tool),
+										 RUN_LOCK_KEY_SEED) % TOOL_LOCK_BUCKETS, exclusive);
+}
 
-	set_lock_tag(&tag, hash_bytes_extended((const unsigned char *) tool, strlen(tool),
-										   RUN_LOCK_KEY_SEED), DL_TOOL_LOCK_CLASS);
-	(void) LockAcquire(&tag, exclusive ? ExclusiveLock : ShareLock, false, false);
+/*
+ * The lock of the policy for unregistered tools, for this transaction: shared
+ * by a call of an unregistered tool that would execute, exclusive for
+ * set_unregistered_tools().
+ */
+void
+dl_policy_lock(bool exclusive)
+{
+	lock_tool_bucket(TOOL_LOCK_BUCKETS, exclusive);
 }
 
 /* ---------- whether the run is open for calls ---------- */

@@ -9,6 +9,7 @@
  *   tables.c      the tables' columns, found by name (tables.h, for the
  *                 store's own files)
  *   durability.c  synchronous_commit raised for transactions that wrote
+ *   attention.c   NOTIFY durable_ledger_attention for what needs a person
  *   plans.c       saved SPI plans, run with the right snapshot
  *
  * Uses common.h only; the lease layer and the entry points use it.  The
@@ -246,6 +247,10 @@ extern void dl_write_audit(const char *run, const char *key, const char *event,
 
 /* tables.c */
 extern void dl_tables_init(void);
+
+/* attention.c */
+extern void dl_notify_attention(const char *event, const char *run, const char *key,
+								int32 attempt);
 
 /* durability.c */
 extern void dl_note_durable_write(void);

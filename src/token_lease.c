@@ -142,7 +142,10 @@ dl_token_take(const char *run, Interval *ttl, const char *holder, TokenGrant *gr
 		return false;
 	if (dl_read_run_state(run, &state) && dl_lease_is_live(run, state.epoch))
 		return false;
-	dl_check_run_open(run);		/* abandon_run cannot be under way from here on */
+	/* abandon_run cannot be under way from here on (one under way: not now) */
+	if (!dl_run_lock_open_nowait(lock_key))
+		return false;
+	dl_refuse_if_abandoned(run);
 
 	if (!pg_strong_random(random, sizeof(random)))
 		ereport(ERROR,

@@ -344,6 +344,7 @@ dl_set_unregistered_tools_1_2(PG_FUNCTION_ARGS)
 				 errmsg("setting must be \"allow\", \"warn\" or \"refuse\", not \"%s\"", setting)));
 	dl_check_writable("set_unregistered_tools()");
 	dl_spi_connect();
+	dl_policy_lock(true);		/* waits for the calls of unregistered tools in progress */
 	before = dl_write_unregistered_tools(to, set_by, note);
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "unregistered_tools", names[to]);

@@ -64,6 +64,7 @@ dl_check_may_execute(const char *tool, const ToolRules *rules)
 				 errhint("An admin registers it again with durable_ledger.register_tool().")));
 	if (rules->registered)
 		return;
+	dl_policy_lock(false);		/* set_unregistered_tools waits for this call */
 	switch (dl_read_unregistered_tools())
 	{
 		case UNREGISTERED_ALLOW:

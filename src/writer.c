@@ -861,6 +861,7 @@ dl_write_audit(const char *run, const char *key, const char *event, Jsonb *detai
 	set_optional(&w, AUD_ATTEMPT, Int32GetDatum(attempt), attempt <= 0);
 	insert_row(&w);
 	end_write(&w);
+	dl_notify_attention(event, run, key, attempt);
 }
 
 /* ---------- abandoned runs ---------- */
