@@ -446,9 +446,8 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	 * all of args.  The tool's rules are read once the lease is held, and
 	 * cannot change until the call's transaction ends (tools.c).
 	 */
-	dl_tool_rules(tool, &rules);
-	if (token != NULL)
-		(void) dl_token_for_call(run, token);	/* still live after waiting for the tool */
+	if (dl_tool_rules(tool, &rules) && token != NULL)
+		(void) dl_token_for_call(run, token);	/* still live after waiting for a change of the tool */
 	initStringInfo(&canon);
 	dl_append_canonical_args(&canon, dl_identity_of_call(&rules, args, NULL));
 

@@ -72,6 +72,25 @@ dl_optional_attempt_arg(FunctionCallInfo fcinfo, int argno)
 	return attempt;
 }
 
+/*
+ * The extension's SQL objects in this database are of an older version than
+ * this library (sql_version, when known): ALTER EXTENSION ... UPDATE was not
+ * run yet.  The library's rules need the newer tables: nothing is written.
+ */
+void
+dl_error_older_sql(const char *sql_version)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("the durable_ledger extension in this database is older than its library"),
+			 sql_version ?
+			 errdetail("The installed library is version %s; the extension's SQL objects are version %s.",
+					   DL_LIBRARY_VERSION, sql_version) :
+			 errdetail("The installed library is version %s; the extension's SQL objects are of an earlier version.",
+					   DL_LIBRARY_VERSION),
+			 errhint("Run ALTER EXTENSION durable_ledger UPDATE in this database.")));
+}
+
 char *
 dl_optional_text_arg(FunctionCallInfo fcinfo, int argno)
 {

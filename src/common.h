@@ -90,6 +90,7 @@ extern Jsonb *dl_optional_jsonb_arg(FunctionCallInfo fcinfo, int argno);
 extern int32 dl_optional_attempt_arg(FunctionCallInfo fcinfo, int argno);
 extern void dl_check_writable(const char *function);
 extern void dl_refuse_prepare(void);
+extern void dl_error_older_sql(const char *sql_version);
 extern TupleDesc dl_result_desc(FunctionCallInfo fcinfo);
 extern void dl_spi_connect(void);
 extern void dl_spi_finish(void);

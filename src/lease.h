@@ -94,7 +94,7 @@ extern bool dl_run_when_calls_idle(uint64 lock_key, void (*judge_now) (void *), 
 extern bool dl_run_lock_xact(uint64 lock_key, uint16 lock_class, bool wait);
 extern void dl_run_lock_open(uint64 lock_key);
 extern void dl_run_lock_closing(uint64 lock_key);
-extern void dl_tool_lock(const char *tool, bool exclusive);
+extern bool dl_tool_lock(const char *tool, bool exclusive);
 extern void dl_policy_lock(bool exclusive);
 extern bool dl_run_lock_open_nowait(uint64 lock_key);
 extern void dl_refuse_if_abandoned(const char *run);

@@ -13,21 +13,10 @@
 
 #include "common.h"
 
-static void
-refuse_older_sql(void)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("the durable_ledger extension in this database is older than its library"),
-			 errdetail("The installed library is version %s; the extension's SQL objects are of an earlier version.",
-					   DL_LIBRARY_VERSION),
-			 errhint("Run ALTER EXTENSION durable_ledger UPDATE in this database.")));
-}
-
 /* The functions of durable_ledger 1.0 that this library implements anew. */
 #define REFUSED_1_0(name) \
 	PG_FUNCTION_INFO_V1(name); \
-	Datum name(PG_FUNCTION_ARGS) { refuse_older_sql(); PG_RETURN_NULL(); }
+	Datum name(PG_FUNCTION_ARGS) { dl_error_older_sql(NULL); PG_RETURN_NULL(); }
 
 REFUSED_1_0(dl_begin_effect)
 REFUSED_1_0(dl_complete_effect)

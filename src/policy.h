@@ -18,7 +18,7 @@ typedef struct ToolRules
 	ToolRow		row;			/* when registered */
 } ToolRules;
 
-extern void dl_tool_rules(const char *tool, ToolRules *rules);
+extern bool dl_tool_rules(const char *tool, ToolRules *rules);
 extern Jsonb *dl_identity_of_call(const ToolRules *rules, Jsonb *args, bool *complete);
 extern void dl_check_may_execute(const char *tool, const ToolRules *rules);
 extern DivergencePolicy dl_divergence_policy(const ToolRules *rules);

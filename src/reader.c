@@ -519,6 +519,12 @@ dl_read_lease_unreleased_by_me(const char *run, int64 *epoch)
 
 /* ---------- the tools registry, divergences, a run's earlier effects ---------- */
 
+/* The registry's and the divergences' rows by their primary keys (one lookup each). */
+static LookupIndex tools_by_tool;
+static const int tool_key[] = {TOOL_TOOL};
+static LookupIndex divergences_by_key;
+static const int div_key[] = {DIV_KEY};
+
 static char *
 optional_text(LedgerTable *t, TupleTableSlot *slot, int column)
 {
@@ -575,8 +581,6 @@ take_tool(TupleTableSlot *slot, void *arg)
 bool
 dl_read_tool(const char *tool, ToolRow *row)
 {
-	static LookupIndex tools_by_tool;
-	static const int tool_key[] = {TOOL_TOOL};
 	Datum		values[1];
 
 	values[0] = CStringGetTextDatum(tool);
@@ -609,11 +613,11 @@ dl_read_tool_has_derived_effects(const char *tool)
 	return derived;
 }
 
-static bool
-take_divergence(TupleTableSlot *slot, void *arg)
+/* A divergence's row (store.h), copied out of slot. */
+void
+dl_divergence_row_from_slot(TupleTableSlot *slot, DivergenceRow *row)
 {
 	LedgerTable *t = &dl_divergences_table;
-	DivergenceRow *row = arg;
 	bool		isnull;
 
 	row->key = optional_text(t, slot, DIV_KEY);
@@ -625,6 +629,12 @@ take_divergence(TupleTableSlot *slot, void *arg)
 	row->candidate_key = optional_text(t, slot, DIV_CANDIDATE_KEY);
 	row->verdict = optional_text(t, slot, DIV_VERDICT);
 	row->same_as = optional_text(t, slot, DIV_SAME_AS);
+}
+
+static bool
+take_divergence(TupleTableSlot *slot, void *arg)
+{
+	dl_divergence_row_from_slot(slot, arg);
 	return false;
 }
 
@@ -632,8 +642,6 @@ take_divergence(TupleTableSlot *slot, void *arg)
 bool
 dl_read_divergence(const char *key, DivergenceRow *row)
 {
-	static LookupIndex divergences_by_key;
-	static const int div_key[] = {DIV_KEY};
 	Datum		values[1];
 
 	values[0] = CStringGetTextDatum(key);
@@ -707,8 +715,6 @@ take_tuple(TupleTableSlot *slot, void *arg)
 HeapTuple
 dl_read_tool_tuple(const char *tool)
 {
-	static LookupIndex tools_by_tool;
-	static const int tool_key[] = {TOOL_TOOL};
 	Datum		values[1];
 	HeapTuple	tuple = NULL;
 
@@ -721,8 +727,6 @@ dl_read_tool_tuple(const char *tool)
 HeapTuple
 dl_read_divergence_tuple(const char *key)
 {
-	static LookupIndex divergences_by_key;
-	static const int div_key[] = {DIV_KEY};
 	Datum		values[1];
 	HeapTuple	tuple = NULL;
 

@@ -164,7 +164,7 @@ rules_of(List **known, const char *tool)
 			return rules;
 	}
 	rules = palloc0(sizeof(ToolRules));
-	dl_tool_rules(tool, rules);
+	(void) dl_tool_rules(tool, rules);
 	rules->row.tool = pstrdup(tool);
 	*known = lappend(*known, rules);
 	return rules;

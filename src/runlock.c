@@ -187,23 +187,28 @@ dl_run_lock_closing(uint64 lock_key)
  */
 #define TOOL_LOCK_BUCKETS 1024
 
-static void
+/* Locks a bucket for this transaction; true when it had to wait for it. */
+static bool
 lock_tool_bucket(uint64 bucket, bool exclusive)
 {
 	LOCKTAG		tag;
+	LOCKMODE	mode = exclusive ? ExclusiveLock : ShareLock;
 
 	set_lock_tag(&tag, bucket, DL_TOOL_LOCK_CLASS);
-	(void) LockAcquire(&tag, exclusive ? ExclusiveLock : ShareLock, false, false);
+	if (LockAcquire(&tag, mode, false, true) != LOCKACQUIRE_NOT_AVAIL)
+		return false;
+	(void) LockAcquire(&tag, mode, false, false);
+	return true;
 }
 
 /*
  * The lock of a tool's rules, for this transaction: shared by a call,
- * exclusive for a change of the registry.
+ * exclusive for a change of the registry.  True when it had to wait.
  */
-void
+bool
 dl_tool_lock(const char *tool, bool exclusive)
 {
-	lock_tool_bucket(hash_bytes_extended((const unsigned char *) tool, strlen(tool),
+	return lock_tool_bucket(hash_bytes_extended((const unsigned char *) tool, strlen(tool),
 										 RUN_LOCK_KEY_SEED) % TOOL_LOCK_BUCKETS, exclusive);
 }
 
@@ -215,7 +220,7 @@ dl_tool_lock(const char *tool, bool exclusive)
 void
 dl_policy_lock(bool exclusive)
 {
-	lock_tool_bucket(TOOL_LOCK_BUCKETS, exclusive);
+	(void) lock_tool_bucket(TOOL_LOCK_BUCKETS, exclusive);
 }
 
 /* ---------- whether the run is open for calls ---------- */

@@ -232,12 +232,7 @@ report_missing_column(LedgerTable *t, const char *column)
 	char	   *version = installed_version();
 
 	if (version != NULL && strcmp(version, DL_LIBRARY_VERSION) != 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("the durable_ledger extension in this database is older than its library"),
-				 errdetail("The installed library is version %s; the extension's SQL objects are version %s.",
-						   DL_LIBRARY_VERSION, version),
-				 errhint("Run ALTER EXTENSION durable_ledger UPDATE in this database.")));
+		dl_error_older_sql(version);
 	ereport(ERROR,
 			(errcode(ERRCODE_UNDEFINED_COLUMN),
 			 errmsg("durable_ledger.%s has no column \"%s\"", t->name, column),

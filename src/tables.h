@@ -108,5 +108,6 @@ extern Relation dl_open_table(LedgerTable *t, LOCKMODE lockmode);
 extern void dl_check_domains(LedgerTable *t, TupleTableSlot *slot, Bitmapset *only);
 extern void dl_effect_row_from_slot(TupleTableSlot *slot, EffectRow *row);
 extern void dl_tool_row_from_slot(TupleTableSlot *slot, ToolRow *row);
+extern void dl_divergence_row_from_slot(TupleTableSlot *slot, DivergenceRow *row);
 
 #endif							/* DURABLE_LEDGER_TABLES_H */

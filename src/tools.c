@@ -27,13 +27,15 @@ dl_tool_rules_now(const char *tool, ToolRules *rules)
  * transaction ends: a call holds its tool's lock shared, and register_tool,
  * change_tool and retire_tool take it exclusively, so that they wait for the
  * calls in progress (whose intents they then see) and the calls after them
- * read what they wrote.
+ * read what they wrote.  True when the call had to wait for a change.
  */
-void
+bool
 dl_tool_rules(const char *tool, ToolRules *rules)
 {
-	dl_tool_lock(tool, false);
+	bool		waited = dl_tool_lock(tool, false);
+
 	rules->registered = dl_read_tool(tool, &rules->row);
+	return waited;
 }
 
 /*

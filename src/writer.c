@@ -1058,23 +1058,12 @@ dl_lock_divergence(const char *key, LockedDivergence *locked)
 	found = lock_row(&w, CStringGetTextDatum(key), DIV_KEY, &locked->tuple);
 	if (found)
 	{
-		TupleDesc	desc = RelationGetDescr(w.rel);
-		AttrNumber *a = dl_divergences_table.attnums;
-		bool		isnull;
-		Datum		d;
+		TupleTableSlot *slot = MakeSingleTupleTableSlot(RelationGetDescr(w.rel),
+														&TTSOpsHeapTuple);
 
-		locked->row.key = pstrdup(key);
-		locked->row.run = TextDatumGetCString(heap_getattr(locked->tuple, a[DIV_RUN], desc, &isnull));
-		locked->row.lease_epoch = DatumGetInt64(heap_getattr(locked->tuple, a[DIV_LEASE_EPOCH],
-															 desc, &isnull));
-		locked->row.tool = TextDatumGetCString(heap_getattr(locked->tuple, a[DIV_TOOL], desc, &isnull));
-		locked->row.candidate_key = TextDatumGetCString(heap_getattr(locked->tuple,
-																	 a[DIV_CANDIDATE_KEY],
-																	 desc, &isnull));
-		d = heap_getattr(locked->tuple, a[DIV_VERDICT], desc, &isnull);
-		locked->row.verdict = isnull ? NULL : TextDatumGetCString(d);
-		d = heap_getattr(locked->tuple, a[DIV_SAME_AS], desc, &isnull);
-		locked->row.same_as = isnull ? NULL : TextDatumGetCString(d);
+		ExecStoreHeapTuple(locked->tuple, slot, false);
+		dl_divergence_row_from_slot(slot, &locked->row);
+		ExecDropSingleTupleTableSlot(slot);
 	}
 	end_write(&w);
 	return found;
