@@ -415,6 +415,7 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	Datum		values[8];
 	bool		nulls[8] = {false};
 	HeapTuple	tuple;
+	bool		waited;
 
 	if (!PG_ARGISNULL(3))
 	{
@@ -439,15 +440,23 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 		lease.held = dl_lease_for_call(run);
 		lease.epoch = dl_lease_epoch(lease.held);
 	}
-	dl_check_run_open(run);
+	waited = dl_check_run_open(run);
 
 	/*
 	 * A call is counted and keyed by its identity: its tool's key fields, or
 	 * all of args.  The tool's rules are read once the lease is held, and
 	 * cannot change until the call's transaction ends (tools.c).
 	 */
-	if (dl_tool_rules(tool, &rules) && token != NULL)
-		(void) dl_token_for_call(run, token);	/* still live after waiting for a change of the tool */
+	waited |= dl_tool_rules(tool, &rules);
+
+	/*
+	 * A token lease was checked before those locks: after waiting for an
+	 * abandonment or a registry change (either may be rolled back), check
+	 * it again, since a release, a break or the expiry do not wait for the
+	 * run's calls.
+	 */
+	if (waited && token != NULL)
+		(void) dl_token_for_call(run, token);
 	initStringInfo(&canon);
 	dl_append_canonical_args(&canon, dl_identity_of_call(&rules, args, NULL));
 

@@ -517,7 +517,7 @@ take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 		return false;
 	/* read once abandon_run cannot be under way: it may have ended while we waited */
 	if (wait)
-		dl_run_lock_open(lock_key);
+		(void) dl_run_lock_open(lock_key);
 	else if (!dl_run_lock_open_nowait(lock_key))
 	{
 		dl_run_unlock_session(lock_key);
@@ -658,7 +658,7 @@ dl_lease_acquire(const char *run, bool wait)
 		held = add_held(run, lock_key);
 	}
 	else
-		dl_check_run_open(run);	/* held already: an abandonment may have ended meanwhile */
+		(void) dl_check_run_open(run);	/* held already: an abandonment may have ended meanwhile */
 	epoch = record_epoch_start(run, lock_key, waited);
 	start_epoch(held, epoch);
 	return true;

@@ -148,14 +148,20 @@ dl_run_lock_xact(uint64 lock_key, uint16 lock_class, bool wait)
 		LOCKACQUIRE_NOT_AVAIL;
 }
 
-/* A call of the run, for this transaction: abandon_run waits for it to end. */
-void
+/*
+ * A call of the run, for this transaction: abandon_run waits for it to end.
+ * True when it had to wait (for an abandon_run under way).
+ */
+bool
 dl_run_lock_open(uint64 lock_key)
 {
 	LOCKTAG		tag;
 
 	set_lock_tag(&tag, lock_key, DL_OPEN_LOCK_CLASS);
+	if (LockAcquire(&tag, ShareLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
+		return false;
 	(void) LockAcquire(&tag, ShareLock, false, false);
+	return true;
 }
 
 /* dl_run_lock_open, or false at once while an abandon_run of the run is under way. */
@@ -251,11 +257,14 @@ dl_refuse_if_abandoned(const char *run)
  * A call of run may go on only while nobody has abandoned the run.  Its
  * transaction keeps abandon_run out until it ends (runlock.c), so that once
  * abandon_run has returned no call decides anything more; the run is then
- * read as committed now, abandon_run's own commit included.
+ * read as committed now, abandon_run's own commit included.  True when the
+ * call had to wait for an abandon_run under way (which may have rolled back).
  */
-void
+bool
 dl_check_run_open(const char *run)
 {
-	dl_run_lock_open(dl_run_lock_key(run));
+	bool		waited = dl_run_lock_open(dl_run_lock_key(run));
+
 	dl_refuse_if_abandoned(run);
+	return waited;
 }
