@@ -12,6 +12,7 @@ OBJS = \
 	src/detail.o \
 	src/identity.o \
 	src/plans.o \
+	src/cache.o \
 	src/tables.o \
 	src/reader.o \
 	src/writer.o \

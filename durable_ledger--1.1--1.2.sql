@@ -78,6 +78,8 @@ CREATE TABLE durable_ledger.divergences (
     resolved_at     timestamptz,
     resolution_note text
 );
+-- a call asks first whether its run has any divergence at all (then remembers it)
+CREATE INDEX divergences_run_idx ON durable_ledger.divergences (run);
 SELECT pg_catalog.pg_extension_config_dump('durable_ledger.divergences', '');
 
 -- ---------------------------------------------------------------------------

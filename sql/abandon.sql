@@ -57,6 +57,18 @@ SELECT durable_ledger.release_lease(:'t');
 SELECT key = :'tok_in_flight' AS in_flight, status, run_abandoned_at IS NOT NULL AS run_abandoned
   FROM durable_ledger.unresolved WHERE run = 'ab-2';
 
+-- a call remembers that its run is open (cache.c): an abandonment in the
+-- same transaction refuses the next call at once, and one rolled back is
+-- forgotten
+SELECT durable_ledger.acquire_run('ab-4');
+SELECT decision FROM durable_ledger.begin_effect('ab-4', 'ab.pay', '{"invoice": 1}');
+BEGIN;
+SELECT durable_ledger.abandon_run('ab-4', 'maria');
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('ab-4', 'ab.pay', '{"invoice": 2}')$$);
+ROLLBACK;
+SELECT decision FROM durable_ledger.begin_effect('ab-4', 'ab.pay', '{"invoice": 2}');
+SELECT durable_ledger.release_run('ab-4');
+
 -- bad input and privileges
 SELECT regress_sqlstate($$SELECT durable_ledger.abandon_run('never-seen', 'maria')$$);
 SELECT regress_sqlstate($$SELECT durable_ledger.abandon_run(NULL, 'maria')$$);

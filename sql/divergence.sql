@@ -133,6 +133,17 @@ SELECT decision, status FROM durable_ledger.begin_effect('dr-1', 'dv.pay', '{"in
 SELECT count(*) AS divergences FROM durable_ledger.divergences WHERE run = 'dr-1';
 SELECT event, detail FROM durable_ledger.audit_log WHERE run = 'dr-1' AND key = :'drifted' ORDER BY id;
 
+-- ... also within the transaction that recorded it (a call remembers that its
+-- run has no divergence, cache.c, and forgets it when one is recorded)
+SELECT durable_ledger.acquire_run('dr-tx');
+SELECT regress_div_call('dr-tx', 'dv.pay', '{"invoice": "INV-1", "amount": 4200, "memo": "Thanks"}');
+SELECT durable_ledger.acquire_run('dr-tx');
+BEGIN;
+SELECT regress_div_call('dr-tx', 'dv.pay', '{"invoice": "INV-1", "amount": 4200, "memo": "Thank you"}') AS first,
+       regress_div_call('dr-tx', 'dv.pay', '{"invoice": "INV-1", "amount": 4200, "memo": "Thank you"}') AS again;
+COMMIT;
+SELECT count(*) AS divergences FROM durable_ledger.divergences WHERE run = 'dr-tx';
+SELECT durable_ledger.release_run('dr-tx');
 -- a person: it is the same payment.  The call replays the earlier outcome
 -- (under the earlier effect's key), and what follows executes.
 SELECT verdict, same_as = :'earlier_key' AS same_as_the_earlier, resolved_by, resolution_note

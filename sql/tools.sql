@@ -169,6 +169,20 @@ SELECT decision FROM durable_ledger.begin_effect('ur-1', 'tl.lookup', '{"custome
 SELECT durable_ledger.acquire_run('ur-1');
 SELECT decision, status FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 1}');
 SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 3}')$$);
+-- a call remembers its tool's row (cache.c): a registration in the same
+-- transaction is used at once, and forgotten when it rolls back
+BEGIN;
+SELECT tool FROM durable_ledger.register_tool('fax.send', 'maria');
+SELECT decision FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 4}');
+ROLLBACK;
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 4}')$$);
+-- ... and a retirement in the same transaction refuses the next call at once
+BEGIN;
+SELECT decision FROM durable_ledger.begin_effect('ur-1', 'tl.lookup', '{"customer": 2}');
+SELECT retired_by FROM durable_ledger.retire_tool('tl.lookup', 'maria');
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('ur-1', 'tl.lookup', '{"customer": 3}')$$);
+ROLLBACK;
+SELECT decision FROM durable_ledger.begin_effect('ur-1', 'tl.lookup', '{"customer": 3}');
 -- the setting of earlier versions' documentation is no setting: the prefix is reserved
 SELECT regress_sqlstate($$SET durable_ledger.unregistered_tools = allow$$);
 SELECT regress_sqlstate($$SELECT durable_ledger.set_unregistered_tools('sometimes', 'maria')$$);

@@ -193,7 +193,8 @@ dl_check_drift(ReplayProgress *progress, const char *key, Jsonb *args, int32 occ
 	 * without a verdict waits for it while the tool is watched, however far
 	 * the replay has come since.
 	 */
-	if (dl_read_divergence(key, &recorded))
+	if (dl_run_may_have_divergences(progress->lease->run) &&
+		dl_read_divergence(key, &recorded))
 	{
 		drift->candidate_key = recorded.candidate_key;
 		if (recorded.verdict != NULL && strcmp(recorded.verdict, "same") == 0)

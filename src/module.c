@@ -18,6 +18,7 @@ void
 _PG_init(void)
 {
 	dl_tables_init();
+	dl_cache_init();
 	dl_durability_init();
 	dl_lease_init();
 	dl_drop_guard_init();

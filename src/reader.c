@@ -649,6 +649,28 @@ dl_read_divergence(const char *key, DivergenceRow *row)
 						take_divergence, row);
 }
 
+static bool
+take_existence(TupleTableSlot *slot, void *arg)
+{
+	*(bool *) arg = true;
+	return false;
+}
+
+/* Whether a divergence was recorded for run, as committed now. */
+bool
+dl_read_run_has_divergences(const char *run)
+{
+	static LookupIndex divergences_by_run = {.unique = false};
+	static const int run_key[] = {DIV_RUN};
+	Datum		values[1];
+	bool		any = false;
+
+	values[0] = CStringGetTextDatum(run);
+	(void) scan_rows_now(&dl_divergences_table, &divergences_by_run, 1, run_key, values,
+						 take_existence, &any);
+	return any;
+}
+
 typedef struct EarlierEffects
 {
 	int64		before_epoch;

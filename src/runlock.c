@@ -264,7 +264,11 @@ bool
 dl_check_run_open(const char *run)
 {
 	bool		waited = dl_run_lock_open(dl_run_lock_key(run));
+	uint64		generation;
 
+	if (dl_run_remembered_open(run, &generation))
+		return waited;
 	dl_refuse_if_abandoned(run);
+	dl_remember_run_open(run, generation);
 	return waited;
 }

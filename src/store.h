@@ -8,6 +8,8 @@
  *                 needs ON CONFLICT
  *   tables.c      the tables' columns, found by name (tables.h, for the
  *                 store's own files)
+ *   cache.c       what rarely changes (a tool's row, a run not abandoned,
+ *                 a run without divergences), remembered between calls
  *   durability.c  synchronous_commit raised for transactions that wrote
  *   attention.c   NOTIFY durable_ledger_attention for what needs a person
  *   plans.c       saved SPI plans, run with the right snapshot
@@ -188,6 +190,7 @@ extern bool dl_read_tool(const char *tool, ToolRow *row);
 extern UnregisteredTools dl_read_unregistered_tools(void);
 extern bool dl_read_tool_has_derived_effects(const char *tool);
 extern bool dl_read_divergence(const char *key, DivergenceRow *row);
+extern bool dl_read_run_has_divergences(const char *run);
 extern HeapTuple dl_read_tool_tuple(const char *tool);
 extern HeapTuple dl_read_divergence_tuple(const char *key);
 extern List *dl_read_earlier_effects(const char *run, const char *tool, int64 epoch);
@@ -247,6 +250,14 @@ extern void dl_write_audit(const char *run, const char *key, const char *event,
 
 /* tables.c */
 extern void dl_tables_init(void);
+
+/* cache.c: facts that rarely change, remembered until an invalidation */
+extern void dl_cache_init(void);
+extern void dl_forget_remembered(void);
+extern bool dl_read_tool_remembered(const char *tool, ToolRow *row);
+extern bool dl_run_remembered_open(const char *run, uint64 *generation);
+extern void dl_remember_run_open(const char *run, uint64 generation);
+extern bool dl_run_may_have_divergences(const char *run);
 
 /* attention.c */
 extern void dl_notify_attention(const char *event, const char *run, const char *key,

@@ -34,7 +34,7 @@ dl_tool_rules(const char *tool, ToolRules *rules)
 {
 	bool		waited = dl_tool_lock(tool, false);
 
-	rules->registered = dl_read_tool(tool, &rules->row);
+	rules->registered = dl_read_tool_remembered(tool, &rules->row);
 	return waited;
 }
 

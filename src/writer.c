@@ -867,6 +867,18 @@ dl_write_audit(const char *run, const char *key, const char *event, Jsonb *detai
 /* ---------- abandoned runs ---------- */
 
 /*
+ * A fact that calls remember (cache.c) changed: every backend forgets what
+ * it remembered at this transaction's commit (this one also at its
+ * rollback), and this one at once, not only at its next command.
+ */
+static void
+announce_change(Write *w)
+{
+	CacheInvalidateRelcache(w->rel);
+	dl_forget_remembered();
+}
+
+/*
  * Records that a person abandoned run; false when it has no row or was
  * abandoned already (nothing changes).  *epoch is its current epoch.
  */
@@ -896,6 +908,7 @@ dl_write_run_abandoned(const char *run, const char *abandoned_by, const char *no
 			set_optional(&w, RUN_ABANDON_NOTE, note ? CStringGetTextDatum(note) : (Datum) 0,
 						 note == NULL);
 			update_row(&w, current);
+			announce_change(&w);
 			changed = true;
 		}
 	}
@@ -949,6 +962,7 @@ dl_write_new_tool(const ToolRow *row, const char *registered_by)
 	set_null(&w, TOOL_RETIRED_BY);
 	set_null(&w, TOOL_RETIRED_AT);
 	insert_row(&w);
+	announce_change(&w);
 	end_write(&w);
 }
 
@@ -1002,6 +1016,7 @@ dl_write_tool_change(LockedTool *locked, const ToolRow *to, const char *changed_
 		set_value(&w, TOOL_CHANGED_AT, now_datum());
 	}
 	update_row(&w, locked->tuple);
+	announce_change(&w);
 	end_write(&w);
 }
 
@@ -1018,6 +1033,7 @@ dl_write_tool_retired(LockedTool *locked, const char *retired_by, const char *no
 	if (note != NULL)
 		set_value(&w, TOOL_NOTE, CStringGetTextDatum(note));
 	update_row(&w, locked->tuple);
+	announce_change(&w);
 	end_write(&w);
 }
 
@@ -1044,6 +1060,7 @@ dl_write_divergence(const DivergenceRow *row)
 	set_null(&w, DIV_RESOLVED_AT);
 	set_null(&w, DIV_RESOLUTION_NOTE);
 	insert_row(&w);
+	announce_change(&w);
 	end_write(&w);
 }
 
