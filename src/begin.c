@@ -97,12 +97,26 @@ check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row
 				 errhint("A business key identifies one operation: the same tool with the same arguments.")));
 }
 
-/* What a decision needs besides the intent: the tool's rules, the replay's progress. */
+/*
+ * What a decision needs besides the intent: the tool's rules, the replay's
+ * progress, the token lease (NULL: a session lease), and whether it locked an
+ * effect's row (which may have waited for another transaction).
+ */
 typedef struct CallRules
 {
 	const ToolRules *rules;
 	ReplayProgress *progress;
+	const char *token;
+	bool		locked_a_row;
 } CallRules;
+
+/* dl_lock_effect for a decision, noting that it may have waited. */
+static bool
+lock_effect(CallRules *call, const char *key, LockedEffect *locked)
+{
+	call->locked_a_row = true;
+	return dl_lock_effect(key, locked);
+}
 
 static void
 audit_decision(const NewIntent *intent, const char *event, const Decision *d,
@@ -145,7 +159,7 @@ decide_pause(const NewIntent *intent, Decision *d, const char *reason, const cha
  * true when it executes.
  */
 static bool
-may_insert(const NewIntent *intent, const CallRules *call, Drift *drift)
+may_insert(const NewIntent *intent, CallRules *call, Drift *drift)
 {
 	drift->kind = DRIFT_NONE;
 	if (!intent->business_key)
@@ -176,7 +190,7 @@ typedef enum Found
  * every intent is logged with its epoch, so no key of the run can exist.
  */
 static Found
-find_or_insert_intent(const NewIntent *intent, const CallRules *call, EffectRow *row,
+find_or_insert_intent(const NewIntent *intent, CallRules *call, EffectRow *row,
 					  Drift *drift)
 {
 	int			round;
@@ -209,7 +223,7 @@ find_or_insert_intent(const NewIntent *intent, const CallRules *call, EffectRow 
 			case KEY_FOUND:
 				return FOUND_ROW;
 			case KEY_BUSY:
-				if (dl_lock_effect(intent->key, &locked))
+				if (lock_effect(call, intent->key, &locked))
 				{
 					*row = locked.row;
 					return FOUND_ROW;
@@ -231,7 +245,7 @@ find_or_insert_intent(const NewIntent *intent, const CallRules *call, EffectRow 
  * false when it changed meanwhile (the caller looks again).
  */
 static bool
-decide_from_row(const NewIntent *intent, const char *canon, const CallRules *call,
+decide_from_row(const NewIntent *intent, const char *canon, CallRules *call,
 				const EffectRow *row, Decision *d)
 {
 	LockedEffect locked;
@@ -268,7 +282,7 @@ decide_from_row(const NewIntent *intent, const char *canon, const CallRules *cal
 			}
 			/* a failed business key is executed again: its next attempt */
 			dl_check_may_execute(intent->tool, call->rules);
-			if (!dl_lock_effect(intent->key, &locked) ||
+			if (!lock_effect(call, intent->key, &locked) ||
 				locked.row.status != EFFECT_FAILED || locked.row.conflict ||
 				locked.row.attempt != row->attempt)
 				return false;
@@ -294,7 +308,7 @@ decide_from_row(const NewIntent *intent, const char *canon, const CallRules *cal
 				return true;
 			}
 			/* its lease ended without a report: the table says so too */
-			if (!dl_lock_effect(intent->key, &locked) ||
+			if (!lock_effect(call, intent->key, &locked) ||
 				locked.row.status != EFFECT_STARTED ||
 				locked.row.attempt != row->attempt ||
 				locked.row.lease_epoch != row->lease_epoch ||
@@ -314,7 +328,7 @@ decide_from_row(const NewIntent *intent, const char *canon, const CallRules *cal
  * whose outcome it gets as that effect's own call would.
  */
 static bool
-decide_drift(const NewIntent *intent, const char *canon, const CallRules *call,
+decide_drift(const NewIntent *intent, const char *canon, CallRules *call,
 			 const Drift *drift, Decision *d)
 {
 	NewIntent	same;
@@ -341,7 +355,7 @@ decide_drift(const NewIntent *intent, const char *canon, const CallRules *call,
 		case KEY_FOUND:
 			return decide_from_row(&same, canon, call, &row, d);
 		case KEY_BUSY:
-			if (dl_lock_effect(same.key, &locked))
+			if (lock_effect(call, same.key, &locked))
 				return decide_from_row(&same, canon, call, &locked.row, d);
 			return false;
 		case KEY_ABSENT:
@@ -353,7 +367,7 @@ decide_drift(const NewIntent *intent, const char *canon, const CallRules *call,
 }
 
 static void
-decide(const NewIntent *intent, const char *canon, const CallRules *call, Decision *d)
+decide(const NewIntent *intent, const char *canon, CallRules *call, Decision *d)
 {
 	int			round;
 
@@ -429,6 +443,7 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	dl_check_writable("begin_effect()");
 
 	dl_spi_connect();
+	call.token = token;
 	lease.run = run;
 	if (token != NULL)
 	{
@@ -480,6 +495,15 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	}
 
 	decide(&intent, canon.data, &call, &d);
+
+	/*
+	 * A token lease was checked before the call waited for another
+	 * transaction's hold on an effect's row (a business key shared with
+	 * other runs): before it executes, check it again (the error undoes what
+	 * the decision wrote).
+	 */
+	if (d.kind == DECIDE_EXECUTE && token != NULL && call.locked_a_row)
+		(void) dl_token_for_call(run, token);
 
 	/*
 	 * A paused call did not happen: it does not use up its occurrence, so
