@@ -13,6 +13,7 @@ OBJS = \
 	src/identity.o \
 	src/plans.o \
 	src/cache.o \
+	src/audit_chain.o \
 	src/tables.o \
 	src/reader.o \
 	src/writer.o \
@@ -63,6 +64,7 @@ REGRESS = \
 	abandon \
 	history \
 	fork \
+	audit_chain \
 	durability \
 	search_path \
 	hostile_input \
@@ -88,6 +90,7 @@ ISOLATION = \
 	abandon_race \
 	fork_race \
 	tool_change_race \
+	remembered_facts \
 	attention
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 

@@ -362,3 +362,94 @@ GRANT EXECUTE ON FUNCTION
     durable_ledger.abandon_run(text, text, text),
     durable_ledger.fork_run(text, text, text, text, text)
     TO durable_ledger_admin;
+
+-- ---------------------------------------------------------------------------
+-- Tamper evidence: every audit row written from 1.2 on is linked into a hash
+-- chain, one per writing backend (src/audit_chain.c; docs/auditing.md,
+-- "Verifying the audit log").  Rows written before have no chain.
+-- ---------------------------------------------------------------------------
+CREATE SEQUENCE durable_ledger.audit_chain_seq;
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.audit_chain_seq', '');
+ALTER TABLE durable_ledger.audit_log
+    ADD COLUMN chain     bigint,        -- the writing backend's chain (audit_chain_seq)
+    ADD COLUMN chain_seq bigint,        -- 1, 2, 3, ... within its chain
+    ADD COLUMN row_hash  bytea;         -- sha256(the chain's previous row_hash || content)
+
+-- What an audit row's hash covers: every column, as UTF-8 text.
+CREATE FUNCTION durable_ledger.audit_row_content(a durable_ledger.audit_log)
+RETURNS bytea
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+SELECT pg_catalog.convert_to(pg_catalog.jsonb_build_array(
+           a.id, a.chain, a.chain_seq,
+           (pg_catalog.extract('epoch', a.logged_at) OPERATOR(pg_catalog.*) 1000000)::bigint,
+           a.run, a.key, a.event, a.detail, a.role_name, a.session_user_name,
+           a.application_name, pg_catalog.host(a.client_addr), a.backend_pid,
+           a.lease_epoch, a.attempt)::text, 'UTF8')
+$fn$;
+COMMENT ON FUNCTION durable_ledger.audit_row_content(durable_ledger.audit_log) IS
+    'the bytes an audit row''s row_hash covers after the previous row''s hash: the text of jsonb_build_array(id, chain, chain_seq, logged_at in microseconds since 1970, run, key, event, detail, role_name, session_user_name, application_name, host(client_addr), backend_pid, lease_epoch, attempt) as UTF-8';
+
+-- The newest row of every chain: what an auditor keeps outside the database.
+CREATE VIEW durable_ledger.audit_heads AS
+SELECT DISTINCT ON (a.chain) a.chain, a.chain_seq, a.id, a.logged_at,
+       pg_catalog.encode(a.row_hash, 'hex') AS row_hash
+  FROM durable_ledger.audit_log a
+ WHERE a.chain IS NOT NULL
+ ORDER BY a.chain, a.chain_seq DESC;
+COMMENT ON VIEW durable_ledger.audit_heads IS
+    'the newest row of every audit chain; kept outside the database, it makes the deletion of newer rows detectable (verify_audit(heads))';
+
+-- Recomputes every chain; one row per chain whose first broken link it names,
+-- and one per kept head that is gone or changed.
+CREATE FUNCTION durable_ledger.verify_audit(heads jsonb DEFAULT NULL)
+RETURNS TABLE (chain bigint, chain_seq bigint, id bigint, problem text)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+WITH linked AS (
+    SELECT a.chain, a.chain_seq, a.id, a.row_hash,
+           pg_catalog.lag(a.chain_seq) OVER w AS previous_seq,
+           pg_catalog.lag(a.row_hash) OVER w AS previous_hash,
+           durable_ledger.audit_row_content(a) AS content
+      FROM durable_ledger.audit_log a
+     WHERE a.chain IS NOT NULL
+    WINDOW w AS (PARTITION BY a.chain ORDER BY a.chain_seq, a.id)
+), broken AS (
+    SELECT DISTINCT ON (l.chain) l.chain, l.chain_seq, l.id,
+           CASE WHEN l.chain_seq OPERATOR(pg_catalog.<>)
+                     (COALESCE(l.previous_seq, 0) OPERATOR(pg_catalog.+) 1)
+                THEN pg_catalog.format('chain_seq %s follows %s: rows are missing or added',
+                                       l.chain_seq, COALESCE(l.previous_seq, 0))
+                ELSE 'row_hash does not match the row and the previous row''s hash: the row (or the one before it) was changed'
+           END AS problem
+      FROM linked l
+     WHERE l.chain_seq OPERATOR(pg_catalog.<>) (COALESCE(l.previous_seq, 0) OPERATOR(pg_catalog.+) 1)
+        OR l.row_hash IS DISTINCT FROM pg_catalog.sha256(
+               COALESCE(l.previous_hash, pg_catalog.decode(pg_catalog.repeat('00', 32), 'hex'))
+               OPERATOR(pg_catalog.||) l.content)
+     ORDER BY l.chain, l.chain_seq, l.id
+)
+SELECT b.chain, b.chain_seq, b.id, b.problem FROM broken b
+UNION ALL
+SELECT h.chain, h.chain_seq, NULL::bigint,
+       'a kept head is gone or changed: rows were deleted or rewritten'
+  FROM pg_catalog.jsonb_to_recordset(COALESCE(verify_audit.heads, '[]'))
+       AS h(chain bigint, chain_seq bigint, row_hash text)
+ WHERE NOT EXISTS (SELECT FROM durable_ledger.audit_log a
+                    WHERE a.chain OPERATOR(pg_catalog.=) h.chain
+                      AND a.chain_seq OPERATOR(pg_catalog.=) h.chain_seq
+                      AND pg_catalog.encode(a.row_hash, 'hex') OPERATOR(pg_catalog.=) h.row_hash)
+ ORDER BY 1, 2
+$fn$;
+COMMENT ON FUNCTION durable_ledger.verify_audit(jsonb) IS
+    'recomputes the audit log''s hash chains: the first broken link of each chain, and every kept head (audit_heads rows as a JSON array) that is gone or changed; no rows: nothing was found';
+
+REVOKE ALL ON durable_ledger.audit_heads FROM PUBLIC;
+REVOKE ALL ON SEQUENCE durable_ledger.audit_chain_seq FROM PUBLIC;
+REVOKE ALL ON FUNCTION durable_ledger.audit_row_content(durable_ledger.audit_log),
+                       durable_ledger.verify_audit(jsonb) FROM PUBLIC;
+GRANT SELECT ON durable_ledger.audit_heads TO durable_ledger_auditor;
+GRANT EXECUTE ON FUNCTION durable_ledger.audit_row_content(durable_ledger.audit_log),
+                          durable_ledger.verify_audit(jsonb) TO durable_ledger_auditor;

@@ -21,6 +21,7 @@
  */
 #include "postgres.h"
 
+#include "access/table.h"
 #include "common/hashfn.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
@@ -49,7 +50,11 @@ static HTAB *tools_remembered = NULL;
 static HTAB *runs_remembered = NULL;
 static uint64 forgotten = 0;	/* how many times everything was forgotten */
 
-/* the tables the facts were read from, as they were then */
+/*
+ * The tables the facts are read from, learned before a fact is read (so that
+ * an invalidation arriving during the read is recognised: tables.c forgets
+ * its own notion of a table when one arrives).
+ */
 static Oid	tools_relid = InvalidOid;
 static Oid	runs_relid = InvalidOid;
 static Oid	divergences_relid = InvalidOid;
@@ -102,6 +107,21 @@ void
 dl_cache_init(void)
 {
 	CacheRegisterRelcacheCallback(relcache_changed, (Datum) 0);
+}
+
+/*
+ * Learns which relation t is before a fact is read from it; returns the
+ * generation to remember the fact at (what forgets during the read, or after,
+ * makes it not remembered).
+ */
+static uint64
+watch_table(LedgerTable *t, Oid *watched)
+{
+	Relation	rel = dl_open_table(t, AccessShareLock);
+
+	*watched = RelationGetRelid(rel);
+	table_close(rel, NoLock);
+	return forgotten;
 }
 
 /* name's entry in table, or NULL. */
@@ -175,7 +195,7 @@ dl_read_tool_remembered(const char *tool, ToolRow *row)
 			copy_tool_row(row, &entry->row, CurrentMemoryContext);
 		return entry->registered;
 	}
-	before = forgotten;
+	before = watch_table(&dl_tools_table, &tools_relid);
 	registered = dl_read_tool(tool, row);
 	if (before == forgotten)
 	{
@@ -183,7 +203,6 @@ dl_read_tool_remembered(const char *tool, ToolRow *row)
 		entry->registered = registered;
 		if (registered)
 			copy_tool_row(&entry->row, row, remembered_cxt);
-		tools_relid = dl_tools_table.relid;
 	}
 	return registered;
 }
@@ -210,8 +229,10 @@ dl_run_remembered_open(const char *run, uint64 *generation)
 
 	AcceptInvalidationMessages();
 	entry = remembered(runs_remembered, run);
-	*generation = forgotten;
-	return entry != NULL && entry->known_open;
+	if (entry != NULL && entry->known_open)
+		return true;
+	*generation = watch_table(&dl_runs_table, &runs_relid);
+	return false;
 }
 
 /* run was read not abandoned, by a read begun at generation. */
@@ -221,7 +242,6 @@ dl_remember_run_open(const char *run, uint64 generation)
 	if (generation != forgotten)
 		return;					/* something changed while it was read */
 	run_entry(run)->known_open = true;
-	runs_relid = dl_runs_table.relid;
 }
 
 /* Whether a divergence may be recorded for run: false when none was, as committed now. */
@@ -236,12 +256,9 @@ dl_run_may_have_divergences(const char *run)
 	entry = remembered(runs_remembered, run);
 	if (entry != NULL && entry->no_divergences)
 		return false;
-	before = forgotten;
+	before = watch_table(&dl_divergences_table, &divergences_relid);
 	any = dl_read_run_has_divergences(run);
 	if (!any && before == forgotten)
-	{
 		run_entry(run)->no_divergences = true;
-		divergences_relid = dl_divergences_table.relid;
-	}
 	return any;
 }

@@ -8,6 +8,7 @@
  *                 needs ON CONFLICT
  *   tables.c      the tables' columns, found by name (tables.h, for the
  *                 store's own files)
+ *   audit_chain.c the audit log's hash chains (tamper evidence)
  *   cache.c       what rarely changes (a tool's row, a run not abandoned,
  *                 a run without divergences), remembered between calls
  *   durability.c  synchronous_commit raised for transactions that wrote
@@ -250,6 +251,30 @@ extern void dl_write_audit(const char *run, const char *key, const char *event,
 
 /* tables.c */
 extern void dl_tables_init(void);
+
+/* audit_chain.c: an audit row as its hash covers it */
+typedef struct AuditRow
+{
+	int64		id;
+	int64		chain;			/* set by dl_chain_audit_row */
+	int64		chain_seq;		/* set by dl_chain_audit_row */
+	TimestampTz logged_at;
+	const char *run;
+	const char *key;
+	const char *event;
+	Jsonb	   *detail;
+	const char *role_name;
+	const char *session_user_name;
+	const char *application_name;
+	const char *client_host;	/* host(client_addr) */
+	int32		backend_pid;
+	int64		lease_epoch;	/* <= 0: NULL */
+	int32		attempt;		/* <= 0: NULL */
+	bytea	   *row_hash;		/* set by dl_chain_audit_row */
+} AuditRow;
+
+extern void dl_audit_chain_init(void);
+extern void dl_chain_audit_row(AuditRow *row, Oid audit_relid, Oid namespace);
 
 /* cache.c: facts that rarely change, remembered until an invalidation */
 extern void dl_cache_init(void);

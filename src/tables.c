@@ -38,7 +38,7 @@ static const Column audit_columns[AUD_NCOLUMNS] = {
 	{"event", TEXTOID}, {"detail", JSONBOID}, {"role_name", TEXTOID},
 	{"session_user_name", TEXTOID}, {"application_name", TEXTOID},
 	{"client_addr", INETOID}, {"backend_pid", INT4OID}, {"lease_epoch", INT8OID},
-	{"attempt", INT4OID}
+	{"attempt", INT4OID}, {"chain", INT8OID}, {"chain_seq", INT8OID}, {"row_hash", BYTEAOID}
 };
 
 static const Column runs_columns[RUN_NCOLUMNS] = {

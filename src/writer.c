@@ -271,24 +271,15 @@ dl_write_new_intent(const NewIntent *intent)
 	dl_write_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
 }
 
-/* A business key's intent and its audit row, unless the key exists. */
+/* A business key's intent, unless the key exists (its audit row follows in C). */
 static Statement insert_intent_unless_exists = {
-	"WITH intent AS ("
-	"  INSERT INTO durable_ledger.effects"
-	"   (key, run, tool, args, business_key, occurrence, attempt, status, meta,"
-	"    lease_epoch, holder_pid, created_at)"
-	"  VALUES ($1, $2, $3, $4, $5, $6, 1, 'started', $7, $8,"
-	"   pg_catalog.pg_backend_pid(), pg_catalog.clock_timestamp())"
-	"  ON CONFLICT (key) DO NOTHING"
-	"  RETURNING key, run, lease_epoch)"
-	" INSERT INTO durable_ledger.audit_log"
-	"  (logged_at, run, key, event, detail, role_name, session_user_name,"
-	"   application_name, client_addr, backend_pid, lease_epoch, attempt)"
-	" SELECT pg_catalog.clock_timestamp(), intent.run, intent.key, 'intent', NULL, $9,"
-	"  SESSION_USER, pg_catalog.current_setting('application_name'),"
-	"  pg_catalog.inet_client_addr(), pg_catalog.pg_backend_pid(), intent.lease_epoch, 1"
-	"  FROM intent",
-	9, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, BOOLOID, INT4OID, JSONBOID, INT8OID, TEXTOID}
+	"INSERT INTO durable_ledger.effects"
+	" (key, run, tool, args, business_key, occurrence, attempt, status, meta,"
+	"  lease_epoch, holder_pid, created_at)"
+	" VALUES ($1, $2, $3, $4, $5, $6, 1, 'started', $7, $8,"
+	"  pg_catalog.pg_backend_pid(), pg_catalog.clock_timestamp())"
+	" ON CONFLICT (key) DO NOTHING",
+	8, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, BOOLOID, INT4OID, JSONBOID, INT8OID}
 };
 
 /*
@@ -309,15 +300,15 @@ insert_was_skipped(const char *key)
 }
 
 /*
- * Inserts an intent and its audit row, as INSERT ... ON CONFLICT DO NOTHING:
+ * Inserts an intent (as INSERT ... ON CONFLICT DO NOTHING) and its audit row:
  * false when the key exists (also when another transaction inserts it at the
  * same moment).  Needs an open SPI connection.
  */
 bool
 dl_write_intent_unless_exists(const NewIntent *intent)
 {
-	Datum		values[9];
-	char		nulls[9] = "         ";
+	Datum		values[8];
+	char		nulls[8] = "        ";
 
 	values[0] = dl_text_datum(intent->key);
 	values[1] = dl_text_datum(intent->run);
@@ -331,10 +322,12 @@ dl_write_intent_unless_exists(const NewIntent *intent)
 	if (intent->meta == NULL)
 		nulls[6] = 'n';
 	values[7] = Int64GetDatum(intent->lease_epoch);
-	values[8] = dl_text_datum(dl_caller_role_name());
 	dl_note_ledger_write();
 	if (dl_plan_run(&insert_intent_unless_exists, values, nulls, SPI_OK_INSERT) == 1)
+	{
+		dl_write_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
 		return true;
+	}
 	if (insert_was_skipped(intent->key))
 		report_skipped(&dl_effects_table, "INSERT");
 	return false;
@@ -837,28 +830,45 @@ dl_write_audit(const char *run, const char *key, const char *event, Jsonb *detai
 	Write		w;
 	Datum		addr;
 	bool		has_addr;
+	AuditRow	row;
 
 	dl_note_ledger_write();
 	begin_write(&w, &dl_audit_table);
-	/* the column's default, drawn here when it is a sequence's next value */
-	if (OidIsValid(dl_audit_table.first_sequence))
-		set_value(&w, AUD_ID, Int64GetDatum(nextval_internal(dl_audit_table.first_sequence, false)));
-	set_value(&w, AUD_LOGGED_AT, now_datum());
+	has_addr = client_addr(&addr);
+	/* the id column's default, drawn here (the row's hash covers it) */
+	row.id = nextval_internal(dl_audit_table.first_sequence, false);
+	row.logged_at = GetCurrentTimestamp();
+	row.run = run;
+	row.key = key;
+	row.event = event;
+	row.detail = detail;
+	row.role_name = dl_caller_role_name();
+	row.session_user_name = GetUserNameFromId(GetSessionUserId(), false);
+	row.application_name = application_name;
+	row.client_host = has_addr ? TextDatumGetCString(DirectFunctionCall1(network_host, addr)) : NULL;
+	row.backend_pid = MyProcPid;
+	row.lease_epoch = lease_epoch;
+	row.attempt = attempt;
+	dl_chain_audit_row(&row, RelationGetRelid(w.rel), RelationGetNamespace(w.rel));
+
+	set_value(&w, AUD_ID, Int64GetDatum(row.id));
+	set_value(&w, AUD_LOGGED_AT, TimestampTzGetDatum(row.logged_at));
 	set_optional(&w, AUD_RUN, run ? CStringGetTextDatum(run) : (Datum) 0, run == NULL);
 	set_optional(&w, AUD_KEY, key ? CStringGetTextDatum(key) : (Datum) 0, key == NULL);
 	set_value(&w, AUD_EVENT, CStringGetTextDatum(event));
 	set_optional(&w, AUD_DETAIL, JsonbPGetDatum(detail), detail == NULL);
-	set_value(&w, AUD_ROLE_NAME, CStringGetTextDatum(dl_caller_role_name()));
-	set_value(&w, AUD_SESSION_USER_NAME,
-			  CStringGetTextDatum(GetUserNameFromId(GetSessionUserId(), false)));
+	set_value(&w, AUD_ROLE_NAME, CStringGetTextDatum(row.role_name));
+	set_value(&w, AUD_SESSION_USER_NAME, CStringGetTextDatum(row.session_user_name));
 	set_optional(&w, AUD_APPLICATION_NAME,
 				 application_name ? CStringGetTextDatum(application_name) : (Datum) 0,
 				 application_name == NULL);
-	has_addr = client_addr(&addr);
 	set_optional(&w, AUD_CLIENT_ADDR, addr, !has_addr);
 	set_value(&w, AUD_BACKEND_PID, Int32GetDatum(MyProcPid));
 	set_optional(&w, AUD_LEASE_EPOCH, Int64GetDatum(lease_epoch), lease_epoch <= 0);
 	set_optional(&w, AUD_ATTEMPT, Int32GetDatum(attempt), attempt <= 0);
+	set_value(&w, AUD_CHAIN, Int64GetDatum(row.chain));
+	set_value(&w, AUD_CHAIN_SEQ, Int64GetDatum(row.chain_seq));
+	set_value(&w, AUD_ROW_HASH, PointerGetDatum(row.row_hash));
 	insert_row(&w);
 	end_write(&w);
 	dl_notify_attention(event, run, key, attempt);
