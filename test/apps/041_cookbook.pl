@@ -62,6 +62,61 @@ for my $i (0 .. $#queries)
 	like($out, $expect[$i][0], "cookbook query " . ($i + 1) . ": $expect[$i][1]") or diag $out;
 }
 
+# Verifying the audit log: its queries run as an auditor and find nothing; then
+# a superuser tampers (the append-only trigger disabled) three ways, and each
+# is detected.
+# three more workers, each its own chain of six rows
+for my $i (1 .. 3)
+{
+	$node->safe_psql('postgres', qq{
+		SELECT durable_ledger.acquire_run('chain-run-$i');
+		SELECT durable_ledger.complete_effect(key, '{"ok": true}')
+		  FROM generate_series(1, 2) AS n, durable_ledger.begin_effect('chain-run-$i', 'bank.pay',
+		         jsonb_build_object('invoice', n));
+		SELECT durable_ledger.release_run('chain-run-$i');});
+}
+my ($verifying) = $page =~ /^## Verifying the audit log\n(.*?)(?=^## |\z)/ms;
+ok(defined $verifying, 'docs/auditing.md has a section "Verifying the audit log"');
+my @verify = $verifying =~ /```sql\n(.*?)```/gs;
+is(scalar(@verify), 4, 'it has four queries: verify, export the heads, verify against them, recompute');
+my $as_auditor = sub {
+	my ($sql, @vars) = @_;
+	my ($rc, $out, $err) = $node->psql('postgres', "SET ROLE auditor;\n" . $sql,
+		extra_params => [ map { ('-v', $_) } @vars ]);
+	is($rc, 0, 'runs as an auditor') or diag $err;
+	return $out;
+};
+is($as_auditor->($verify[0]), '', 'verify_audit finds nothing in an untouched log');
+my $heads = $as_auditor->($verify[1]);
+like($heads, qr/^\[\{"id": \d+/, 'the heads export as a JSON array');
+is($as_auditor->($verify[2], "heads=$heads"), '', 'every kept head is there');
+my $recomputed = $as_auditor->($verify[3]);
+unlike($recomputed, qr/\|f$/m, 'the plain-SQL recomputation finds every row intact');
+like($recomputed, qr/\|t$/m, '... over rows it checked');
+
+my $superuser = sub { $node->safe_psql('postgres', "ALTER TABLE durable_ledger.audit_log DISABLE TRIGGER audit_log_append_only;\n"
+		. $_[0] . "\nALTER TABLE durable_ledger.audit_log ENABLE TRIGGER audit_log_append_only;") };
+my @chains = split /\n/, $node->safe_psql('postgres',
+	q{SELECT chain FROM durable_ledger.audit_log WHERE run LIKE 'chain-run-%' GROUP BY chain ORDER BY chain});
+is(scalar(@chains), 3, 'three workers wrote three chains');
+my ($updated, $middle, $newest) = @chains[0 .. 2];
+# an UPDATE of a row
+$superuser->(qq{UPDATE durable_ledger.audit_log SET detail = '{"forged": true}'
+	WHERE chain = $updated AND chain_seq = 2;});
+like($as_auditor->('SELECT chain, chain_seq, problem FROM durable_ledger.verify_audit()'),
+	qr/^$updated\|2\|row_hash does not match/m, 'an UPDATE is detected at the changed row');
+# a DELETE in the middle
+$superuser->(qq{DELETE FROM durable_ledger.audit_log WHERE chain = $middle AND chain_seq = 2;});
+like($as_auditor->('SELECT chain, chain_seq, problem FROM durable_ledger.verify_audit()'),
+	qr/^$middle\|3\|chain_seq 3 follows 1/m, 'a DELETE in the middle is detected at the next row');
+# a DELETE of the newest rows: the shortened chain looks whole; the kept head does not
+$superuser->(qq{DELETE FROM durable_ledger.audit_log WHERE chain = $newest
+	AND chain_seq > (SELECT max(chain_seq) - 2 FROM durable_ledger.audit_log WHERE chain = $newest);});
+unlike($as_auditor->('SELECT chain FROM durable_ledger.verify_audit()'), qr/^$newest$/m,
+	'the shortened chain alone looks whole');
+like($as_auditor->(q{SELECT chain, problem FROM durable_ledger.verify_audit(:'heads')}, "heads=$heads"),
+	qr/^$newest\|a kept head is gone or changed/m, 'against the kept heads, the deletion of the newest rows is detected');
+
 $holder->quit;
 $hung->{run}->kill_kill;
 $node->stop;
