@@ -815,11 +815,11 @@ SELECT pg_catalog.convert_to(pg_catalog.jsonb_build_array(
            a.id, a.chain, a.chain_seq,
            (pg_catalog.extract('epoch', a.logged_at) OPERATOR(pg_catalog.*) 1000000)::bigint,
            a.run, a.key, a.event, a.detail, a.role_name, a.session_user_name,
-           a.application_name, pg_catalog.host(a.client_addr), a.backend_pid,
-           a.lease_epoch, a.attempt)::text, 'UTF8')
+           a.application_name, a.client_addr::text, a.backend_pid,
+           a.lease_epoch, a.attempt)::text, pg_catalog.getdatabaseencoding())
 $fn$;
 COMMENT ON FUNCTION durable_ledger.audit_row_content(durable_ledger.audit_log) IS
-    'the bytes an audit row''s row_hash covers after the previous row''s hash: the text of jsonb_build_array(id, chain, chain_seq, logged_at in microseconds since 1970, run, key, event, detail, role_name, session_user_name, application_name, host(client_addr), backend_pid, lease_epoch, attempt) as UTF-8';
+    'the bytes an audit row''s row_hash covers after the previous row''s hash: the text of jsonb_build_array(id, chain, chain_seq, logged_at in microseconds since 1970, run, key, event, detail, role_name, session_user_name, application_name, client_addr::text, backend_pid, lease_epoch, attempt) in the database''s encoding';
 
 -- The newest row of every chain: what an auditor keeps outside the database.
 CREATE VIEW durable_ledger.audit_heads AS
@@ -848,20 +848,34 @@ WITH linked AS (
     WINDOW w AS (PARTITION BY a.chain ORDER BY a.chain_seq, a.id)
 ), broken AS (
     SELECT DISTINCT ON (l.chain) l.chain, l.chain_seq, l.id,
-           CASE WHEN l.chain_seq OPERATOR(pg_catalog.<>)
+           CASE WHEN l.chain_seq IS DISTINCT FROM
                      (COALESCE(l.previous_seq, 0) OPERATOR(pg_catalog.+) 1)
                 THEN pg_catalog.format('chain_seq %s follows %s: rows are missing or added',
                                        l.chain_seq, COALESCE(l.previous_seq, 0))
                 ELSE 'row_hash does not match the row and the previous row''s hash: the row (or the one before it) was changed'
            END AS problem
       FROM linked l
-     WHERE l.chain_seq OPERATOR(pg_catalog.<>) (COALESCE(l.previous_seq, 0) OPERATOR(pg_catalog.+) 1)
+     WHERE l.chain_seq IS DISTINCT FROM (COALESCE(l.previous_seq, 0) OPERATOR(pg_catalog.+) 1)
         OR l.row_hash IS DISTINCT FROM pg_catalog.sha256(
                COALESCE(l.previous_hash, pg_catalog.decode(pg_catalog.repeat('00', 32), 'hex'))
                OPERATOR(pg_catalog.||) l.content)
      ORDER BY l.chain, l.chain_seq, l.id
 )
 SELECT b.chain, b.chain_seq, b.id, b.problem FROM broken b
+UNION ALL
+-- a chain the sequence never issued
+SELECT DISTINCT ON (a.chain) a.chain, a.chain_seq, a.id,
+       'no backend was given this chain: the row was added by hand'
+  FROM durable_ledger.audit_log a
+ WHERE a.chain OPERATOR(pg_catalog.>) (SELECT s.last_value FROM durable_ledger.audit_chain_seq s)
+UNION ALL
+-- a row without a chain, written after chaining began
+SELECT NULL::bigint, NULL::bigint, a.id,
+       'an audit row without a chain, written after chaining began: added by hand, or by a worker still running an earlier version''s library'
+  FROM durable_ledger.audit_log a
+ WHERE a.chain IS NULL
+   AND a.id OPERATOR(pg_catalog.>) (SELECT pg_catalog.min(c.id) FROM durable_ledger.audit_log c
+                                     WHERE c.chain IS NOT NULL)
 UNION ALL
 SELECT h.chain, h.chain_seq, NULL::bigint,
        'a kept head is gone or changed: rows were deleted or rewritten'
@@ -874,12 +888,13 @@ SELECT h.chain, h.chain_seq, NULL::bigint,
  ORDER BY 1, 2
 $fn$;
 COMMENT ON FUNCTION durable_ledger.verify_audit(jsonb) IS
-    'recomputes the audit log''s hash chains: the first broken link of each chain, and every kept head (audit_heads rows as a JSON array) that is gone or changed; no rows: nothing was found';
+    'recomputes the audit log''s hash chains: the first broken link of each chain, chains no backend was given, rows without a chain written after chaining began, and every kept head (audit_heads rows as a JSON array) that is gone or changed; no rows: nothing was found';
 
 REVOKE ALL ON durable_ledger.audit_heads FROM PUBLIC;
 REVOKE ALL ON SEQUENCE durable_ledger.audit_chain_seq FROM PUBLIC;
 REVOKE ALL ON FUNCTION durable_ledger.audit_row_content(durable_ledger.audit_log),
                        durable_ledger.verify_audit(jsonb) FROM PUBLIC;
 GRANT SELECT ON durable_ledger.audit_heads TO durable_ledger_auditor;
+GRANT SELECT ON SEQUENCE durable_ledger.audit_chain_seq TO durable_ledger_auditor;
 GRANT EXECUTE ON FUNCTION durable_ledger.audit_row_content(durable_ledger.audit_log),
                           durable_ledger.verify_audit(jsonb) TO durable_ledger_auditor;

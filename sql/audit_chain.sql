@@ -55,7 +55,7 @@ SELECT bool_and(a.row_hash = digest(coalesce(p.row_hash, decode(repeat('00', 32)
                                           (extract(epoch FROM a.logged_at) * 1000000)::bigint,
                                           a.run, a.key, a.event, a.detail, a.role_name,
                                           a.session_user_name, a.application_name,
-                                          host(a.client_addr), a.backend_pid, a.lease_epoch,
+                                          a.client_addr::text, a.backend_pid, a.lease_epoch,
                                           a.attempt)::text, 'UTF8'), 'sha256')) AS recomputed,
        bool_and(a.row_hash = sha256(coalesce(p.row_hash, decode(repeat('00', 32), 'hex'))
                                     || durable_ledger.audit_row_content(a))) AS with_sha256,
@@ -113,7 +113,42 @@ SELECT logged_at, run, key, 'completed', role_name, session_user_name, backend_p
 SELECT chain = :mine AS my_chain, chain_seq = :completed_seq AS at_the_row, problem
   FROM durable_ledger.verify_audit();
 ROLLBACK;
+-- (5) a client address changed (also only its netmask)
+BEGIN;
+ALTER TABLE durable_ledger.audit_log DISABLE TRIGGER audit_log_append_only;
+UPDATE durable_ledger.audit_log SET client_addr = '127.0.0.1/1' WHERE id = :completed_id;
+SELECT chain = :mine AS my_chain, chain_seq = :completed_seq AS at_the_row, problem
+  FROM durable_ledger.verify_audit();
+ROLLBACK;
+-- (6) a forged row without a chain (an INSERT needs no disabled trigger)
+BEGIN;
+INSERT INTO durable_ledger.audit_log (logged_at, run, key, event, detail, role_name, session_user_name, backend_pid)
+VALUES (now(), 'ac-1', 'forged', 'completed', '{"result": {"paid": 1000000}}', 'maria', 'maria', 4242);
+SELECT chain, chain_seq, id IS NOT NULL AS has_id, problem FROM durable_ledger.verify_audit(:'heads');
+ROLLBACK;
+-- (7) a forged chain of its own, well formed
+BEGIN;
+ALTER TABLE durable_ledger.audit_log DISABLE TRIGGER audit_log_append_only;
+INSERT INTO durable_ledger.audit_log (logged_at, run, key, event, role_name, session_user_name, backend_pid,
+                                      chain, chain_seq, row_hash)
+VALUES (now(), 'ac-1', 'forged', 'completed', 'maria', 'maria', 4242, 1000000, 1, '\x00');
+UPDATE durable_ledger.audit_log a SET row_hash = sha256(decode(repeat('00', 32), 'hex') || durable_ledger.audit_row_content(a))
+ WHERE chain = 1000000;
+SELECT chain, chain_seq, problem FROM durable_ledger.verify_audit();
+ROLLBACK;
 SELECT count(*) AS problems_after_rollbacks FROM durable_ledger.verify_audit(:'heads');
+
+-- a SQL_ASCII database may hold any bytes in a run's name: they are hashed as stored
+CREATE DATABASE regress_ac_ascii ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0;
+SELECT dblink_connect('ascii', 'dbname=regress_ac_ascii');
+SELECT * FROM dblink('ascii', $$CREATE EXTENSION durable_ledger$$) AS t(r text);
+SELECT * FROM dblink('ascii', $$SELECT durable_ledger.acquire_run(E'caf\xe9')::text$$) AS t(acquired text);
+SELECT * FROM dblink('ascii', $$SELECT count(*)::text FROM durable_ledger.verify_audit()$$) AS t(problems text);
+SELECT * FROM dblink('ascii', $$SELECT bool_and(a.row_hash = sha256(decode(repeat('00', 32), 'hex')
+                                       || durable_ledger.audit_row_content(a)))::text
+                                  FROM durable_ledger.audit_log a WHERE chain_seq = 1$$) AS t(recomputed text);
+SELECT dblink_disconnect('ascii');
+DROP DATABASE regress_ac_ascii;
 
 -- auditors verify; workers do not
 CREATE ROLE regress_ac_auditor IN ROLE durable_ledger_auditor;

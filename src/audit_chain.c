@@ -8,13 +8,13 @@
  *
  *   row_hash = sha256(the previous row's row_hash, or 32 zero bytes for the
  *                     first row of a chain
- *                     || convert_to(content, 'UTF8'))
+ *                     || content, as bytes in the database's encoding)
  *
  *   content  = jsonb_build_array(id, chain, chain_seq,
  *                                logged_at in microseconds since 1970-01-01 UTC,
  *                                run, key, event, detail, role_name,
  *                                session_user_name, application_name,
- *                                host(client_addr), backend_pid, lease_epoch,
+ *                                client_addr::text, backend_pid, lease_epoch,
  *                                attempt)::text
  *
  * so an auditor recomputes every hash in plain SQL (docs/auditing.md).  A
@@ -30,7 +30,6 @@
 #include "access/xact.h"
 #include "commands/sequence.h"
 #include "common/cryptohash.h"
-#include "mb/pg_wchar.h"
 #include "nodes/pg_list.h"
 #include "utils/builtins.h"
 #include "utils/json.h"
@@ -180,7 +179,7 @@ append_content(StringInfo buf, const AuditRow *row)
 	appendStringInfoString(buf, ", ");
 	append_text_or_null(buf, row->application_name);
 	appendStringInfoString(buf, ", ");
-	append_text_or_null(buf, row->client_host);
+	append_text_or_null(buf, row->client_addr);
 	appendStringInfoString(buf, ", ");
 	append_int_or_null(buf, row->backend_pid, false);
 	appendStringInfoString(buf, ", ");
@@ -199,7 +198,6 @@ void
 dl_chain_audit_row(AuditRow *row, Oid audit_relid, Oid namespace)
 {
 	StringInfoData content;
-	char	   *utf8;
 	pg_cryptohash_ctx *ctx;
 	uint8		hash[CHAIN_HASH_LEN];
 	bytea	   *result;
@@ -222,12 +220,12 @@ dl_chain_audit_row(AuditRow *row, Oid audit_relid, Oid namespace)
 
 	initStringInfo(&content);
 	append_content(&content, row);
-	utf8 = pg_server_to_any(content.data, content.len, PG_UTF8);
 
+	/* the bytes as stored: no conversion (a SQL_ASCII database may hold any) */
 	ctx = pg_cryptohash_create(PG_SHA256);
 	if (pg_cryptohash_init(ctx) < 0 ||
 		pg_cryptohash_update(ctx, head.hash, CHAIN_HASH_LEN) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) utf8, strlen(utf8)) < 0 ||
+		pg_cryptohash_update(ctx, (const uint8 *) content.data, content.len) < 0 ||
 		pg_cryptohash_final(ctx, hash, sizeof(hash)) < 0)
 		elog(ERROR, "could not compute the audit row's hash: %s", pg_cryptohash_error(ctx));
 	pg_cryptohash_free(ctx);

@@ -266,7 +266,7 @@ typedef struct AuditRow
 	const char *role_name;
 	const char *session_user_name;
 	const char *application_name;
-	const char *client_host;	/* host(client_addr) */
+	const char *client_addr;	/* client_addr::text */
 	int32		backend_pid;
 	int64		lease_epoch;	/* <= 0: NULL */
 	int32		attempt;		/* <= 0: NULL */

@@ -845,7 +845,7 @@ dl_write_audit(const char *run, const char *key, const char *event, Jsonb *detai
 	row.role_name = dl_caller_role_name();
 	row.session_user_name = GetUserNameFromId(GetSessionUserId(), false);
 	row.application_name = application_name;
-	row.client_host = has_addr ? TextDatumGetCString(DirectFunctionCall1(network_host, addr)) : NULL;
+	row.client_addr = has_addr ? TextDatumGetCString(DirectFunctionCall1(network_show, addr)) : NULL;
 	row.backend_pid = MyProcPid;
 	row.lease_epoch = lease_epoch;
 	row.attempt = attempt;
