@@ -35,6 +35,7 @@ OBJS = \
 	src/key_calls.o \
 	src/tool_calls.o \
 	src/run_calls.o \
+	src/purge_calls.o \
 	src/drop_guard.o \
 	src/older_sql.o
 DATA = $(wildcard $(EXTENSION)--*.sql)
@@ -65,6 +66,7 @@ REGRESS = \
 	history \
 	fork \
 	audit_chain \
+	purge \
 	durability \
 	search_path \
 	hostile_input \
@@ -91,6 +93,7 @@ ISOLATION = \
 	fork_race \
 	tool_change_race \
 	remembered_facts \
+	purge_race \
 	attention
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 

@@ -13,7 +13,7 @@ ALTER DOMAIN durable_ledger.audit_event ADD CONSTRAINT audit_event_check
                      'resolved', 'conflict',
                      'tool_registered', 'tool_changed', 'tool_retired',
                      'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
-                     'carried', 'policy_changed'));
+                     'carried', 'policy_changed', 'purged'));
 
 -- ---------------------------------------------------------------------------
 -- The tools registry.
@@ -468,3 +468,20 @@ GRANT SELECT ON durable_ledger.audit_heads TO durable_ledger_auditor;
 GRANT SELECT ON SEQUENCE durable_ledger.audit_chain_seq TO durable_ledger_auditor;
 GRANT EXECUTE ON FUNCTION durable_ledger.audit_row_content(durable_ledger.audit_log),
                           durable_ledger.verify_audit(jsonb) TO durable_ledger_auditor;
+
+-- ---------------------------------------------------------------------------
+-- Retention: the effects of settled, quiet runs are removed by an admin
+-- (src/purge_calls.c; docs/operations.md "Retention").
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION durable_ledger.purge_settled(older_than interval, purged_by text,
+                                             dry_run boolean DEFAULT true,
+                                             max_runs integer DEFAULT 500)
+RETURNS TABLE (run text, effects bigint, past_attempts bigint, divergences bigint)
+AS 'MODULE_PATHNAME', 'dl_purge_settled_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.purge_settled(interval, text, boolean, integer) IS
+    'removes the effects of runs whose every effect is completed or failed (none started, unknown or flagged, no divergence waiting) and whose audit log is quiet for older_than; a later call of such a run executes again; dry_run (the default) only lists them; at most max_runs per call';
+REVOKE ALL ON FUNCTION durable_ledger.purge_settled(interval, text, boolean, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION durable_ledger.purge_settled(interval, text, boolean, integer)
+    TO durable_ledger_admin;

@@ -830,3 +830,81 @@ dl_read_unregistered_tools(void)
 						take_policy, &setting);
 	return setting;
 }
+
+/* ---------- retention (purge_settled) ---------- */
+
+static Statement purge_candidates = {
+	/* runs whose lease was last taken, and released, before the cutoff; by name, after $2 */
+	"SELECT r.run FROM durable_ledger.runs r"
+	" WHERE r.run OPERATOR(pg_catalog.>) $2"
+	"   AND r.acquired_at OPERATOR(pg_catalog.<) $1"
+	"   AND (r.released_at IS NULL OR r.released_at OPERATOR(pg_catalog.<) $1)"
+	" ORDER BY r.run LIMIT $3",
+	3, {TIMESTAMPTZOID, TEXTOID, INT4OID}
+};
+
+/* Up to limit runs (names after after_run) that may be quiet since cutoff. */
+List *
+dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit)
+{
+	Datum		values[3];
+	List	   *runs = NIL;
+	uint64		i;
+
+	values[0] = TimestampTzGetDatum(cutoff);
+	values[1] = dl_text_datum(after_run);
+	values[2] = Int32GetDatum(limit);
+	dl_plan_run_now(&purge_candidates, values, NULL, SPI_OK_SELECT);
+	for (i = 0; i < SPI_processed; i++)
+		runs = lappend(runs, SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1));
+	return runs;
+}
+
+static Statement run_purge_state = {
+	/* the run's effects, found through its audit log (indexed by run) */
+	"WITH keys AS (SELECT DISTINCT a.key FROM durable_ledger.audit_log a"
+	"               WHERE a.run" EQ "$1 AND a.key IS NOT NULL),"
+	"     mine AS (SELECT e.key, e.status, e.conflict FROM durable_ledger.effects e"
+	"               JOIN keys k ON e.key" EQ "k.key WHERE e.run" EQ "$1)"
+	" SELECT (SELECT pg_catalog.count(*) FROM mine),"
+	"        (SELECT pg_catalog.count(*) FROM mine"
+	"          WHERE mine.status OPERATOR(pg_catalog.<>) ALL ('{completed,failed}') OR mine.conflict),"
+	"        (SELECT pg_catalog.count(*) FROM durable_ledger.past_attempts p JOIN mine m"
+	"            ON p.key" EQ "m.key),"
+	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d WHERE d.run" EQ "$1),"
+	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d"
+	"          WHERE d.run" EQ "$1 AND d.verdict IS NULL),"
+	"        (SELECT pg_catalog.max(a.logged_at) FROM durable_ledger.audit_log a WHERE a.run" EQ "$1)",
+	1, {TEXTOID}, NULL, true
+};
+
+/*
+ * What purging run would remove, as committed now, and whether it may: none
+ * of its effects started, unknown or flagged, no divergence waiting for a
+ * verdict, nothing logged since cutoff.
+ */
+bool
+dl_read_run_purge_state(const char *run, TimestampTz cutoff, PurgeCounts *counts)
+{
+	Datum		values[1];
+	HeapTuple	tuple;
+	TupleDesc	desc;
+	bool		isnull;
+	int64		open,
+				pending;
+	TimestampTz last = 0;
+	bool		logged;
+
+	values[0] = dl_text_datum(run);
+	dl_plan_run_now(&run_purge_state, values, NULL, SPI_OK_SELECT);
+	tuple = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	counts->effects = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
+	open = DatumGetInt64(SPI_getbinval(tuple, desc, 2, &isnull));
+	counts->past_attempts = DatumGetInt64(SPI_getbinval(tuple, desc, 3, &isnull));
+	counts->divergences = DatumGetInt64(SPI_getbinval(tuple, desc, 4, &isnull));
+	pending = DatumGetInt64(SPI_getbinval(tuple, desc, 5, &isnull));
+	last = DatumGetTimestampTz(SPI_getbinval(tuple, desc, 6, &isnull));
+	logged = !isnull;
+	return counts->effects > 0 && open == 0 && pending == 0 && (!logged || last < cutoff);
+}

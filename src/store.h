@@ -198,6 +198,16 @@ extern List *dl_read_earlier_effects(const char *run, const char *tool, int64 ep
 extern List *dl_read_run_effect_keys(const char *run);
 extern bool dl_read_run_known(const char *run);
 
+/* What purging a run removes (purge_settled). */
+typedef struct PurgeCounts
+{
+	int64		effects;
+	int64		past_attempts;
+	int64		divergences;
+} PurgeCounts;
+extern List *dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit);
+extern bool dl_read_run_purge_state(const char *run, TimestampTz cutoff, PurgeCounts *counts);
+
 /* An effect of a run's earlier attempt (dl_read_earlier_effects). */
 typedef struct EarlierEffect
 {
@@ -246,6 +256,7 @@ extern bool dl_lock_divergence(const char *key, LockedDivergence *locked);
 extern void dl_write_divergence_verdict(LockedDivergence *locked, const char *verdict,
 										const char *same_as, const char *resolved_by,
 										const char *note);
+extern void dl_write_run_purge(const char *run, PurgeCounts *counts);
 extern void dl_write_audit(const char *run, const char *key, const char *event,
 						   Jsonb *detail, int64 lease_epoch, int32 attempt);
 

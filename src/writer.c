@@ -1047,6 +1047,47 @@ dl_write_tool_retired(LockedTool *locked, const char *retired_by, const char *no
 	end_write(&w);
 }
 
+/* ---------- retention ---------- */
+
+static Statement purge_run = {
+	/* the run's effects (found through its audit log), their replaced attempts,
+	 * its divergences and its token leases' counters */
+	"WITH keys AS (SELECT DISTINCT a.key FROM durable_ledger.audit_log a"
+	"               WHERE a.run" EQ "$1 AND a.key IS NOT NULL),"
+	"     e AS (DELETE FROM durable_ledger.effects e USING keys k"
+	"            WHERE e.key" EQ "k.key AND e.run" EQ "$1 RETURNING e.key),"
+	"     p AS (DELETE FROM durable_ledger.past_attempts p USING e"
+	"            WHERE p.key" EQ "e.key RETURNING 1),"
+	"     d AS (DELETE FROM durable_ledger.divergences d WHERE d.run" EQ "$1 RETURNING 1),"
+	"     c AS (DELETE FROM durable_ledger.token_lease_calls c WHERE c.run" EQ "$1 RETURNING 1)"
+	" SELECT (SELECT pg_catalog.count(*) FROM e), (SELECT pg_catalog.count(*) FROM p),"
+	"        (SELECT pg_catalog.count(*) FROM d), (SELECT pg_catalog.count(*) FROM c)",
+	1, {TEXTOID}, NULL, true
+};
+
+/*
+ * Removes a settled run's effects, their replaced attempts, its divergences
+ * and its token leases' counters; the run's row, its token leases and its
+ * audit log stay.  The caller holds the run closed (dl_run_lock_closing).
+ */
+void
+dl_write_run_purge(const char *run, PurgeCounts *counts)
+{
+	Datum		values[1];
+	HeapTuple	tuple;
+	TupleDesc	desc;
+	bool		isnull;
+
+	values[0] = dl_text_datum(run);
+	dl_note_ledger_write();
+	dl_plan_run(&purge_run, values, NULL, SPI_OK_SELECT);
+	tuple = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	counts->effects = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
+	counts->past_attempts = DatumGetInt64(SPI_getbinval(tuple, desc, 2, &isnull));
+	counts->divergences = DatumGetInt64(SPI_getbinval(tuple, desc, 3, &isnull));
+}
+
 /* ---------- divergences ---------- */
 
 /* Records a later attempt's drifted call, waiting for a person. */

@@ -28,7 +28,7 @@ LAYERS = {
     "lease": ["runlock", "lease", "token_lease", "liveness", "counters", "lease.h"],
     "policy": ["tools", "divergence", "policy.h"],
     "entry": ["begin", "report", "resolve", "status", "lease_calls", "token_calls", "key_calls",
-              "tool_calls", "run_calls", "drop_guard", "older_sql"],
+              "tool_calls", "run_calls", "purge_calls", "drop_guard", "older_sql"],
     "module": ["module"],
 }
 ORDER = ["common", "store", "lease", "policy", "entry", "module"]

@@ -1,0 +1,119 @@
+-- purge: purge_settled(older_than, purged_by, dry_run DEFAULT true, max_runs
+-- DEFAULT 500) removes the effects of runs that are settled (every effect
+-- completed or failed, none started, unknown or flagged, no divergence
+-- waiting for a verdict), not held by a live lease, and quiet (nothing in
+-- their audit log for older_than), with their replaced attempts, divergences
+-- and token leases' counters; the runs' rows and the audit log stay.  A dry
+-- run (the default) lists them and writes nothing.  A later call of a purged
+-- run executes again.  (Other files' runs are purged too; only this file's
+-- are shown.)
+\set VERBOSITY terse
+
+CREATE FUNCTION regress_sqlstate(stmt text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE st text; msg text;
+BEGIN
+    EXECUTE stmt;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+    RETURN st || ': ' || msg;
+END $$;
+CREATE FUNCTION regress_pg_footprint() RETURNS text LANGUAGE sql AS $$
+    SELECT format('%s/%s/%s/%s', (SELECT count(*) FROM durable_ledger.effects),
+                  (SELECT count(*) FROM durable_ledger.audit_log),
+                  (SELECT count(*) FROM durable_ledger.past_attempts),
+                  (SELECT count(*) FROM durable_ledger.divergences)) $$;
+
+-- settled: two payments completed
+SELECT durable_ledger.acquire_run('pg-done');
+SELECT count(durable_ledger.complete_effect(d.key, jsonb_build_object('paid', i)))
+  FROM generate_series(1, 2) AS i, durable_ledger.begin_effect('pg-done', 'pg.pay', jsonb_build_object('invoice', i)) AS d;
+SELECT durable_ledger.release_run('pg-done');
+-- settled: a failure, and a business key that failed once and then completed
+SELECT durable_ledger.acquire_run('pg-fail');
+SELECT (durable_ledger.fail_effect(key, '{"declined": true}')).status
+  FROM durable_ledger.begin_effect('pg-fail', 'pg.pay', '{"invoice": 3}');
+SELECT (durable_ledger.fail_effect(key, '{"declined": true}', 1)).status
+  FROM durable_ledger.begin_effect('pg-fail', 'pg.pay', '{"invoice": 4}', 'PG-BK-4');
+SELECT (durable_ledger.complete_effect(key, '{"paid": 4}', attempt)).status
+  FROM durable_ledger.begin_effect('pg-fail', 'pg.pay', '{"invoice": 4}', 'PG-BK-4');
+SELECT durable_ledger.release_run('pg-fail');
+-- not settled: an intent whose lease ended without a report
+SELECT durable_ledger.acquire_run('pg-open');
+SELECT decision FROM durable_ledger.begin_effect('pg-open', 'pg.pay', '{"invoice": 5}');
+SELECT durable_ledger.release_run('pg-open');
+-- not settled: a conflict
+SELECT durable_ledger.acquire_run('pg-flag');
+SELECT key AS flag_key FROM durable_ledger.begin_effect('pg-flag', 'pg.pay', '{"invoice": 6}') \gset
+SELECT (durable_ledger.complete_effect(:'flag_key', '{"paid": 6}')).status;
+SELECT (durable_ledger.fail_effect(:'flag_key', '{"declined": true}')).conflict;
+SELECT durable_ledger.release_run('pg-flag');
+-- settled but held: a live lease
+SELECT durable_ledger.acquire_run('pg-held');
+SELECT (durable_ledger.complete_effect(key, '{"paid": 7}')).status
+  FROM durable_ledger.begin_effect('pg-held', 'pg.pay', '{"invoice": 7}');
+-- not settled: a divergence waiting for its verdict
+SELECT tool FROM durable_ledger.register_tool('pg.reg', 'maria');
+SELECT durable_ledger.acquire_run('pg-div');
+SELECT (durable_ledger.complete_effect(key, '{"paid": 8}')).status
+  FROM durable_ledger.begin_effect('pg-div', 'pg.reg', '{"invoice": 8, "memo": "Thanks"}');
+SELECT durable_ledger.acquire_run('pg-div');
+SELECT key AS drifted, decision FROM durable_ledger.begin_effect('pg-div', 'pg.reg', '{"invoice": 8, "memo": "Thank you"}') \gset
+SELECT :'decision' AS drifted_decision;
+SELECT durable_ledger.release_run('pg-div');
+
+-- nothing is quiet for an hour yet
+SELECT count(*) AS quiet_for_an_hour FROM durable_ledger.purge_settled('1 hour', 'maria') WHERE run LIKE 'pg-%';
+-- a dry run (the default) lists the settled, quiet, unheld runs and writes nothing
+SELECT regress_pg_footprint() AS before \gset
+SELECT run, effects, past_attempts, divergences
+  FROM durable_ledger.purge_settled('0', 'maria') WHERE run LIKE 'pg-%' ORDER BY run;
+SELECT regress_pg_footprint() = :'before' AS dry_run_wrote_nothing;
+
+-- the divergence gets its verdict: that run is settled too
+SELECT verdict FROM durable_ledger.resolve_divergence(:'drifted', 'distinct', 'maria', 'a new payment');
+SELECT (durable_ledger.complete_effect(key, '{"paid": 9}')).status
+  FROM durable_ledger.begin_effect('pg-div', 'pg.reg', '{"invoice": 8, "memo": "Thank you"}');
+SELECT durable_ledger.release_run('pg-div');
+
+-- purge, at most one run per call
+SELECT count(*) AS one_run FROM durable_ledger.purge_settled('0', 'maria', false, 1);
+SELECT count(*) > 0 AS the_rest FROM durable_ledger.purge_settled('0', 'maria', false);
+SELECT count(*) AS nothing_left FROM durable_ledger.purge_settled('0', 'maria', false) WHERE run LIKE 'pg-%';
+-- what is gone, what stays
+SELECT run, count(*) AS effects_left FROM durable_ledger.effects WHERE run LIKE 'pg-%' GROUP BY run ORDER BY run;
+SELECT count(*) AS bk_past_attempts FROM durable_ledger.past_attempts WHERE key = 'PG-BK-4';
+SELECT count(*) AS pg_div_divergences FROM durable_ledger.divergences WHERE run = 'pg-div';
+SELECT count(*) AS runs_kept FROM durable_ledger.runs WHERE run LIKE 'pg-%';
+-- audited: one row per run and one per call, with the name and the counts
+SELECT run, detail - 'older_than' AS detail FROM durable_ledger.audit_log
+ WHERE event = 'purged' AND run LIKE 'pg-%' ORDER BY run;
+SELECT count(*) > 0 AS summaries, bool_and(detail ->> 'purged_by' = 'maria') AS named
+  FROM durable_ledger.audit_log WHERE event = 'purged' AND run IS NULL;
+SELECT event FROM durable_ledger.history('pg-done') ORDER BY id DESC LIMIT 1;
+SELECT count(*) AS problems FROM durable_ledger.verify_audit();
+-- a later attempt of a purged run executes its calls again (the horizon)
+SELECT durable_ledger.acquire_run('pg-done');
+SELECT decision FROM durable_ledger.begin_effect('pg-done', 'pg.pay', '{"invoice": 1}');
+SELECT durable_ledger.release_run('pg-done');
+SELECT durable_ledger.release_run('pg-held');
+
+-- bad input writes nothing
+SELECT regress_pg_footprint() AS before \gset
+SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled(NULL, 'maria', false)$$);
+SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled('-1 day', 'maria', false)$$);
+SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled('1 day', NULL, false)$$);
+SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled('1 day', '', false)$$);
+SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled('1 day', 'maria', NULL)$$);
+SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled('1 day', 'maria', false, 0)$$);
+SELECT regress_pg_footprint() = :'before' AS nothing_written;
+
+-- admins only
+CREATE ROLE regress_pg_worker IN ROLE durable_ledger_worker;
+CREATE ROLE regress_pg_auditor IN ROLE durable_ledger_auditor;
+SET ROLE regress_pg_worker;
+SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled('1 day', 'w')$$);
+SET ROLE regress_pg_auditor;
+SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled('1 day', 'a')$$);
+RESET ROLE;
+DROP ROLE regress_pg_worker, regress_pg_auditor;

@@ -1,0 +1,163 @@
+/*
+ * purge_calls.c: purge_settled(), the ledger's retention.
+ *
+ * The effects of a run are removed when the run is settled and quiet: every
+ * effect completed or failed (none started, unknown or flagged by a
+ * conflict), no divergence waiting for a verdict, no live lease, and nothing
+ * in its audit log since the cutoff.  With them go their replaced attempts,
+ * the run's divergences and its token leases' counters; the run's row (its
+ * epochs), its token leases and the audit log stay.  A later call of a
+ * purged run executes again: that is what a horizon means (docs).
+ *
+ * Each run is closed for calls while it is judged and purged (the lock
+ * abandon_run takes: calls in progress are waited for, later ones wait for
+ * the purge's commit), and judged again under that lock.  Audited per run
+ * and once per call, with the person's name.
+ */
+#include "postgres.h"
+
+#include "funcapi.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "policy.h"
+
+PG_FUNCTION_INFO_V1(dl_purge_settled_1_2);
+
+/* How many candidate runs are read at a time. */
+#define CANDIDATE_BATCH 200
+
+static void
+emit(ReturnSetInfo *rsinfo, const char *run, const PurgeCounts *counts)
+{
+	Datum		values[4];
+	bool		nulls[4] = {false};
+
+	values[0] = CStringGetTextDatum(run);
+	values[1] = Int64GetDatum(counts->effects);
+	values[2] = Int64GetDatum(counts->past_attempts);
+	values[3] = Int64GetDatum(counts->divergences);
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+}
+
+static void
+audit_purge(const char *run, const char *purged_by, const char *older_than,
+			const PurgeCounts *counts, int64 runs)
+{
+	DetailBuilder detail;
+
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "purged_by", purged_by);
+	dl_detail_text(&detail, "older_than", older_than);
+	if (run == NULL)
+		dl_detail_int(&detail, "runs", runs);
+	dl_detail_int(&detail, "effects", counts->effects);
+	dl_detail_int(&detail, "past_attempts", counts->past_attempts);
+	dl_detail_int(&detail, "divergences", counts->divergences);
+	dl_write_audit(run, NULL, "purged", dl_detail_finish(&detail), 0, 0);
+}
+
+/*
+ * purge_settled(older_than interval, purged_by text, dry_run boolean DEFAULT
+ * true, max_runs integer DEFAULT 500) RETURNS TABLE (run text, effects
+ * bigint, past_attempts bigint, divergences bigint)
+ *
+ * One row per run purged (or, with dry_run, that would be); at most max_runs
+ * (each holds a lock until the transaction ends): call again until it
+ * returns nothing.  A dry run writes nothing and takes no lock.
+ */
+Datum
+dl_purge_settled_1_2(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Interval   *older_than;
+	char	   *older_than_text;
+	char	   *purged_by;
+	bool		dry_run;
+	int32		max_runs;
+	TimestampTz cutoff;
+	char	   *after = "";
+	int64		purged = 0;
+	PurgeCounts total = {0, 0, 0};
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("older_than must not be null")));
+	older_than = PG_GETARG_INTERVAL_P(0);
+	purged_by = dl_required_text_arg(fcinfo, 1, "purged_by", 0);
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dry_run must not be null")));
+	dry_run = PG_GETARG_BOOL(2);
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("max_runs must not be null")));
+	max_runs = PG_GETARG_INT32(3);
+	if (max_runs < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_runs must be at least 1")));
+	cutoff = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_mi_interval,
+													 TimestampTzGetDatum(GetCurrentTimestamp()),
+													 IntervalPGetDatum(older_than)));
+	if (cutoff > GetCurrentTimestamp())
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("older_than must not be negative")));
+	older_than_text = DatumGetCString(DirectFunctionCall1(interval_out,
+														  IntervalPGetDatum(older_than)));
+	if (!dry_run)
+		dl_check_writable("purge_settled()");
+
+	InitMaterializedSRF(fcinfo, 0);
+	dl_spi_connect();
+	while (purged < max_runs)
+	{
+		List	   *candidates = dl_read_purge_candidates(cutoff, after, CANDIDATE_BATCH);
+		ListCell   *lc;
+
+		if (candidates == NIL)
+			break;
+		foreach(lc, candidates)
+		{
+			char	   *run = lfirst(lc);
+			PurgeCounts counts;
+			RunState	state;
+
+			after = run;
+			if (purged >= max_runs)
+				break;
+			if (!dl_read_run_purge_state(run, cutoff, &counts))
+				continue;
+			if (!dry_run)
+			{
+				/* closed for calls, then judged again: nothing may have started since */
+				dl_run_lock_closing(dl_run_lock_key(run));
+				if (!dl_read_run_purge_state(run, cutoff, &counts))
+					continue;
+			}
+			if (dl_read_run_state(run, &state) && dl_lease_is_live(run, state.epoch))
+				continue;
+			if (!dry_run)
+			{
+				dl_write_run_purge(run, &counts);
+				audit_purge(run, purged_by, older_than_text, &counts, 0);
+			}
+			emit(rsinfo, run, &counts);
+			purged++;
+			total.effects += counts.effects;
+			total.past_attempts += counts.past_attempts;
+			total.divergences += counts.divergences;
+		}
+	}
+	if (!dry_run && purged > 0)
+	{
+		audit_purge(NULL, purged_by, older_than_text, &total, purged);
+		dl_note_durable_write();
+	}
+	dl_spi_finish();
+	return (Datum) 0;
+}
