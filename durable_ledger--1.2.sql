@@ -57,7 +57,7 @@ CREATE DOMAIN durable_ledger.audit_event AS text
                      'resolved', 'conflict',
                      'tool_registered', 'tool_changed', 'tool_retired',
                      'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
-                     'carried', 'policy_changed', 'purged'));
+                     'carried', 'policy_changed', 'purged', 'audit_purged'));
 
 -- ---------------------------------------------------------------------------
 -- Token leases: a lease that is a row, not a session lock, so that a run's
@@ -805,6 +805,16 @@ ALTER TABLE durable_ledger.audit_log
     ADD COLUMN chain_seq bigint,        -- 1, 2, 3, ... within its chain
     ADD COLUMN row_hash  bytea;         -- sha256(the chain's previous row_hash || content)
 
+-- Where purge_audit cut each chain: the last row it removed, which the next links to.
+CREATE TABLE durable_ledger.audit_anchors (
+    chain      bigint PRIMARY KEY,
+    chain_seq  bigint NOT NULL,
+    row_hash   bytea NOT NULL,
+    purged_at  timestamptz NOT NULL,
+    purged_by  text NOT NULL
+);
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.audit_anchors', '');
+
 -- What an audit row's hash covers: every column, as UTF-8 text.
 CREATE FUNCTION durable_ledger.audit_row_content(a durable_ledger.audit_log)
 RETURNS bytea
@@ -839,11 +849,13 @@ LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 WITH linked AS (
+    -- the first row left of a chain links to the chain's anchor, if purge_audit removed rows before it
     SELECT a.chain, a.chain_seq, a.id, a.row_hash,
-           pg_catalog.lag(a.chain_seq) OVER w AS previous_seq,
-           pg_catalog.lag(a.row_hash) OVER w AS previous_hash,
+           COALESCE(pg_catalog.lag(a.chain_seq) OVER w, x.chain_seq) AS previous_seq,
+           COALESCE(pg_catalog.lag(a.row_hash) OVER w, x.row_hash) AS previous_hash,
            durable_ledger.audit_row_content(a) AS content
       FROM durable_ledger.audit_log a
+      LEFT JOIN durable_ledger.audit_anchors x ON x.chain OPERATOR(pg_catalog.=) a.chain
      WHERE a.chain IS NOT NULL
     WINDOW w AS (PARTITION BY a.chain ORDER BY a.chain_seq, a.id)
 ), broken AS (
@@ -885,6 +897,12 @@ SELECT h.chain, h.chain_seq, NULL::bigint,
                     WHERE a.chain OPERATOR(pg_catalog.=) h.chain
                       AND a.chain_seq OPERATOR(pg_catalog.=) h.chain_seq
                       AND pg_catalog.encode(a.row_hash, 'hex') OPERATOR(pg_catalog.=) h.row_hash)
+   -- a head purge_audit removed: the anchor is that row, or one after it
+   AND NOT EXISTS (SELECT FROM durable_ledger.audit_anchors x
+                    WHERE x.chain OPERATOR(pg_catalog.=) h.chain
+                      AND (x.chain_seq OPERATOR(pg_catalog.>) h.chain_seq
+                           OR (x.chain_seq OPERATOR(pg_catalog.=) h.chain_seq
+                               AND pg_catalog.encode(x.row_hash, 'hex') OPERATOR(pg_catalog.=) h.row_hash)))
  ORDER BY 1, 2
 $fn$;
 COMMENT ON FUNCTION durable_ledger.verify_audit(jsonb) IS
@@ -895,6 +913,8 @@ REVOKE ALL ON SEQUENCE durable_ledger.audit_chain_seq FROM PUBLIC;
 REVOKE ALL ON FUNCTION durable_ledger.audit_row_content(durable_ledger.audit_log),
                        durable_ledger.verify_audit(jsonb) FROM PUBLIC;
 GRANT SELECT ON durable_ledger.audit_heads TO durable_ledger_auditor;
+REVOKE ALL ON durable_ledger.audit_anchors FROM PUBLIC;
+GRANT SELECT ON durable_ledger.audit_anchors TO durable_ledger_auditor;
 GRANT SELECT ON SEQUENCE durable_ledger.audit_chain_seq TO durable_ledger_auditor;
 GRANT EXECUTE ON FUNCTION durable_ledger.audit_row_content(durable_ledger.audit_log),
                           durable_ledger.verify_audit(jsonb) TO durable_ledger_auditor;
@@ -915,3 +935,22 @@ COMMENT ON FUNCTION durable_ledger.purge_settled(interval, text, boolean, intege
 REVOKE ALL ON FUNCTION durable_ledger.purge_settled(interval, text, boolean, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION durable_ledger.purge_settled(interval, text, boolean, integer)
     TO durable_ledger_admin;
+
+-- The audit log's horizon (src/purge_calls.c; docs/operations.md "Retention").
+CREATE FUNCTION durable_ledger.purge_audit(older_than interval, purged_by text,
+                                           dry_run boolean DEFAULT true)
+RETURNS TABLE (chain bigint, audit_rows bigint, up_to_seq bigint)
+AS 'MODULE_PATHNAME', 'dl_purge_audit_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.purge_audit(interval, text, boolean) IS
+    'removes audit rows older than older_than of runs with no effect left (and rows of no run), a prefix of each hash chain, anchored in audit_anchors; dry_run (the default) only counts';
+REVOKE ALL ON FUNCTION durable_ledger.purge_audit(interval, text, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION durable_ledger.purge_audit(interval, text, boolean) TO durable_ledger_admin;
+
+-- The append-only trigger, in C: only purge_audit's own deletes pass.
+CREATE OR REPLACE FUNCTION durable_ledger.refuse_audit_log_change() RETURNS trigger
+AS 'MODULE_PATHNAME', 'dl_refuse_audit_log_change_1_2'
+LANGUAGE C;
+COMMENT ON FUNCTION durable_ledger.refuse_audit_log_change() IS
+    'trigger: refuses UPDATE, DELETE and TRUNCATE on durable_ledger.audit_log, for its owner too; only purge_audit deletes';

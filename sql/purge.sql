@@ -98,6 +98,33 @@ SELECT decision FROM durable_ledger.begin_effect('pg-done', 'pg.pay', '{"invoice
 SELECT durable_ledger.release_run('pg-done');
 SELECT durable_ledger.release_run('pg-held');
 
+-- the audit log's horizon: purge_audit removes old rows of runs with no effect
+-- left, a prefix of each hash chain, anchored; kept heads still check out
+SELECT jsonb_agg(h) AS heads FROM durable_ledger.audit_heads h \gset
+SELECT count(*) AS audit_before FROM durable_ledger.audit_log \gset
+SELECT sum(audit_rows) > 0 AS would_remove FROM durable_ledger.purge_audit('0', 'maria');
+SELECT count(*) = :audit_before AS dry_run_wrote_nothing FROM durable_ledger.audit_log;
+SELECT sum(audit_rows) > 0 AS removed FROM durable_ledger.purge_audit('0', 'maria', false);
+SELECT count(*) < :audit_before AS fewer_rows FROM durable_ledger.audit_log;
+SELECT count(*) > 0 AS anchors, bool_and(purged_by = 'maria') AS named FROM durable_ledger.audit_anchors;
+-- what the ledger still needs stays: the rows of runs with effects
+SELECT a.run, count(*) > 0 AS rows_kept FROM durable_ledger.audit_log a
+ WHERE a.run IN ('pg-open', 'pg-flag', 'pg-held', 'pg-done') GROUP BY a.run ORDER BY a.run;
+SELECT count(*) AS problems FROM durable_ledger.verify_audit();
+SELECT count(*) AS problems_against_kept_heads FROM durable_ledger.verify_audit(:'heads');
+SELECT event, detail ->> 'purged_by' AS purged_by, (detail ->> 'audit_rows')::int > 0 AS counted
+  FROM durable_ledger.audit_log WHERE event = 'audit_purged';
+-- ... a row deleted by hand is still refused
+SELECT regress_sqlstate($$DELETE FROM durable_ledger.audit_log WHERE run = 'pg-open'$$);
+-- the ledger goes on: a replay of what was kept, new rows linked behind the anchors
+SELECT durable_ledger.acquire_run('pg-held');
+SELECT decision FROM durable_ledger.begin_effect('pg-held', 'pg.pay', '{"invoice": 7}');
+SELECT durable_ledger.release_run('pg-held');
+SELECT count(*) AS problems_after FROM durable_ledger.verify_audit();
+SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_audit(NULL, 'maria', false)$$);
+SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_audit('-1 day', 'maria', false)$$);
+SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_audit('1 day', '', false)$$);
+
 -- bad input writes nothing
 SELECT regress_pg_footprint() AS before \gset
 SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled(NULL, 'maria', false)$$);
@@ -113,6 +140,7 @@ CREATE ROLE regress_pg_worker IN ROLE durable_ledger_worker;
 CREATE ROLE regress_pg_auditor IN ROLE durable_ledger_auditor;
 SET ROLE regress_pg_worker;
 SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled('1 day', 'w')$$);
+SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_audit('1 day', 'w')$$);
 SET ROLE regress_pg_auditor;
 SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled('1 day', 'a')$$);
 RESET ROLE;

@@ -16,6 +16,7 @@
  */
 #include "postgres.h"
 
+#include "commands/trigger.h"
 #include "funcapi.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
@@ -23,6 +24,8 @@
 #include "policy.h"
 
 PG_FUNCTION_INFO_V1(dl_purge_settled_1_2);
+PG_FUNCTION_INFO_V1(dl_purge_audit_1_2);
+PG_FUNCTION_INFO_V1(dl_refuse_audit_log_change_1_2);
 
 /* How many candidate runs are read at a time. */
 #define CANDIDATE_BATCH 200
@@ -58,6 +61,40 @@ audit_purge(const char *run, const char *purged_by, const char *older_than,
 }
 
 /*
+ * The arguments both purges begin with (older_than, purged_by, dry_run):
+ * the cutoff, now - older_than.
+ */
+static TimestampTz
+horizon_args(FunctionCallInfo fcinfo, char **older_than_text, char **purged_by, bool *dry_run)
+{
+	Interval   *older_than;
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz cutoff;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("older_than must not be null")));
+	older_than = PG_GETARG_INTERVAL_P(0);
+	*purged_by = dl_required_text_arg(fcinfo, 1, "purged_by", 0);
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dry_run must not be null")));
+	*dry_run = PG_GETARG_BOOL(2);
+	cutoff = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_mi_interval,
+													 TimestampTzGetDatum(now),
+													 IntervalPGetDatum(older_than)));
+	if (cutoff > now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("older_than must not be negative")));
+	*older_than_text = DatumGetCString(DirectFunctionCall1(interval_out,
+														   IntervalPGetDatum(older_than)));
+	return cutoff;
+}
+
+/*
  * purge_settled(older_than interval, purged_by text, dry_run boolean DEFAULT
  * true, max_runs integer DEFAULT 500) RETURNS TABLE (run text, effects
  * bigint, past_attempts bigint, divergences bigint)
@@ -70,7 +107,6 @@ Datum
 dl_purge_settled_1_2(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	Interval   *older_than;
 	char	   *older_than_text;
 	char	   *purged_by;
 	bool		dry_run;
@@ -80,17 +116,7 @@ dl_purge_settled_1_2(PG_FUNCTION_ARGS)
 	int64		purged = 0;
 	PurgeCounts total = {0, 0, 0};
 
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("older_than must not be null")));
-	older_than = PG_GETARG_INTERVAL_P(0);
-	purged_by = dl_required_text_arg(fcinfo, 1, "purged_by", 0);
-	if (PG_ARGISNULL(2))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("dry_run must not be null")));
-	dry_run = PG_GETARG_BOOL(2);
+	cutoff = horizon_args(fcinfo, &older_than_text, &purged_by, &dry_run);
 	if (PG_ARGISNULL(3))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -100,15 +126,6 @@ dl_purge_settled_1_2(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("max_runs must be at least 1")));
-	cutoff = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_mi_interval,
-													 TimestampTzGetDatum(GetCurrentTimestamp()),
-													 IntervalPGetDatum(older_than)));
-	if (cutoff > GetCurrentTimestamp())
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("older_than must not be negative")));
-	older_than_text = DatumGetCString(DirectFunctionCall1(interval_out,
-														  IntervalPGetDatum(older_than)));
 	if (!dry_run)
 		dl_check_writable("purge_settled()");
 
@@ -160,4 +177,99 @@ dl_purge_settled_1_2(PG_FUNCTION_ARGS)
 	}
 	dl_spi_finish();
 	return (Datum) 0;
+}
+
+/*
+ * purge_audit(older_than interval, purged_by text, dry_run boolean DEFAULT
+ * true) RETURNS TABLE (chain bigint, audit_rows bigint, up_to_seq bigint)
+ *
+ * The audit log's horizon.  Removes rows logged before now - older_than of
+ * runs that have no effect left (purge_settled removed them) and rows with no
+ * run; a run with effects keeps all its rows (the ledger finds a run's effects
+ * through them).  Of each hash chain only a prefix goes, and the chain is
+ * anchored at its last removed row (durable_ledger.audit_anchors), so that
+ * verify_audit links the next row to the anchor.  One row per chain (chain
+ * NULL: rows written before chains began).  Audited once, with the counts.
+ */
+Datum
+dl_purge_audit_1_2(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	char	   *older_than_text;
+	char	   *purged_by;
+	bool		dry_run;
+	TimestampTz cutoff = horizon_args(fcinfo, &older_than_text, &purged_by, &dry_run);
+	List	   *plan;
+	ListCell   *lc;
+	int64		rows = 0;
+	int64		unchained;
+	int64		chains = 0;
+
+	if (!dry_run)
+		dl_check_writable("purge_audit()");
+	InitMaterializedSRF(fcinfo, 0);
+	dl_spi_connect();
+	plan = dl_read_audit_purge_plan(cutoff);
+	foreach(lc, plan)
+	{
+		AuditPurge *purge = lfirst(lc);
+		Datum		values[3];
+		bool		nulls[3] = {false};
+		int64		removed = dry_run ? purge->rows : dl_write_audit_purge(purge, purged_by);
+
+		values[0] = Int64GetDatum(purge->chain);
+		values[1] = Int64GetDatum(removed);
+		values[2] = Int64GetDatum(purge->up_to_seq);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		rows += removed;
+		chains++;
+	}
+	unchained = dry_run ? dl_read_unchained_purge_count(cutoff) : dl_write_unchained_purge(cutoff);
+	if (unchained > 0)
+	{
+		Datum		values[3];
+		bool		nulls[3] = {true, false, true};
+
+		values[1] = Int64GetDatum(unchained);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		rows += unchained;
+	}
+	if (!dry_run && rows > 0)
+	{
+		DetailBuilder detail;
+
+		dl_detail_init(&detail);
+		dl_detail_text(&detail, "purged_by", purged_by);
+		dl_detail_text(&detail, "older_than", older_than_text);
+		dl_detail_int(&detail, "audit_rows", rows);
+		dl_detail_int(&detail, "chains", chains);
+		dl_write_audit(NULL, NULL, "audit_purged", dl_detail_finish(&detail), 0, 0);
+		dl_note_durable_write();
+	}
+	dl_spi_finish();
+	return (Datum) 0;
+}
+
+/*
+ * The audit log's append-only trigger (statement level, BEFORE UPDATE,
+ * DELETE, TRUNCATE): refuses them, for the table's owner too; only
+ * purge_audit's own DELETEs pass, while it runs them.
+ */
+Datum
+dl_refuse_audit_log_change_1_2(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	const char *op;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		elog(ERROR, "refuse_audit_log_change() is a trigger");
+	if (TRIGGER_FIRED_BY_DELETE(trigdata->tg_event) && dl_audit_purge_under_way())
+		return PointerGetDatum(NULL);
+	op = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ? "UPDATE" :
+		TRIGGER_FIRED_BY_DELETE(trigdata->tg_event) ? "DELETE" : "TRUNCATE";
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("durable_ledger.audit_log is append-only"),
+			 errdetail("%s is refused on the audit log, for its owner too.", op)));
+	return PointerGetDatum(NULL);
 }

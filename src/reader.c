@@ -908,3 +908,70 @@ dl_read_run_purge_state(const char *run, TimestampTz cutoff, PurgeCounts *counts
 	logged = !isnull;
 	return counts->effects > 0 && open == 0 && pending == 0 && (!logged || last < cutoff);
 }
+
+static Statement audit_purge_plan = {
+	/*
+	 * Per chain, the longest prefix of rows logged before $1 whose run has no
+	 * effect left (or no run); a row of a run with effects stays (the ledger
+	 * finds a run's effects through its audit log), and so does every row
+	 * after it in its chain (a chain loses only a prefix, behind an anchor).
+	 */
+	"WITH judged AS ("
+	"  SELECT a.chain, a.chain_seq, a.id, a.row_hash,"
+	"         (a.logged_at OPERATOR(pg_catalog.<) $1 AND (a.run IS NULL OR NOT EXISTS"
+	"           (SELECT FROM durable_ledger.effects e WHERE e.run" EQ "a.run))) AS done"
+	"    FROM durable_ledger.audit_log a WHERE a.chain IS NOT NULL),"
+	" prefix AS ("
+	"  SELECT j.*, pg_catalog.bool_and(j.done) OVER (PARTITION BY j.chain ORDER BY j.chain_seq, j.id"
+	"                                        ROWS UNBOUNDED PRECEDING) AS in_prefix"
+	"    FROM judged j)"
+	" SELECT p.chain, pg_catalog.count(*), pg_catalog.max(p.chain_seq),"
+	"        (pg_catalog.array_agg(p.row_hash ORDER BY p.chain_seq DESC))[1]"
+	"   FROM prefix p WHERE p.in_prefix GROUP BY p.chain ORDER BY p.chain",
+	1, {TIMESTAMPTZOID}
+};
+
+/* What purge_audit would remove of each chain, as committed now. */
+List *
+dl_read_audit_purge_plan(TimestampTz cutoff)
+{
+	Datum		values[1];
+	List	   *plan = NIL;
+	uint64		i;
+
+	values[0] = TimestampTzGetDatum(cutoff);
+	dl_plan_run_now(&audit_purge_plan, values, NULL, SPI_OK_SELECT);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		AuditPurge *purge = palloc(sizeof(AuditPurge));
+		bool		isnull;
+
+		purge->chain = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
+		purge->rows = DatumGetInt64(SPI_getbinval(tuple, desc, 2, &isnull));
+		purge->up_to_seq = DatumGetInt64(SPI_getbinval(tuple, desc, 3, &isnull));
+		purge->row_hash = DatumGetByteaPCopy(SPI_getbinval(tuple, desc, 4, &isnull));
+		plan = lappend(plan, purge);
+	}
+	return plan;
+}
+
+static Statement unchained_purge_count = {
+	"SELECT pg_catalog.count(*) FROM durable_ledger.audit_log a WHERE a.chain IS NULL"
+	" AND a.logged_at OPERATOR(pg_catalog.<) $1"
+	" AND (a.run IS NULL OR NOT EXISTS (SELECT FROM durable_ledger.effects e WHERE e.run" EQ "a.run))",
+	1, {TIMESTAMPTZOID}
+};
+
+/* How many rows written before chains began purge_audit would remove. */
+int64
+dl_read_unchained_purge_count(TimestampTz cutoff)
+{
+	Datum		values[1];
+	bool		isnull;
+
+	values[0] = TimestampTzGetDatum(cutoff);
+	dl_plan_run_now(&unchained_purge_count, values, NULL, SPI_OK_SELECT);
+	return DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+}

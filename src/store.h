@@ -205,6 +205,16 @@ typedef struct PurgeCounts
 	int64		past_attempts;
 	int64		divergences;
 } PurgeCounts;
+/* What purge_audit removes of one chain: a prefix, up to up_to_seq. */
+typedef struct AuditPurge
+{
+	int64		chain;
+	int64		rows;
+	int64		up_to_seq;
+	bytea	   *row_hash;		/* of the row at up_to_seq: the chain's new anchor */
+} AuditPurge;
+extern List *dl_read_audit_purge_plan(TimestampTz cutoff);
+extern int64 dl_read_unchained_purge_count(TimestampTz cutoff);
 extern List *dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit);
 extern bool dl_read_run_purge_state(const char *run, TimestampTz cutoff, PurgeCounts *counts);
 
@@ -257,6 +267,9 @@ extern void dl_write_divergence_verdict(LockedDivergence *locked, const char *ve
 										const char *same_as, const char *resolved_by,
 										const char *note);
 extern void dl_write_run_purge(const char *run, PurgeCounts *counts);
+extern int64 dl_write_audit_purge(const AuditPurge *purge, const char *purged_by);
+extern int64 dl_write_unchained_purge(TimestampTz cutoff);
+extern bool dl_audit_purge_under_way(void);
 extern void dl_write_audit(const char *run, const char *key, const char *event,
 						   Jsonb *detail, int64 lease_epoch, int32 attempt);
 

@@ -1088,6 +1088,86 @@ dl_write_run_purge(const char *run, PurgeCounts *counts)
 	counts->divergences = DatumGetInt64(SPI_getbinval(tuple, desc, 3, &isnull));
 }
 
+/* While purge_audit deletes, and only then, the append-only trigger lets it. */
+static bool audit_purge_under_way = false;
+
+bool
+dl_audit_purge_under_way(void)
+{
+	return audit_purge_under_way;
+}
+
+static uint64
+run_audit_delete(Statement *stmt, Datum *values)
+{
+	uint64		deleted;
+
+	audit_purge_under_way = true;
+	PG_TRY();
+	{
+		deleted = dl_plan_run(stmt, values, NULL, SPI_OK_DELETE);
+	}
+	PG_FINALLY();
+	{
+		audit_purge_under_way = false;
+	}
+	PG_END_TRY();
+	return deleted;
+}
+
+static Statement delete_chain_prefix = {
+	"DELETE FROM durable_ledger.audit_log WHERE chain" EQ "$1"
+	" AND chain_seq OPERATOR(pg_catalog.<=) $2",
+	2, {INT8OID, INT8OID}
+};
+
+static Statement anchor_chain = {
+	"INSERT INTO durable_ledger.audit_anchors (chain, chain_seq, row_hash, purged_at, purged_by)"
+	" VALUES ($1, $2, $3, pg_catalog.clock_timestamp(), $4)"
+	" ON CONFLICT (chain) DO UPDATE SET chain_seq = EXCLUDED.chain_seq,"
+	"  row_hash = EXCLUDED.row_hash, purged_at = EXCLUDED.purged_at, purged_by = EXCLUDED.purged_by",
+	4, {INT8OID, INT8OID, BYTEAOID, TEXTOID}
+};
+
+/*
+ * Removes a prefix of an audit chain and anchors the chain at its last row
+ * (verify_audit links the next row to the anchor).  How many rows went.
+ */
+int64
+dl_write_audit_purge(const AuditPurge *purge, const char *purged_by)
+{
+	Datum		values[4];
+	uint64		deleted;
+
+	values[0] = Int64GetDatum(purge->chain);
+	values[1] = Int64GetDatum(purge->up_to_seq);
+	dl_note_ledger_write();
+	deleted = run_audit_delete(&delete_chain_prefix, values);
+	values[2] = PointerGetDatum(purge->row_hash);
+	values[3] = dl_text_datum(purged_by);
+	dl_plan_run(&anchor_chain, values, NULL, SPI_OK_INSERT);
+	return (int64) deleted;
+}
+
+static Statement delete_unchained = {
+	/* rows written before chains began, old, of runs without effects */
+	"DELETE FROM durable_ledger.audit_log a WHERE a.chain IS NULL"
+	" AND a.logged_at OPERATOR(pg_catalog.<) $1"
+	" AND (a.run IS NULL OR NOT EXISTS (SELECT FROM durable_ledger.effects e WHERE e.run" EQ "a.run))",
+	1, {TIMESTAMPTZOID}
+};
+
+/* Removes the old rows written before chains began whose runs have no effect left. */
+int64
+dl_write_unchained_purge(TimestampTz cutoff)
+{
+	Datum		values[1];
+
+	values[0] = TimestampTzGetDatum(cutoff);
+	dl_note_ledger_write();
+	return (int64) run_audit_delete(&delete_unchained, values);
+}
+
 /* ---------- divergences ---------- */
 
 /* Records a later attempt's drifted call, waiting for a person. */
