@@ -14,6 +14,7 @@ OBJS = \
 	src/plans.o \
 	src/cache.o \
 	src/audit_chain.o \
+	src/metrics.o \
 	src/tables.o \
 	src/reader.o \
 	src/writer.o \
@@ -36,6 +37,7 @@ OBJS = \
 	src/tool_calls.o \
 	src/run_calls.o \
 	src/purge_calls.o \
+	src/metrics_calls.o \
 	src/drop_guard.o \
 	src/older_sql.o
 DATA = $(wildcard $(EXTENSION)--*.sql)

@@ -62,6 +62,18 @@ SELECT key AS drifted, decision FROM durable_ledger.begin_effect('pg-div', 'pg.r
 SELECT :'decision' AS drifted_decision;
 SELECT durable_ledger.release_run('pg-div');
 
+-- a business key first tried by a run that is not settled, then completed by
+-- another: purging the second keeps the first run's record of its attempt
+SELECT durable_ledger.acquire_run('pg-bk-a');
+SELECT (durable_ledger.fail_effect(key, '{"declined": true}', attempt)).status
+  FROM durable_ledger.begin_effect('pg-bk-a', 'pg.pay', '{"invoice": 10}', 'PG-BK-10');
+SELECT decision FROM durable_ledger.begin_effect('pg-bk-a', 'pg.mail', '{"to": "ap"}');
+SELECT durable_ledger.release_run('pg-bk-a');
+SELECT durable_ledger.acquire_run('pg-bk-b');
+SELECT (durable_ledger.complete_effect(key, '{"paid": 10}', attempt)).status
+  FROM durable_ledger.begin_effect('pg-bk-b', 'pg.pay', '{"invoice": 10}', 'PG-BK-10');
+SELECT durable_ledger.release_run('pg-bk-b');
+
 -- nothing is quiet for an hour yet
 SELECT count(*) AS quiet_for_an_hour FROM durable_ledger.purge_settled('1 hour', 'maria') WHERE run LIKE 'pg-%';
 -- a dry run (the default) lists the settled, quiet, unheld runs and writes nothing
@@ -83,6 +95,7 @@ SELECT count(*) AS nothing_left FROM durable_ledger.purge_settled('0', 'maria', 
 -- what is gone, what stays
 SELECT run, count(*) AS effects_left FROM durable_ledger.effects WHERE run LIKE 'pg-%' GROUP BY run ORDER BY run;
 SELECT count(*) AS bk_past_attempts FROM durable_ledger.past_attempts WHERE key = 'PG-BK-4';
+SELECT key, attempt, run, status FROM durable_ledger.past_attempts WHERE key = 'PG-BK-10';
 SELECT count(*) AS pg_div_divergences FROM durable_ledger.divergences WHERE run = 'pg-div';
 SELECT count(*) AS runs_kept FROM durable_ledger.runs WHERE run LIKE 'pg-%';
 -- audited: one row per run and one per call, with the name and the counts
@@ -133,6 +146,10 @@ SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled('1 day', NU
 SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled('1 day', '', false)$$);
 SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled('1 day', 'maria', NULL)$$);
 SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled('1 day', 'maria', false, 0)$$);
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_settled('1 day', 'maria', false)$$);
+SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_audit('1 day', 'maria', false)$$);
+ROLLBACK;
 SELECT regress_pg_footprint() = :'before' AS nothing_written;
 
 -- admins only

@@ -24,6 +24,7 @@
  * back with a (sub)transaction that rolls back, so a chain has no holes but
  * the ones someone made.  A transaction that wrote the ledger cannot be
  * prepared (durability.c), so no row of a chain waits for a later verdict.
+ * The head also counts the transaction's events, for metrics.c.
  */
 #include "postgres.h"
 
@@ -51,6 +52,7 @@ typedef struct ChainHead
 	int64		chain;			/* 0: none drawn yet */
 	int64		seq;
 	uint8		hash[CHAIN_HASH_LEN];
+	uint32		events[DL_NEVENTS];	/* this transaction's, added at commit (metrics.c) */
 } ChainHead;
 
 /* The head as it was before a (sub)transaction first moved it. */
@@ -77,6 +79,11 @@ chain_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PREPARE:
+			if (undo != NIL)
+			{
+				dl_metrics_add(head.events);
+				memset(head.events, 0, sizeof(head.events));
+			}
 			undo = NIL;
 			break;
 		default:
@@ -201,17 +208,21 @@ dl_chain_audit_row(AuditRow *row, Oid audit_relid, Oid namespace)
 	pg_cryptohash_ctx *ctx;
 	uint8		hash[CHAIN_HASH_LEN];
 	bytea	   *result;
+	int			event;
 
 	note_undo();
 	if (head.chain == 0 || head.audit_relid != audit_relid)
 	{
 		Oid			seq = get_relname_relid("audit_chain_seq", namespace);
+		uint32		events[DL_NEVENTS];
 
 		if (!OidIsValid(seq))
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 					 errmsg("durable_ledger.audit_chain_seq is missing")));
+		memcpy(events, head.events, sizeof(events));
 		memset(&head, 0, sizeof(head));
+		memcpy(head.events, events, sizeof(events));
 		head.audit_relid = audit_relid;
 		head.chain = nextval_internal(seq, false);
 	}
@@ -237,4 +248,7 @@ dl_chain_audit_row(AuditRow *row, Oid audit_relid, Oid namespace)
 
 	head.seq = row->chain_seq;
 	memcpy(head.hash, hash, CHAIN_HASH_LEN);
+	event = dl_metrics_event_index(row->event);
+	if (event >= 0)
+		head.events[event]++;
 }

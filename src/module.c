@@ -20,6 +20,7 @@ _PG_init(void)
 	dl_tables_init();
 	dl_cache_init();
 	dl_audit_chain_init();
+	dl_metrics_init();
 	dl_durability_init();
 	dl_lease_init();
 	dl_drop_guard_init();

@@ -17,6 +17,7 @@
 #include "postgres.h"
 
 #include "commands/trigger.h"
+#include "access/xact.h"
 #include "funcapi.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
@@ -60,6 +61,29 @@ audit_purge(const char *run, const char *purged_by, const char *older_than,
 	dl_write_audit(run, NULL, "purged", dl_detail_finish(&detail), 0, 0);
 }
 
+/* Whether a live lease holds run (a purge leaves it alone). */
+static bool
+held(const char *run)
+{
+	RunState	state;
+
+	return dl_read_run_state(run, &state) && dl_lease_is_live(run, state.epoch);
+}
+
+/*
+ * A purge judges what is committed now and deletes what it judged: a
+ * transaction's older snapshot would delete less than it judged.
+ */
+static void
+refuse_snapshot_isolation(const char *what)
+{
+	if (IsolationUsesXactSnapshot())
+		ereport(ERROR,
+				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
+				 errmsg("%s cannot run in a REPEATABLE READ or SERIALIZABLE transaction", what),
+				 errhint("Call it in a READ COMMITTED transaction (the default).")));
+}
+
 /*
  * The arguments both purges begin with (older_than, purged_by, dry_run):
  * the cutoff, now - older_than.
@@ -100,8 +124,8 @@ horizon_args(FunctionCallInfo fcinfo, char **older_than_text, char **purged_by, 
  * bigint, past_attempts bigint, divergences bigint)
  *
  * One row per run purged (or, with dry_run, that would be); at most max_runs
- * (each holds a lock until the transaction ends): call again until it
- * returns nothing.  A dry run writes nothing and takes no lock.
+ * runs are closed (each holds a lock until the transaction ends): call again
+ * until it returns nothing.  A dry run writes nothing and takes no lock.
  */
 Datum
 dl_purge_settled_1_2(PG_FUNCTION_ARGS)
@@ -114,6 +138,7 @@ dl_purge_settled_1_2(PG_FUNCTION_ARGS)
 	TimestampTz cutoff;
 	char	   *after = "";
 	int64		purged = 0;
+	int64		closed = 0;
 	PurgeCounts total = {0, 0, 0};
 
 	cutoff = horizon_args(fcinfo, &older_than_text, &purged_by, &dry_run);
@@ -127,11 +152,14 @@ dl_purge_settled_1_2(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("max_runs must be at least 1")));
 	if (!dry_run)
+	{
 		dl_check_writable("purge_settled()");
+		refuse_snapshot_isolation("purge_settled()");
+	}
 
 	InitMaterializedSRF(fcinfo, 0);
 	dl_spi_connect();
-	while (purged < max_runs)
+	while (purged < max_runs && closed < max_runs)
 	{
 		List	   *candidates = dl_read_purge_candidates(cutoff, after, CANDIDATE_BATCH);
 		ListCell   *lc;
@@ -142,24 +170,25 @@ dl_purge_settled_1_2(PG_FUNCTION_ARGS)
 		{
 			char	   *run = lfirst(lc);
 			PurgeCounts counts;
-			RunState	state;
 
 			after = run;
-			if (purged >= max_runs)
+			if (purged >= max_runs || closed >= max_runs)
 				break;
-			if (!dl_read_run_purge_state(run, cutoff, &counts))
+			if (!dl_read_run_purge_state(run, cutoff, false, &counts) || held(run))
 				continue;
 			if (!dry_run)
 			{
-				/* closed for calls, then judged again: nothing may have started since */
+				/*
+				 * Closed for calls (at most max_runs are) and its effects
+				 * locked against reports (waiting for those under way), then
+				 * judged again as committed now: nothing may have started,
+				 * been reported or taken the lease since.
+				 */
 				dl_run_lock_closing(dl_run_lock_key(run));
-				if (!dl_read_run_purge_state(run, cutoff, &counts))
+				closed++;
+				if (!dl_read_run_purge_state(run, cutoff, true, &counts) ||
+					!dl_read_run_purge_state(run, cutoff, false, &counts) || held(run))
 					continue;
-			}
-			if (dl_read_run_state(run, &state) && dl_lease_is_live(run, state.epoch))
-				continue;
-			if (!dry_run)
-			{
 				dl_write_run_purge(run, &counts);
 				audit_purge(run, purged_by, older_than_text, &counts, 0);
 			}
@@ -206,7 +235,10 @@ dl_purge_audit_1_2(PG_FUNCTION_ARGS)
 	int64		chains = 0;
 
 	if (!dry_run)
+	{
 		dl_check_writable("purge_audit()");
+		refuse_snapshot_isolation("purge_audit()");
+	}
 	InitMaterializedSRF(fcinfo, 0);
 	dl_spi_connect();
 	plan = dl_read_audit_purge_plan(cutoff);

@@ -869,8 +869,26 @@ static Statement run_purge_state = {
 	" SELECT (SELECT pg_catalog.count(*) FROM mine),"
 	"        (SELECT pg_catalog.count(*) FROM mine"
 	"          WHERE mine.status OPERATOR(pg_catalog.<>) ALL ('{completed,failed}') OR mine.conflict),"
-	"        (SELECT pg_catalog.count(*) FROM durable_ledger.past_attempts p JOIN mine m"
-	"            ON p.key" EQ "m.key),"
+	"        (SELECT pg_catalog.count(*) FROM durable_ledger.past_attempts p JOIN keys k"
+	"            ON p.key" EQ "k.key WHERE p.run" EQ "$1),"
+	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d WHERE d.run" EQ "$1),"
+	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d"
+	"          WHERE d.run" EQ "$1 AND d.verdict IS NULL),"
+	"        (SELECT pg_catalog.max(a.logged_at) FROM durable_ledger.audit_log a WHERE a.run" EQ "$1)",
+	1, {TEXTOID}, NULL, true
+};
+
+static Statement run_purge_state_locked = {
+	/* the same, the effects locked until the transaction ends: reports wait for the purge */
+	"WITH keys AS (SELECT DISTINCT a.key FROM durable_ledger.audit_log a"
+	"               WHERE a.run" EQ "$1 AND a.key IS NOT NULL),"
+	"     mine AS (SELECT e.key, e.status, e.conflict FROM durable_ledger.effects e"
+	"               JOIN keys k ON e.key" EQ "k.key WHERE e.run" EQ "$1 FOR UPDATE OF e)"
+	" SELECT (SELECT pg_catalog.count(*) FROM mine),"
+	"        (SELECT pg_catalog.count(*) FROM mine"
+	"          WHERE mine.status OPERATOR(pg_catalog.<>) ALL ('{completed,failed}') OR mine.conflict),"
+	"        (SELECT pg_catalog.count(*) FROM durable_ledger.past_attempts p JOIN keys k"
+	"            ON p.key" EQ "k.key WHERE p.run" EQ "$1),"
 	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d WHERE d.run" EQ "$1),"
 	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d"
 	"          WHERE d.run" EQ "$1 AND d.verdict IS NULL),"
@@ -881,10 +899,11 @@ static Statement run_purge_state = {
 /*
  * What purging run would remove, as committed now, and whether it may: none
  * of its effects started, unknown or flagged, no divergence waiting for a
- * verdict, nothing logged since cutoff.
+ * verdict, nothing logged since cutoff.  With lock, its effects are locked
+ * for this transaction (a report waits for it; READ COMMITTED only).
  */
 bool
-dl_read_run_purge_state(const char *run, TimestampTz cutoff, PurgeCounts *counts)
+dl_read_run_purge_state(const char *run, TimestampTz cutoff, bool lock, PurgeCounts *counts)
 {
 	Datum		values[1];
 	HeapTuple	tuple;
@@ -896,7 +915,10 @@ dl_read_run_purge_state(const char *run, TimestampTz cutoff, PurgeCounts *counts
 	bool		logged;
 
 	values[0] = dl_text_datum(run);
-	dl_plan_run_now(&run_purge_state, values, NULL, SPI_OK_SELECT);
+	if (lock)
+		dl_plan_run(&run_purge_state_locked, values, NULL, SPI_OK_SELECT);
+	else
+		dl_plan_run_now(&run_purge_state, values, NULL, SPI_OK_SELECT);
 	tuple = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;
 	counts->effects = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));

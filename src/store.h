@@ -9,6 +9,7 @@
  *   tables.c      the tables' columns, found by name (tables.h, for the
  *                 store's own files)
  *   audit_chain.c the audit log's hash chains (tamper evidence)
+ *   metrics.c     event counts since the server started (shared memory)
  *   cache.c       what rarely changes (a tool's row, a run not abandoned,
  *                 a run without divergences), remembered between calls
  *   durability.c  synchronous_commit raised for transactions that wrote
@@ -216,7 +217,8 @@ typedef struct AuditPurge
 extern List *dl_read_audit_purge_plan(TimestampTz cutoff);
 extern int64 dl_read_unchained_purge_count(TimestampTz cutoff);
 extern List *dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit);
-extern bool dl_read_run_purge_state(const char *run, TimestampTz cutoff, PurgeCounts *counts);
+extern bool dl_read_run_purge_state(const char *run, TimestampTz cutoff, bool lock,
+									PurgeCounts *counts);
 
 /* An effect of a run's earlier attempt (dl_read_earlier_effects). */
 typedef struct EarlierEffect
@@ -298,6 +300,15 @@ typedef struct AuditRow
 } AuditRow;
 
 extern void dl_audit_chain_init(void);
+
+/* metrics.c: event counts since the server started (when preloaded) */
+#define DL_NEVENTS 24
+extern void dl_metrics_init(void);
+extern int	dl_metrics_event_index(const char *event);
+extern void dl_metrics_add(const uint32 *counts);
+extern bool dl_metrics_kept(void);
+extern const char *dl_metrics_event_name(int i);
+extern uint64 dl_metrics_count(int i);
 extern void dl_chain_audit_row(AuditRow *row, Oid audit_relid, Oid namespace);
 
 /* cache.c: facts that rarely change, remembered until an invalidation */

@@ -1050,14 +1050,14 @@ dl_write_tool_retired(LockedTool *locked, const char *retired_by, const char *no
 /* ---------- retention ---------- */
 
 static Statement purge_run = {
-	/* the run's effects (found through its audit log), their replaced attempts,
-	 * its divergences and its token leases' counters */
+	/* the run's effects (found through its audit log), its replaced attempts
+	 * of business keys, its divergences and its token leases' counters */
 	"WITH keys AS (SELECT DISTINCT a.key FROM durable_ledger.audit_log a"
 	"               WHERE a.run" EQ "$1 AND a.key IS NOT NULL),"
 	"     e AS (DELETE FROM durable_ledger.effects e USING keys k"
 	"            WHERE e.key" EQ "k.key AND e.run" EQ "$1 RETURNING e.key),"
-	"     p AS (DELETE FROM durable_ledger.past_attempts p USING e"
-	"            WHERE p.key" EQ "e.key RETURNING 1),"
+	"     p AS (DELETE FROM durable_ledger.past_attempts p USING keys k"
+	"            WHERE p.key" EQ "k.key AND p.run" EQ "$1 RETURNING 1),"
 	"     d AS (DELETE FROM durable_ledger.divergences d WHERE d.run" EQ "$1 RETURNING 1),"
 	"     c AS (DELETE FROM durable_ledger.token_lease_calls c WHERE c.run" EQ "$1 RETURNING 1)"
 	" SELECT (SELECT pg_catalog.count(*) FROM e), (SELECT pg_catalog.count(*) FROM p),"
