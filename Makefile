@@ -69,6 +69,7 @@ REGRESS = \
 	fork \
 	audit_chain \
 	purge \
+	metrics \
 	durability \
 	search_path \
 	hostile_input \

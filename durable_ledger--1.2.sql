@@ -954,3 +954,47 @@ AS 'MODULE_PATHNAME', 'dl_refuse_audit_log_change_1_2'
 LANGUAGE C;
 COMMENT ON FUNCTION durable_ledger.refuse_audit_log_change() IS
     'trigger: refuses UPDATE, DELETE and TRUNCATE on durable_ledger.audit_log, for its owner too; only purge_audit deletes';
+
+-- ---------------------------------------------------------------------------
+-- Monitoring (docs/operations.md "Monitoring"; monitoring/ holds the
+-- exporter's queries and the alert rules).
+-- ---------------------------------------------------------------------------
+-- Event counts since the server started, kept in shared memory when the
+-- library is in shared_preload_libraries (else total is NULL).
+CREATE FUNCTION durable_ledger.metrics_events()
+RETURNS TABLE (event text, total bigint)
+AS 'MODULE_PATHNAME', 'dl_metrics_events_1_2'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION durable_ledger.metrics_events() IS
+    'every kind of audit event with how many were logged since the server started; total NULL unless durable_ledger is in shared_preload_libraries';
+
+-- the token leases not released, found without reading the released ones
+CREATE INDEX token_leases_unreleased_idx ON durable_ledger.token_leases (expires_at)
+    WHERE released_at IS NULL;
+
+-- The state of the ledger now, one row, for a scrape every few seconds.
+CREATE VIEW durable_ledger.metrics AS
+SELECT (SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks l
+         WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+           AND l.objsubid OPERATOR(pg_catalog.=) 17484 AND l.granted
+           AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                                  WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()))
+           AS session_leases,
+       (SELECT pg_catalog.count(*) FROM durable_ledger.token_leases t
+         WHERE t.released_at IS NULL AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
+           AS token_leases,
+       (SELECT pg_catalog.count(*) FROM durable_ledger.token_leases t
+         WHERE t.released_at IS NULL AND t.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now())
+           AS token_leases_expired,
+       u.unresolved,
+       COALESCE(pg_catalog.extract('epoch', u.oldest), 0)::double precision AS unresolved_oldest_seconds,
+       EXISTS (SELECT FROM durable_ledger.metrics_events() e WHERE e.total IS NOT NULL) AS counters_kept
+  FROM (SELECT pg_catalog.count(*) AS unresolved, pg_catalog.max(x.age) AS oldest
+          FROM durable_ledger.unresolved x) u;
+COMMENT ON VIEW durable_ledger.metrics IS
+    'the ledger now: live session and token leases, token leases expired without release, what waits for a person (unresolved) and for how long, whether event counts are kept';
+
+REVOKE ALL ON durable_ledger.metrics FROM PUBLIC;
+REVOKE ALL ON FUNCTION durable_ledger.metrics_events() FROM PUBLIC;
+GRANT SELECT ON durable_ledger.metrics TO durable_ledger_auditor;
+GRANT EXECUTE ON FUNCTION durable_ledger.metrics_events() TO durable_ledger_auditor;

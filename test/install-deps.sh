@@ -11,6 +11,8 @@ packages=(
 	python3-psycopg                # the Python client and the fleet chaos test
 	python3-psycopg-pool           # the Python client's token-lease tests (a connection pool)
 	pgbouncer                      # the tests and bench section through a transaction pooler
+	prometheus-postgres-exporter   # the monitoring test: the ledger's metrics as Prometheus scrapes them
+	prometheus                     # promtool: the alert rules checked and unit-tested
 )
 
 missing=()

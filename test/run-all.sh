@@ -38,7 +38,7 @@ trap 'stop_cluster; rm -rf "$work"' EXIT
 
 tree="$work/tree"
 mkdir "$tree"
-(cd "$top" && cp -r Makefile durable_ledger.control sql expected test demo clients docs README.md "$tree/")
+(cd "$top" && cp -r Makefile durable_ledger.control sql expected test demo clients docs monitoring README.md "$tree/")
 [ "$(id -u)" = 0 ] && chown -R postgres: "$work"
 # Every suite runs from the copy, a directory the cluster user can enter:
 # programs the suites start as that user (psql in TAP's poll_query_until)

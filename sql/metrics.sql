@@ -1,0 +1,49 @@
+-- metrics: durable_ledger.metrics is the ledger's state now, one row, for a
+-- scrape every few seconds: live session and token leases, token leases
+-- expired without release, what waits for a person and for how long;
+-- metrics_events() counts each kind of event since the server started when
+-- the library is preloaded (the TAP test 024_monitoring checks the counts;
+-- here the values are compared before and after, whatever else the database
+-- holds).
+\set VERBOSITY terse
+
+SELECT * FROM durable_ledger.metrics \gset before_
+SELECT count(*) AS kinds, bool_and(total IS NULL) = NOT :'before_counters_kept'::boolean AS nulls_iff_not_kept
+  FROM durable_ledger.metrics_events();
+
+-- a session lease, a live token lease, a token lease broken (expired), an
+-- intent left by a worker that went away (unresolved)
+SELECT durable_ledger.acquire_run('mt-1');
+SELECT durable_ledger.take_lease('mt-2', '1 hour') IS NOT NULL AS taken;
+SELECT durable_ledger.take_lease('mt-3', '1 hour') IS NOT NULL AS taken;
+SELECT durable_ledger.break_lease('mt-3', 'oncall');
+SELECT dblink_connect('gone', 'dbname=' || current_database());
+SELECT * FROM dblink('gone', $$SELECT decision FROM durable_ledger.begin_effect('mt-4', 'mt.pay', '{"invoice": 1}')$$) AS t(decision text);
+SELECT dblink_disconnect('gone');
+DO $$
+BEGIN
+    FOR i IN 1 .. 600 LOOP
+        EXIT WHEN NOT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 17484
+                                 AND pid <> pg_backend_pid() AND pid NOT IN (SELECT pid FROM pg_stat_activity));
+        PERFORM pg_sleep(0.1);
+    END LOOP;
+END $$;
+
+SELECT m.session_leases - :before_session_leases AS session_leases,
+       m.token_leases - :before_token_leases AS token_leases,
+       m.token_leases_expired - :before_token_leases_expired AS token_leases_expired,
+       m.unresolved - :before_unresolved AS unresolved,
+       m.unresolved_oldest_seconds >= 0 AS oldest_known
+  FROM durable_ledger.metrics m;
+SELECT durable_ledger.release_run('mt-1');
+
+-- auditors (and a monitoring role granted durable_ledger_auditor) read them; workers do not
+CREATE ROLE regress_mt_auditor IN ROLE durable_ledger_auditor;
+CREATE ROLE regress_mt_worker IN ROLE durable_ledger_worker;
+SET ROLE regress_mt_auditor;
+SELECT count(*) AS rows FROM durable_ledger.metrics;
+SELECT count(*) AS kinds FROM durable_ledger.metrics_events();
+SET ROLE regress_mt_worker;
+SELECT count(*) FROM durable_ledger.metrics;
+RESET ROLE;
+DROP ROLE regress_mt_auditor, regress_mt_worker;
