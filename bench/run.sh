@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make bench: builds and installs durable_ledger, starts a throwaway cluster
-# tuned like a small production server, runs bench/bench.py, and removes the
-# cluster.  Not part of the test run.  Extra arguments go to bench.py
+# tuned like a small production server (the library preloaded: event counts
+# on, as in production), runs bench/bench.py, and removes the cluster.  Not part of the test run.  Extra arguments go to bench.py
 # (e.g. --seconds 20 --rounds 5 --big 500000; --only pooler runs one section).
 set -euo pipefail
 
@@ -14,6 +14,7 @@ start_throwaway_cluster bench 5434 \
 	"max_wal_size = 8GB" \
 	"checkpoint_timeout = 30min" \
 	"synchronous_commit = on" \
-	"fsync = on"
+	"fsync = on" \
+	"shared_preload_libraries = 'durable_ledger'"
 
 /usr/bin/python3 "$top/bench/bench.py" --dsn "$dsn" --pgbench "$bindir/pgbench" "$@"
