@@ -97,6 +97,7 @@ ISOLATION = \
 	tool_change_race \
 	remembered_facts \
 	purge_race \
+	purge_audit_race \
 	attention
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 

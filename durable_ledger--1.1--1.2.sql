@@ -418,14 +418,24 @@ RETURNS TABLE (chain bigint, chain_seq bigint, id bigint, problem text)
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-WITH linked AS (
+WITH anchors AS (
+    -- an anchor counts only if a purge's own (chained) audit row recorded that cut
+    SELECT x.chain, x.chain_seq, x.row_hash,
+           EXISTS (SELECT FROM durable_ledger.audit_log p
+                    WHERE p.event OPERATOR(pg_catalog.=) 'audit_purged'
+                      AND (p.detail OPERATOR(pg_catalog.->) 'cuts') OPERATOR(pg_catalog.@>)
+                          pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
+                              'chain', x.chain, 'chain_seq', x.chain_seq,
+                              'row_hash', pg_catalog.encode(x.row_hash, 'hex')))) AS recorded
+      FROM durable_ledger.audit_anchors x
+), linked AS (
     -- the first row left of a chain links to the chain's anchor, if purge_audit removed rows before it
     SELECT a.chain, a.chain_seq, a.id, a.row_hash,
            COALESCE(pg_catalog.lag(a.chain_seq) OVER w, x.chain_seq) AS previous_seq,
            COALESCE(pg_catalog.lag(a.row_hash) OVER w, x.row_hash) AS previous_hash,
            durable_ledger.audit_row_content(a) AS content
       FROM durable_ledger.audit_log a
-      LEFT JOIN durable_ledger.audit_anchors x ON x.chain OPERATOR(pg_catalog.=) a.chain
+      LEFT JOIN anchors x ON x.chain OPERATOR(pg_catalog.=) a.chain AND x.recorded
      WHERE a.chain IS NOT NULL
     WINDOW w AS (PARTITION BY a.chain ORDER BY a.chain_seq, a.id)
 ), broken AS (
@@ -444,6 +454,10 @@ WITH linked AS (
      ORDER BY l.chain, l.chain_seq, l.id
 )
 SELECT b.chain, b.chain_seq, b.id, b.problem FROM broken b
+UNION ALL
+SELECT x.chain, x.chain_seq, NULL::bigint,
+       'an anchor no purge_audit recorded: rows before it were deleted and hidden'
+  FROM anchors x WHERE NOT x.recorded
 UNION ALL
 -- a chain the sequence never issued
 SELECT DISTINCT ON (a.chain) a.chain, a.chain_seq, a.id,
@@ -468,8 +482,8 @@ SELECT h.chain, h.chain_seq, NULL::bigint,
                       AND a.chain_seq OPERATOR(pg_catalog.=) h.chain_seq
                       AND pg_catalog.encode(a.row_hash, 'hex') OPERATOR(pg_catalog.=) h.row_hash)
    -- a head purge_audit removed: the anchor is that row, or one after it
-   AND NOT EXISTS (SELECT FROM durable_ledger.audit_anchors x
-                    WHERE x.chain OPERATOR(pg_catalog.=) h.chain
+   AND NOT EXISTS (SELECT FROM anchors x
+                    WHERE x.chain OPERATOR(pg_catalog.=) h.chain AND x.recorded
                       AND (x.chain_seq OPERATOR(pg_catalog.>) h.chain_seq
                            OR (x.chain_seq OPERATOR(pg_catalog.=) h.chain_seq
                                AND pg_catalog.encode(x.row_hash, 'hex') OPERATOR(pg_catalog.=) h.row_hash)))
@@ -547,6 +561,7 @@ CREATE VIEW durable_ledger.metrics AS
 SELECT (SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks l
          WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
            AND l.objsubid OPERATOR(pg_catalog.=) 17484 AND l.granted
+           AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
            AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
                                                   WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()))
            AS session_leases,

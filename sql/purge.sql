@@ -127,6 +127,20 @@ SELECT count(*) AS problems FROM durable_ledger.verify_audit();
 SELECT count(*) AS problems_against_kept_heads FROM durable_ledger.verify_audit(:'heads');
 SELECT event, detail ->> 'purged_by' AS purged_by, (detail ->> 'audit_rows')::int > 0 AS counted
   FROM durable_ledger.audit_log WHERE event = 'audit_purged';
+-- ... an anchor written by hand, to hide rows deleted by hand, is not trusted
+BEGIN;
+ALTER TABLE durable_ledger.audit_log DISABLE TRIGGER audit_log_append_only;
+SELECT chain AS oc, min(chain_seq) AS first_seq FROM durable_ledger.audit_log
+ WHERE run = 'pg-open' GROUP BY chain ORDER BY chain LIMIT 1 \gset
+CREATE TEMP TABLE gone AS
+  SELECT * FROM durable_ledger.audit_log WHERE chain = :oc AND chain_seq <= :first_seq;
+DELETE FROM durable_ledger.audit_log WHERE chain = :oc AND chain_seq <= :first_seq;
+INSERT INTO durable_ledger.audit_anchors
+SELECT chain, chain_seq, row_hash, now(), 'nobody' FROM gone ORDER BY chain_seq DESC LIMIT 1
+    ON CONFLICT (chain) DO UPDATE SET chain_seq = EXCLUDED.chain_seq, row_hash = EXCLUDED.row_hash,
+                                      purged_by = EXCLUDED.purged_by;
+SELECT chain = :oc AS that_chain, problem FROM durable_ledger.verify_audit() WHERE problem LIKE 'an anchor%';
+ROLLBACK;
 -- ... a row deleted by hand is still refused
 SELECT regress_sqlstate($$DELETE FROM durable_ledger.audit_log WHERE run = 'pg-open'$$);
 -- the ledger goes on: a replay of what was kept, new rows linked behind the anchors

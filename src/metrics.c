@@ -1,6 +1,8 @@
 /*
- * metrics.c: how many events of each kind the ledger logged since the server
- * started, for monitoring (durable_ledger.metrics_events, metrics_calls.c).
+ * metrics.c: how many events of each kind the ledger logged in each database
+ * since the server started (its shared memory was last initialised: a
+ * crashed backend makes the server do that too), for monitoring
+ * (durable_ledger.metrics_events, metrics_calls.c).
  *
  * The counts live in shared memory, which a library can ask for only while
  * the server starts: they are kept when durable_ledger is in
@@ -29,9 +31,22 @@ static const char *const event_names[DL_NEVENTS] = {
 	"purged", "audit_purged"
 };
 
+/*
+ * One slot per database (the audit log, and so what is counted, is a
+ * database's): a slot is claimed by the first commit in its database that
+ * logged an event; past MAX_DATABASES databases, events are not counted.
+ */
+#define MAX_DATABASES 64
+
+typedef struct DatabaseMetrics
+{
+	pg_atomic_uint32 database;	/* its OID; 0: free */
+	pg_atomic_uint64 events[DL_NEVENTS];
+} DatabaseMetrics;
+
 typedef struct LedgerMetrics
 {
-	pg_atomic_uint64 events[DL_NEVENTS];
+	DatabaseMetrics databases[MAX_DATABASES];
 } LedgerMetrics;
 
 static LedgerMetrics *metrics = NULL;
@@ -57,8 +72,14 @@ metrics_shmem_startup(void)
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	metrics = ShmemInitStruct("durable_ledger metrics", sizeof(LedgerMetrics), &found);
 	if (!found)
-		for (i = 0; i < DL_NEVENTS; i++)
-			pg_atomic_init_u64(&metrics->events[i], 0);
+		for (i = 0; i < MAX_DATABASES; i++)
+		{
+			int			e;
+
+			pg_atomic_init_u32(&metrics->databases[i].database, InvalidOid);
+			for (e = 0; e < DL_NEVENTS; e++)
+				pg_atomic_init_u64(&metrics->databases[i].events[e], 0);
+		}
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -86,17 +107,43 @@ dl_metrics_event_index(const char *event)
 	return -1;
 }
 
-/* Adds a committed transaction's events. */
-void
-dl_metrics_add(const uint32 *counts)
+/* This database's slot; claimed when claim, else NULL when it has none. */
+static DatabaseMetrics *
+database_slot(bool claim)
 {
 	int			i;
 
-	if (metrics == NULL)
+	for (i = 0; i < MAX_DATABASES; i++)
+	{
+		DatabaseMetrics *slot = &metrics->databases[i];
+		uint32		owner = pg_atomic_read_u32(&slot->database);
+
+		if (owner == MyDatabaseId)
+			return slot;
+		if (owner == InvalidOid && claim)
+		{
+			uint32		expected = InvalidOid;
+
+			if (pg_atomic_compare_exchange_u32(&slot->database, &expected, MyDatabaseId) ||
+				expected == MyDatabaseId)
+				return slot;
+		}
+	}
+	return NULL;
+}
+
+/* Adds a committed transaction's events to its database's counts. */
+void
+dl_metrics_add(const uint32 *counts)
+{
+	DatabaseMetrics *slot;
+	int			i;
+
+	if (metrics == NULL || (slot = database_slot(true)) == NULL)
 		return;
 	for (i = 0; i < DL_NEVENTS; i++)
 		if (counts[i] != 0)
-			pg_atomic_fetch_add_u64(&metrics->events[i], counts[i]);
+			pg_atomic_fetch_add_u64(&slot->events[i], counts[i]);
 }
 
 /* Whether the counts are kept (the library was preloaded). */
@@ -112,9 +159,11 @@ dl_metrics_event_name(int i)
 	return event_names[i];
 }
 
-/* The count of event i since the server started (dl_metrics_kept). */
+/* This database's count of event i since the server started (dl_metrics_kept). */
 uint64
 dl_metrics_count(int i)
 {
-	return pg_atomic_read_u64(&metrics->events[i]);
+	DatabaseMetrics *slot = database_slot(false);
+
+	return slot ? pg_atomic_read_u64(&slot->events[i]) : 0;
 }

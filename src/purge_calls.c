@@ -20,6 +20,7 @@
 #include "access/xact.h"
 #include "funcapi.h"
 #include "utils/builtins.h"
+#include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
 #include "policy.h"
@@ -218,7 +219,9 @@ dl_purge_settled_1_2(PG_FUNCTION_ARGS)
  * through them).  Of each hash chain only a prefix goes, and the chain is
  * anchored at its last removed row (durable_ledger.audit_anchors), so that
  * verify_audit links the next row to the anchor.  One row per chain (chain
- * NULL: rows written before chains began).  Audited once, with the counts.
+ * NULL: rows written before chains began).  Audited once, with the counts
+ * and where each chain was cut (with the hash there): an anchor that no
+ * purge's chained row records is reported by verify_audit.
  */
 Datum
 dl_purge_audit_1_2(PG_FUNCTION_ARGS)
@@ -233,6 +236,7 @@ dl_purge_audit_1_2(PG_FUNCTION_ARGS)
 	int64		rows = 0;
 	int64		unchained;
 	int64		chains = 0;
+	StringInfoData cuts;
 
 	if (!dry_run)
 	{
@@ -242,12 +246,24 @@ dl_purge_audit_1_2(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 	dl_spi_connect();
 	plan = dl_read_audit_purge_plan(cutoff);
+	initStringInfo(&cuts);
+	appendStringInfoChar(&cuts, '[');
 	foreach(lc, plan)
 	{
 		AuditPurge *purge = lfirst(lc);
 		Datum		values[3];
 		bool		nulls[3] = {false};
 		int64		removed = dry_run ? purge->rows : dl_write_audit_purge(purge, purged_by);
+
+		if (!dry_run && removed > 0)
+		{
+			char	   *hex = palloc(VARSIZE_ANY_EXHDR(purge->row_hash) * 2 + 1);
+
+			hex[hex_encode(VARDATA_ANY(purge->row_hash), VARSIZE_ANY_EXHDR(purge->row_hash), hex)] = '\0';
+			appendStringInfo(&cuts, "%s{\"chain\": " INT64_FORMAT ", \"chain_seq\": " INT64_FORMAT
+							 ", \"row_hash\": \"%s\"}", cuts.len > 1 ? ", " : "",
+							 purge->chain, purge->up_to_seq, hex);
+		}
 
 		values[0] = Int64GetDatum(purge->chain);
 		values[1] = Int64GetDatum(removed);
@@ -275,6 +291,10 @@ dl_purge_audit_1_2(PG_FUNCTION_ARGS)
 		dl_detail_text(&detail, "older_than", older_than_text);
 		dl_detail_int(&detail, "audit_rows", rows);
 		dl_detail_int(&detail, "chains", chains);
+		appendStringInfoChar(&cuts, ']');
+		/* where each chain was cut: what makes its anchor trustworthy (verify_audit) */
+		dl_detail_jsonb(&detail, "cuts",
+						DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum(cuts.data))));
 		dl_write_audit(NULL, NULL, "audit_purged", dl_detail_finish(&detail), 0, 0);
 		dl_note_durable_write();
 	}

@@ -936,11 +936,14 @@ static Statement audit_purge_plan = {
 	 * Per chain, the longest prefix of rows logged before $1 whose run has no
 	 * effect left (or no run); a row of a run with effects stays (the ledger
 	 * finds a run's effects through its audit log), and so does every row
-	 * after it in its chain (a chain loses only a prefix, behind an anchor).
+	 * after it in its chain (a chain loses only a prefix, behind an anchor);
+	 * so does a purge's own row, which vouches for the anchors.
 	 */
 	"WITH judged AS ("
 	"  SELECT a.chain, a.chain_seq, a.id, a.row_hash,"
-	"         (a.logged_at OPERATOR(pg_catalog.<) $1 AND (a.run IS NULL OR NOT EXISTS"
+	"         (a.logged_at OPERATOR(pg_catalog.<) $1"
+	"          AND a.event OPERATOR(pg_catalog.<>) 'audit_purged'"
+	"          AND (a.run IS NULL OR NOT EXISTS"
 	"           (SELECT FROM durable_ledger.effects e WHERE e.run" EQ "a.run))) AS done"
 	"    FROM durable_ledger.audit_log a WHERE a.chain IS NOT NULL),"
 	" prefix AS ("

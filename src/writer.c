@@ -1125,13 +1125,15 @@ static Statement anchor_chain = {
 	"INSERT INTO durable_ledger.audit_anchors (chain, chain_seq, row_hash, purged_at, purged_by)"
 	" VALUES ($1, $2, $3, pg_catalog.clock_timestamp(), $4)"
 	" ON CONFLICT (chain) DO UPDATE SET chain_seq = EXCLUDED.chain_seq,"
-	"  row_hash = EXCLUDED.row_hash, purged_at = EXCLUDED.purged_at, purged_by = EXCLUDED.purged_by",
+	"  row_hash = EXCLUDED.row_hash, purged_at = EXCLUDED.purged_at, purged_by = EXCLUDED.purged_by"
+	" WHERE durable_ledger.audit_anchors.chain_seq OPERATOR(pg_catalog.<) EXCLUDED.chain_seq",
 	4, {INT8OID, INT8OID, BYTEAOID, TEXTOID}
 };
 
 /*
  * Removes a prefix of an audit chain and anchors the chain at its last row
- * (verify_audit links the next row to the anchor).  How many rows went.
+ * (verify_audit links the next row to the anchor); an anchor only moves
+ * forward (two purges at once).  How many rows went.
  */
 int64
 dl_write_audit_purge(const AuditPurge *purge, const char *purged_by)
@@ -1143,6 +1145,8 @@ dl_write_audit_purge(const AuditPurge *purge, const char *purged_by)
 	values[1] = Int64GetDatum(purge->up_to_seq);
 	dl_note_ledger_write();
 	deleted = run_audit_delete(&delete_chain_prefix, values);
+	if (deleted == 0)
+		return 0;				/* a purge of its own got there first: its anchor stands */
 	values[2] = PointerGetDatum(purge->row_hash);
 	values[3] = dl_text_datum(purged_by);
 	dl_plan_run(&anchor_chain, values, NULL, SPI_OK_INSERT);

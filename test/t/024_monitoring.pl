@@ -61,6 +61,16 @@ like($counts, qr/^intent=6$/m, 'six intents counted (the rolled-back one is not)
 like($counts, qr/^conflict=1$/m, 'one conflict counted');
 like($counts, qr/^completed=4$/m, 'four completions counted');
 
+# another database's events are its own
+$node->safe_psql('postgres', 'CREATE DATABASE other');
+$node->safe_psql('other', q{
+	CREATE EXTENSION durable_ledger;
+	SELECT durable_ledger.begin_effect('mon-other', 'bank.pay', '{"invoice": 8}');});
+is($node->safe_psql('postgres', q{SELECT total FROM durable_ledger.metrics_events() WHERE event = 'intent'}),
+	'6', "another database's intents are not counted here");
+is($node->safe_psql('other', q{SELECT total FROM durable_ledger.metrics_events() WHERE event = 'intent'}),
+	'1', '... but there');
+
 my $state = $node->safe_psql('postgres', q{
 	SELECT session_leases, token_leases, token_leases_expired, unresolved, counters_kept
 	  FROM durable_ledger.metrics});
