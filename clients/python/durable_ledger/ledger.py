@@ -31,7 +31,7 @@ import threading
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple,
-                    TypeVar, Union)
+                    TypeVar, Union, cast)
 
 import psycopg
 from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
@@ -284,12 +284,12 @@ class Ledger:
         self._halted: Dict[str, _Halt] = {}
         # The open token attempts of this Ledger: run -> its lease.  See token_attempt().
         self._leases: Dict[str, TokenLease] = {}
-        self._opening: set = set()  # runs whose token_attempt is taking its lease
+        self._opening: set[str] = set()  # runs whose token_attempt is taking its lease
         self._leases_lock = threading.Lock()
         # Once a token attempt has run, no implicit session lease: only runs this Ledger
         # holds by an explicit acquire_run() are called with a session lease.
         self._used_tokens = False
-        self._session_held: set = set()
+        self._session_held: set[str] = set()
         # One statement at a time on a single connection shared with the renewal threads.
         self._conn_lock = threading.RLock()
         self._source = conn
@@ -304,7 +304,8 @@ class Ledger:
                             "psycopg_pool.ConnectionPool, or a function returning a connection")
         else:
             self.conn = None  # a pool or a factory: a connection per call
-            self._borrow = conn.connection if callable(getattr(conn, "connection", None)) else conn
+            borrow = getattr(conn, "connection", None)
+            self._borrow = borrow if callable(borrow) else cast(Callable[[], ContextManager[Any]], conn)
 
     # ------------------------------------------------------------------ guarded
 
@@ -1117,10 +1118,10 @@ def _execute_on(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any, 
                 raise refused
             return cur.fetchall()
         if conn.autocommit:
-            cur.execute(query, params, prepare=False)  # type: ignore[arg-type]
+            cur.execute(query, params, prepare=False)
             return cur.fetchall()
         with conn.transaction():
-            cur.execute(query, params, prepare=False)  # type: ignore[arg-type]
+            cur.execute(query, params, prepare=False)
             rows = cur.fetchall()
         return rows
 

@@ -1,0 +1,61 @@
+# 032_python_package: the Python client as a package a user installs.
+#   - its type hints are complete: mypy --strict finds nothing (Debian's python3-mypy);
+#   - `pip install` of clients/python into a fresh virtual environment (with the
+#     system's site packages, offline: --no-index --no-build-isolation, Debian's
+#     setuptools and psycopg) installs the package with its py.typed marker;
+#   - the example agent loop, copied away from the source tree, runs against a real
+#     cluster with the installed package (not the folder).
+# Needs clients/ copied into $TESTDIR next to test/.
+use strict;
+use warnings;
+use lib "$ENV{TESTDIR}/test/perl";
+use DurableLedger::TestNode;
+use File::Copy ();
+use PostgreSQL::Test::RecursiveCopy;
+use IPC::Run;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $client = "$ENV{TESTDIR}/clients/python";
+BAIL_OUT("$client not found: copy clients/ into TESTDIR") unless -d "$client/durable_ledger";
+
+sub run_ok
+{
+	my ($cmd, $name, %opt) = @_;
+	my ($out, $err) = ('', '');
+	my $ok = IPC::Run::run($cmd, '>', \$out, '2>', \$err, %opt);
+	ok($ok, $name) or diag join(' ', @$cmd) . "\n$out$err";
+	return $out;
+}
+
+# the type hints
+run_ok([ '/usr/bin/python3', '-m', 'mypy', '--strict', '--cache-dir', PostgreSQL::Test::Utils::tempdir() . '/mypy',
+		 "$client/durable_ledger" ], 'mypy --strict: the package is completely typed');
+
+# the package, installed into a fresh virtual environment from a copy of the folder
+my $scratch = PostgreSQL::Test::Utils::tempdir();
+PostgreSQL::Test::RecursiveCopy::copypath($client, "$scratch/source");
+run_ok([ '/usr/bin/python3', '-m', 'venv', '--system-site-packages', "$scratch/venv" ],
+	'a virtual environment with the system site packages');
+run_ok([ "$scratch/venv/bin/pip", 'install', '--quiet', '--no-index', '--no-build-isolation', "$scratch/source" ],
+	'pip install ./clients/python, offline');
+my $where = run_ok([ "$scratch/venv/bin/python", '-c',
+	'import durable_ledger, os; d = os.path.dirname(durable_ledger.__file__); '
+	  . 'print(d); print(os.path.exists(os.path.join(d, "py.typed")))' ],
+	'the installed package imports', init => sub { chdir $scratch });
+like($where, qr{^\Q$scratch\E/venv/lib/python3[.0-9]*/site-packages/durable_ledger\nTrue$}m,
+	'it comes from the virtual environment, with its py.typed marker');
+
+# the example, away from the source tree, against a real cluster
+my $node = ledger_node('python_package');
+mkdir "$scratch/app";
+File::Copy::copy("$client/examples/agent_loop.py", "$scratch/app/agent_loop.py") or die "copy: $!";
+my $dsn = 'host=' . $node->host . ' port=' . $node->port . ' dbname=postgres';
+my $out = run_ok([ "$scratch/venv/bin/python", "$scratch/app/agent_loop.py", '--dsn', $dsn, '--run', 'installed-1' ],
+	'the example agent loop runs with the installed package', init => sub { chdir "$scratch/app" });
+like($out, qr/^ok - /m, 'the example ends well');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM durable_ledger.effects WHERE run = 'installed-1'}), '4',
+	'its effects are in the ledger');
+
+$node->stop;
+done_testing();
