@@ -1,0 +1,78 @@
+# 033_js_package: the JavaScript client as a package a user installs.
+#   - its type declarations are checked: tsc --noEmit --strict over index.d.ts and a
+#     TypeScript consumer using node-postgres' own types (clients/js/test/types),
+#     with TypeScript from npm (clients/js's devDependencies, installed by `npm ci`);
+#   - `npm pack`, then the tarball installed into a scratch project (its dependency,
+#     pg, from the npm registry), and the example agent loop, copied there, run
+#     against a real cluster with the installed package.
+# Needs clients/ copied into $TESTDIR next to test/, with `npm ci` done in clients/js.
+use strict;
+use warnings;
+use lib "$ENV{TESTDIR}/test/perl";
+use DurableLedger::TestNode;
+use File::Copy ();
+use IPC::Run;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $dir = "$ENV{TESTDIR}/clients/js";
+if (!-x "$dir/node_modules/.bin/tsc")
+{
+	fail('clients/js has its dependencies installed, TypeScript included (run `npm ci` in clients/js)');
+	done_testing();
+	exit;
+}
+
+sub run_ok
+{
+	my ($cmd, $name, %opt) = @_;
+	my ($out, $err) = ('', '');
+	my $ok = IPC::Run::run($cmd, '>', \$out, '2>', \$err, %opt);
+	ok($ok, $name) or diag join(' ', @$cmd) . "\n$out$err";
+	return $out;
+}
+
+run_ok([ "$dir/node_modules/.bin/tsc", '-p', "$dir/tsconfig.json" ],
+	'tsc --noEmit --strict: the declarations type-check a TypeScript consumer');
+
+my $scratch = PostgreSQL::Test::Utils::tempdir();
+my $packed = run_ok([ 'npm', 'pack', '--silent', '--pack-destination', $scratch ], 'npm pack',
+	init => sub { chdir $dir });
+chomp $packed;
+my ($tarball) = glob("$scratch/durable-ledger-*.tgz");
+ok(defined $tarball && -f $tarball, "the package tarball ($packed)");
+my $listing = run_ok([ 'tar', '-tzf', $tarball ], 'the tarball lists');
+like($listing, qr{^package/index\.d\.ts$}m, 'it carries the type declarations');
+like($listing, qr{^package/src/index\.js$}m, '... and the module');
+unlike($listing, qr{^package/(test|node_modules)/}m, '... and not the tests nor node_modules');
+
+mkdir "$scratch/app";
+open(my $fh, '>', "$scratch/app/package.json") or die $!;
+print $fh qq({ "name": "an-agent", "private": true, "type": "module" }\n);
+close $fh;
+run_ok([ 'npm', 'install', '--no-audit', '--no-fund', '--silent', $tarball ],
+	'npm install of the tarball into a scratch project', init => sub { chdir "$scratch/app" });
+ok(-f "$scratch/app/node_modules/durable-ledger/index.d.ts", 'installed with its declarations');
+File::Copy::copy("$dir/examples/agent-loop.js", "$scratch/app/agent-loop.js") or die "copy: $!";
+
+my $node = ledger_node('js_package');
+# node-postgres reads URLs, not libpq's keyword=value strings
+sub uri_escape
+{
+	my $s = shift;
+	$s =~ s/([^A-Za-z0-9\-._~])/sprintf('%%%02X', ord($1))/ge;
+	return $s;
+}
+my $user = getpwuid($<);
+my $dsn = sprintf('postgresql://%s@/postgres?host=%s&port=%d',
+	uri_escape($user), uri_escape($node->host), $node->port);
+my $out = run_ok([ 'node', "$scratch/app/agent-loop.js", 'installed-js-1' ],
+	'the example agent loop runs with the installed package',
+	init => sub { chdir "$scratch/app"; $ENV{DURABLE_LEDGER_DSN} = $dsn });
+like($out, qr/payments\.charge \[executed\]/, 'the first worker pays');
+like($out, qr/payments\.charge \[replayed\]/, 'the restarted worker replays the payment');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM durable_ledger.effects WHERE run = 'installed-js-1'}), '2',
+	'its two effects are in the ledger');
+
+$node->stop;
+done_testing();
