@@ -752,3 +752,37 @@ test('the example agent loop with token leases through PgBouncer', needsBouncer,
     assert.equal((await audit(admin, run, ['lease_released'])).length, 2);
   });
 });
+
+// Parallel tool calls (a model asking for several at once): their order is not stable
+// between a run and its replay.  Distinct calls are distinct keys whatever their order
+// (a key is the tool and the canonical args); calls that name their own operation carry
+// a business key, also order-free.  The replay pays nothing twice.  (Identical calls in
+// one turn are counted, occurrence 1, 2, ...: two payments; when they must be one, give
+// them one business key — README, "Parallel tool calls".)
+test('parallel tool calls replayed in another order pay nothing twice', async () => {
+  const run = unique('parallel');
+  const paid = [];
+  await withPool({ max: 4 }, async (pool) => {
+    const ledger = new Ledger(pool);
+    const pay = ledger.tool('bank.pay', async (args) => {
+      paid.push(args.invoice + (args.part ?? ''));
+      await sleep(Math.random() * 20); // they finish in any order
+      return { paid: args.invoice };
+    });
+    const calls = [
+      () => pay(run, { invoice: 'INV-1' }),
+      () => pay(run, { invoice: 'INV-2' }),
+      () => pay(run, { invoice: 'INV-3' }),
+      // two parts of one invoice, each naming its own operation with a business key
+      () => pay(run, { invoice: 'INV-4', part: 'a' }, { businessKey: `${run}-INV-4-a` }),
+      () => pay(run, { invoice: 'INV-4', part: 'b' }, { businessKey: `${run}-INV-4-b` }),
+    ];
+    await ledger.tokenAttempt(run, async () => Promise.all(calls.map((c) => c())));
+    assert.equal(paid.length, 5, 'the first attempt performs every call once');
+    // the worker restarts; the model asks again, in another order
+    const results = await ledger.tokenAttempt(run, async () =>
+      Promise.all([calls[4], calls[2], calls[0], calls[3], calls[1]].map((c) => c())));
+    assert.equal(paid.length, 5, 'the replay performs nothing');
+    assert.deepEqual(results.map((r) => r.paid), ['INV-4', 'INV-3', 'INV-1', 'INV-4', 'INV-2']);
+  });
+});
