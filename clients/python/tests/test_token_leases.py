@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import os
 import queue
+import random
 import subprocess
 import sys
 import threading
@@ -507,6 +508,38 @@ class TokenLeaseTest(unittest.TestCase):
         self.assertEqual(len(t["sent"]["mail.send"]), 1, "the e-mail was sent twice")
         self.assertEqual([(tool, occ, status, epoch) for tool, occ, status, epoch, _ in
                           self.effects(self.run_id)], [("mail.send", 1, "completed", 2)])
+
+    def test_parallel_tool_calls_replayed_in_another_order_pay_nothing_twice(self) -> None:
+        # A model asks for several tool calls at once; the agent runs them on its
+        # executor (each bound to the attempt).  The worker restarts and the model asks
+        # again, in another order: a key is the tool and the canonical args (or a business
+        # key), never a position, so every call replays and nothing is paid twice.
+        ledger = Ledger(self.pool(size=3, autocommit=True))
+        paid: List[str] = []
+        lock = threading.Lock()
+
+        def pay(invoice: str, part: str = "", business_key: Optional[str] = None) -> Any:
+            def perform(key: str) -> Dict[str, str]:
+                with lock:
+                    paid.append(invoice + part)
+                time.sleep(random.random() / 50)  # they finish in any order
+                return {"paid": invoice}
+            args = {"invoice": invoice, **({"part": part} if part else {})}
+            return ledger.guarded(self.run_id, "bank.pay", args, perform, business_key=business_key)
+
+        calls = [("INV-1", "", None), ("INV-2", "", None), ("INV-3", "", None),
+                 ("INV-4", "a", self.run_id + "-INV-4-a"), ("INV-4", "b", self.run_id + "-INV-4-b")]
+        executor = self.executor()
+        with ledger.token_attempt(self.run_id, ttl=30) as lease:
+            futures = [executor.submit(lease.bind(pay), *c) for c in calls]
+            [f.result(timeout=PATIENCE) for f in futures]
+        self.assertEqual(len(paid), 5, "the first attempt performs every call once")
+        with ledger.token_attempt(self.run_id, ttl=30) as lease:
+            order = [calls[4], calls[2], calls[0], calls[3], calls[1]]
+            futures = [executor.submit(lease.bind(pay), *c) for c in order]
+            results = [f.result(timeout=PATIENCE)["paid"] for f in futures]
+        self.assertEqual(len(paid), 5, "the replay performed something again")
+        self.assertEqual(results, ["INV-4", "INV-3", "INV-1", "INV-4", "INV-2"])
 
     def test_a_leftover_thread_on_one_connection_never_takes_a_session_lease(self) -> None:
         # Ledger(conn) (one connection, as to PgBouncer): a call that outlives its attempt,
