@@ -7,6 +7,13 @@
 -- holds).
 \set VERBOSITY terse
 
+-- every event the audit log may hold is counted (metrics.c keeps its own list of them)
+SELECT array_agg(m ORDER BY m) = (SELECT array_agg(event ORDER BY event) FROM durable_ledger.metrics_events())
+       AS every_event_counted
+  FROM (SELECT (regexp_matches(pg_get_constraintdef(c.oid), '''([a-z_]+)''', 'g'))[1] AS m
+          FROM pg_constraint c
+         WHERE c.contypid = 'durable_ledger.audit_event'::regtype) d;
+
 SELECT * FROM durable_ledger.metrics \gset before_
 SELECT count(*) AS kinds, bool_and(total IS NULL) = NOT :'before_counters_kept'::boolean AS nulls_iff_not_kept
   FROM durable_ledger.metrics_events();

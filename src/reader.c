@@ -759,11 +759,9 @@ dl_read_divergence_tuple(const char *key)
 }
 
 static Statement run_effect_keys = {
-	/* found through the run's audit log (indexed by run): every intent is logged, and every effect a fork carried */
+	/* its derived keys, found through its audit log (RUN_LOGGED_KEYS) */
 	"SELECT e.key FROM durable_ledger.effects e"
-	" WHERE e.key OPERATOR(pg_catalog.=) ANY (SELECT a.key FROM durable_ledger.audit_log a"
-	"                                  WHERE a.run" EQ "$1"
-	"                                    AND a.event OPERATOR(pg_catalog.=) ANY ('{intent,carried}'))"
+	" WHERE e.key OPERATOR(pg_catalog.=) ANY (" RUN_LOGGED_KEYS ")"
 	"   AND e.run" EQ "$1 AND NOT e.business_key"
 	" ORDER BY e.created_at, e.key",
 	1, {TEXTOID}, NULL, true
@@ -860,41 +858,25 @@ dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit)
 	return runs;
 }
 
-static Statement run_purge_state = {
-	/* the run's effects, found through its audit log (indexed by run) */
-	"WITH keys AS (SELECT DISTINCT a.key FROM durable_ledger.audit_log a"
-	"               WHERE a.run" EQ "$1 AND a.key IS NOT NULL),"
-	"     mine AS (SELECT e.key, e.status, e.conflict FROM durable_ledger.effects e"
-	"               JOIN keys k ON e.key" EQ "k.key WHERE e.run" EQ "$1)"
-	" SELECT (SELECT pg_catalog.count(*) FROM mine),"
-	"        (SELECT pg_catalog.count(*) FROM mine"
-	"          WHERE mine.status OPERATOR(pg_catalog.<>) ALL ('{completed,failed}') OR mine.conflict),"
-	"        (SELECT pg_catalog.count(*) FROM durable_ledger.past_attempts p JOIN keys k"
-	"            ON p.key" EQ "k.key WHERE p.run" EQ "$1),"
-	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d WHERE d.run" EQ "$1),"
-	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d"
-	"          WHERE d.run" EQ "$1 AND d.verdict IS NULL),"
-	"        (SELECT pg_catalog.max(a.logged_at) FROM durable_ledger.audit_log a WHERE a.run" EQ "$1)",
-	1, {TEXTOID}, NULL, true
-};
+/* the run's effects (RUN_LOGGED_KEYS), what it has to remove and whether it may */
+#define RUN_PURGE_STATE(lock) \
+	"WITH keys AS (SELECT DISTINCT k.key FROM (" RUN_LOGGED_KEYS ") k)," \
+	"     mine AS (SELECT e.key, e.status, e.conflict FROM durable_ledger.effects e" \
+	"               JOIN keys k ON e.key" EQ "k.key WHERE e.run" EQ "$1" lock ")" \
+	" SELECT (SELECT pg_catalog.count(*) FROM mine)," \
+	"        (SELECT pg_catalog.count(*) FROM mine" \
+	"          WHERE mine.status OPERATOR(pg_catalog.<>) ALL ('{completed,failed}') OR mine.conflict)," \
+	"        (SELECT pg_catalog.count(*) FROM durable_ledger.past_attempts p JOIN keys k" \
+	"            ON p.key" EQ "k.key WHERE p.run" EQ "$1)," \
+	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d WHERE d.run" EQ "$1)," \
+	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d" \
+	"          WHERE d.run" EQ "$1 AND d.verdict IS NULL)," \
+	"        (SELECT pg_catalog.max(a.logged_at) FROM durable_ledger.audit_log a WHERE a.run" EQ "$1)"
 
-static Statement run_purge_state_locked = {
-	/* the same, the effects locked until the transaction ends: reports wait for the purge */
-	"WITH keys AS (SELECT DISTINCT a.key FROM durable_ledger.audit_log a"
-	"               WHERE a.run" EQ "$1 AND a.key IS NOT NULL),"
-	"     mine AS (SELECT e.key, e.status, e.conflict FROM durable_ledger.effects e"
-	"               JOIN keys k ON e.key" EQ "k.key WHERE e.run" EQ "$1 FOR UPDATE OF e)"
-	" SELECT (SELECT pg_catalog.count(*) FROM mine),"
-	"        (SELECT pg_catalog.count(*) FROM mine"
-	"          WHERE mine.status OPERATOR(pg_catalog.<>) ALL ('{completed,failed}') OR mine.conflict),"
-	"        (SELECT pg_catalog.count(*) FROM durable_ledger.past_attempts p JOIN keys k"
-	"            ON p.key" EQ "k.key WHERE p.run" EQ "$1),"
-	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d WHERE d.run" EQ "$1),"
-	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d"
-	"          WHERE d.run" EQ "$1 AND d.verdict IS NULL),"
-	"        (SELECT pg_catalog.max(a.logged_at) FROM durable_ledger.audit_log a WHERE a.run" EQ "$1)",
-	1, {TEXTOID}, NULL, true
-};
+static Statement run_purge_state = {RUN_PURGE_STATE(""), 1, {TEXTOID}, NULL, true};
+
+/* the same, its effects locked until the transaction ends: reports wait for the purge */
+static Statement run_purge_state_locked = {RUN_PURGE_STATE(" FOR UPDATE OF e"), 1, {TEXTOID}, NULL, true};
 
 /*
  * What purging run would remove, as committed now, and whether it may: none
@@ -933,18 +915,12 @@ dl_read_run_purge_state(const char *run, TimestampTz cutoff, bool lock, PurgeCou
 
 static Statement audit_purge_plan = {
 	/*
-	 * Per chain, the longest prefix of rows logged before $1 whose run has no
-	 * effect left (or no run); a row of a run with effects stays (the ledger
-	 * finds a run's effects through its audit log), and so does every row
-	 * after it in its chain (a chain loses only a prefix, behind an anchor);
-	 * so does a purge's own row, which vouches for the anchors.
+	 * Per chain, the longest prefix of rows past the horizon
+	 * (AUDIT_ROW_PAST_HORIZON): a row that stays keeps every row after it in
+	 * its chain (a chain loses only a prefix, behind an anchor).
 	 */
 	"WITH judged AS ("
-	"  SELECT a.chain, a.chain_seq, a.id, a.row_hash,"
-	"         (a.logged_at OPERATOR(pg_catalog.<) $1"
-	"          AND a.event OPERATOR(pg_catalog.<>) 'audit_purged'"
-	"          AND (a.run IS NULL OR NOT EXISTS"
-	"           (SELECT FROM durable_ledger.effects e WHERE e.run" EQ "a.run))) AS done"
+	"  SELECT a.chain, a.chain_seq, a.id, a.row_hash, " AUDIT_ROW_PAST_HORIZON " AS done"
 	"    FROM durable_ledger.audit_log a WHERE a.chain IS NOT NULL),"
 	" prefix AS ("
 	"  SELECT j.*, pg_catalog.bool_and(j.done) OVER (PARTITION BY j.chain ORDER BY j.chain_seq, j.id"
@@ -984,8 +960,7 @@ dl_read_audit_purge_plan(TimestampTz cutoff)
 
 static Statement unchained_purge_count = {
 	"SELECT pg_catalog.count(*) FROM durable_ledger.audit_log a WHERE a.chain IS NULL"
-	" AND a.logged_at OPERATOR(pg_catalog.<) $1"
-	" AND (a.run IS NULL OR NOT EXISTS (SELECT FROM durable_ledger.effects e WHERE e.run" EQ "a.run))",
+	" AND " AUDIT_ROW_PAST_HORIZON,
 	1, {TIMESTAMPTZOID}
 };
 

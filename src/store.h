@@ -348,4 +348,25 @@ extern char *dl_caller_role_name(void);
 
 #define EQ " OPERATOR(pg_catalog.=) "
 
+/*
+ * The keys of the effects run $1 began, found through its audit log (indexed
+ * by run): every intent is logged under the run that began it, and every
+ * effect a fork carried; a query restricts them to effects whose run is
+ * still $1 (a business key's next attempt may belong to another run).
+ */
+#define RUN_LOGGED_KEYS \
+	"SELECT a.key FROM durable_ledger.audit_log a" \
+	" WHERE a.run" EQ "$1 AND a.event OPERATOR(pg_catalog.=) ANY ('{intent,carried}')"
+
+/*
+ * An audit row (alias a) that purge_audit may remove: logged before $1, not
+ * a purge's own row (it vouches for the anchors), of no run or of a run with
+ * no effect left (the ledger finds a run's effects through its rows).
+ */
+#define AUDIT_ROW_PAST_HORIZON \
+	"(a.logged_at OPERATOR(pg_catalog.<) $1" \
+	" AND a.event OPERATOR(pg_catalog.<>) 'audit_purged'" \
+	" AND (a.run IS NULL OR NOT EXISTS" \
+	"  (SELECT FROM durable_ledger.effects e WHERE e.run" EQ "a.run)))"
+
 #endif							/* DURABLE_LEDGER_STORE_H */

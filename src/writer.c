@@ -1050,10 +1050,9 @@ dl_write_tool_retired(LockedTool *locked, const char *retired_by, const char *no
 /* ---------- retention ---------- */
 
 static Statement purge_run = {
-	/* the run's effects (found through its audit log), its replaced attempts
-	 * of business keys, its divergences and its token leases' counters */
-	"WITH keys AS (SELECT DISTINCT a.key FROM durable_ledger.audit_log a"
-	"               WHERE a.run" EQ "$1 AND a.key IS NOT NULL),"
+	/* the run's effects (RUN_LOGGED_KEYS), its replaced attempts of business
+	 * keys, its divergences and its token leases' counters */
+	"WITH keys AS (SELECT DISTINCT k.key FROM (" RUN_LOGGED_KEYS ") k),"
 	"     e AS (DELETE FROM durable_ledger.effects e USING keys k"
 	"            WHERE e.key" EQ "k.key AND e.run" EQ "$1 RETURNING e.key),"
 	"     p AS (DELETE FROM durable_ledger.past_attempts p USING keys k"
@@ -1154,10 +1153,9 @@ dl_write_audit_purge(const AuditPurge *purge, const char *purged_by)
 }
 
 static Statement delete_unchained = {
-	/* rows written before chains began, old, of runs without effects */
+	/* rows written before chains began, past the horizon */
 	"DELETE FROM durable_ledger.audit_log a WHERE a.chain IS NULL"
-	" AND a.logged_at OPERATOR(pg_catalog.<) $1"
-	" AND (a.run IS NULL OR NOT EXISTS (SELECT FROM durable_ledger.effects e WHERE e.run" EQ "a.run))",
+	" AND " AUDIT_ROW_PAST_HORIZON,
 	1, {TIMESTAMPTZOID}
 };
 
