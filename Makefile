@@ -73,6 +73,7 @@ REGRESS = \
 	durability \
 	search_path \
 	hostile_input \
+	unsettled \
 	drop_guard
 REGRESS_OPTS = --encoding=UTF8 --load-extension=pgcrypto --load-extension=dblink
 

@@ -93,7 +93,8 @@ def cpu_bound(conn, rounds, n):
                jsonb_build_object('invoice', g, 'amount', 4200), false, 1, 1, 'started', 1,
                pg_backend_pid(), clock_timestamp()
           FROM generate_series(1, {n}) g
-        RETURNING key, run)
+        RETURNING key, run, created_at),
+      o AS (INSERT INTO floor_unsettled (created_at, key) SELECT created_at, key FROM i)
       INSERT INTO floor_audit (logged_at, run, key, event, role_name, session_user_name,
                                application_name, client_addr, backend_pid, lease_epoch)
       SELECT clock_timestamp(), run, key, 'intent', current_user, session_user,

@@ -5,3 +5,4 @@ CREATE TABLE floor_effects (LIKE durable_ledger.effects INCLUDING ALL) WITH (fil
 CREATE TABLE floor_audit (LIKE durable_ledger.audit_log INCLUDING ALL);
 CREATE SEQUENCE floor_audit_id_seq OWNED BY floor_audit.id;
 ALTER TABLE floor_audit ALTER COLUMN id SET DEFAULT nextval('floor_audit_id_seq');
+CREATE TABLE floor_unsettled (LIKE durable_ledger.unsettled INCLUDING ALL);

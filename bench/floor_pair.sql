@@ -1,5 +1,6 @@
--- the floor: commit an intent row and its audit row (one statement), then
--- commit the completion and its audit row (one statement)
+-- the floor: commit an intent row, its row of what is unsettled and its audit
+-- row (one statement), then commit the completion, the unsettled row's
+-- removal and its audit row (one statement)
 \set n random(1, 2000000000)
 WITH i AS (
     INSERT INTO floor_effects (key, run, tool, args, business_key, occurrence, attempt,
@@ -8,7 +9,8 @@ WITH i AS (
             'bench-' || (:client_id)::int, 'bank.pay',
             jsonb_build_object('invoice', (:n)::bigint, 'amount', 4200, 'currency', 'USD'),
             false, 1, 1, 'started', 1, pg_backend_pid(), clock_timestamp())
-    RETURNING key, run)
+    RETURNING key, run, created_at),
+     o AS (INSERT INTO floor_unsettled (created_at, key) SELECT created_at, key FROM i)
 INSERT INTO floor_audit (logged_at, run, key, event, role_name, session_user_name,
                          application_name, client_addr, backend_pid, lease_epoch)
 SELECT clock_timestamp(), run, key, 'intent', current_user, session_user,
@@ -19,7 +21,8 @@ WITH u AS (
     UPDATE floor_effects SET status = 'completed', result = '{"payment_id": "pay_1"}',
                              completed_at = clock_timestamp()
      WHERE key = :key
-    RETURNING key, run)
+    RETURNING key, run, created_at),
+     o AS (DELETE FROM floor_unsettled f USING u WHERE f.created_at = u.created_at AND f.key = u.key)
 INSERT INTO floor_audit (logged_at, run, key, event, role_name, session_user_name,
                          application_name, client_addr, backend_pid, lease_epoch)
 SELECT clock_timestamp(), run, key, 'completed', current_user, session_user,

@@ -45,6 +45,7 @@ typedef struct EffectRow
 	Jsonb	   *error;			/* NULL when SQL NULL */
 	int64		lease_epoch;
 	bool		conflict;
+	TimestampTz created_at;		/* when the current attempt began */
 } EffectRow;
 
 /*

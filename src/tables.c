@@ -87,7 +87,12 @@ static const Column policy_columns[POL_NCOLUMNS] = {
 	{"changed_at", TIMESTAMPTZOID}, {"note", TEXTOID}
 };
 
+static const Column unsettled_columns[UNS_NCOLUMNS] = {
+	{"created_at", TIMESTAMPTZOID}, {"key", TEXTOID}
+};
+
 LedgerTable dl_effects_table = {"effects", effects_columns, EFF_NCOLUMNS};
+LedgerTable dl_unsettled_table = {"unsettled", unsettled_columns, UNS_NCOLUMNS};
 LedgerTable dl_audit_table = {"audit_log", audit_columns, AUD_NCOLUMNS};
 LedgerTable dl_runs_table = {"runs", runs_columns, RUN_NCOLUMNS};
 LedgerTable dl_past_table = {"past_attempts", past_columns, PAST_NCOLUMNS};
@@ -101,7 +106,7 @@ LedgerTable dl_policy_table = {"policy", policy_columns, POL_NCOLUMNS};
 static void
 relcache_changed(Datum arg, Oid relid)
 {
-	LedgerTable *tables[] = {&dl_effects_table, &dl_audit_table, &dl_runs_table,
+	LedgerTable *tables[] = {&dl_effects_table, &dl_unsettled_table, &dl_audit_table, &dl_runs_table,
 	&dl_past_table, &dl_token_table, &dl_calls_table, &dl_tools_table,
 	&dl_divergences_table, &dl_policy_table};
 	int			i;
@@ -349,5 +354,6 @@ dl_effect_row_from_slot(TupleTableSlot *slot, EffectRow *row)
 	row->error = slot_jsonb(slot, a[EFF_ERROR]);
 	row->lease_epoch = DatumGetInt64(v[a[EFF_LEASE_EPOCH] - 1]);
 	row->conflict = DatumGetBool(v[a[EFF_CONFLICT] - 1]);
+	row->created_at = DatumGetTimestampTz(v[a[EFF_CREATED_AT] - 1]);
 }
 

@@ -43,6 +43,11 @@ enum
 
 enum
 {
+	UNS_CREATED_AT, UNS_KEY, UNS_NCOLUMNS
+};
+
+enum
+{
 	AUD_ID, AUD_LOGGED_AT, AUD_RUN, AUD_KEY, AUD_EVENT, AUD_DETAIL, AUD_ROLE_NAME,
 	AUD_SESSION_USER_NAME, AUD_APPLICATION_NAME, AUD_CLIENT_ADDR, AUD_BACKEND_PID,
 	AUD_LEASE_EPOCH, AUD_ATTEMPT, AUD_CHAIN, AUD_CHAIN_SEQ, AUD_ROW_HASH, AUD_NCOLUMNS
@@ -64,6 +69,7 @@ enum
 };
 
 extern LedgerTable dl_effects_table;
+extern LedgerTable dl_unsettled_table;
 extern LedgerTable dl_audit_table;
 extern LedgerTable dl_runs_table;
 extern LedgerTable dl_past_table;

@@ -230,6 +230,87 @@ insert_row(Write *w)
 	check_written(w, "INSERT");
 }
 
+/* Removes the row locked by lock_row. */
+static void
+delete_row(Write *w, HeapTuple locked)
+{
+	MemoryContext caller = MemoryContextSwitchTo(w->estate->es_query_cxt);
+	TupleTableSlot *search;
+	EPQState	epq;
+
+	search = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel), &TTSOpsHeapTuple);
+	ExecStoreHeapTuple(locked, search, false);
+	dl_EvalPlanQualInit(&epq, w->estate);
+	ExecSimpleRelationDelete(w->rri, w->estate, &epq, search);
+	EvalPlanQualEnd(&epq);
+	MemoryContextSwitchTo(caller);
+}
+
+static bool lock_row_by(Write *w, int nkeys, const int *key_columns, const Datum *values,
+						HeapTuple *tuple);
+
+/* ---------- unsettled: the effects that are not settled yet ---------- */
+
+/*
+ * durable_ledger.unsettled holds (created_at, key) of every effect that is
+ * started, unknown or flagged: the only ones a person may have to look at,
+ * found without reading the settled millions (the unresolved view, the
+ * metrics).  A partial index on effects would list them too, but its
+ * predicate (status) changes when an effect completes, which makes every
+ * completion a non-HOT update of every index of effects.  Keyed by the
+ * effect's created_at first, a new row goes to the right edge of the index
+ * and a completion finds it among the newest pages (docs/design.md,
+ * "Finding what waits").  Its rows change with the effect's row, under that
+ * row's lock; one whose effect was deleted by hand matches no effect.
+ */
+static bool
+is_unsettled(const EffectRow *row)
+{
+	return row->status == EFFECT_STARTED || row->status == EFFECT_UNKNOWN || row->conflict;
+}
+
+static void
+add_unsettled(const char *key, TimestampTz created_at)
+{
+	Write		w;
+
+	begin_write(&w, &dl_unsettled_table);
+	set_value(&w, UNS_CREATED_AT, TimestampTzGetDatum(created_at));
+	set_value(&w, UNS_KEY, CStringGetTextDatum(key));
+	insert_row(&w);
+	end_write(&w);
+}
+
+static void
+remove_unsettled(const char *key, TimestampTz created_at)
+{
+	static const int columns[2] = {UNS_CREATED_AT, UNS_KEY};
+	Datum		values[2];
+	Write		w;
+	HeapTuple	tuple;
+
+	values[0] = TimestampTzGetDatum(created_at);
+	values[1] = CStringGetTextDatum(key);
+	begin_write(&w, &dl_unsettled_table);
+	if (lock_row_by(&w, 2, columns, values, &tuple))
+		delete_row(&w, tuple);
+	end_write(&w);
+}
+
+/* An effects row went from before to after: unsettled follows it. */
+static void
+follow_settlement(const EffectRow *before, const EffectRow *after)
+{
+	bool		was = before != NULL && is_unsettled(before);
+	bool		now = is_unsettled(after);
+	bool		moved = was && now && before->created_at != after->created_at;
+
+	if (was && (!now || moved))
+		remove_unsettled(before->key, before->created_at);
+	if (now && (!was || moved))
+		add_unsettled(after->key, after->created_at);
+}
+
 /* ---------- effects ---------- */
 
 static Datum
@@ -246,6 +327,7 @@ void
 dl_write_new_intent(const NewIntent *intent)
 {
 	Write		w;
+	TimestampTz created_at = GetCurrentTimestamp();
 
 	begin_write(&w, &dl_effects_table);
 	set_value(&w, EFF_KEY, CStringGetTextDatum(intent->key));
@@ -261,13 +343,14 @@ dl_write_new_intent(const NewIntent *intent)
 	set_optional(&w, EFF_META, JsonbPGetDatum(intent->meta), intent->meta == NULL);
 	set_value(&w, EFF_LEASE_EPOCH, Int64GetDatum(intent->lease_epoch));
 	set_value(&w, EFF_HOLDER_PID, Int32GetDatum(MyProcPid));
-	set_value(&w, EFF_CREATED_AT, now_datum());
+	set_value(&w, EFF_CREATED_AT, TimestampTzGetDatum(created_at));
 	set_null(&w, EFF_COMPLETED_AT);
 	set_null(&w, EFF_RESOLVED_BY);
 	set_null(&w, EFF_RESOLUTION_NOTE);
 	set_value(&w, EFF_CONFLICT, BoolGetDatum(false));
 	insert_row(&w);
 	end_write(&w);
+	add_unsettled(intent->key, created_at);
 	dl_write_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
 }
 
@@ -278,7 +361,7 @@ static Statement insert_intent_unless_exists = {
 	"  lease_epoch, holder_pid, created_at)"
 	" VALUES ($1, $2, $3, $4, $5, $6, 1, 'started', $7, $8,"
 	"  pg_catalog.pg_backend_pid(), pg_catalog.clock_timestamp())"
-	" ON CONFLICT (key) DO NOTHING",
+	" ON CONFLICT (key) DO NOTHING RETURNING created_at",
 	8, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, BOOLOID, INT4OID, JSONBOID, INT8OID}
 };
 
@@ -323,8 +406,13 @@ dl_write_intent_unless_exists(const NewIntent *intent)
 		nulls[6] = 'n';
 	values[7] = Int64GetDatum(intent->lease_epoch);
 	dl_note_ledger_write();
-	if (dl_plan_run(&insert_intent_unless_exists, values, nulls, SPI_OK_INSERT) == 1)
+	if (dl_plan_run(&insert_intent_unless_exists, values, nulls, SPI_OK_INSERT_RETURNING) == 1)
 	{
+		bool		isnull;
+
+		add_unsettled(intent->key,
+					  DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0],
+														SPI_tuptable->tupdesc, 1, &isnull)));
 		dl_write_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
 		return true;
 	}
@@ -461,6 +549,7 @@ static HeapTuple
 end_effect_update(Write *w, LockedEffect *locked)
 {
 	HeapTuple	updated;
+	EffectRow	before = locked->row;
 
 	update_row(w, locked->tuple);
 	updated = ExecCopySlotHeapTuple(w->slot);
@@ -468,6 +557,7 @@ end_effect_update(Write *w, LockedEffect *locked)
 	locked->tuple = updated;
 	dl_effect_row_from_slot(w->slot, &locked->row);
 	end_write(w);
+	follow_settlement(&before, &locked->row);
 	return heap_copytuple(updated);
 }
 
@@ -1251,6 +1341,7 @@ dl_write_forked_effect(const LockedEffect *source, const char *new_run, const ch
 					   int64 lease_epoch)
 {
 	Write		w;
+	EffectRow	carried;
 
 	begin_write(&w, &dl_effects_table);
 	start_from(&w, source->tuple);
@@ -1263,7 +1354,9 @@ dl_write_forked_effect(const LockedEffect *source, const char *new_run, const ch
 	set_value(&w, EFF_CONFLICT, BoolGetDatum(false));
 	set_value(&w, EFF_FORKED_FROM, CStringGetTextDatum(source->row.key));
 	insert_row(&w);
+	dl_effect_row_from_slot(w.slot, &carried);
 	end_write(&w);
+	follow_settlement(NULL, &carried);
 }
 
 /*

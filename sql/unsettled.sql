@@ -1,0 +1,123 @@
+-- unsettled: durable_ledger.unsettled holds exactly the keys of the effects
+-- that are started, unknown or flagged, through every write the ledger makes
+-- (intent, completion, failure, unknown, conflict, resolution, a business
+-- key's next attempt, a fork); the unresolved view reads it instead of every
+-- effect.  Runs after the other files: the first check covers every effect
+-- they left behind.
+\set VERBOSITY terse
+
+-- the keys unsettled should hold, against the keys it holds: no difference
+CREATE VIEW regress_unsettled_drift AS
+SELECT 'missing' AS drift, e.key FROM durable_ledger.effects e
+ WHERE (e.status IN ('started', 'unknown') OR e.conflict)
+   AND NOT EXISTS (SELECT FROM durable_ledger.unsettled u
+                    WHERE u.key = e.key AND u.created_at = e.created_at)
+UNION ALL
+SELECT 'stale', u.key FROM durable_ledger.unsettled u
+ WHERE NOT EXISTS (SELECT FROM durable_ledger.effects e
+                    WHERE e.key = u.key AND e.created_at = u.created_at
+                      AND (e.status IN ('started', 'unknown') OR e.conflict));
+
+-- what the earlier files left: many effects, some unsettled, no drift
+SELECT count(*) > 100 AS many_effects,
+       (SELECT count(*) FROM durable_ledger.unsettled) > 5 AS some_unsettled
+  FROM durable_ledger.effects;
+SELECT * FROM regress_unsettled_drift;
+
+-- ===================================================================
+-- each transition, one key at a time
+-- ===================================================================
+CREATE FUNCTION regress_is_unsettled(k text) RETURNS boolean LANGUAGE sql
+AS $$ SELECT EXISTS (SELECT FROM durable_ledger.unsettled u JOIN durable_ledger.effects e
+                       ON e.key = u.key AND e.created_at = u.created_at WHERE u.key = k) $$;
+
+-- intent: in; completion: out
+SELECT key AS u1 FROM durable_ledger.begin_effect('uns-1', 'pay', '{"n": 1}') \gset
+SELECT regress_is_unsettled(:'u1') AS after_intent;
+SELECT status, regress_is_unsettled(:'u1') AS after_completion
+  FROM durable_ledger.complete_effect(:'u1', '{"ok": true}');
+
+-- a contradicting report: flagged, in again; the resolution takes it out
+SELECT regress_try(format($$SELECT durable_ledger.fail_effect(%L, '{"code": "late"}')$$, :'u1')) AS contradicting_report;
+SELECT conflict, regress_is_unsettled(:'u1') AS after_conflict
+  FROM durable_ledger.effects WHERE key = :'u1';
+SELECT conflict, regress_is_unsettled(:'u1') AS after_resolution
+  FROM durable_ledger.resolve_effect(:'u1', 'completed', '{"ok": true}', 'alice', 'the bank paid');
+
+-- failure: out
+SELECT key AS u2 FROM durable_ledger.begin_effect('uns-1', 'pay', '{"n": 2}') \gset
+SELECT status, regress_is_unsettled(:'u2') AS after_failure
+  FROM durable_ledger.fail_effect(:'u2', '{"code": "declined"}');
+
+-- a lease that ended: started, then unknown when the next attempt looks; in
+-- until a person resolves it
+SELECT key AS u3 FROM durable_ledger.begin_effect('uns-1', 'pay', '{"n": 3}') \gset
+SELECT durable_ledger.release_run('uns-1');
+SELECT regress_is_unsettled(:'u3') AS lease_ended;
+SELECT decision, status, regress_is_unsettled(:'u3') AS unknown_in
+  FROM durable_ledger.begin_effect('uns-1', 'pay', '{"n": 3}');
+SELECT count(*) AS listed FROM durable_ledger.unresolved WHERE key = :'u3';
+SELECT durable_ledger.release_run('uns-1');
+SELECT status, regress_is_unsettled(:'u3') AS after_resolution
+  FROM durable_ledger.resolve_effect(:'u3', 'failed', '{"code": "never sent"}', 'alice', NULL);
+
+-- a business key: its failure out, its next attempt in, its completion out
+SELECT durable_ledger.acquire_run('uns-2');
+SELECT decision, attempt, regress_is_unsettled('UNS-INV-1') AS first_attempt
+  FROM durable_ledger.begin_effect('uns-2', 'pay', '{"invoice": 1}', 'UNS-INV-1');
+SELECT status, regress_is_unsettled('UNS-INV-1') AS failed
+  FROM durable_ledger.fail_effect('UNS-INV-1', '{"code": "declined"}', 1);
+SELECT decision, attempt, regress_is_unsettled('UNS-INV-1') AS next_attempt
+  FROM durable_ledger.begin_effect('uns-2', 'pay', '{"invoice": 1}', 'UNS-INV-1');
+SELECT status, regress_is_unsettled('UNS-INV-1') AS completed
+  FROM durable_ledger.complete_effect('UNS-INV-1', '{"ok": true}', 2);
+SELECT durable_ledger.release_run('uns-2');
+
+-- a rolled-back intent leaves nothing behind
+BEGIN;
+SELECT key AS u4 FROM durable_ledger.begin_effect('uns-3', 'pay', '{"n": 4}') \gset
+SELECT regress_is_unsettled(:'u4') AS in_the_transaction;
+ROLLBACK;
+SELECT regress_is_unsettled(:'u4') AS after_rollback;
+
+-- a fork carries settled effects only: nothing unsettled for them
+SELECT durable_ledger.fork_run('uns-1', 'uns-1-fork', :'u2', 'alice', 'again from u2');
+SELECT count(*) AS carried, count(*) FILTER (WHERE regress_is_unsettled(key)) AS carried_unsettled
+  FROM durable_ledger.effects WHERE run = 'uns-1-fork';
+
+SELECT * FROM regress_unsettled_drift;
+
+-- ===================================================================
+-- unresolved reads unsettled, not every effect
+-- ===================================================================
+-- (the rows of a table the plan read: returned and filtered out, every loop;
+-- these tables are small enough for a hash join to read all of effects, so
+-- the test asks for the plan a large ledger gets: index lookups)
+CREATE FUNCTION regress_rows_read(query text, relation text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE plan jsonb;
+BEGIN
+  EXECUTE 'EXPLAIN (ANALYZE, FORMAT JSON) ' || query INTO plan;
+  RETURN (SELECT coalesce(sum(((n ->> 'Actual Rows')::numeric
+                               + coalesce((n ->> 'Rows Removed by Filter')::numeric, 0))
+                              * (n ->> 'Actual Loops')::numeric), 0)
+            FROM jsonb_path_query(plan, 'strict $.**') n
+           WHERE jsonb_typeof(n) = 'object' AND n ->> 'Relation Name' = relation);
+END $$;
+ANALYZE durable_ledger.effects, durable_ledger.unsettled;
+SET enable_hashjoin = off;
+SET enable_mergejoin = off;
+SET enable_seqscan = off;
+SELECT regress_rows_read('SELECT * FROM durable_ledger.unresolved', 'effects')
+         <= (SELECT count(*) FROM durable_ledger.unsettled) + 5 AS unresolved_reads_only_unsettled,
+       regress_rows_read('SELECT * FROM durable_ledger.metrics', 'effects')
+         <= (SELECT count(*) FROM durable_ledger.unsettled) + 5 AS metrics_read_only_unsettled,
+       (SELECT count(*) FROM durable_ledger.effects) > (SELECT count(*) FROM durable_ledger.unsettled) + 5
+         AS there_are_more;
+RESET enable_hashjoin;
+RESET enable_mergejoin;
+RESET enable_seqscan;
+
+DROP VIEW regress_unsettled_drift;
+DROP FUNCTION regress_is_unsettled(text);
+DROP FUNCTION regress_rows_read(text, text);
