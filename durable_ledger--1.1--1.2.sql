@@ -700,3 +700,28 @@ SELECT d.key,
  WHERE d.verdict IS NULL
    AND NOT EXISTS (SELECT FROM durable_ledger.effects x
                     WHERE x.key OPERATOR(pg_catalog.=) d.key);  -- executed meanwhile (policy off)
+
+-- Reports keep unsettled too: new symbols, so that a backend that still has
+-- the 1.1 library loaded fails to find them instead of flagging a conflict
+-- that unresolved would not list.
+CREATE OR REPLACE FUNCTION durable_ledger.complete_effect(key text, result jsonb,
+                                                          attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_complete_effect_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION durable_ledger.fail_effect(key text, error jsonb,
+                                                      attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_fail_effect_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION durable_ledger.resolve_effect(key text, outcome text, result jsonb,
+                                                         resolved_by text, note text DEFAULT NULL,
+                                                         attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_resolve_effect_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;

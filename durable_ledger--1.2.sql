@@ -561,7 +561,7 @@ COMMENT ON FUNCTION durable_ledger.release_lease(text) IS
 CREATE FUNCTION durable_ledger.complete_effect(key text, result jsonb,
                                                attempt integer DEFAULT NULL)
 RETURNS durable_ledger.effects
-AS 'MODULE_PATHNAME', 'dl_complete_effect_1_1'
+AS 'MODULE_PATHNAME', 'dl_complete_effect_1_2'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.complete_effect(text, jsonb, integer) IS
@@ -570,7 +570,7 @@ COMMENT ON FUNCTION durable_ledger.complete_effect(text, jsonb, integer) IS
 CREATE FUNCTION durable_ledger.fail_effect(key text, error jsonb,
                                            attempt integer DEFAULT NULL)
 RETURNS durable_ledger.effects
-AS 'MODULE_PATHNAME', 'dl_fail_effect_1_1'
+AS 'MODULE_PATHNAME', 'dl_fail_effect_1_2'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.fail_effect(text, jsonb, integer) IS
@@ -580,7 +580,7 @@ CREATE FUNCTION durable_ledger.resolve_effect(key text, outcome text, result jso
                                               resolved_by text, note text DEFAULT NULL,
                                               attempt integer DEFAULT NULL)
 RETURNS durable_ledger.effects
-AS 'MODULE_PATHNAME', 'dl_resolve_effect_1_1'
+AS 'MODULE_PATHNAME', 'dl_resolve_effect_1_2'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.resolve_effect(text, text, jsonb, text, text, integer) IS

@@ -85,6 +85,19 @@ SELECT durable_ledger.fork_run('uns-1', 'uns-1-fork', :'u2', 'alice', 'again fro
 SELECT count(*) AS carried, count(*) FILTER (WHERE regress_is_unsettled(key)) AS carried_unsettled
   FROM durable_ledger.effects WHERE run = 'uns-1-fork';
 
+-- an administrator's BEFORE ROW trigger that changes created_at: unsettled
+-- has the value stored
+CREATE FUNCTION regress_round_created_at() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN NEW.created_at := date_trunc('second', NEW.created_at) - interval '1 hour'; RETURN NEW; END $$;
+CREATE TRIGGER regress_round_created_at BEFORE INSERT ON durable_ledger.effects
+    FOR EACH ROW EXECUTE FUNCTION regress_round_created_at();
+SELECT key AS u5 FROM durable_ledger.begin_effect('uns-4', 'pay', '{"n": 5}') \gset
+SELECT regress_is_unsettled(:'u5') AS trigger_changed_created_at;
+SELECT durable_ledger.release_run('uns-4');
+SELECT count(*) AS listed_after_lease_ended FROM durable_ledger.unresolved WHERE key = :'u5';
+DROP TRIGGER regress_round_created_at ON durable_ledger.effects;
+DROP FUNCTION regress_round_created_at();
+
 SELECT * FROM regress_unsettled_drift;
 
 -- ===================================================================

@@ -14,8 +14,8 @@
 
 #include "lease.h"
 
-PG_FUNCTION_INFO_V1(dl_complete_effect_1_1);
-PG_FUNCTION_INFO_V1(dl_fail_effect_1_1);
+PG_FUNCTION_INFO_V1(dl_complete_effect_1_2);
+PG_FUNCTION_INFO_V1(dl_fail_effect_1_2);
 
 /*
  * Keeps a report that contradicts the record of attempt (its run and epoch):
@@ -219,14 +219,14 @@ report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
 
 /* complete_effect(key text, result jsonb, attempt integer) RETURNS durable_ledger.effects */
 Datum
-dl_complete_effect_1_1(PG_FUNCTION_ARGS)
+dl_complete_effect_1_2(PG_FUNCTION_ARGS)
 {
 	return report_outcome(fcinfo, EFFECT_COMPLETED);
 }
 
 /* fail_effect(key text, error jsonb, attempt integer) RETURNS durable_ledger.effects */
 Datum
-dl_fail_effect_1_1(PG_FUNCTION_ARGS)
+dl_fail_effect_1_2(PG_FUNCTION_ARGS)
 {
 	return report_outcome(fcinfo, EFFECT_FAILED);
 }

@@ -349,6 +349,8 @@ dl_write_new_intent(const NewIntent *intent)
 	set_null(&w, EFF_RESOLUTION_NOTE);
 	set_value(&w, EFF_CONFLICT, BoolGetDatum(false));
 	insert_row(&w);
+	/* as stored: a BEFORE ROW trigger may have changed it */
+	created_at = DatumGetTimestampTz(w.slot->tts_values[dl_effects_table.attnums[EFF_CREATED_AT] - 1]);
 	end_write(&w);
 	add_unsettled(intent->key, created_at);
 	dl_write_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
