@@ -80,6 +80,9 @@ CREATE TABLE durable_ledger.divergences (
 );
 -- a call asks first whether its run has any divergence at all (then remembers it)
 CREATE INDEX divergences_run_idx ON durable_ledger.divergences (run);
+-- the divergences that wait for a verdict, found without reading the decided ones
+CREATE INDEX divergences_waiting_idx ON durable_ledger.divergences (detected_at)
+    WHERE verdict IS NULL;
 SELECT pg_catalog.pg_extension_config_dump('durable_ledger.divergences', '');
 
 -- ---------------------------------------------------------------------------
@@ -117,6 +120,31 @@ CREATE OR REPLACE FUNCTION durable_ledger.begin_effect(run text, tool text, args
                                                        lease text DEFAULT NULL)
 RETURNS durable_ledger.decision
 AS 'MODULE_PATHNAME', 'dl_begin_effect_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+-- complete_effect, fail_effect and resolve_effect keep unsettled: their C code
+-- changed too (a backend that still has the 1.1 library loaded would flag a
+-- conflict that unresolved does not list).
+CREATE OR REPLACE FUNCTION durable_ledger.complete_effect(key text, result jsonb,
+                                                          attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_complete_effect_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION durable_ledger.fail_effect(key text, error jsonb,
+                                                      attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_fail_effect_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION durable_ledger.resolve_effect(key text, outcome text, result jsonb,
+                                                         resolved_by text, note text DEFAULT NULL,
+                                                         attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_resolve_effect_1_2'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
@@ -241,6 +269,28 @@ COMMENT ON FUNCTION durable_ledger.history(text) IS
     'the run''s timeline in order: attempts, decisions, reports, pauses, resolutions, lease events and divergences, with keys, args, outcomes, who and when';
 
 -- ---------------------------------------------------------------------------
+-- What waits for a person, found without reading what is settled.
+-- ---------------------------------------------------------------------------
+-- The effects that are not settled (started, unknown, or flagged by a
+-- contradicting report), by when their attempt began and their key, kept by
+-- the ledger's own writes in the transaction that changes the effect: the
+-- unresolved view and the metrics read these few rows instead of every
+-- effect (docs/design.md, "What waits for a person").  (A partial index on
+-- effects would list them too, but its predicate is the status a completion
+-- changes, which would make every completion a non-HOT update of every
+-- index.)  A row whose effect was deleted by hand matches no effect and is
+-- ignored.
+CREATE TABLE durable_ledger.unsettled (
+    created_at timestamptz,             -- the effect's: new rows go to the index's right edge
+    key        text,
+    PRIMARY KEY (created_at, key)
+);
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.unsettled', '');
+INSERT INTO durable_ledger.unsettled (created_at, key)
+SELECT e.created_at, e.key FROM durable_ledger.effects e
+ WHERE e.status OPERATOR(pg_catalog.=) ANY ('{started,unknown}') OR e.conflict;
+
+-- ---------------------------------------------------------------------------
 -- Views: unresolved also lists the divergences waiting for a person (status
 -- NULL: no effect was recorded for the drifted call; may_duplicate names the
 -- earlier effect it may be), and says when a run was abandoned.
@@ -270,7 +320,9 @@ SELECT e.key,
        e.lease_epoch,
        NULL::text                                   AS may_duplicate,
        ab.abandoned_at                              AS run_abandoned_at
-  FROM durable_ledger.effects e
+  FROM durable_ledger.unsettled u
+  JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) u.key
+                              AND e.created_at OPERATOR(pg_catalog.=) u.created_at
   LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) e.run
  CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
   LEFT JOIN LATERAL (
@@ -334,7 +386,8 @@ SELECT d.key,
 -- ---------------------------------------------------------------------------
 -- Privileges.
 -- ---------------------------------------------------------------------------
-REVOKE ALL ON durable_ledger.tools, durable_ledger.divergences, durable_ledger.policy FROM PUBLIC;
+REVOKE ALL ON durable_ledger.tools, durable_ledger.divergences, durable_ledger.policy,
+              durable_ledger.unsettled FROM PUBLIC;
 REVOKE ALL ON FUNCTION
     durable_ledger.register_tool(text, text, boolean, text, text[], text),
     durable_ledger.change_tool(text, text, boolean, text, text[], text),
@@ -350,7 +403,8 @@ REVOKE ALL ON TYPE durable_ledger.divergence_policy, durable_ledger.divergence_v
 GRANT USAGE ON TYPE durable_ledger.divergence_policy, durable_ledger.divergence_verdict,
                     durable_ledger.unregistered_tools_policy
     TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin;
-GRANT SELECT ON durable_ledger.tools, durable_ledger.divergences, durable_ledger.policy
+GRANT SELECT ON durable_ledger.tools, durable_ledger.divergences, durable_ledger.policy,
+                durable_ledger.unsettled
     TO durable_ledger_auditor;
 GRANT EXECUTE ON FUNCTION durable_ledger.history(text) TO durable_ledger_auditor;
 GRANT EXECUTE ON FUNCTION
@@ -583,145 +637,3 @@ REVOKE ALL ON durable_ledger.metrics FROM PUBLIC;
 REVOKE ALL ON FUNCTION durable_ledger.metrics_events() FROM PUBLIC;
 GRANT SELECT ON durable_ledger.metrics TO durable_ledger_auditor;
 GRANT EXECUTE ON FUNCTION durable_ledger.metrics_events() TO durable_ledger_auditor;
-
--- ---------------------------------------------------------------------------
--- What waits for a person, found without reading what is settled
--- (docs/design.md, "Finding what waits").
--- ---------------------------------------------------------------------------
--- The effects that are not settled (started, unknown, or flagged by a
--- contradicting report), by when their attempt began and their key, kept by
--- the ledger's own writes in the transaction that changes the effect: the
--- unresolved view and the metrics read these few rows instead of every
--- effect.  (A partial index on effects would list them too, but its
--- predicate is the status a completion changes, which would make every
--- completion a non-HOT update of every index.)  A row whose effect was
--- deleted by hand matches no effect and is ignored.
-CREATE TABLE durable_ledger.unsettled (
-    created_at timestamptz,             -- the effect's: new rows go to the index's right edge
-    key        text,
-    PRIMARY KEY (created_at, key)
-);
-SELECT pg_catalog.pg_extension_config_dump('durable_ledger.unsettled', '');
-INSERT INTO durable_ledger.unsettled (created_at, key)
-SELECT e.created_at, e.key FROM durable_ledger.effects e
- WHERE e.status OPERATOR(pg_catalog.=) ANY ('{started,unknown}') OR e.conflict;
-REVOKE ALL ON durable_ledger.unsettled FROM PUBLIC;
-GRANT SELECT ON durable_ledger.unsettled TO durable_ledger_auditor;
-
--- the divergences that wait for a verdict, found without reading the decided ones
-CREATE INDEX divergences_waiting_idx ON durable_ledger.divergences (detected_at)
-    WHERE verdict IS NULL;
-
--- The same view, read from unsettled.
-CREATE OR REPLACE VIEW durable_ledger.unresolved AS
-SELECT e.key,
-       e.run,
-       e.tool,
-       CASE WHEN j.ended THEN 'unknown'
-            ELSE e.status END::durable_ledger.effect_state AS status,
-       e.conflict,
-       CASE
-           WHEN e.conflict THEN
-               'a report contradicts the recorded outcome; a person must decide which is true'
-           WHEN j.not_judged THEN
-               'read on a hot standby, which cannot see the primary''s leases: whether this effect is still in flight cannot be judged here; ask the primary'
-           ELSE
-               'intent recorded, no completion, and the lease that started it has ended: nobody knows whether the effect happened'
-       END                                          AS reason,
-       e.created_at,
-       pg_catalog.now() OPERATOR(pg_catalog.-) e.created_at AS age,
-       e.args,
-       e.meta,
-       e.business_key,
-       e.occurrence,
-       e.attempt,
-       e.lease_epoch,
-       NULL::text                                   AS may_duplicate,
-       ab.abandoned_at                              AS run_abandoned_at
-  FROM durable_ledger.unsettled u
-  JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) u.key
-                              AND e.created_at OPERATOR(pg_catalog.=) u.created_at
-  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) e.run
- CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
-  LEFT JOIN LATERAL (
-        SELECT r.lease_kind, r.lock_key, r.holder_pid
-          FROM durable_ledger.runs r
-         WHERE r.run OPERATOR(pg_catalog.=) e.run
-           AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
-           AND r.released_at IS NULL) cur ON e.status OPERATOR(pg_catalog.=) 'started'
- CROSS JOIN LATERAL (
-        SELECT e.status OPERATOR(pg_catalog.=) 'started' AND s.standby AS not_judged,
-               e.status OPERATOR(pg_catalog.=) 'started' AND CASE
-                   WHEN s.standby THEN false
-                   WHEN cur.lease_kind OPERATOR(pg_catalog.=) 'token' THEN NOT EXISTS (
-                       SELECT 1 FROM durable_ledger.token_leases t
-                        WHERE t.run OPERATOR(pg_catalog.=) e.run
-                          AND t.epoch OPERATOR(pg_catalog.=) e.lease_epoch
-                          AND t.released_at IS NULL
-                          AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
-                   WHEN cur.lease_kind IS NULL THEN true
-                   ELSE NOT EXISTS (
-                       SELECT 1 FROM pg_catalog.pg_locks l
-                        WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
-                          AND l.objsubid OPERATOR(pg_catalog.=) 17484
-                          AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
-                          AND l.granted
-                          AND l.pid OPERATOR(pg_catalog.=) cur.holder_pid
-                          AND cur.lock_key OPERATOR(pg_catalog.=)
-                              ((l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
-                               OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8)
-                          AND l.database OPERATOR(pg_catalog.=)
-                              (SELECT d.oid FROM pg_catalog.pg_database d
-                                WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()))
-               END AS ended) j
- WHERE e.conflict
-    OR e.status OPERATOR(pg_catalog.=) 'unknown'
-    OR j.ended
-    OR j.not_judged
-UNION ALL
-SELECT d.key,
-       d.run,
-       d.tool,
-       NULL::durable_ledger.effect_state,
-       false,
-       'a later attempt made a call of this tool that the run''s earlier attempts did not make, while an earlier effect of the tool (may_duplicate) was not replayed yet: a person must say whether it is the same operation (durable_ledger.resolve_divergence(key, ''same'', ...): its outcome is replayed) or distinct (''distinct'': it is executed)',
-       d.detected_at,
-       pg_catalog.now() OPERATOR(pg_catalog.-) d.detected_at,
-       d.args,
-       NULL,
-       false,
-       d.occurrence,
-       NULL,
-       d.lease_epoch,
-       d.candidate_key,
-       ab.abandoned_at
-  FROM durable_ledger.divergences d
-  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) d.run
- WHERE d.verdict IS NULL
-   AND NOT EXISTS (SELECT FROM durable_ledger.effects x
-                    WHERE x.key OPERATOR(pg_catalog.=) d.key);  -- executed meanwhile (policy off)
-
--- Reports keep unsettled too: new symbols, so that a backend that still has
--- the 1.1 library loaded fails to find them instead of flagging a conflict
--- that unresolved would not list.
-CREATE OR REPLACE FUNCTION durable_ledger.complete_effect(key text, result jsonb,
-                                                          attempt integer DEFAULT NULL)
-RETURNS durable_ledger.effects
-AS 'MODULE_PATHNAME', 'dl_complete_effect_1_2'
-LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp;
-
-CREATE OR REPLACE FUNCTION durable_ledger.fail_effect(key text, error jsonb,
-                                                      attempt integer DEFAULT NULL)
-RETURNS durable_ledger.effects
-AS 'MODULE_PATHNAME', 'dl_fail_effect_1_2'
-LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp;
-
-CREATE OR REPLACE FUNCTION durable_ledger.resolve_effect(key text, outcome text, result jsonb,
-                                                         resolved_by text, note text DEFAULT NULL,
-                                                         attempt integer DEFAULT NULL)
-RETURNS durable_ledger.effects
-AS 'MODULE_PATHNAME', 'dl_resolve_effect_1_2'
-LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp;

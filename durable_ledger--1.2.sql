@@ -159,6 +159,21 @@ CREATE TABLE durable_ledger.effects (
 -- The only writer is the extension's C code, which sets occurrence exactly
 -- when the key is derived, and attempt from 1.)
 
+-- The effects that are not settled (started, unknown, or flagged by a
+-- contradicting report), by when their attempt began and their key, kept by
+-- the ledger's own writes in the transaction that changes the effect: the
+-- unresolved view and the metrics read these few rows instead of every
+-- effect (docs/design.md, "What waits for a person").  (A partial index on
+-- effects would list them too, but its predicate is the status a completion
+-- changes, which would make every completion a non-HOT update of every
+-- index.)  A row whose effect was deleted by hand matches no effect and is
+-- ignored.
+CREATE TABLE durable_ledger.unsettled (
+    created_at timestamptz,             -- the effect's: new rows go to the index's right edge
+    key        text,
+    PRIMARY KEY (created_at, key)
+);
+
 -- Append-only: one row per event.
 CREATE SEQUENCE durable_ledger.audit_log_id_seq;
 CREATE TABLE durable_ledger.audit_log (
@@ -282,11 +297,15 @@ CREATE TABLE durable_ledger.divergences (
 );
 -- a call asks first whether its run has any divergence at all (then remembers it)
 CREATE INDEX divergences_run_idx ON durable_ledger.divergences (run);
+-- the divergences that wait for a verdict, found without reading the decided ones
+CREATE INDEX divergences_waiting_idx ON durable_ledger.divergences (detected_at)
+    WHERE verdict IS NULL;
 SELECT pg_catalog.pg_extension_config_dump('durable_ledger.divergences', '');
 
 -- pg_dump keeps the ledger's rows (and the audit sequence's position).
 SELECT pg_catalog.pg_extension_config_dump('durable_ledger.runs', '');
 SELECT pg_catalog.pg_extension_config_dump('durable_ledger.effects', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.unsettled', '');
 SELECT pg_catalog.pg_extension_config_dump('durable_ledger.audit_log', '');
 SELECT pg_catalog.pg_extension_config_dump('durable_ledger.audit_log_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('durable_ledger.past_attempts', '');
@@ -422,7 +441,9 @@ SELECT e.key,
        e.lease_epoch,
        NULL::text                                   AS may_duplicate,
        ab.abandoned_at                              AS run_abandoned_at
-  FROM durable_ledger.effects e
+  FROM durable_ledger.unsettled u
+  JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) u.key
+                              AND e.created_at OPERATOR(pg_catalog.=) u.created_at
   LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) e.run
  CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
   LEFT JOIN LATERAL (
@@ -750,8 +771,8 @@ GRANT EXECUTE ON FUNCTION
     durable_ledger.release_run(text)
     TO durable_ledger_worker;
 
-GRANT SELECT ON durable_ledger.effects, durable_ledger.runs, durable_ledger.audit_log,
-                durable_ledger.past_attempts, durable_ledger.token_leases,
+GRANT SELECT ON durable_ledger.effects, durable_ledger.unsettled, durable_ledger.runs,
+                durable_ledger.audit_log, durable_ledger.past_attempts, durable_ledger.token_leases,
                 durable_ledger.token_lease_calls, durable_ledger.leases, durable_ledger.unresolved
     TO durable_ledger_auditor;
 GRANT EXECUTE ON FUNCTION durable_ledger.lease_holder_activity() TO durable_ledger_auditor;
@@ -1013,120 +1034,3 @@ REVOKE ALL ON durable_ledger.metrics FROM PUBLIC;
 REVOKE ALL ON FUNCTION durable_ledger.metrics_events() FROM PUBLIC;
 GRANT SELECT ON durable_ledger.metrics TO durable_ledger_auditor;
 GRANT EXECUTE ON FUNCTION durable_ledger.metrics_events() TO durable_ledger_auditor;
-
--- ---------------------------------------------------------------------------
--- What waits for a person, found without reading what is settled
--- (docs/design.md, "Finding what waits").
--- ---------------------------------------------------------------------------
--- The effects that are not settled (started, unknown, or flagged by a
--- contradicting report), by when their attempt began and their key, kept by
--- the ledger's own writes in the transaction that changes the effect: the
--- unresolved view and the metrics read these few rows instead of every
--- effect.  (A partial index on effects would list them too, but its
--- predicate is the status a completion changes, which would make every
--- completion a non-HOT update of every index.)  A row whose effect was
--- deleted by hand matches no effect and is ignored.
-CREATE TABLE durable_ledger.unsettled (
-    created_at timestamptz,             -- the effect's: new rows go to the index's right edge
-    key        text,
-    PRIMARY KEY (created_at, key)
-);
-SELECT pg_catalog.pg_extension_config_dump('durable_ledger.unsettled', '');
-INSERT INTO durable_ledger.unsettled (created_at, key)
-SELECT e.created_at, e.key FROM durable_ledger.effects e
- WHERE e.status OPERATOR(pg_catalog.=) ANY ('{started,unknown}') OR e.conflict;
-REVOKE ALL ON durable_ledger.unsettled FROM PUBLIC;
-GRANT SELECT ON durable_ledger.unsettled TO durable_ledger_auditor;
-
--- the divergences that wait for a verdict, found without reading the decided ones
-CREATE INDEX divergences_waiting_idx ON durable_ledger.divergences (detected_at)
-    WHERE verdict IS NULL;
-
--- The same view, read from unsettled.
-CREATE OR REPLACE VIEW durable_ledger.unresolved AS
-SELECT e.key,
-       e.run,
-       e.tool,
-       CASE WHEN j.ended THEN 'unknown'
-            ELSE e.status END::durable_ledger.effect_state AS status,
-       e.conflict,
-       CASE
-           WHEN e.conflict THEN
-               'a report contradicts the recorded outcome; a person must decide which is true'
-           WHEN j.not_judged THEN
-               'read on a hot standby, which cannot see the primary''s leases: whether this effect is still in flight cannot be judged here; ask the primary'
-           ELSE
-               'intent recorded, no completion, and the lease that started it has ended: nobody knows whether the effect happened'
-       END                                          AS reason,
-       e.created_at,
-       pg_catalog.now() OPERATOR(pg_catalog.-) e.created_at AS age,
-       e.args,
-       e.meta,
-       e.business_key,
-       e.occurrence,
-       e.attempt,
-       e.lease_epoch,
-       NULL::text                                   AS may_duplicate,
-       ab.abandoned_at                              AS run_abandoned_at
-  FROM durable_ledger.unsettled u
-  JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) u.key
-                              AND e.created_at OPERATOR(pg_catalog.=) u.created_at
-  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) e.run
- CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
-  LEFT JOIN LATERAL (
-        SELECT r.lease_kind, r.lock_key, r.holder_pid
-          FROM durable_ledger.runs r
-         WHERE r.run OPERATOR(pg_catalog.=) e.run
-           AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
-           AND r.released_at IS NULL) cur ON e.status OPERATOR(pg_catalog.=) 'started'
- CROSS JOIN LATERAL (
-        SELECT e.status OPERATOR(pg_catalog.=) 'started' AND s.standby AS not_judged,
-               e.status OPERATOR(pg_catalog.=) 'started' AND CASE
-                   WHEN s.standby THEN false
-                   WHEN cur.lease_kind OPERATOR(pg_catalog.=) 'token' THEN NOT EXISTS (
-                       SELECT 1 FROM durable_ledger.token_leases t
-                        WHERE t.run OPERATOR(pg_catalog.=) e.run
-                          AND t.epoch OPERATOR(pg_catalog.=) e.lease_epoch
-                          AND t.released_at IS NULL
-                          AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
-                   WHEN cur.lease_kind IS NULL THEN true
-                   ELSE NOT EXISTS (
-                       SELECT 1 FROM pg_catalog.pg_locks l
-                        WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
-                          AND l.objsubid OPERATOR(pg_catalog.=) 17484
-                          AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
-                          AND l.granted
-                          AND l.pid OPERATOR(pg_catalog.=) cur.holder_pid
-                          AND cur.lock_key OPERATOR(pg_catalog.=)
-                              ((l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
-                               OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8)
-                          AND l.database OPERATOR(pg_catalog.=)
-                              (SELECT d.oid FROM pg_catalog.pg_database d
-                                WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()))
-               END AS ended) j
- WHERE e.conflict
-    OR e.status OPERATOR(pg_catalog.=) 'unknown'
-    OR j.ended
-    OR j.not_judged
-UNION ALL
-SELECT d.key,
-       d.run,
-       d.tool,
-       NULL::durable_ledger.effect_state,
-       false,
-       'a later attempt made a call of this tool that the run''s earlier attempts did not make, while an earlier effect of the tool (may_duplicate) was not replayed yet: a person must say whether it is the same operation (durable_ledger.resolve_divergence(key, ''same'', ...): its outcome is replayed) or distinct (''distinct'': it is executed)',
-       d.detected_at,
-       pg_catalog.now() OPERATOR(pg_catalog.-) d.detected_at,
-       d.args,
-       NULL,
-       false,
-       d.occurrence,
-       NULL,
-       d.lease_epoch,
-       d.candidate_key,
-       ab.abandoned_at
-  FROM durable_ledger.divergences d
-  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) d.run
- WHERE d.verdict IS NULL
-   AND NOT EXISTS (SELECT FROM durable_ledger.effects x
-                    WHERE x.key OPERATOR(pg_catalog.=) d.key);  -- executed meanwhile (policy off)

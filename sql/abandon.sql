@@ -5,16 +5,6 @@
 -- the runs table, unresolved and history show it; admins only; audited.
 \set VERBOSITY default
 
-CREATE OR REPLACE FUNCTION regress_sqlstate(stmt text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE st text; msg text;
-BEGIN
-    EXECUTE stmt;
-    RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
-    RETURN st || ': ' || msg;
-END $$;
-
 SELECT durable_ledger.acquire_run('ab-1');
 SELECT (durable_ledger.complete_effect(key, '{"paid": 1}')).status
   FROM durable_ledger.begin_effect('ab-1', 'ab.pay', '{"invoice": 1}');

@@ -11,16 +11,6 @@
 -- resolved) never trips it, under session and token leases alike.
 \set VERBOSITY default
 
-CREATE OR REPLACE FUNCTION regress_sqlstate(stmt text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE st text; msg text;
-BEGIN
-    EXECUTE stmt;
-    RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
-    RETURN st || ': ' || msg;
-END $$;
-
 -- one call: its decision (a completed execution reports a result)
 CREATE FUNCTION regress_div_call(r text, t text, a jsonb, outcome jsonb DEFAULT '{"ok": true}',
                              token text DEFAULT NULL)

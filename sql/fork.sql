@@ -7,16 +7,6 @@
 -- Only settled effects are carried; admins only; audited.
 \set VERBOSITY default
 
-CREATE OR REPLACE FUNCTION regress_sqlstate(stmt text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE st text; msg text;
-BEGIN
-    EXECUTE stmt;
-    RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
-    RETURN st || ': ' || msg;
-END $$;
-
 CREATE FUNCTION regress_fork_call(r text, t text, a jsonb, outcome jsonb DEFAULT '{"ok": true}',
                              bk text DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql AS $$

@@ -61,3 +61,14 @@ EXCEPTION WHEN OTHERS THEN
     RETURN SQLSTATE || ': ' || SQLERRM;
 END
 $$;
+
+-- the same, answering 'no error' (the later files' expected output says so)
+CREATE FUNCTION regress_sqlstate(stmt text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE st text; msg text;
+BEGIN
+    EXECUTE stmt;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+    RETURN st || ': ' || msg;
+END $$;

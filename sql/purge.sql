@@ -9,15 +9,6 @@
 -- are shown.)
 \set VERBOSITY terse
 
-CREATE FUNCTION regress_sqlstate(stmt text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE st text; msg text;
-BEGIN
-    EXECUTE stmt;
-    RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
-    RETURN st || ': ' || msg;
-END $$;
 CREATE FUNCTION regress_pg_footprint() RETURNS text LANGUAGE sql AS $$
     SELECT format('%s/%s/%s/%s', (SELECT count(*) FROM durable_ledger.effects),
                   (SELECT count(*) FROM durable_ledger.audit_log),

@@ -9,17 +9,6 @@
 -- input is refused and writes nothing.
 \set VERBOSITY default
 
--- an error with its SQLSTATE
-CREATE OR REPLACE FUNCTION regress_sqlstate(stmt text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE st text; msg text;
-BEGIN
-    EXECUTE stmt;
-    RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
-    RETURN st || ': ' || msg;
-END $$;
-
 CREATE FUNCTION regress_registry_footprint() RETURNS text LANGUAGE sql AS $$
     SELECT format('tools=%s audit=%s effects=%s',
                   (SELECT count(*) FROM durable_ledger.tools),

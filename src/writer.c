@@ -230,24 +230,111 @@ insert_row(Write *w)
 	check_written(w, "INSERT");
 }
 
+/*
+ * Finds the row whose primary key columns key_columns hold values, waiting
+ * for a transaction that is changing it, and locks its latest version for
+ * this transaction (as UPDATE locks it); false when there is none.  *tuple
+ * is a copy of that version, in the caller's memory.
+ */
+static bool
+lock_row_by(Write *w, int nkeys, const int *key_columns, const Datum *values,
+			HeapTuple *tuple)
+{
+	MemoryContext caller = MemoryContextSwitchTo(w->estate->es_query_cxt);
+	TupleTableSlot *search;
+	TupleTableSlot *found;
+	Oid			primary_key = RelationGetPrimaryKeyIndex(w->rel);
+	bool		exists;
+	int			i;
+
+	if (!OidIsValid(primary_key))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("durable_ledger.%s has no primary key", w->table->name)));
+	search = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel), &TTSOpsVirtual);
+	ExecClearTuple(search);
+	memset(search->tts_isnull, true, sizeof(bool) * RelationGetDescr(w->rel)->natts);
+	for (i = 0; i < nkeys; i++)
+	{
+		search->tts_values[w->table->attnums[key_columns[i]] - 1] = values[i];
+		search->tts_isnull[w->table->attnums[key_columns[i]] - 1] = false;
+	}
+	ExecStoreVirtualTuple(search);
+	found = table_slot_create(w->rel, &w->estate->es_tupleTable);
+
+	exists = RelationFindReplTupleByIndex(w->rel, primary_key, LockTupleNoKeyExclusive,
+										  search, found);
+	MemoryContextSwitchTo(caller);
+	if (exists)
+	{
+		*tuple = ExecCopySlotHeapTuple(found);
+		(*tuple)->t_self = found->tts_tid;
+	}
+	return exists;
+}
+
+/* lock_row_by for a table whose primary key is one column. */
+static bool
+lock_row(Write *w, Datum value, int key_column, HeapTuple *tuple)
+{
+	return lock_row_by(w, 1, &key_column, &value, tuple);
+}
+
+/* The row locked by lock_row as the slot the executor's helpers search by. */
+static TupleTableSlot *
+locked_slot(Write *w, HeapTuple locked)
+{
+	TupleTableSlot *search;
+
+	search = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel), &TTSOpsHeapTuple);
+	ExecStoreHeapTuple(locked, search, false);
+	return search;
+}
+
+/* Changes the row locked by lock_row into the values of w->slot. */
+static void
+update_row(Write *w, HeapTuple locked)
+{
+	MemoryContext caller = MemoryContextSwitchTo(w->estate->es_query_cxt);
+	TupleTableSlot *search = locked_slot(w, locked);
+	EPQState	epq;
+
+	ExecStoreVirtualTuple(w->slot);
+	/* the SET list: UPDATE OF triggers fire on it, as after SQL's UPDATE */
+	w->rte->updatedCols = w->updated;
+	if (w->updated != NULL)
+		dl_check_domains(w->table, w->slot, w->updated);
+	dl_EvalPlanQualInit(&epq, w->estate);
+	ExecSimpleRelationUpdate(w->rri, w->estate, &epq, search, w->slot);
+	EvalPlanQualEnd(&epq);
+	MemoryContextSwitchTo(caller);
+	check_written(w, "UPDATE");
+}
+
 /* Removes the row locked by lock_row. */
 static void
 delete_row(Write *w, HeapTuple locked)
 {
 	MemoryContext caller = MemoryContextSwitchTo(w->estate->es_query_cxt);
-	TupleTableSlot *search;
+	TupleTableSlot *search = locked_slot(w, locked);
 	EPQState	epq;
 
-	search = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel), &TTSOpsHeapTuple);
-	ExecStoreHeapTuple(locked, search, false);
 	dl_EvalPlanQualInit(&epq, w->estate);
 	ExecSimpleRelationDelete(w->rri, w->estate, &epq, search);
 	EvalPlanQualEnd(&epq);
 	MemoryContextSwitchTo(caller);
 }
 
-static bool lock_row_by(Write *w, int nkeys, const int *key_columns, const Datum *values,
-						HeapTuple *tuple);
+/* The values of a locked row, as the starting point of its update. */
+static void
+start_from(Write *w, HeapTuple locked)
+{
+	TupleDesc	desc = RelationGetDescr(w->rel);
+
+	heap_deform_tuple(locked, desc, w->slot->tts_values, w->slot->tts_isnull);
+	memset(w->set, true, sizeof(bool) * desc->natts);
+	w->updating = true;
+}
 
 /* ---------- unsettled: the effects that are not settled yet ---------- */
 
@@ -259,8 +346,8 @@ static bool lock_row_by(Write *w, int nkeys, const int *key_columns, const Datum
  * predicate (status) changes when an effect completes, which makes every
  * completion a non-HOT update of every index of effects.  Keyed by the
  * effect's created_at first, a new row goes to the right edge of the index
- * and a completion finds it among the newest pages (docs/design.md,
- * "Finding what waits").  Its rows change with the effect's row, under that
+ * and a completion finds it among the newest pages (docs/design.md, "What
+ * waits for a person").  Its rows change with the effect's row, under that
  * row's lock; one whose effect was deleted by hand matches no effect.
  */
 static bool
@@ -421,89 +508,6 @@ dl_write_intent_unless_exists(const NewIntent *intent)
 	if (insert_was_skipped(intent->key))
 		report_skipped(&dl_effects_table, "INSERT");
 	return false;
-}
-
-/*
- * Finds the row whose primary key columns key_columns hold values, waiting
- * for a transaction that is changing it, and locks its latest version for
- * this transaction (as UPDATE locks it); false when there is none.  *tuple
- * is a copy of that version, in the caller's memory.
- */
-static bool
-lock_row_by(Write *w, int nkeys, const int *key_columns, const Datum *values,
-			HeapTuple *tuple)
-{
-	MemoryContext caller = MemoryContextSwitchTo(w->estate->es_query_cxt);
-	TupleTableSlot *search;
-	TupleTableSlot *found;
-	Oid			primary_key = RelationGetPrimaryKeyIndex(w->rel);
-	bool		exists;
-	int			i;
-
-	if (!OidIsValid(primary_key))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("durable_ledger.%s has no primary key", w->table->name)));
-	search = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel), &TTSOpsVirtual);
-	ExecClearTuple(search);
-	memset(search->tts_isnull, true, sizeof(bool) * RelationGetDescr(w->rel)->natts);
-	for (i = 0; i < nkeys; i++)
-	{
-		search->tts_values[w->table->attnums[key_columns[i]] - 1] = values[i];
-		search->tts_isnull[w->table->attnums[key_columns[i]] - 1] = false;
-	}
-	ExecStoreVirtualTuple(search);
-	found = table_slot_create(w->rel, &w->estate->es_tupleTable);
-
-	exists = RelationFindReplTupleByIndex(w->rel, primary_key, LockTupleNoKeyExclusive,
-										  search, found);
-	MemoryContextSwitchTo(caller);
-	if (exists)
-	{
-		*tuple = ExecCopySlotHeapTuple(found);
-		(*tuple)->t_self = found->tts_tid;
-	}
-	return exists;
-}
-
-/* lock_row_by for a table whose primary key is one column. */
-static bool
-lock_row(Write *w, Datum value, int key_column, HeapTuple *tuple)
-{
-	return lock_row_by(w, 1, &key_column, &value, tuple);
-}
-
-/* Changes the row locked by lock_row into the values of w->slot. */
-static void
-update_row(Write *w, HeapTuple locked)
-{
-	MemoryContext caller = MemoryContextSwitchTo(w->estate->es_query_cxt);
-	TupleTableSlot *search;
-	EPQState	epq;
-
-	search = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel), &TTSOpsHeapTuple);
-	ExecStoreHeapTuple(locked, search, false);
-	ExecStoreVirtualTuple(w->slot);
-	/* the SET list: UPDATE OF triggers fire on it, as after SQL's UPDATE */
-	w->rte->updatedCols = w->updated;
-	if (w->updated != NULL)
-		dl_check_domains(w->table, w->slot, w->updated);
-	dl_EvalPlanQualInit(&epq, w->estate);
-	ExecSimpleRelationUpdate(w->rri, w->estate, &epq, search, w->slot);
-	EvalPlanQualEnd(&epq);
-	MemoryContextSwitchTo(caller);
-	check_written(w, "UPDATE");
-}
-
-/* The values of a locked row, as the starting point of its update. */
-static void
-start_from(Write *w, HeapTuple locked)
-{
-	TupleDesc	desc = RelationGetDescr(w->rel);
-
-	heap_deform_tuple(locked, desc, w->slot->tts_values, w->slot->tts_isnull);
-	memset(w->set, true, sizeof(bool) * desc->natts);
-	w->updating = true;
 }
 
 /*

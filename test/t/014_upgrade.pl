@@ -132,6 +132,16 @@ for my $from (@sources)
 	is($node->safe_psql($db, $counts_sql), $counts_before,
 		"from $from: every effect, run and audit row is unchanged");
 
+	# what waits for a person is listed as before the update: unsettled was
+	# filled from effects (the view reads nothing else)
+	like($node->safe_psql($db, q{
+			SELECT count(*) FILTER (WHERE EXISTS (SELECT FROM durable_ledger.unsettled u
+			                                       WHERE u.key = e.key AND u.created_at = e.created_at))
+			       || ' of ' || count(*) || ', ' || (SELECT count(*) FROM durable_ledger.unsettled)
+			  FROM durable_ledger.effects e
+			 WHERE e.status IN ('started', 'unknown') OR e.conflict}), qr/^([1-9]\d*) of \1, \1$/,
+		"from $from: unsettled holds every effect started, unknown or flagged, and nothing else");
+
 	if ($from eq '1.1')
 	{
 		# the updated 1.1 ledger decides as before: completed and resolved
