@@ -100,6 +100,30 @@ SELECT count(*) AS listed_after_lease_ended FROM durable_ledger.unresolved WHERE
 DROP TRIGGER regress_round_created_at ON durable_ledger.effects;
 DROP FUNCTION regress_round_created_at();
 
+-- a row left behind by a writer that did not keep unsettled (a backend still
+-- running an older library while the extension was updated): a later
+-- contradicting report is flagged and kept, not lost to a duplicate key
+SELECT key AS u6 FROM durable_ledger.begin_effect('uns-5', 'pay', '{"n": 6}') \gset
+SELECT status FROM durable_ledger.complete_effect(:'u6', '{"ok": true}');
+INSERT INTO durable_ledger.unsettled SELECT created_at, key FROM durable_ledger.effects WHERE key = :'u6';
+SELECT regress_try(format($$SELECT durable_ledger.fail_effect(%L, '{"code": "late"}')$$, :'u6')) AS report_on_a_left_row;
+SELECT conflict, regress_is_unsettled(:'u6') AS listed,
+       (SELECT count(*) FROM durable_ledger.audit_log WHERE key = :'u6' AND event = 'conflict') AS conflicts_logged
+  FROM durable_ledger.effects WHERE key = :'u6';
+SELECT status FROM durable_ledger.resolve_effect(:'u6', 'completed', '{"ok": true}', 'alice', NULL);
+
+-- a BEFORE ROW trigger that skips the removal: the report fails and writes nothing
+SELECT key AS u7 FROM durable_ledger.begin_effect('uns-5', 'pay', '{"n": 7}') \gset
+CREATE FUNCTION regress_skip() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+CREATE TRIGGER regress_skip BEFORE DELETE ON durable_ledger.unsettled
+    FOR EACH ROW EXECUTE FUNCTION regress_skip();
+SELECT regress_try(format($$SELECT durable_ledger.complete_effect(%L, '{"ok": true}')$$, :'u7')) AS skipped_removal;
+SELECT status, regress_is_unsettled(:'u7') AS still_listed FROM durable_ledger.effects WHERE key = :'u7';
+DROP TRIGGER regress_skip ON durable_ledger.unsettled;
+DROP FUNCTION regress_skip();
+SELECT status, regress_is_unsettled(:'u7') AS listed FROM durable_ledger.complete_effect(:'u7', '{"ok": true}');
+SELECT durable_ledger.release_run('uns-5');
+
 SELECT * FROM regress_unsettled_drift;
 
 DROP VIEW regress_unsettled_drift;

@@ -311,7 +311,11 @@ update_row(Write *w, HeapTuple locked)
 	check_written(w, "UPDATE");
 }
 
-/* Removes the row locked by lock_row. */
+/*
+ * Removes the row locked by lock_row.  The executor's helper says nothing
+ * when a BEFORE ROW trigger skipped the delete: then the row is looked at
+ * again, and a row still there is an error, as for a skipped insert.
+ */
 static void
 delete_row(Write *w, HeapTuple locked)
 {
@@ -322,6 +326,13 @@ delete_row(Write *w, HeapTuple locked)
 	dl_EvalPlanQualInit(&epq, w->estate);
 	ExecSimpleRelationDelete(w->rri, w->estate, &epq, search);
 	EvalPlanQualEnd(&epq);
+	if (w->rel->trigdesc != NULL && w->rel->trigdesc->trig_delete_before_row)
+	{
+		CommandCounterIncrement();
+		if (table_tuple_fetch_row_version(w->rel, &locked->t_self, GetLatestSnapshot(),
+										  table_slot_create(w->rel, &w->estate->es_tupleTable)))
+			report_skipped(w->table, "DELETE");
+	}
 	MemoryContextSwitchTo(caller);
 }
 
@@ -356,22 +367,37 @@ is_unsettled(const EffectRow *row)
 	return row->status == EFFECT_STARTED || row->status == EFFECT_UNKNOWN || row->conflict;
 }
 
-static void
-add_unsettled(const char *key, TimestampTz created_at)
-{
-	Write		w;
+static const int unsettled_key[2] = {UNS_CREATED_AT, UNS_KEY};
 
+/*
+ * An intent's row is new (its created_at was just taken); an effect that
+ * becomes unsettled again keeps its created_at (a flagged report), so a row
+ * left by a writer that did not keep unsettled (a backend still running an
+ * older library while the extension was updated) may already say it: then
+ * it is kept, and the report is never lost to a duplicate key.
+ */
+static void
+add_unsettled(const char *key, TimestampTz created_at, bool may_exist)
+{
+	Datum		values[2];
+	Write		w;
+	HeapTuple	found;
+
+	values[0] = TimestampTzGetDatum(created_at);
+	values[1] = CStringGetTextDatum(key);
 	begin_write(&w, &dl_unsettled_table);
-	set_value(&w, UNS_CREATED_AT, TimestampTzGetDatum(created_at));
-	set_value(&w, UNS_KEY, CStringGetTextDatum(key));
-	insert_row(&w);
+	if (!may_exist || !lock_row_by(&w, 2, unsettled_key, values, &found))
+	{
+		set_value(&w, UNS_CREATED_AT, values[0]);
+		set_value(&w, UNS_KEY, values[1]);
+		insert_row(&w);
+	}
 	end_write(&w);
 }
 
 static void
 remove_unsettled(const char *key, TimestampTz created_at)
 {
-	static const int columns[2] = {UNS_CREATED_AT, UNS_KEY};
 	Datum		values[2];
 	Write		w;
 	HeapTuple	tuple;
@@ -379,7 +405,7 @@ remove_unsettled(const char *key, TimestampTz created_at)
 	values[0] = TimestampTzGetDatum(created_at);
 	values[1] = CStringGetTextDatum(key);
 	begin_write(&w, &dl_unsettled_table);
-	if (lock_row_by(&w, 2, columns, values, &tuple))
+	if (lock_row_by(&w, 2, unsettled_key, values, &tuple))
 		delete_row(&w, tuple);
 	end_write(&w);
 }
@@ -395,7 +421,7 @@ follow_settlement(const EffectRow *before, const EffectRow *after)
 	if (was && (!now || moved))
 		remove_unsettled(before->key, before->created_at);
 	if (now && (!was || moved))
-		add_unsettled(after->key, after->created_at);
+		add_unsettled(after->key, after->created_at, true);
 }
 
 /* ---------- effects ---------- */
@@ -439,7 +465,7 @@ dl_write_new_intent(const NewIntent *intent)
 	/* as stored: a BEFORE ROW trigger may have changed it */
 	created_at = DatumGetTimestampTz(w.slot->tts_values[dl_effects_table.attnums[EFF_CREATED_AT] - 1]);
 	end_write(&w);
-	add_unsettled(intent->key, created_at);
+	add_unsettled(intent->key, created_at, false);
 	dl_write_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
 }
 
@@ -501,7 +527,8 @@ dl_write_intent_unless_exists(const NewIntent *intent)
 
 		add_unsettled(intent->key,
 					  DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0],
-														SPI_tuptable->tupdesc, 1, &isnull)));
+														SPI_tuptable->tupdesc, 1, &isnull)),
+					  false);
 		dl_write_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
 		return true;
 	}
