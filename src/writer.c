@@ -312,28 +312,29 @@ update_row(Write *w, HeapTuple locked)
 }
 
 /*
- * Removes the row locked by lock_row.  The executor's helper says nothing
- * when a BEFORE ROW trigger skipped the delete: then the row is looked at
- * again, and a row still there is an error, as for a skipped insert.
+ * Removes the row locked by lock_row_by(key_columns, values).  The
+ * executor's helper says nothing when a BEFORE ROW trigger skipped the
+ * delete: then the key is looked up again, and a row still there (or put
+ * back) is an error, as for a skipped insert.
  */
 static void
-delete_row(Write *w, HeapTuple locked)
+delete_row(Write *w, HeapTuple locked, int nkeys, const int *key_columns, const Datum *values)
 {
 	MemoryContext caller = MemoryContextSwitchTo(w->estate->es_query_cxt);
 	TupleTableSlot *search = locked_slot(w, locked);
 	EPQState	epq;
+	HeapTuple	left;
 
 	dl_EvalPlanQualInit(&epq, w->estate);
 	ExecSimpleRelationDelete(w->rri, w->estate, &epq, search);
 	EvalPlanQualEnd(&epq);
+	MemoryContextSwitchTo(caller);
 	if (w->rel->trigdesc != NULL && w->rel->trigdesc->trig_delete_before_row)
 	{
 		CommandCounterIncrement();
-		if (table_tuple_fetch_row_version(w->rel, &locked->t_self, GetLatestSnapshot(),
-										  table_slot_create(w->rel, &w->estate->es_tupleTable)))
+		if (lock_row_by(w, nkeys, key_columns, values, &left))
 			report_skipped(w->table, "DELETE");
 	}
-	MemoryContextSwitchTo(caller);
 }
 
 /* The values of a locked row, as the starting point of its update. */
@@ -406,7 +407,7 @@ remove_unsettled(const char *key, TimestampTz created_at)
 	values[1] = CStringGetTextDatum(key);
 	begin_write(&w, &dl_unsettled_table);
 	if (lock_row_by(&w, 2, unsettled_key, values, &tuple))
-		delete_row(&w, tuple);
+		delete_row(&w, tuple, 2, unsettled_key, values);
 	end_write(&w);
 }
 
