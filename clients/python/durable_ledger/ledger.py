@@ -24,39 +24,39 @@ calls in flight.
 
 from __future__ import annotations
 
-import contextvars
 import functools
-import logging
 import threading
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple,
                     TypeVar, Union, cast)
 
 import psycopg
 from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
+from . import _protocol as p
+from ._protocol import (
+    LEASE_LOST,
+    RUN_ABANDONED,
+    TokenLease,
+    _ATTEMPTS,
+    _Halt,
+    _NotSent,
+    _abandoned,
+    _not_committed,
+    _refused_cleanly,
+    _stopped,
+    log,
+)
 from .errors import (
-    DivergencePaused,
     EffectDidNotHappen,
-    EffectFailed,
-    EffectInProgress,
-    EffectPaused,
-    LeaseLost,
     LedgerError,
     LedgerUsageError,
-    OutcomeNotRecorded,
-    RunAbandoned,
     RunBusy,
-    ToolRefused,
 )
 
 __all__ = ["Ledger", "TokenLease", "side_effect", "Perform", "ToolFunction"]
-
-log = logging.getLogger("durable_ledger")
-log.addHandler(logging.NullHandler())  # a library logs only where the application says
 
 R = TypeVar("R")
 #: ``perform(idempotency_key) -> result``: the side effect itself, given the key to pass
@@ -68,180 +68,6 @@ ToolFunction = Callable[[Any, str], Any]
 #: as ``psycopg_pool.ConnectionPool``) or a factory (``connect() -> Connection``, or a
 #: context manager that yields one).
 ConnectionSource = Union["psycopg.Connection[Any]", Any, Callable[[], Any]]
-
-#: The SQLSTATE of a lost token lease (expired, released, superseded, unknown).
-LEASE_LOST = "55L01"
-#: The SQLSTATE of a call of a run that a person abandoned (begin_effect, acquire_run,
-#: take_lease): `RunAbandoned`.
-RUN_ABANDONED = "55L02"
-#: The SQLSTATE of a call that would execute a retired tool, or one nobody registered
-#: while `the ledger refuses tools nobody registered (`set_unregistered_tools('refuse', …)`)`: `ToolRefused`.
-TOOL_REFUSED = "55L03"
-
-#: Why a run is stopped in its current attempt: (key, reason, the exception to raise
-#: instead of `EffectPaused` or None).  See `Ledger.guarded`.
-_Halt = Tuple[Optional[str], str, Optional[Callable[[], LedgerError]]]
-
-#: The token attempts the running code belongs to (innermost last).  `Ledger.token_attempt`
-#: extends it for its body; a call finds its attempt here, never by looking its run up.
-_ATTEMPTS: "contextvars.ContextVar[Tuple[TokenLease, ...]]" = contextvars.ContextVar(
-    "durable_ledger_attempts", default=())
-
-
-def _not_committed(exc: BaseException) -> bool:
-    """Whether ``exc`` says that a ledger statement ran inside a transaction that something
-    else opened on the Ledger's connection: it did not commit, it goes with that
-    transaction (a `LedgerUsageError` raised by `_execute_on`)."""
-    return isinstance(exc, LedgerUsageError) and getattr(exc, "_not_committed", False)
-
-
-class _NotSent(psycopg.OperationalError):
-    """The connection source handed out a connection already closed: nothing was sent."""
-
-
-def _server_message(exc: "psycopg.Error") -> str:
-    """The server's message and detail, as one sentence."""
-    primary = exc.diag.message_primary or str(exc).strip()
-    detail = exc.diag.message_detail
-    return f"{primary}: {detail}" if detail else primary
-
-
-def _abandoned(run: str, exc: "psycopg.Error") -> RunAbandoned:
-    """`RunAbandoned` for a 55L02 refusal of a call of ``run``."""
-    return RunAbandoned(run, f"{_server_message(exc)} (SQLSTATE 55L02).  This attempt stops "
-                             f"here, and the run must not be retried: it is stopped for good")
-
-
-def _json(value: Any) -> Optional[Jsonb]:
-    """None becomes SQL NULL ("nothing"), anything else a jsonb parameter."""
-    return None if value is None else Jsonb(value)
-
-
-def _refused_cleanly(exc: BaseException, conn: "psycopg.Connection[Any]") -> bool:
-    """True when the server refused a statement with an ERROR and the session lives on.
-
-    A statement run in its own transaction then wrote nothing.  Anything else (the
-    connection broke, a FATAL, a client-side failure while the statement was out) leaves
-    it unknown whether the statement committed.
-    """
-    return (isinstance(exc, psycopg.Error) and exc.sqlstate is not None
-            and exc.diag.severity_nonlocalized == "ERROR"
-            and not conn.closed and not conn.broken)
-
-
-class TokenLease:
-    """One attempt at a run under a token lease: what `Ledger.token_attempt` yields.
-
-    - ``run``, ``epoch`` (the attempt's lease epoch), ``holder``, ``ttl``;
-    - ``expires_at``: the expiry as of the last renewal (the server's clock decides);
-    - ``renewals``: how many renewals succeeded so far;
-    - ``lost``: None while the lease is held, else the `LeaseLost` that says why not;
-    - ``check()``: raises `LeaseLost` if the lease is known to be lost -- call it before
-      a long step that does not go through the ledger (a model call);
-    - ``bind(fn)``: ``fn`` wrapped so that it runs as part of this attempt in whatever
-      thread calls it (``executor.submit(lease.bind(tool), run, args)``);
-    - ``token``: the capability itself (whoever has it acts for the lease); it is never
-      shown by ``repr`` nor written to the log.
-    """
-
-    def __init__(self, run: str, token: str, epoch: int, expires_at: datetime,
-                 holder: Optional[str], ttl: timedelta, ledger: Optional["Ledger"] = None) -> None:
-        self.run = run
-        self.token = token
-        self.epoch = epoch
-        self.expires_at = expires_at
-        self.holder = holder
-        self.ttl = ttl
-        self.renewals = 0
-        self.lost: Optional[LeaseLost] = None
-        self._mutex = threading.Lock()
-        self._ledger = ledger
-        # The attempt's own state: ended (its body is over: calls not yet begun are
-        # refused), its calls in flight (the end waits for them), and its stop after an
-        # unknown outcome, a pause, an abandoned run or a refused tool (key, reason, error).
-        self._ended = False
-        self._inflight = 0
-        self._idle = threading.Condition(self._mutex)
-        self._halted: Optional[_Halt] = None
-
-    def check(self) -> None:
-        """Raise `LeaseLost` when the lease is known to be lost; return otherwise."""
-        lost = self.lost
-        if lost is not None:
-            raise LeaseLost(self.run, self.epoch, lost.reason) from lost
-
-    def bind(self, fn: Callable[..., R]) -> Callable[..., R]:
-        """``fn``, made a part of this attempt wherever it runs.
-
-        A thread does not inherit the attempt of the code that started it (a
-        ``ThreadPoolExecutor`` runs its tasks in contexts of its own), and a ledger call
-        from such a thread is refused.  ``executor.submit(lease.bind(pay_invoice), run,
-        args)`` runs ``pay_invoice`` in a copy of the context ``bind`` was called in, with
-        this attempt in it.  Once the attempt has ended, its calls raise `LeaseLost` and
-        perform nothing.  (``asyncio.to_thread`` and ``contextvars.copy_context().run``
-        carry the attempt by themselves.)
-        """
-        context = contextvars.copy_context()
-
-        def run_in_attempt(*args: Any, **kwargs: Any) -> R:
-            def call() -> R:
-                attempts = _ATTEMPTS.get()
-                if not any(a is self for a in attempts):
-                    _ATTEMPTS.set(attempts + (self,))
-                return fn(*args, **kwargs)
-            return context.copy().run(call)
-
-        return functools.wraps(fn)(run_in_attempt)
-
-    def _enter(self) -> None:
-        """A call of the attempt starts (refused once the attempt has ended)."""
-        with self._mutex:
-            if self._ended:
-                raise LeaseLost(
-                    self.run, self.epoch,
-                    f"run {self.run!r}: this call belongs to the token attempt of epoch "
-                    f"{self.epoch}, which has ended (its block was left while this call's "
-                    f"thread or task was still running); nothing was begun.  A call must not "
-                    f"outlive its attempt: wait for every branch before leaving the block")
-            self._inflight += 1
-
-    def _leave(self) -> None:
-        with self._mutex:
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._idle.notify_all()
-
-    def _end(self) -> None:
-        """The attempt's block is over: refuse new calls, wait for those in flight."""
-        with self._mutex:
-            self._ended = True
-            if self._inflight:
-                log.debug("token attempt at %s waits for %d call(s) in flight", self.run,
-                          self._inflight)
-            while self._inflight:
-                self._idle.wait()
-
-    def _lose(self, exc: BaseException) -> LeaseLost:
-        with self._mutex:
-            if self.lost is None:
-                primary = detail = None
-                if isinstance(exc, psycopg.Error):
-                    primary, detail = exc.diag.message_primary, exc.diag.message_detail
-                lost = LeaseLost(
-                    self.run, self.epoch,
-                    f"{primary or exc} (lease epoch {self.epoch})"
-                    f"{': ' + detail.rstrip('.') if detail else ''}; this attempt stops here, "
-                    f"and a new one (token_attempt) replays what it completed")
-                lost.__cause__ = exc
-                self.lost = lost
-                log.warning("%s", lost.reason)
-            return self.lost
-
-    def __repr__(self) -> str:
-        return (f"TokenLease(run={self.run!r}, epoch={self.epoch}, expires_at={self.expires_at!r}, "
-                f"holder={self.holder!r}, renewals={self.renewals}, "
-                f"lost={None if self.lost is None else self.lost.reason!r})")
-
 
 class Ledger:
     """The ledger, seen through one psycopg connection, a pool, or a connection factory.
@@ -390,160 +216,86 @@ class Ledger:
         A `Ledger` that has run token attempts takes no implicit session lease: outside a
         token attempt, only a run it holds by ``attempt``/``acquire_run`` is called.
         """
-        lease = self._bound_lease(run)
+        lease = p.bound_lease(self, run)
         if lease is not None:
-            lease._enter()  # LeaseLost once the attempt has ended
+            p.enter_attempt(lease)
             try:
-                lease.check()
-                if lease._halted is not None:
-                    raise _stopped(lease._halted)
                 return self._guarded(lease, run, tool, args, perform, business_key, meta)
             finally:
                 lease._leave()
         if run in self._leases:
-            raise LedgerUsageError(
-                None, None, f"guarded() on run {run!r} was called from a thread or task that "
-                f"does not carry the token attempt this Ledger holds on it, so it is not "
-                f"performed: a thread started inside the attempt does not inherit it.  Submit "
-                f"lease.bind(fn) to the executor (or contextvars.copy_context().run, fn; "
-                f"asyncio.to_thread carries it)")
+            raise p.not_carried(run)
         self._session_only("guarded() outside token_attempt()")
         if self._used_tokens and run not in self._session_held:
-            raise LedgerUsageError(
-                None, None, f"guarded() on run {run!r} outside a token attempt would take "
-                f"an implicit session lease, and this Ledger runs token attempts: it never "
-                f"falls back to a session lease (a leftover call of an ended attempt must "
-                f"not act).  Call it inside `with ledger.token_attempt(run):`, or hold the "
-                f"run by a session lease explicitly (attempt(), acquire_run())")
+            raise p.no_implicit_session(run)
         self._check_writable()
         halted = self._halted.get(run)
         if halted is not None:
             raise _stopped(halted)
         return self._guarded(None, run, tool, args, perform, business_key, meta)
 
-    def _bound_lease(self, run: str) -> Optional[TokenLease]:
-        """The token attempt of this Ledger at ``run`` that the running code belongs to."""
-        for lease in reversed(_ATTEMPTS.get()):
-            if lease._ledger is self and lease.run == run:
-                return lease
-        return None
+    def _halter(self, run: str, lease: Optional[TokenLease]) -> p.HaltFn:
+        """``halt(key, reason, error)`` for calls of ``run`` in its current attempt."""
+        return lambda key, reason, error: self._halt(run, key, reason, lease, error=error)
 
     def _guarded(self, lease: Optional[TokenLease], run: str, tool: str, args: Any,
                  perform: Perform, business_key: Optional[str], meta: Any) -> Any:
+        halt = self._halter(run, lease)
         if lease is None:
             try:
-                row = self._one(
-                    "SELECT * FROM durable_ledger.begin_effect(%s, %s, %s, %s, %s)",
-                    (run, tool, Jsonb(args), business_key, _json(meta)),
-                )
+                row = self._one(p.BEGIN_SESSION, p.begin_params(run, tool, args, business_key, meta))
             except LedgerUsageError as exc:
                 if _not_committed(exc):
-                    self._halt(run, None, f"run {run!r} is stopped in this attempt: "
-                                          f"begin_effect of {tool} ran inside another "
-                                          f"transaction on the Ledger's connection")
+                    p.begin_not_committed(run, tool, halt)
                 raise
             except psycopg.Error as exc:
-                refused = self._refused(exc, run, tool, None)
+                refused = p.refusal(exc, run, tool, halt)
                 if refused is not None:
                     raise refused from exc
                 raise
         else:
             row = self._token_begin(lease, tool, args, business_key, meta)
-        key: str = row["key"]
-        decision: str = row["decision"]
-        reason: str = row["reason"] or ""
-        log.debug("%s %s run=%s key=%s", decision, tool, run, key)
-
-        if decision == "execute":
-            return self._execute(run, tool, key, row["attempt"], perform, lease)
-        if decision == "replay":
-            if row["status"] == "completed":
-                return row["result"]
-            if row["status"] == "failed":
-                raise EffectFailed(key, decision, reason, row["error"], replayed=True)
-        elif decision == "pause":
-            log.warning("run %s paused at %s %s: %s", run, tool, key, reason)
-            if row["status"] is None:
-                # Nothing was recorded for the call: it diverges from the run's earlier
-                # attempts, and waits for resolve_divergence.  It stops the attempt
-                # like any pause.
-                self._halt(run, key, f"run {run!r} is stopped in this attempt: the call of "
-                                     f"{tool} (key {key}) diverges from the run's earlier "
-                                     f"attempts and was paused: {reason}", lease)
-                raise DivergencePaused(key, reason, run=run, tool=tool)
-            self._halt(run, key, f"run {run!r} is stopped in this attempt: effect {key} "
-                                 f"({tool}) was paused: {reason}", lease)
-            raise EffectPaused(key, decision, reason)
-        elif decision == "in_progress":
-            raise EffectInProgress(key, decision, reason)
-        raise LedgerError(key, decision, f"unexpected answer from begin_effect: decision "
-                                         f"{decision!r}, status {row['status']!r}")
+        decision = p.decision_of(row, run, tool, halt)
+        if isinstance(decision, p.Replayed):
+            return decision.result
+        key, attempt = decision
+        try:
+            result = perform(key)
+        except EffectDidNotHappen as refusal:
+            self._record(run, key, attempt, "fail_effect", "failed", refusal.error, lease)
+            raise p.refusal_recorded(key, refusal) from refusal
+        except BaseException as exc:
+            p.outcome_unknown(run, tool, key, exc, halt)
+            raise
+        return self._record(run, key, attempt, "complete_effect", "completed", result,
+                            lease)["result"]
 
     def _token_begin(self, lease: TokenLease, tool: str, args: Any,
                      business_key: Optional[str], meta: Any) -> Dict[str, Any]:
         """begin_effect in the token lease's epoch, in a transaction of its own."""
         run = lease.run
-
-        def uncertain(exc: BaseException) -> None:
-            # The statement went out and nobody knows whether it committed: its intent may
-            # be recorded under this still-live lease, and the same call again would be
-            # the next occurrence.  This attempt stops; the next one finds out.  (Never
-            # sent again: a begin_effect is not idempotent.)
-            self._halt(run, None, f"run {run!r} is stopped in this attempt: begin_effect "
-                                  f"of {tool} failed with the outcome of the statement "
-                                  f"unknown ({type(exc).__name__}: {exc}); a new attempt "
-                                  f"finds out whether its intent was recorded", lease)
-
+        halt = self._halter(run, lease)
         try:
             return self._pooled_one(
-                "SELECT * FROM durable_ledger.begin_effect(%s, %s, %s, %s, %s, %s)",
-                (run, tool, Jsonb(args), business_key, _json(meta), lease.token),
-                on_uncertain=uncertain, what=f"begin_effect of {tool}")
+                p.BEGIN_TOKEN, p.begin_params(run, tool, args, business_key, meta, lease.token),
+                on_uncertain=lambda exc: p.begin_uncertain(run, tool, exc, halt),
+                what=f"begin_effect of {tool}")
         except LedgerUsageError as exc:
             if _not_committed(exc):
-                # Whether the intent is recorded is up to that other transaction: this
-                # attempt stops, and the effect is not performed.
-                self._halt(run, None, f"run {run!r} is stopped in this attempt: begin_effect "
-                                      f"of {tool} ran inside another transaction on the "
-                                      f"Ledger's connection", lease)
+                p.begin_not_committed(run, tool, halt)
             raise
         except psycopg.Error as exc:
             if exc.sqlstate == LEASE_LOST:
                 raise lease._lose(exc) from exc
-            refused = self._refused(exc, run, tool, lease)
+            refused = p.refusal(exc, run, tool, halt)
             if refused is not None:
                 raise refused from exc
             raise
 
-    def _execute(self, run: str, tool: str, key: str, attempt: int, perform: Perform,
-                 lease: Optional[TokenLease]) -> Any:
-        try:
-            result = perform(key)
-        except EffectDidNotHappen as refusal:
-            self._record(run, key, attempt, "fail_effect", "failed", refusal.error,
-                         result=None, lease=lease)
-            raise EffectFailed(key, "execute", "the downstream refused the effect; its "
-                               "failure is recorded", refusal.error, replayed=False) from refusal
-        except BaseException as exc:
-            log.warning("outcome of %s %s unknown: perform raised %s", tool, key, type(exc).__name__)
-            self._halt(run, key, f"run {run!r} is stopped in this attempt: the outcome of "
-                                 f"effect {key} ({tool}) is unknown (perform raised "
-                                 f"{type(exc).__name__}); a person must resolve it, then "
-                                 f"start a new attempt", lease)
-            raise
-        recorded = self._record(run, key, attempt, "complete_effect", "completed", result,
-                                result=result, lease=lease)
-        return recorded["result"]
-
     def _record(self, run: str, key: str, attempt: int, function: str, expected: str,
-                payload: Any, *, result: Any, lease: Optional[TokenLease]) -> Dict[str, Any]:
-        """complete_effect / fail_effect on ``attempt``, the attempt begin_effect executed.
-
-        The report always names its attempt: a business key is executed again after a
-        failure (attempt 2, 3, ...), and a report that named none could land on another
-        attempt than the one it is about -- or, when this connection no longer holds the
-        lease that started the attempt, be kept as a conflict instead of applied.
-        Anything but a clean record is `OutcomeNotRecorded`.
+                payload: Any, lease: Optional[TokenLease]) -> Dict[str, Any]:
+        """complete_effect / fail_effect on ``attempt`` (see `p.report_statement`);
+        anything but a clean record is `OutcomeNotRecorded`.
 
         The way it goes out was decided when the call began: a call of a token attempt
         (``lease``) reports on any connection (a report needs no token), also after the
@@ -551,42 +303,21 @@ class Ledger:
         once more on a fresh connection (a report is idempotent: the same payload on the
         same attempt changes nothing the second time).
         """
-        what = {"result": result} if function == "complete_effect" else {"error": payload}
-        query = f"SELECT * FROM durable_ledger.{function}(%s, %s, %s)"
-        params = (key, _json(payload), attempt)
+        halt = self._halter(run, lease)
+        query, params = p.report_statement(function, key, payload, attempt)
         try:
             if lease is not None or self.conn is None:
                 row = self._pooled_one(query, params, retry=True, what=f"{function} of {key}")
             else:
                 row = self._one(query, params, what=f"{function} of {key}")
         except BaseException as exc:
-            self._halt(run, key, f"run {run!r} is stopped in this attempt: the outcome of "
-                                 f"effect {key} could not be recorded", lease)
+            failed = p.report_failed(run, key, function, expected, payload, exc, halt)
             if not isinstance(exc, Exception):
                 raise
-            raise OutcomeNotRecorded(
-                key, f"the outcome ({expected}) could not be recorded "
-                     f"({type(exc).__name__}: {exc}); the next attempt will pause until a "
-                     f"person resolves the effect", **what) from exc
-        if row["attempt"] == attempt:
-            accepted = row["status"] == expected and not row["conflict"]
-        else:
-            # A later attempt replaced ours (someone else recorded our attempt as failed
-            # meanwhile, and the key was executed again): the row is that later attempt's,
-            # which the report never changes.  A failure the ledger already had for our
-            # attempt is on record; anything else was kept as a conflict.
-            accepted = function == "fail_effect" and not row["conflict"]
-        if not accepted:
-            self._halt(run, key, f"run {run!r} is stopped in this attempt: the report on "
-                                 f"effect {key} contradicted the ledger", lease)
-            now = (f"{row['status']}" if row["attempt"] == attempt else
-                   f"at attempt {row['attempt']} (this report was on attempt {attempt}), "
-                   f"{row['status']}")
-            raise OutcomeNotRecorded(
-                key, f"the ledger did not accept the report ({expected}): the effect is "
-                     f"{now}{' and flagged as a conflict' if row['conflict'] else ''}; "
-                     f"a person must resolve it", **what)
-        return row
+            raise failed from exc
+        judged: Dict[str, Any] = p.judge_report(row, run, key, attempt, function, expected,
+                                                payload, halt)
+        return judged
 
     # ---------------------------------------------------------------- decorator
 
@@ -641,8 +372,7 @@ class Ledger:
         self._session_only("acquire_run()")
         self._check_writable()
         try:
-            row = self._one("SELECT durable_ledger.acquire_run(%s, %s) AS ok", (run, wait),
-                            what=f"acquire_run of {run}")
+            row = self._one(p.ACQUIRE_RUN, (run, wait), what=f"acquire_run of {run}")
         except psycopg.Error as exc:
             if exc.sqlstate == RUN_ABANDONED:
                 raise _abandoned(run, exc) from exc
@@ -660,8 +390,7 @@ class Ledger:
         self._session_only("release_run()")
         self._check_writable()
         self._session_held.discard(run)
-        row = self._one("SELECT durable_ledger.release_run(%s) AS ok", (run,),
-                        what=f"release_run of {run}")
+        row = self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")
         self._halted.pop(run, None)
         return bool(row["ok"])
 
@@ -685,8 +414,7 @@ class Ledger:
             self._session_held.discard(run)
             if not (self.conn.closed or self.conn.broken):
                 try:
-                    self._one("SELECT durable_ledger.release_run(%s) AS ok", (run,),
-                              what=f"release_run of {run}")
+                    self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")
                 except Exception:  # the body's exception is the one that matters
                     log.warning("could not release run %s after an error", run, exc_info=True)
             raise
@@ -744,11 +472,10 @@ class Ledger:
         end of the ``with`` block if the body itself did not raise.  A call that was in
         flight is not cut short: its outcome is reported, since a report needs no lease.
         """
-        ttl = ttl if isinstance(ttl, timedelta) else timedelta(seconds=ttl)
+        ttl = p.as_ttl(ttl)
         with self._leases_lock:
             if run in self._leases or run in self._opening:
-                raise LedgerUsageError(None, None, f"an attempt at run {run!r} is already open "
-                                                   f"in this Ledger")
+                raise p.attempt_already_open(run)
             self._opening.add(run)
             self._used_tokens = True
         try:
@@ -756,18 +483,13 @@ class Ledger:
             # did commit unseen leaves the run held until its ttl, and the second answers
             # NULL (RunBusy) -- no worse than the error.
             try:
-                row = self._pooled_one("SELECT * FROM durable_ledger.take_lease(%s, %s, %s)",
-                                       (run, ttl, holder), retry=True,
+                row = self._pooled_one(p.TAKE_LEASE, (run, ttl, holder), retry=True,
                                        what=f"take_lease of {run}")
             except psycopg.Error as exc:
                 if exc.sqlstate == RUN_ABANDONED:
                     raise _abandoned(run, exc) from exc
                 raise
-            if row["token"] is None:
-                raise RunBusy(None, None, f"run {run!r} is held by a live lease (another "
-                                          f"worker's attempt)")
-            lease = TokenLease(run, row["token"], row["epoch"], row["expires_at"], row["holder"],
-                               ttl, self)
+            lease = p.new_lease(row, run, ttl, self, TokenLease)
             self._halted.pop(run, None)  # a new attempt
             self._leases[run] = lease
         finally:
@@ -781,20 +503,12 @@ class Ledger:
         try:
             yield lease
         except BaseException:
-            self._unbind(bound, lease)
+            p.unbind(bound, lease)
             self._end_token_attempt(lease, stop, renewer, body_failed=True)
             raise
-        self._unbind(bound, lease)
+        p.unbind(bound, lease)
         self._end_token_attempt(lease, stop, renewer, body_failed=False)
         lease.check()
-
-    @staticmethod
-    def _unbind(bound: "contextvars.Token[Tuple[TokenLease, ...]]", lease: TokenLease) -> None:
-        """The block's context leaves the attempt (its copies taken meanwhile keep it)."""
-        try:
-            _ATTEMPTS.reset(bound)
-        except ValueError:  # left in another context than it was entered in
-            _ATTEMPTS.set(tuple(a for a in _ATTEMPTS.get() if a is not lease))
 
     def _renew(self, lease: TokenLease, stop: threading.Event) -> None:
         """The renewal thread of a token attempt: renew_lease every ttl / 3 until stopped."""
@@ -804,8 +518,7 @@ class Ledger:
             if self.conn is not None and self.conn.closed:
                 return
             try:
-                row = self._pooled_one("SELECT durable_ledger.renew_lease(%s) AS expires_at",
-                                       (lease.token,), retry=True,
+                row = self._pooled_one(p.RENEW_LEASE, (lease.token,), retry=True,
                                        what=f"renew_lease of {lease.run}")
             except Exception as exc:
                 if stop.is_set():
@@ -833,10 +546,8 @@ class Ledger:
         if lease.lost is not None:
             return  # nothing to release
         try:
-            rows, resent = self._pooled_rows(
-                "SELECT durable_ledger.release_lease(%s) AS released", (lease.token,),
-                retry=True, what=f"release_lease of {lease.run}")
-            released = rows[0]["released"]
+            rows, resent = self._pooled_rows(p.RELEASE_LEASE, (lease.token,), retry=True,
+                                             what=f"release_lease of {lease.run}")
         except Exception:
             if not body_failed:
                 raise
@@ -844,23 +555,7 @@ class Ledger:
             log.warning("could not release the token lease on run %s after an error",
                         lease.run, exc_info=True)
             return
-        if not released and resent:
-            # The first release may have committed before its connection broke: the
-            # second one then finds the lease released already.
-            log.warning("the release of the token lease on run %s was sent twice (the first "
-                        "connection broke) and the second found it no longer live: released "
-                        "by the first, or expired", lease.run)
-            return
-        if not released:
-            # It was no longer live: it expired (or was broken) after the last call.
-            with lease._mutex:
-                if lease.lost is None:
-                    lease.lost = LeaseLost(
-                        lease.run, lease.epoch,
-                        f"the token lease on run {lease.run!r} (epoch {lease.epoch}) was no "
-                        f"longer live at the end of the attempt (it expired or was broken); "
-                        f"a new attempt (token_attempt) replays what this one completed")
-                    log.warning("%s", lease.lost.reason)
+        p.released(lease, rows[0]["released"], resent)
 
     # ------------------------------------------------------------------- reads
 
@@ -871,10 +566,10 @@ class Ledger:
         is "may it still be in flight?".  Read-only, so allowed inside a transaction.
         """
         if self.conn is None:
-            rows = self._pooled_all("SELECT * FROM durable_ledger.effect_status(%s)", (key,))
+            rows = self._pooled_all(p.EFFECT_STATUS, (key,))
             return rows[0] if rows else None
         with self.conn.cursor(row_factory=dict_row) as cur:
-            cur.execute("SELECT * FROM durable_ledger.effect_status(%s)", (key,))
+            cur.execute(p.EFFECT_STATUS, (key,))
             return cur.fetchone()
 
     def history(self, run: str) -> List[Dict[str, Any]]:
@@ -893,37 +588,23 @@ class Ledger:
         Read-only: on a single connection it may run inside a transaction; on a pool (or a
         factory) it uses a connection of its own, like any call.
         """
-        query = "SELECT * FROM durable_ledger.history(%s)"
         if self.conn is None:
-            return self._pooled_all(query, (run,), what=f"history of {run}")
+            return self._pooled_all(p.HISTORY, (run,), what=f"history of {run}")
         with self.conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(query, (run,))
+            cur.execute(p.HISTORY, (run,))
             return cur.fetchall()
 
     # ----------------------------------------------------------------- helpers
 
     def _session_only(self, what: str) -> None:
         if self.conn is None:
-            raise LedgerUsageError(
-                None, None, f"{what} needs a session lease, which belongs to one connection "
-                "for the whole attempt; this Ledger was given a pool (or a connection "
-                "factory): run the attempt in `with ledger.token_attempt(run):`")
+            raise p.session_only(what)
 
     def _check_writable(self) -> None:
-        conn = self.conn
-        assert conn is not None
-        if conn.closed:
-            raise LedgerUsageError(None, None, "the connection is closed")
-        if not conn.autocommit:
-            raise LedgerUsageError(
-                None, None, "the connection must be in autocommit mode "
-                "(psycopg.connect(..., autocommit=True)): begin_effect's intent has to be "
-                "committed before the effect is performed")
-        if conn.info.transaction_status != TransactionStatus.IDLE:
-            raise LedgerUsageError(
-                None, None, "the connection is inside a transaction: begin_effect's intent "
-                "would only be committed at COMMIT, after the effect; call the ledger "
-                "outside transactions")
+        assert self.conn is not None
+        problem = p.unwritable(self.conn)
+        if problem is not None:
+            raise problem
 
     def _halt(self, run: str, key: Optional[str], reason: str,
               lease: Optional[TokenLease] = None, *,
@@ -938,29 +619,6 @@ class Ledger:
                     lease._halted = (key, reason, error)
         else:
             self._halted.setdefault(run, (key, reason, error))
-
-    def _refused(self, exc: BaseException, run: str, tool: str,
-                 lease: Optional[TokenLease]) -> Optional[LedgerError]:
-        """The exception for a begin_effect that the ledger refused because the run is
-        abandoned (55L02) or the tool may not execute (55L03), with the run stopped in this
-        attempt; None for any other error.  Either refusal wrote nothing."""
-        if not isinstance(exc, psycopg.Error) or exc.sqlstate not in (RUN_ABANDONED,
-                                                                       TOOL_REFUSED):
-            return None
-        if exc.sqlstate == RUN_ABANDONED:
-            abandoned = _abandoned(run, exc)
-            log.warning("run %s was abandoned: %s", run, abandoned.reason)
-            self._halt(run, None, abandoned.reason, lease,
-                       error=lambda: RunAbandoned(run, abandoned.reason))
-            return abandoned
-        message = _server_message(exc)
-        log.warning("run %s: the ledger refused tool %s: %s", run, tool, message)
-        self._halt(run, None, f"run {run!r} is stopped in this attempt: the ledger refused "
-                              f"tool {tool!r} ({message}); nothing was performed", lease)
-        return ToolRefused(run, tool, f"{message} (SQLSTATE 55L03).  Nothing was recorded or "
-                                      f"performed; this attempt stops here (the run cannot "
-                                      f"make this call): an admin registers the tool, then a "
-                                      f"new attempt may go on")
 
     def _one(self, query: str, params: Tuple[Any, ...], *, what: str = "a ledger statement",
              ) -> Dict[str, Any]:
@@ -1075,12 +733,6 @@ class Ledger:
         return rows[0]
 
 
-def _stopped(halted: _Halt) -> LedgerError:
-    """The exception a call of a stopped attempt raises (without asking the database)."""
-    key, reason, error = halted
-    return error() if error is not None else EffectPaused(key, "pause", reason)
-
-
 def _answers(conn: "psycopg.Connection[Any]") -> bool:
     """Whether the connection answers an empty query (nothing of the ledger is sent)."""
     try:
@@ -1106,16 +758,7 @@ def _execute_on(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any, 
         if shared:
             status = _execute_and_status(conn, cur, query, params)
             if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
-                refused = LedgerUsageError(
-                    None, None,
-                    f"{what} ran inside a transaction that something else opened on the "
-                    f"Ledger's connection (transaction status {TransactionStatus(status).name}): "
-                    f"it is not committed, it goes with that transaction.  The connection given "
-                    f"to a Ledger must be dedicated to it: tools must not run their own "
-                    f"transactions on it (give the Ledger a pool, or the tools a connection of "
-                    f"their own)")
-                refused._not_committed = True  # type: ignore[attr-defined]
-                raise refused
+                raise p.in_foreign_transaction(what, status)
             return cur.fetchall()
         if conn.autocommit:
             cur.execute(query, params, prepare=False)

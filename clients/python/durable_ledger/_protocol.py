@@ -1,0 +1,521 @@
+"""What the synchronous `Ledger` and the asynchronous `AsyncLedger` share: the reading of
+the ledger's answers, the stops of an attempt, and the token attempt's own state.
+
+Nothing here talks to the database: each client sends the statements its own way (a
+blocking or an awaited connection, pool or factory) and hands the rows to these functions,
+so that both decide alike what a decision, a report or a refusal means.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import threading
+from datetime import datetime, timedelta
+from typing import Any, Callable, NamedTuple, Optional, Tuple, TypeVar, Union
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.types.json import Jsonb
+
+from .errors import (
+    DivergencePaused,
+    EffectDidNotHappen,
+    EffectFailed,
+    EffectPaused,
+    EffectInProgress,
+    LeaseLost,
+    LedgerError,
+    LedgerUsageError,
+    OutcomeNotRecorded,
+    RunAbandoned,
+    RunBusy,
+    ToolRefused,
+)
+
+log = logging.getLogger("durable_ledger")
+log.addHandler(logging.NullHandler())  # a library logs only where the application says
+
+R = TypeVar("R")
+
+#: The SQLSTATE of a lost token lease (expired, released, superseded, unknown).
+LEASE_LOST = "55L01"
+#: The SQLSTATE of a call of a run that a person abandoned (begin_effect, acquire_run,
+#: take_lease): `RunAbandoned`.
+RUN_ABANDONED = "55L02"
+#: The SQLSTATE of a call that would execute a retired tool, or one nobody registered
+#: while `the ledger refuses tools nobody registered (`set_unregistered_tools('refuse', …)`)`: `ToolRefused`.
+TOOL_REFUSED = "55L03"
+
+#: Why a run is stopped in its current attempt: (key, reason, the exception to raise
+#: instead of `EffectPaused` or None).  See `Ledger.guarded`.
+_Halt = Tuple[Optional[str], str, Optional[Callable[[], LedgerError]]]
+
+#: The token attempts the running code belongs to (innermost last).  `Ledger.token_attempt`
+#: extends it for its body; a call finds its attempt here, never by looking its run up.
+_ATTEMPTS: "contextvars.ContextVar[Tuple[TokenLease, ...]]" = contextvars.ContextVar(
+    "durable_ledger_attempts", default=())
+
+
+def _not_committed(exc: BaseException) -> bool:
+    """Whether ``exc`` says that a ledger statement ran inside a transaction that something
+    else opened on the Ledger's connection: it did not commit, it goes with that
+    transaction (a `LedgerUsageError` raised by `_execute_on`)."""
+    return isinstance(exc, LedgerUsageError) and getattr(exc, "_not_committed", False)
+
+
+class _NotSent(psycopg.OperationalError):
+    """The connection source handed out a connection already closed: nothing was sent."""
+
+
+def _server_message(exc: "psycopg.Error") -> str:
+    """The server's message and detail, as one sentence."""
+    primary = exc.diag.message_primary or str(exc).strip()
+    detail = exc.diag.message_detail
+    return f"{primary}: {detail}" if detail else primary
+
+
+def _abandoned(run: str, exc: "psycopg.Error") -> RunAbandoned:
+    """`RunAbandoned` for a 55L02 refusal of a call of ``run``."""
+    return RunAbandoned(run, f"{_server_message(exc)} (SQLSTATE 55L02).  This attempt stops "
+                             f"here, and the run must not be retried: it is stopped for good")
+
+
+def _json(value: Any) -> Optional[Jsonb]:
+    """None becomes SQL NULL ("nothing"), anything else a jsonb parameter."""
+    return None if value is None else Jsonb(value)
+
+
+def _refused_cleanly(exc: BaseException, conn: Any) -> bool:
+    """True when the server refused a statement with an ERROR and the session lives on.
+
+    A statement run in its own transaction then wrote nothing.  Anything else (the
+    connection broke, a FATAL, a client-side failure while the statement was out) leaves
+    it unknown whether the statement committed.
+    """
+    return (isinstance(exc, psycopg.Error) and exc.sqlstate is not None
+            and exc.diag.severity_nonlocalized == "ERROR"
+            and not conn.closed and not conn.broken)
+
+
+class TokenLease:
+    """One attempt at a run under a token lease: what `Ledger.token_attempt` yields.
+
+    - ``run``, ``epoch`` (the attempt's lease epoch), ``holder``, ``ttl``;
+    - ``expires_at``: the expiry as of the last renewal (the server's clock decides);
+    - ``renewals``: how many renewals succeeded so far;
+    - ``lost``: None while the lease is held, else the `LeaseLost` that says why not;
+    - ``check()``: raises `LeaseLost` if the lease is known to be lost -- call it before
+      a long step that does not go through the ledger (a model call);
+    - ``bind(fn)``: ``fn`` wrapped so that it runs as part of this attempt in whatever
+      thread calls it (``executor.submit(lease.bind(tool), run, args)``);
+    - ``token``: the capability itself (whoever has it acts for the lease); it is never
+      shown by ``repr`` nor written to the log.
+    """
+
+    def __init__(self, run: str, token: str, epoch: int, expires_at: datetime,
+                 holder: Optional[str], ttl: timedelta, ledger: Any = None) -> None:
+        self.run = run
+        self.token = token
+        self.epoch = epoch
+        self.expires_at = expires_at
+        self.holder = holder
+        self.ttl = ttl
+        self.renewals = 0
+        self.lost: Optional[LeaseLost] = None
+        self._mutex = threading.Lock()
+        self._ledger = ledger
+        # The attempt's own state: ended (its body is over: calls not yet begun are
+        # refused), its calls in flight (the end waits for them), and its stop after an
+        # unknown outcome, a pause, an abandoned run or a refused tool (key, reason, error).
+        self._ended = False
+        self._inflight = 0
+        self._idle = threading.Condition(self._mutex)
+        self._halted: Optional[_Halt] = None
+
+    def check(self) -> None:
+        """Raise `LeaseLost` when the lease is known to be lost; return otherwise."""
+        lost = self.lost
+        if lost is not None:
+            raise LeaseLost(self.run, self.epoch, lost.reason) from lost
+
+    def bind(self, fn: Callable[..., R]) -> Callable[..., R]:
+        """``fn``, made a part of this attempt wherever it runs.
+
+        A thread does not inherit the attempt of the code that started it (a
+        ``ThreadPoolExecutor`` runs its tasks in contexts of its own), and a ledger call
+        from such a thread is refused.  ``executor.submit(lease.bind(pay_invoice), run,
+        args)`` runs ``pay_invoice`` in a copy of the context ``bind`` was called in, with
+        this attempt in it.  Once the attempt has ended, its calls raise `LeaseLost` and
+        perform nothing.  (``asyncio.to_thread`` and ``contextvars.copy_context().run``
+        carry the attempt by themselves.)
+        """
+        context = contextvars.copy_context()
+
+        def run_in_attempt(*args: Any, **kwargs: Any) -> R:
+            def call() -> R:
+                attempts = _ATTEMPTS.get()
+                if not any(a is self for a in attempts):
+                    _ATTEMPTS.set(attempts + (self,))
+                return fn(*args, **kwargs)
+            return context.copy().run(call)
+
+        return functools.wraps(fn)(run_in_attempt)
+
+    def _enter(self) -> None:
+        """A call of the attempt starts (refused once the attempt has ended)."""
+        with self._mutex:
+            if self._ended:
+                raise LeaseLost(
+                    self.run, self.epoch,
+                    f"run {self.run!r}: this call belongs to the token attempt of epoch "
+                    f"{self.epoch}, which has ended (its block was left while this call's "
+                    f"thread or task was still running); nothing was begun.  A call must not "
+                    f"outlive its attempt: wait for every branch before leaving the block")
+            self._inflight += 1
+
+    def _leave(self) -> None:
+        with self._mutex:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.notify_all()
+
+    def _end(self) -> None:
+        """The attempt's block is over: refuse new calls, wait for those in flight."""
+        with self._mutex:
+            self._ended = True
+            if self._inflight:
+                log.debug("token attempt at %s waits for %d call(s) in flight", self.run,
+                          self._inflight)
+            while self._inflight:
+                self._idle.wait()
+
+    def _lose(self, exc: BaseException) -> LeaseLost:
+        with self._mutex:
+            if self.lost is None:
+                primary = detail = None
+                if isinstance(exc, psycopg.Error):
+                    primary, detail = exc.diag.message_primary, exc.diag.message_detail
+                lost = LeaseLost(
+                    self.run, self.epoch,
+                    f"{primary or exc} (lease epoch {self.epoch})"
+                    f"{': ' + detail.rstrip('.') if detail else ''}; this attempt stops here, "
+                    f"and a new one (token_attempt) replays what it completed")
+                lost.__cause__ = exc
+                self.lost = lost
+                log.warning("%s", lost.reason)
+            return self.lost
+
+    def __repr__(self) -> str:
+        return (f"TokenLease(run={self.run!r}, epoch={self.epoch}, expires_at={self.expires_at!r}, "
+                f"holder={self.holder!r}, renewals={self.renewals}, "
+                f"lost={None if self.lost is None else self.lost.reason!r})")
+
+
+
+# ---------------------------------------------------------------------------
+# Reading the ledger's answers.  ``halt(key, reason, error)`` stops the call's run in its
+# current attempt (see `Ledger._halt`); each function calls it where the attempt must stop.
+# ---------------------------------------------------------------------------
+
+#: ``halt(key, reason, error)``: stop the run in the current attempt.
+HaltFn = Callable[[Optional[str], str, Optional[Callable[[], LedgerError]]], None]
+
+BEGIN_SESSION = "SELECT * FROM durable_ledger.begin_effect(%s, %s, %s, %s, %s)"
+BEGIN_TOKEN = "SELECT * FROM durable_ledger.begin_effect(%s, %s, %s, %s, %s, %s)"
+TAKE_LEASE = "SELECT * FROM durable_ledger.take_lease(%s, %s, %s)"
+RENEW_LEASE = "SELECT durable_ledger.renew_lease(%s) AS expires_at"
+RELEASE_LEASE = "SELECT durable_ledger.release_lease(%s) AS released"
+ACQUIRE_RUN = "SELECT durable_ledger.acquire_run(%s, %s) AS ok"
+RELEASE_RUN = "SELECT durable_ledger.release_run(%s) AS ok"
+EFFECT_STATUS = "SELECT * FROM durable_ledger.effect_status(%s)"
+HISTORY = "SELECT * FROM durable_ledger.history(%s)"
+
+
+class Execute(NamedTuple):
+    """begin_effect said ``execute``: perform the effect with ``key``, then report on
+    ``attempt``."""
+    key: str
+    attempt: int
+
+
+class Replayed(NamedTuple):
+    """begin_effect replayed a completed effect: ``result`` is its recorded result."""
+    result: Any
+
+
+def begin_params(run: str, tool: str, args: Any, business_key: Optional[str], meta: Any,
+                 token: Optional[str] = None) -> Tuple[Any, ...]:
+    params: Tuple[Any, ...] = (run, tool, Jsonb(args), business_key, _json(meta))
+    return params if token is None else params + (token,)
+
+
+def decision_of(row: Any, run: str, tool: str, halt: HaltFn) -> Union[Execute, Replayed]:
+    """What begin_effect's row tells the caller: `Execute`, `Replayed`, or an exception
+    (a replayed failure, a pause -- which stops the attempt --, work in progress)."""
+    key: str = row["key"]
+    decision: str = row["decision"]
+    reason: str = row["reason"] or ""
+    log.debug("%s %s run=%s key=%s", decision, tool, run, key)
+    if decision == "execute":
+        return Execute(key, row["attempt"])
+    if decision == "replay":
+        if row["status"] == "completed":
+            return Replayed(row["result"])
+        if row["status"] == "failed":
+            raise EffectFailed(key, decision, reason, row["error"], replayed=True)
+    elif decision == "pause":
+        log.warning("run %s paused at %s %s: %s", run, tool, key, reason)
+        if row["status"] is None:
+            # Nothing was recorded for the call: it diverges from the run's earlier
+            # attempts, and waits for resolve_divergence.  It stops the attempt like any
+            # pause.
+            halt(key, f"run {run!r} is stopped in this attempt: the call of {tool} (key "
+                      f"{key}) diverges from the run's earlier attempts and was paused: "
+                      f"{reason}", None)
+            raise DivergencePaused(key, reason, run=run, tool=tool)
+        halt(key, f"run {run!r} is stopped in this attempt: effect {key} ({tool}) was "
+                  f"paused: {reason}", None)
+        raise EffectPaused(key, decision, reason)
+    elif decision == "in_progress":
+        raise EffectInProgress(key, decision, reason)
+    raise LedgerError(key, decision, f"unexpected answer from begin_effect: decision "
+                                     f"{decision!r}, status {row['status']!r}")
+
+
+def begin_not_committed(run: str, tool: str, halt: HaltFn) -> None:
+    """begin_effect ran inside a transaction something else opened on the connection:
+    whether its intent is recorded is up to that transaction; the attempt stops."""
+    halt(None, f"run {run!r} is stopped in this attempt: begin_effect of {tool} ran inside "
+               f"another transaction on the Ledger's connection", None)
+
+
+def begin_uncertain(run: str, tool: str, exc: BaseException, halt: HaltFn) -> None:
+    """A token begin_effect went out and nobody knows whether it committed: its intent may
+    be recorded under this still-live lease, and the same call again would be the next
+    occurrence.  The attempt stops; the next one finds out.  (Never sent again: a
+    begin_effect is not idempotent.)"""
+    halt(None, f"run {run!r} is stopped in this attempt: begin_effect of {tool} failed with "
+               f"the outcome of the statement unknown ({type(exc).__name__}: {exc}); a new "
+               f"attempt finds out whether its intent was recorded", None)
+
+
+def refusal(exc: BaseException, run: str, tool: str, halt: HaltFn) -> Optional[LedgerError]:
+    """The exception for a begin_effect that the ledger refused because the run is
+    abandoned (55L02) or the tool may not execute (55L03), with the run stopped in this
+    attempt; None for any other error.  Either refusal wrote nothing."""
+    if not isinstance(exc, psycopg.Error) or exc.sqlstate not in (RUN_ABANDONED, TOOL_REFUSED):
+        return None
+    if exc.sqlstate == RUN_ABANDONED:
+        abandoned = _abandoned(run, exc)
+        log.warning("run %s was abandoned: %s", run, abandoned.reason)
+        halt(None, abandoned.reason, lambda: RunAbandoned(run, abandoned.reason))
+        return abandoned
+    message = _server_message(exc)
+    log.warning("run %s: the ledger refused tool %s: %s", run, tool, message)
+    halt(None, f"run {run!r} is stopped in this attempt: the ledger refused tool {tool!r} "
+               f"({message}); nothing was performed", None)
+    return ToolRefused(run, tool, f"{message} (SQLSTATE 55L03).  Nothing was recorded or "
+                                  f"performed; this attempt stops here (the run cannot make "
+                                  f"this call): an admin registers the tool, then a new "
+                                  f"attempt may go on")
+
+
+def outcome_unknown(run: str, tool: str, key: str, exc: BaseException, halt: HaltFn) -> None:
+    """``perform`` raised something that does not say the effect did not happen: nothing is
+    recorded, the attempt stops, a person resolves the effect."""
+    log.warning("outcome of %s %s unknown: perform raised %s", tool, key, type(exc).__name__)
+    halt(key, f"run {run!r} is stopped in this attempt: the outcome of effect {key} ({tool}) "
+              f"is unknown (perform raised {type(exc).__name__}); a person must resolve it, "
+              f"then start a new attempt", None)
+
+
+def refusal_recorded(key: str, refusal: EffectDidNotHappen) -> EffectFailed:
+    return EffectFailed(key, "execute", "the downstream refused the effect; its failure is "
+                        "recorded", refusal.error, replayed=False)
+
+
+def report_statement(function: str, key: str, payload: Any,
+                     attempt: int) -> Tuple[str, Tuple[Any, ...]]:
+    """complete_effect / fail_effect on ``attempt``, the attempt begin_effect executed.
+
+    The report always names its attempt: a business key is executed again after a failure
+    (attempt 2, 3, ...), and a report that named none could land on another attempt than
+    the one it is about -- or, when the connection no longer holds the lease that started
+    the attempt, be kept as a conflict instead of applied."""
+    return (f"SELECT * FROM durable_ledger.{function}(%s, %s, %s)",
+            (key, _json(payload), attempt))
+
+
+def report_failed(run: str, key: str, function: str, expected: str, payload: Any,
+                  exc: BaseException, halt: HaltFn) -> OutcomeNotRecorded:
+    """The report could not be sent or its reply was lost: `OutcomeNotRecorded`."""
+    halt(key, f"run {run!r} is stopped in this attempt: the outcome of effect {key} could "
+              f"not be recorded", None)
+    what = {"result": payload} if function == "complete_effect" else {"error": payload}
+    return OutcomeNotRecorded(
+        key, f"the outcome ({expected}) could not be recorded ({type(exc).__name__}: {exc}); "
+             f"the next attempt will pause until a person resolves the effect", **what)
+
+
+def judge_report(row: Any, run: str, key: str, attempt: int, function: str, expected: str,
+                 payload: Any, halt: HaltFn) -> Any:
+    """The report's row if the ledger recorded the report; else `OutcomeNotRecorded`."""
+    if row["attempt"] == attempt:
+        accepted = row["status"] == expected and not row["conflict"]
+    else:
+        # A later attempt replaced ours (someone else recorded our attempt as failed
+        # meanwhile, and the key was executed again): the row is that later attempt's,
+        # which the report never changes.  A failure the ledger already had for our
+        # attempt is on record; anything else was kept as a conflict.
+        accepted = function == "fail_effect" and not row["conflict"]
+    if accepted:
+        return row
+    halt(key, f"run {run!r} is stopped in this attempt: the report on effect {key} "
+              f"contradicted the ledger", None)
+    now = (f"{row['status']}" if row["attempt"] == attempt else
+           f"at attempt {row['attempt']} (this report was on attempt {attempt}), "
+           f"{row['status']}")
+    what = {"result": payload} if function == "complete_effect" else {"error": payload}
+    raise OutcomeNotRecorded(
+        key, f"the ledger did not accept the report ({expected}): the effect is {now}"
+             f"{' and flagged as a conflict' if row['conflict'] else ''}; a person must "
+             f"resolve it", **what)
+
+
+# ---------------------------------------------------------------------------
+# Which attempt a call belongs to, and what a connection may be used for.
+# ---------------------------------------------------------------------------
+
+def bound_lease(ledger: Any, run: str) -> Optional[TokenLease]:
+    """The token attempt of ``ledger`` at ``run`` that the running code belongs to."""
+    for lease in reversed(_ATTEMPTS.get()):
+        if lease._ledger is ledger and lease.run == run:
+            return lease
+    return None
+
+
+def enter_attempt(lease: TokenLease) -> None:
+    """A call of ``lease``'s attempt starts: refused once the attempt has ended, the lease
+    is lost or the attempt is stopped.  The caller calls ``lease._leave()`` after it."""
+    lease._enter()  # LeaseLost once the attempt has ended
+    try:
+        lease.check()
+        if lease._halted is not None:
+            raise _stopped(lease._halted)
+    except BaseException:
+        lease._leave()
+        raise
+
+
+def not_carried(run: str) -> LedgerUsageError:
+    return LedgerUsageError(
+        None, None, f"guarded() on run {run!r} was called from a thread or task that does "
+        f"not carry the token attempt this Ledger holds on it, so it is not performed: a "
+        f"thread started inside the attempt does not inherit it.  Submit lease.bind(fn) to "
+        f"the executor (or contextvars.copy_context().run, fn; asyncio.to_thread and "
+        f"asyncio tasks carry it)")
+
+
+def no_implicit_session(run: str) -> LedgerUsageError:
+    return LedgerUsageError(
+        None, None, f"guarded() on run {run!r} outside a token attempt would take an "
+        f"implicit session lease, and this Ledger runs token attempts: it never falls back "
+        f"to a session lease (a leftover call of an ended attempt must not act).  Call it "
+        f"inside `with ledger.token_attempt(run):`, or hold the run by a session lease "
+        f"explicitly (attempt(), acquire_run())")
+
+
+def session_only(what: str) -> LedgerUsageError:
+    return LedgerUsageError(
+        None, None, f"{what} needs a session lease, which belongs to one connection for the "
+        "whole attempt; this Ledger was given a pool (or a connection factory): run the "
+        "attempt in `with ledger.token_attempt(run):`")
+
+
+def attempt_already_open(run: str) -> LedgerUsageError:
+    return LedgerUsageError(None, None, f"an attempt at run {run!r} is already open in this "
+                                        f"Ledger")
+
+
+def unwritable(conn: Any) -> Optional[LedgerUsageError]:
+    """Why ``conn`` (sync or async) cannot carry a ledger write, or None.
+
+    A statement in flight on it (another thread's or task's ledger call) is no reason:
+    only an open transaction is, since an intent written inside it would commit with it,
+    after the effect."""
+    if conn.closed:
+        return LedgerUsageError(None, None, "the connection is closed")
+    if not conn.autocommit:
+        return LedgerUsageError(
+            None, None, "the connection must be in autocommit mode (psycopg.connect(..., "
+            "autocommit=True)): begin_effect's intent has to be committed before the effect "
+            "is performed")
+    if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        return LedgerUsageError(
+            None, None, "the connection is inside a transaction: begin_effect's intent would "
+            "only be committed at COMMIT, after the effect; call the ledger outside "
+            "transactions")
+    return None
+
+
+def in_foreign_transaction(what: str, status: int) -> LedgerUsageError:
+    """A statement on the Ledger's single connection ended inside someone else's
+    transaction: it is not committed (`_not_committed`)."""
+    refused = LedgerUsageError(
+        None, None,
+        f"{what} ran inside a transaction that something else opened on the Ledger's "
+        f"connection (transaction status {TransactionStatus(status).name}): it is not "
+        f"committed, it goes with that transaction.  The connection given to a Ledger must "
+        f"be dedicated to it: tools must not run their own transactions on it (give the "
+        f"Ledger a pool, or the tools a connection of their own)")
+    refused._not_committed = True  # type: ignore[attr-defined]
+    return refused
+
+
+def new_lease(row: Any, run: str, ttl: timedelta, ledger: Any,
+              cls: "type[TokenLease]") -> TokenLease:
+    """The lease take_lease handed out, or `RunBusy` when a live lease holds the run."""
+    if row["token"] is None:
+        raise RunBusy(None, None, f"run {run!r} is held by a live lease (another worker's "
+                                  f"attempt)")
+    return cls(run, row["token"], row["epoch"], row["expires_at"], row["holder"], ttl, ledger)
+
+
+def released(lease: TokenLease, was_live: bool, resent: bool) -> None:
+    """What release_lease's answer means at the end of a token attempt."""
+    if not was_live and resent:
+        # The first release may have committed before its connection broke: the second one
+        # then finds the lease released already.
+        log.warning("the release of the token lease on run %s was sent twice (the first "
+                    "connection broke) and the second found it no longer live: released by "
+                    "the first, or expired", lease.run)
+    elif not was_live:
+        # It was no longer live: it expired (or was broken) after the last call.
+        with lease._mutex:
+            if lease.lost is None:
+                lease.lost = LeaseLost(
+                    lease.run, lease.epoch,
+                    f"the token lease on run {lease.run!r} (epoch {lease.epoch}) was no "
+                    f"longer live at the end of the attempt (it expired or was broken); a new "
+                    f"attempt (token_attempt) replays what this one completed")
+                log.warning("%s", lease.lost.reason)
+
+
+def _stopped(halted: _Halt) -> LedgerError:
+    """The exception a call of a stopped attempt raises (without asking the database)."""
+    key, reason, error = halted
+    return error() if error is not None else EffectPaused(key, "pause", reason)
+
+
+def unbind(bound: "contextvars.Token[Tuple[TokenLease, ...]]", lease: TokenLease) -> None:
+    """The block's context leaves the attempt (its copies taken meanwhile keep it)."""
+    try:
+        _ATTEMPTS.reset(bound)
+    except ValueError:  # left in another context than it was entered in
+        _ATTEMPTS.set(tuple(a for a in _ATTEMPTS.get() if a is not lease))
+
+
+def as_ttl(ttl: Union[float, timedelta]) -> timedelta:
+    return ttl if isinstance(ttl, timedelta) else timedelta(seconds=ttl)
