@@ -20,6 +20,9 @@ renewed in the background; a lost lease raises LeaseLost:
     with ledger.token_attempt(run_id, ttl=60):
         receipt = pay(run_id, {"invoice": "INV-9", "amount": 4200})
 
+In asyncio, `AsyncLedger` has the same names, awaited, on a `psycopg.AsyncConnection` or
+a `psycopg_pool.AsyncConnectionPool` (`async with ledger.token_attempt(run_id):`).
+
 Run it twice (a crash, a redelivery, an LLM calling the tool again on replay) and the
 bank is paid once: the second time the recorded receipt is returned.  See README.md next
 to this package and the SQL contract of the extension.
@@ -39,13 +42,18 @@ from .errors import (
     RunBusy,
     ToolRefused,
 )
+from .aio import AsyncLedger, AsyncPerform, AsyncTokenLease, AsyncToolFunction
 from .ledger import Ledger, Perform, TokenLease, ToolFunction, side_effect
 
-__version__ = "1.0"
+__version__ = "1.2.0"
 
 __all__ = [
     "Ledger",
     "TokenLease",
+    "AsyncLedger",
+    "AsyncTokenLease",
+    "AsyncPerform",
+    "AsyncToolFunction",
     "side_effect",
     "Perform",
     "ToolFunction",

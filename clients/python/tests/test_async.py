@@ -1,0 +1,478 @@
+"""Tests of the asyncio client (``durable_ledger.AsyncLedger``) against a real server: on an
+``AsyncConnection`` (session and token leases) and on ``psycopg_pool.AsyncConnectionPool``s,
+directly and through PgBouncer in transaction mode; several tasks of one attempt at once on
+one pool (a model's parallel tool calls) and their replay in another order; the renewal
+while a tool is awaited; a cancelled tool; a lease broken while a call is awaited; a task
+that outlives its attempt; the README's async example, run as a new user would.
+
+DURABLE_LEDGER_DSN must be a superuser connection string of a database with the
+extension; DURABLE_LEDGER_PGBOUNCER_DSN one of the same database through PgBouncer with
+``pool_mode = transaction`` (test/apps/030_python_client.pl starts one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+import uuid
+from typing import Any, Dict, List, Optional, Tuple
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # clients/python, if PYTHONPATH lacks it
+
+from durable_ledger import (  # noqa: E402
+    AsyncLedger,
+    AsyncTokenLease,
+    EffectDidNotHappen,
+    EffectFailed,
+    EffectPaused,
+    LeaseLost,
+    LedgerUsageError,
+    RunBusy,
+)
+
+DSN = os.environ.get("DURABLE_LEDGER_DSN")
+BOUNCER_DSN = os.environ.get("DURABLE_LEDGER_PGBOUNCER_DSN")
+README = os.path.join(os.path.dirname(HERE), "README.md")
+#: How long a test waits for something before it gives up.
+PATIENCE = 30.0
+
+
+def setUpModule() -> None:
+    if not DSN:
+        raise unittest.SkipTest("DURABLE_LEDGER_DSN is not set")
+
+
+class Downstream:
+    """Side-effecting tools whose downstream systems record every call they receive and
+    deduplicate nothing; ``delay`` makes a call await a while (in random order)."""
+
+    def __init__(self, ledger: AsyncLedger, delay: float = 0.0) -> None:
+        self.sent: Dict[str, List[Tuple[Any, str]]] = {"bank.pay": [], "mail.send": []}
+        self.delay = delay
+
+        def make(name: str) -> Any:
+            @ledger.tool(name)
+            async def tool(args: Any, idempotency_key: str) -> Any:
+                if self.delay:
+                    await asyncio.sleep(random.random() * self.delay)
+                if args.get("declined"):
+                    raise EffectDidNotHappen({"code": "declined"})
+                self.sent[name].append((args, idempotency_key))
+                return {"tool": name, "args": args, "n": len(self.sent[name])}
+            return tool
+
+        self.pay = make("bank.pay")
+        self.mail = make("mail.send")
+
+    def count(self) -> int:
+        return sum(len(v) for v in self.sent.values())
+
+
+class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
+
+    def setUp(self) -> None:
+        self.run_id = f"pyasync-{uuid.uuid4()}"
+        self.admin = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        self.addCleanup(self.admin.close)
+
+    # -------------------------------------------------------------- helpers
+
+    async def pool(self, dsn: Optional[str] = None, size: int = 3,
+                   **kwargs: Any) -> AsyncConnectionPool:
+        kwargs.setdefault("autocommit", True)
+        kwargs.setdefault("application_name", "durable-ledger-pytest-async")
+        pool = AsyncConnectionPool(dsn or DSN, min_size=size, max_size=size, kwargs=kwargs)
+        self.addAsyncCleanup(pool.close)
+        await pool.wait(timeout=PATIENCE)
+        return pool
+
+    async def connect(self, dsn: Optional[str] = None) -> "psycopg.AsyncConnection[Any]":
+        conn = await psycopg.AsyncConnection.connect(dsn or DSN, autocommit=True)  # type: ignore[arg-type]
+        self.addAsyncCleanup(conn.close)
+        return conn
+
+    def audit(self, run: str, *events: str) -> List[Tuple[Any, ...]]:
+        """(event, backend_pid, lease_epoch) of the run's audit rows, in order."""
+        return self.admin.execute(
+            "SELECT event::text, backend_pid, lease_epoch FROM durable_ledger.audit_log"
+            " WHERE run = %s AND (cardinality(%s::text[]) = 0 OR event::text = ANY(%s))"
+            " ORDER BY id", (run, list(events), list(events))).fetchall()
+
+    def effects(self, run: str) -> List[Tuple[Any, ...]]:
+        """(tool, occurrence, status, lease_epoch) of the run, in order."""
+        return self.admin.execute(
+            "SELECT tool, occurrence, status::text, lease_epoch FROM durable_ledger.effects"
+            " WHERE run = %s ORDER BY created_at, occurrence", (run,)).fetchall()
+
+    def take_elsewhere(self, run: str) -> bool:
+        """Whether another worker could take the run right now (and then it has it)."""
+        return bool(self.admin.execute(
+            "SELECT (durable_ledger.take_lease(%s, '1 minute')).token IS NOT NULL",
+            (run,)).fetchone()[0])  # type: ignore[index]
+
+    # ----------------------------------------- a model's parallel tool calls
+
+    async def test_parallel_calls_of_one_attempt_on_a_pool_replay_in_another_order(self) -> None:
+        # A model asks for five tool calls at once; the agent runs them as tasks of one
+        # attempt on one pool.  The worker restarts, the model asks again in another order:
+        # every call replays (a key is the tool and the canonical args, or a business key,
+        # never a position) and nothing is paid twice.
+        ledger = AsyncLedger(await self.pool(size=3))
+        d = Downstream(ledger, delay=0.05)
+        calls = [(d.pay, {"invoice": "INV-1", "amount": 10}, None),
+                 (d.pay, {"invoice": "INV-2", "amount": 20}, None),
+                 (d.mail, {"to": "a@example.com"}, None),
+                 (d.pay, {"invoice": "INV-4", "amount": 5}, f"{self.run_id}-INV-4-a"),
+                 (d.pay, {"invoice": "INV-4", "amount": 5}, f"{self.run_id}-INV-4-b")]
+        async with ledger.token_attempt(self.run_id, ttl=30) as lease:
+            self.assertIsInstance(lease, AsyncTokenLease)
+            first = await asyncio.gather(*(tool(self.run_id, args, business_key=bk)
+                                           for tool, args, bk in calls))
+        self.assertEqual(d.count(), 5)
+        intents = self.audit(self.run_id, "intent")
+        self.assertEqual(len(intents), 5)
+        self.assertGreater(len({pid for _, pid, _ in intents}), 1,
+                           f"the parallel calls all ran on one backend: {intents}")
+        self.assertEqual(len(self.audit(self.run_id, "lease_released")), 1)
+
+        order = [4, 2, 0, 3, 1]
+        async with ledger.token_attempt(self.run_id, ttl=30) as lease:
+            self.assertEqual(lease.epoch, 2)
+            again = await asyncio.gather(*(calls[i][0](self.run_id, calls[i][1],
+                                                       business_key=calls[i][2])
+                                           for i in order))
+        self.assertEqual(d.count(), 5, "the replay performed something again")
+        self.assertEqual(again, [first[i] for i in order])
+        self.assertEqual(len(self.audit(self.run_id, "replay")), 5)
+        self.assertEqual({status for _, _, status, _ in self.effects(self.run_id)}, {"completed"})
+
+    async def test_tasks_on_one_pool_through_pgbouncer_with_the_lease_renewed(self) -> None:
+        if not BOUNCER_DSN:
+            self.skipTest("DURABLE_LEDGER_PGBOUNCER_DSN is not set")
+        # An AsyncConnectionPool of PgBouncer connections (transaction mode), 8 tasks at
+        # once, ttl 2 s and tools awaited up to 3 s: the renewal task keeps the lease.
+        await self.warm_bouncer(3)
+        pool = await self.pool(BOUNCER_DSN, size=4, prepare_threshold=None)
+        ledger = AsyncLedger(pool)
+        d = Downstream(ledger, delay=0.2)
+
+        async def slow_pay(i: int) -> Any:
+            async def perform(key: str) -> Any:
+                await asyncio.sleep(3)
+                d.sent["bank.pay"].append(({"slow": i}, key))
+                return {"slow": i}
+            return await ledger.guarded(self.run_id, "bank.pay", {"slow": i}, perform)
+
+        async with ledger.token_attempt(self.run_id, ttl=2) as lease:
+            results = await asyncio.gather(
+                *(d.mail(self.run_id, {"to": f"u{i}@example.com"}) for i in range(6)),
+                slow_pay(1), slow_pay(2))
+            self.assertGreaterEqual(lease.renewals, 2)
+            self.assertFalse(self.take_elsewhere(self.run_id), "the lease was not kept")
+        self.assertIsNone(lease.lost)
+        self.assertEqual(d.count(), 8)
+        pids = {pid for _, pid, _ in self.audit(self.run_id, "intent")}
+        self.assertGreater(len(pids), 1, "PgBouncer sent every call to one backend")
+        self.assertEqual(len(self.effects(self.run_id)), 8)
+
+        again = AsyncLedger(await self.pool(BOUNCER_DSN, size=2, prepare_threshold=None))
+        d2 = Downstream(again)
+        async with again.token_attempt(self.run_id, ttl=30):
+            replayed = await asyncio.gather(
+                *(d2.mail(self.run_id, {"to": f"u{i}@example.com"}) for i in reversed(range(6))))
+        self.assertEqual(replayed, list(reversed(results[:6])))
+        self.assertEqual(d2.count(), 0)
+
+    async def warm_bouncer(self, n: int) -> None:
+        """Makes PgBouncer open n server connections (n transactions at once): it opens
+        them lazily, and would otherwise serve short transactions from one."""
+        conns = [await self.connect(BOUNCER_DSN) for _ in range(n)]
+        for conn in conns:
+            await conn.execute("BEGIN")
+            await conn.execute("SELECT 1")
+        pids = {(await (await conn.execute("SELECT pg_backend_pid()")).fetchone())[0]  # type: ignore[index]
+                for conn in conns}
+        for conn in conns:
+            await conn.execute("COMMIT")
+        self.assertEqual(len(pids), n, f"PgBouncer did not open {n} server connections")
+
+    async def test_the_lease_is_renewed_while_a_tool_is_awaited(self) -> None:
+        conn = await self.connect()
+        ledger = AsyncLedger(conn)  # one connection: calls and renewals share it
+        seen: Dict[str, Any] = {}
+
+        async def slow(key: str) -> Any:
+            await asyncio.sleep(3.5)
+            seen["taken_elsewhere"] = self.take_elsewhere(self.run_id)
+            await asyncio.sleep(1)
+            return {"payment_id": "p1"}
+
+        async with ledger.token_attempt(self.run_id, ttl=2) as lease:
+            taken_at = lease.expires_at
+            self.assertEqual(await ledger.guarded(self.run_id, "bank.pay", {"amount": 5}, slow),
+                             {"payment_id": "p1"})
+            self.assertFalse(seen["taken_elsewhere"], "another worker took the run mid-payment")
+            self.assertGreaterEqual(lease.renewals, 4)
+            self.assertGreater(lease.expires_at, taken_at)
+        self.assertIsNone(lease.lost)
+        renewals = lease.renewals
+        await asyncio.sleep(1)
+        self.assertEqual(lease.renewals, renewals, "the renewal outlived the attempt")
+        self.assertEqual([e for e, _, _ in self.audit(self.run_id)],
+                         ["lease_acquired", "intent", "completed", "lease_released"])
+
+    # ------------------------------------------------------- session leases
+
+    async def test_session_attempts_on_an_async_connection(self) -> None:
+        conn = await self.connect()
+        ledger = AsyncLedger(conn)
+        d = Downstream(ledger, delay=0.02)
+        async with ledger.attempt(self.run_id):
+            # Tasks of one session attempt: statements go one at a time on the connection.
+            first = await asyncio.gather(d.pay(self.run_id, {"invoice": "A"}),
+                                         d.mail(self.run_id, {"to": "a@example.com"}),
+                                         d.pay(self.run_id, {"invoice": "B"}))
+            other = AsyncLedger(await self.connect())
+            with self.assertRaises(RunBusy):
+                async with other.attempt(self.run_id, wait=False):
+                    pass
+            with self.assertRaises(EffectFailed) as failed:
+                await d.pay(self.run_id, {"invoice": "C", "declined": True})
+            self.assertFalse(failed.exception.replayed)
+        self.assertEqual(d.count(), 3)
+        # A waiting acquire does not block the loop: another task runs meanwhile.
+        holder = AsyncLedger(await self.connect())
+        await holder.acquire_run(self.run_id)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.05)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        waiting = asyncio.create_task(ledger.acquire_run(self.run_id))
+        await asyncio.sleep(0.5)
+        self.assertFalse(waiting.done())
+        self.assertGreater(ticks, 3, "a waiting acquire_run blocked the event loop")
+        await holder.release_run(self.run_id)
+        self.assertTrue(await asyncio.wait_for(waiting, PATIENCE))
+        ticker.cancel()
+        again = await asyncio.gather(d.pay(self.run_id, {"invoice": "A"}),
+                                     d.mail(self.run_id, {"to": "a@example.com"}),
+                                     d.pay(self.run_id, {"invoice": "B"}))
+        with self.assertRaises(EffectFailed) as failed:
+            await d.pay(self.run_id, {"invoice": "C", "declined": True})
+        self.assertTrue(failed.exception.replayed)
+        await ledger.release_run(self.run_id)
+        self.assertEqual(again, first)
+        self.assertEqual(d.count(), 3, "the second attempt performed something again")
+
+    async def test_a_factory_of_connections_and_what_is_refused(self) -> None:
+        ledger = AsyncLedger(lambda: psycopg.AsyncConnection.connect(DSN, autocommit=True))  # type: ignore[arg-type]
+        d = Downstream(ledger)
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            await d.pay(self.run_id, {"invoice": "F"})
+        self.assertEqual(self.effects(self.run_id), [("bank.pay", 1, "completed", 1)])
+        with self.assertRaises(LedgerUsageError):  # a factory serves token leases only
+            async with ledger.attempt(self.run_id):
+                pass
+        with self.assertRaises(TypeError):
+            AsyncLedger(self.admin)  # a synchronous connection: that is Ledger's
+        not_autocommit = await psycopg.AsyncConnection.connect(DSN)  # type: ignore[arg-type]
+        self.addAsyncCleanup(not_autocommit.close)
+        with self.assertRaises(LedgerUsageError):
+            AsyncLedger(not_autocommit)
+        with self.assertRaises(RunBusy):
+            self.assertTrue(self.take_elsewhere(self.run_id))
+            async with ledger.token_attempt(self.run_id, ttl=30):
+                pass
+
+    # -------------------------------------------------- unknown and lost
+
+    async def test_a_cancelled_tool_leaves_its_outcome_unknown_and_stops_the_attempt(self) -> None:
+        ledger = AsyncLedger(await self.pool(size=2))
+        started = asyncio.Event()
+        performed: List[str] = []
+
+        async def hangs(key: str) -> Any:
+            performed.append(key)
+            started.set()
+            await asyncio.sleep(60)
+
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            call = asyncio.create_task(ledger.guarded(self.run_id, "bank.pay", {"i": 1}, hangs))
+            await asyncio.wait_for(started.wait(), PATIENCE)
+            call.cancel()  # a timeout around the tool, the agent shutting down, ...
+            with self.assertRaises(asyncio.CancelledError):
+                await call
+            # The same call again in this attempt would be occurrence 2: a second payment.
+            with self.assertRaises(EffectPaused):
+                await ledger.guarded(self.run_id, "bank.pay", {"i": 1}, hangs)
+        self.assertEqual(len(performed), 1)
+        self.assertEqual(self.effects(self.run_id), [("bank.pay", 1, "started", 1)])
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            with self.assertRaises(EffectPaused) as paused:
+                await ledger.guarded(self.run_id, "bank.pay", {"i": 1}, hangs)
+        self.assertEqual(paused.exception.key, performed[0])
+        self.assertEqual(len(performed), 1)
+
+    async def test_a_call_cancelled_while_its_intent_is_out_stops_the_attempt(self) -> None:
+        # The intent is sent and the task is cancelled before the reply (a timeout around
+        # the whole call): whether it committed is unknown, and the same call again in this
+        # attempt would be occurrence 2 with a new key -- a second payment if the first
+        # intent did commit.  The attempt stops instead.
+        ledger = AsyncLedger(await self.pool(size=2))
+        performed: List[str] = []
+
+        async def pay(key: str) -> Any:
+            performed.append(key)
+            return {"paid": True}
+
+        blocker = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        self.addCleanup(blocker.close)
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            with blocker.transaction():
+                blocker.execute("LOCK TABLE durable_ledger.effects IN ACCESS EXCLUSIVE MODE")
+                call = asyncio.create_task(ledger.guarded(self.run_id, "bank.pay", {"i": 1}, pay))
+                waited = 0.0
+                while waited < PATIENCE and not self.admin.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE '%%begin_effect%%'").fetchone()[0]:  # type: ignore[index]
+                    await asyncio.sleep(0.05)
+                    waited += 0.05
+                call.cancel()
+                with self.assertRaises(asyncio.CancelledError):
+                    await call
+            # the lock is gone: the intent may commit now, unseen
+            with self.assertRaises(EffectPaused):
+                await ledger.guarded(self.run_id, "bank.pay", {"i": 1}, pay)
+        self.assertEqual(performed, [])
+        self.assertLessEqual(len(self.effects(self.run_id)), 1)
+
+    async def test_a_lease_broken_while_a_call_is_awaited(self) -> None:
+        ledger = AsyncLedger(await self.pool(size=2))
+        d = Downstream(ledger)
+
+        async def broken_meanwhile(key: str) -> Any:
+            self.admin.execute("SELECT durable_ledger.break_lease(%s, 'oncall', 'hung?')",
+                               (self.run_id,))
+            return {"paid": True}
+
+        with self.assertRaises(LeaseLost):
+            async with ledger.token_attempt(self.run_id, ttl=30) as lease:
+                # The call in flight is reported (a report needs no lease) ...
+                self.assertEqual(await ledger.guarded(self.run_id, "bank.pay", {"i": 1},
+                                                      broken_meanwhile), {"paid": True})
+                # ... and the next one is refused by the ledger: nothing performed.
+                with self.assertRaises(LeaseLost):
+                    await d.mail(self.run_id, {"to": "x@example.com"})
+                self.assertIsNotNone(lease.lost)
+                with self.assertRaises(LeaseLost):  # known now: not asked again
+                    await d.mail(self.run_id, {"to": "y@example.com"})
+        self.assertEqual(d.count(), 0)
+        self.assertEqual(self.effects(self.run_id), [("bank.pay", 1, "completed", 1)])
+
+    async def test_a_task_that_outlives_its_attempt_never_acts(self) -> None:
+        ledger = AsyncLedger(await self.pool(size=2))
+        d = Downstream(ledger)
+        go = asyncio.Event()
+
+        async def late() -> Any:
+            await go.wait()  # the model answered after the attempt was left
+            return await d.pay(self.run_id, {"invoice": "late"})
+
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            leftover = asyncio.create_task(late())
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            go.set()
+            with self.assertRaises(LeaseLost):
+                await leftover
+            # and a task started outside any attempt is refused while one is open
+            outsider = asyncio.create_task(d.pay(self.run_id, {"invoice": "x"}),
+                                           context=contextvars.Context())
+            with self.assertRaises(LedgerUsageError):
+                await outsider
+        self.assertEqual(d.count(), 0)
+        self.assertEqual(self.effects(self.run_id), [])
+
+    async def test_the_end_of_an_attempt_awaits_its_calls_in_flight(self) -> None:
+        ledger = AsyncLedger(await self.pool(size=2))
+        entered = asyncio.Event()
+        finished: List[str] = []
+
+        async def slow(key: str) -> Any:
+            entered.set()
+            await asyncio.sleep(1)
+            finished.append(key)
+            return {"ok": True}
+
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            task = asyncio.create_task(ledger.guarded(self.run_id, "bank.pay", {"i": 1}, slow))
+            await asyncio.wait_for(entered.wait(), PATIENCE)
+        # the block was left with the call in flight: its exit waited for it
+        self.assertEqual(len(finished), 1)
+        self.assertTrue(task.done())
+        self.assertEqual(task.result(), {"ok": True})
+        self.assertEqual([e for e, _, _ in self.audit(self.run_id)],
+                         ["lease_acquired", "intent", "completed", "lease_released"])
+
+    # ------------------------------------------------ the README's example
+
+    def test_the_readmes_async_example_runs_as_written(self) -> None:
+        # Copied as a new user copies it: the block after "## Async" in the client's
+        # README, with only its DSN and a stand-in bank provided, run twice as a program.
+        with open(README, encoding="utf-8") as f:
+            text = f.read()
+        section = text[text.index("\n## Async"):]
+        code = re.search(r"```python\n(.*?)```", section, re.S)
+        assert code is not None, "no python block in the README's async section"
+        example = code.group(1)
+        lines = [line for line in example.splitlines() if line.strip()]
+        self.assertLessEqual(len(lines), 11, "not a ten-line example (and its asyncio.run)")
+        self.assertIn("AsyncLedger", example)
+        program = (
+            "import asyncio, json, os, sys\n"
+            "class bank:\n"
+            "    @staticmethod\n"
+            "    async def pay(invoice, amount, idempotency_key):\n"
+            "        with open(os.environ['BANK_LOG'], 'a') as f:\n"
+            "            f.write(json.dumps([invoice, amount, idempotency_key]) + '\\n')\n"
+            "        return {'payment_id': 'pay-' + idempotency_key[:8]}\n"
+            f"dsn = {DSN!r}\n"
+            f"run_id = {self.run_id!r}\n"
+            + example)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "agent.py")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(program)
+            env = dict(os.environ, BANK_LOG=os.path.join(tmp, "bank.log"),
+                       PYTHONPATH=os.path.dirname(HERE))
+            for _ in range(2):  # the program, then its rerun after a crash or redelivery
+                done = subprocess.run(["/usr/bin/python3", "-W", "default", path], env=env,
+                                      capture_output=True, text=True, timeout=120)
+                self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+                self.assertIn("pay-", done.stdout)
+                self.assertEqual(done.stderr, "", "the example warns (a connection left open?)")
+            with open(env["BANK_LOG"], encoding="utf-8") as f:
+                payments = f.read().splitlines()
+        self.assertEqual(len(payments), 1, f"the rerun paid again: {payments}")
+        self.assertEqual([status for _, _, status, _ in self.effects(self.run_id)], ["completed"])
+        self.assertEqual(len(self.audit(self.run_id, "replay")), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
