@@ -3,8 +3,9 @@
 #   - `pip install` of clients/python into a fresh virtual environment (with the
 #     system's site packages, offline: --no-index --no-build-isolation, Debian's
 #     setuptools and psycopg) installs the package with its py.typed marker;
-#   - the example agent loop, copied away from the source tree, runs against a real
-#     cluster with the installed package (not the folder).
+#   - the example agent loops (sync, and asyncio with a worker killed mid-run),
+#     copied away from the source tree, run against a real cluster with the
+#     installed package (not the folder).
 # Needs clients/ copied into $TESTDIR next to test/.
 use strict;
 use warnings;
@@ -55,6 +56,13 @@ my $out = run_ok([ "$scratch/venv/bin/python", "$scratch/app/agent_loop.py", '--
 	'the example agent loop runs with the installed package', init => sub { chdir "$scratch/app" });
 like($out, qr/^ok - /m, 'the example ends well');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM durable_ledger.effects WHERE run = 'installed-1'}), '4',
+	'its effects are in the ledger');
+
+File::Copy::copy("$client/examples/async_agent.py", "$scratch/app/async_agent.py") or die "copy: $!";
+$out = run_ok([ "$scratch/venv/bin/python", "$scratch/app/async_agent.py", '--dsn', $dsn, '--run', 'installed-async' ],
+	'the asyncio agent example runs with the installed package', init => sub { chdir "$scratch/app" });
+like($out, qr/^ok - /m, 'the asyncio example ends well (a worker killed, the rerun replayed)');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM durable_ledger.effects WHERE run = 'installed-async'}), '6',
 	'its effects are in the ledger');
 
 $node->stop;

@@ -3,8 +3,10 @@
 #     TypeScript consumer using node-postgres' own types (clients/js/test/types),
 #     with TypeScript from npm (clients/js's devDependencies, installed by `npm ci`);
 #   - `npm pack`, then the tarball installed into a scratch project (its dependency,
-#     pg, from the npm registry), and the example agent loop, copied there, run
-#     against a real cluster with the installed package.
+#     pg, from the npm registry), and the example agent loops, copied there, run
+#     against a real cluster with the installed package: the JavaScript one, and
+#     the TypeScript one compiled there as a TypeScript project would (TypeScript
+#     and the type packages from the registry, at clients/js's versions).
 # Needs clients/ copied into $TESTDIR next to test/, with `npm ci` done in clients/js.
 use strict;
 use warnings;
@@ -73,6 +75,30 @@ like($out, qr/payments\.charge \[executed\]/, 'the first worker pays');
 like($out, qr/payments\.charge \[replayed\]/, 'the restarted worker replays the payment');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM durable_ledger.effects WHERE run = 'installed-js-1'}), '2',
 	'its two effects are in the ledger');
+
+# The TypeScript agent loop: the scratch project becomes a TypeScript one.
+my $manifest = do { local (@ARGV, $/) = "$dir/package.json"; <> };
+my @types = map {
+	my ($version) = $manifest =~ /"\Q$_\E": "([^"]+)"/;
+	defined $version ? "$_\@$version" : $_
+} ('typescript', '@types/node', '@types/pg');
+run_ok([ 'npm', 'install', '--no-audit', '--no-fund', '--silent', '--save-dev', @types ],
+	"npm install @types", init => sub { chdir "$scratch/app" });
+File::Copy::copy("$dir/examples/agent-loop.ts", "$scratch/app/agent-loop.ts") or die "copy: $!";
+open($fh, '>', "$scratch/app/tsconfig.json") or die $!;
+print $fh <<'JSON';
+{ "compilerOptions": { "strict": true, "module": "nodenext", "moduleResolution": "nodenext",
+    "target": "es2022", "types": ["node"], "outDir": "build" },
+  "files": ["agent-loop.ts"] }
+JSON
+close $fh;
+run_ok([ "$scratch/app/node_modules/.bin/tsc", '-p', "$scratch/app/tsconfig.json" ],
+	'the TypeScript agent loop compiles against the installed package', init => sub { chdir "$scratch/app" });
+$out = run_ok([ 'node', "$scratch/app/build/agent-loop.js", $dsn, 'installed-ts-1' ],
+	'the TypeScript agent loop runs with the installed package', init => sub { chdir "$scratch/app" });
+like($out, qr/^ok - /m, 'it ends well (a worker killed mid-run, the rerun replayed)');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM durable_ledger.effects WHERE run = 'installed-ts-1'}), '6',
+	'its six effects are in the ledger');
 
 $node->stop;
 done_testing();

@@ -45,6 +45,7 @@ from durable_ledger import (  # noqa: E402
 DSN = os.environ.get("DURABLE_LEDGER_DSN")
 BOUNCER_DSN = os.environ.get("DURABLE_LEDGER_PGBOUNCER_DSN")
 README = os.path.join(os.path.dirname(HERE), "README.md")
+EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "async_agent.py")
 #: How long a test waits for something before it gives up.
 PATIENCE = 30.0
 
@@ -430,7 +431,31 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual([e for e, _, _ in self.audit(self.run_id)],
                          ["lease_acquired", "intent", "completed", "lease_released"])
 
-    # ------------------------------------------------ the README's example
+    # ------------------------------------------------------------ examples
+
+    def run_example(self, dsn: str) -> None:
+        proc = subprocess.run(["/usr/bin/python3", EXAMPLE, "--dsn", dsn, "--run", self.run_id],
+                              capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("ok - the first worker was killed mid-run", proc.stdout)
+        self.assertIn("killed before turn 3", proc.stdout)
+        # the ledger's view: three payments (one refused) and three emails, each once, the
+        # payments replayed by the second worker's attempt
+        self.assertEqual(sorted((tool, status, epoch) for tool, _, status, epoch
+                                in self.effects(self.run_id)),
+                         [("bank.pay", "completed", 1), ("bank.pay", "completed", 1),
+                          ("bank.pay", "failed", 1), ("mail.send", "completed", 2),
+                          ("mail.send", "completed", 2), ("mail.send", "completed", 2)])
+        self.assertEqual(len(self.audit(self.run_id, "replay")), 3)
+
+    def test_the_async_agent_example_killed_and_rerun(self) -> None:
+        self.run_example(DSN)  # type: ignore[arg-type]
+
+    def test_the_async_agent_example_through_pgbouncer(self) -> None:
+        if not BOUNCER_DSN:
+            self.skipTest("DURABLE_LEDGER_PGBOUNCER_DSN is not set")
+        self.run_example(BOUNCER_DSN)
+
 
     def test_the_readmes_async_example_runs_as_written(self) -> None:
         # Copied as a new user copies it: the block after "## Async" in the client's
