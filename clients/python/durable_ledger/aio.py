@@ -24,25 +24,37 @@ What differs, because of asyncio:
   ``create_task``, a ``TaskGroup``) carry the attempt: a model's parallel tool calls run
   as tasks of one attempt, on as many pooled connections at once.  The end of the block
   waits for those still in flight.
-- A call cancelled while its ``begin_effect`` is out (``task.cancel()``, a timeout) stops
-  the attempt, as does any failure that leaves it unknown whether the intent committed:
-  the same call again in the same attempt would be the next occurrence, a second effect.
-  Cancelled while ``perform`` runs, the outcome is unknown: nothing is recorded, the run
-  pauses at its next attempt until a person resolves the effect.
+- A session attempt (``async with ledger.attempt(run):``) is bound to its tasks the same
+  way: its calls are those made in the block's context, the end of the block waits for
+  those in flight, and a call of it that begins after the end raises `LeaseLost`.  An
+  `AsyncLedger` never takes a session lease implicitly: outside an attempt, a call on a
+  single connection needs the run held by ``acquire_run``.
+- A statement is never abandoned half way: a task cancelled while one of the ledger's
+  statements is out (``task.cancel()``, ``asyncio.timeout``) waits for its reply (a wait
+  for a run's lease, or an intent, is cancelled on the server: either writes nothing when
+  it fails), so that the connection stays usable and
+  the ledger's answer is known; then the cancellation goes on.  A call cancelled while its
+  ``begin_effect`` or its report is out stops the attempt (the same call again in it would
+  be the next occurrence, a second effect); cancelled while ``perform`` runs, the outcome
+  is unknown: nothing is recorded, and the run pauses at its next attempt until a person
+  resolves the effect.  The end of an attempt is finished even when cancelled (its calls
+  in flight awaited, the renewal stopped, the lease released).
 - An `AsyncLedger` belongs to one event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Tuple,
-                    Union, cast)
+from typing import (Any, AsyncIterator, Awaitable, Callable, Coroutine, Dict, List, Optional,
+                    Tuple, TypeVar, Union, cast)
 
 import psycopg
+from psycopg import generators
 from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
 from psycopg.rows import dict_row
 
@@ -60,7 +72,7 @@ from ._protocol import (
     _stopped,
     log,
 )
-from .errors import EffectDidNotHappen, LedgerError, LedgerUsageError, RunBusy
+from .errors import EffectDidNotHappen, LeaseLost, LedgerError, LedgerUsageError, RunBusy
 
 __all__ = ["AsyncLedger", "AsyncTokenLease", "AsyncPerform", "AsyncToolFunction"]
 
@@ -99,6 +111,79 @@ class AsyncTokenLease(TokenLease):
         await self._idle_event.wait()
 
 
+class _SessionAttempt:
+    """One ``async with ledger.attempt(run):`` block: its calls in flight, and its end."""
+
+    def __init__(self, run: str, ledger: "AsyncLedger") -> None:
+        self.run = run
+        self.ledger = ledger
+        self.ended = False
+        self.inflight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def enter(self) -> None:
+        if self.ended:
+            raise LeaseLost(
+                self.run, None,
+                f"run {self.run!r}: this call belongs to a session attempt that has ended (its "
+                f"block was left while this call's task was still running); nothing was begun.  "
+                f"A call must not outlive its attempt: wait for every task before leaving the "
+                f"block")
+        self.inflight += 1
+        self.idle.clear()
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self.idle.set()
+
+
+#: The session attempts the running code belongs to (see `AsyncLedger.attempt`).
+_SESSIONS: "contextvars.ContextVar[Tuple[_SessionAttempt, ...]]" = contextvars.ContextVar(
+    "durable_ledger_session_attempts", default=())
+
+T = TypeVar("T")
+
+
+async def _finish(work: "Coroutine[Any, Any, T]",
+                  on_cancel: Optional[Callable[[], None]] = None) -> T:
+    """``await work``, run to its end even when the awaiting task is cancelled meanwhile;
+    then the cancellation goes on (raised here).  A ledger statement abandoned half way
+    would leave a connection with a reply nobody reads (psycopg 3.1 does not recover it),
+    a pooled connection lost (psycopg_pool before 3.1.7), or an answer unknown that could
+    have been known.  ``on_cancel`` (at the first cancellation) may shorten the work: a
+    wait for a lease is cancelled on the server."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done() and not cancelled and on_cancel is not None:
+                on_cancel()
+            cancelled = True
+        except BaseException:
+            break  # the work failed: its error is raised below
+    if cancelled or task.cancelled():
+        error = None if task.cancelled() else task.exception()
+        raise asyncio.CancelledError() from error
+    return task.result()
+
+
+class _Out:
+    """The connection a statement is out on, for a cancellation to cancel it on the server
+    (a statement that may be cancelled: one that writes nothing when it fails)."""
+
+    def __init__(self, cancellable: bool) -> None:
+        self.cancellable = cancellable
+        self.conn: Optional["psycopg.AsyncConnection[Any]"] = None
+
+    def cancel(self) -> None:
+        if self.cancellable and self.conn is not None:
+            self.conn.cancel()
+
+
 class AsyncLedger:
     """The ledger, seen through one ``psycopg.AsyncConnection``, an async pool, or an async
     connection factory.  The asyncio twin of `Ledger`: see its docstring for the rules.
@@ -121,6 +206,7 @@ class AsyncLedger:
         self._opening: set[str] = set()
         self._used_tokens = False
         self._session_held: set[str] = set()
+        self._sessions: Dict[str, _SessionAttempt] = {}  # open attempt() blocks
         self._conn_lock = asyncio.Lock()
         self._source = conn
         self._borrow: Optional[Callable[[], Any]]
@@ -156,13 +242,34 @@ class AsyncLedger:
         if run in self._leases:
             raise p.not_carried(run)
         self._session_only("guarded() outside token_attempt()")
-        if self._used_tokens and run not in self._session_held:
-            raise p.no_implicit_session(run)
-        self._check_writable()
-        halted = self._halted.get(run)
-        if halted is not None:
-            raise _stopped(halted)
-        return await self._guarded(None, run, tool, args, perform, business_key, meta)
+        session = self._bound_session(run)
+        if session is None and run in self._sessions:
+            raise p.not_carried(run)
+        if session is None and run not in self._session_held:
+            raise LedgerUsageError(
+                None, None, f"guarded() on run {run!r} outside an attempt: an AsyncLedger takes "
+                f"no implicit session lease (a leftover call must not act in whatever attempt "
+                f"comes next).  Call it inside `async with ledger.attempt(run):` or "
+                f"`async with ledger.token_attempt(run):`, or hold the run with "
+                f"`await ledger.acquire_run(run)` first")
+        if session is not None:
+            session.enter()  # LeaseLost once the attempt has ended
+        try:
+            self._check_writable()
+            halted = self._halted.get(run)
+            if halted is not None:
+                raise _stopped(halted)
+            return await self._guarded(None, run, tool, args, perform, business_key, meta)
+        finally:
+            if session is not None:
+                session.leave()
+
+    def _bound_session(self, run: str) -> Optional[_SessionAttempt]:
+        """The session attempt of this AsyncLedger at ``run`` the running code belongs to."""
+        for session in reversed(_SESSIONS.get()):
+            if session.ledger is self and session.run == run:
+                return session
+        return None
 
     def _halter(self, run: str, lease: Optional[TokenLease]) -> p.HaltFn:
         return lambda key, reason, error: self._halt(run, key, reason, lease, error=error)
@@ -180,10 +287,11 @@ class AsyncLedger:
 
         try:
             if lease is None:
-                row = await self._one(query, params, what=f"begin_effect of {tool}")
+                row = await self._one(query, params, what=f"begin_effect of {tool}",
+                                      cancellable=True)
             else:
                 row = await self._pooled_one(query, params, on_uncertain=uncertain,
-                                             what=f"begin_effect of {tool}")
+                                             cancellable=True, what=f"begin_effect of {tool}")
         except LedgerUsageError as exc:
             if _not_committed(exc):
                 p.begin_not_committed(run, tool, halt)
@@ -222,7 +330,22 @@ class AsyncLedger:
 
     async def _record(self, run: str, key: str, attempt: int, function: str, expected: str,
                       payload: Any, lease: Optional[TokenLease]) -> Dict[str, Any]:
-        """`Ledger._record`, awaited."""
+        """`Ledger._record`, awaited, and finished also when the caller is cancelled
+        meanwhile: the report is sent and judged, the attempt stops (its caller never saw
+        the answer, and the same call again would be the next occurrence), then the
+        cancellation goes on.  A new attempt replays what was recorded."""
+        try:
+            return await _finish(self._record_now(run, key, attempt, function, expected,
+                                                  payload, lease))
+        except asyncio.CancelledError:
+            self._halt(run, key, f"run {run!r} is stopped in this attempt: the call of effect "
+                                 f"{key} was cancelled while its outcome was being recorded; a "
+                                 f"new attempt replays what the ledger recorded", lease)
+            raise
+
+    async def _record_now(self, run: str, key: str, attempt: int, function: str,
+                          expected: str, payload: Any,
+                          lease: Optional[TokenLease]) -> Dict[str, Any]:
         halt = self._halter(run, lease)
         query, params = p.report_statement(function, key, payload, attempt)
         try:
@@ -271,12 +394,30 @@ class AsyncLedger:
     async def acquire_run(self, run: str, wait: bool = True) -> bool:
         """`Ledger.acquire_run`, awaited (a wait for the lease does not block the loop)."""
         self._session_only("acquire_run()")
+        if run in self._sessions:
+            raise p.attempt_already_open(run)
+        return await self._acquire(run, wait)
+
+    async def _acquire(self, run: str, wait: bool) -> bool:
         self._check_writable()
+        conn = self.conn
+        assert conn is not None
         try:
-            row = await self._one(p.ACQUIRE_RUN, (run, wait), what=f"acquire_run of {run}")
+            row = await self._one(p.ACQUIRE_RUN, (run, wait), what=f"acquire_run of {run}",
+                                  cancellable=True)
         except psycopg.Error as exc:
             if exc.sqlstate == RUN_ABANDONED:
                 raise _abandoned(run, exc) from exc
+            raise
+        except asyncio.CancelledError:
+            # The server's wait was cancelled; if the lease was granted first, the caller
+            # that gave up must not keep it.
+            if not (conn.closed or conn.broken):
+                try:
+                    await _finish(self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}"))
+                except Exception:
+                    log.warning("could not release run %s after a cancelled acquire_run", run,
+                                exc_info=True)
             raise
         if row["ok"]:
             self._halted.pop(run, None)
@@ -286,6 +427,10 @@ class AsyncLedger:
     async def release_run(self, run: str) -> bool:
         """`Ledger.release_run`, awaited."""
         self._session_only("release_run()")
+        if run in self._sessions:
+            raise LedgerUsageError(None, None, f"release_run({run!r}) inside its "
+                                               f"`async with ledger.attempt(run):` block: the "
+                                               f"block releases the run at its end")
         self._check_writable()
         self._session_held.discard(run)
         row = await self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")
@@ -295,23 +440,64 @@ class AsyncLedger:
     @asynccontextmanager
     async def attempt(self, run: str, *, wait: bool = True) -> AsyncIterator[str]:
         """``async with ledger.attempt(run):`` -- one attempt under a session lease on the
-        AsyncLedger's connection.  See `Ledger.attempt`."""
-        if not await self.acquire_run(run, wait=wait):
-            raise RunBusy(None, None, f"run {run!r} is held by another session")
-        assert self.conn is not None
+        AsyncLedger's connection.  See `Ledger.attempt`.
+
+        The calls of the attempt are those made in the block's context (its own task and
+        the tasks it starts); a call from another task is refused while the block is open,
+        and one of the attempt that begins after the block was left raises `LeaseLost`
+        and performs nothing.  The end of the block waits for the calls in flight, then
+        releases the run.  A second attempt at the same run on this AsyncLedger while one
+        is open is refused (`LedgerUsageError`): the lease belongs to the one connection,
+        and would not keep the two apart.
+        """
+        self._session_only("attempt()")
+        if run in self._sessions or run in self._leases or run in self._opening:
+            raise p.attempt_already_open(run)
+        session = _SessionAttempt(run, self)
+        self._sessions[run] = session
+        try:
+            if not await self._acquire(run, wait):
+                raise RunBusy(None, None, f"run {run!r} is held by another session")
+        except BaseException:
+            self._sessions.pop(run, None)
+            raise
+        bound = _SESSIONS.set(_SESSIONS.get() + (session,))
         try:
             yield run
         except BaseException:
-            self._halted.pop(run, None)
-            self._session_held.discard(run)
-            if not (self.conn.closed or self.conn.broken):
-                try:
-                    await self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")
-                except Exception:  # the body's exception is the one that matters
-                    log.warning("could not release run %s after an error", run, exc_info=True)
+            self._unbind_session(bound, session)
+            await _finish(self._end_session(session, body_failed=True))
             raise
-        else:
-            await self.release_run(run)
+        self._unbind_session(bound, session)
+        await _finish(self._end_session(session, body_failed=False))
+
+    @staticmethod
+    def _unbind_session(bound: "contextvars.Token[Tuple[_SessionAttempt, ...]]",
+                        session: _SessionAttempt) -> None:
+        try:
+            _SESSIONS.reset(bound)
+        except ValueError:  # left in another context than it was entered in
+            _SESSIONS.set(tuple(s for s in _SESSIONS.get() if s is not session))
+
+    async def _end_session(self, session: _SessionAttempt, *, body_failed: bool) -> None:
+        """The end of an attempt() block: refuse new calls, await those in flight, release."""
+        run = session.run
+        session.ended = True
+        try:
+            await session.idle.wait()
+        finally:
+            self._sessions.pop(run, None)
+            self._session_held.discard(run)
+            self._halted.pop(run, None)
+        assert self.conn is not None
+        if self.conn.closed or self.conn.broken:
+            return  # the lease ended with the session
+        try:
+            await self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")
+        except Exception:
+            if not body_failed:
+                raise
+            log.warning("could not release run %s after an error", run, exc_info=True)
 
     # ------------------------------------------------------------ token leases
 
@@ -349,10 +535,10 @@ class AsyncLedger:
             yield lease
         except BaseException:
             p.unbind(bound, lease)
-            await self._end_token_attempt(lease, stop, renewer, body_failed=True)
+            await _finish(self._end_token_attempt(lease, stop, renewer, body_failed=True))
             raise
         p.unbind(bound, lease)
-        await self._end_token_attempt(lease, stop, renewer, body_failed=False)
+        await _finish(self._end_token_attempt(lease, stop, renewer, body_failed=False))
         lease.check()
 
     async def _renew(self, lease: AsyncTokenLease, stop: asyncio.Event) -> None:
@@ -388,11 +574,13 @@ class AsyncLedger:
                                  renewer: "asyncio.Task[None]", *, body_failed: bool) -> None:
         # Calls of the attempt not begun yet are refused from now on; those in flight in
         # other tasks finish first (the lease is still renewed meanwhile).
-        await lease._end_async()
-        stop.set()
-        await asyncio.wait([renewer], timeout=30)  # a renewal in flight finishes first
-        self._leases.pop(lease.run, None)
-        self._halted.pop(lease.run, None)
+        try:
+            await lease._end_async()
+        finally:
+            stop.set()
+            await asyncio.wait([renewer], timeout=30)  # a renewal in flight finishes first
+            self._leases.pop(lease.run, None)
+            self._halted.pop(lease.run, None)
         if lease.lost is not None:
             return  # nothing to release
         try:
@@ -421,6 +609,10 @@ class AsyncLedger:
                     what: str) -> List[Dict[str, Any]]:
         if self.conn is None:
             return (await self._pooled_rows(query, params, what=what))[0]
+        return await _finish(self._read_now(query, params))
+
+    async def _read_now(self, query: str, params: Tuple[Any, ...]) -> List[Dict[str, Any]]:
+        assert self.conn is not None
         async with self._conn_lock:
             async with self.conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(query, params)
@@ -450,13 +642,26 @@ class AsyncLedger:
             self._halted.setdefault(run, (key, reason, error))
 
     async def _one(self, query: str, params: Tuple[Any, ...], *,
-                   what: str = "a ledger statement") -> Dict[str, Any]:
-        """A statement on the single connection, checked to have committed."""
-        assert self.conn is not None
-        async with self._conn_lock:
-            rows = await _execute_on(self.conn, query, params, shared=True, what=what)
+                   what: str = "a ledger statement", cancellable: bool = False,
+                   ) -> Dict[str, Any]:
+        """A statement on the single connection, checked to have committed, and finished
+        also when the caller is cancelled meanwhile (see `_finish`).  ``cancellable``: the
+        statement writes nothing if it fails (a wait for a run's lease, an intent), and a
+        cancellation that comes while it is out cancels it on the server."""
+        out = _Out(cancellable)
+        rows = await _finish(self._one_now(query, params, what, out), out.cancel)
         assert len(rows) == 1, query
         return rows[0]
+
+    async def _one_now(self, query: str, params: Tuple[Any, ...], what: str,
+                       out: _Out) -> List[Dict[str, Any]]:
+        assert self.conn is not None
+        async with self._conn_lock:
+            out.conn = self.conn
+            try:
+                return await _execute_on(self.conn, query, params, shared=True, what=what)
+            finally:
+                out.conn = None
 
     @asynccontextmanager
     async def _connection(self, *, fresh: bool = False,
@@ -497,13 +702,23 @@ class AsyncLedger:
 
     async def _pooled_rows(self, query: str, params: Tuple[Any, ...], *,
                            on_uncertain: Optional[Callable[[BaseException], None]] = None,
-                           retry: bool = False, what: str = "a ledger statement",
+                           retry: bool = False, cancellable: bool = False,
+                           what: str = "a ledger statement",
                            ) -> Tuple[List[Dict[str, Any]], bool]:
         """One statement in a transaction of its own, and whether it was sent twice (see
-        `Ledger._pooled_rows`: only idempotent statements are sent again)."""
+        `Ledger._pooled_rows`: only idempotent statements are sent again); finished also
+        when the caller is cancelled meanwhile (see `_finish`)."""
+        out = _Out(cancellable)
+        return await _finish(self._pooled_rows_now(query, params, on_uncertain, retry, what, out),
+                             out.cancel)
+
+    async def _pooled_rows_now(self, query: str, params: Tuple[Any, ...],
+                               on_uncertain: Optional[Callable[[BaseException], None]],
+                               retry: bool, what: str,
+                               out: _Out) -> Tuple[List[Dict[str, Any]], bool]:
         broke: List[BaseException] = []
         try:
-            return (await self._pooled_once(query, params, on_uncertain, broke, what,
+            return (await self._pooled_once(query, params, on_uncertain, broke, what, out,
                                             fresh=False), False)
         except psycopg.OperationalError as exc:
             if not (retry and self._borrow is not None and (broke or isinstance(exc, _NotSent))):
@@ -513,7 +728,7 @@ class AsyncLedger:
                         str(exc).strip().splitlines()[0] if str(exc).strip() else "")
             first = exc
         try:
-            return await self._pooled_once(query, params, None, [], what, fresh=True), True
+            return await self._pooled_once(query, params, None, [], what, out, fresh=True), True
         except BaseException as again:
             if again.__context__ is None:
                 again.__context__ = first
@@ -521,9 +736,10 @@ class AsyncLedger:
 
     async def _pooled_once(self, query: str, params: Tuple[Any, ...],
                            on_uncertain: Optional[Callable[[BaseException], None]],
-                           broke: List[BaseException], what: str, *, fresh: bool,
+                           broke: List[BaseException], what: str, out: _Out, *, fresh: bool,
                            ) -> List[Dict[str, Any]]:
         async with self._connection(fresh=fresh) as conn:
+            out.conn = conn
             try:
                 return await _execute_on(conn, query, params, shared=self._borrow is None,
                                          what=what)
@@ -533,25 +749,36 @@ class AsyncLedger:
                     if on_uncertain is not None:
                         on_uncertain(exc)
                 raise
+            finally:
+                out.conn = None
 
     async def _pooled_one(self, query: str, params: Tuple[Any, ...], *,
                           on_uncertain: Optional[Callable[[BaseException], None]] = None,
-                          retry: bool = False, what: str = "a ledger statement",
-                          ) -> Dict[str, Any]:
+                          retry: bool = False, cancellable: bool = False,
+                          what: str = "a ledger statement") -> Dict[str, Any]:
         rows = (await self._pooled_rows(query, params, on_uncertain=on_uncertain, retry=retry,
-                                        what=what))[0]
+                                        cancellable=cancellable, what=what))[0]
         assert len(rows) == 1, query
         return rows[0]
 
 
+#: How long a pooled connection may take to answer an empty query before it counts as dead.
+PROBE_TIMEOUT = 5.0
+
+
 async def _answers(conn: "psycopg.AsyncConnection[Any]") -> bool:
-    """Whether the connection answers an empty query (nothing of the ledger is sent)."""
+    """Whether the connection answers an empty query (nothing of the ledger is sent) within
+    PROBE_TIMEOUT seconds, waiting without blocking the event loop.  One that does not is
+    given back unanswered: the pool discards a connection returned busy."""
     try:
         async with conn.lock:
-            res = conn.pgconn.exec_(b"")
-    except Exception:
+            conn.pgconn.send_query(b"")
+            results = await asyncio.wait_for(conn.wait(generators.execute(conn.pgconn)),
+                                             PROBE_TIMEOUT)
+    except (Exception, asyncio.TimeoutError):
         return False
-    return conn.pgconn.status == ConnStatus.OK and res.status == ExecStatus.EMPTY_QUERY
+    return (conn.pgconn.status == ConnStatus.OK and len(results) == 1
+            and results[0].status == ExecStatus.EMPTY_QUERY)
 
 
 async def _execute_on(conn: "psycopg.AsyncConnection[Any]", query: str,

@@ -17,9 +17,12 @@ import contextvars
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import unittest
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
@@ -430,6 +433,193 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(task.result(), {"ok": True})
         self.assertEqual([e for e, _, _ in self.audit(self.run_id)],
                          ["lease_acquired", "intent", "completed", "lease_released"])
+
+    # ------------------------------------- cancellations and leftover tasks
+
+    def lock_effects_for(self, seconds: float) -> None:
+        """Another session holds durable_ledger.effects for a while: the ledger's
+        statements wait for it (it lets go by itself, as a real holder would)."""
+        blocker = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        blocker.execute("BEGIN")
+        blocker.execute("LOCK TABLE durable_ledger.effects IN ACCESS EXCLUSIVE MODE")
+
+        def let_go() -> None:
+            blocker.execute("COMMIT")
+            blocker.close()
+        threading.Timer(seconds, let_go).start()
+
+    async def test_a_task_that_outlives_a_session_attempt_never_acts(self) -> None:
+        # gather() raises at the first failing branch and the block is left while the
+        # other branch still waits for its model; the worker then retries the run.  The
+        # leftover branch must not send its email in the retry (it would take occurrence 1
+        # there, and the retry's own email would be a second one).
+        ledger = AsyncLedger(await self.connect())
+        d = Downstream(ledger)
+
+        async def email_branch() -> Any:
+            await asyncio.sleep(0.3)
+            return await d.mail(self.run_id, {"to": "ap@example.com"})
+
+        async def failing_branch() -> None:
+            await asyncio.sleep(0.1)
+            raise ValueError("the model call failed")
+
+        leftover: List["asyncio.Task[Any]"] = []
+        with self.assertRaises(ValueError):
+            async with ledger.attempt(self.run_id):
+                leftover.append(asyncio.create_task(email_branch()))
+                await asyncio.gather(leftover[0], failing_branch())
+        async with ledger.attempt(self.run_id):
+            with self.assertRaises(LeaseLost):
+                await leftover[0]
+            await email_branch()
+        self.assertEqual(d.count(), 1, "the email was sent twice")
+        self.assertEqual(self.effects(self.run_id), [("mail.send", 1, "completed", 2)])
+        # and no call takes a session lease implicitly
+        with self.assertRaises(LedgerUsageError):
+            await d.mail(self.run_id, {"to": "ap@example.com"})
+        self.assertEqual(self.admin.execute(
+            "SELECT count(*) FROM durable_ledger.leases WHERE run = %s",
+            (self.run_id,)).fetchone()[0], 0)  # type: ignore[index]
+
+    async def test_one_run_twice_at_once_on_one_async_ledger_is_refused(self) -> None:
+        # A queue delivers the job twice to one process: both would hold the run through
+        # the one connection's lock, and both would pay.
+        ledger = AsyncLedger(await self.connect())
+        d = Downstream(ledger)
+        started = asyncio.Event()
+
+        async def job() -> Any:
+            async with ledger.attempt(self.run_id, wait=False):
+                started.set()
+                await asyncio.sleep(0.3)
+                return await d.pay(self.run_id, {"invoice": "INV-1"})
+
+        first = asyncio.create_task(job())
+        await started.wait()
+        with self.assertRaises(LedgerUsageError):
+            await job()
+        with self.assertRaises(LedgerUsageError):
+            await ledger.acquire_run(self.run_id)
+        await first
+        self.assertEqual(d.count(), 1)
+
+    async def test_a_timeout_in_the_exit_of_a_token_attempt_still_ends_it(self) -> None:
+        ledger = AsyncLedger(await self.pool(size=2))
+
+        async def slow(key: str) -> Any:
+            await asyncio.sleep(1.0)
+            return {"ok": 1}
+
+        async def worker() -> None:
+            async with ledger.token_attempt(self.run_id, ttl=3):
+                asyncio.create_task(ledger.guarded(self.run_id, "bank.pay", {"i": 1}, slow))
+                await asyncio.sleep(0.2)  # the exit waits for the call in flight
+
+        with self.assertRaises(asyncio.TimeoutError):
+            await asyncio.wait_for(worker(), 0.5)
+        # the exit was finished all the same: the call recorded, the renewal stopped, the
+        # lease released (not left renewed forever), and the run can be taken again
+        self.assertEqual(self.effects(self.run_id), [("bank.pay", 1, "completed", 1)])
+        self.assertEqual([t for t in asyncio.all_tasks() if "renewal" in t.get_name()], [])
+        self.assertEqual(self.admin.execute(
+            "SELECT count(*) FROM durable_ledger.leases WHERE run = %s",
+            (self.run_id,)).fetchone()[0], 0)  # type: ignore[index]
+        async with ledger.token_attempt(self.run_id, ttl=3) as lease:
+            self.assertEqual(lease.epoch, 2)
+
+    async def test_a_cancellation_during_the_report_records_it_and_stops_the_attempt(self) -> None:
+        # The timeout fires after the bank paid, while the report waits for the single
+        # connection (another call of the attempt holds it, waiting for a lock): the report
+        # is still made, the caller gets its timeout, and the attempt stops (the caller
+        # never saw the answer; calling again would be occurrence 2, a second payment).
+        ledger = AsyncLedger(await self.connect())
+        paid: List[str] = []
+
+        async def pay(key: str) -> Any:
+            await asyncio.sleep(0.5)
+            paid.append(key)
+            return {"receipt": "R-1"}
+
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            a = asyncio.create_task(asyncio.wait_for(
+                ledger.guarded(self.run_id, "bank.pay", {"invoice": 9}, pay), 1.0))
+            await asyncio.sleep(0.2)
+            self.lock_effects_for(2.0)
+            b = asyncio.create_task(ledger.guarded(self.run_id, "mail.send", {"to": "x"},
+                                                   lambda key: {"sent": True}))
+            with self.assertRaises(asyncio.TimeoutError):
+                await a
+            self.assertEqual(await b, {"sent": True})
+            with self.assertRaises(EffectPaused):
+                await ledger.guarded(self.run_id, "bank.pay", {"invoice": 9}, pay)
+        self.assertEqual(len(paid), 1)
+        self.assertEqual(sorted(self.effects(self.run_id)),
+                         [("bank.pay", 1, "completed", 1), ("mail.send", 1, "completed", 1)])
+        async with ledger.token_attempt(self.run_id, ttl=30):  # the retry replays it
+            self.assertEqual(await ledger.guarded(self.run_id, "bank.pay", {"invoice": 9}, pay),
+                             {"receipt": "R-1"})
+        self.assertEqual(len(paid), 1)
+
+    async def test_a_cancelled_statement_leaves_the_connection_usable(self) -> None:
+        conn = await self.connect()
+        ledger = AsyncLedger(conn)
+        d = Downstream(ledger)
+        async with ledger.attempt(self.run_id):
+            self.lock_effects_for(1.0)
+            with self.assertRaises(asyncio.TimeoutError):  # the intent waits for the lock
+                await asyncio.wait_for(d.pay(self.run_id, {"i": 1}), 0.3)
+            self.assertEqual(conn.info.transaction_status.name, "IDLE")
+            with self.assertRaises(EffectPaused):  # the attempt is stopped
+                await d.pay(self.run_id, {"i": 1})
+        self.assertEqual(d.count(), 0)
+        self.assertEqual(self.effects(self.run_id), [])  # cancelled on the server
+        # a wait for a run that another worker holds, given up: the run is not taken later
+        other = AsyncLedger(await self.connect())
+        await other.acquire_run(self.run_id)
+        with self.assertRaises(asyncio.TimeoutError):
+            await asyncio.wait_for(ledger.acquire_run(self.run_id), 0.5)
+        await other.release_run(self.run_id)
+        await asyncio.sleep(0.3)
+        self.assertFalse(self.admin.execute(
+            "SELECT count(*) > 0 FROM durable_ledger.leases WHERE run = %s",
+            (self.run_id,)).fetchone()[0])  # type: ignore[index]
+        async with ledger.attempt(self.run_id):  # and the connection serves the next attempt
+            await d.pay(self.run_id, {"i": 2})
+        self.assertEqual(d.count(), 1)
+
+    async def test_a_silent_pooled_connection_does_not_stop_the_event_loop(self) -> None:
+        # One pooled connection died while idle and the other's server is silent for 3 s
+        # (SIGSTOP): finding a working connection must not block the other tasks (the
+        # renewals of other attempts among them).
+        pool = await self.pool(size=2)
+        ledger = AsyncLedger(pool)
+        c1, c2 = await pool.getconn(), await pool.getconn()
+        p1, p2 = c1.info.backend_pid, c2.info.backend_pid
+        await pool.putconn(c1)
+        await pool.putconn(c2)
+        self.admin.execute("SELECT pg_terminate_backend(%s)", (p1,))
+        try:
+            os.kill(p2, signal.SIGSTOP)
+        except PermissionError:
+            self.fail("run the tests as the server's OS user (they stop a backend for 3 s)")
+        threading.Timer(3.0, lambda: os.kill(p2, signal.SIGCONT)).start()
+        gaps: List[float] = []
+
+        async def ticker() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.05)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        ticking = asyncio.create_task(ticker())
+        await asyncio.sleep(0.2)
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            pass
+        ticking.cancel()
+        self.assertLess(max(gaps), 1.0, "the event loop stood still while a connection was probed")
 
     # ------------------------------------------------------------ examples
 
