@@ -29,16 +29,14 @@ What differs, because of asyncio:
   those in flight, and a call of it that begins after the end raises `LeaseLost`.  An
   `AsyncLedger` never takes a session lease implicitly: outside an attempt, a call on a
   single connection needs the run held by ``acquire_run``.
-- A statement is never abandoned half way: a task cancelled while one of the ledger's
-  statements is out (``task.cancel()``, ``asyncio.timeout``) waits for its reply (a wait
-  for a run's lease, or an intent, is cancelled on the server: either writes nothing when
-  it fails), so that the connection stays usable and
-  the ledger's answer is known; then the cancellation goes on.  A call cancelled while its
-  ``begin_effect`` or its report is out stops the attempt (the same call again in it would
-  be the next occurrence, a second effect); cancelled while ``perform`` runs, the outcome
-  is unknown: nothing is recorded, and the run pauses at its next attempt until a person
-  resolves the effect.  The end of an attempt is finished even when cancelled (its calls
-  in flight awaited, the renewal stopped, the lease released).
+- Cancellation: a ledger statement not sent yet is not sent; one that is out is finished
+  before the cancellation goes on (an intent or a wait for a run's lease is cancelled on
+  the server; a report runs to its end), so the connection stays usable and the ledger's
+  answer is known; a call that was under way stops the attempt (the same call again would
+  be the next occurrence, a second effect); a refusal that came back meanwhile stops it as
+  a refusal.  Cancelled while ``perform`` runs, the outcome is unknown: nothing is
+  recorded, and the run pauses at its next attempt until a person resolves the effect.
+  The end of an attempt is finished even when cancelled.  (README, "Async".)
 - An `AsyncLedger` belongs to one event loop.
 """
 
@@ -146,42 +144,92 @@ _SESSIONS: "contextvars.ContextVar[Tuple[_SessionAttempt, ...]]" = contextvars.C
 T = TypeVar("T")
 
 
-async def _finish(work: "Coroutine[Any, Any, T]",
-                  on_cancel: Optional[Callable[[], None]] = None) -> T:
-    """``await work``, run to its end even when the awaiting task is cancelled meanwhile;
-    then the cancellation goes on (raised here).  A ledger statement abandoned half way
-    would leave a connection with a reply nobody reads (psycopg 3.1 does not recover it),
-    a pooled connection lost (psycopg_pool before 3.1.7), or an answer unknown that could
-    have been known.  ``on_cancel`` (at the first cancellation) may shorten the work: a
-    wait for a lease is cancelled on the server."""
+def _cancelled(*, result: Any = None, unsent: bool = False) -> asyncio.CancelledError:
+    """The cancellation `_finish` raises: a plain CancelledError (asyncio.timeout turns only
+    that very type into TimeoutError), which says whether its statement was not sent at all
+    (``unsent``) or, when it was finished, carries its ``result`` for a caller that must undo
+    it (a lease it took)."""
+    error = asyncio.CancelledError()
+    error.ledger_unsent = unsent  # type: ignore[attr-defined]
+    error.ledger_result = result  # type: ignore[attr-defined]
+    return error
+
+
+def _unsent(exc: BaseException) -> bool:
+    return bool(getattr(exc, "ledger_unsent", False))
+
+
+def _finished_result(exc: BaseException) -> Any:
+    return getattr(exc, "ledger_result", None)
+
+
+class _Out:
+    """Where a statement stands, for a cancellation of its caller: not sent yet (waiting
+    for the connection), then sent on ``conn``.  ``cancellable``: it writes nothing when it
+    fails (an intent, a wait for a run's lease), so a cancellation that comes while it is
+    out may cancel it on the server."""
+
+    def __init__(self, cancellable: bool) -> None:
+        self.cancellable = cancellable
+        self.conn: Optional["psycopg.AsyncConnection[Any]"] = None
+        self.sent = False
+        self.abandoned = False  # cancelled before it was sent: it is not sent at all
+        self.cancel_requested = False
+
+    def send(self, conn: "psycopg.AsyncConnection[Any]") -> None:
+        """The statement goes out now on conn, unless its caller gave up meanwhile."""
+        if self.abandoned:
+            raise asyncio.CancelledError()
+        self.conn = conn
+        self.sent = True
+
+
+def _cancel_on_server(conn: "psycopg.AsyncConnection[Any]") -> None:
+    """conn.cancel() (a blocking PQcancel in psycopg 3.1) in a thread of the loop's
+    executor, so that the loop goes on meanwhile; a cancel that fails is only logged: the
+    statement then runs to its end."""
+    def cancel() -> None:
+        try:
+            conn.cancel()
+        except Exception as exc:  # noqa: BLE001 -- the statement runs to its end instead
+            log.warning("could not cancel a ledger statement on the server (%s: %s); it runs "
+                        "to its end", type(exc).__name__, exc)
+
+    asyncio.get_running_loop().run_in_executor(None, cancel)
+
+
+async def _finish(work: "Coroutine[Any, Any, T]", out: Optional[_Out] = None) -> T:
+    """``await work`` (a ledger statement, or a step made of them), run to its end even
+    when the awaiting task is cancelled meanwhile; then the cancellation goes on, raised
+    here (`_cancelled`: with the work's result when it succeeded, with its error as the
+    cause when it failed).  A statement abandoned half way would leave a connection with a
+    reply nobody reads (psycopg 3.1 does not recover it), a pooled connection lost
+    (psycopg_pool before 3.1.7), or an answer unknown that could have been known.  With
+    ``out`` (a single statement): cancelled before it was sent, it is not sent at all;
+    once out, a cancellable one is cancelled on the server."""
     task = asyncio.ensure_future(work)
     cancelled = False
     while not task.done():
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
-            if not task.done() and not cancelled and on_cancel is not None:
-                on_cancel()
             cancelled = True
+            if out is not None and not out.sent:
+                out.abandoned = True  # checked when the connection is there (out.send)
+            elif (out is not None and out.cancellable and out.conn is not None
+                  and not out.cancel_requested):
+                out.cancel_requested = True
+                _cancel_on_server(out.conn)
         except BaseException:
             break  # the work failed: its error is raised below
-    if cancelled or task.cancelled():
-        error = None if task.cancelled() else task.exception()
-        raise asyncio.CancelledError() from error
+    if task.cancelled():
+        raise _cancelled(unsent=out is not None and out.abandoned and not out.sent)
+    if cancelled:
+        error = task.exception()
+        if error is None:
+            raise _cancelled(result=task.result())
+        raise _cancelled() from error
     return task.result()
-
-
-class _Out:
-    """The connection a statement is out on, for a cancellation to cancel it on the server
-    (a statement that may be cancelled: one that writes nothing when it fails)."""
-
-    def __init__(self, cancellable: bool) -> None:
-        self.cancellable = cancellable
-        self.conn: Optional["psycopg.AsyncConnection[Any]"] = None
-
-    def cancel(self) -> None:
-        if self.cancellable and self.conn is not None:
-            self.conn.cancel()
 
 
 class AsyncLedger:
@@ -207,6 +255,7 @@ class AsyncLedger:
         self._used_tokens = False
         self._session_held: set[str] = set()
         self._sessions: Dict[str, _SessionAttempt] = {}  # open attempt() blocks
+        self._acquiring: set[str] = set()  # runs an explicit acquire_run is taking
         self._conn_lock = asyncio.Lock()
         self._source = conn
         self._borrow: Optional[Callable[[], Any]]
@@ -306,9 +355,8 @@ class AsyncLedger:
                 uncertain(exc)
             raise
         except BaseException as exc:
-            # Cancelled while the statement was out: it may have committed, and the same
-            # call again in this attempt would be the next occurrence.
-            uncertain(exc)
+            if not _unsent(exc):  # (cancelled before the intent went out: nothing written)
+                self._begin_cancelled(exc, lease, run, tool, halt)
             raise
         decision = p.decision_of(row, run, tool, halt)
         if isinstance(decision, p.Replayed):
@@ -328,6 +376,31 @@ class AsyncLedger:
                                  lease)
         return row["result"]
 
+    def _begin_cancelled(self, exc: BaseException, lease: Optional[AsyncTokenLease], run: str,
+                         tool: str, halt: p.HaltFn) -> None:
+        """A begin_effect whose caller was cancelled while it was out (or that failed in a
+        way that leaves its fate unknown) stops the attempt as its answer says: a refusal as
+        a refusal (an abandoned run is not to be retried), a lost lease as lost; an intent
+        recorded but never performed, or one whose fate is unknown, as a call the same call
+        again would duplicate (it would be the next occurrence)."""
+        cause = exc.__cause__
+        result = _finished_result(exc)
+        if result is not None:
+            rows = result[0] if isinstance(result, tuple) else result
+            if rows and rows[0]["decision"] == "execute":
+                halt(rows[0]["key"], f"run {run!r} is stopped in this attempt: the call of {tool} "
+                                     f"was cancelled after its intent (key {rows[0]['key']}) was "
+                                     f"recorded, before it was performed; the next attempt pauses "
+                                     f"on it", None)
+            return
+        if isinstance(cause, psycopg.Error):
+            if lease is not None and cause.sqlstate == LEASE_LOST:
+                lease._lose(cause)
+                return
+            if p.refusal(cause, run, tool, halt) is not None:
+                return
+        p.begin_uncertain(run, tool, exc, halt)
+
     async def _record(self, run: str, key: str, attempt: int, function: str, expected: str,
                       payload: Any, lease: Optional[TokenLease]) -> Dict[str, Any]:
         """`Ledger._record`, awaited, and finished also when the caller is cancelled
@@ -337,10 +410,16 @@ class AsyncLedger:
         try:
             return await _finish(self._record_now(run, key, attempt, function, expected,
                                                   payload, lease))
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             self._halt(run, key, f"run {run!r} is stopped in this attempt: the call of effect "
                                  f"{key} was cancelled while its outcome was being recorded; a "
                                  f"new attempt replays what the ledger recorded", lease)
+            if isinstance(exc.__cause__, LedgerError):
+                # Its caller is gone: the log is the one place left that says what happened.
+                log.warning("effect %s of run %s was performed but its outcome was not "
+                            "recorded, and its caller was cancelled meanwhile (%s): %s", key,
+                            run, "result" if function == "complete_effect" else "error",
+                            payload)
             raise
 
     async def _record_now(self, run: str, key: str, attempt: int, function: str,
@@ -394,9 +473,13 @@ class AsyncLedger:
     async def acquire_run(self, run: str, wait: bool = True) -> bool:
         """`Ledger.acquire_run`, awaited (a wait for the lease does not block the loop)."""
         self._session_only("acquire_run()")
-        if run in self._sessions:
+        if run in self._sessions or run in self._session_held or run in self._acquiring:
             raise p.attempt_already_open(run)
-        return await self._acquire(run, wait)
+        self._acquiring.add(run)
+        try:
+            return await self._acquire(run, wait)
+        finally:
+            self._acquiring.discard(run)
 
     async def _acquire(self, run: str, wait: bool) -> bool:
         self._check_writable()
@@ -451,7 +534,8 @@ class AsyncLedger:
         and would not keep the two apart.
         """
         self._session_only("attempt()")
-        if run in self._sessions or run in self._leases or run in self._opening:
+        if (run in self._sessions or run in self._session_held or run in self._acquiring
+                or run in self._leases or run in self._opening):
             raise p.attempt_already_open(run)
         session = _SessionAttempt(run, self)
         self._sessions[run] = session
@@ -520,6 +604,15 @@ class AsyncLedger:
             except psycopg.Error as exc:
                 if exc.sqlstate == RUN_ABANDONED:
                     raise _abandoned(run, exc) from exc
+                raise
+            except asyncio.CancelledError as cancelled:
+                # Cancelled while take_lease was out: a lease it took is let go at once
+                # (else the run would stay held until its ttl).
+                taken = _finished_result(cancelled)
+                token = taken[0][0]["token"] if taken is not None else None
+                if token is not None:
+                    await _finish(self._pooled_rows(p.RELEASE_LEASE, (token,), retry=True,
+                                                    what=f"release_lease of {run}"))
                 raise
             lease = cast(AsyncTokenLease, p.new_lease(row, run, ttl, self, AsyncTokenLease))
             self._halted.pop(run, None)
@@ -649,7 +742,7 @@ class AsyncLedger:
         statement writes nothing if it fails (a wait for a run's lease, an intent), and a
         cancellation that comes while it is out cancels it on the server."""
         out = _Out(cancellable)
-        rows = await _finish(self._one_now(query, params, what, out), out.cancel)
+        rows = await _finish(self._one_now(query, params, what, out), out)
         assert len(rows) == 1, query
         return rows[0]
 
@@ -657,11 +750,8 @@ class AsyncLedger:
                        out: _Out) -> List[Dict[str, Any]]:
         assert self.conn is not None
         async with self._conn_lock:
-            out.conn = self.conn
-            try:
-                return await _execute_on(self.conn, query, params, shared=True, what=what)
-            finally:
-                out.conn = None
+            out.send(self.conn)
+            return await _execute_on(self.conn, query, params, shared=True, what=what)
 
     @asynccontextmanager
     async def _connection(self, *, fresh: bool = False,
@@ -710,7 +800,7 @@ class AsyncLedger:
         when the caller is cancelled meanwhile (see `_finish`)."""
         out = _Out(cancellable)
         return await _finish(self._pooled_rows_now(query, params, on_uncertain, retry, what, out),
-                             out.cancel)
+                             out)
 
     async def _pooled_rows_now(self, query: str, params: Tuple[Any, ...],
                                on_uncertain: Optional[Callable[[BaseException], None]],
@@ -739,7 +829,7 @@ class AsyncLedger:
                            broke: List[BaseException], what: str, out: _Out, *, fresh: bool,
                            ) -> List[Dict[str, Any]]:
         async with self._connection(fresh=fresh) as conn:
-            out.conn = conn
+            out.send(conn)
             try:
                 return await _execute_on(conn, query, params, shared=self._borrow is None,
                                          what=what)
@@ -749,8 +839,6 @@ class AsyncLedger:
                     if on_uncertain is not None:
                         on_uncertain(exc)
                 raise
-            finally:
-                out.conn = None
 
     async def _pooled_one(self, query: str, params: Tuple[Any, ...], *,
                           on_uncertain: Optional[Callable[[BaseException], None]] = None,

@@ -42,6 +42,7 @@ from durable_ledger import (  # noqa: E402
     EffectPaused,
     LeaseLost,
     LedgerUsageError,
+    RunAbandoned,
     RunBusy,
 )
 
@@ -586,6 +587,94 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
             (self.run_id,)).fetchone()[0])  # type: ignore[index]
         async with ledger.attempt(self.run_id):  # and the connection serves the next attempt
             await d.pay(self.run_id, {"i": 2})
+        self.assertEqual(d.count(), 1)
+
+    async def test_a_call_cancelled_before_its_intent_went_out_sends_nothing(self) -> None:
+        # On one connection, the intent waits for its turn behind another job's wait for
+        # a run somebody else holds; the call times out meanwhile.  Its intent must not go
+        # out later on its own (it would be recorded and never performed, and the next
+        # attempt would pause for a person): nothing is written, nothing stops.
+        holder = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        self.addCleanup(holder.close)
+        other = f"{self.run_id}-other"
+        holder.execute("SELECT durable_ledger.acquire_run(%s)", (other,))
+        ledger = AsyncLedger(await self.connect())
+        d = Downstream(ledger)
+
+        async def another_job() -> None:
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(ledger.acquire_run(other), 2.0)
+
+        async with ledger.attempt(self.run_id):
+            job = asyncio.create_task(another_job())
+            await asyncio.sleep(0.1)
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(d.pay(self.run_id, {"inv": 1}), 1.0)
+            await job
+            self.assertEqual(self.effects(self.run_id), [])
+            # not stopped: the same call goes on in this attempt, as occurrence 1
+            await d.pay(self.run_id, {"inv": 1})
+        self.assertEqual(self.effects(self.run_id), [("bank.pay", 1, "completed", 1)])
+        self.assertEqual(d.count(), 1)
+
+    async def test_a_token_attempt_cancelled_while_taking_its_lease_lets_it_go(self) -> None:
+        pool = await self.pool(size=1)
+        ledger = AsyncLedger(pool)
+
+        async def busy() -> None:  # another call of this worker holds the one connection
+            async with pool.connection():
+                await asyncio.sleep(1.5)
+
+        holding = asyncio.create_task(busy())
+        await asyncio.sleep(0.05)
+        with self.assertRaises(asyncio.TimeoutError):
+            async with asyncio.timeout(0.5):
+                async with ledger.token_attempt(self.run_id, ttl=120):
+                    self.fail("the attempt began after its caller gave up")
+        await holding
+        self.assertEqual(self.admin.execute(
+            "SELECT count(*) FROM durable_ledger.leases WHERE run = %s",
+            (self.run_id,)).fetchone()[0], 0)  # type: ignore[index]
+        async with ledger.token_attempt(self.run_id, ttl=120):  # not held until its ttl
+            pass
+
+    async def test_a_refusal_that_comes_back_after_a_cancellation_still_stops_as_it_says(self) -> None:
+        holder = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        self.addCleanup(holder.close)
+        other = f"{self.run_id}-other"
+        holder.execute("SELECT durable_ledger.acquire_run(%s)", (other,))
+        ledger = AsyncLedger(await self.connect())
+        d = Downstream(ledger)
+
+        async def another_job() -> None:
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(ledger.acquire_run(other), 2.0)
+
+        async with ledger.attempt(self.run_id):
+            job = asyncio.create_task(another_job())
+            await asyncio.sleep(0.1)
+            self.admin.execute("SELECT durable_ledger.abandon_run(%s, 'ops', 'fraud')", (self.run_id,))
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(d.pay(self.run_id, {"inv": 1}), 1.0)
+            await job
+            with self.assertRaises(RunAbandoned):  # do not retry: not merely "paused"
+                await d.pay(self.run_id, {"inv": 2})
+        self.assertEqual(d.count(), 0)
+
+    async def test_an_explicit_hold_of_a_run_is_not_taken_twice(self) -> None:
+        ledger = AsyncLedger(await self.connect())
+        d = Downstream(ledger, delay=0.2)
+
+        async def delivery() -> Any:
+            if not await ledger.acquire_run(self.run_id, wait=False):
+                return "busy"
+            try:
+                return await d.pay(self.run_id, {"to": "acme", "amount": 50})
+            finally:
+                await ledger.release_run(self.run_id)
+
+        results = await asyncio.gather(delivery(), delivery(), return_exceptions=True)
+        self.assertEqual(sorted(type(r).__name__ for r in results), ["LedgerUsageError", "dict"])
         self.assertEqual(d.count(), 1)
 
     async def test_a_silent_pooled_connection_does_not_stop_the_event_loop(self) -> None:
