@@ -269,6 +269,20 @@ COMMENT ON FUNCTION durable_ledger.history(text) IS
     'the run''s timeline in order: attempts, decisions, reports, pauses, resolutions, lease events and divergences, with keys, args, outcomes, who and when';
 
 -- ---------------------------------------------------------------------------
+-- Access paths for the auditor's questions.
+-- ---------------------------------------------------------------------------
+-- The auditor's questions (docs/auditing.md), each by an index: rows by time
+-- (BRIN: the log is appended in time order, so a summary per range of pages
+-- costs almost nothing to keep), the decisions people made, and replays.
+CREATE INDEX audit_log_logged_at_idx ON durable_ledger.audit_log USING brin (logged_at);
+CREATE INDEX audit_log_decisions_idx ON durable_ledger.audit_log (id)
+    WHERE event IN ('resolved', 'lease_broken', 'divergence_resolved', 'run_abandoned',
+                    'run_forked', 'tool_registered', 'tool_changed', 'tool_retired',
+                    'policy_changed', 'purged', 'audit_purged');
+CREATE INDEX audit_log_replays_idx ON durable_ledger.audit_log (logged_at)
+    WHERE event = 'replay';
+
+-- ---------------------------------------------------------------------------
 -- What waits for a person, found without reading what is settled.
 -- ---------------------------------------------------------------------------
 -- The effects that are not settled (started, unknown, or flagged by a

@@ -194,6 +194,16 @@ CREATE TABLE durable_ledger.audit_log (
 ALTER SEQUENCE durable_ledger.audit_log_id_seq OWNED BY durable_ledger.audit_log.id;
 CREATE INDEX audit_log_key_idx ON durable_ledger.audit_log (key);
 CREATE INDEX audit_log_run_idx ON durable_ledger.audit_log (run);
+-- The auditor's questions (docs/auditing.md), each by an index: rows by time
+-- (BRIN: the log is appended in time order, so a summary per range of pages
+-- costs almost nothing to keep), the decisions people made, and replays.
+CREATE INDEX audit_log_logged_at_idx ON durable_ledger.audit_log USING brin (logged_at);
+CREATE INDEX audit_log_decisions_idx ON durable_ledger.audit_log (id)
+    WHERE event IN ('resolved', 'lease_broken', 'divergence_resolved', 'run_abandoned',
+                    'run_forked', 'tool_registered', 'tool_changed', 'tool_retired',
+                    'policy_changed', 'purged', 'audit_purged');
+CREATE INDEX audit_log_replays_idx ON durable_ledger.audit_log (logged_at)
+    WHERE event = 'replay';
 
 CREATE FUNCTION durable_ledger.refuse_audit_log_change() RETURNS trigger
 LANGUAGE plpgsql

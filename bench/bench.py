@@ -5,7 +5,12 @@ The floor is the same writes done by hand, one round trip each (bench/floor_pair
 Every comparison runs interleaved in one cluster (A B A B ...) and reports the
 median of its rounds as a ratio; absolute numbers are context only.  Run by
 bench/run.sh against a throwaway cluster.  --only runs some sections:
-pairs, registered, batch, replay, handoff, pooler, growth.
+pairs, registered, batch, replay, handoff, pooler, growth, audit.
+
+The audit section ("auditing at scale", bench/audit_scale.py) writes ten million effects
+through the ledger into a database of its own (--audit-effects; the fill takes most of an
+hour on two cores) and times every query of docs/auditing.md's cookbook, unresolved,
+history(run) and the metrics scrape, with their plans.
 
 The registered section measures begin+complete of a registered tool (divergence
 policy pause) in a later attempt of each client's run, where divergence is
@@ -34,6 +39,8 @@ import time
 
 import psycopg
 from psycopg.types.json import Jsonb
+
+from audit_scale import audit_section, audit_dsn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -290,7 +297,7 @@ def populate(conn, target):
     conn.execute("CHECKPOINT")
 
 
-SECTIONS = ("pairs", "registered", "batch", "replay", "handoff", "pooler", "growth")
+SECTIONS = ("pairs", "registered", "batch", "replay", "handoff", "pooler", "growth", "audit")
 
 
 def main():
@@ -304,6 +311,8 @@ def main():
     p.add_argument("--pool-size", type=int, default=8,
                    help="PgBouncer's default_pool_size (server connections) in the pooler section")
     p.add_argument("--big", type=int, default=2000000, help="effects in the ledger for the growth test")
+    p.add_argument("--audit-effects", type=int, default=10000000,
+                   help="effects written through the ledger for the audit section")
     p.add_argument("--only", default=",".join(SECTIONS),
                    help="the sections to run, comma-separated: " + ", ".join(SECTIONS))
     args = p.parse_args()
@@ -411,6 +420,10 @@ def main():
         rows.append(("bytes per effect (effects + audit log + runs, with indexes)", per_effect, "(context)",
                      "measured over the effects written by real begin/complete pairs"))
 
+    if "audit" in only:
+        # after growth (if both run): the audit section's database is its own
+        rows.extend(audit_section(args, audit_dsn(conn, args.dsn), os.path.join(HERE, "..", "docs", "auditing.md"), say))
+
     cores = os.cpu_count()
     print()
     print(f"durable_ledger bench, {datetime.date.today()}, {cores} cores, PostgreSQL "
@@ -423,7 +436,8 @@ def main():
     print("| --- | --- | --- | --- |")
     for name, ratio, target, ctx in rows:
         value = (f"{ratio:.0f}" if name.startswith("bytes") else
-                 f"{ratio:.1f} ms" if name.endswith("(ms)") else f"{ratio:.2f}x")
+                 f"{ratio:.1f} ms" if name.endswith("(ms)") else
+                 f"{ratio:.0f} s" if name.endswith("(s)") else f"{ratio:.2f}x")
         print(f"| {name} | {value} | {target} | {ctx} |")
     shutil.rmtree(logdir, ignore_errors=True)
 

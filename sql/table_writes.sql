@@ -263,6 +263,34 @@ ROLLBACK;
 SELECT count(*) AS effects, count(*) FILTER (WHERE status = 'started') AS started
   FROM durable_ledger.effects WHERE run = 'direct-ro';
 SELECT durable_ledger.release_run('direct-ro');
+
+-- the writer prepares a table's indexes once and keeps them until the table
+-- or one of its indexes changes: an index created between two writes of one
+-- session (a partial one on an expression, here) is written by the next, one
+-- created by another session too, and a dropped or rebuilt one is no longer
+-- in its way
+SELECT durable_ledger.acquire_run('direct-ix');
+SELECT key AS kx1 FROM durable_ledger.begin_effect('direct-ix', 'pay', '{"n": 1}') \gset
+CREATE INDEX effects_n_idx ON durable_ledger.effects ((args ->> 'n')) WHERE tool = 'pay';
+SELECT key AS kx2 FROM durable_ledger.begin_effect('direct-ix', 'pay', '{"n": 2}') \gset
+SELECT status FROM durable_ledger.complete_effect(:'kx2', '{"paid": 2}');
+SELECT dblink_exec('dbname=' || current_database(),
+       $$CREATE INDEX audit_log_detail_idx ON durable_ledger.audit_log ((detail ->> 'note'))$$);
+SELECT key AS kx3 FROM durable_ledger.begin_effect('direct-ix', 'pay', '{"n": 3}') \gset
+SELECT regress_ledger_indexes_intact();
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+EXPLAIN (COSTS OFF) SELECT key FROM durable_ledger.effects WHERE args ->> 'n' = '3' AND tool = 'pay';
+SELECT key = :'kx3' AS found_by_the_new_index
+  FROM durable_ledger.effects WHERE args ->> 'n' = '3' AND tool = 'pay' AND run = 'direct-ix';
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+REINDEX TABLE durable_ledger.effects;
+SELECT status FROM durable_ledger.complete_effect(:'kx3', '{"paid": 3}');
+DROP INDEX durable_ledger.effects_n_idx;
+SELECT dblink_exec('dbname=' || current_database(), 'DROP INDEX durable_ledger.audit_log_detail_idx');
+SELECT status FROM durable_ledger.complete_effect(:'kx1', '{"paid": 1}');
+SELECT durable_ledger.release_run('direct-ix');
 SELECT regress_ledger_indexes_intact();
 DROP FUNCTION regress_ledger_indexes_intact();
 DROP EXTENSION amcheck;
