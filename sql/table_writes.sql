@@ -264,11 +264,9 @@ SELECT count(*) AS effects, count(*) FILTER (WHERE status = 'started') AS starte
   FROM durable_ledger.effects WHERE run = 'direct-ro';
 SELECT durable_ledger.release_run('direct-ro');
 
--- the writer prepares a table's indexes once and keeps them until the table
--- or one of its indexes changes: an index created between two writes of one
--- session (a partial one on an expression, here) is written by the next, one
--- created by another session too, and a dropped or rebuilt one is no longer
--- in its way
+-- an index created between two writes of one session (a partial one on an
+-- expression, here) is written by the next, one created by another session
+-- too, and a dropped or rebuilt one is no longer in its way
 SELECT durable_ledger.acquire_run('direct-ix');
 SELECT key AS kx1 FROM durable_ledger.begin_effect('direct-ix', 'pay', '{"n": 1}') \gset
 CREATE INDEX effects_n_idx ON durable_ledger.effects ((args ->> 'n')) WHERE tool = 'pay';
@@ -291,6 +289,25 @@ DROP INDEX durable_ledger.effects_n_idx;
 SELECT dblink_exec('dbname=' || current_database(), 'DROP INDEX durable_ledger.audit_log_detail_idx');
 SELECT status FROM durable_ledger.complete_effect(:'kx1', '{"paid": 1}');
 SELECT durable_ledger.release_run('direct-ix');
+
+-- index expressions are evaluated as SQL evaluates them, write after write: a
+-- whole-row reference, and a domain whose constraint is added between two
+-- writes (the next write checks it, as an INSERT would)
+CREATE FUNCTION public.regress_rowtag(durable_ledger.unsettled) RETURNS text
+    IMMUTABLE LANGUAGE plpgsql AS $$BEGIN RETURN $1.key; END$$;
+CREATE INDEX unsettled_rowtag_idx ON durable_ledger.unsettled (public.regress_rowtag(unsettled));
+CREATE DOMAIN public.regress_n AS int CHECK (VALUE > -100);
+CREATE INDEX effects_regress_n_idx ON durable_ledger.effects (((args ->> 'regress_n')::public.regress_n));
+SELECT decision FROM durable_ledger.begin_effect('direct-ex', 'pay', '{"regress_n": 1}');
+SELECT decision FROM durable_ledger.begin_effect('direct-ex', 'pay', '{"regress_n": 2}');
+ALTER DOMAIN public.regress_n ADD CONSTRAINT regress_n_positive CHECK (VALUE > 0);
+SELECT decision FROM durable_ledger.begin_effect('direct-ex', 'pay', '{"regress_n": -5}');
+SELECT decision FROM durable_ledger.begin_effect('direct-ex', 'pay', '{"regress_n": 3}');
+SELECT count(*) AS written FROM durable_ledger.effects WHERE run = 'direct-ex';
+SELECT durable_ledger.release_run('direct-ex');
+DROP INDEX durable_ledger.unsettled_rowtag_idx, durable_ledger.effects_regress_n_idx;
+DROP FUNCTION public.regress_rowtag(durable_ledger.unsettled);
+DROP DOMAIN public.regress_n;
 SELECT regress_ledger_indexes_intact();
 DROP FUNCTION regress_ledger_indexes_intact();
 DROP EXTENSION amcheck;

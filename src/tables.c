@@ -112,17 +112,8 @@ relcache_changed(Datum arg, Oid relid)
 	int			i;
 
 	for (i = 0; i < lengthof(tables); i++)
-	{
-		LedgerTable *t = tables[i];
-		int			j;
-
-		if (!OidIsValid(relid) || relid == t->relid)
-			t->relid = InvalidOid;
-		/* an index's own invalidation (REINDEX, its entry flushed) too */
-		for (j = 0; j < t->nindexes && OidIsValid(t->relid); j++)
-			if (relid == t->index_oids[j])
-				t->relid = InvalidOid;
-	}
+		if (!OidIsValid(relid) || relid == tables[i]->relid)
+			tables[i]->relid = InvalidOid;
 }
 
 void
@@ -285,7 +276,6 @@ learn_table(LedgerTable *t, Relation rel)
 							format_type_be(t->columns[i].type))));
 		attnums[i] = attnum;
 	}
-	t->nindexes = -1;			/* writer.c prepares them again at its next write */
 	if (t->cxt != NULL)
 		MemoryContextDelete(t->cxt);
 	t->cxt = cxt;

@@ -30,11 +30,7 @@ typedef struct LedgerTable
 	Oid		   *domain_types;
 	void	  **domain_checks;	/* domain_check()'s cache, one per attribute */
 	Oid			first_sequence; /* the sequence its first column's default draws from */
-	/* its indexes, as writer.c's open_indexes() prepared them; -1: not yet */
-	int			nindexes;
-	Oid		   *index_oids;
-	struct IndexInfo **index_infos;
-	MemoryContext cxt;			/* all of the above; deleted when it is learned again */
+	MemoryContext cxt;
 } LedgerTable;
 
 enum

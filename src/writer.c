@@ -4,7 +4,7 @@
  * Single rows go through the executor's own helpers, the ones logical
  * replication's apply worker uses: ExecSimpleRelationInsert and
  * ExecSimpleRelationUpdate on a ResultRelInfo with its indexes open
- * (as ExecOpenIndices opens them; see open_indexes), the row to change found and locked with
+ * (ExecOpenIndices), the row to change found and locked with
  * RelationFindReplTupleByIndex on the primary key.  Triggers, NOT NULL and
  * CHECK constraints, index maintenance and unique checks, replica identity,
  * are then PostgreSQL's code, whatever an administrator adds to the tables.
@@ -24,7 +24,6 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
-#include "catalog/index.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/sequence.h"
@@ -63,68 +62,6 @@ typedef struct Write
 	Bitmapset  *updated;		/* as RangeTblEntry.updatedCols */
 } Write;
 
-/*
- * The table's indexes as ExecOpenIndices would open them for w->rri, with
- * their IndexInfo built once per backend rather than once per write: what
- * BuildIndexInfo reads, the partial-index predicates and index expressions
- * compiled (ExecInsertIndexTuples would compile them into each write's
- * EState), and what an access method keeps in ii_AmCache (BRIN's descriptor)
- * are kept in the table's memory until a relcache invalidation of the table
- * or of one of its indexes, which makes dl_open_table learn the table again
- * (tables.c).  So they are as fresh as the relcache entries ExecOpenIndices
- * reads: an index added or changed invalidates the table.
- */
-static void
-open_indexes(Write *w)
-{
-	LedgerTable *t = w->table;
-	ResultRelInfo *rri = w->rri;
-	int			i;
-
-	if (t->nindexes < 0)
-	{
-		MemoryContext old = MemoryContextSwitchTo(t->cxt);
-		List	   *oids = RelationGetIndexList(w->rel);
-		int			n = list_length(oids);
-		ListCell   *lc;
-
-		t->index_oids = palloc(sizeof(Oid) * Max(n, 1));
-		t->index_infos = palloc(sizeof(IndexInfo *) * Max(n, 1));
-		i = 0;
-		foreach(lc, oids)
-		{
-			Relation	index = index_open(lfirst_oid(lc), RowExclusiveLock);
-			IndexInfo  *info = BuildIndexInfo(index);	/* ii_Context: t->cxt */
-			ListCell   *e;
-
-			if (info->ii_Predicate != NIL)
-				info->ii_PredicateState =
-					ExecInitQual((List *) expression_planner((Expr *) info->ii_Predicate), NULL);
-			foreach(e, info->ii_Expressions)
-				info->ii_ExpressionsState =
-					lappend(info->ii_ExpressionsState,
-							ExecInitExpr(expression_planner((Expr *) lfirst(e)), NULL));
-			t->index_oids[i] = RelationGetRelid(index);
-			t->index_infos[i] = info;
-			index_close(index, NoLock);
-			i++;
-		}
-		list_free(oids);
-		t->nindexes = n;
-		MemoryContextSwitchTo(old);
-	}
-	rri->ri_NumIndices = t->nindexes;
-	if (t->nindexes == 0)
-		return;
-	rri->ri_IndexRelationDescs = palloc(sizeof(Relation) * t->nindexes);
-	rri->ri_IndexRelationInfo = palloc(sizeof(IndexInfo *) * t->nindexes);
-	for (i = 0; i < t->nindexes; i++)
-	{
-		rri->ri_IndexRelationDescs[i] = index_open(t->index_oids[i], RowExclusiveLock);
-		rri->ri_IndexRelationInfo[i] = t->index_infos[i];
-	}
-}
-
 static void
 begin_write(Write *w, LedgerTable *t)
 {
@@ -155,7 +92,7 @@ begin_write(Write *w, LedgerTable *t)
 	w->estate->es_opened_result_relations = list_make1(w->rri);
 	w->estate->es_output_cid = GetCurrentCommandId(true);
 	w->estate->es_snapshot = GetActiveSnapshot();
-	open_indexes(w);
+	ExecOpenIndices(w->rri, false);
 	desc = RelationGetDescr(w->rel);
 	w->slot = ExecInitExtraTupleSlot(w->estate, desc, &TTSOpsVirtual);
 	ExecClearTuple(w->slot);
