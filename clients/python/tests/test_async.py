@@ -589,25 +589,31 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
             await d.pay(self.run_id, {"i": 2})
         self.assertEqual(d.count(), 1)
 
-    async def test_a_call_cancelled_before_its_intent_went_out_sends_nothing(self) -> None:
-        # On one connection, the intent waits for its turn behind another job's wait for
-        # a run somebody else holds; the call times out meanwhile.  Its intent must not go
-        # out later on its own (it would be recorded and never performed, and the next
-        # attempt would pause for a person): nothing is written, nothing stops.
+    async def job_waiting_for_a_held_run(self, ledger: AsyncLedger) -> "asyncio.Task[None]":
+        """Another job on ledger's one connection, waiting 2 s for a run another worker
+        holds: the connection is busy meanwhile, and the next statement waits its turn."""
         holder = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
         self.addCleanup(holder.close)
         other = f"{self.run_id}-other"
         holder.execute("SELECT durable_ledger.acquire_run(%s)", (other,))
-        ledger = AsyncLedger(await self.connect())
-        d = Downstream(ledger)
 
         async def another_job() -> None:
             with self.assertRaises(asyncio.TimeoutError):
                 await asyncio.wait_for(ledger.acquire_run(other), 2.0)
 
+        job = asyncio.create_task(another_job())
+        await asyncio.sleep(0.1)
+        return job
+
+    async def test_a_call_cancelled_before_its_intent_went_out_sends_nothing(self) -> None:
+        # On one connection, the intent waits for its turn behind another job's wait for
+        # a run somebody else holds; the call times out meanwhile.  Its intent must not go
+        # out later on its own (it would be recorded and never performed, and the next
+        # attempt would pause for a person): nothing is written, nothing stops.
+        ledger = AsyncLedger(await self.connect())
+        d = Downstream(ledger)
         async with ledger.attempt(self.run_id):
-            job = asyncio.create_task(another_job())
-            await asyncio.sleep(0.1)
+            job = await self.job_waiting_for_a_held_run(ledger)
             with self.assertRaises(asyncio.TimeoutError):
                 await asyncio.wait_for(d.pay(self.run_id, {"inv": 1}), 1.0)
             await job
@@ -639,20 +645,10 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
             pass
 
     async def test_a_refusal_that_comes_back_after_a_cancellation_still_stops_as_it_says(self) -> None:
-        holder = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
-        self.addCleanup(holder.close)
-        other = f"{self.run_id}-other"
-        holder.execute("SELECT durable_ledger.acquire_run(%s)", (other,))
         ledger = AsyncLedger(await self.connect())
         d = Downstream(ledger)
-
-        async def another_job() -> None:
-            with self.assertRaises(asyncio.TimeoutError):
-                await asyncio.wait_for(ledger.acquire_run(other), 2.0)
-
         async with ledger.attempt(self.run_id):
-            job = asyncio.create_task(another_job())
-            await asyncio.sleep(0.1)
+            job = await self.job_waiting_for_a_held_run(ledger)
             self.admin.execute("SELECT durable_ledger.abandon_run(%s, 'ops', 'fraud')", (self.run_id,))
             with self.assertRaises(asyncio.TimeoutError):
                 await asyncio.wait_for(d.pay(self.run_id, {"inv": 1}), 1.0)
