@@ -282,6 +282,60 @@ CREATE INDEX audit_log_decisions_idx ON durable_ledger.audit_log (id)
 CREATE INDEX audit_log_replays_idx ON durable_ledger.audit_log (logged_at)
     WHERE event = 'replay';
 
+-- The view of leases judges "on a standby" once per query (an InitPlan), not
+-- once per row of runs: on a primary its standby branch reads nothing.  The
+-- rest is 1.1's view unchanged.
+CREATE OR REPLACE VIEW durable_ledger.leases AS
+SELECT r.run,
+       l.pid                                                 AS holder_pid,
+       CASE WHEN current_epoch THEN r.epochs END             AS lease_epoch,
+       CASE WHEN current_epoch THEN r.holder_role END        AS holder_role,
+       COALESCE(a.application_name, CASE WHEN current_epoch THEN r.holder_application_name END)
+                                                             AS application_name,
+       COALESCE(a.client_addr, CASE WHEN current_epoch THEN r.holder_client_addr END)
+                                                             AS client_addr,
+       CASE WHEN current_epoch THEN r.acquired_at END        AS since,
+       a.backend_state,
+       k.lock_key,
+       'live'::text                                          AS liveness,
+       'session'::text                                       AS kind,
+       NULL::text                                            AS holder,
+       NULL::timestamptz                                     AS expires_at
+  FROM pg_catalog.pg_locks l
+ CROSS JOIN LATERAL (SELECT (l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+                            OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8 AS lock_key) k
+  LEFT JOIN durable_ledger.runs r ON r.lock_key OPERATOR(pg_catalog.=) k.lock_key
+ CROSS JOIN LATERAL (SELECT r.holder_pid OPERATOR(pg_catalog.=) l.pid
+                            AND r.released_at IS NULL
+                            AND r.lease_kind OPERATOR(pg_catalog.=) 'session' AS current_epoch) c
+  LEFT JOIN durable_ledger.lease_holder_activity() a ON a.pid OPERATOR(pg_catalog.=) l.pid
+ WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+   AND l.objsubid OPERATOR(pg_catalog.=) 17484
+   AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
+   AND l.granted
+   AND l.database OPERATOR(pg_catalog.=)
+       (SELECT d.oid FROM pg_catalog.pg_database d
+         WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+UNION ALL
+SELECT t.run, NULL, t.epoch, r.holder_role, r.holder_application_name, r.holder_client_addr,
+       t.taken_at, NULL, r.lock_key,
+       CASE WHEN pg_catalog.pg_is_in_recovery() THEN 'not judged on a standby' ELSE 'live' END,
+       'token', t.holder, t.expires_at
+  FROM durable_ledger.token_leases t
+  JOIN durable_ledger.runs r
+    ON r.run OPERATOR(pg_catalog.=) t.run AND r.epochs OPERATOR(pg_catalog.=) t.epoch
+ WHERE t.released_at IS NULL
+   AND (pg_catalog.pg_is_in_recovery()
+        OR t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
+UNION ALL
+SELECT r.run, r.holder_pid, r.epochs, r.holder_role, r.holder_application_name,
+       r.holder_client_addr, r.acquired_at, NULL, r.lock_key,
+       'not judged on a standby', 'session', NULL, NULL
+  FROM durable_ledger.runs r
+ WHERE (SELECT pg_catalog.pg_is_in_recovery())   -- once, not per row: on a primary, no scan
+   AND r.released_at IS NULL
+   AND r.lease_kind OPERATOR(pg_catalog.=) 'session';
+
 -- ---------------------------------------------------------------------------
 -- What waits for a person, found without reading what is settled.
 -- ---------------------------------------------------------------------------

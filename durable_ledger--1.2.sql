@@ -409,7 +409,7 @@ SELECT r.run, r.holder_pid, r.epochs, r.holder_role, r.holder_application_name,
        r.holder_client_addr, r.acquired_at, NULL, r.lock_key,
        'not judged on a standby', 'session', NULL, NULL
   FROM durable_ledger.runs r
- WHERE pg_catalog.pg_is_in_recovery()
+ WHERE (SELECT pg_catalog.pg_is_in_recovery())   -- once, not per row: on a primary, no scan
    AND r.released_at IS NULL
    AND r.lease_kind OPERATOR(pg_catalog.=) 'session';
 
