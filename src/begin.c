@@ -118,14 +118,21 @@ lock_effect(CallRules *call, const char *key, LockedEffect *locked)
 	return dl_lock_effect(key, locked);
 }
 
+/*
+ * The audit row of a decision.  A replay's names the effect's tool too (1.2):
+ * "replays per tool" is then answered by the replays' own index, without
+ * looking each replayed effect up (docs/auditing.md); tool is NULL otherwise.
+ */
 static void
 audit_decision(const NewIntent *intent, const char *event, const Decision *d,
-			   const char *detail_name, const char *detail_value)
+			   const char *detail_name, const char *detail_value, const char *tool)
 {
 	DetailBuilder detail;
 
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, detail_name, detail_value);
+	if (tool != NULL)
+		dl_detail_text(&detail, "tool", tool);
 	if (d->kind == DECIDE_EXECUTE)
 		dl_detail_int(&detail, "attempt", d->attempt);
 	if (d->divergence != NULL)
@@ -149,7 +156,7 @@ decide_pause(const NewIntent *intent, Decision *d, const char *reason, const cha
 {
 	d->kind = DECIDE_PAUSE;
 	d->reason = reason;
-	audit_decision(intent, "pause", d, "cause", cause);
+	audit_decision(intent, "pause", d, "cause", cause, NULL);
 }
 
 /*
@@ -268,7 +275,7 @@ decide_from_row(const NewIntent *intent, const char *canon, CallRules *call,
 			d->kind = DECIDE_REPLAY;
 			d->result = row->result;
 			d->reason = REASON_REPLAY_COMPLETED;
-			audit_decision(intent, "replay", d, "status", "completed");
+			audit_decision(intent, "replay", d, "status", "completed", row->tool);
 			return true;
 
 		case EFFECT_FAILED:
@@ -277,7 +284,7 @@ decide_from_row(const NewIntent *intent, const char *canon, CallRules *call,
 				d->kind = DECIDE_REPLAY;
 				d->error = row->error;
 				d->reason = REASON_REPLAY_FAILED;
-				audit_decision(intent, "replay", d, "status", "failed");
+				audit_decision(intent, "replay", d, "status", "failed", row->tool);
 				return true;
 			}
 			/* a failed business key is executed again: its next attempt */
@@ -288,7 +295,7 @@ decide_from_row(const NewIntent *intent, const char *canon, CallRules *call,
 				return false;
 			dl_write_next_attempt(&locked, intent);
 			decide_execute(d, row->attempt + 1);
-			audit_decision(intent, "intent", d, "after", "failed");
+			audit_decision(intent, "intent", d, "after", "failed", NULL);
 			return true;
 
 		case EFFECT_UNKNOWN:
@@ -304,7 +311,7 @@ decide_from_row(const NewIntent *intent, const char *canon, CallRules *call,
 					d->reason = REASON_IN_PROGRESS_MINE;
 				else
 					d->reason = psprintf(REASON_IN_PROGRESS_OTHER, row->run);
-				audit_decision(intent, "in_progress", d, "holder_run", row->run);
+				audit_decision(intent, "in_progress", d, "holder_run", row->run, NULL);
 				return true;
 			}
 			/* its lease ended without a report: the table says so too */
@@ -341,7 +348,7 @@ decide_drift(const NewIntent *intent, const char *canon, CallRules *call,
 		d->no_effect = true;
 		d->reason = psprintf(REASON_PAUSE_DIVERGENCE, intent->tool, drift->candidate_key);
 		if (!drift->recorded_now)
-			audit_decision(intent, "pause", d, "cause", "divergence");
+			audit_decision(intent, "pause", d, "cause", "divergence", NULL);
 		return true;
 	}
 

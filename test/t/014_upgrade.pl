@@ -142,6 +142,20 @@ for my $from (@sources)
 			 WHERE e.status IN ('started', 'unknown') OR e.conflict}), qr/^([1-9]\d*) of \1, \1$/,
 		"from $from: unsettled holds every effect started, unknown or flagged, and nothing else");
 
+	# the cookbook's replays per tool (docs/auditing.md) names the tool of a
+	# replay written before 1.2 too (its audit row has none: it is looked up)
+	my ($replays_sql) = slurp_file("$ENV{TESTDIR}/docs/auditing.md") =~
+	  /(SELECT coalesce\(a\.detail ->> 'tool'.*?ORDER BY replays DESC;)/s;
+	ok(defined $replays_sql, 'docs/auditing.md has the replays-per-tool query');
+	$replays_sql =~ s/now\(\) - interval '1 day'/'-infinity'/;
+	my $per_tool = $node->safe_psql($db, $replays_sql);
+	my $logged = $node->safe_psql($db,
+		q{SELECT count(*) FROM durable_ledger.audit_log WHERE event = 'replay'});
+	unlike($per_tool, qr/^\|/m, "from $from: every replay is counted under a tool");
+	my $counted = 0;
+	$counted += (split /\|/)[1] for split /\n/, $per_tool;
+	is($counted, $logged, "from $from: the replays per tool add up to every replay ($logged)");
+
 	if ($from eq '1.1')
 	{
 		# the updated 1.1 ledger decides as before: completed and resolved
