@@ -370,6 +370,14 @@ is_unsettled(const EffectRow *row)
 
 static const int unsettled_key[2] = {UNS_CREATED_AT, UNS_KEY};
 
+/* An unsettled row's primary key, in the order of unsettled_key. */
+static void
+unsettled_values(Datum *values, const char *key, TimestampTz created_at)
+{
+	values[0] = TimestampTzGetDatum(created_at);
+	values[1] = CStringGetTextDatum(key);
+}
+
 /*
  * An intent's row is new (its created_at was just taken); an effect that
  * becomes unsettled again keeps its created_at (a flagged report), so a row
@@ -384,8 +392,7 @@ add_unsettled(const char *key, TimestampTz created_at, bool may_exist)
 	Write		w;
 	HeapTuple	found;
 
-	values[0] = TimestampTzGetDatum(created_at);
-	values[1] = CStringGetTextDatum(key);
+	unsettled_values(values, key, created_at);
 	begin_write(&w, &dl_unsettled_table);
 	if (!may_exist || !lock_row_by(&w, 2, unsettled_key, values, &found))
 	{
@@ -403,8 +410,7 @@ remove_unsettled(const char *key, TimestampTz created_at)
 	Write		w;
 	HeapTuple	tuple;
 
-	values[0] = TimestampTzGetDatum(created_at);
-	values[1] = CStringGetTextDatum(key);
+	unsettled_values(values, key, created_at);
 	begin_write(&w, &dl_unsettled_table);
 	if (lock_row_by(&w, 2, unsettled_key, values, &tuple))
 		delete_row(&w, tuple, 2, unsettled_key, values);

@@ -13,7 +13,7 @@ import functools
 import logging
 import threading
 from datetime import datetime, timedelta
-from typing import Any, Callable, NamedTuple, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, TypeVar, Union
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -519,3 +519,40 @@ def unbind(bound: "contextvars.Token[Tuple[TokenLease, ...]]", lease: TokenLease
 
 def as_ttl(ttl: Union[float, timedelta]) -> timedelta:
     return ttl if isinstance(ttl, timedelta) else timedelta(seconds=ttl)
+
+
+class LedgerCore:
+    """What `Ledger` and `AsyncLedger` keep alike, apart from talking to the database: the
+    stops of their attempts and the checks of their connection (``conn`` is the single
+    connection, or None for a pool or a factory)."""
+
+    conn: Any
+    _halted: Dict[str, _Halt]
+
+    def _halter(self, run: str, lease: Optional[TokenLease]) -> HaltFn:
+        """``halt(key, reason, error)`` for calls of ``run`` in its current attempt."""
+        return lambda key, reason, error: self._halt(run, key, reason, lease, error=error)
+
+    def _halt(self, run: str, key: Optional[str], reason: str,
+              lease: Optional[TokenLease] = None, *,
+              error: Optional[Callable[[], LedgerError]] = None) -> None:
+        """Stop ``run`` in its current attempt: the token attempt ``lease``, or the session's.
+
+        Its further calls raise `EffectPaused` (``key``, ``reason``), or ``error()``.
+        """
+        if lease is not None:
+            with lease._mutex:
+                if lease._halted is None:
+                    lease._halted = (key, reason, error)
+        else:
+            self._halted.setdefault(run, (key, reason, error))
+
+    def _session_only(self, what: str) -> None:
+        if self.conn is None:
+            raise session_only(what)
+
+    def _check_writable(self) -> None:
+        assert self.conn is not None
+        problem = unwritable(self.conn)
+        if problem is not None:
+            raise problem

@@ -232,7 +232,7 @@ async def _finish(work: "Coroutine[Any, Any, T]", out: Optional[_Out] = None) ->
     return task.result()
 
 
-class AsyncLedger:
+class AsyncLedger(p.LedgerCore):
     """The ledger, seen through one ``psycopg.AsyncConnection``, an async pool, or an async
     connection factory.  The asyncio twin of `Ledger`: see its docstring for the rules.
 
@@ -319,9 +319,6 @@ class AsyncLedger:
             if session.ledger is self and session.run == run:
                 return session
         return None
-
-    def _halter(self, run: str, lease: Optional[TokenLease]) -> p.HaltFn:
-        return lambda key, reason, error: self._halt(run, key, reason, lease, error=error)
 
     async def _guarded(self, lease: Optional[AsyncTokenLease], run: str, tool: str, args: Any,
                        perform: AsyncPerform, business_key: Optional[str], meta: Any) -> Any:
@@ -712,27 +709,6 @@ class AsyncLedger:
                 return await cur.fetchall()
 
     # ----------------------------------------------------------------- helpers
-
-    def _session_only(self, what: str) -> None:
-        if self.conn is None:
-            raise p.session_only(what)
-
-    def _check_writable(self) -> None:
-        assert self.conn is not None
-        problem = p.unwritable(self.conn)
-        if problem is not None:
-            raise problem
-
-    def _halt(self, run: str, key: Optional[str], reason: str,
-              lease: Optional[TokenLease] = None, *,
-              error: Optional[Callable[[], LedgerError]] = None) -> None:
-        """Stop ``run`` in its current attempt (see `Ledger._halt`)."""
-        if lease is not None:
-            with lease._mutex:
-                if lease._halted is None:
-                    lease._halted = (key, reason, error)
-        else:
-            self._halted.setdefault(run, (key, reason, error))
 
     async def _one(self, query: str, params: Tuple[Any, ...], *,
                    what: str = "a ledger statement", cancellable: bool = False,

@@ -51,7 +51,6 @@ from ._protocol import (
 )
 from .errors import (
     EffectDidNotHappen,
-    LedgerError,
     LedgerUsageError,
     RunBusy,
 )
@@ -69,7 +68,7 @@ ToolFunction = Callable[[Any, str], Any]
 #: context manager that yields one).
 ConnectionSource = Union["psycopg.Connection[Any]", Any, Callable[[], Any]]
 
-class Ledger:
+class Ledger(p.LedgerCore):
     """The ledger, seen through one psycopg connection, a pool, or a connection factory.
 
     ``Ledger(conn)`` requires ``conn`` to be a synchronous ``psycopg.Connection`` in
@@ -233,10 +232,6 @@ class Ledger:
         if halted is not None:
             raise _stopped(halted)
         return self._guarded(None, run, tool, args, perform, business_key, meta)
-
-    def _halter(self, run: str, lease: Optional[TokenLease]) -> p.HaltFn:
-        """``halt(key, reason, error)`` for calls of ``run`` in its current attempt."""
-        return lambda key, reason, error: self._halt(run, key, reason, lease, error=error)
 
     def _guarded(self, lease: Optional[TokenLease], run: str, tool: str, args: Any,
                  perform: Perform, business_key: Optional[str], meta: Any) -> Any:
@@ -595,30 +590,6 @@ class Ledger:
             return cur.fetchall()
 
     # ----------------------------------------------------------------- helpers
-
-    def _session_only(self, what: str) -> None:
-        if self.conn is None:
-            raise p.session_only(what)
-
-    def _check_writable(self) -> None:
-        assert self.conn is not None
-        problem = p.unwritable(self.conn)
-        if problem is not None:
-            raise problem
-
-    def _halt(self, run: str, key: Optional[str], reason: str,
-              lease: Optional[TokenLease] = None, *,
-              error: Optional[Callable[[], LedgerError]] = None) -> None:
-        """Stop ``run`` in its current attempt: the token attempt ``lease``, or the session's.
-
-        Its further calls raise `EffectPaused` (``key``, ``reason``), or ``error()``.
-        """
-        if lease is not None:
-            with lease._mutex:
-                if lease._halted is None:
-                    lease._halted = (key, reason, error)
-        else:
-            self._halted.setdefault(run, (key, reason, error))
 
     def _one(self, query: str, params: Tuple[Any, ...], *, what: str = "a ledger statement",
              ) -> Dict[str, Any]:
