@@ -5,7 +5,14 @@ The floor is the same writes done by hand, one round trip each (bench/floor_pair
 Every comparison runs interleaved in one cluster (A B A B ...) and reports the
 median of its rounds as a ratio; absolute numbers are context only.  Run by
 bench/run.sh against a throwaway cluster.  --only runs some sections:
-pairs, registered, batch, replay, handoff, pooler, growth, audit.
+pairs, registered, batch, replay, handoff, pooler, access, growth, audit.
+
+The access section measures begin+complete against the minimal floor (an intent
+row and its audit row, then the completion and its audit row, a primary key
+each: bench/floor_minimal_pair.sql) in this cluster and in a second one running
+the library of an earlier commit (--access-before; bench/before-cluster.sh
+builds it into a private copy of PostgreSQL), four sides interleaved: the
+ratio after over the ratio before is what the change costs the hot path.
 
 The audit section ("auditing at scale", bench/audit_scale.py) writes ten million effects
 through the ledger into a database of its own (--audit-effects; the fill took 16 minutes
@@ -153,13 +160,12 @@ def replay(conn, rounds, n):
     return interleaved(rounds, ledger, select)
 
 
-def settle(conn):
+def settle(conn, floor=("floor_effects", "floor_audit")):
     """Starts a section from the same state for both sides: the tables the
     previous section wrote vacuumed (so that autovacuum does not wake up in the
     middle of a measurement) and a checkpoint behind us."""
     for table in ("durable_ledger.effects", "durable_ledger.audit_log", "durable_ledger.runs",
-                  "durable_ledger.token_leases", "durable_ledger.token_lease_calls",
-                  "floor_effects", "floor_audit"):
+                  "durable_ledger.token_leases", "durable_ledger.token_lease_calls") + floor:
         conn.execute(f"VACUUM (ANALYZE) {table}")
     conn.execute("CHECKPOINT")
 
@@ -263,6 +269,69 @@ def pooler(args, conn, logdir, clients):
                    f"transaction pooling, {bouncer.pool_size} server connections, -M extended")
 
 
+# The last commit before issue 15's access paths (unsettled and the audit log's
+# BRIN, decisions and replays indexes): what the access section compares with.
+ACCESS_BEFORE = "5a28b21"
+
+
+class BeforeCluster:
+    """bench/before-cluster.sh: a second cluster, with the same settings,
+    running the library as it was at commit rev.  A context manager: the
+    script removes the cluster when its standard input closes."""
+
+    def __init__(self, rev, port):
+        self.rev, self.port = rev, port
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([os.path.join(HERE, "before-cluster.sh"), self.rev, str(self.port)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("dsn="):
+            self.proc.wait()
+            raise SystemExit(f"the cluster of {self.rev} did not start (exit {self.proc.returncode})")
+        self.dsn = line[len("dsn="):].strip()
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def access(args, conn, logdir, clients):
+    """begin+complete against the minimal floor (bench/floor_minimal_pair.sql) in
+    this cluster and in a cluster running the library of args.access_before,
+    four sides interleaved round by round (their order rotating); yields a row
+    per number of clients: the ratio after divided by the ratio before."""
+    minimal = open(os.path.join(HERE, "floor_minimal.sql")).read()
+    conn.execute(minimal)
+    with BeforeCluster(args.access_before, args.port + 1) as before, \
+            psycopg.connect(before.dsn, autocommit=True) as bconn:
+        bconn.execute(minimal)
+        sides = {
+            "ledger after": lambda c: pgbench(args, "ledger_pair.sql", c, args.seconds, logdir, f"al{c}"),
+            "floor after": lambda c: pgbench(args, "floor_minimal_pair.sql", c, args.seconds, logdir, f"af{c}"),
+            "ledger before": lambda c: pgbench(args, "ledger_pair.sql", c, args.seconds, logdir, f"bl{c}",
+                                               dsn=before.dsn),
+            "floor before": lambda c: pgbench(args, "floor_minimal_pair.sql", c, args.seconds, logdir, f"bf{c}",
+                                              dsn=before.dsn),
+        }
+        names = list(sides)
+        for c in clients:
+            settle(conn, floor=("minimal_effects", "minimal_audit"))
+            settle(bconn, floor=("minimal_effects", "minimal_audit"))
+            results = {name: [] for name in names}
+            for r in range(args.rounds):
+                for name in names[r % 4:] + names[:r % 4]:
+                    results[name].append(sides[name](c))
+            m = {name: med(results[name], 0) for name in names}
+            after, before_ratio = m["ledger after"] / m["floor after"], m["ledger before"] / m["floor before"]
+            yield (f"begin+complete vs the minimal floor, {c} client{'s' if c > 1 else ''}: "
+                   f"after / before the access paths", after / before_ratio, "≥ 0.95",
+                   f"after {after:.2f}x (ledger {m['ledger after']:.0f} tps, floor {m['floor after']:.0f} tps); "
+                   f"before ({args.access_before}) {before_ratio:.2f}x (ledger {m['ledger before']:.0f} tps, "
+                   f"floor {m['floor before']:.0f} tps)")
+
+
 def ledger_bytes(conn):
     return conn.execute("""
         SELECT sum(pg_total_relation_size(c)) FROM unnest(ARRAY[
@@ -297,7 +366,7 @@ def populate(conn, target):
     conn.execute("CHECKPOINT")
 
 
-SECTIONS = ("pairs", "registered", "batch", "replay", "handoff", "pooler", "growth", "audit")
+SECTIONS = ("pairs", "registered", "batch", "replay", "handoff", "pooler", "access", "growth", "audit")
 
 
 def main():
@@ -313,6 +382,12 @@ def main():
     p.add_argument("--big", type=int, default=2000000, help="effects in the ledger for the growth test")
     p.add_argument("--audit-effects", type=int, default=10000000,
                    help="effects written through the ledger for the audit section")
+    p.add_argument("--access-before", default=ACCESS_BEFORE,
+                   help="the commit the access section compares with (default: the last one before "
+                        "the access paths of issue 15)")
+    p.add_argument("--access-clients", default="1,8", help="the access section's numbers of clients")
+    p.add_argument("--port", type=int, default=5434,
+                   help="the bench cluster's port; the access section's second cluster uses the next one")
     p.add_argument("--only", default=",".join(SECTIONS),
                    help="the sections to run, comma-separated: " + ", ".join(SECTIONS))
     args = p.parse_args()
@@ -387,6 +462,12 @@ def main():
     if "pooler" in only:
         say("begin+complete under token leases through PgBouncer (transaction pooling) against the floor ...")
         for row in pooler(args, conn, logdir, clients):
+            rows.append(row)
+            say("  ", rows[-1])
+
+    if "access" in only:
+        say(f"begin+complete against the minimal floor, before ({args.access_before}) and after the access paths ...")
+        for row in access(args, conn, logdir, [int(x) for x in args.access_clients.split(",")]):
             rows.append(row)
             say("  ", rows[-1])
 

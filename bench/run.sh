@@ -7,14 +7,8 @@ set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/test/throwaway-cluster.sh"
+. "$top/bench/settings.sh"
 install_extension "$top"
-start_throwaway_cluster bench 5434 \
-	"max_connections = 100" \
-	"shared_buffers = 1GB" \
-	"max_wal_size = 8GB" \
-	"checkpoint_timeout = 30min" \
-	"synchronous_commit = on" \
-	"fsync = on" \
-	"shared_preload_libraries = 'durable_ledger'"
+start_throwaway_cluster bench 5434 "${bench_settings[@]}"
 
 /usr/bin/python3 "$top/bench/bench.py" --dsn "$dsn" --pgbench "$bindir/pgbench" "$@"
