@@ -62,8 +62,13 @@ typedef struct Write
 	Bitmapset  *updated;		/* as RangeTblEntry.updatedCols */
 } Write;
 
+/*
+ * Starts a write of table t; with_indexes, its indexes are opened for the
+ * entries an insert or update makes.  (A write that only locks or deletes
+ * rows makes no index entries: begin_lookup.)
+ */
 static void
-begin_write(Write *w, LedgerTable *t)
+begin_write_of(Write *w, LedgerTable *t, bool with_indexes)
 {
 	RangeTblEntry *rte;
 	MemoryContext old;
@@ -92,7 +97,8 @@ begin_write(Write *w, LedgerTable *t)
 	w->estate->es_opened_result_relations = list_make1(w->rri);
 	w->estate->es_output_cid = GetCurrentCommandId(true);
 	w->estate->es_snapshot = GetActiveSnapshot();
-	ExecOpenIndices(w->rri, false);
+	if (with_indexes)
+		ExecOpenIndices(w->rri, false);
 	desc = RelationGetDescr(w->rel);
 	w->slot = ExecInitExtraTupleSlot(w->estate, desc, &TTSOpsVirtual);
 	ExecClearTuple(w->slot);
@@ -100,6 +106,19 @@ begin_write(Write *w, LedgerTable *t)
 	w->set = palloc0(sizeof(bool) * desc->natts);
 	MemoryContextSwitchTo(old);
 	AfterTriggerBeginQuery();
+}
+
+static void
+begin_write(Write *w, LedgerTable *t)
+{
+	begin_write_of(w, t, true);
+}
+
+/* A write that only locks rows (lock_row_by) or deletes them (delete_row). */
+static void
+begin_lookup(Write *w, LedgerTable *t)
+{
+	begin_write_of(w, t, false);
 }
 
 static void
@@ -411,7 +430,7 @@ remove_unsettled(const char *key, TimestampTz created_at)
 	HeapTuple	tuple;
 
 	unsettled_values(values, key, created_at);
-	begin_write(&w, &dl_unsettled_table);
+	begin_lookup(&w, &dl_unsettled_table);
 	if (lock_row_by(&w, 2, unsettled_key, values, &tuple))
 		delete_row(&w, tuple, 2, unsettled_key, values);
 	end_write(&w);
@@ -555,7 +574,7 @@ dl_lock_effect(const char *key, LockedEffect *locked)
 	Write		w;
 	bool		found;
 
-	begin_write(&w, &dl_effects_table);
+	begin_lookup(&w, &dl_effects_table);
 	found = lock_row(&w, CStringGetTextDatum(key), EFF_KEY, &locked->tuple);
 	if (found)
 	{
@@ -864,7 +883,7 @@ dl_lock_token_lease(const char *run, int64 epoch, LockedToken *locked)
 
 	values[0] = CStringGetTextDatum(run);
 	values[1] = Int64GetDatum(epoch);
-	begin_write(&w, &dl_token_table);
+	begin_lookup(&w, &dl_token_table);
 	found = lock_row_by(&w, 2, keys, values, &locked->tuple);
 	if (found)
 	{
@@ -1113,7 +1132,7 @@ dl_lock_tool(const char *tool, LockedTool *locked)
 	Write		w;
 	bool		found;
 
-	begin_write(&w, &dl_tools_table);
+	begin_lookup(&w, &dl_tools_table);
 	found = lock_row(&w, CStringGetTextDatum(tool), TOOL_TOOL, &locked->tuple);
 	if (found)
 	{
@@ -1334,7 +1353,7 @@ dl_lock_divergence(const char *key, LockedDivergence *locked)
 	Write		w;
 	bool		found;
 
-	begin_write(&w, &dl_divergences_table);
+	begin_lookup(&w, &dl_divergences_table);
 	found = lock_row(&w, CStringGetTextDatum(key), DIV_KEY, &locked->tuple);
 	if (found)
 	{
