@@ -54,7 +54,9 @@ SELECT public.regress_lease_footprint('lease-1') AS before \gset
 SELECT durable_ledger.acquire_run('lease-1', wait => false) AS acquired;
 SELECT durable_ledger.acquire_run('lease-1', false) AS acquired;
 SELECT public.regress_lease_footprint('lease-1') = :'before' AS nothing_written, public.regress_lease_mine() AS my_leases;
--- waiting honours lock_timeout: 55P03, nothing written
+-- waiting honours lock_timeout: 55P03, nothing written (terse: the detail names the
+-- holder's pid, checked below)
+\set VERBOSITY terse
 SET lock_timeout = '100ms';
 SELECT durable_ledger.begin_effect('lease-1', 'pay', '{}');
 SELECT durable_ledger.acquire_run('lease-1');
@@ -63,6 +65,42 @@ BEGIN;
 SELECT durable_ledger.begin_effect('lease-1', 'pay', '{}', business_key => 'lease-bk-1');
 ROLLBACK;
 RESET lock_timeout;
+\set VERBOSITY default
+-- without lock_timeout, durable_ledger.lease_wait_timeout bounds the wait (default 5 s,
+-- not forever); the error names the run, the holder's backend, its application and since
+-- when, and which setting ended the wait
+SHOW durable_ledger.lease_wait_timeout;
+SHOW lock_timeout;
+SELECT since AS holder_since FROM durable_ledger.leases WHERE run = 'lease-1' \gset
+CREATE FUNCTION public.regress_lease_wait_error(call text, holder int, since timestamptz)
+RETURNS text LANGUAGE plpgsql AS $fn$
+DECLARE m text; d text; h text; t0 timestamptz := clock_timestamp();
+BEGIN
+    EXECUTE call;
+    RETURN 'no error';
+EXCEPTION WHEN lock_not_available THEN
+    GET STACKED DIAGNOSTICS m = MESSAGE_TEXT, d = PG_EXCEPTION_DETAIL, h = PG_EXCEPTION_HINT;
+    RETURN format(E'%s\n%s\n%s\nwaited at least 150 ms: %s', m,
+                  replace(replace(d, 'Backend ' || holder || ' ', 'Backend <holder> '),
+                          'since ' || since::text || ' ', 'since <acquired_at> '),
+                  h, clock_timestamp() - t0 >= interval '150 ms');
+END
+$fn$;
+SELECT dblink_exec('other', $$SET application_name = 'regress-holder'$$);
+SET durable_ledger.lease_wait_timeout = '200ms';
+SET datestyle = 'ISO, YMD';
+SELECT public.regress_lease_wait_error($$SELECT durable_ledger.acquire_run('lease-1')$$,
+                                       :other_pid, :'holder_since');
+SELECT public.regress_lease_wait_error($$SELECT durable_ledger.begin_effect('lease-1', 'pay', '{}')$$,
+                                       :other_pid, :'holder_since');
+-- lock_timeout, when set, is the bound, and the error says so
+SET lock_timeout = '150ms';
+SELECT public.regress_lease_wait_error($$SELECT durable_ledger.acquire_run('lease-1')$$,
+                                       :other_pid, :'holder_since');
+RESET lock_timeout;
+RESET durable_ledger.lease_wait_timeout;
+RESET datestyle;
+SELECT dblink_exec('other', $$RESET application_name$$);
 SELECT public.regress_lease_footprint('lease-1') = :'before' AS nothing_written, public.regress_lease_mine() AS my_leases;
 SELECT count(*) AS effects FROM durable_ledger.effects WHERE run = 'lease-1' OR key = 'lease-bk-1';
 -- release_run: true, then false

@@ -24,6 +24,7 @@
 #include "access/xact.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
+#include "storage/proc.h"
 #include "utils/timestamp.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
@@ -78,6 +79,9 @@ typedef struct UndoEntry
 
 /* durable_ledger.max_leases_per_session */
 static int	max_leases_per_session = 64;
+
+/* durable_ledger.lease_wait_timeout: ms, 0 = no limit (used when lock_timeout is 0) */
+static int	lease_wait_timeout = 5000;
 
 static MemoryContext lease_cxt = NULL;
 static HTAB *held_runs = NULL;
@@ -279,6 +283,16 @@ dl_lease_init(void)
 							10000,
 							PGC_SUSET,
 							0,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("durable_ledger.lease_wait_timeout",
+							"The longest wait for a run's lease, when lock_timeout is not set.",
+							"A wait that lasts longer fails with SQLSTATE 55P03 naming the run and its holder, and writes nothing; 0 waits without limit.",
+							&lease_wait_timeout,
+							5000,
+							0,
+							INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_MS,
 							NULL, NULL, NULL);
 	RegisterXactCallback(lease_xact_callback, NULL);
 	RegisterSubXactCallback(lease_subxact_callback, NULL);
@@ -497,6 +511,100 @@ report_token_lease_holds(const char *run, TimestampTz until)
 }
 
 /*
+ * A wait for run's lease timed out: 55P03, naming the run and who held it
+ * when the wait began (holder: from the leases view, or found false).
+ */
+static void
+report_lease_wait_timeout(const char *run, const LeaseHolder *holder, int timeout_ms,
+						  bool by_lock_timeout)
+{
+	const char *setting = by_lock_timeout ? "lock_timeout" : "durable_ledger.lease_wait_timeout";
+
+	if (!holder->found)
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("gave up waiting for the lease on run \"%s\" after %d ms", run, timeout_ms),
+				 errdetail("Another session held the run (%s); nothing was written.", setting),
+				 errhint("Retry later; durable_ledger.leases shows who holds a run. SET durable_ledger.lease_wait_timeout to wait longer (0: no limit).")));
+	if (holder->token)
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("gave up waiting for the lease on run \"%s\" after %d ms", run, timeout_ms),
+				 errdetail("A token lease held it: holder \"%s\", application \"%s\", since %s (%s); nothing was written.",
+						   holder->holder ? holder->holder : "", holder->application ? holder->application : "",
+						   timestamptz_to_str(holder->since), setting),
+				 errhint("Retry later, or take the run over with durable_ledger.take_lease() once its lease has expired. SET durable_ledger.lease_wait_timeout to wait longer (0: no limit).")));
+	ereport(ERROR,
+			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+			 errmsg("gave up waiting for the lease on run \"%s\" after %d ms", run, timeout_ms),
+			 errdetail("Backend %d held it: application \"%s\", since %s (%s); nothing was written.",
+					   holder->pid, holder->application ? holder->application : "",
+					   holder->since_known ? timestamptz_to_str(holder->since) : "(not recorded)", setting),
+			 errhint("Retry later, or end that session's attempt (release_run, or durable_ledger.break_lease). SET durable_ledger.lease_wait_timeout to wait longer (0: no limit).")));
+}
+
+/*
+ * Waits for a lock on run by wait(lock_key) -- the caller tried it without
+ * waiting first -- for at most lock_timeout or, when that is 0,
+ * durable_ledger.lease_wait_timeout (set as lock_timeout for the wait only).
+ * Who holds the run is read before the wait, so that a wait that times out
+ * names them; the error replaces lock_timeout's own, which names nothing (the
+ * lock manager has left the wait queue by then, and the transaction ends).
+ */
+static void
+bounded_lease_wait(const char *run, uint64 lock_key, void (*wait) (uint64 lock_key))
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	LeaseHolder holder;
+	bool		by_lock_timeout = LockTimeout > 0;
+	int			timeout_ms = by_lock_timeout ? LockTimeout : lease_wait_timeout;
+	volatile int nest_level = -1;
+
+	dl_read_lease_holder(run, &holder);
+	if (!by_lock_timeout && lease_wait_timeout > 0)
+	{
+		char		value[16];
+
+		snprintf(value, sizeof(value), "%d", lease_wait_timeout);
+		nest_level = NewGUCNestLevel();
+		(void) set_config_option("lock_timeout", value, PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
+	}
+	PG_TRY();
+	{
+		wait(lock_key);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *error;
+
+		MemoryContextSwitchTo(cxt);
+		error = CopyErrorData();
+		if (error->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE || timeout_ms == 0)
+			PG_RE_THROW();
+		FlushErrorState();
+		report_lease_wait_timeout(run, &holder, timeout_ms, by_lock_timeout);
+	}
+	PG_END_TRY();
+	if (nest_level >= 0)
+		AtEOXact_GUC(true, nest_level);
+}
+
+static void
+wait_for_token_calls(uint64 lock_key)
+{
+	(void) dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, true);
+}
+
+static void
+wait_for_session_lock(uint64 lock_key)
+{
+	bool		waited;
+
+	(void) dl_run_lock_session(lock_key, true, &waited);
+}
+
+/*
  * Takes run's session lease lock, unless a token lease holds the run: one run
  * is held by at most one live lease of either kind.  The run's token calls,
  * renewals and take_lease in progress are waited for first (their lock, for
@@ -511,10 +619,19 @@ take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 {
 	RunState	state;
 
-	if (!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, wait))
-		return false;
-	if (!dl_run_lock_session(lock_key, wait, waited))
-		return false;
+	if (!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, false))
+	{
+		if (!wait)
+			return false;
+		bounded_lease_wait(run, lock_key, wait_for_token_calls);
+	}
+	if (!dl_run_lock_session(lock_key, false, waited))
+	{
+		if (!wait)
+			return false;
+		bounded_lease_wait(run, lock_key, wait_for_session_lock);
+		*waited = true;
+	}
 	/* read once abandon_run cannot be under way: it may have ended while we waited */
 	if (wait)
 		(void) dl_run_lock_open(lock_key);

@@ -495,6 +495,40 @@ dl_read_lease_holder_pid(uint64 lock_key)
 	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 }
 
+static Statement run_lease_holder = {
+	"SELECT kind" EQ "'token', holder_pid, holder, application_name, since"
+	"  FROM durable_ledger.leases WHERE run" EQ "$1"
+	" ORDER BY kind LIMIT 1",	/* 'session' first */
+	1, {TEXTOID}
+};
+
+/* Who holds run's lease now, by the leases view; holder->found false: nobody. */
+void
+dl_read_lease_holder(const char *run, LeaseHolder *holder)
+{
+	Datum		values[1];
+	HeapTuple	row;
+	TupleDesc	desc;
+	bool		isnull;
+	Datum		d;
+
+	memset(holder, 0, sizeof(*holder));
+	values[0] = dl_text_datum(run);
+	if (dl_plan_run_now(&run_lease_holder, values, NULL, SPI_OK_SELECT) == 0)
+		return;
+	row = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	holder->found = true;
+	holder->token = DatumGetBool(SPI_getbinval(row, desc, 1, &isnull));
+	d = SPI_getbinval(row, desc, 2, &isnull);
+	holder->pid = isnull ? 0 : DatumGetInt32(d);
+	holder->holder = SPI_getvalue(row, desc, 3);
+	holder->application = SPI_getvalue(row, desc, 4);
+	d = SPI_getbinval(row, desc, 5, &isnull);
+	holder->since_known = !isnull;
+	holder->since = isnull ? 0 : DatumGetTimestampTz(d);
+}
+
 /*
  * Did this session take a lease epoch of run that it never released?  The
  * audit log knows, also after the session has forgotten (lease.c); *epoch is

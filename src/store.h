@@ -95,6 +95,18 @@ typedef struct RunState
 	TimestampTz expires_at;		/* ... when it expires */
 } RunState;
 
+/* Who holds a run's lease (the leases view), for a wait's error. */
+typedef struct LeaseHolder
+{
+	bool		found;
+	bool		token;			/* a token lease (else a session's) */
+	int			pid;			/* a session's backend */
+	char	   *holder;			/* a token lease's holder name */
+	char	   *application;
+	bool		since_known;
+	TimestampTz since;
+} LeaseHolder;
+
 /* A token lease, as found by its token. */
 typedef struct TokenLease
 {
@@ -189,6 +201,7 @@ extern bool dl_read_run_state(const char *run, RunState *state);
 extern bool dl_read_token_lease(bytea *token_sha256, TokenLease *lease);
 extern int32 dl_read_token_calls(const char *run, int64 epoch, bytea *call);
 extern int	dl_read_lease_holder_pid(uint64 lock_key);
+extern void dl_read_lease_holder(const char *run, LeaseHolder *holder);
 extern bool dl_read_tool(const char *tool, ToolRow *row);
 extern UnregisteredTools dl_read_unregistered_tools(void);
 extern bool dl_read_tool_has_derived_effects(const char *tool);

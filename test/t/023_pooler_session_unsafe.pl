@@ -97,8 +97,8 @@ sub error_of
 	isnt($a_pid2, $a_pid, 'A\'s next transaction lands on another server connection');
 	$a->query_safe("SET LOCAL lock_timeout = '200ms'");
 	like(error_of($a, "SELECT decision FROM durable_ledger.begin_effect($pay)"),
-		qr/ERROR:  55P03: canceling statement due to lock timeout/,
-		'where A\'s begin_effect waits for the lock A "holds" (55P03 after lock_timeout; without one, for ever)');
+		qr/ERROR:  55P03: gave up waiting for the lease on run "twice-run" after 200 ms/,
+		'where A\'s begin_effect waits for the lock A "holds" (55P03 after lock_timeout; without one, after durable_ledger.lease_wait_timeout)');
 	$a->query_safe('ROLLBACK');
 	my ($a_pid3, $released) = split(/\|/,
 		$a->query_safe("SELECT pg_backend_pid(), durable_ledger.release_run('twice-run')"));
