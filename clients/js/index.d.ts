@@ -292,8 +292,8 @@ export class Ledger {
    * Inside tokenAttempt(run, ...) (in its fn's async context) the call belongs to that attempt
    * and passes the lease's token to begin_effect; once the attempt has ended, such a call
    * throws LeaseLostError and performs nothing. While a token attempt is open on the run, a
-   * call from outside its async context throws LedgerError; a Ledger that has run token
-   * attempts takes no implicit session lease (LedgerError).
+   * call from outside its async context throws LedgerError; so does a call outside any
+   * attempt (attempt(), tokenAttempt() or acquireRun()): a Ledger takes no lease implicitly.
    * A pause, an unknown outcome, an abandoned run and a refused tool stop the attempt: its
    * further calls throw RunStopped (RunAbandonedError again for an abandoned run).
    * @throws EffectFailed, EffectPaused (DivergencePausedError for a call that diverges from

@@ -460,8 +460,6 @@ export class Ledger {
   #attempts = new Map();
   /** @type {Set<string>} runs whose tokenAttempt is taking its lease */
   #opening = new Set();
-  /** true once this Ledger has run a token attempt: no implicit session lease from then on */
-  #usedTokens = false;
   /** @type {Set<string>} runs this Ledger holds by an explicit acquireRun() */
   #sessionHeld = new Set();
 
@@ -657,8 +655,9 @@ export class Ledger {
    * LeaseLostError and performs nothing: a branch that outlives its attempt
    * never acts under a later attempt, nor under a session lease.  A call on a
    * run that this Ledger holds by a token attempt, made from outside that
-   * attempt's async context, throws LedgerError; so does a call that would take
-   * an implicit session lease on a Ledger that has run token attempts.
+   * attempt's async context, throws LedgerError; so does a call outside any
+   * attempt (no implicit lease: every attempt starts with attempt(),
+   * tokenAttempt() or acquireRun()), recording and performing nothing.
    * @template T
    * @param {{run: string, tool: string, args: unknown,
    *          perform: (key: string) => T | Promise<T>,
@@ -695,12 +694,13 @@ export class Ledger {
           'Make the call inside the attempt\'s function.');
     } else {
       this.#sessionOnly('guarded() outside tokenAttempt()');
-      if (this.#usedTokens && !this.#sessionHeld.has(run)) {
+      if (!this.#sessionHeld.has(run)) {
         throw new LedgerError(
-          `guarded() on run ${run} outside a token attempt would take an implicit session lease, and ` +
-            'this Ledger runs token attempts: it never falls back to a session lease (a leftover call ' +
-            'of an ended attempt must not act).  Call it inside ledger.tokenAttempt(run, fn), or hold ' +
-            'the run by a session lease explicitly (attempt(), acquireRun()).');
+          `guarded() on run ${run} outside an attempt: nothing was recorded or performed.  Start each ` +
+            'attempt at a run (the first, a retry, a redelivery) with ledger.attempt(run, fn) (or ' +
+            'ledger.tokenAttempt(run, opts, fn) on a pool, or acquireRun()): a new attempt replays what an ' +
+            'earlier one did, where continuing an attempt it did not start would count the retried calls ' +
+            'as new ones and perform them again.');
       }
     }
     const stop = attempt ? attempt.stopped : this.#stopped.get(run);
@@ -985,7 +985,6 @@ export class Ledger {
       throw new LedgerError(`an attempt at run ${run} is already open in this Ledger`);
     }
     this.#opening.add(run);
-    this.#usedTokens = true;
     let attempt;
     try {
       let r;

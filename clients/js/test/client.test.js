@@ -204,6 +204,7 @@ test('unknown outcome: the error is rethrown, nothing is guessed, the next attem
   });
 
   await withClient(async (_c, ledger) => {
+    await ledger.acquireRun(run); // the next attempt
     const again = counter('SHOULD-NOT-HAPPEN');
     const err = await ledger.guarded({ run, tool: 'bank.pay', args, perform: again })
       .then(() => assert.fail('expected EffectPaused'), (e) => e);
@@ -226,9 +227,12 @@ test('after resolve_effect a paused effect is replayed by the next attempt', asy
   const run = unique('resolve');
   const args = { invoice: 'INV-5' };
   let key;
-  await withClient((_c, ledger) => ledger.guarded({
-    run, tool: 'bank.pay', args, perform: (k) => { key = k; throw new Error('timeout'); },
-  }).catch(() => {}));
+  await withClient(async (_c, ledger) => {
+    await ledger.acquireRun(run); // ends with the connection, unreleased: a crashed worker
+    await ledger.guarded({
+      run, tool: 'bank.pay', args, perform: (k) => { key = k; throw new Error('timeout'); },
+    }).catch(() => {});
+  });
 
   await withClient(async (client, ledger) => {
     const perform = counter('SHOULD-NOT-HAPPEN');
@@ -257,6 +261,7 @@ test('in_progress: a business key performed under another live lease throws Effe
     const performing = new Promise((resolve) => { began = resolve; });
     let finish;
     const held = new Promise((resolve) => { finish = resolve; });
+    await ledgerA.acquireRun(runA);
     const a = ledgerA.guarded({
       run: runA, tool: 'shop.ship', args, businessKey,
       perform: async (key) => { began(key); await held; return { shipment: 's1' }; },
@@ -265,6 +270,7 @@ test('in_progress: a business key performed under another live lease throws Effe
     assert.equal(keyA, businessKey, 'a business key is the key itself');
 
     await withClient(async (_cb, ledgerB) => {
+      await ledgerB.acquireRun(runB);
       const other = counter('SHOULD-NOT-HAPPEN');
       const err = await ledgerB.guarded({ run: runB, tool: 'shop.ship', args, businessKey, perform: other })
         .then(() => assert.fail('expected EffectInProgress'), (e) => e);
@@ -329,6 +335,7 @@ test('guarded() refuses to begin inside an open transaction', async () => {
   const run = unique('tx');
   await withClient(async (client, ledger) => {
     const perform = counter('SHOULD-NOT-HAPPEN');
+    await ledger.acquireRun(run);
     await client.query('BEGIN');
     await assert.rejects(
       ledger.guarded({ run, tool: 'bank.pay', args: { n: 1 }, perform }),
@@ -346,6 +353,7 @@ test('the transaction check also works for a client without getTransactionStatus
     // a Queryable that only has query(): the check falls back to SQL
     const ledger = new Ledger({ query: (...a) => client.query(...a) });
     const perform = counter({ ok: true });
+    await ledger.acquireRun(run);
     await client.query('BEGIN');
     await assert.rejects(ledger.guarded({ run, tool: 't', args: {}, perform }), /transaction/);
     await client.query('ROLLBACK');
@@ -421,6 +429,7 @@ async function auditAttempts(client, key) {
 async function declinedFirstAttempt(businessKey, args) {
   await withClient(async (_c, ledger) => {
     const run = unique('first');
+    await ledger.acquireRun(run);
     await assert.rejects(ledger.guarded({
       run, tool: 'bank.pay', args, businessKey,
       perform: () => { throw new EffectDidNotHappen({ code: 'declined' }); },
@@ -464,6 +473,7 @@ test('a retried business key: the report names attempt 2, so it lands there with
   await declinedFirstAttempt(businessKey, args);
   await withClient(async (client, ledger) => {
     const run = unique('second');
+    await ledger.acquireRun(run);
     const result = await ledger.guarded({
       run, tool: 'bank.pay', args, businessKey,
       perform: async () => {
@@ -509,6 +519,7 @@ async function interleave(name, firstOutcome, check) {
   await withClient(async (webhook) => withClient(async (client, ledger) => {
     const first = parked(firstOutcome);
     const second = parked({ payment_id: 'pay_2' });
+    await ledger.acquireRun(run);
     const one = ledger.guarded({ run, tool: 'bank.pay', args, businessKey, perform: first });
     one.catch(() => {}); // awaited below
     try {

@@ -248,8 +248,8 @@ test('an abandoned run throws RunAbandonedError on the next call and on a new at
     await assert.rejects(ledger.attempt(run, () => assert.fail('an attempt of an abandoned run began')),
       RunAbandonedError);
     await assert.rejects(ledger.acquireRun(run), RunAbandonedError);
-    const fresh = new Ledger(c2); // an implicit session lease
-    await assert.rejects(b.tool(fresh, payTool)(run, { invoice: 3 }), RunAbandonedError);
+    const fresh = new Ledger(c2); // a call outside an attempt is refused before anything
+    await assert.rejects(b.tool(fresh, payTool)(run, { invoice: 3 }), /outside an attempt/);
     await withPool(async (pool) => {
       await assert.rejects(
         new Ledger(pool).tokenAttempt(run, { ttl: 60 }, () => assert.fail('a token attempt of an abandoned run began')),

@@ -420,11 +420,12 @@ def not_carried(run: str) -> LedgerUsageError:
 
 def no_implicit_session(run: str) -> LedgerUsageError:
     return LedgerUsageError(
-        None, None, f"guarded() on run {run!r} outside a token attempt would take an "
-        f"implicit session lease, and this Ledger runs token attempts: it never falls back "
-        f"to a session lease (a leftover call of an ended attempt must not act).  Call it "
-        f"inside `with ledger.token_attempt(run):`, or hold the run by a session lease "
-        f"explicitly (attempt(), acquire_run())")
+        None, None, f"guarded() on run {run!r} outside an attempt: nothing was recorded or "
+        f"performed.  Start each attempt at a run (the first, a retry, a redelivery) with "
+        f"`with ledger.attempt(run):` (or `ledger.token_attempt(run)` on a pool, or "
+        f"acquire_run()): a new attempt replays what an earlier one did, where continuing "
+        f"an attempt it did not start would count the retried calls as new ones and "
+        f"perform them again")
 
 
 def session_only(what: str) -> LedgerUsageError:

@@ -252,7 +252,6 @@ class AsyncLedger(p.LedgerCore):
         self._halted: Dict[str, _Halt] = {}
         self._leases: Dict[str, AsyncTokenLease] = {}
         self._opening: set[str] = set()
-        self._used_tokens = False
         self._session_held: set[str] = set()
         self._sessions: Dict[str, _SessionAttempt] = {}  # open attempt() blocks
         self._acquiring: set[str] = set()  # runs an explicit acquire_run is taking
@@ -593,7 +592,6 @@ class AsyncLedger(p.LedgerCore):
         if run in self._leases or run in self._opening:
             raise p.attempt_already_open(run)
         self._opening.add(run)
-        self._used_tokens = True
         try:
             try:
                 row = await self._pooled_one(p.TAKE_LEASE, (run, ttl, holder), retry=True,

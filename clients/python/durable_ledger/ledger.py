@@ -111,9 +111,8 @@ class Ledger(p.LedgerCore):
         self._leases: Dict[str, TokenLease] = {}
         self._opening: set[str] = set()  # runs whose token_attempt is taking its lease
         self._leases_lock = threading.Lock()
-        # Once a token attempt has run, no implicit session lease: only runs this Ledger
-        # holds by an explicit acquire_run() are called with a session lease.
-        self._used_tokens = False
+        # No implicit session lease: outside a token attempt, only runs this Ledger holds
+        # by an explicit attempt() or acquire_run() are called (see guarded()).
         self._session_held: set[str] = set()
         # One statement at a time on a single connection shared with the renewal threads.
         self._conn_lock = threading.RLock()
@@ -212,8 +211,11 @@ class Ledger(p.LedgerCore):
         superseded) wrote nothing and raises `LeaseLost`.  An effect that was in flight
         when the lease went has its outcome reported as usual (a report needs no lease):
         this call returns (or raises) as it would have, the next one raises `LeaseLost`.
-        A `Ledger` that has run token attempts takes no implicit session lease: outside a
-        token attempt, only a run it holds by ``attempt``/``acquire_run`` is called.
+        There is no implicit attempt: outside a token attempt, only a run this `Ledger`
+        holds by ``attempt``/``acquire_run`` is called; any other call raises
+        `LedgerUsageError` and records and performs nothing.  (Continuing an attempt it
+        did not start -- an in-process retry of the run on the same connection -- would
+        count the retried calls as new occurrences and perform them again.)
         """
         lease = p.bound_lease(self, run)
         if lease is not None:
@@ -225,7 +227,7 @@ class Ledger(p.LedgerCore):
         if run in self._leases:
             raise p.not_carried(run)
         self._session_only("guarded() outside token_attempt()")
-        if self._used_tokens and run not in self._session_held:
+        if run not in self._session_held:
             raise p.no_implicit_session(run)
         self._check_writable()
         halted = self._halted.get(run)
@@ -472,7 +474,6 @@ class Ledger(p.LedgerCore):
             if run in self._leases or run in self._opening:
                 raise p.attempt_already_open(run)
             self._opening.add(run)
-            self._used_tokens = True
         try:
             # Sent again on a fresh connection if the first one broke: a take_lease that
             # did commit unseen leaves the run held until its ttl, and the second answers

@@ -14,12 +14,13 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, List
+from typing import Optional, Any, List
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -95,9 +96,15 @@ class ClientTest(unittest.TestCase):
         self.addCleanup(conn.close)  # closing the session ends any lease it holds
         return conn
 
-    def ledger(self) -> Ledger:
-        """A new connection: a new session, so a new lease epoch for any run."""
-        return Ledger(self.connect())
+    def ledger(self, run: Optional[str] = "") -> Ledger:
+        """A new worker: a new connection (a new session) that starts an attempt at
+        ``run`` (by default this test's run; None: at no run yet), as every attempt
+        must: the client takes no lease implicitly."""
+        ledger = Ledger(self.connect())
+        if run is not None:
+            self.assertTrue(ledger.acquire_run(run or self.run_id, wait=False),
+                            "the run is held by another session")
+        return ledger
 
     def wait_gone(self, pid: int) -> None:
         """A closed connection's backend ends (and drops its lease) asynchronously."""
@@ -345,8 +352,8 @@ class ClientTest(unittest.TestCase):
         """Attempt 1 of business key ``invoice``: the bank declines, the client records it."""
         declined = Recorder(raises=EffectDidNotHappen({"code": "declined"}))
         with self.assertRaises(EffectFailed):
-            self.ledger().guarded(f"{self.run_id}-{invoice}", "bank.pay", args, declined,
-                                  business_key=invoice)
+            self.ledger(f"{self.run_id}-{invoice}").guarded(
+                f"{self.run_id}-{invoice}", "bank.pay", args, declined, business_key=invoice)
         row = self.row(invoice)
         self.assertEqual((row["attempt"], row["status"]), (1, "failed"))
 
@@ -528,7 +535,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(keys, [invoice])
         self.assertTrue(self.row(invoice)["business_key"])
         # another run, another worker: the business key is one operation across runs
-        other = self.ledger()
+        other = self.ledger(f"{self.run_id}-b")
         pay_elsewhere = other.tool("bank.pay", business_key=lambda a: a["invoice"])(pay.perform)
         self.assertEqual(pay_elsewhere(f"{self.run_id}-b", {"invoice": invoice}), {"paid": invoice})
         self.assertEqual(keys, [invoice])
@@ -596,12 +603,12 @@ class ClientTest(unittest.TestCase):
                                      (self.run_id,)).fetchone()
             return row and row[0]
 
-        ledger = self.ledger()
+        ledger = self.ledger(None)
         pid = ledger.conn.info.backend_pid
         with ledger.attempt(self.run_id) as run:
             self.assertEqual(run, self.run_id)
             self.assertEqual(holder(), pid)
-            busy = self.ledger()
+            busy = self.ledger(None)
             self.assertFalse(busy.acquire_run(self.run_id, wait=False))
             with self.assertRaises(RunBusy):
                 with busy.attempt(self.run_id, wait=False):
@@ -651,6 +658,130 @@ class ClientTest(unittest.TestCase):
             (self.run_id,)).fetchall()
         self.assertEqual(tools, [("bank.pay", "completed"), ("mail.send", "completed"),
                                  ("bank.pay", "failed"), ("mail.send", "completed")])
+
+    # ------------------------------------------------- what a newcomer runs
+
+    def test_an_in_process_retry_outside_an_attempt_is_refused_not_performed_twice(self) -> None:
+        # 1.0's first example: a Ledger on a connection, a tool called with the run's id,
+        # the run retried by the same process on the same connection.  The implicit lease
+        # of the first try made the retry's calls occurrence 2 of the same attempt: a
+        # second payment.  Now no call begins outside an attempt.
+        ledger = self.ledger(None)
+        pay = Recorder({"payment_id": "pay_1"})
+        for _ in range(2):
+            with self.assertRaises(LedgerUsageError) as refused:
+                ledger.guarded(self.run_id, "bank.pay", {"invoice": "INV-9", "amount": 42}, pay)
+            self.assertIn("`with ledger.attempt(run):`", str(refused.exception))
+        self.assertEqual(pay.keys, [])
+        self.assertEqual(self.effect_count(self.run_id), 0)
+        self.assertEqual(self.admin.execute("SELECT count(*) FROM durable_ledger.leases WHERE run = %s",
+                                            (self.run_id,)).fetchone()[0], 0, "a lease was taken")
+        # the same retry loop, each try an attempt: paid once, replayed after
+        for _ in range(2):
+            with ledger.attempt(self.run_id):
+                self.assertEqual(ledger.guarded(self.run_id, "bank.pay",
+                                                {"invoice": "INV-9", "amount": 42}, pay),
+                                 {"payment_id": "pay_1"})
+        self.assertEqual(len(pay.keys), 1)
+
+    def test_parallel_calls_of_one_attempt_in_threads(self) -> None:
+        # An agent runs the model's tool calls in a thread pool, on one Ledger with one
+        # connection: the calls of one attempt run in parallel (their statements take
+        # turns on the connection; their effects overlap), ten times over; a second
+        # attempt asks for them in the reverse order and replays every one.
+        from concurrent.futures import ThreadPoolExecutor
+
+        ledger = self.ledger(None)
+        performed: List[str] = []
+        inside = threading.Semaphore(0)
+        lock = threading.Lock()
+
+        def perform(key: str) -> Any:
+            with lock:
+                performed.append(key)
+            inside.release()
+            time.sleep(0.02)  # in flight while the other calls begin and report
+            return {"done": key[:8]}
+
+        calls = [("bank.pay", {"invoice": i}) for i in range(3)] + [("mail.send", {"to": i}) for i in range(3)]
+        first: List[Any] = []
+        for _ in range(10):
+            run = f"{self.run_id}-{len(first)}"
+            with ledger.attempt(run), ThreadPoolExecutor(len(calls)) as pool:
+                first.append(list(pool.map(lambda c: ledger.guarded(run, c[0], c[1], perform), calls)))
+        self.assertEqual(len(performed), 10 * len(calls))
+        self.assertEqual(len(set(performed)), len(performed))
+        for i, results in enumerate(first):
+            run = f"{self.run_id}-{i}"
+            with ledger.attempt(run), ThreadPoolExecutor(len(calls)) as pool:
+                again = list(pool.map(lambda c: ledger.guarded(run, c[0], c[1], perform), calls[::-1]))
+            self.assertEqual(again[::-1], results)
+        self.assertEqual(len(performed), 10 * len(calls), "a replay performed again")
+
+    def test_the_readmes_quick_start_runs_as_written(self) -> None:
+        # The block under "## Quick start" of the top README, copied as a newcomer copies
+        # it, with only its DSN and stand-ins for the bank, the mailer and the model: the
+        # model times out once after the payment, so the in-process retry loop runs a
+        # second attempt on the same connection; then the whole program runs again (a
+        # redelivered job).  Each effect happens once.
+        readme = os.path.join(HERE, "..", "..", "..", "README.md")  # the repository's
+        with open(readme, encoding="utf-8") as f:
+            text = f.read()
+        section = text[text.index("\n## Quick start"):text.index("\n## Contents")]
+        code = re.search(r"```python\n(.*?)```", section, re.S)
+        assert code is not None, "no python block in the README's quick start"
+        run = f"qs-{uuid.uuid4()}"
+        example = code.group(1).replace('"ap-run-INV-9"', repr(run))
+        self.assertNotEqual(example, code.group(1), "the quick start's run id changed")
+        program = (
+            "import json, os\n"
+            "def log(name, *row):\n"
+            "    with open(os.path.join(os.environ['LOGS'], name), 'a') as f:\n"
+            "        f.write(json.dumps(row) + '\\n')\n"
+            "class bank:\n"
+            "    @staticmethod\n"
+            "    def pay(invoice, amount, idempotency_key):\n"
+            "        log('bank', invoice, amount, idempotency_key)\n"
+            "        return {'payment_id': 'pay-' + idempotency_key[:8]}\n"
+            "class mailer:\n"
+            "    @staticmethod\n"
+            "    def send(to, body, idempotency_key):\n"
+            "        log('mail', to, idempotency_key)\n"
+            "        return {'message_id': 'msg-' + idempotency_key[:8]}\n"
+            "class llm:\n"
+            "    @staticmethod\n"
+            "    def write_note(receipt):\n"
+            "        first = not os.path.exists(os.path.join(os.environ['LOGS'], 'llm'))\n"
+            "        log('llm', receipt)\n"
+            "        if first:\n"
+            "            raise TimeoutError('the model did not answer')\n"
+            "        return 'paid ' + receipt['payment_id']\n"
+            f"dsn = {DSN!r}\n"
+            + example)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "agent.py")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(program)
+            env = dict(os.environ, LOGS=tmp, PYTHONPATH=os.path.dirname(HERE))
+            for _ in range(2):  # the program, then the same job delivered again
+                done = subprocess.run(["/usr/bin/python3", "-W", "default", path], env=env,
+                                      capture_output=True, text=True, timeout=120)
+                self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+                self.assertEqual(done.stderr, "", "the quick start warns")
+                self.assertNotIn("needs a person", done.stdout)
+            logs = {name: open(os.path.join(tmp, name), encoding="utf-8").read().splitlines()
+                    for name in ("bank", "mail", "llm")}
+        self.assertEqual(len(logs["bank"]), 1, f"paid more than once: {logs['bank']}")
+        self.assertEqual(len(logs["mail"]), 1, f"mailed more than once: {logs['mail']}")
+        self.assertEqual(len(logs["llm"]), 3, "the model: timed out, answered, answered on the rerun")
+        statuses = self.admin.execute(
+            "SELECT tool, status FROM durable_ledger.effects WHERE run = %s ORDER BY tool",
+            (run,)).fetchall()
+        self.assertEqual(statuses, [("bank.pay", "completed"), ("mail.send", "completed")])
+        replays = self.admin.execute(
+            "SELECT count(*) FROM durable_ledger.audit_log WHERE run = %s AND event = 'replay'",
+            (run,)).fetchone()[0]
+        self.assertEqual(replays, 3, "the retry replays the payment, the rerun both effects")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from durable_ledger import (  # noqa: E402
     EffectPaused,
     Ledger,
     LedgerError,
+    LedgerUsageError,
     RunAbandoned,
     ToolRefused,
 )
@@ -239,8 +240,8 @@ class SteeringTest(unittest.TestCase):
                 self.fail("an attempt of an abandoned run began")
         with self.assertRaises(RunAbandoned):
             ledger.acquire_run(self.run_id)
-        fresh = self.ledger()  # an implicit session lease
-        with self.assertRaises(RunAbandoned):
+        fresh = self.ledger()  # a call outside an attempt is refused before anything
+        with self.assertRaises(LedgerUsageError):
             bank.tool(fresh, pay_tool)(self.run_id, {"invoice": 3})
         pooled = Ledger(self.pool())
         with self.assertRaises(RunAbandoned):

@@ -566,7 +566,7 @@ class TokenLeaseTest(unittest.TestCase):
         # a call outside any attempt: no implicit session lease either
         with self.assertRaises(LedgerUsageError) as refused:
             t["mail.send"](self.run_id, {"to": "b@example.com"})
-        self.assertIn("never falls back to a session lease", str(refused.exception))
+        self.assertIn("outside an attempt", str(refused.exception))
         self.assertEqual(t["sent"]["mail.send"], [])
         self.assertEqual(self.session_locks_of([conn.info.backend_pid]), 0, "a session lock was taken")
         self.assertEqual(self.live_leases(self.run_id), [])
@@ -751,7 +751,9 @@ class TokenLeaseTest(unittest.TestCase):
                 with other.token_attempt(self.run_id):
                     self.fail("two token leases on one run")
             self.assertFalse(session.acquire_run(self.run_id, wait=False))
-            with self.assertRaises(psycopg.errors.LockNotAvailable):  # 55P03
+            with self.assertRaises(psycopg.errors.LockNotAvailable):  # 55P03 at once
+                session.acquire_run(self.run_id)
+            with self.assertRaises(LedgerUsageError):  # and no implicit session lease
                 session.guarded(self.run_id, "t", {}, Tool())
             with self.assertRaises(LedgerUsageError):
                 with ledger.token_attempt(self.run_id):
