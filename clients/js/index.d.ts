@@ -244,7 +244,37 @@ export class RunStopped extends LedgerError {
 }
 
 /** tokenAttempt(): a live lease of either kind holds the run (take_lease never waits). */
-export class RunBusy extends LedgerError {}
+export class RunBusy extends LedgerError {
+  /** 55P03 when a lease wait ended or a token lease holds the run; null from tokenAttempt(). */
+  readonly sqlstate: string | null;
+  /** The server's detail: who holds the run (backend, application, since when). */
+  readonly detail: string | null;
+}
+
+/** The ledger refused the statement with a SQLSTATE of its list and wrote nothing. */
+export class LedgerRefused extends LedgerError {
+  readonly sqlstate: string;
+  readonly detail: string | null;
+  readonly hint: string | null;
+}
+/** 22004, 22023 */
+export class InvalidArgument extends LedgerRefused {}
+/** 23505: a business key begun again with another tool or other args */
+export class BusinessKeyConflict extends LedgerRefused {}
+/** 42704 */
+export class NotFound extends LedgerRefused {}
+/** 42710 */
+export class RunExists extends LedgerRefused {}
+/** 55000 (also a session lease lost behind the ledger's back) */
+export class WrongState extends LedgerRefused {}
+/** 40001: retry the call */
+export class ConcurrentChange extends LedgerRefused {}
+/** 25006 */
+export class ReadOnlyLedger extends LedgerRefused {}
+/** 53400 */
+export class TooManyLeases extends LedgerRefused {}
+/** 42501: grant durable_ledger_worker, durable_ledger_auditor or durable_ledger_admin */
+export class PermissionDenied extends LedgerRefused {}
 
 /**
  * The token lease of this attempt is gone (SQLSTATE 55L01: expired, broken by an admin,

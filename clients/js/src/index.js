@@ -206,10 +206,88 @@ export class ToolRefusedError extends LedgerError {
 }
 
 /**
- * tokenAttempt() found the run held by a live lease of either kind (another
- * worker's attempt): take_lease never waits.  Try again later.
+ * Another worker holds the run: tokenAttempt() found it held by a live lease of
+ * either kind (take_lease never waits), or a wait for its lease ended (SQLSTATE
+ * 55P03, after lock_timeout, else durable_ledger.lease_wait_timeout, 5 s by
+ * default: the message names the holder's backend, application and since when),
+ * or a session lease was asked of a run a token lease holds.  Try again later.
  */
-export class RunBusy extends LedgerError {}
+export class RunBusy extends LedgerError {
+  /** @param {string} message @param {object} [fields] */
+  constructor(message, fields = {}) {
+    super(message, fields);
+    /** @type {string|null} 55P03 when the ledger said so */
+    this.sqlstate = fields.sqlstate ?? null;
+    /** @type {string|null} the server's detail (who holds the run) */
+    this.detail = fields.detail ?? null;
+  }
+}
+
+/**
+ * The ledger refused the statement with a SQLSTATE of its list (README,
+ * "Errors"), writing nothing: sqlstate, detail, hint; the pg error is cause.
+ */
+export class LedgerRefused extends LedgerError {
+  /** @param {string} message @param {object} fields */
+  constructor(message, { sqlstate, detail = null, hint = null, cause } = {}) {
+    super(message, { reason: message, cause });
+    /** @type {string} */
+    this.sqlstate = sqlstate;
+    /** @type {string|null} */
+    this.detail = detail;
+    /** @type {string|null} */
+    this.hint = hint;
+  }
+}
+/** 22004, 22023: a NULL where a value is required, or a value out of its domain. */
+export class InvalidArgument extends LedgerRefused {}
+/** 23505: a business key begun again with another tool or other args: a new operation needs a key of its own. */
+export class BusinessKeyConflict extends LedgerRefused {}
+/** 42704: the key, tool, run or divergence named is not in the ledger. */
+export class NotFound extends LedgerRefused {}
+/** 42710: fork_run into a run the ledger has seen. */
+export class RunExists extends LedgerRefused {}
+/** 55000: not in the state the call needs (also a session lease lost behind the ledger's back). */
+export class WrongState extends LedgerRefused {}
+/** 40001: a concurrent change under REPEATABLE READ or SERIALIZABLE: retry the call. */
+export class ConcurrentChange extends LedgerRefused {}
+/** 25006: a writing call on a hot standby or in a read-only transaction. */
+export class ReadOnlyLedger extends LedgerRefused {}
+/** 53400: more leases in one session than durable_ledger.max_leases_per_session. */
+export class TooManyLeases extends LedgerRefused {}
+/** 42501: a grant is missing: durable_ledger_worker (calls), durable_ledger_auditor (history), durable_ledger_admin. */
+export class PermissionDenied extends LedgerRefused {}
+
+const REFUSALS = {
+  '22004': InvalidArgument, '22023': InvalidArgument, '23505': BusinessKeyConflict,
+  '42704': NotFound, '42710': RunExists, '55000': WrongState, '40001': ConcurrentChange,
+  '25006': ReadOnlyLedger, '53400': TooManyLeases, '42501': PermissionDenied,
+};
+
+/**
+ * The named error for an error of a ledger statement, or the error itself:
+ * RunBusy for 55P03, a LedgerRefused for the ledger's other SQLSTATEs.
+ * 55L01-55L03 are left to the callers, which know the run, tool and attempt.
+ */
+function named(err) {
+  const text = [err?.message, err?.detail, err?.hint].filter(Boolean).join('  ');
+  if (err?.code === '55P03') {
+    return new RunBusy(text, { reason: err.message, cause: err, sqlstate: err.code, detail: err.detail ?? null });
+  }
+  const Refusal = REFUSALS[err?.code];
+  if (!Refusal) return err;
+  return new Refusal(`${text} (SQLSTATE ${err.code})`,
+    { sqlstate: err.code, detail: err.detail ?? null, hint: err.hint ?? null, cause: err });
+}
+
+/** q.query(text, values), its errors as named() makes them. */
+async function ledgerQuery(q, text, values) {
+  try {
+    return await q.query(text, values);
+  } catch (err) {
+    throw named(err);
+  }
+}
 
 /**
  * The token lease of this attempt is gone: it expired, an admin broke it, or it
@@ -513,7 +591,7 @@ export class Ledger {
         res = await c.query(text, values);
       } catch (err) {
         c.release(err); // like pool.query(): a client that failed a query is not reused
-        throw err;
+        throw named(err);
       }
       const status = typeof c.getTransactionStatus === 'function' ? c.getTransactionStatus() : null;
       // A client that came back from the pool inside a transaction (someone
@@ -522,7 +600,7 @@ export class Ledger {
       c.release(inTransaction(status) ? new Error('a pooled client was inside a transaction') : undefined);
       return { rows: res.rows, status };
     }
-    const res = await q.query(text, values);
+    const res = await ledgerQuery(q, text, values);
     const status = typeof q.getTransactionStatus === 'function' ? q.getTransactionStatus() : null;
     return { rows: res.rows, status };
   }
@@ -585,12 +663,12 @@ export class Ledger {
   async beginEffect(run, tool, args, { businessKey = null, meta, lease = null } = {}) {
     const params = [run, tool, jsonParam(args), businessKey ?? null, jsonParam(meta)];
     if (lease == null) {
-      const { rows } = await this.client.query(
+      const { rows } = await ledgerQuery(this.client,
         'SELECT * FROM durable_ledger.begin_effect($1::text, $2::text, $3::jsonb, $4::text, $5::jsonb)',
         params);
       return rows[0];
     }
-    const { rows } = await this.client.query(
+    const { rows } = await ledgerQuery(this.client,
       'SELECT * FROM durable_ledger.begin_effect($1::text, $2::text, $3::jsonb, $4::text, $5::jsonb, $6::text)',
       [...params, typeof lease === 'string' ? lease : lease.token]);
     return rows[0];
@@ -891,7 +969,7 @@ export class Ledger {
    * @returns {Promise<object|null>}
    */
   async effectStatus(key) {
-    const { rows } = await this.client.query(
+    const { rows } = await ledgerQuery(this.client,
       'SELECT * FROM durable_ledger.effect_status($1::text)', [key]);
     return rows[0] ?? null;
   }
@@ -902,14 +980,14 @@ export class Ledger {
    * tool, args, attempt, outcome, detail, role_name, application_name
    * (node-postgres returns the bigint columns id and lease_epoch as strings).
    * An empty array for a run the ledger never saw.  Needs the
-   * durable_ledger_auditor role (or admin): a worker role alone gets a
-   * permission error (42501).  Needs the extension at version 1.2.  On a
+   * durable_ledger_auditor role (or admin): a worker role alone gets
+   * PermissionDenied (42501).  Needs the extension at version 1.2.  On a
    * pg.Pool it runs on a connection of the pool, like any call.
    * @param {string} run
    * @returns {Promise<object[]>}
    */
   async history(run) {
-    const { rows } = await this.client.query('SELECT * FROM durable_ledger.history($1::text)', [run]);
+    const { rows } = await ledgerQuery(this.client, 'SELECT * FROM durable_ledger.history($1::text)', [run]);
     return rows;
   }
 

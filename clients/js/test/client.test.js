@@ -12,6 +12,7 @@ import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import {
   Ledger, LedgerError, EffectFailed, EffectPaused, EffectInProgress, EffectDidNotHappen, RunStopped,
+  RunBusy, LedgerRefused, BusinessKeyConflict, InvalidArgument,
 } from '../src/index.js';
 
 const dsn = process.env.DURABLE_LEDGER_DSN;
@@ -594,4 +595,44 @@ test('a late completion of a replaced attempt is kept as a conflict, never appli
         'SELECT count(*)::int AS n FROM durable_ledger.unresolved WHERE key = $1', [businessKey]);
       assert.equal(u.n, 1);
     });
+});
+
+test('a lease wait ends by itself with RunBusy naming the holder; SQLSTATEs come as named errors', async () => {
+  const run = unique('wait');
+  const holder = new pg.Client({ connectionString: dsn, application_name: 'worker-7' });
+  await holder.connect();
+  try {
+    const held = new Ledger(holder);
+    assert.equal(await held.acquireRun(run), true);
+    const { rows: [{ pid }] } = await holder.query('SELECT pg_backend_pid() AS pid');
+    await withClient(async (client, ledger) => {
+      await client.query("SET durable_ledger.lease_wait_timeout = '300ms'");
+      const started = Date.now();
+      const err = await ledger.acquireRun(run).then(() => assert.fail('acquired a held run'), (e) => e);
+      assert.ok(Date.now() - started >= 250, 'the wait lasted the timeout');
+      assert.ok(err instanceof RunBusy, `got ${err}`);
+      assert.equal(err.sqlstate, '55P03');
+      assert.equal(err.cause?.code, '55P03');
+      assert.match(err.message, new RegExp(`run "${run}"`));
+      assert.match(err.message, new RegExp(`Backend ${pid} held it: application "worker-7"`));
+
+      // named errors for the ledger's other SQLSTATEs; the caller's own errors untouched
+      const other = unique('named');
+      const invoice = unique('INV');
+      await ledger.attempt(other, async () => {
+        await ledger.guarded({ run: other, tool: 'bank.pay', args: { amount: 1 }, businessKey: invoice,
+          perform: async () => ({ ok: 1 }) });
+        const conflict = await ledger.guarded({ run: other, tool: 'bank.pay', args: { amount: 2 },
+          businessKey: invoice, perform: async () => assert.fail('performed') }).then(() => null, (e) => e);
+        assert.ok(conflict instanceof BusinessKeyConflict && conflict instanceof LedgerRefused, `got ${conflict}`);
+        assert.equal(conflict.sqlstate, '23505');
+        const invalid = await ledger.guarded({ run: other, tool: '', args: {},
+          perform: async () => assert.fail('performed') }).then(() => null, (e) => e);
+        assert.ok(invalid instanceof InvalidArgument, `got ${invalid}`);
+      });
+    });
+    await held.releaseRun(run);
+  } finally {
+    await holder.end();
+  }
 });

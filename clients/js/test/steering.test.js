@@ -16,7 +16,7 @@ import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import {
   Ledger, LedgerError, EffectPaused, EffectFailed, EffectDidNotHappen, RunStopped,
-  DivergencePausedError, RunAbandonedError, ToolRefusedError, RUN_ABANDONED, TOOL_REFUSED,
+  DivergencePausedError, RunAbandonedError, ToolRefusedError, RUN_ABANDONED, TOOL_REFUSED, PermissionDenied,
 } from '../src/index.js';
 
 const dsn = process.env.DURABLE_LEDGER_DSN;
@@ -420,7 +420,8 @@ test('history needs the auditor role', async () => {
           ['lease_acquired', 'intent', 'completed', 'lease_released']);
       }, dsnAs(auditor));
       await withClients(1, async (c) => {
-        await assert.rejects(new Ledger(c).history(run), (err) => err?.code === '42501');
+        await assert.rejects(new Ledger(c).history(run),
+          (err) => err instanceof PermissionDenied && err.sqlstate === '42501' && err.cause?.code === '42501');
       }, dsnAs(worker));
     } finally {
       await made.drop();

@@ -41,6 +41,16 @@ from .errors import (
     RunAbandoned,
     RunBusy,
     ToolRefused,
+    LedgerRefused,
+    InvalidArgument,
+    BusinessKeyConflict,
+    NotFound,
+    RunExists,
+    WrongState,
+    ConcurrentChange,
+    ReadOnlyLedger,
+    TooManyLeases,
+    PermissionDenied,
 )
 from .aio import AsyncLedger, AsyncPerform, AsyncTokenLease, AsyncToolFunction
 from .ledger import Ledger, Perform, TokenLease, ToolFunction, side_effect
@@ -68,5 +78,15 @@ __all__ = [
     "RunAbandoned",
     "ToolRefused",
     "LedgerUsageError",
+    "LedgerRefused",
+    "InvalidArgument",
+    "BusinessKeyConflict",
+    "NotFound",
+    "RunExists",
+    "WrongState",
+    "ConcurrentChange",
+    "ReadOnlyLedger",
+    "TooManyLeases",
+    "PermissionDenied",
     "EffectDidNotHappen",
 ]

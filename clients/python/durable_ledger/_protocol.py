@@ -8,30 +8,41 @@ so that both decide alike what a decision, a report or a refusal means.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import logging
 import threading
 from datetime import datetime, timedelta
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, Tuple, TypeVar, Union
 
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from .errors import (
+    BusinessKeyConflict,
+    ConcurrentChange,
     DivergencePaused,
     EffectDidNotHappen,
     EffectFailed,
     EffectPaused,
     EffectInProgress,
+    InvalidArgument,
     LeaseLost,
     LedgerError,
+    LedgerRefused,
     LedgerUsageError,
+    NotFound,
     OutcomeNotRecorded,
+    PermissionDenied,
+    ReadOnlyLedger,
     RunAbandoned,
     RunBusy,
+    RunExists,
     ToolRefused,
+    TooManyLeases,
+    WrongState,
 )
 
 log = logging.getLogger("durable_ledger")
@@ -47,6 +58,48 @@ RUN_ABANDONED = "55L02"
 #: The SQLSTATE of a call that would execute a retired tool, or one nobody registered
 #: while `the ledger refuses tools nobody registered (`set_unregistered_tools('refuse', …)`)`: `ToolRefused`.
 TOOL_REFUSED = "55L03"
+
+#: The ledger's other SQLSTATEs (docs/reference.md, "Errors"), each a named exception.
+REFUSALS: Dict[str, type] = {
+    "22004": InvalidArgument, "22023": InvalidArgument, "23505": BusinessKeyConflict,
+    "42704": NotFound, "42710": RunExists, "55000": WrongState, "40001": ConcurrentChange,
+    "25006": ReadOnlyLedger, "53400": TooManyLeases, "42501": PermissionDenied,
+}
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+@contextlib.contextmanager
+def ledger_errors() -> Iterator[None]:
+    """Around a ledger statement: its errors with a SQLSTATE of the ledger's come out as
+    the client's named exceptions (`named_error`), the psycopg error as ``__cause__``."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        named = named_error(exc)
+        if named is None:
+            raise
+        raise named from exc
+
+
+def named_error(exc: psycopg.Error) -> Optional[LedgerError]:
+    """The named exception for an error of a ledger statement, or None: `RunBusy` for
+    55P03 (the message carries the holder the server named), a `LedgerRefused` for the
+    ledger's other SQLSTATEs.  55L01-55L03 are left to the callers, which know the run,
+    tool and attempt they concern."""
+    diag = exc.diag
+    reason = diag.message_primary or str(exc)
+    if exc.sqlstate == LOCK_NOT_AVAILABLE:
+        busy = RunBusy(None, None, " ".join(
+            part for part in (reason + ".", diag.message_detail, diag.message_hint) if part))
+        busy.sqlstate, busy.detail, busy.hint = exc.sqlstate, diag.message_detail, diag.message_hint
+        return busy
+    cls = REFUSALS.get(exc.sqlstate or "")
+    if cls is None:
+        return None
+    refused: LedgerRefused = cls(exc.sqlstate, reason, detail=diag.message_detail,
+                                 hint=diag.message_hint)
+    return refused
+
 
 #: Why a run is stopped in its current attempt: (key, reason, the exception to raise
 #: instead of `EffectPaused` or None).  See `Ledger.guarded`.

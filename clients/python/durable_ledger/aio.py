@@ -702,9 +702,10 @@ class AsyncLedger(p.LedgerCore):
     async def _read_now(self, query: str, params: Tuple[Any, ...]) -> List[Dict[str, Any]]:
         assert self.conn is not None
         async with self._conn_lock:
-            async with self.conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(query, params)
-                return await cur.fetchall()
+            with p.ledger_errors():
+                async with self.conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(query, params)
+                    return await cur.fetchall()
 
     # ----------------------------------------------------------------- helpers
 
@@ -846,6 +847,14 @@ async def _answers(conn: "psycopg.AsyncConnection[Any]") -> bool:
 async def _execute_on(conn: "psycopg.AsyncConnection[Any]", query: str,
                       params: Tuple[Any, ...], *, shared: bool,
                       what: str) -> List[Dict[str, Any]]:
+    """`_execute_raw`, its errors with a SQLSTATE of the ledger's as named exceptions."""
+    with p.ledger_errors():
+        return await _execute_raw(conn, query, params, shared=shared, what=what)
+
+
+async def _execute_raw(conn: "psycopg.AsyncConnection[Any]", query: str,
+                       params: Tuple[Any, ...], *, shared: bool,
+                       what: str) -> List[Dict[str, Any]]:
     """One ledger statement on ``conn`` in a transaction of its own; its rows.  ``shared``:
     the AsyncLedger's single connection, whose transaction status is read with the reply
     (see the synchronous `_execute_on`)."""

@@ -33,7 +33,20 @@ exception              did the effect happen?        what to do
                        retired or not registered     may call it
                        (55L03)
 `LedgerUsageError`     not attempted                 fix the calling code
+`LedgerRefused`        not attempted: the ledger     see its subclass (below): fix the
+(and its subclasses)   refused the statement and     call, retry it, or ask an admin
+                       wrote nothing
 =====================  ============================  ====================================
+
+Every error of a ledger statement whose SQLSTATE is in the ledger's list
+(docs/reference.md, "Errors") comes as one of these, with the psycopg error as its
+``__cause__``: 55P03 `RunBusy` (a lease wait that timed out names the holder), 55L01
+`LeaseLost`, 55L02 `RunAbandoned`, 55L03 `ToolRefused`, and the `LedgerRefused` family --
+22004/22023 `InvalidArgument`, 23505 `BusinessKeyConflict`, 42704 `NotFound`, 42710
+`RunExists`, 55000 `WrongState` (also a session lease lost behind the ledger's back:
+start a new attempt), 40001 `ConcurrentChange` (retry the call), 25006 `ReadOnlyLedger`
+(a standby), 53400 `TooManyLeases`, 42501 `PermissionDenied`.  Errors of your own
+functions (``perform``) are never translated.
 
 `EffectDidNotHappen` is not a `LedgerError`: it is what *your* side-effecting function
 raises to tell the client that the downstream system definitively refused the call.
@@ -55,6 +68,16 @@ __all__ = [
     "RunAbandoned",
     "ToolRefused",
     "LedgerUsageError",
+    "LedgerRefused",
+    "InvalidArgument",
+    "BusinessKeyConflict",
+    "NotFound",
+    "RunExists",
+    "WrongState",
+    "ConcurrentChange",
+    "ReadOnlyLedger",
+    "TooManyLeases",
+    "PermissionDenied",
     "EffectDidNotHappen",
 ]
 
@@ -173,8 +196,15 @@ class RunBusy(LedgerError):
 
     Raised by ``attempt(run, wait=False)`` when another session holds the run, and by
     ``token_attempt(run)`` when a live lease of either kind holds it (``take_lease``
-    never waits).
+    never waits).  Also when a wait for the lease ended (SQLSTATE 55P03: after
+    ``lock_timeout``, else ``durable_ledger.lease_wait_timeout``, 5 s by default), or a
+    session lease was asked of a run a token lease holds: then ``sqlstate`` is set, and
+    ``detail`` names the holder (its backend, application and since when).
     """
+
+    sqlstate: Optional[str] = None
+    detail: Optional[str] = None
+    hint: Optional[str] = None
 
 
 class LeaseLost(LedgerError):
@@ -246,6 +276,70 @@ class ToolRefused(LedgerError):
 
 class LedgerUsageError(LedgerError):
     """The client was used in a way that could break at-most-once (e.g. not autocommit)."""
+
+
+class LedgerRefused(LedgerError):
+    """A ledger function refused the statement; nothing was written (every error of the
+    ledger rolls its statement back).  ``sqlstate``, and the server's ``detail`` and
+    ``hint`` (None when it gave none), which the message includes; ``reason`` is the
+    server's message.  The psycopg error is ``__cause__``."""
+
+    def __init__(self, sqlstate: str, reason: str, *, detail: Optional[str] = None,
+                 hint: Optional[str] = None) -> None:
+        self.sqlstate = sqlstate
+        self.detail = detail
+        self.hint = hint
+        super().__init__(None, None, reason)
+
+    def _message(self) -> str:
+        return "".join([f"{self.reason} (SQLSTATE {self.sqlstate})",
+                        f"\nDETAIL: {self.detail}" if self.detail else "",
+                        f"\nHINT: {self.hint}" if self.hint else ""])
+
+
+class InvalidArgument(LedgerRefused):
+    """22004, 22023: a NULL where a value is required, or a value out of its domain (an
+    empty run, a ttl outside 1 s to 1 day, ...).  Fix the call."""
+
+
+class BusinessKeyConflict(LedgerRefused):
+    """23505: a business key that exists was begun with another tool or other args (or a
+    tool registered twice).  A business key names one operation: a legitimately new
+    operation needs a key of its own (e.g. the invoice number and a revision)."""
+
+
+class NotFound(LedgerRefused):
+    """42704: the key, tool, run or divergence named is not in the ledger."""
+
+
+class RunExists(LedgerRefused):
+    """42710: ``fork_run`` into a run the ledger has seen."""
+
+
+class WrongState(LedgerRefused):
+    """55000: the object is not in the state the call needs -- a session lease lost behind
+    the ledger's back (``DISCARD ALL``, a pooler's reset: stop, and start a new attempt), an
+    effect already decided, a retired tool, the library newer than the extension's SQL
+    objects (``ALTER EXTENSION durable_ledger UPDATE``)."""
+
+
+class ConcurrentChange(LedgerRefused):
+    """40001: under REPEATABLE READ or SERIALIZABLE, a concurrent change; retry the call."""
+
+
+class ReadOnlyLedger(LedgerRefused):
+    """25006: a writing call on a hot standby or in a read-only transaction."""
+
+
+class TooManyLeases(LedgerRefused):
+    """53400: more leases in one session than ``durable_ledger.max_leases_per_session``;
+    release runs that are over."""
+
+
+class PermissionDenied(LedgerRefused):
+    """42501: the role lacks a grant: workers need ``durable_ledger_worker``, auditors
+    ``durable_ledger_auditor``, people who resolve and break leases
+    ``durable_ledger_admin`` (``GRANT durable_ledger_worker TO your_role``)."""
 
 
 class EffectDidNotHappen(Exception):

@@ -564,7 +564,7 @@ class Ledger(p.LedgerCore):
         if self.conn is None:
             rows = self._pooled_all(p.EFFECT_STATUS, (key,))
             return rows[0] if rows else None
-        with self.conn.cursor(row_factory=dict_row) as cur:
+        with p.ledger_errors(), self.conn.cursor(row_factory=dict_row) as cur:
             cur.execute(p.EFFECT_STATUS, (key,))
             return cur.fetchone()
 
@@ -580,13 +580,13 @@ class Ledger(p.LedgerCore):
         saw.
 
         Needs the ``durable_ledger_auditor`` role (or admin): a worker role alone gets
-        ``psycopg.errors.InsufficientPrivilege``.  Needs the extension at version 1.2.
+        `PermissionDenied`.  Needs the extension at version 1.2.
         Read-only: on a single connection it may run inside a transaction; on a pool (or a
         factory) it uses a connection of its own, like any call.
         """
         if self.conn is None:
             return self._pooled_all(p.HISTORY, (run,), what=f"history of {run}")
-        with self.conn.cursor(row_factory=dict_row) as cur:
+        with p.ledger_errors(), self.conn.cursor(row_factory=dict_row) as cur:
             cur.execute(p.HISTORY, (run,))
             return cur.fetchall()
 
@@ -717,6 +717,13 @@ def _answers(conn: "psycopg.Connection[Any]") -> bool:
 
 def _execute_on(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any, ...], *,
                 shared: bool, what: str) -> List[Dict[str, Any]]:
+    """`_execute_raw`, its errors with a SQLSTATE of the ledger's as named exceptions."""
+    with p.ledger_errors():
+        return _execute_raw(conn, query, params, shared=shared, what=what)
+
+
+def _execute_raw(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any, ...], *,
+                 shared: bool, what: str) -> List[Dict[str, Any]]:
     """Run one ledger statement on ``conn`` in a transaction of its own; its rows.
 
     ``shared``: the Ledger's single connection, which other code (a tool in another

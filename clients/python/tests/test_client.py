@@ -29,14 +29,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # clients/python, if PYTHONPATH lacks it
 
 from durable_ledger import (  # noqa: E402
+    BusinessKeyConflict,
     EffectDidNotHappen,
     EffectFailed,
     EffectInProgress,
     EffectPaused,
+    InvalidArgument,
     Ledger,
     LedgerError,
+    LedgerRefused,
     LedgerUsageError,
     OutcomeNotRecorded,
+    PermissionDenied,
     RunBusy,
     side_effect,
 )
@@ -658,6 +662,63 @@ class ClientTest(unittest.TestCase):
             (self.run_id,)).fetchall()
         self.assertEqual(tools, [("bank.pay", "completed"), ("mail.send", "completed"),
                                  ("bank.pay", "failed"), ("mail.send", "completed")])
+
+    # ------------------------------------------------------- named errors
+
+    def test_a_lease_wait_ends_by_itself_naming_the_holder(self) -> None:
+        # The default lock_timeout (0) used to mean waiting for ever behind a live
+        # holder; now the wait ends (durable_ledger.lease_wait_timeout) with RunBusy, whose
+        # message names the run, the holder's backend and application, and since when.
+        holder = Ledger(psycopg.connect(DSN, autocommit=True, application_name="worker-7"))
+        self.addCleanup(holder.conn.close)
+        self.assertTrue(holder.acquire_run(self.run_id))
+        waiter = Ledger(self.connect())
+        waiter.conn.execute("SET durable_ledger.lease_wait_timeout = '300ms'")
+        started = time.monotonic()
+        with self.assertRaises(RunBusy) as busy:
+            waiter.acquire_run(self.run_id)
+        self.assertGreaterEqual(time.monotonic() - started, 0.25)
+        self.assertEqual(busy.exception.sqlstate, "55P03")
+        self.assertIsInstance(busy.exception.__cause__, psycopg.errors.LockNotAvailable)
+        message = str(busy.exception)
+        self.assertIn(f'run "{self.run_id}"', message)
+        self.assertIn(f"Backend {holder.conn.info.backend_pid} held it", message)
+        self.assertIn('application "worker-7"', message)
+        self.assertIn("durable_ledger.lease_wait_timeout", message)
+        with self.assertRaises(RunBusy):  # the attempt form, too
+            with waiter.attempt(self.run_id):
+                self.fail("entered an attempt on a held run")
+        self.assertTrue(holder.release_run(self.run_id))
+        self.assertTrue(waiter.acquire_run(self.run_id))
+
+    def test_the_ledgers_sqlstates_come_as_named_exceptions(self) -> None:
+        ledger = self.ledger()
+        invoice = f"INV-{uuid.uuid4()}"
+        ledger.guarded(self.run_id, "bank.pay", {"amount": 1}, Recorder({"ok": 1}),
+                       business_key=invoice)
+        never = Recorder("SHOULD-NOT-HAPPEN")
+        with self.assertRaises(BusinessKeyConflict) as conflict:  # 23505
+            ledger.guarded(self.run_id, "bank.pay", {"amount": 2}, never, business_key=invoice)
+        self.assertEqual(conflict.exception.sqlstate, "23505")
+        self.assertIsInstance(conflict.exception, LedgerRefused)
+        with self.assertRaises(InvalidArgument) as invalid:  # 22023: an empty tool name
+            ledger.guarded(self.run_id, "", {}, never)
+        self.assertEqual(invalid.exception.sqlstate, "22023")
+        self.assertEqual(never.keys, [])
+        # a role without the worker's grant: PermissionDenied, whose hint names the role
+        role = f"nogrant_{uuid.uuid4().hex[:8]}"
+        self.admin.execute(f"CREATE ROLE {role} LOGIN")
+        self.addCleanup(self.admin.execute, f"DROP ROLE {role}")
+        outsider = Ledger(psycopg.connect(DSN, autocommit=True, user=role))
+        self.addCleanup(outsider.conn.close)
+        with self.assertRaises(PermissionDenied) as denied:
+            outsider.acquire_run(self.run_id)
+        self.assertEqual(denied.exception.sqlstate, "42501")
+        self.assertIn("durable_ledger_worker", denied.exception.__doc__ or "")
+        # errors of the caller's own function are never translated
+        with self.assertRaises(psycopg.errors.UniqueViolation):
+            ledger.guarded(self.run_id, "db.write", {"n": 1},
+                           Recorder(raises=psycopg.errors.UniqueViolation("the tool's own")))
 
     # ------------------------------------------------- what a newcomer runs
 

@@ -35,6 +35,7 @@ from durable_ledger import (  # noqa: E402
     Ledger,
     LedgerError,
     LedgerUsageError,
+    PermissionDenied,
     RunAbandoned,
     ToolRefused,
 )
@@ -377,8 +378,9 @@ class SteeringTest(unittest.TestCase):
         self.assertEqual([r["event"] for r in auditor.history(self.run_id)],
                          ["lease_acquired", "intent", "completed", "lease_released"])
         worker = Ledger(self.connect(user=self.login_role("durable_ledger_worker")))
-        with self.assertRaises(psycopg.errors.InsufficientPrivilege):
+        with self.assertRaises(PermissionDenied) as denied:  # 42501, named
             worker.history(self.run_id)
+        self.assertIsInstance(denied.exception.__cause__, psycopg.errors.InsufficientPrivilege)
 
 
 if __name__ == "__main__":

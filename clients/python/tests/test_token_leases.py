@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # clients/python, if PYTHONPATH lacks
 
 from durable_ledger import (  # noqa: E402
     EffectPaused,
+    InvalidArgument,
     LeaseLost,
     Ledger,
     LedgerError,
@@ -751,8 +752,10 @@ class TokenLeaseTest(unittest.TestCase):
                 with other.token_attempt(self.run_id):
                     self.fail("two token leases on one run")
             self.assertFalse(session.acquire_run(self.run_id, wait=False))
-            with self.assertRaises(psycopg.errors.LockNotAvailable):  # 55P03 at once
+            with self.assertRaises(RunBusy) as busy:  # 55P03 at once, named
                 session.acquire_run(self.run_id)
+            self.assertEqual(busy.exception.sqlstate, "55P03")
+            self.assertIn("is held by a token lease", str(busy.exception))
             with self.assertRaises(LedgerUsageError):  # and no implicit session lease
                 session.guarded(self.run_id, "t", {}, Tool())
             with self.assertRaises(LedgerUsageError):
@@ -788,7 +791,7 @@ class TokenLeaseTest(unittest.TestCase):
             ledger.guarded(self.run_id, "t", {}, Tool({"ok": 1}))
         self.assertEqual(ledger.effect_status(self.key(self.run_id, "t", {}, 1))["status"], "completed")
         self.assertRaises(TypeError, Ledger, object())
-        with self.assertRaises(psycopg.errors.InvalidParameterValue):  # ttl 1 s .. 1 day
+        with self.assertRaises(InvalidArgument):  # 22023: a ttl of 1 s .. 1 day
             with ledger.token_attempt(self.run_id, ttl=0.5):
                 self.fail("a ttl below one second")
 
