@@ -83,7 +83,7 @@ check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row
 				 errmsg("business key \"%s\" is already used by a different call", intent->key),
 				 errdetail("It was begun with tool \"%s\"; this call has tool \"%s\".",
 						   row->tool, intent->tool),
-				 errhint("A business key identifies one operation: the same tool with the same arguments.")));
+				 errhint("A business key identifies one operation: the same tool with the same arguments. A legitimately new operation needs a business key of its own (e.g. the invoice number and a revision, \"INV-9/2\"), or none (the run's own key, by occurrence).")));
 
 	initStringInfo(&recorded);
 	identity = dl_identity_of_call(rules, row->args, &complete);
@@ -94,7 +94,7 @@ check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
 				 errmsg("business key \"%s\" is already used by a different call", intent->key),
 				 errdetail("It was begun with other arguments for tool \"%s\".", row->tool),
-				 errhint("A business key identifies one operation: the same tool with the same arguments.")));
+				 errhint("A business key identifies one operation: the same tool with the same arguments. A legitimately new operation needs a business key of its own (e.g. the invoice number and a revision, \"INV-9/2\"), or none (the run's own key, by occurrence).")));
 }
 
 /*
