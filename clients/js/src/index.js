@@ -258,6 +258,11 @@ export class TooManyLeases extends LedgerRefused {}
 /** 42501: a grant is missing: durable_ledger_worker (calls), durable_ledger_auditor (history), durable_ledger_admin. */
 export class PermissionDenied extends LedgerRefused {}
 
+const GRANT_HINT = "The ledger's functions are granted to its roles: durable_ledger_worker " +
+  '(begin, complete, fail, effect_status, leases), durable_ledger_auditor (history, the tables and ' +
+  'views), durable_ledger_admin (resolve, break_lease, the tools registry, purges); e.g. ' +
+  'GRANT durable_ledger_worker TO your_login_role.';
+
 const REFUSALS = {
   '22004': InvalidArgument, '22023': InvalidArgument, '23505': BusinessKeyConflict,
   '42704': NotFound, '42710': RunExists, '55000': WrongState, '40001': ConcurrentChange,
@@ -276,8 +281,10 @@ function named(err) {
   }
   const Refusal = REFUSALS[err?.code];
   if (!Refusal) return err;
-  return new Refusal(`${text} (SQLSTATE ${err.code})`,
-    { sqlstate: err.code, detail: err.detail ?? null, hint: err.hint ?? null, cause: err });
+  // a permission error names no role: say which ones the ledger grants
+  const hint = err.hint ?? (Refusal === PermissionDenied ? GRANT_HINT : null);
+  return new Refusal([err.message, err.detail, hint].filter(Boolean).join('  ') + ` (SQLSTATE ${err.code})`,
+    { sqlstate: err.code, detail: err.detail ?? null, hint, cause: err });
 }
 
 /** q.query(text, values), its errors as named() makes them. */

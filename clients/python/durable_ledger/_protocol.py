@@ -96,9 +96,19 @@ def named_error(exc: psycopg.Error) -> Optional[LedgerError]:
     cls = REFUSALS.get(exc.sqlstate or "")
     if cls is None:
         return None
-    refused: LedgerRefused = cls(exc.sqlstate, reason, detail=diag.message_detail,
-                                 hint=diag.message_hint)
+    hint = diag.message_hint
+    if cls is PermissionDenied and not hint:  # the server's message names no role
+        hint = GRANT_HINT
+    refused: LedgerRefused = cls(exc.sqlstate, reason, detail=diag.message_detail, hint=hint)
     return refused
+
+
+#: What a permission error of the ledger's functions needs (42501 names no role).
+GRANT_HINT = ("The ledger's functions are granted to its roles: durable_ledger_worker "
+              "(begin, complete, fail, effect_status, leases), durable_ledger_auditor "
+              "(history, the tables and views), durable_ledger_admin (resolve, break_lease, "
+              "the tools registry, purges); e.g. GRANT durable_ledger_worker TO "
+              "your_login_role.")
 
 
 #: Why a run is stopped in its current attempt: (key, reason, the exception to raise
