@@ -106,6 +106,11 @@ ALTER TABLE durable_ledger.effects
 -- Functions.
 -- ---------------------------------------------------------------------------
 
+-- A decision names the key to give the provider: a business key's carries its
+-- attempt (after a refusal, a provider that keeps its answers to a key would
+-- answer the next attempt with the refusal again).
+ALTER TYPE durable_ledger.decision ADD ATTRIBUTE downstream_key text;
+
 -- begin_effect, acquire_run and take_lease know tools, divergence and
 -- abandoned runs: their C code changed, so their symbols are new.
 CREATE OR REPLACE FUNCTION durable_ledger.acquire_run(run text, wait boolean DEFAULT true)

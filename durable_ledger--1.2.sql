@@ -42,7 +42,10 @@ CREATE TYPE durable_ledger.decision AS (
     attempt     integer,    -- 1, or n+1 after n failures of a business key
     result      jsonb,      -- replay of a completed effect: its result
     error       jsonb,      -- replay of a failed effect: its error
-    reason      text        -- one sentence explaining replay, pause or in_progress
+    reason      text,       -- one sentence explaining replay, pause or in_progress
+    downstream_key text     -- the key to give the provider: the key itself, or for a
+                            -- business key the key and its attempt ("INV-9#2"); NULL
+                            -- when the call has no effect (a divergence pause)
 );
 
 -- The statuses of an effect and the events of the audit log: text, checked by

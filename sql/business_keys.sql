@@ -182,9 +182,26 @@ SELECT count(*) AS effects, bool_and(business_key AND occurrence IS NULL) AS all
   FROM durable_ledger.effects WHERE run = 'bk-4';
 
 -- ===================================================================
+-- the key to give the provider (downstream_key): a derived key itself; a
+-- business key with its attempt, so that a provider that keeps its answer to a
+-- key (a cached decline) sees the next attempt as a new request; a replay
+-- names the attempt that completed
+-- ===================================================================
+SELECT key = downstream_key AS derived_is_itself
+  FROM durable_ledger.begin_effect('bk-5', 'tag', '{"n": 1}');
+SELECT key, decision, attempt, downstream_key
+  FROM durable_ledger.begin_effect('bk-5', 'pay', '{"invoice": "INV-DK"}', 'INV-DK');
+SELECT status FROM durable_ledger.fail_effect('INV-DK', '{"code": "declined"}', 1);
+SELECT key, decision, attempt, downstream_key
+  FROM durable_ledger.begin_effect('bk-5', 'pay', '{"invoice": "INV-DK"}', 'INV-DK');
+SELECT status FROM durable_ledger.complete_effect('INV-DK', '{"payment_id": "p-2"}', 2);
+SELECT key, decision, attempt, downstream_key
+  FROM durable_ledger.begin_effect('bk-5', 'pay', '{"invoice": "INV-DK"}', 'INV-DK');
+
+-- ===================================================================
 -- clean up: release every lease this file took
 -- ===================================================================
 SELECT durable_ledger.release_run('bk-1') AS bk1, durable_ledger.release_run('bk-2') AS bk2,
-       durable_ledger.release_run('bk-4') AS bk4;
+       durable_ledger.release_run('bk-4') AS bk4, durable_ledger.release_run('bk-5') AS bk5;
 SELECT count(*) AS leases_left FROM pg_locks
  WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();

@@ -251,6 +251,18 @@ find_or_insert_intent(const NewIntent *intent, CallRules *call, EffectRow *row,
  * the version locked here, after checking it is still the one decided on:
  * false when it changed meanwhile (the caller looks again).
  */
+/*
+ * The key to pass downstream (the provider's idempotency key): a derived key
+ * itself; a business key with its attempt, "INV-9#2", since a provider that
+ * keeps its answers to a key (card processors do, for a day) would answer a
+ * business key's next attempt, after a refusal, with the refusal again.
+ */
+static char *
+downstream_key(const char *key, bool business_key, int32 attempt)
+{
+	return business_key ? psprintf("%s#%d", key, attempt) : pstrdup(key);
+}
+
 static bool
 decide_from_row(const NewIntent *intent, const char *canon, CallRules *call,
 				const EffectRow *row, Decision *d)
@@ -433,8 +445,8 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	EpochCounter counter;
 	char		derived_key[DL_KEY_HEX_LEN + 1];
 	Decision	d = {0};
-	Datum		values[8];
-	bool		nulls[8] = {false};
+	Datum		values[9];
+	bool		nulls[9] = {false};
 	HeapTuple	tuple;
 	bool		waited;
 
@@ -539,6 +551,15 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	nulls[6] = d.error == NULL;
 	values[7] = d.reason ? CStringGetTextDatum(d.reason) : (Datum) 0;
 	nulls[7] = d.reason == NULL;
+	values[8] = d.no_effect ? (Datum) 0 :
+		CStringGetTextDatum(downstream_key(d.key, intent.business_key, d.attempt));
+	nulls[8] = d.no_effect;
+	if (desc->natts != lengthof(values))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("durable_ledger.decision has %d attributes, the library fills %d",
+						desc->natts, (int) lengthof(values)),
+				 errhint("Run ALTER EXTENSION durable_ledger UPDATE.")));
 	MemoryContextSwitchTo(call_cxt);
 	tuple = heap_form_tuple(desc, values, nulls);
 	dl_spi_finish();

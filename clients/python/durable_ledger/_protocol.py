@@ -297,10 +297,12 @@ HISTORY = "SELECT * FROM durable_ledger.history(%s)"
 
 
 class Execute(NamedTuple):
-    """begin_effect said ``execute``: perform the effect with ``key``, then report on
-    ``attempt``."""
+    """begin_effect said ``execute``: perform the effect, giving the provider
+    ``downstream_key`` (the key itself; a business key's names its attempt), then report
+    on ``key`` and ``attempt``."""
     key: str
     attempt: int
+    downstream_key: str
 
 
 class Replayed(NamedTuple):
@@ -322,7 +324,7 @@ def decision_of(row: Any, run: str, tool: str, halt: HaltFn) -> Union[Execute, R
     reason: str = row["reason"] or ""
     log.debug("%s %s run=%s key=%s", decision, tool, run, key)
     if decision == "execute":
-        return Execute(key, row["attempt"])
+        return Execute(key, row["attempt"], row.get("downstream_key") or key)
     if decision == "replay":
         if row["status"] == "completed":
             return Replayed(row["result"])
@@ -475,10 +477,10 @@ def enter_attempt(lease: TokenLease) -> None:
 def not_carried(run: str) -> LedgerUsageError:
     return LedgerUsageError(
         None, None, f"guarded() on run {run!r} was called from a thread or task that does "
-        f"not carry the token attempt this Ledger holds on it, so it is not performed: a "
-        f"thread started inside the attempt does not inherit it.  Submit lease.bind(fn) to "
-        f"the executor (or contextvars.copy_context().run, fn; asyncio.to_thread and "
-        f"asyncio tasks carry it)")
+        f"not carry the attempt this Ledger holds on it, so it is not performed: a thread "
+        f"started inside the attempt does not inherit it.  Submit ledger.bind(fn) (or a "
+        f"token lease's lease.bind(fn)) to the executor (or contextvars.copy_context().run, "
+        f"fn; asyncio.to_thread and asyncio tasks carry it)")
 
 
 def no_implicit_session(run: str) -> LedgerUsageError:

@@ -357,9 +357,9 @@ class AsyncLedger(p.LedgerCore):
         decision = p.decision_of(row, run, tool, halt)
         if isinstance(decision, p.Replayed):
             return decision.result
-        key, attempt = decision
+        key, attempt, downstream_key = decision
         try:
-            result = perform(key)
+            result = perform(downstream_key)
             if inspect.isawaitable(result):
                 result = await result
         except EffectDidNotHappen as refusal:

@@ -24,6 +24,7 @@ calls in flight.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import threading
 from contextlib import contextmanager
@@ -51,6 +52,7 @@ from ._protocol import (
 )
 from .errors import (
     EffectDidNotHappen,
+    LeaseLost,
     LedgerUsageError,
     RunBusy,
 )
@@ -67,6 +69,49 @@ ToolFunction = Callable[[Any, str], Any]
 #: as ``psycopg_pool.ConnectionPool``) or a factory (``connect() -> Connection``, or a
 #: context manager that yields one).
 ConnectionSource = Union["psycopg.Connection[Any]", Any, Callable[[], Any]]
+
+
+class _SessionAttempt:
+    """One ``with ledger.attempt(run):`` block: the calls of it in flight, and its end.
+    Its calls are those made in the block's context (a thread it starts carries it only
+    through `Ledger.bind`); one that begins after the block was left raises `LeaseLost`."""
+
+    def __init__(self, run: str, ledger: "Ledger") -> None:
+        self.run = run
+        self.ledger = ledger
+        self.ended = False
+        self.inflight = 0
+        self.idle = threading.Condition()
+
+    def enter(self) -> None:
+        with self.idle:
+            if self.ended:
+                raise LeaseLost(
+                    self.run, None,
+                    f"run {self.run!r}: this call belongs to a session attempt that has ended "
+                    f"(its block was left while this call's thread was still running); nothing "
+                    f"was begun.  A call must not outlive its attempt: wait for every thread "
+                    f"before leaving the block")
+            self.inflight += 1
+
+    def leave(self) -> None:
+        with self.idle:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self.idle.notify_all()
+
+    def end(self) -> None:
+        """No new call begins; waits for those in flight (their outcome is reported)."""
+        with self.idle:
+            self.ended = True
+            while self.inflight:
+                self.idle.wait()
+
+
+#: The session attempts the running code belongs to (see `Ledger.attempt`).
+_SESSIONS: "contextvars.ContextVar[Tuple[_SessionAttempt, ...]]" = contextvars.ContextVar(
+    "durable_ledger_sync_session_attempts", default=())
+
 
 class Ledger(p.LedgerCore):
     """The ledger, seen through one psycopg connection, a pool, or a connection factory.
@@ -114,6 +159,7 @@ class Ledger(p.LedgerCore):
         # No implicit session lease: outside a token attempt, only runs this Ledger holds
         # by an explicit attempt() or acquire_run() are called (see guarded()).
         self._session_held: set[str] = set()
+        self._sessions: Dict[str, _SessionAttempt] = {}  # open attempt() blocks
         # One statement at a time on a single connection shared with the renewal threads.
         self._conn_lock = threading.RLock()
         self._source = conn
@@ -149,7 +195,10 @@ class Ledger(p.LedgerCore):
         retry), ``tool`` the operation's name, ``args`` its JSON arguments (key order,
         white space and number spelling do not matter), ``perform(key)`` the effect
         itself: it must pass ``key`` downstream as the idempotency key where the API takes
-        one, and return a JSON-serialisable result (None means "returned nothing").
+        one, and return a JSON-serialisable result (None means "returned nothing").  That
+        key is the decision's ``downstream_key``: the effect's key, or for a business key
+        the key and its attempt (``INV-9#2``), so that a provider that keeps its answers
+        to a key (a cached decline) sees a business key's next attempt as a new request.
         ``business_key`` names an operation that is one thing across all runs (an invoice
         number); ``meta`` is free JSON stored with the intent (model, prompt version,
         trace id).
@@ -227,13 +276,42 @@ class Ledger(p.LedgerCore):
         if run in self._leases:
             raise p.not_carried(run)
         self._session_only("guarded() outside token_attempt()")
-        if run not in self._session_held:
+        session = self._bound_session(run)
+        if session is None and run in self._sessions:
+            raise p.not_carried(run)
+        if session is None and run not in self._session_held:
             raise p.no_implicit_session(run)
-        self._check_writable()
-        halted = self._halted.get(run)
-        if halted is not None:
-            raise _stopped(halted)
-        return self._guarded(None, run, tool, args, perform, business_key, meta)
+        if session is not None:
+            session.enter()  # LeaseLost once the attempt has ended
+        try:
+            self._check_writable()
+            halted = self._halted.get(run)
+            if halted is not None:
+                raise _stopped(halted)
+            return self._guarded(None, run, tool, args, perform, business_key, meta)
+        finally:
+            if session is not None:
+                session.leave()
+
+    def _bound_session(self, run: str) -> Optional[_SessionAttempt]:
+        """The session attempt of this Ledger at ``run`` the running code belongs to."""
+        for session in reversed(_SESSIONS.get()):
+            if session.ledger is self and session.run == run:
+                return session
+        return None
+
+    @staticmethod
+    def bind(fn: Callable[..., R]) -> Callable[..., R]:
+        """``fn`` to run in a copy of the calling context: submit ``ledger.bind(tool)``
+        to a thread pool from inside an attempt (``attempt`` or ``token_attempt``), and its
+        calls belong to that attempt.  (A thread does not inherit the attempt of the code
+        that started it: its calls would be refused.)"""
+        context = contextvars.copy_context()
+
+        @functools.wraps(fn)
+        def bound(*args: Any, **kwargs: Any) -> R:
+            return context.copy().run(fn, *args, **kwargs)
+        return bound
 
     def _guarded(self, lease: Optional[TokenLease], run: str, tool: str, args: Any,
                  perform: Perform, business_key: Optional[str], meta: Any) -> Any:
@@ -255,9 +333,9 @@ class Ledger(p.LedgerCore):
         decision = p.decision_of(row, run, tool, halt)
         if isinstance(decision, p.Replayed):
             return decision.result
-        key, attempt = decision
+        key, attempt, downstream_key = decision
         try:
-            result = perform(key)
+            result = perform(downstream_key)
         except EffectDidNotHappen as refusal:
             self._record(run, key, attempt, "fail_effect", "failed", refusal.error, lease)
             raise p.refusal_recorded(key, refusal) from refusal
@@ -367,6 +445,11 @@ class Ledger(p.LedgerCore):
         `RunAbandoned` (nothing written) when a person abandoned the run.
         """
         self._session_only("acquire_run()")
+        if run in self._sessions or run in self._session_held:
+            raise p.attempt_already_open(run)
+        return self._acquire(run, wait)
+
+    def _acquire(self, run: str, wait: bool) -> bool:
         self._check_writable()
         try:
             row = self._one(p.ACQUIRE_RUN, (run, wait), what=f"acquire_run of {run}")
@@ -401,14 +484,24 @@ class Ledger(p.LedgerCore):
         `RunAbandoned` when a person abandoned it (do not retry it).  If the
         connection broke, there is nothing to release: the lease ended with the session.
         """
-        if not self.acquire_run(run, wait=wait):
-            raise RunBusy(None, None, f"run {run!r} is held by another session")
+        self._session_only("attempt()")
+        with self._leases_lock:
+            if run in self._sessions or run in self._session_held:
+                raise p.attempt_already_open(run)
+            session = _SessionAttempt(run, self)
+            self._sessions[run] = session
+        try:
+            if not self._acquire(run, wait):
+                raise RunBusy(None, None, f"run {run!r} is held by another session")
+        except BaseException:
+            self._sessions.pop(run, None)
+            raise
         assert self.conn is not None
+        bound = _SESSIONS.set(_SESSIONS.get() + (session,))
         try:
             yield run
         except BaseException:
-            self._halted.pop(run, None)
-            self._session_held.discard(run)
+            self._end_session(bound, session)
             if not (self.conn.closed or self.conn.broken):
                 try:
                     self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")
@@ -416,7 +509,20 @@ class Ledger(p.LedgerCore):
                     log.warning("could not release run %s after an error", run, exc_info=True)
             raise
         else:
-            self.release_run(run)
+            self._end_session(bound, session)
+            self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")
+
+    def _end_session(self, bound: "contextvars.Token[Tuple[_SessionAttempt, ...]]",
+                     session: _SessionAttempt) -> None:
+        """The end of an attempt() block: no new call of it; those in flight finish."""
+        try:
+            _SESSIONS.reset(bound)
+        except ValueError:  # left in another context than it was entered in
+            _SESSIONS.set(tuple(s for s in _SESSIONS.get() if s is not session))
+        session.end()
+        self._sessions.pop(session.run, None)
+        self._session_held.discard(session.run)
+        self._halted.pop(session.run, None)
 
     # ------------------------------------------------------------ token leases
 

@@ -35,6 +35,7 @@ from durable_ledger import (  # noqa: E402
     EffectInProgress,
     EffectPaused,
     InvalidArgument,
+    LeaseLost,
     Ledger,
     LedgerError,
     LedgerRefused,
@@ -181,7 +182,8 @@ class ClientTest(unittest.TestCase):
         ledger = self.ledger()
         ledger.guarded(self.run_id, "bank.pay", {"invoice": "INV-2", "amount": 4200,
                                                  "currency": "USD"}, Recorder({"id": "p1"}))
-        self.assertTrue(ledger.acquire_run(self.run_id))  # a new attempt, same connection
+        self.assertTrue(ledger.release_run(self.run_id))  # a new attempt, same connection
+        self.assertTrue(ledger.acquire_run(self.run_id))
         again = Recorder({"id": "p2"})
         result = ledger.guarded(self.run_id, "bank.pay",
                                 {"currency": "USD", "amount": 4200.0, "invoice": "INV-2"}, again)
@@ -299,7 +301,8 @@ class ClientTest(unittest.TestCase):
         self.admin.execute(
             "SELECT durable_ledger.resolve_effect(%s, 'completed', %s, 'pytest', 'found at the bank')",
             (pay.keys[0], Jsonb({"payment_id": "pay_found"})))
-        self.assertTrue(ledger.acquire_run(self.run_id))  # a new attempt
+        self.assertTrue(ledger.release_run(self.run_id))  # a new attempt
+        self.assertTrue(ledger.acquire_run(self.run_id))
         self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"amount": 9}, never),
                          {"payment_id": "pay_found"})
         self.assertEqual(never.keys, [])
@@ -420,7 +423,9 @@ class ClientTest(unittest.TestCase):
                         (invoice, Jsonb({"code": "declined"})))
         two = pool.submit(ledger.guarded, self.run_id, "bank.pay", args, second, business_key=invoice)
         self.assertTrue(second.entered.wait(30), "attempt 2 never reached the bank")
-        self.assertEqual(second.keys, [invoice])
+        # each attempt reaches the provider with a key of its own (a provider that keeps
+        # its answer to a key would answer attempt 2 with attempt 1's decline)
+        self.assertEqual((first.keys, second.keys), ([f"{invoice}#1"], [f"{invoice}#2"]))
         first.go.set()
         error = one.exception(timeout=30)
         return error, self.row(invoice), second, two
@@ -521,7 +526,8 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(self.row(key)["tool"], "mail.send")
         self.assertEqual(self.row(key)["result"], {"message_id": "m1"})
 
-        ledger.acquire_run(self.run_id)  # a new attempt replays
+        ledger.release_run(self.run_id)  # a new attempt replays
+        ledger.acquire_run(self.run_id)
         self.assertEqual(send_email(self.run_id, dict(reversed(list(args.items())))), {"message_id": "m1"})
         self.assertEqual(len(sent), 1)
 
@@ -536,13 +542,13 @@ class ClientTest(unittest.TestCase):
             return {"paid": args["invoice"]}
 
         self.assertEqual(pay(self.run_id, {"invoice": invoice}), {"paid": invoice})
-        self.assertEqual(keys, [invoice])
+        self.assertEqual(keys, [f"{invoice}#1"])
         self.assertTrue(self.row(invoice)["business_key"])
         # another run, another worker: the business key is one operation across runs
         other = self.ledger(f"{self.run_id}-b")
         pay_elsewhere = other.tool("bank.pay", business_key=lambda a: a["invoice"])(pay.perform)
         self.assertEqual(pay_elsewhere(f"{self.run_id}-b", {"invoice": invoice}), {"paid": invoice})
-        self.assertEqual(keys, [invoice])
+        self.assertEqual(keys, [f"{invoice}#1"])
 
     def test_decorated_failure_and_read_only_tool(self) -> None:
         ledger = self.ledger()
@@ -663,6 +669,71 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(tools, [("bank.pay", "completed"), ("mail.send", "completed"),
                                  ("bank.pay", "failed"), ("mail.send", "completed")])
 
+    def test_a_call_left_over_from_an_ended_attempt_never_acts_in_the_next(self) -> None:
+        # A step of attempt 1 runs in a thread and is still sleeping when the attempt
+        # gives up on it (a timeout); the retry, attempt 2, pays.  The leftover step then
+        # calls the bank: bound to attempt 1 it gets LeaseLost, unbound it is refused
+        # while attempt 2 is open; it never counts as a call of attempt 2 (which would
+        # be occurrence 2 there: a second payment).  (helper-25's finding.)
+        from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+
+        ledger = self.ledger(None)
+        pay = Recorder({"payment_id": "pay_1"})
+        args = {"invoice": "INV-9", "amount": 42}
+        go = threading.Event()
+
+        def step() -> Any:
+            go.wait(30)
+            return ledger.guarded(self.run_id, "bank.pay", args, pay)
+
+        with ThreadPoolExecutor(2) as pool:
+            leftovers = []
+            with self.assertRaises(FutureTimeout):
+                with ledger.attempt(self.run_id):
+                    leftovers.append(pool.submit(ledger.bind(step)))
+                    leftovers.append(pool.submit(step))  # a bare thread: no attempt
+                    leftovers[0].result(timeout=0.2)
+            with ledger.attempt(self.run_id):  # the retry
+                self.assertEqual(ledger.guarded(self.run_id, "bank.pay", args, pay),
+                                 {"payment_id": "pay_1"})
+                go.set()
+                with self.assertRaises(LeaseLost):
+                    leftovers[0].result(timeout=30)
+                with self.assertRaises(LedgerUsageError):
+                    leftovers[1].result(timeout=30)
+        self.assertEqual(len(pay.keys), 1, f"paid {len(pay.keys)} times")
+        self.assertEqual(self.effect_count(self.run_id), 1)
+
+    def test_a_second_attempt_at_an_open_run_on_one_ledger_is_refused(self) -> None:
+        # A job delivered twice to one process: two threads, one Ledger, one connection.
+        # The second acquire_run would start a new epoch of the same session lease under
+        # the first attempt's feet, and both would count calls in it: refused instead.
+        ledger = self.ledger(None)
+        mail = Recorder({"sent": True})
+        inside = threading.Event()
+        release = threading.Event()
+
+        def first() -> None:
+            with ledger.attempt(self.run_id):
+                ledger.guarded(self.run_id, "mail.send", {"to": "ap"}, mail)
+                inside.set()
+                release.wait(30)
+
+        worker = threading.Thread(target=first)
+        worker.start()
+        self.assertTrue(inside.wait(30))
+        with self.assertRaises(LedgerUsageError):
+            with ledger.attempt(self.run_id):
+                self.fail("a second attempt at an open run")
+        with self.assertRaises(LedgerUsageError):
+            ledger.acquire_run(self.run_id)
+        release.set()
+        worker.join(30)
+        with ledger.attempt(self.run_id):  # after the first: a new attempt replays
+            self.assertEqual(ledger.guarded(self.run_id, "mail.send", {"to": "ap"}, mail),
+                             {"sent": True})
+        self.assertEqual(len(mail.keys), 1)
+
     # ------------------------------------------------------- named errors
 
     def test_a_lease_wait_ends_by_itself_naming_the_holder(self) -> None:
@@ -769,13 +840,15 @@ class ClientTest(unittest.TestCase):
         for _ in range(10):
             run = f"{self.run_id}-{len(first)}"
             with ledger.attempt(run), ThreadPoolExecutor(len(calls)) as pool:
-                first.append(list(pool.map(lambda c: ledger.guarded(run, c[0], c[1], perform), calls)))
+                call = ledger.bind(lambda c: ledger.guarded(run, c[0], c[1], perform))
+                first.append(list(pool.map(call, calls)))
         self.assertEqual(len(performed), 10 * len(calls))
         self.assertEqual(len(set(performed)), len(performed))
         for i, results in enumerate(first):
             run = f"{self.run_id}-{i}"
             with ledger.attempt(run), ThreadPoolExecutor(len(calls)) as pool:
-                again = list(pool.map(lambda c: ledger.guarded(run, c[0], c[1], perform), calls[::-1]))
+                call = ledger.bind(lambda c: ledger.guarded(run, c[0], c[1], perform))
+                again = list(pool.map(call, calls[::-1]))
             self.assertEqual(again[::-1], results)
         self.assertEqual(len(performed), 10 * len(calls), "a replay performed again")
 
