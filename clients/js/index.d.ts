@@ -41,6 +41,12 @@ export interface Decision {
   result: unknown;
   error: unknown;
   reason: string | null;
+  /**
+   * The key to give the provider: the effect's key, or for a business key the key and
+   * its attempt ("INV-9#2"), so that a provider that keeps its answers to a key sees a
+   * business key's next attempt as a new request; null when the call has no effect.
+   */
+  downstream_key: string | null;
 }
 
 /** A row of durable_ledger.effects, as effect_status returns it. */

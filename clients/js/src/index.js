@@ -4,7 +4,7 @@
 // committed before the effect), then complete_effect or fail_effect.  The
 // extension decides; this module only turns its decisions into control flow:
 //
-//   execute      -> perform(key), then complete_effect(key, result, attempt) -> result
+//   execute      -> perform(downstream_key), then complete_effect(key, result, attempt) -> result
 //   replay       -> the recorded result (or EffectFailed for a recorded failure)
 //   pause        -> EffectPaused   (an earlier attempt's outcome is unknown)
 //                   DivergencePausedError, an EffectPaused (status null: the
@@ -67,6 +67,9 @@ function isPool(q) {
  * @property {unknown} result
  * @property {unknown} error
  * @property {string|null} reason
+ * @property {string|null} downstream_key  the key to give the provider: the
+ *   effect's key, or a business key's with its attempt ("INV-9#2"); null when
+ *   the call has no effect (a divergence pause)
  */
 
 /** Base class of every error this module raises about a ledger decision. */
@@ -331,22 +334,18 @@ const lose = Symbol('lose');
 const attemptContext = new AsyncLocalStorage();
 
 /**
- * One token attempt of a Ledger (internal): its lease, whether it has ended,
- * its calls in flight, and whether it is stopped (after an unknown outcome, a
- * pause, an abandoned run or a refused tool).
+ * The calls of an attempt in flight (internal), and whether it has ended: a
+ * call of it that has not begun when its function settled is refused.
  */
-class Attempt {
-  /** @param {Ledger} ledger @param {TokenLease} lease */
-  constructor(ledger, lease) {
+class Calls {
+  /** @param {Ledger} ledger @param {string} run */
+  constructor(ledger, run) {
     this.ledger = ledger;
-    this.lease = lease;
-    this.run = lease.run;
+    this.run = run;
     /** true once fn has settled: calls not yet begun are refused */
     this.ended = false;
     /** calls past their checks and not yet settled */
     this.inflight = 0;
-    /** @type {{key: string|null, reason: string, error: (() => Error)|null}|null} */
-    this.stopped = null;
     /** @type {Array<() => void>} */
     this.waiters = [];
   }
@@ -368,6 +367,29 @@ class Attempt {
     return new Promise((resolve) => this.waiters.push(resolve));
   }
 }
+
+/**
+ * One token attempt of a Ledger (internal): its lease, its calls, and whether
+ * it is stopped (after an unknown outcome, a pause, an abandoned run or a
+ * refused tool).
+ */
+class Attempt extends Calls {
+  /** @param {Ledger} ledger @param {TokenLease} lease */
+  constructor(ledger, lease) {
+    super(ledger, lease.run);
+    this.lease = lease;
+    /** @type {{key: string|null, reason: string, error: (() => Error)|null}|null} */
+    this.stopped = null;
+  }
+}
+
+/**
+ * The session attempts a piece of code runs in: attempt() runs its function
+ * with this store extended by its Calls, as tokenAttempt() does with
+ * attemptContext.
+ * @type {AsyncLocalStorage<ReadonlyArray<Calls>>}
+ */
+const sessionContext = new AsyncLocalStorage();
 
 /**
  * Marks an error thrown because a ledger statement ran inside a transaction
@@ -505,6 +527,16 @@ function serverMessage(err) {
 }
 
 /** RunAbandonedError for a 55L02 refusal of a call of `run`. */
+/**
+ * A second attempt at a run this Ledger holds (a job delivered twice to one
+ * process): a session lease belongs to the one connection and would not keep
+ * the two apart; they would count their calls in one epoch.
+ */
+function attemptAlreadyOpen(run) {
+  return new LedgerError(`an attempt at run ${run} is already open in this Ledger: end it (or ` +
+    'release the run) before starting another; a second attempt would share its lease epoch');
+}
+
 function abandoned(run, err) {
   const reason = serverMessage(err);
   return new RunAbandonedError(
@@ -543,6 +575,8 @@ export class Ledger {
   #stopped;
   /** @type {Map<string, Attempt>} the open token attempts of this Ledger, by run */
   #attempts = new Map();
+  /** @type {Map<string, Calls>} runs with an open attempt() */
+  #sessions = new Map();
   /** @type {Set<string>} runs whose tokenAttempt is taking its lease */
   #opening = new Set();
   /** @type {Set<string>} runs this Ledger holds by an explicit acquireRun() */
@@ -558,6 +592,16 @@ export class Ledger {
     } else if (!this.#stopped.has(run)) {
       this.#stopped.set(run, { key, reason, error });
     }
+  }
+
+  /** The session attempt (attempt()) of this Ledger at `run` the calling code runs in, if any. */
+  #boundSession(run) {
+    const store = sessionContext.getStore();
+    if (!store) return null;
+    for (let i = store.length - 1; i >= 0; i -= 1) {
+      if (store[i].ledger === this && store[i].run === run) return store[i];
+    }
+    return null;
   }
 
   /** The token attempt of this Ledger at `run` that the calling code runs in, if any. */
@@ -762,6 +806,7 @@ export class Ledger {
       throw new TypeError('guarded(): perform must be a function (key) => result');
     }
     const attempt = this.#boundAttempt(run);
+    let session = null;
     if (attempt) {
       if (attempt.ended) {
         throw new LeaseLostError(
@@ -779,7 +824,21 @@ export class Ledger {
           'Make the call inside the attempt\'s function.');
     } else {
       this.#sessionOnly('guarded() outside tokenAttempt()');
-      if (!this.#sessionHeld.has(run)) {
+      session = this.#boundSession(run);
+      if (!session && this.#sessions.has(run)) {
+        throw new LedgerError(
+          `guarded() on run ${run} was called from outside the attempt that this Ledger holds on it ` +
+            "(not from attempt()'s function, nor from anything it started): it is not performed.  " +
+            'Make the call inside the attempt\'s function.');
+      }
+      if (session?.ended) {
+        throw new LeaseLostError(
+          `run ${run}: this call belongs to a session attempt that has ended (its function settled while ` +
+            'this branch was still running); nothing was begun.  A branch must not outlive its attempt: ' +
+            'await every branch (Promise.allSettled)',
+          { run, epoch: null, reason: 'the attempt has ended' });
+      }
+      if (!session && !this.#sessionHeld.has(run)) {
         throw new LedgerError(
           `guarded() on run ${run} outside an attempt: nothing was recorded or performed.  Start each ` +
             'attempt at a run (the first, a retry, a redelivery) with ledger.attempt(run, fn) (or ' +
@@ -797,11 +856,12 @@ export class Ledger {
         { key: stop.key, decision: null, reason: stop.reason }
       );
     }
-    attempt?.enter();
+    const calls = attempt ?? session;
+    calls?.enter();
     try {
       return await this.#guarded(attempt, run, tool, args, perform, businessKey, meta);
     } finally {
-      attempt?.leave();
+      calls?.leave();
     }
   }
 
@@ -846,7 +906,8 @@ export class Ledger {
     // execute: the intent is committed; perform the effect with the key.
     let result;
     try {
-      result = await perform(d.key);
+      // the provider's key: the effect's, or a business key's with its attempt ("INV-9#2")
+      result = await perform(d.downstream_key ?? d.key);
     } catch (err) {
       if (err instanceof EffectDidNotHappen) {
         const json = errorParam(err.error);
@@ -941,6 +1002,11 @@ export class Ledger {
    */
   async acquireRun(run, { wait = true } = {}) {
     this.#sessionOnly('acquireRun()');
+    if (this.#sessions.has(run) || this.#sessionHeld.has(run)) throw attemptAlreadyOpen(run);
+    return this.#acquire(run, wait);
+  }
+
+  async #acquire(run, wait) {
     let r;
     try {
       [r] = await this.#statement(`acquire_run of ${run}`,
@@ -1008,14 +1074,26 @@ export class Ledger {
    */
   async attempt(run, fn) {
     this.#sessionOnly('attempt()');
-    await this.acquireRun(run);
+    if (this.#sessions.has(run) || this.#sessionHeld.has(run)) throw attemptAlreadyOpen(run);
+    const session = new Calls(this, run);
+    this.#sessions.set(run, session);
+    try {
+      await this.#acquire(run, true);
+    } catch (err) {
+      this.#sessions.delete(run);
+      throw err;
+    }
     let failed = false;
     try {
-      return await fn(run);
+      return await sessionContext.run([...(sessionContext.getStore() ?? []), session], () => fn(run));
     } catch (err) {
       failed = true;
       throw err;
     } finally {
+      // no call of the attempt begins from now on; those in flight finish first
+      session.ended = true;
+      await session.idle();
+      this.#sessions.delete(run);
       try {
         await this.releaseRun(run);
       } catch (releaseErr) {
@@ -1066,9 +1144,7 @@ export class Ledger {
     if (typeof ttl !== 'number' || !Number.isFinite(ttl)) {
       throw new TypeError('tokenAttempt(): ttl must be a number of seconds');
     }
-    if (this.#attempts.has(run) || this.#opening.has(run)) {
-      throw new LedgerError(`an attempt at run ${run} is already open in this Ledger`);
-    }
+    if (this.#attempts.has(run) || this.#opening.has(run)) throw attemptAlreadyOpen(run);
     this.#opening.add(run);
     let attempt;
     try {

@@ -12,7 +12,7 @@ import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import {
   Ledger, LedgerError, EffectFailed, EffectPaused, EffectInProgress, EffectDidNotHappen, RunStopped,
-  RunBusy, LedgerRefused, BusinessKeyConflict, InvalidArgument,
+  RunBusy, LeaseLostError, LedgerRefused, BusinessKeyConflict, InvalidArgument,
 } from '../src/index.js';
 
 const dsn = process.env.DURABLE_LEDGER_DSN;
@@ -118,6 +118,7 @@ test('replay: args with another key order and number spelling map onto the same 
     const args = { currency: 'USD', amount: 4200, invoice: 'INV-9' }; // another key order
     const r = await ledger.guarded({ run, tool: 'bank.pay', args, perform: again });
     // another number spelling (JavaScript would print 4200.00 as 4200): straight SQL
+    await ledger.releaseRun(run);
     await ledger.acquireRun(run);
     const d = await client.query(
       `SELECT * FROM durable_ledger.begin_effect($1, 'bank.pay',
@@ -268,7 +269,7 @@ test('in_progress: a business key performed under another live lease throws Effe
       perform: async (key) => { began(key); await held; return { shipment: 's1' }; },
     });
     const keyA = await performing;
-    assert.equal(keyA, businessKey, 'a business key is the key itself');
+    assert.equal(keyA, `${businessKey}#1`, "a business key's provider key is the key and its attempt");
 
     await withClient(async (_cb, ledgerB) => {
       await ledgerB.acquireRun(runB);
@@ -524,13 +525,15 @@ async function interleave(name, firstOutcome, check) {
     const one = ledger.guarded({ run, tool: 'bank.pay', args, businessKey, perform: first });
     one.catch(() => {}); // awaited below
     try {
-      assert.equal(await atTheBank(first, one), businessKey);
+      assert.equal(await atTheBank(first, one), `${businessKey}#1`);
       await webhook.query('SELECT durable_ledger.fail_effect($1, $2::jsonb, 1)',
         [businessKey, '{"code": "declined"}']);
       const two = ledger.guarded({ run, tool: 'bank.pay', args, businessKey, perform: second });
       two.catch(() => {});
       try {
-        assert.equal(await atTheBank(second, two), businessKey);
+        // attempt 2 reaches the provider with a key of its own: a provider that keeps its
+        // answer to a key would answer it with attempt 1's decline
+        assert.equal(await atTheBank(second, two), `${businessKey}#2`);
         first.go();
         const firstError = await one.then(() => assert.fail('attempt 1 was accepted'), (e) => e);
         const afterFirst = await ledger.effectStatus(businessKey);
@@ -635,4 +638,34 @@ test('a lease wait ends by itself with RunBusy naming the holder; SQLSTATEs come
   } finally {
     await holder.end();
   }
+});
+
+test('a branch left over from an ended attempt never acts in the next; a second attempt is refused', async () => {
+  // helper-25's findings: a Promise.race whose losing branch calls the bank after its
+  // attempt timed out used to count as occurrence 2 of the retry (a second payment);
+  // a job delivered twice to one process shared one lease epoch.
+  const run = unique('leftover');
+  const args = { invoice: 'INV-9', amount: 42 };
+  await withClient(async (_c, ledger) => {
+    const pay = counter({ payment_id: 'pay_1' });
+    let go;
+    const later = new Promise((resolve) => { go = resolve; });
+    let leftover;
+    await assert.rejects(ledger.attempt(run, () => {
+      leftover = (async () => { await later; return ledger.guarded({ run, tool: 'bank.pay', args, perform: pay }); })();
+      leftover.catch(() => {});
+      return Promise.race([leftover, new Promise((_, reject) => setTimeout(() => reject(new Error('timeout')), 100))]);
+    }), /timeout/);
+    const result = await ledger.attempt(run, async () => {
+      const paid = await ledger.guarded({ run, tool: 'bank.pay', args, perform: pay });
+      go();
+      await assert.rejects(leftover, LeaseLostError);
+      // and a second attempt at the run while this one is open
+      await assert.rejects(ledger.attempt(run, () => assert.fail('two attempts at one run')), /already open/);
+      await assert.rejects(ledger.acquireRun(run), /already open/);
+      return paid;
+    });
+    assert.deepEqual(result, { payment_id: 'pay_1' });
+    assert.equal(pay.keys.length, 1, 'paid more than once');
+  });
 });
