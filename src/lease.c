@@ -525,7 +525,7 @@ report_lease_wait_timeout(const char *run, const LeaseHolder *holder, int timeou
 				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
 				 errmsg("gave up waiting for the lease on run \"%s\" after %d ms", run, timeout_ms),
 				 errdetail("Another session held the run (%s); nothing was written.", setting),
-				 errhint("Retry later; durable_ledger.leases shows who holds a run. SET durable_ledger.lease_wait_timeout to wait longer (0: no limit).")));
+				 errhint("Retry later (an auditor sees who holds a run in durable_ledger.leases). SET durable_ledger.lease_wait_timeout to wait longer (0: no limit).")));
 	if (holder->token)
 		ereport(ERROR,
 				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
