@@ -394,7 +394,10 @@ SELECT e.key,
        e.attempt,
        e.lease_epoch,
        NULL::text                                   AS may_duplicate,
-       ab.abandoned_at                              AS run_abandoned_at
+       ab.abandoned_at                              AS run_abandoned_at,
+       -- the key the provider was given: a business key's names its attempt
+       CASE WHEN e.business_key THEN pg_catalog.concat(e.key, '#', e.attempt)
+            ELSE e.key END                          AS downstream_key
   FROM durable_ledger.unsettled u
   JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) u.key
                               AND e.created_at OPERATOR(pg_catalog.=) u.created_at
@@ -451,7 +454,8 @@ SELECT d.key,
        NULL,
        d.lease_epoch,
        d.candidate_key,
-       ab.abandoned_at
+       ab.abandoned_at,
+       NULL
   FROM durable_ledger.divergences d
   LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) d.run
  WHERE d.verdict IS NULL

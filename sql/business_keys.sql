@@ -66,6 +66,9 @@ SELECT key, decision, status, occurrence, attempt, result, error, reason
 SELECT key, run, status, attempt FROM durable_ledger.effects WHERE key = 'ORDER-2';
 -- the first run's next attempt pauses as well
 SELECT key, decision, status FROM durable_ledger.begin_effect('bk-1', 'ship_order', '{"order": 2}', 'ORDER-2');
+-- a reconciler asks the provider about the key it was given
+SELECT key, status, attempt, downstream_key FROM durable_ledger.unresolved WHERE key = 'ORDER-2';
+SELECT downstream_key FROM durable_ledger.begin_effect('bk-1', 'ship_order', '{"order": 2}', 'ORDER-2');
 
 -- ===================================================================
 -- in_progress: a second session holds the first run's lease and is

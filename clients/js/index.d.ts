@@ -184,6 +184,8 @@ export class EffectFailed extends LedgerError {
 /** `pause`: an earlier attempt's outcome is unknown; a person must resolve_effect it. */
 export class EffectPaused extends LedgerError {
   key: string;
+  /** The key the provider was given (the key, or key#attempt for a business key): what to ask it about; null when the client stopped the run without asking the database. */
+  readonly downstreamKey: string | null;
 }
 
 /**

@@ -113,10 +113,18 @@ export class EffectFailed extends LedgerError {
 /**
  * begin_effect answered `pause`: an earlier attempt recorded the intent but
  * never reported an outcome (or a contradicting report awaits a person).
- * Stop the run; a person checks the downstream system and calls
+ * Stop the run; a person checks the downstream system (asking it about
+ * downstreamKey: the key, or key#attempt for a business key) and calls
  * durable_ledger.resolve_effect(key, ...); the next attempt then replays.
  */
-export class EffectPaused extends LedgerError {}
+export class EffectPaused extends LedgerError {
+  /** @param {string} message @param {object} [fields] */
+  constructor(message, fields = {}) {
+    super(message, fields);
+    /** @type {string|null} the key the provider was given; null when not asked */
+    this.downstreamKey = fields.downstream_key ?? null;
+  }
+}
 
 /**
  * begin_effect answered `pause` with no status: this call diverges from the
@@ -577,6 +585,8 @@ export class Ledger {
   #attempts = new Map();
   /** @type {Map<string, Calls>} runs with an open attempt() */
   #sessions = new Map();
+  /** @type {Set<string>} runs whose acquireRun is under way */
+  #acquiring = new Set();
   /** @type {Set<string>} runs whose tokenAttempt is taking its lease */
   #opening = new Set();
   /** @type {Set<string>} runs this Ledger holds by an explicit acquireRun() */
@@ -767,7 +777,8 @@ export class Ledger {
         this.#stop(run, null, `begin_effect of ${tool} ran inside another transaction on the ` +
           "Ledger's connection; whether its intent is recorded depends on that transaction, and " +
           'the effect was not performed.', attempt);
-      } else if (attempt && err?.severity !== 'ERROR') {
+      } else if (attempt && (err?.sqlstate && err?.cause ? err.cause : err)?.severity !== 'ERROR') {
+        // (a named refusal -- named() -- carries the server's error as its cause)
         this.#stop(run, null, `begin_effect of ${tool} failed with the outcome of the statement unknown ` +
           `(${describe(err?.message ?? err)}); a new attempt finds out whether its intent was recorded.`, attempt);
       }
@@ -1002,8 +1013,24 @@ export class Ledger {
    */
   async acquireRun(run, { wait = true } = {}) {
     this.#sessionOnly('acquireRun()');
-    if (this.#sessions.has(run) || this.#sessionHeld.has(run)) throw attemptAlreadyOpen(run);
-    return this.#acquire(run, wait);
+    this.#reserve(run);
+    try {
+      return await this.#acquire(run, wait);
+    } finally {
+      this.#acquiring.delete(run);
+    }
+  }
+
+  /**
+   * Claims the run for one attempt of this Ledger before its acquire_run goes
+   * out (synchronously: two at once, a job delivered twice, would share one
+   * lease epoch).
+   */
+  #reserve(run) {
+    if (this.#sessions.has(run) || this.#sessionHeld.has(run) || this.#acquiring.has(run)) {
+      throw attemptAlreadyOpen(run);
+    }
+    this.#acquiring.add(run);
   }
 
   async #acquire(run, wait) {
@@ -1074,7 +1101,7 @@ export class Ledger {
    */
   async attempt(run, fn) {
     this.#sessionOnly('attempt()');
-    if (this.#sessions.has(run) || this.#sessionHeld.has(run)) throw attemptAlreadyOpen(run);
+    this.#reserve(run);
     const session = new Calls(this, run);
     this.#sessions.set(run, session);
     try {
@@ -1082,6 +1109,8 @@ export class Ledger {
     } catch (err) {
       this.#sessions.delete(run);
       throw err;
+    } finally {
+      this.#acquiring.delete(run);
     }
     let failed = false;
     try {

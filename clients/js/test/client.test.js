@@ -669,3 +669,32 @@ test('a branch left over from an ended attempt never acts in the next; a second 
     assert.equal(pay.keys.length, 1, 'paid more than once');
   });
 });
+
+test('two acquireRuns at once on one Ledger: one is refused; a clean refusal does not stop an attempt', async () => {
+  // helper-26: both acquireRuns passed the check before either's reply and shared one
+  // lease epoch; a named refusal of begin_effect (23505) stopped a token attempt as if
+  // its outcome were unknown.
+  const run = unique('acq-race');
+  await withClient(async (_c, ledger) => {
+    const pay = counter({ payment_id: 'pay_1' });
+    const outcomes = await Promise.allSettled([ledger.acquireRun(run), ledger.acquireRun(run)]);
+    assert.deepEqual(outcomes.map((o) => o.status).sort(), ['fulfilled', 'rejected']);
+    assert.match(String(outcomes.find((o) => o.status === 'rejected').reason), /already open/);
+    await ledger.guarded({ run, tool: 'bank.pay', args: { invoice: 1 }, perform: pay });
+    assert.equal(pay.keys.length, 1);
+    await ledger.releaseRun(run);
+  });
+  const invoice = unique('INV');
+  await withClient(async (_c, ledger) => {
+    const setup = unique('setup');
+    await ledger.attempt(setup, () => ledger.guarded({ run: setup, tool: 'bank.pay', args: { amount: 1 },
+      businessKey: invoice, perform: async () => ({ ok: 1 }) }));
+    const other = unique('refused');
+    await ledger.tokenAttempt(other, { ttl: 30 }, async () => {
+      await assert.rejects(ledger.guarded({ run: other, tool: 'bank.pay', args: { amount: 2 }, businessKey: invoice,
+        perform: async () => assert.fail('performed') }), BusinessKeyConflict);
+      assert.deepEqual(await ledger.guarded({ run: other, tool: 'mail.send', args: { to: 'ap' },
+        perform: async () => ({ sent: 1 }) }), { sent: 1 });
+    });
+  });
+});

@@ -157,6 +157,8 @@ def _refused_cleanly(exc: BaseException, conn: Any) -> bool:
     connection broke, a FATAL, a client-side failure while the statement was out) leaves
     it unknown whether the statement committed.
     """
+    if isinstance(exc, LedgerError) and getattr(exc, "sqlstate", None) is not None:
+        exc = exc.__cause__ or exc  # a named refusal (named_error): the server's error
     return (isinstance(exc, psycopg.Error) and exc.sqlstate is not None
             and exc.diag.severity_nonlocalized == "ERROR"
             and not conn.closed and not conn.broken)
@@ -342,7 +344,9 @@ def decision_of(row: Any, run: str, tool: str, halt: HaltFn) -> Union[Execute, R
             raise DivergencePaused(key, reason, run=run, tool=tool)
         halt(key, f"run {run!r} is stopped in this attempt: effect {key} ({tool}) was "
                   f"paused: {reason}", None)
-        raise EffectPaused(key, decision, reason)
+        paused = EffectPaused(key, decision, reason)
+        paused.downstream_key = row.get("downstream_key")  # what to ask the provider about
+        raise paused
     elif decision == "in_progress":
         raise EffectInProgress(key, decision, reason)
     raise LedgerError(key, decision, f"unexpected answer from begin_effect: decision "

@@ -70,7 +70,8 @@ from ._protocol import (
     _stopped,
     log,
 )
-from .errors import EffectDidNotHappen, LeaseLost, LedgerError, LedgerUsageError, RunBusy
+from .errors import (EffectDidNotHappen, LeaseLost, LedgerError, LedgerRefused, LedgerUsageError,
+                     RunBusy)
 
 __all__ = ["AsyncLedger", "AsyncTokenLease", "AsyncPerform", "AsyncToolFunction"]
 
@@ -349,6 +350,8 @@ class AsyncLedger(p.LedgerCore):
                 raise refused from exc
             if lease is None and self.conn is not None and not _refused_cleanly(exc, self.conn):
                 uncertain(exc)
+            raise
+        except (LedgerRefused, RunBusy):  # the server refused it cleanly: nothing written
             raise
         except BaseException as exc:
             if not _unsent(exc):  # (cancelled before the intent went out: nothing written)

@@ -132,7 +132,13 @@ class EffectPaused(LedgerError):
     decision.  The client also raises it, without asking the database, for every further
     call on the same run in the same attempt (see `Ledger.guarded`): after a pause, an
     identical call in the same attempt would be the *next* occurrence and would execute.
+
+    ``downstream_key`` is the key the provider was given (``key``, or ``key#attempt`` for
+    a business key): what a reconciler asks the provider about; None when the client
+    stopped the run without asking the database.
     """
+
+    downstream_key: Optional[str] = None
 
 
 class DivergencePaused(EffectPaused):

@@ -160,6 +160,7 @@ class Ledger(p.LedgerCore):
         # by an explicit attempt() or acquire_run() are called (see guarded()).
         self._session_held: set[str] = set()
         self._sessions: Dict[str, _SessionAttempt] = {}  # open attempt() blocks
+        self._acquiring: set[str] = set()  # runs whose acquire_run is under way
         # One statement at a time on a single connection shared with the renewal threads.
         self._conn_lock = threading.RLock()
         self._source = conn
@@ -445,9 +446,19 @@ class Ledger(p.LedgerCore):
         `RunAbandoned` (nothing written) when a person abandoned the run.
         """
         self._session_only("acquire_run()")
-        if run in self._sessions or run in self._session_held:
-            raise p.attempt_already_open(run)
-        return self._acquire(run, wait)
+        self._reserve(run)
+        try:
+            return self._acquire(run, wait)
+        finally:
+            self._acquiring.discard(run)
+
+    def _reserve(self, run: str) -> None:
+        """Claims ``run`` for one attempt of this Ledger before its acquire_run goes out:
+        two at once (a job delivered twice) would share one lease epoch."""
+        with self._leases_lock:
+            if run in self._sessions or run in self._session_held or run in self._acquiring:
+                raise p.attempt_already_open(run)
+            self._acquiring.add(run)
 
     def _acquire(self, run: str, wait: bool) -> bool:
         self._check_writable()
@@ -485,32 +496,43 @@ class Ledger(p.LedgerCore):
         connection broke, there is nothing to release: the lease ended with the session.
         """
         self._session_only("attempt()")
-        with self._leases_lock:
-            if run in self._sessions or run in self._session_held:
-                raise p.attempt_already_open(run)
-            session = _SessionAttempt(run, self)
-            self._sessions[run] = session
+        self._reserve(run)
+        session = _SessionAttempt(run, self)
+        self._sessions[run] = session
         try:
             if not self._acquire(run, wait):
                 raise RunBusy(None, None, f"run {run!r} is held by another session")
         except BaseException:
             self._sessions.pop(run, None)
             raise
+        finally:
+            self._acquiring.discard(run)
         assert self.conn is not None
         bound = _SESSIONS.set(_SESSIONS.get() + (session,))
+        body_failed = False
         try:
             yield run
         except BaseException:
-            self._end_session(bound, session)
-            if not (self.conn.closed or self.conn.broken):
-                try:
-                    self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")
-                except Exception:  # the body's exception is the one that matters
-                    log.warning("could not release run %s after an error", run, exc_info=True)
+            body_failed = True
             raise
-        else:
-            self._end_session(bound, session)
+        finally:
+            try:
+                self._end_session(bound, session)  # may be interrupted (a job's time-out)
+            finally:
+                self._release_at_end(run, body_failed)
+
+    def _release_at_end(self, run: str, body_failed: bool) -> None:
+        """release_run at the end of an attempt() block, however it ended."""
+        assert self.conn is not None
+        if self.conn.closed or self.conn.broken:
+            return  # the lease ended with the session
+        try:
             self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")
+        except Exception:
+            if not body_failed:
+                raise
+            # the body's exception is the one that matters
+            log.warning("could not release run %s after an error", run, exc_info=True)
 
     def _end_session(self, bound: "contextvars.Token[Tuple[_SessionAttempt, ...]]",
                      session: _SessionAttempt) -> None:
@@ -519,10 +541,13 @@ class Ledger(p.LedgerCore):
             _SESSIONS.reset(bound)
         except ValueError:  # left in another context than it was entered in
             _SESSIONS.set(tuple(s for s in _SESSIONS.get() if s is not session))
-        session.end()
-        self._sessions.pop(session.run, None)
-        self._session_held.discard(session.run)
-        self._halted.pop(session.run, None)
+        try:
+            session.end()
+        finally:  # also when the wait is interrupted: the run is not held for good
+            session.ended = True
+            self._sessions.pop(session.run, None)
+            self._session_held.discard(session.run)
+            self._halted.pop(session.run, None)
 
     # ------------------------------------------------------------ token leases
 

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # clients/python, if PYTHONPATH lacks
 from durable_ledger import (  # noqa: E402
     AsyncLedger,
     AsyncTokenLease,
+    BusinessKeyConflict,
     EffectDidNotHappen,
     EffectFailed,
     EffectPaused,
@@ -285,6 +286,28 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
         await ledger.release_run(self.run_id)
         self.assertEqual(again, first)
         self.assertEqual(d.count(), 3, "the second attempt performed something again")
+
+    async def test_a_clean_refusal_of_begin_effect_does_not_stop_the_attempt(self) -> None:
+        # helper-26: a named refusal (23505) fell into the cancellation path and stopped
+        # the attempt.  Nothing was written: the attempt goes on, in both kinds of lease.
+        invoice = f"INV-{uuid.uuid4()}"
+
+        async def pay(key: str) -> Any:
+            return {"ok": key}
+
+        setup = AsyncLedger(await self.connect())
+        async with setup.attempt(f"{self.run_id}-setup"):
+            await setup.guarded(f"{self.run_id}-setup", "bank.pay", {"amount": 1}, pay,
+                                business_key=invoice)
+        session = AsyncLedger(await self.connect())
+        pooled = AsyncLedger(await self.pool(size=2))
+        for ledger, attempt in ((session, session.attempt), (pooled, pooled.token_attempt)):
+            run = f"{self.run_id}-{uuid.uuid4().hex[:6]}"
+            async with attempt(run):
+                with self.assertRaises(BusinessKeyConflict):
+                    await ledger.guarded(run, "bank.pay", {"amount": 2}, pay, business_key=invoice)
+                sent = await ledger.guarded(run, "mail.send", {"to": "ap"}, pay)
+                self.assertIn("ok", sent)
 
     async def test_a_factory_of_connections_and_what_is_refused(self) -> None:
         ledger = AsyncLedger(lambda: psycopg.AsyncConnection.connect(DSN, autocommit=True))  # type: ignore[arg-type]

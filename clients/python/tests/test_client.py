@@ -734,6 +734,88 @@ class ClientTest(unittest.TestCase):
                              {"sent": True})
         self.assertEqual(len(mail.keys), 1)
 
+    def test_two_acquire_runs_at_once_on_one_ledger_one_is_refused(self) -> None:
+        # helper-26: both used to pass the check before either's reply came back, and
+        # shared one lease epoch (two payments).  The run is claimed before the statement.
+        ledger = self.ledger(None)
+        pay = Recorder({"payment_id": "pay_1"})
+        start = threading.Barrier(2)
+        outcomes: List[str] = []
+
+        def delivery() -> None:
+            start.wait(10)
+            try:
+                ledger.acquire_run(self.run_id)
+            except LedgerUsageError:
+                outcomes.append("refused")
+                return
+            outcomes.append("acquired")
+            ledger.guarded(self.run_id, "bank.pay", {"invoice": "INV-9"}, pay)
+
+        threads = [threading.Thread(target=delivery) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        self.assertEqual(sorted(outcomes), ["acquired", "refused"])
+        self.assertEqual(len(pay.keys), 1)
+
+    def test_a_clean_refusal_of_begin_effect_does_not_stop_the_attempt(self) -> None:
+        # helper-26: a named refusal (here 23505) was taken for a begin_effect whose
+        # outcome is unknown, and stopped the token attempt.  Nothing was written: the
+        # attempt goes on.
+        from psycopg_pool import ConnectionPool
+
+        invoice = f"INV-{uuid.uuid4()}"
+        setup = self.ledger(f"{self.run_id}-setup")
+        setup.guarded(f"{self.run_id}-setup", "bank.pay", {"amount": 1}, Recorder({"ok": 1}),
+                      business_key=invoice)
+        pool = ConnectionPool(DSN, min_size=1, max_size=2, kwargs={"autocommit": True}, open=True)
+        self.addCleanup(pool.close)
+        for source in (self.connect(), pool):
+            ledger = Ledger(source)
+            run = f"{self.run_id}-{len(str(source))}-{uuid.uuid4().hex[:6]}"
+            with ledger.token_attempt(run, ttl=30):
+                with self.assertRaises(BusinessKeyConflict):
+                    ledger.guarded(run, "bank.pay", {"amount": 2}, Recorder("no"), business_key=invoice)
+                self.assertEqual(ledger.guarded(run, "mail.send", {"to": "ap"}, Recorder({"sent": 1})),
+                                 {"sent": 1})
+
+    def test_an_attempt_interrupted_while_it_waits_at_its_end_is_still_ended(self) -> None:
+        # helper-26: a job time-out (SIGALRM) during the end's wait for a bound call in
+        # flight left the run held by this Ledger for good.  Now the end and the release
+        # happen however the wait ends.
+        import signal
+
+        class JobTimeout(Exception):
+            pass
+
+        def on_alarm(signum: int, frame: Any) -> None:
+            raise JobTimeout("the job timed out")
+
+        ledger = self.ledger(None)
+        slow = threading.Event()
+
+        def perform(key: str) -> Any:
+            slow.wait(1.5)
+            return {"paid": True}
+
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        self.addCleanup(signal.signal, signal.SIGALRM, previous)
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(1) as pool:
+            with self.assertRaises(JobTimeout):
+                with ledger.attempt(self.run_id):
+                    future = pool.submit(ledger.bind(ledger.guarded), self.run_id, "bank.pay",
+                                         {"invoice": 1}, perform)
+                    time.sleep(0.2)
+                    signal.setitimer(signal.ITIMER_REAL, 0.3)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            self.assertEqual(future.result(timeout=30), {"paid": True})
+        with ledger.attempt(self.run_id):  # attemptable again; the call replays
+            self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"invoice": 1}, perform),
+                             {"paid": True})
+
     # ------------------------------------------------------- named errors
 
     def test_a_lease_wait_ends_by_itself_naming_the_holder(self) -> None:
