@@ -465,6 +465,19 @@ def bound_lease(ledger: Any, run: str) -> Optional[TokenLease]:
     return None
 
 
+A = TypeVar("A")
+
+
+def bound_session(sessions: "contextvars.ContextVar[Tuple[A, ...]]", ledger: Any,
+                  run: str) -> Optional[A]:
+    """The session attempt (``attempt()``) of ``ledger`` at ``run`` among those the
+    running code carries in ``sessions`` (the sync and the async client keep their own)."""
+    for session in reversed(sessions.get()):
+        if getattr(session, "ledger") is ledger and getattr(session, "run") == run:
+            return session
+    return None
+
+
 def enter_attempt(lease: TokenLease) -> None:
     """A call of ``lease``'s attempt starts: refused once the attempt has ended, the lease
     is lost or the attempt is stopped.  The caller calls ``lease._leave()`` after it."""

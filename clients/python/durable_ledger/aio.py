@@ -314,11 +314,7 @@ class AsyncLedger(p.LedgerCore):
                 session.leave()
 
     def _bound_session(self, run: str) -> Optional[_SessionAttempt]:
-        """The session attempt of this AsyncLedger at ``run`` the running code belongs to."""
-        for session in reversed(_SESSIONS.get()):
-            if session.ledger is self and session.run == run:
-                return session
-        return None
+        return p.bound_session(_SESSIONS, self, run)
 
     async def _guarded(self, lease: Optional[AsyncTokenLease], run: str, tool: str, args: Any,
                        perform: AsyncPerform, business_key: Optional[str], meta: Any) -> Any:

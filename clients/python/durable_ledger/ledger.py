@@ -295,11 +295,7 @@ class Ledger(p.LedgerCore):
                 session.leave()
 
     def _bound_session(self, run: str) -> Optional[_SessionAttempt]:
-        """The session attempt of this Ledger at ``run`` the running code belongs to."""
-        for session in reversed(_SESSIONS.get()):
-            if session.ledger is self and session.run == run:
-                return session
-        return None
+        return p.bound_session(_SESSIONS, self, run)
 
     @staticmethod
     def bind(fn: Callable[..., R]) -> Callable[..., R]:
