@@ -65,6 +65,11 @@ typedef struct Decision
 	const char *reason;
 } Decision;
 
+#define HINT_BUSINESS_KEY_REUSED \
+	"A business key identifies one operation: the same tool with the same arguments. " \
+	"A legitimately new operation needs a business key of its own (e.g. the invoice number " \
+	"and a revision, \"INV-9/2\"), or none (the run's own key, by occurrence)."
+
 /*
  * A business key names one operation: the same tool with the same args (the
  * same key fields, for a tool registered with them).
@@ -83,7 +88,7 @@ check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row
 				 errmsg("business key \"%s\" is already used by a different call", intent->key),
 				 errdetail("It was begun with tool \"%s\"; this call has tool \"%s\".",
 						   row->tool, intent->tool),
-				 errhint("A business key identifies one operation: the same tool with the same arguments. A legitimately new operation needs a business key of its own (e.g. the invoice number and a revision, \"INV-9/2\"), or none (the run's own key, by occurrence).")));
+				 errhint(HINT_BUSINESS_KEY_REUSED)));
 
 	initStringInfo(&recorded);
 	identity = dl_identity_of_call(rules, row->args, &complete);
@@ -94,7 +99,7 @@ check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
 				 errmsg("business key \"%s\" is already used by a different call", intent->key),
 				 errdetail("It was begun with other arguments for tool \"%s\".", row->tool),
-				 errhint("A business key identifies one operation: the same tool with the same arguments. A legitimately new operation needs a business key of its own (e.g. the invoice number and a revision, \"INV-9/2\"), or none (the run's own key, by occurrence).")));
+				 errhint(HINT_BUSINESS_KEY_REUSED)));
 }
 
 /*
@@ -246,12 +251,6 @@ find_or_insert_intent(const NewIntent *intent, CallRules *call, EffectRow *row,
 }
 
 /*
- * Decides from the effect's row what the caller must do, writing what the
- * decision needs.  A change of the row (a status, an attempt) happens only to
- * the version locked here, after checking it is still the one decided on:
- * false when it changed meanwhile (the caller looks again).
- */
-/*
  * The key to pass downstream (the provider's idempotency key): a derived key
  * itself; a business key with its attempt, "INV-9#2", since a provider that
  * keeps its answers to a key (card processors do, for a day) would answer a
@@ -263,6 +262,12 @@ downstream_key(const char *key, bool business_key, int32 attempt)
 	return business_key ? psprintf("%s#%d", key, attempt) : pstrdup(key);
 }
 
+/*
+ * Decides from the effect's row what the caller must do, writing what the
+ * decision needs.  A change of the row (a status, an attempt) happens only to
+ * the version locked here, after checking it is still the one decided on:
+ * false when it changed meanwhile (the caller looks again).
+ */
 static bool
 decide_from_row(const NewIntent *intent, const char *canon, CallRules *call,
 				const EffectRow *row, Decision *d)
@@ -459,6 +464,13 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	if (PG_NARGS() > 5 && !PG_ARGISNULL(5))
 		token = dl_required_text_arg(fcinfo, 5, "lease", 0);
 	desc = dl_result_desc(fcinfo);
+	/* before anything is written: the SQL objects may be older than the library */
+	if (desc->natts != lengthof(values))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("durable_ledger.decision has %d attributes, the library fills %d",
+						desc->natts, (int) lengthof(values)),
+				 errhint("Run ALTER EXTENSION durable_ledger UPDATE.")));
 	dl_check_writable("begin_effect()");
 
 	dl_spi_connect();
@@ -554,12 +566,6 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	values[8] = d.no_effect ? (Datum) 0 :
 		CStringGetTextDatum(downstream_key(d.key, intent.business_key, d.attempt));
 	nulls[8] = d.no_effect;
-	if (desc->natts != lengthof(values))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("durable_ledger.decision has %d attributes, the library fills %d",
-						desc->natts, (int) lengthof(values)),
-				 errhint("Run ALTER EXTENSION durable_ledger UPDATE.")));
 	MemoryContextSwitchTo(call_cxt);
 	tuple = heap_form_tuple(desc, values, nulls);
 	dl_spi_finish();

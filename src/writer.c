@@ -9,8 +9,9 @@
  * CHECK constraints, index maintenance and unique checks, replica identity,
  * are then PostgreSQL's code, whatever an administrator adds to the tables.
  * (Like the apply worker, these fire row triggers, not statement triggers.)
- * One write is one EState, from begin_write() to end_write(), with AFTER
- * triggers fired at its end.
+ * One write is one EState, from begin_write() (or begin_lookup(), for a write
+ * that only locks or deletes rows and so opens no index) to end_write(), with
+ * AFTER triggers fired at its end.
  *
  * The one statement that needs ON CONFLICT (a business key's intent, which
  * runs that share the key may insert at once) is SQL, with a saved plan.

@@ -286,15 +286,15 @@ const REFUSALS = {
  * 55L01-55L03 are left to the callers, which know the run, tool and attempt.
  */
 function named(err) {
-  const text = [err?.message, err?.detail, err?.hint].filter(Boolean).join('  ');
-  if (err?.code === '55P03') {
-    return new RunBusy(text, { reason: err.message, cause: err, sqlstate: err.code, detail: err.detail ?? null });
-  }
-  const Refusal = REFUSALS[err?.code];
+  const Refusal = err?.code === '55P03' ? RunBusy : REFUSALS[err?.code];
   if (!Refusal) return err;
   // a permission error names no role: say which ones the ledger grants
   const hint = err.hint ?? (Refusal === PermissionDenied ? GRANT_HINT : null);
-  return new Refusal([err.message, err.detail, hint].filter(Boolean).join('  ') + ` (SQLSTATE ${err.code})`,
+  const text = [err.message, err.detail, hint].filter(Boolean).join('  ');
+  if (Refusal === RunBusy) {
+    return new RunBusy(text, { reason: err.message, cause: err, sqlstate: err.code, detail: err.detail ?? null });
+  }
+  return new Refusal(`${text} (SQLSTATE ${err.code})`,
     { sqlstate: err.code, detail: err.detail ?? null, hint, cause: err });
 }
 
@@ -1092,8 +1092,10 @@ export class Ledger {
   }
 
   /**
-   * One attempt at a run: acquire_run (waiting, honouring lock_timeout),
-   * fn(run), release_run in finally.
+   * One attempt at a run: acquire_run (a wait ends after lock_timeout, else
+   * durable_ledger.lease_wait_timeout: RunBusy), fn(run) with its calls bound
+   * to it (sessionContext), release_run in finally once they have ended.  A run
+   * this Ledger already holds is refused.
    * @template T
    * @param {string} run
    * @param {(run: string) => T | Promise<T>} fn

@@ -500,14 +500,16 @@ def not_carried(run: str) -> LedgerUsageError:
         f"fn; asyncio.to_thread and asyncio tasks carry it)")
 
 
-def no_implicit_session(run: str) -> LedgerUsageError:
+def no_implicit_session(run: str, *, awaited: bool = False) -> LedgerUsageError:
+    """A call outside any attempt (``awaited``: of an AsyncLedger)."""
+    block = "async with" if awaited else "with"
     return LedgerUsageError(
         None, None, f"guarded() on run {run!r} outside an attempt: nothing was recorded or "
         f"performed.  Start each attempt at a run (the first, a retry, a redelivery) with "
-        f"`with ledger.attempt(run):` (or `ledger.token_attempt(run)` on a pool, or "
-        f"acquire_run()): a new attempt replays what an earlier one did, where continuing "
-        f"an attempt it did not start would count the retried calls as new ones and "
-        f"perform them again")
+        f"`{block} ledger.attempt(run):` (or `{block} ledger.token_attempt(run):` on a "
+        f"pool, or acquire_run()): a new attempt replays what an earlier one did, where "
+        f"continuing an attempt it did not start would count the retried calls as new ones "
+        f"and perform them again")
 
 
 def session_only(what: str) -> LedgerUsageError:

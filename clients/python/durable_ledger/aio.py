@@ -295,12 +295,7 @@ class AsyncLedger(p.LedgerCore):
         if session is None and run in self._sessions:
             raise p.not_carried(run)
         if session is None and run not in self._session_held:
-            raise LedgerUsageError(
-                None, None, f"guarded() on run {run!r} outside an attempt: an AsyncLedger takes "
-                f"no implicit session lease (a leftover call must not act in whatever attempt "
-                f"comes next).  Call it inside `async with ledger.attempt(run):` or "
-                f"`async with ledger.token_attempt(run):`, or hold the run with "
-                f"`await ledger.acquire_run(run)` first")
+            raise p.no_implicit_session(run, awaited=True)
         if session is not None:
             session.enter()  # LeaseLost once the attempt has ended
         try:

@@ -433,7 +433,10 @@ class Ledger(p.LedgerCore):
     def acquire_run(self, run: str, wait: bool = True) -> bool:
         """Start a new attempt at ``run``: take its lease and start a new lease epoch.
 
-        Returns False (only with ``wait=False``) when another session holds the run.
+        Returns False (only with ``wait=False``) when another session holds the run; a
+        wait that ends (``lock_timeout``, else ``durable_ledger.lease_wait_timeout``)
+        raises `RunBusy` naming the holder, and a run this `Ledger` already holds (an open
+        attempt) raises `LedgerUsageError`.
         Occurrence counters start again at 1, which is what lines a retried run up with
         the keys of its earlier attempt -- so call it at the start of every attempt on a
         connection that outlives attempts (a pool).  Also lifts this client's stop on
