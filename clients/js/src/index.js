@@ -1056,6 +1056,11 @@ export class Ledger {
    */
   async releaseRun(run) {
     this.#sessionOnly('releaseRun()');
+    if (this.#sessions.has(run)) {
+      // its calls would go on under an implicit lease, in a new epoch
+      throw new LedgerError(`releaseRun(${run}) inside its ledger.attempt(run, fn): the attempt releases ` +
+        'the run when fn has settled');
+    }
     this.#sessionHeld.delete(run);
     const [r] = await this.#statement(`release_run of ${run}`,
       'SELECT durable_ledger.release_run($1::text) AS ok', [run]);

@@ -663,6 +663,7 @@ test('a branch left over from an ended attempt never acts in the next; a second 
       // and a second attempt at the run while this one is open
       await assert.rejects(ledger.attempt(run, () => assert.fail('two attempts at one run')), /already open/);
       await assert.rejects(ledger.acquireRun(run), /already open/);
+      await assert.rejects(ledger.releaseRun(run), /inside its ledger.attempt/); // nor released under its feet
       return paid;
     });
     assert.deepEqual(result, { payment_id: 'pay_1' });

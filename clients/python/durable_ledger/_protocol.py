@@ -500,6 +500,15 @@ def not_carried(run: str) -> LedgerUsageError:
         f"fn; asyncio.to_thread and asyncio tasks carry it)")
 
 
+def release_inside_attempt(run: str, *, awaited: bool = False) -> LedgerUsageError:
+    """release_run of a run whose attempt() block is open: its calls would go on under
+    an implicit lease, in a new epoch (``awaited``: of an AsyncLedger)."""
+    block = "async with" if awaited else "with"
+    return LedgerUsageError(None, None, f"release_run({run!r}) inside its `{block} "
+                                        f"ledger.attempt(run):` block: the block releases "
+                                        f"the run at its end")
+
+
 def no_implicit_session(run: str, *, awaited: bool = False) -> LedgerUsageError:
     """A call outside any attempt (``awaited``: of an AsyncLedger)."""
     block = "async with" if awaited else "with"

@@ -501,9 +501,7 @@ class AsyncLedger(p.LedgerCore):
         """`Ledger.release_run`, awaited."""
         self._session_only("release_run()")
         if run in self._sessions:
-            raise LedgerUsageError(None, None, f"release_run({run!r}) inside its "
-                                               f"`async with ledger.attempt(run):` block: the "
-                                               f"block releases the run at its end")
+            raise p.release_inside_attempt(run, awaited=True)
         self._check_writable()
         self._session_held.discard(run)
         row = await self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")

@@ -475,9 +475,13 @@ class Ledger(p.LedgerCore):
     def release_run(self, run: str) -> bool:
         """End this session's lease on ``run`` (False if it did not hold it).
 
-        Effects still ``started`` under it become ``unknown`` for the next attempt.
+        Effects still ``started`` under it become ``unknown`` for the next attempt.  Not
+        inside the run's ``attempt()`` block, which releases it at its end (the block's
+        calls would go on under an implicit lease, in a new epoch): `LedgerUsageError`.
         """
         self._session_only("release_run()")
+        if run in self._sessions:
+            raise p.release_inside_attempt(run)
         self._check_writable()
         self._session_held.discard(run)
         row = self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")

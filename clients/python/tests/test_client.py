@@ -727,6 +727,8 @@ class ClientTest(unittest.TestCase):
                 self.fail("a second attempt at an open run")
         with self.assertRaises(LedgerUsageError):
             ledger.acquire_run(self.run_id)
+        with self.assertRaises(LedgerUsageError):  # nor released under its feet
+            ledger.release_run(self.run_id)
         release.set()
         worker.join(30)
         with ledger.attempt(self.run_id):  # after the first: a new attempt replays
