@@ -74,6 +74,7 @@ REGRESS = \
 	search_path \
 	hostile_input \
 	unsettled \
+	recorded \
 	drop_guard
 REGRESS_OPTS = --encoding=UTF8 --load-extension=pgcrypto --load-extension=dblink
 

@@ -13,7 +13,8 @@ ALTER DOMAIN durable_ledger.audit_event ADD CONSTRAINT audit_event_check
                      'resolved', 'conflict',
                      'tool_registered', 'tool_changed', 'tool_retired',
                      'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
-                     'carried', 'policy_changed', 'purged', 'audit_purged'));
+                     'carried', 'policy_changed', 'purged', 'audit_purged',
+                     'superseded_report'));
 
 -- ---------------------------------------------------------------------------
 -- The tools registry.
@@ -102,6 +103,10 @@ ALTER TABLE durable_ledger.runs
 ALTER TABLE durable_ledger.effects
     ADD COLUMN forked_from text;            -- the effect of the source run it carries
 
+-- Recorded calls (begin_recorded): executed again when their outcome is unknown.
+ALTER TABLE durable_ledger.effects
+    ADD COLUMN safe_to_redo boolean NOT NULL DEFAULT false;
+
 -- ---------------------------------------------------------------------------
 -- Functions.
 -- ---------------------------------------------------------------------------
@@ -127,6 +132,19 @@ RETURNS durable_ledger.decision
 AS 'MODULE_PATHNAME', 'dl_begin_effect_1_2'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
+
+-- A call that is harmless to make again (a model's answer, a read): recorded
+-- and replayed like an effect, so that a replay sees the same answers, but a
+-- call whose outcome is unknown is executed again instead of pausing the run.
+CREATE FUNCTION durable_ledger.begin_recorded(run text, tool text, args jsonb,
+                                              meta jsonb DEFAULT NULL,
+                                              lease text DEFAULT NULL)
+RETURNS durable_ledger.decision
+AS 'MODULE_PATHNAME', 'dl_begin_recorded_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.begin_recorded(text, text, jsonb, jsonb, text) IS
+    'records a call that is safe to redo (a model call, a read) before it happens: as begin_effect, but an unknown outcome is executed again, not paused';
 
 -- complete_effect, fail_effect and resolve_effect keep unsettled: their C code
 -- changed too (a backend that still has the 1.1 library loaded would flag a
@@ -475,7 +493,8 @@ REVOKE ALL ON FUNCTION
     durable_ledger.resolve_divergence(text, text, text, text, text),
     durable_ledger.abandon_run(text, text, text),
     durable_ledger.fork_run(text, text, text, text, text),
-    durable_ledger.history(text)
+    durable_ledger.history(text),
+    durable_ledger.begin_recorded(text, text, jsonb, jsonb, text)
     FROM PUBLIC;
 REVOKE ALL ON TYPE durable_ledger.divergence_policy, durable_ledger.divergence_verdict,
                    durable_ledger.unregistered_tools_policy FROM PUBLIC;
@@ -486,6 +505,8 @@ GRANT SELECT ON durable_ledger.tools, durable_ledger.divergences, durable_ledger
                 durable_ledger.unsettled
     TO durable_ledger_auditor;
 GRANT EXECUTE ON FUNCTION durable_ledger.history(text) TO durable_ledger_auditor;
+GRANT EXECUTE ON FUNCTION durable_ledger.begin_recorded(text, text, jsonb, jsonb, text)
+    TO durable_ledger_worker;
 GRANT EXECUTE ON FUNCTION
     durable_ledger.register_tool(text, text, boolean, text, text[], text),
     durable_ledger.change_tool(text, text, boolean, text, text[], text),

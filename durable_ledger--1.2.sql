@@ -60,7 +60,8 @@ CREATE DOMAIN durable_ledger.audit_event AS text
                      'resolved', 'conflict',
                      'tool_registered', 'tool_changed', 'tool_retired',
                      'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
-                     'carried', 'policy_changed', 'purged', 'audit_purged'));
+                     'carried', 'policy_changed', 'purged', 'audit_purged',
+                     'superseded_report'));
 
 -- ---------------------------------------------------------------------------
 -- Token leases: a lease that is a row, not a session lock, so that a run's
@@ -155,7 +156,8 @@ CREATE TABLE durable_ledger.effects (
     resolved_by     text,
     resolution_note text,
     conflict        boolean NOT NULL DEFAULT false,
-    forked_from     text                    -- a forked run's: the effect of the source run it carries
+    forked_from     text,                   -- a forked run's: the effect of the source run it carries
+    safe_to_redo    boolean NOT NULL DEFAULT false  -- begun by begin_recorded: executed again when unknown
 ) WITH (fillfactor = 85);   -- room for the HOT update that completes an effect
 -- (No table CHECK constraints here: every statement that writes a table reads
 -- its CHECKs back from their stored form, which costs more than the write.
@@ -573,6 +575,19 @@ SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text) IS
     'records the intent of a side effect before it happens and says whether to execute, replay, pause or wait';
 
+-- A call that is harmless to make again (a model's answer, a read): recorded
+-- and replayed like an effect, so that a replay sees the same answers, but a
+-- call whose outcome is unknown is executed again instead of pausing the run.
+CREATE FUNCTION durable_ledger.begin_recorded(run text, tool text, args jsonb,
+                                              meta jsonb DEFAULT NULL,
+                                              lease text DEFAULT NULL)
+RETURNS durable_ledger.decision
+AS 'MODULE_PATHNAME', 'dl_begin_recorded_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.begin_recorded(text, text, jsonb, jsonb, text) IS
+    'records a call that is safe to redo (a model call, a read) before it happens: as begin_effect, but an unknown outcome is executed again, not paused';
+
 CREATE FUNCTION durable_ledger.take_lease(run text, ttl interval DEFAULT '5 minutes',
                                           holder text DEFAULT NULL)
 RETURNS durable_ledger.lease
@@ -778,6 +793,7 @@ GRANT USAGE ON TYPE durable_ledger.decision, durable_ledger.effect_state,
 
 GRANT EXECUTE ON FUNCTION
     durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text),
+    durable_ledger.begin_recorded(text, text, jsonb, jsonb, text),
     durable_ledger.take_lease(text, interval, text),
     durable_ledger.renew_lease(text, interval),
     durable_ledger.release_lease(text),

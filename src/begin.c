@@ -1,12 +1,15 @@
 /*
  * begin.c: begin_effect(), which records the intent of a side effect before
- * it happens and decides whether to execute, replay, pause or wait.
+ * it happens and decides whether to execute, replay, pause or wait; and
+ * begin_recorded(), the same for a call that is harmless to make again (a
+ * model's answer, a read), recorded so that a replay sees what it returned.
  *
  * Uniqueness comes from the primary key of durable_ledger.effects, never from
  * the lease: a new key is inserted, and whoever finds it there decides from
  * the row.  The lease only serialises the occurrence counting of one run.  An
  * outcome that nobody knows is never guessed: it pauses the run until a
- * person resolves it.
+ * person resolves it -- unless the call was recorded as safe to redo, and is
+ * again: then it is executed again, as the effect's next attempt.
  */
 #include "postgres.h"
 
@@ -17,6 +20,7 @@
 #include "policy.h"
 
 PG_FUNCTION_INFO_V1(dl_begin_effect_1_2);
+PG_FUNCTION_INFO_V1(dl_begin_recorded_1_2);
 
 /* How often a decision is tried again when the row changed under it. */
 #define MAX_DECISION_ROUNDS 16
@@ -30,6 +34,8 @@ PG_FUNCTION_INFO_V1(dl_begin_effect_1_2);
 	"the outcome of an earlier attempt is unknown: its intent was recorded and no completion arrived before its lease ended; a person must resolve it with durable_ledger.resolve_effect()"
 #define REASON_PAUSE_CONFLICT \
 	"contradicting reports about this effect were recorded; a person must resolve it with durable_ledger.resolve_effect()"
+#define REASON_REDO \
+	"the outcome of attempt %d is unknown, and this call is recorded as safe to redo: it is executed again as attempt %d"
 #define REASON_IN_PROGRESS_MINE \
 	"this lease began this effect and has not reported its outcome yet; report it with complete_effect or fail_effect"
 #define REASON_IN_PROGRESS_OTHER \
@@ -263,6 +269,34 @@ downstream_key(const char *key, bool business_key, int32 attempt)
 }
 
 /*
+ * A recorded call started under a lease that ended without a report (row, as
+ * decided on) is executed again: its attempt is kept in past_attempts as
+ * unknown and the next one starts.  Both the effect and this call must say
+ * it is safe to redo: an effect begun by begin_effect, or a call of
+ * begin_effect now, makes the effect unknown and pauses, as v1 does; once
+ * unknown, an effect waits for a person whatever asks.  False when the row
+ * changed meanwhile.
+ */
+static bool
+decide_redo(const NewIntent *intent, CallRules *call, const EffectRow *row, Decision *d)
+{
+	LockedEffect locked;
+
+	dl_check_may_execute(intent->tool, call->rules);
+	if (!lock_effect(call, intent->key, &locked) ||
+		locked.row.status != EFFECT_STARTED || locked.row.conflict ||
+		locked.row.attempt != row->attempt ||
+		locked.row.lease_epoch != row->lease_epoch ||
+		strcmp(locked.row.run, row->run) != 0)
+		return false;
+	dl_write_next_attempt(&locked, intent, EFFECT_UNKNOWN);
+	decide_execute(d, row->attempt + 1);
+	d->reason = psprintf(REASON_REDO, row->attempt, row->attempt + 1);
+	audit_decision(intent, "intent", d, "after", dl_status_name(EFFECT_UNKNOWN), NULL);
+	return true;
+}
+
+/*
  * Decides from the effect's row what the caller must do, writing what the
  * decision needs.  A change of the row (a status, an attempt) happens only to
  * the version locked here, after checking it is still the one decided on:
@@ -273,6 +307,7 @@ decide_from_row(const NewIntent *intent, const char *canon, CallRules *call,
 				const EffectRow *row, Decision *d)
 {
 	LockedEffect locked;
+	bool		redo = intent->safe_to_redo && row->safe_to_redo;
 
 	if (intent->business_key)
 		check_same_call(intent, canon, row, call->rules);
@@ -310,12 +345,13 @@ decide_from_row(const NewIntent *intent, const char *canon, CallRules *call,
 				locked.row.status != EFFECT_FAILED || locked.row.conflict ||
 				locked.row.attempt != row->attempt)
 				return false;
-			dl_write_next_attempt(&locked, intent);
+			dl_write_next_attempt(&locked, intent, EFFECT_FAILED);
 			decide_execute(d, row->attempt + 1);
 			audit_decision(intent, "intent", d, "after", "failed", NULL);
 			return true;
 
 		case EFFECT_UNKNOWN:
+			/* a person was asked already, also for a recorded call's (below) */
 			decide_pause(intent, d, REASON_PAUSE_UNKNOWN, "unknown");
 			return true;
 
@@ -331,7 +367,10 @@ decide_from_row(const NewIntent *intent, const char *canon, CallRules *call,
 				audit_decision(intent, "in_progress", d, "holder_run", row->run, NULL);
 				return true;
 			}
-			/* its lease ended without a report: the table says so too */
+			/* its lease ended without a report */
+			if (redo)
+				return decide_redo(intent, call, row, d);
+			/* ... which the table says too: unknown waits for a person */
 			if (!lock_effect(call, intent->key, &locked) ||
 				locked.row.status != EFFECT_STARTED ||
 				locked.row.attempt != row->attempt ||
@@ -423,16 +462,27 @@ decide(const NewIntent *intent, const char *canon, CallRules *call, Decision *d)
 			 errhint("Retry the call.")));
 }
 
+/* Where a kind of call takes its optional arguments (-1: it has none). */
+typedef struct BeginArgs
+{
+	const char *function;
+	bool		safe_to_redo;
+	int			business_key;
+	int			meta;
+	int			lease;
+} BeginArgs;
+
+static const BeginArgs begin_effect_args = {"begin_effect()", false, 3, 4, 5};
+static const BeginArgs begin_recorded_args = {"begin_recorded()", true, -1, 3, 4};
+
 /*
- * begin_effect(run text, tool text, args jsonb, business_key text, meta jsonb,
- *              lease text) RETURNS durable_ledger.decision
- *
- * Without lease (a token), the call belongs to this session's lease of run,
- * taken when the session does not hold it; with one, to that token lease's
- * epoch, and the session holds nothing.
+ * Records a call's intent and decides (both entry points below).  Without
+ * lease (a token), the call belongs to this session's lease of run, taken
+ * when the session does not hold it; with one, to that token lease's epoch,
+ * and the session holds nothing.
  */
-Datum
-dl_begin_effect_1_2(PG_FUNCTION_ARGS)
+static Datum
+begin_call(FunctionCallInfo fcinfo, const BeginArgs *kind)
 {
 	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
 	char	   *tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
@@ -455,14 +505,14 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	HeapTuple	tuple;
 	bool		waited;
 
-	if (!PG_ARGISNULL(3))
+	if (kind->business_key >= 0 && !PG_ARGISNULL(kind->business_key))
 	{
-		business_key = dl_required_text_arg(fcinfo, 3, "business_key",
+		business_key = dl_required_text_arg(fcinfo, kind->business_key, "business_key",
 											DL_MAX_BUSINESS_KEY_CHARS);
 		dl_check_business_key(business_key);
 	}
-	if (PG_NARGS() > 5 && !PG_ARGISNULL(5))
-		token = dl_required_text_arg(fcinfo, 5, "lease", 0);
+	if (PG_NARGS() > kind->lease && !PG_ARGISNULL(kind->lease))
+		token = dl_required_text_arg(fcinfo, kind->lease, "lease", 0);
 	desc = dl_result_desc(fcinfo);
 	/* before anything is written: the SQL objects may be older than the library */
 	if (desc->natts != lengthof(values))
@@ -471,7 +521,7 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 				 errmsg("durable_ledger.decision has %d attributes, the library fills %d",
 						desc->natts, (int) lengthof(values)),
 				 errhint("Run ALTER EXTENSION durable_ledger UPDATE.")));
-	dl_check_writable("begin_effect()");
+	dl_check_writable(kind->function);
 
 	dl_spi_connect();
 	call.token = token;
@@ -494,6 +544,8 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	 * cannot change until the call's transaction ends (tools.c).
 	 */
 	waited |= dl_tool_rules(tool, &rules);
+	if (kind->safe_to_redo)
+		dl_check_may_redo(tool, &rules);
 
 	/*
 	 * A token lease was checked before those locks: after waiting for an
@@ -509,8 +561,9 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	intent.run = run;
 	intent.tool = tool;
 	intent.args = args;
-	intent.meta = dl_optional_jsonb_arg(fcinfo, 4);
+	intent.meta = dl_optional_jsonb_arg(fcinfo, kind->meta);
 	intent.lease_epoch = lease.epoch;
+	intent.safe_to_redo = kind->safe_to_redo;
 	intent.business_key = business_key != NULL;
 	if (business_key != NULL)
 	{
@@ -571,4 +624,27 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
 	dl_spi_finish();
 
 	PG_RETURN_DATUM(HeapTupleGetDatum(tuple));
+}
+
+/*
+ * begin_effect(run text, tool text, args jsonb, business_key text, meta jsonb,
+ *              lease text) RETURNS durable_ledger.decision
+ */
+Datum
+dl_begin_effect_1_2(PG_FUNCTION_ARGS)
+{
+	return begin_call(fcinfo, &begin_effect_args);
+}
+
+/*
+ * begin_recorded(run text, tool text, args jsonb, meta jsonb, lease text)
+ * RETURNS durable_ledger.decision
+ *
+ * A call that is harmless to make again: recorded and replayed as an effect,
+ * but executed again when its outcome is unknown.
+ */
+Datum
+dl_begin_recorded_1_2(PG_FUNCTION_ARGS)
+{
+	return begin_call(fcinfo, &begin_recorded_args);
 }

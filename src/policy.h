@@ -21,6 +21,7 @@ typedef struct ToolRules
 extern bool dl_tool_rules(const char *tool, ToolRules *rules);
 extern Jsonb *dl_identity_of_call(const ToolRules *rules, Jsonb *args, bool *complete);
 extern void dl_check_may_execute(const char *tool, const ToolRules *rules);
+extern void dl_check_may_redo(const char *tool, const ToolRules *rules);
 extern DivergencePolicy dl_divergence_policy(const ToolRules *rules);
 extern void dl_tool_rules_now(const char *tool, ToolRules *rules);
 

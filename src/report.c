@@ -67,9 +67,31 @@ record_conflict(LockedEffect *locked, EffectStatus reported, Jsonb *value)
 }
 
 /*
- * A report on an earlier attempt of a business key, which a later attempt
- * replaced: it never changes the current attempt.  A replaced attempt has
- * failed; the same failure reported again changes nothing, anything else
+ * A report on an attempt of a recorded call that a later attempt replaced
+ * (its outcome was unknown, so the call was made again): the call was made
+ * twice, which its caller said is harmless.  The report is kept in the audit
+ * log under the run, epoch and attempt it is about, and changes nothing.
+ */
+static void
+keep_superseded_report(LockedEffect *locked, const PastAttempt *past, int32 attempt,
+					   EffectStatus reported, Jsonb *value)
+{
+	DetailBuilder detail;
+
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "report", dl_status_name(reported));
+	dl_detail_jsonb(&detail, reported == EFFECT_COMPLETED ? "result" : "error", value);
+	dl_detail_int(&detail, "current_attempt", locked->row.attempt);
+	dl_write_audit(past->run, locked->row.key, "superseded_report", dl_detail_finish(&detail),
+				   past->lease_epoch, attempt);
+	dl_note_durable_write();
+}
+
+/*
+ * A report on an earlier attempt, which a later attempt replaced: it never
+ * changes the current attempt.  A recorded call's replaced attempt had an
+ * unknown outcome (keep_superseded_report); a business key's has failed: the
+ * same failure reported again changes nothing, anything else
  * (a completion: the operation may have happened twice) is kept as a
  * conflict, filed under the run and epoch of the attempt it is about.
  */
@@ -89,6 +111,11 @@ report_on_past_attempt(LockedEffect *locked, int32 attempt, EffectStatus reporte
 	}
 	if (reported == past.status && dl_jsonb_equal(past.error, value))
 		return;
+	if (locked->row.safe_to_redo && past.status == EFFECT_UNKNOWN)
+	{
+		keep_superseded_report(locked, &past, attempt, reported, value);
+		return;
+	}
 
 	keep_conflict(locked, past.run, past.lease_epoch, attempt, reported, value,
 				  past.status, NULL, past.error, NULL);
@@ -101,8 +128,8 @@ report_on_past_attempt(LockedEffect *locked, int32 attempt, EffectStatus reporte
 }
 
 /*
- * A report that names no attempt, on a business key whose current attempt
- * is not the first and was not started by the lease this session holds now
+ * A report that names no attempt, on an effect (a business key, or a recorded
+ * call made again) whose current attempt is not the first and was not started by the lease this session holds now
  * (alone: a lease that began two attempts cannot tell them apart): it may be
  * a late report on an earlier attempt, so it is never applied.
  */
@@ -124,8 +151,8 @@ report_on_unnamed_attempt(LockedEffect *locked, EffectStatus reported, Jsonb *va
 static bool
 unnamed_attempt_is_current(const EffectRow *row)
 {
-	if (!row->business_key || row->attempt == 1)
-		return true;
+	if (row->attempt == 1)
+		return true;			/* a derived key's only, unless recorded and redone */
 	return dl_lease_is_mine(row->run, row->lease_epoch) &&
 		!dl_read_lease_began_past_attempt(row->key, row->run, row->lease_epoch);
 }

@@ -46,6 +46,7 @@ typedef struct EffectRow
 	int64		lease_epoch;
 	bool		conflict;
 	TimestampTz created_at;		/* when the current attempt began */
+	bool		safe_to_redo;	/* a recorded call (begin_recorded) */
 } EffectRow;
 
 /*
@@ -69,6 +70,7 @@ typedef struct NewIntent
 	int32		occurrence;		/* 0 for a business key */
 	Jsonb	   *meta;
 	int64		lease_epoch;
+	bool		safe_to_redo;	/* a recorded call (begin_recorded) */
 } NewIntent;
 
 /* An attempt of a business key that a later attempt replaced. */
@@ -253,7 +255,8 @@ extern void dl_write_unknown(LockedEffect *locked);
 extern void dl_write_conflict_flag(LockedEffect *locked);
 extern HeapTuple dl_write_resolution(LockedEffect *locked, EffectStatus to, Jsonb *value,
 									 const char *resolved_by, const char *note);
-extern void dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent);
+extern void dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent,
+								  EffectStatus replaced_as);
 extern int64 dl_write_next_epoch(const char *run, uint64 lock_key, bool token);
 extern void dl_write_token_lease(const char *run, int64 epoch, bytea *token_sha256,
 								 const char *holder, Interval *ttl, TimestampTz taken_at,
@@ -316,7 +319,7 @@ typedef struct AuditRow
 extern void dl_audit_chain_init(void);
 
 /* metrics.c: event counts since the server started (when preloaded) */
-#define DL_NEVENTS 24
+#define DL_NEVENTS 25
 extern void dl_metrics_init(void);
 extern int	dl_metrics_event_index(const char *event);
 extern void dl_metrics_add(const uint32 *counts);

@@ -30,7 +30,8 @@ static const Column effects_columns[EFF_NCOLUMNS] = {
 	{"status", TEXTOID}, {"result", JSONBOID}, {"error", JSONBOID}, {"meta", JSONBOID},
 	{"lease_epoch", INT8OID}, {"holder_pid", INT4OID}, {"created_at", TIMESTAMPTZOID},
 	{"completed_at", TIMESTAMPTZOID}, {"resolved_by", TEXTOID},
-	{"resolution_note", TEXTOID}, {"conflict", BOOLOID}, {"forked_from", TEXTOID}
+	{"resolution_note", TEXTOID}, {"conflict", BOOLOID}, {"forked_from", TEXTOID},
+	{"safe_to_redo", BOOLOID}
 };
 
 static const Column audit_columns[AUD_NCOLUMNS] = {
@@ -355,5 +356,6 @@ dl_effect_row_from_slot(TupleTableSlot *slot, EffectRow *row)
 	row->lease_epoch = DatumGetInt64(v[a[EFF_LEASE_EPOCH] - 1]);
 	row->conflict = DatumGetBool(v[a[EFF_CONFLICT] - 1]);
 	row->created_at = DatumGetTimestampTz(v[a[EFF_CREATED_AT] - 1]);
+	row->safe_to_redo = !n[a[EFF_SAFE_TO_REDO] - 1] && DatumGetBool(v[a[EFF_SAFE_TO_REDO] - 1]);
 }
 

@@ -86,6 +86,22 @@ dl_check_may_execute(const char *tool, const ToolRules *rules)
 	}
 }
 
+/*
+ * Refuses, before anything is written, to record a call of a tool registered
+ * as side-effecting as safe to redo (begin_recorded): its unknown outcome
+ * must wait for a person, not be executed again.
+ */
+void
+dl_check_may_redo(const char *tool, const ToolRules *rules)
+{
+	if (rules->registered && rules->row.side_effecting)
+		ereport(ERROR,
+				(errcode(ERRCODE_DL_TOOL_REFUSED),
+				 errmsg("tool \"%s\" is registered as side-effecting: its calls cannot be recorded as safe to redo", tool),
+				 errdetail("begin_recorded() executes a call whose outcome is unknown again; a side effect's unknown outcome waits for a person. Nothing was recorded."),
+				 errhint("Call it with durable_ledger.begin_effect(); or, if calling it twice is harmless, an admin says so with durable_ledger.change_tool(tool, changed_by, side_effecting => false).")));
+}
+
 /* How divergence is handled for the tool's calls: off for unregistered tools. */
 DivergencePolicy
 dl_divergence_policy(const ToolRules *rules)

@@ -372,7 +372,9 @@ start_from(Write *w, HeapTuple locked)
 
 /*
  * durable_ledger.unsettled holds (created_at, key) of every effect that is
- * started, unknown or flagged: the only ones a person may have to look at,
+ * started (but a recorded call's, which begin_recorded executes again if its
+ * lease ends: nobody decides anything), unknown or flagged: the only ones a
+ * person may have to look at,
  * found without reading the settled millions (the unresolved view, the
  * metrics).  A partial index on effects would list them too, but its
  * predicate (status) changes when an effect completes, which makes every
@@ -385,7 +387,9 @@ start_from(Write *w, HeapTuple locked)
 static bool
 is_unsettled(const EffectRow *row)
 {
-	return row->status == EFFECT_STARTED || row->status == EFFECT_UNKNOWN || row->conflict;
+	if (row->conflict || row->status == EFFECT_UNKNOWN)
+		return true;
+	return row->status == EFFECT_STARTED && !row->safe_to_redo;
 }
 
 static const int unsettled_key[2] = {UNS_CREATED_AT, UNS_KEY};
@@ -453,6 +457,16 @@ follow_settlement(const EffectRow *before, const EffectRow *after)
 
 /* ---------- effects ---------- */
 
+/* A column of the row just written, as stored (NOT NULL columns only). */
+static Datum
+stored_value(Write *w, int column)
+{
+	int			i = w->table->attnums[column] - 1;
+
+	Assert(!w->slot->tts_isnull[i]);
+	return w->slot->tts_values[i];
+}
+
 static Datum
 now_datum(void)
 {
@@ -467,7 +481,7 @@ void
 dl_write_new_intent(const NewIntent *intent)
 {
 	Write		w;
-	TimestampTz created_at = GetCurrentTimestamp();
+	EffectRow	stored;
 
 	begin_write(&w, &dl_effects_table);
 	set_value(&w, EFF_KEY, CStringGetTextDatum(intent->key));
@@ -483,16 +497,21 @@ dl_write_new_intent(const NewIntent *intent)
 	set_optional(&w, EFF_META, JsonbPGetDatum(intent->meta), intent->meta == NULL);
 	set_value(&w, EFF_LEASE_EPOCH, Int64GetDatum(intent->lease_epoch));
 	set_value(&w, EFF_HOLDER_PID, Int32GetDatum(MyProcPid));
-	set_value(&w, EFF_CREATED_AT, TimestampTzGetDatum(created_at));
+	set_value(&w, EFF_CREATED_AT, now_datum());
 	set_null(&w, EFF_COMPLETED_AT);
 	set_null(&w, EFF_RESOLVED_BY);
 	set_null(&w, EFF_RESOLUTION_NOTE);
 	set_value(&w, EFF_CONFLICT, BoolGetDatum(false));
+	set_value(&w, EFF_SAFE_TO_REDO, BoolGetDatum(intent->safe_to_redo));
 	insert_row(&w);
 	/* as stored: a BEFORE ROW trigger may have changed it */
-	created_at = DatumGetTimestampTz(w.slot->tts_values[dl_effects_table.attnums[EFF_CREATED_AT] - 1]);
+	stored.status = EFFECT_STARTED;
+	stored.conflict = false;
+	stored.created_at = DatumGetTimestampTz(stored_value(&w, EFF_CREATED_AT));
+	stored.safe_to_redo = DatumGetBool(stored_value(&w, EFF_SAFE_TO_REDO));
+	stored.key = (char *) intent->key;
 	end_write(&w);
-	add_unsettled(intent->key, created_at, false);
+	follow_settlement(NULL, &stored);
 	dl_write_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
 }
 
@@ -678,18 +697,20 @@ dl_write_resolution(LockedEffect *locked, EffectStatus to, Jsonb *value,
 }
 
 /*
- * A failed business key's next attempt: the failed one is kept in
- * past_attempts, and the effect starts again under intent's lease.
+ * An effect's next attempt: the current one is kept in past_attempts (with
+ * status replaced_as: a failed business key's as failed, a recorded call's
+ * whose lease ended without a report as unknown), and the effect starts
+ * again under intent's lease.
  */
 void
-dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent)
+dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent, EffectStatus replaced_as)
 {
 	Write		past;
 	Write		w;
 	TupleTableSlot *old_values;
 	AttrNumber *e = dl_effects_table.attnums;
 
-	/* the failed attempt, as it was recorded */
+	/* the replaced attempt, as it was recorded */
 	begin_effect_update(&w, locked);
 	old_values = w.slot;
 	begin_write(&past, &dl_past_table);
@@ -700,7 +721,7 @@ dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent)
 	COPY(PAST_RUN, EFF_RUN);
 	COPY(PAST_LEASE_EPOCH, EFF_LEASE_EPOCH);
 	COPY(PAST_HOLDER_PID, EFF_HOLDER_PID);
-	COPY(PAST_STATUS, EFF_STATUS);
+	set_value(&past, PAST_STATUS, CStringGetTextDatum(dl_status_name(replaced_as)));
 	COPY(PAST_ERROR, EFF_ERROR);
 	COPY(PAST_META, EFF_META);
 	COPY(PAST_CREATED_AT, EFF_CREATED_AT);

@@ -90,9 +90,13 @@ my $counts_sql = q{
 	SELECT (SELECT count(*) FROM durable_ledger.effects) || ' effects, '
 	    || (SELECT count(*) FROM durable_ledger.runs) || ' runs, '
 	    || (SELECT count(*) FROM durable_ledger.audit_log) || ' audit rows, '
-	    || (SELECT md5(string_agg(jsonb_strip_nulls(to_jsonb(e))::text, ',' ORDER BY key))
+	    || (SELECT count(*) FROM durable_ledger.effects e
+	         WHERE to_jsonb(e) @> '{"safe_to_redo": true}') || ' recorded calls, '
+	    || (SELECT md5(string_agg((jsonb_strip_nulls(to_jsonb(e)) - 'safe_to_redo')::text, ','
+	                              ORDER BY key))
 	          FROM durable_ledger.effects e)};
-# (an effect's columns with a value: a column a version adds is NULL in the rows it finds)
+# (an effect's columns with a value: a column a version adds is NULL in the rows it
+# finds, or false: safe_to_redo, 1.2's, which no effect of an earlier version is)
 
 for my $from (@sources)
 {

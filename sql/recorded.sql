@@ -1,0 +1,159 @@
+-- recorded: begin_recorded records a call that is harmless to make again (a
+-- model's answer, a read) as an effect: executed once, completed, replayed
+-- with its recorded result; but a call whose lease ended without a report is
+-- executed again as the effect's next attempt (the unknown one kept in
+-- past_attempts), not paused, and never listed in unresolved.  A late report
+-- on the replaced attempt is kept in the audit log and changes nothing.  Both
+-- the effect and the call must be recorded ones: begin_effect on a recorded
+-- call, or begin_recorded on an effect, makes it unknown and pauses as v1
+-- does, and an unknown effect waits for a person whoever asks.  A tool
+-- registered as side-effecting is refused.
+\set VERBOSITY terse
+
+
+-- ===================================================================
+-- attempt 1: a model turn recorded, executed, completed; a second turn is
+-- begun and its worker dies (the lease ends) without a report
+-- ===================================================================
+SELECT key AS turn1 FROM durable_ledger.effect_key('rec-1', 'model', '{"messages": ["hi"]}', 1) AS key \gset
+SELECT key AS turn2 FROM durable_ledger.effect_key('rec-1', 'model', '{"messages": ["hi", "hello", "pay INV-9?"]}', 1) AS key \gset
+SELECT key = :'turn1' AS derived_key, decision, status, occurrence, attempt, result, reason,
+       downstream_key = key AS downstream_is_key
+  FROM durable_ledger.begin_recorded('rec-1', 'model', '{"messages": ["hi"]}',
+                                     '{"model": "m-1"}');
+SELECT status, attempt, safe_to_redo, meta FROM durable_ledger.effects WHERE key = :'turn1';
+SELECT status, attempt FROM durable_ledger.complete_effect(:'turn1', '{"text": "hello"}', 1);
+SELECT decision, status, attempt
+  FROM durable_ledger.begin_recorded('rec-1', 'model', '{"messages": ["hi", "hello", "pay INV-9?"]}');
+-- a recorded call in flight is not something a person may have to look at
+SELECT count(*) AS unsettled_rows FROM durable_ledger.unsettled WHERE key IN (:'turn1', :'turn2');
+SELECT durable_ledger.release_run('rec-1');
+SELECT count(*) AS unresolved_rows FROM durable_ledger.unresolved WHERE run = 'rec-1';
+
+-- ===================================================================
+-- attempt 2: turn 1 is replayed; turn 2, whose outcome is unknown, is
+-- executed again as attempt 2
+-- ===================================================================
+SELECT decision, status, attempt, result, reason
+  FROM durable_ledger.begin_recorded('rec-1', 'model', '{"messages": ["hi"]}');
+SELECT decision, status, occurrence, attempt, reason, downstream_key = key AS downstream_is_key
+  FROM durable_ledger.begin_recorded('rec-1', 'model', '{"messages": ["hi", "hello", "pay INV-9?"]}');
+SELECT status, attempt, lease_epoch, conflict FROM durable_ledger.effects WHERE key = :'turn2';
+SELECT attempt, status, lease_epoch, error FROM durable_ledger.past_attempts WHERE key = :'turn2';
+SELECT event, lease_epoch, attempt, detail FROM durable_ledger.audit_log
+ WHERE key = :'turn2' ORDER BY id;
+SELECT count(*) AS unsettled_rows FROM durable_ledger.unsettled WHERE key = :'turn2';
+
+-- the dead worker's report on attempt 1 arrives late: kept, not applied, not flagged
+SELECT status, attempt, result, conflict
+  FROM durable_ledger.complete_effect(:'turn2', '{"text": "the late answer"}', 1);
+SELECT event, lease_epoch, attempt, detail FROM durable_ledger.audit_log
+ WHERE key = :'turn2' AND event = 'superseded_report';
+-- turn 3 is begun; its worker dies too
+SELECT key AS turn3 FROM durable_ledger.effect_key('rec-1', 'model', '{"messages": ["turn 3"]}', 1) AS key \gset
+SELECT decision, attempt FROM durable_ledger.begin_recorded('rec-1', 'model', '{"messages": ["turn 3"]}');
+-- the current attempt's report is applied
+SELECT status, attempt, result, conflict
+  FROM durable_ledger.complete_effect(:'turn2', '{"text": "yes, pay it"}', 2);
+SELECT count(*) AS unresolved_rows FROM durable_ledger.unresolved WHERE run = 'rec-1';
+SELECT durable_ledger.release_run('rec-1');
+
+-- attempt 3: turn 2 is replayed (its current attempt's result); turn 3,
+-- unknown, is executed again
+SELECT decision, status, attempt, result
+  FROM durable_ledger.begin_recorded('rec-1', 'model', '{"messages": ["hi", "hello", "pay INV-9?"]}');
+SELECT decision, status, attempt
+  FROM durable_ledger.begin_recorded('rec-1', 'model', '{"messages": ["turn 3"]}');
+SELECT durable_ledger.release_run('rec-1');
+-- a report that names no attempt, from a session that is not the current
+-- attempt's lease: it may be attempt 1's, so it is not applied (kept, flagged)
+SELECT conninfo AS other_conninfo FROM (SELECT 'dbname=' || current_database()
+       || ' port=' || current_setting('port') AS conninfo) c \gset
+SELECT dblink_connect('rec_other', :'other_conninfo');
+SELECT * FROM dblink('rec_other', format($$SELECT status, attempt, conflict
+       FROM durable_ledger.complete_effect(%L, '{"text": "whose?"}')$$, :'turn3'))
+       AS t(status text, attempt integer, conflict boolean);
+SELECT event, attempt, detail->>'why' AS why FROM durable_ledger.audit_log
+ WHERE key = :'turn3' AND event = 'conflict';
+SELECT key = :'turn3' AS turn3, status, conflict FROM durable_ledger.unresolved WHERE run = 'rec-1';
+SELECT dblink_disconnect('rec_other');
+
+-- ===================================================================
+-- both must be recorded calls: begin_effect on a recorded call whose lease
+-- ended, and begin_recorded on a side effect's, pause as any unknown does;
+-- once unknown (a person was asked), a recorded call is not redone either
+-- ===================================================================
+SELECT decision FROM durable_ledger.begin_recorded('rec-mix', 'lookup', '{"q": "a"}');
+SELECT decision FROM durable_ledger.begin_effect('rec-mix', 'lookup', '{"q": "b"}');
+SELECT durable_ledger.release_run('rec-mix');
+SELECT decision, status, attempt, reason IS NOT NULL AS explained
+  FROM durable_ledger.begin_effect('rec-mix', 'lookup', '{"q": "a"}');
+SELECT decision, status, attempt, reason IS NOT NULL AS explained
+  FROM durable_ledger.begin_recorded('rec-mix', 'lookup', '{"q": "b"}');
+SELECT decision, status, attempt
+  FROM durable_ledger.begin_recorded('rec-mix', 'lookup', '{"q": "a"}');
+SELECT args, status, attempt, safe_to_redo FROM durable_ledger.effects WHERE run = 'rec-mix' ORDER BY args::text;
+SELECT args, status FROM durable_ledger.unresolved WHERE run = 'rec-mix' ORDER BY args::text;
+SELECT durable_ledger.release_run('rec-mix');
+
+-- ===================================================================
+-- a failure is recorded and replayed as any effect's (calling again is the
+-- next occurrence)
+-- ===================================================================
+SELECT key AS failed_key FROM durable_ledger.begin_recorded('rec-fail', 'model', '{"m": 1}') \gset
+SELECT status FROM durable_ledger.fail_effect(:'failed_key', '{"error": "content policy"}', 1);
+SELECT durable_ledger.release_run('rec-fail');
+SELECT decision, status, attempt, error
+  FROM durable_ledger.begin_recorded('rec-fail', 'model', '{"m": 1}');
+SELECT decision, occurrence, attempt
+  FROM durable_ledger.begin_recorded('rec-fail', 'model', '{"m": 1}');
+SELECT durable_ledger.release_run('rec-fail');
+
+-- ===================================================================
+-- token leases: an expired or broken lease's recorded call is executed
+-- again in the next lease's epoch
+-- ===================================================================
+SELECT token AS tok1 FROM durable_ledger.take_lease('rec-tok', '1 minute') \gset
+SELECT key AS tok_key, decision, attempt
+  FROM durable_ledger.begin_recorded('rec-tok', 'model', '{"t": 1}', NULL, :'tok1') \gset
+SELECT :'decision' AS decision, :attempt AS attempt;
+SELECT durable_ledger.break_lease('rec-tok', 'regress', 'the worker is gone');
+SELECT token AS tok2 FROM durable_ledger.take_lease('rec-tok', '1 minute') \gset
+SELECT decision, status, attempt
+  FROM durable_ledger.begin_recorded('rec-tok', 'model', '{"t": 1}', NULL, :'tok2');
+SELECT status, attempt FROM durable_ledger.complete_effect(:'tok_key', '{"ok": true}', 2);
+SELECT durable_ledger.release_lease(:'tok2');
+
+-- ===================================================================
+-- the tools registry: a tool registered as side-effecting is refused (55L03,
+-- nothing written); one registered as read-only is recorded
+-- ===================================================================
+SELECT tool FROM durable_ledger.register_tool('charge_card', 'regress');
+SELECT tool FROM durable_ledger.register_tool('search_docs', 'regress', side_effecting => false);
+SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
+SELECT regress_try($$SELECT durable_ledger.begin_recorded('rec-reg', 'charge_card', '{"cents": 100}')$$)
+       AS side_effecting;
+SELECT count(*) = :audit_rows AS nothing_written FROM durable_ledger.audit_log;
+SELECT count(*) AS effects FROM durable_ledger.effects WHERE run = 'rec-reg';
+\set VERBOSITY default
+SELECT durable_ledger.begin_recorded('rec-reg', 'charge_card', '{"cents": 100}');
+\set VERBOSITY terse
+SELECT decision FROM durable_ledger.begin_recorded('rec-reg', 'search_docs', '{"q": "refunds"}');
+SELECT durable_ledger.release_run('rec-reg');
+SELECT tool FROM durable_ledger.retire_tool('charge_card', 'regress');
+SELECT tool FROM durable_ledger.retire_tool('search_docs', 'regress');
+
+-- ===================================================================
+-- bad input: clear errors, nothing written
+-- ===================================================================
+SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
+SELECT regress_try($$SELECT durable_ledger.begin_recorded(NULL, 'model', '{}')$$) AS null_run;
+SELECT regress_try($$SELECT durable_ledger.begin_recorded('rec-bad', '', '{}')$$) AS empty_tool;
+SELECT regress_try($$SELECT durable_ledger.begin_recorded('rec-bad', 'model', NULL)$$) AS null_args;
+SELECT regress_try($$SELECT durable_ledger.begin_recorded('rec-bad', 'model', '{}', NULL, 'not-a-token')$$)
+       AS bad_token;
+SELECT count(*) = :audit_rows AS nothing_written FROM durable_ledger.audit_log;
+
+-- the replayed history of the run, as an auditor reads it
+SELECT event, attempt, outcome FROM durable_ledger.history('rec-1')
+ WHERE key = :'turn2' ORDER BY id;
