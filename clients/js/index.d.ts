@@ -157,6 +157,19 @@ export interface GuardedCall<T> extends CallOptions {
   perform: (key: string) => T | Promise<T>;
 }
 
+/** A call that is harmless to make again (a model's turn, a read): Ledger.record(). */
+export interface RecordedCall<T> {
+  run: string;
+  /** Its name, e.g. "model". */
+  tool: string;
+  /** Its JSON input (the messages so far); key order and white space do not matter. */
+  args: unknown;
+  /** Makes the call; its result is recorded, and replayed instead of calling again. */
+  call: () => T | Promise<T>;
+  /** Free JSON stored with the intent (model name, prompt version). */
+  meta?: unknown;
+}
+
 /** Base class of every error raised about a ledger decision. */
 export class LedgerError extends Error {
   constructor(
@@ -340,6 +353,17 @@ export class Ledger {
    *   error (outcome unknown: the next attempt pauses).
    */
   guarded<T = unknown>(call: GuardedCall<T>): Promise<any>;
+
+  /**
+   * A call that is harmless to make again (a model's turn, a read), made once per logical
+   * action through begin_recorded: its result is recorded and replayed like an effect's. If
+   * call() throws, nothing is recorded and the attempt goes on; if the worker dies during
+   * it, the run's next attempt makes it again (attempt 2) instead of pausing. A tool
+   * registered as side-effecting is refused (ToolRefusedError).
+   * @throws EffectFailed (call threw EffectDidNotHappen, now or replayed), EffectPaused,
+   *   ToolRefusedError, RunStopped, LeaseLostError, LedgerError, or call's own error.
+   */
+  record<T = unknown>(call: RecordedCall<T>): Promise<any>;
 
   /** Wraps a side-effecting tool: fn(args, idempotencyKey) runs only on `execute`. */
   tool<A = unknown, R = unknown>(

@@ -496,6 +496,24 @@ function jsonParam(value) {
   return JSON.stringify(value) ?? null;
 }
 
+/**
+ * The statement that begins a call and its parameters: begin_effect, or for a
+ * call recorded as safe to redo (record(), never with a business key)
+ * begin_recorded; with a token lease's token, or none (the session's lease).
+ */
+function beginStatement(run, tool, args, businessKey, meta, token, recorded) {
+  const params = recorded
+    ? [run, tool, jsonParam(args), jsonParam(meta)]
+    : [run, tool, jsonParam(args), businessKey ?? null, jsonParam(meta)];
+  const types = recorded ? ['text', 'text', 'jsonb', 'jsonb'] : ['text', 'text', 'jsonb', 'text', 'jsonb'];
+  if (token != null) {
+    params.push(token);
+    types.push('text');
+  }
+  const placeholders = types.map((type, i) => `$${i + 1}::${type}`).join(', ');
+  return [`SELECT * FROM durable_ledger.${recorded ? 'begin_recorded' : 'begin_effect'}(${placeholders})`, params];
+}
+
 /** JSON text for a recorded error: falls back to its text when it is not JSON. */
 function errorParam(value) {
   if (value instanceof Error) value = { name: value.name, message: value.message };
@@ -722,16 +740,9 @@ export class Ledger {
    * @returns {Promise<Decision>}
    */
   async beginEffect(run, tool, args, { businessKey = null, meta, lease = null } = {}) {
-    const params = [run, tool, jsonParam(args), businessKey ?? null, jsonParam(meta)];
-    if (lease == null) {
-      const { rows } = await ledgerQuery(this.client,
-        'SELECT * FROM durable_ledger.begin_effect($1::text, $2::text, $3::jsonb, $4::text, $5::jsonb)',
-        params);
-      return rows[0];
-    }
+    const token = lease == null ? null : typeof lease === 'string' ? lease : lease.token;
     const { rows } = await ledgerQuery(this.client,
-      'SELECT * FROM durable_ledger.begin_effect($1::text, $2::text, $3::jsonb, $4::text, $5::jsonb, $6::text)',
-      [...params, typeof lease === 'string' ? lease : lease.token]);
+      ...beginStatement(run, tool, args, businessKey, meta, token, false));
     return rows[0];
   }
 
@@ -744,16 +755,11 @@ export class Ledger {
    * a begin_effect that ran inside another transaction on the connection:
    * whether its intent is recorded depends on that transaction.
    */
-  async #begin(attempt, run, tool, args, businessKey, meta) {
-    const params = [run, tool, jsonParam(args), businessKey ?? null, jsonParam(meta)];
+  async #begin(attempt, run, tool, args, businessKey, meta, recorded) {
+    const [text, params] = beginStatement(run, tool, args, businessKey, meta,
+      attempt ? attempt.lease.token : null, recorded);
     try {
-      const rows = attempt
-        ? await this.#statement(`begin_effect of ${tool}`,
-          'SELECT * FROM durable_ledger.begin_effect($1::text, $2::text, $3::jsonb, $4::text, $5::jsonb, $6::text)',
-          [...params, attempt.lease.token])
-        : await this.#statement(`begin_effect of ${tool}`,
-          'SELECT * FROM durable_ledger.begin_effect($1::text, $2::text, $3::jsonb, $4::text, $5::jsonb)',
-          params);
+      const rows = await this.#statement(`begin_effect of ${tool}`, text, params);
       return rows[0];
     } catch (err) {
       if (attempt && err?.code === LEASE_LOST) throw attempt.lease[lose](err);
@@ -816,6 +822,37 @@ export class Ledger {
     if (typeof perform !== 'function') {
       throw new TypeError('guarded(): perform must be a function (key) => result');
     }
+    return this.#call('guarded()', { run, tool, args, perform, businessKey, meta, recorded: false });
+  }
+
+  /**
+   * Makes a call that is harmless to make again -- a model's turn, a read --
+   * once per logical action, and returns its result: recorded and replayed
+   * like an effect (begin_recorded), so that a replayed run sees the very
+   * answers the model gave and makes the same tool calls.  Unlike guarded(),
+   * an unknown outcome stops nothing: if call() throws (other than
+   * EffectDidNotHappen, which records a failure), nothing is recorded and the
+   * attempt goes on (the same call again is its next occurrence); if the
+   * worker dies during the call, the run's next attempt makes it again (the
+   * effect's attempt 2) instead of pausing for a person.  Never use it for a
+   * side effect: a tool registered as side-effecting is refused
+   * (ToolRefusedError).  Called inside an attempt, as guarded() is.
+   * @template T
+   * @param {{run: string, tool: string, args: unknown, call: () => T | Promise<T>,
+   *          meta?: unknown}} recorded
+   * @returns {Promise<any>} the result as recorded in the ledger
+   */
+  async record({ run, tool, args, call, meta }) {
+    if (typeof call !== 'function') {
+      throw new TypeError('record(): call must be a function () => result');
+    }
+    return this.#call('record()', {
+      run, tool, args, perform: () => call(), businessKey: null, meta, recorded: true,
+    });
+  }
+
+  /** guarded() or record(), in the attempt the call belongs to. */
+  async #call(what, { run, tool, args, perform, businessKey, meta, recorded }) {
     const attempt = this.#boundAttempt(run);
     let session = null;
     if (attempt) {
@@ -830,15 +867,15 @@ export class Ledger {
       attempt.lease.check();
     } else if (this.#attempts.has(run)) {
       throw new LedgerError(
-        `guarded() on run ${run} was called from outside the token attempt that this Ledger holds on it ` +
+        `${what} on run ${run} was called from outside the token attempt that this Ledger holds on it ` +
           "(not from tokenAttempt()'s function, nor from anything it started): it is not performed.  " +
           'Make the call inside the attempt\'s function.');
     } else {
-      this.#sessionOnly('guarded() outside tokenAttempt()');
+      this.#sessionOnly(`${what} outside tokenAttempt()`);
       session = this.#boundSession(run);
       if (!session && this.#sessions.has(run)) {
         throw new LedgerError(
-          `guarded() on run ${run} was called from outside the attempt that this Ledger holds on it ` +
+          `${what} on run ${run} was called from outside the attempt that this Ledger holds on it ` +
             "(not from attempt()'s function, nor from anything it started): it is not performed.  " +
             'Make the call inside the attempt\'s function.');
       }
@@ -851,7 +888,7 @@ export class Ledger {
       }
       if (!session && !this.#sessionHeld.has(run)) {
         throw new LedgerError(
-          `guarded() on run ${run} outside an attempt: nothing was recorded or performed.  Start each ` +
+          `${what} on run ${run} outside an attempt: nothing was recorded or performed.  Start each ` +
             'attempt at a run (the first, a retry, a redelivery) with ledger.attempt(run, fn) (or ' +
             'ledger.tokenAttempt(run, opts, fn) on a pool, or acquireRun()): a new attempt replays what an ' +
             'earlier one did, where continuing an attempt it did not start would count the retried calls ' +
@@ -870,15 +907,15 @@ export class Ledger {
     const calls = attempt ?? session;
     calls?.enter();
     try {
-      return await this.#guarded(attempt, run, tool, args, perform, businessKey, meta);
+      return await this.#guarded(attempt, run, tool, args, perform, businessKey, meta, recorded);
     } finally {
       calls?.leave();
     }
   }
 
-  async #guarded(attempt, run, tool, args, perform, businessKey, meta) {
+  async #guarded(attempt, run, tool, args, perform, businessKey, meta, recorded) {
     await this.#assertNoOpenTransaction();
-    const d = await this.#begin(attempt, run, tool, args, businessKey, meta);
+    const d = await this.#begin(attempt, run, tool, args, businessKey, meta, recorded);
     const where = `${tool} (key ${d.key})`;
 
     switch (d.decision) {
@@ -930,6 +967,9 @@ export class Ledger {
           replayed: false, cause: err,
         });
       }
+      // A recorded call's is made again (the next occurrence now, or the
+      // next attempt of this one): nothing stops.
+      if (recorded) throw err;
       // Outcome unknown: never guess.  The effect stays "started"; the next
       // attempt pauses until a person resolves it; this one must not go on.
       this.#stop(run, d.key, `the outcome of ${where} is unknown (${describe(err?.message ?? err)}).`, attempt);

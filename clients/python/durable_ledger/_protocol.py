@@ -287,8 +287,6 @@ class TokenLease:
 #: ``halt(key, reason, error)``: stop the run in the current attempt.
 HaltFn = Callable[[Optional[str], str, Optional[Callable[[], LedgerError]]], None]
 
-BEGIN_SESSION = "SELECT * FROM durable_ledger.begin_effect(%s, %s, %s, %s, %s)"
-BEGIN_TOKEN = "SELECT * FROM durable_ledger.begin_effect(%s, %s, %s, %s, %s, %s)"
 TAKE_LEASE = "SELECT * FROM durable_ledger.take_lease(%s, %s, %s)"
 RENEW_LEASE = "SELECT durable_ledger.renew_lease(%s) AS expires_at"
 RELEASE_LEASE = "SELECT durable_ledger.release_lease(%s) AS released"
@@ -312,10 +310,22 @@ class Replayed(NamedTuple):
     result: Any
 
 
-def begin_params(run: str, tool: str, args: Any, business_key: Optional[str], meta: Any,
-                 token: Optional[str] = None) -> Tuple[Any, ...]:
-    params: Tuple[Any, ...] = (run, tool, Jsonb(args), business_key, _json(meta))
-    return params if token is None else params + (token,)
+def begin_statement(run: str, tool: str, args: Any, business_key: Optional[str], meta: Any,
+                    token: Optional[str] = None, *,
+                    recorded: bool = False) -> Tuple[str, Tuple[Any, ...]]:
+    """The statement that begins a call: ``begin_effect``, or for a call recorded as safe
+    to redo (`Ledger.record`, never with a business key) ``begin_recorded``; with the
+    token of a token lease, or none (the session's lease)."""
+    if recorded:
+        function = "begin_recorded"
+        params: Tuple[Any, ...] = (run, tool, Jsonb(args), _json(meta))
+    else:
+        function = "begin_effect"
+        params = (run, tool, Jsonb(args), business_key, _json(meta))
+    if token is not None:
+        params += (token,)
+    placeholders = ", ".join(["%s"] * len(params))
+    return f"SELECT * FROM durable_ledger.{function}({placeholders})", params
 
 
 def decision_of(row: Any, run: str, tool: str, halt: HaltFn) -> Union[Execute, Replayed]:

@@ -280,12 +280,28 @@ class AsyncLedger(p.LedgerCore):
         """Perform one side effect at most once per logical action; return its result.
 
         `Ledger.guarded`, awaited: ``perform(key)`` may return an awaitable."""
+        return await self._call(run, tool, args, perform, business_key, meta, recorded=False)
+
+    async def record(self, run: str, tool: str, args: Any, call: Callable[[], Any], *,
+                     meta: Any = None) -> Any:
+        """Make a call that is harmless to make again (a model's turn, a read) once per
+        logical action; return its result, recorded and replayed like an effect.
+
+        `Ledger.record`, awaited: ``call()`` may return an awaitable.  If ``call`` raises,
+        nothing is recorded and the attempt goes on; if the worker dies during it, the
+        run's next attempt makes the call again instead of pausing."""
+        return await self._call(run, tool, args, lambda _key: call(), None, meta,
+                                recorded=True)
+
+    async def _call(self, run: str, tool: str, args: Any, perform: AsyncPerform,
+                    business_key: Optional[str], meta: Any, *, recorded: bool) -> Any:
+        """`guarded` or `record`, in the attempt the call belongs to."""
         lease = p.bound_lease(self, run)
         if lease is not None:
             p.enter_attempt(lease)
             try:
                 return await self._guarded(cast(AsyncTokenLease, lease), run, tool, args,
-                                           perform, business_key, meta)
+                                           perform, business_key, meta, recorded)
             finally:
                 lease._leave()
         if run in self._leases:
@@ -303,7 +319,8 @@ class AsyncLedger(p.LedgerCore):
             halted = self._halted.get(run)
             if halted is not None:
                 raise _stopped(halted)
-            return await self._guarded(None, run, tool, args, perform, business_key, meta)
+            return await self._guarded(None, run, tool, args, perform, business_key, meta,
+                                       recorded)
         finally:
             if session is not None:
                 session.leave()
@@ -312,13 +329,12 @@ class AsyncLedger(p.LedgerCore):
         return p.bound_session(_SESSIONS, self, run)
 
     async def _guarded(self, lease: Optional[AsyncTokenLease], run: str, tool: str, args: Any,
-                       perform: AsyncPerform, business_key: Optional[str], meta: Any) -> Any:
+                       perform: AsyncPerform, business_key: Optional[str], meta: Any,
+                       recorded: bool) -> Any:
         halt = self._halter(run, lease)
-        if lease is None:
-            query, params = p.BEGIN_SESSION, p.begin_params(run, tool, args, business_key, meta)
-        else:
-            query, params = p.BEGIN_TOKEN, p.begin_params(run, tool, args, business_key, meta,
-                                                          lease.token)
+        query, params = p.begin_statement(run, tool, args, business_key, meta,
+                                          None if lease is None else lease.token,
+                                          recorded=recorded)
         def uncertain(exc: BaseException) -> None:
             p.begin_uncertain(run, tool, exc, halt)
 
@@ -360,7 +376,8 @@ class AsyncLedger(p.LedgerCore):
             await self._record(run, key, attempt, "fail_effect", "failed", refusal.error, lease)
             raise p.refusal_recorded(key, refusal) from refusal
         except BaseException as exc:
-            p.outcome_unknown(run, tool, key, exc, halt)
+            if not recorded:  # a recorded call's is made again: nothing stops
+                p.outcome_unknown(run, tool, key, exc, halt)
             raise
         row = await self._record(run, key, attempt, "complete_effect", "completed", result,
                                  lease)

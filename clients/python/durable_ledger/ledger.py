@@ -267,11 +267,40 @@ class Ledger(p.LedgerCore):
         did not start -- an in-process retry of the run on the same connection -- would
         count the retried calls as new occurrences and perform them again.)
         """
+        return self._call(run, tool, args, perform, business_key, meta, recorded=False)
+
+    def record(self, run: str, tool: str, args: Any, call: Callable[[], Any], *,
+               meta: Any = None) -> Any:
+        """Make a call that is harmless to make again -- a model's turn, a read -- once per
+        logical action, and return its result: recorded, and replayed like an effect.
+
+        ``tool`` names it (``"model"``), ``args`` is its JSON input (the messages so far),
+        ``call()`` makes it and returns a JSON-serialisable result; ``meta`` as in
+        `guarded`.  On ``execute`` the result is recorded and returned (as recorded, so
+        the first run and every replay see the same value); on ``replay`` ``call`` is not
+        made and the recorded result is returned.  A replayed run so sees the very answers
+        the model gave, and makes the same tool calls, which `guarded` then replays.
+
+        Unlike `guarded`, an unknown outcome does not stop anything: if ``call`` raises
+        (other than `EffectDidNotHappen`, which records a failure and raises
+        `EffectFailed`, replayed as such), the exception propagates, nothing is recorded
+        and the attempt goes on (the same call again is its next occurrence); if the worker
+        dies during the call, the run's next attempt makes the call again (``begin_recorded``
+        executes it as the effect's attempt 2) instead of pausing for a person.  Never use
+        it for a side effect: a tool registered as side-effecting is refused
+        (`ToolRefused`).  Called inside an attempt, as `guarded` is.
+        """
+        return self._call(run, tool, args, lambda _key: call(), None, meta, recorded=True)
+
+    def _call(self, run: str, tool: str, args: Any, perform: Perform,
+              business_key: Optional[str], meta: Any, *, recorded: bool) -> Any:
+        """`guarded` or `record`, in the attempt the call belongs to."""
         lease = p.bound_lease(self, run)
         if lease is not None:
             p.enter_attempt(lease)
             try:
-                return self._guarded(lease, run, tool, args, perform, business_key, meta)
+                return self._guarded(lease, run, tool, args, perform, business_key, meta,
+                                     recorded)
             finally:
                 lease._leave()
         if run in self._leases:
@@ -289,7 +318,8 @@ class Ledger(p.LedgerCore):
             halted = self._halted.get(run)
             if halted is not None:
                 raise _stopped(halted)
-            return self._guarded(None, run, tool, args, perform, business_key, meta)
+            return self._guarded(None, run, tool, args, perform, business_key, meta,
+                                 recorded)
         finally:
             if session is not None:
                 session.leave()
@@ -311,11 +341,13 @@ class Ledger(p.LedgerCore):
         return bound
 
     def _guarded(self, lease: Optional[TokenLease], run: str, tool: str, args: Any,
-                 perform: Perform, business_key: Optional[str], meta: Any) -> Any:
+                 perform: Perform, business_key: Optional[str], meta: Any,
+                 recorded: bool) -> Any:
         halt = self._halter(run, lease)
         if lease is None:
             try:
-                row = self._one(p.BEGIN_SESSION, p.begin_params(run, tool, args, business_key, meta))
+                row = self._one(*p.begin_statement(run, tool, args, business_key, meta,
+                                                   recorded=recorded))
             except LedgerUsageError as exc:
                 if _not_committed(exc):
                     p.begin_not_committed(run, tool, halt)
@@ -326,7 +358,7 @@ class Ledger(p.LedgerCore):
                     raise refused from exc
                 raise
         else:
-            row = self._token_begin(lease, tool, args, business_key, meta)
+            row = self._token_begin(lease, tool, args, business_key, meta, recorded)
         decision = p.decision_of(row, run, tool, halt)
         if isinstance(decision, p.Replayed):
             return decision.result
@@ -337,19 +369,22 @@ class Ledger(p.LedgerCore):
             self._record(run, key, attempt, "fail_effect", "failed", refusal.error, lease)
             raise p.refusal_recorded(key, refusal) from refusal
         except BaseException as exc:
-            p.outcome_unknown(run, tool, key, exc, halt)
+            if not recorded:  # a recorded call's is made again: nothing stops
+                p.outcome_unknown(run, tool, key, exc, halt)
             raise
         return self._record(run, key, attempt, "complete_effect", "completed", result,
                             lease)["result"]
 
     def _token_begin(self, lease: TokenLease, tool: str, args: Any,
-                     business_key: Optional[str], meta: Any) -> Dict[str, Any]:
-        """begin_effect in the token lease's epoch, in a transaction of its own."""
+                     business_key: Optional[str], meta: Any, recorded: bool) -> Dict[str, Any]:
+        """begin_effect (begin_recorded) in the token lease's epoch, in a transaction of its
+        own."""
         run = lease.run
         halt = self._halter(run, lease)
         try:
             return self._pooled_one(
-                p.BEGIN_TOKEN, p.begin_params(run, tool, args, business_key, meta, lease.token),
+                *p.begin_statement(run, tool, args, business_key, meta, lease.token,
+                                   recorded=recorded),
                 on_uncertain=lambda exc: p.begin_uncertain(run, tool, exc, halt),
                 what=f"begin_effect of {tool}")
         except LedgerUsageError as exc:
