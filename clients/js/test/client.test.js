@@ -12,7 +12,7 @@ import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import {
   Ledger, LedgerError, EffectFailed, EffectPaused, EffectInProgress, EffectDidNotHappen, RunStopped,
-  RunBusy, LeaseLostError, LedgerRefused, BusinessKeyConflict, InvalidArgument,
+  RunBusy, LeaseLostError, LedgerRefused, BusinessKeyConflict, InvalidArgument, ToolRefusedError,
 } from '../src/index.js';
 
 const dsn = process.env.DURABLE_LEDGER_DSN;
@@ -223,6 +223,63 @@ test('unknown outcome: the error is rethrown, nothing is guessed, the next attem
     assert.equal(again.keys.length, 0);
     await ledger.releaseRun(run);
   });
+});
+
+test('record(): a model call lost with its worker is made again, then replayed; an error stops nothing', async () => {
+  const run = unique('record');
+  const messages = [{ role: 'user', content: 'pay INV-9?' }];
+  const calls = [];
+  const model = (answer) => async () => { calls.push(answer); return { role: 'assistant', content: answer }; };
+  const client = new pg.Client({ connectionString: dsn });
+  await client.connect();
+  client.on('error', () => {}); // its backend is terminated below, as a dead worker's
+  const ledger = new Ledger(client);
+  await ledger.acquireRun(run);
+  // the model fails: the error comes through, nothing is recorded, the attempt goes on
+  const timeout = new Error('model timed out');
+  const err = await ledger.record({ run, tool: 'model', args: { messages }, call: async () => { throw timeout; } })
+    .then(() => assert.fail('expected the error'), (e) => e);
+  assert.equal(err, timeout);
+  assert.deepEqual(await ledger.record({ run, tool: 'model', args: { messages }, call: model('yes') }),
+    { role: 'assistant', content: 'yes' }, 'the same call again is its next occurrence: made');
+  // a turn in flight when the worker dies: its connection ends, and the lease with it
+  let entered;
+  const inFlight = new Promise((resolve) => { entered = resolve; });
+  void ledger.record({
+    run, tool: 'model', args: { messages, turn: 2 }, call: () => { entered(); return new Promise(() => {}); },
+  });
+  await inFlight;
+  const { rows: [{ pid }] } = await client.query('SELECT pg_backend_pid() AS pid');
+  await withClient((other) => other.query('SELECT pg_terminate_backend($1, 10000)', [pid]));
+
+  await withClient(async (admin, rerun) => {
+    const turns = await rerun.attempt(run, async () => [
+      await rerun.record({ run, tool: 'model', args: { messages }, call: model('retried') }),
+      await rerun.record({ run, tool: 'model', args: { messages }, call: model('SHOULD-NOT-BE-CALLED') }),
+      await rerun.record({ run, tool: 'model', args: { messages, turn: 2 }, call: model('again') }),
+    ]);
+    assert.deepEqual(turns.map((t) => t.content), ['retried', 'yes', 'again'],
+      'the call that threw and the lost one are made again; the answered one is replayed');
+    const { rows } = await admin.query(
+      "SELECT status, attempt, safe_to_redo FROM durable_ledger.effects WHERE run = $1 AND args ? 'turn'", [run]);
+    assert.deepEqual(rows, [{ status: 'completed', attempt: 2, safe_to_redo: true }], 'made again as attempt 2, no pause');
+    const { rows: [{ n }] } = await admin.query(
+      'SELECT count(*)::int AS n FROM durable_ledger.unresolved WHERE run = $1', [run]);
+    assert.equal(n, 0, 'nothing waits for a person');
+    // a third attempt calls nothing
+    await rerun.attempt(run, async () => {
+      const turn = await rerun.record({ run, tool: 'model', args: { messages, turn: 2 }, call: model('SHOULD-NOT-BE-CALLED') });
+      assert.equal(turn.content, 'again');
+    });
+    // a tool registered as side-effecting is never recorded as safe to redo
+    const tool = unique('charge');
+    await admin.query("SELECT durable_ledger.register_tool($1, 'js tests')", [tool]);
+    const charge = counter('SHOULD-NOT-HAPPEN');
+    await assert.rejects(rerun.attempt(run, () => rerun.record({ run, tool, args: {}, call: charge })), ToolRefusedError);
+    assert.equal(charge.keys.length, 0);
+  });
+  assert.deepEqual(calls, ['yes', 'retried', 'again']);
+  await client.end().catch(() => {});
 });
 
 test('after resolve_effect a paused effect is replayed by the next attempt', async () => {

@@ -358,6 +358,42 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(paused.exception.key, performed[0])
         self.assertEqual(len(performed), 1)
 
+    async def test_a_recorded_model_call_cancelled_is_made_again_and_stops_nothing(self) -> None:
+        # The same as above with ledger.record: a model call, harmless to make again.  Its
+        # cancellation records nothing and the attempt goes on (the same call again is its
+        # next occurrence); the next attempt makes the lost call again (attempt 2) instead
+        # of pausing, and replays the answered one.
+        ledger = AsyncLedger(await self.pool(size=2))
+        started = asyncio.Event()
+        asked: List[str] = []
+
+        async def model(answer: str) -> Any:
+            asked.append(answer)
+            if answer == "hangs":
+                started.set()
+                await asyncio.sleep(60)
+            return {"content": answer}
+
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            call = asyncio.create_task(
+                ledger.record(self.run_id, "model", {"turn": 1}, lambda: model("hangs")))
+            await asyncio.wait_for(started.wait(), PATIENCE)
+            call.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await call
+            self.assertEqual(
+                await ledger.record(self.run_id, "model", {"turn": 1}, lambda: model("hello")),
+                {"content": "hello"})
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            again = [await ledger.record(self.run_id, "model", {"turn": 1}, lambda: model(a))
+                     for a in ("again", "NOT CALLED")]
+        self.assertEqual(again, [{"content": "again"}, {"content": "hello"}])
+        self.assertEqual(asked, ["hangs", "hello", "again"])
+        self.assertEqual(self.admin.execute(
+            "SELECT occurrence, attempt, status::text FROM durable_ledger.effects WHERE run = %s"
+            " ORDER BY occurrence", (self.run_id,)).fetchall(),
+            [(1, 2, "completed"), (2, 1, "completed")])
+
     async def test_a_call_cancelled_while_its_intent_is_out_stops_the_attempt(self) -> None:
         # The intent is sent and the task is cancelled before the reply (a timeout around
         # the whole call): whether it committed is unknown, and the same call again in this

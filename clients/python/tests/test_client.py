@@ -10,6 +10,7 @@ ends their leases.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -43,6 +44,7 @@ from durable_ledger import (  # noqa: E402
     OutcomeNotRecorded,
     PermissionDenied,
     RunBusy,
+    ToolRefused,
     side_effect,
 )
 
@@ -936,6 +938,59 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(again[::-1], results)
         self.assertEqual(len(performed), 10 * len(calls), "a replay performed again")
 
+    def test_record_an_error_stops_nothing_a_refusal_is_replayed_a_side_effect_is_refused(
+            self) -> None:
+        calls: List[str] = []
+
+        def model(answer: str) -> Any:
+            def call() -> Any:
+                calls.append(answer)
+                if answer == "timeout":
+                    raise TimeoutError("the model did not answer")
+                if answer == "refused":
+                    raise EffectDidNotHappen({"code": "content_policy"})
+                return {"content": answer}
+            return call
+
+        ledger = self.ledger()
+        with self.assertRaises(TimeoutError):  # as raised; nothing recorded, nothing stopped
+            ledger.record(self.run_id, "model", {"turn": 1}, model("timeout"))
+        self.assertEqual(ledger.record(self.run_id, "model", {"turn": 1}, model("hello")),
+                         {"content": "hello"})
+        with self.assertRaises(EffectFailed) as failed:
+            ledger.record(self.run_id, "model", {"turn": 2}, model("refused"))
+        self.assertFalse(failed.exception.replayed)
+        pay = Recorder({"payment_id": "p-1"})
+        self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"n": 1}, pay), {"payment_id": "p-1"})
+        self.close(ledger)
+
+        # the next attempt: the call that raised is made again (its attempt 2), the others
+        # replay; nothing pauses, nothing waits for a person
+        ledger = self.ledger()
+        self.assertEqual(ledger.record(self.run_id, "model", {"turn": 1}, model("again")),
+                         {"content": "again"})
+        self.assertEqual(ledger.record(self.run_id, "model", {"turn": 1}, model("NOT CALLED")),
+                         {"content": "hello"})
+        with self.assertRaises(EffectFailed) as failed:
+            ledger.record(self.run_id, "model", {"turn": 2}, model("NOT CALLED"))
+        self.assertTrue(failed.exception.replayed)
+        self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"n": 1}, pay), {"payment_id": "p-1"})
+        self.assertEqual(calls, ["timeout", "hello", "refused", "again"])
+        self.assertEqual(len(pay.keys), 1)
+        self.assertEqual(self.admin.execute(
+            "SELECT count(*) FROM durable_ledger.unresolved WHERE run = %s",
+            (self.run_id,)).fetchone()[0], 0)
+
+        # a tool registered as side-effecting: refused, not called, the attempt stops
+        tool = f"charge-{uuid.uuid4()}"
+        self.admin.execute("SELECT durable_ledger.register_tool(%s, 'pytest')", (tool,))
+        charge = Recorder("NOT CALLED")
+        with self.assertRaises(ToolRefused):
+            ledger.record(self.run_id, tool, {}, lambda: charge("no key"))
+        self.assertEqual(charge.keys, [])
+        with self.assertRaises(EffectPaused):
+            ledger.guarded(self.run_id, "bank.pay", {"n": 2}, pay)
+
     def test_the_readmes_quick_start_runs_as_written(self) -> None:
         # The block under "## Quick start" of the top README, copied as a newcomer copies
         # it, with only its DSN and stand-ins for the bank, the mailer and the model: the
@@ -991,15 +1046,105 @@ class ClientTest(unittest.TestCase):
                     for name in ("bank", "mail", "llm")}
         self.assertEqual(len(logs["bank"]), 1, f"paid more than once: {logs['bank']}")
         self.assertEqual(len(logs["mail"]), 1, f"mailed more than once: {logs['mail']}")
-        self.assertEqual(len(logs["llm"]), 3, "the model: timed out, answered, answered on the rerun")
+        self.assertEqual(len(logs["llm"]), 2, "the model: timed out, answered on the retry "
+                         "(the rerun replays its answer)")
         statuses = self.admin.execute(
-            "SELECT tool, status FROM durable_ledger.effects WHERE run = %s ORDER BY tool",
+            "SELECT tool, status, attempt FROM durable_ledger.effects WHERE run = %s ORDER BY tool",
             (run,)).fetchall()
-        self.assertEqual(statuses, [("bank.pay", "completed"), ("mail.send", "completed")])
+        self.assertEqual(statuses, [("bank.pay", "completed", 1), ("llm.note", "completed", 2),
+                                    ("mail.send", "completed", 1)])
         replays = self.admin.execute(
             "SELECT count(*) FROM durable_ledger.audit_log WHERE run = %s AND event = 'replay'",
             (run,)).fetchone()[0]
-        self.assertEqual(replays, 3, "the retry replays the payment, the rerun both effects")
+        self.assertEqual(replays, 4, "the retry replays the payment, the rerun all three calls")
+
+    def test_the_readmes_agent_loop_killed_in_a_model_call(self) -> None:
+        # The agent loop of the top README ("An agent loop: record each model turn"), as
+        # written, with a scripted model and stand-ins for the tools.  The first worker is
+        # killed (SIGKILL) while the model is answering its second turn; the rerun makes
+        # that model call again (its attempt 2: no pause, no person) and replays the
+        # first turn and the payment; a third run calls nothing at all.
+        readme = os.path.join(HERE, "..", "..", "..", "README.md")
+        with open(readme, encoding="utf-8") as f:
+            text = f.read()
+        section = text[text.index("\n### An agent loop: record each model turn"):]
+        code = re.search(r"```python\n(.*?)```", section, re.S)
+        assert code is not None, "no python block in the README's agent loop"
+        run = f"loop-{uuid.uuid4()}"
+        program = (
+            "import json, os, sys, time\n"
+            "import psycopg\n"
+            "from durable_ledger import Ledger\n"
+            "def log(name, *row):\n"
+            "    with open(os.path.join(os.environ['LOGS'], name), 'a') as f:\n"
+            "        f.write(json.dumps(row) + '\\n')\n"
+            f"conn = psycopg.connect({DSN!r}, autocommit=True)\n"
+            "ledger = Ledger(conn)\n"
+            "@ledger.tool('bank.pay')\n"
+            "def pay_invoice(args, idempotency_key):\n"
+            "    log('bank', args, idempotency_key)\n"
+            "    return {'payment_id': 'pay-' + idempotency_key[:8]}\n"
+            "@ledger.tool('mail.send')\n"
+            "def send_email(args, idempotency_key):\n"
+            "    log('mail', args, idempotency_key)\n"
+            "    return {'message_id': 'msg-' + idempotency_key[:8]}\n"
+            "class model:\n"
+            "    @staticmethod\n"
+            "    def complete(messages):\n"
+            "        log('model', len(messages))\n"
+            "        if len(messages) == 1:\n"
+            "            return {'role': 'assistant', 'tool_calls': [{'name': 'pay_invoice',\n"
+            "                    'args': {'invoice': 'INV-9', 'amount': 4200}}]}\n"
+            "        if os.environ.get('HANG'):\n"
+            "            time.sleep(3600)  # killed here\n"
+            "        return {'role': 'assistant', 'content': 'paid ' + messages[-1]['content']['payment_id']}\n"
+            + code.group(1)
+            + f"with conn:\n    print(agent_loop({run!r}, 'pay INV-9'))\n")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "loop.py")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(program)
+            env = dict(os.environ, LOGS=tmp, PYTHONPATH=os.path.dirname(HERE))
+
+            def lines(name: str) -> List[Any]:
+                try:
+                    with open(os.path.join(tmp, name), encoding="utf-8") as f:
+                        return [json.loads(line) for line in f]
+                except FileNotFoundError:
+                    return []
+
+            worker = subprocess.Popen(["/usr/bin/python3", path], env=dict(env, HANG="1"),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                deadline = time.monotonic() + 60
+                while len(lines("model")) < 2 and worker.poll() is None:
+                    self.assertLess(time.monotonic(), deadline, "the worker never reached turn 2")
+                    time.sleep(0.05)
+                if worker.poll() is not None:
+                    self.fail("the worker ended before it was killed: %r" % (worker.communicate(),))
+            finally:
+                worker.kill()
+                worker.communicate()
+            self.assertEqual(lines("model"), [[1], [3]])
+            self.assertEqual(len(lines("bank")), 1)
+            for _ in range(2):  # the rerun, then a third run
+                done = subprocess.run(["/usr/bin/python3", "-W", "default", path], env=env,
+                                      capture_output=True, text=True, timeout=120)
+                self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+                self.assertEqual(done.stdout.strip(), "paid pay-" + lines("bank")[0][1][:8])
+                self.assertEqual(done.stderr, "")
+            self.assertEqual(lines("model"), [[1], [3], [3]],
+                             "the lost model call is made again once; everything else replays")
+            self.assertEqual(len(lines("bank")), 1, "paid more than once")
+            self.assertEqual(lines("mail"), [])
+        turns = self.admin.execute(
+            "SELECT e.status, e.attempt, p.status FROM durable_ledger.effects e"
+            "  LEFT JOIN durable_ledger.past_attempts p ON p.key = e.key"
+            " WHERE e.run = %s AND e.tool = 'model' ORDER BY e.created_at", (run,)).fetchall()
+        self.assertEqual(turns, [("completed", 1, None), ("completed", 2, "unknown")])
+        self.assertEqual(self.admin.execute(
+            "SELECT count(*) FROM durable_ledger.unresolved WHERE run = %s", (run,)).fetchone()[0],
+            0, "a recorded call needs no person")
 
 
 if __name__ == "__main__":
