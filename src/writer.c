@@ -509,9 +509,9 @@ dl_write_new_intent(const NewIntent *intent)
 	stored.conflict = false;
 	stored.created_at = DatumGetTimestampTz(stored_value(&w, EFF_CREATED_AT));
 	stored.safe_to_redo = DatumGetBool(stored_value(&w, EFF_SAFE_TO_REDO));
-	stored.key = (char *) intent->key;
 	end_write(&w);
-	follow_settlement(NULL, &stored);
+	if (is_unsettled(&stored))
+		add_unsettled(intent->key, stored.created_at, false);	/* a new key: not there */
 	dl_write_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
 }
 
