@@ -1001,7 +1001,7 @@ AS 'MODULE_PATHNAME', 'dl_purge_settled_1_2'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.purge_settled(interval, text, boolean, integer) IS
-    'removes the effects of runs whose every effect is completed or failed (none started, unknown or flagged, no divergence waiting) and whose audit log is quiet for older_than; a later call of such a run executes again; dry_run (the default) only lists them; at most max_runs per call';
+    'removes the effects of runs whose every effect is completed or failed (none started but a recorded call, none unknown or flagged, no divergence waiting) and whose audit log is quiet for older_than; a later call of such a run executes again; dry_run (the default) only lists them; at most max_runs per call';
 REVOKE ALL ON FUNCTION durable_ledger.purge_settled(interval, text, boolean, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION durable_ledger.purge_settled(interval, text, boolean, integer)
     TO durable_ledger_admin;

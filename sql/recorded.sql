@@ -66,17 +66,24 @@ SELECT decision, status, attempt
   FROM durable_ledger.begin_recorded('rec-1', 'model', '{"messages": ["turn 3"]}');
 SELECT durable_ledger.release_run('rec-1');
 -- a report that names no attempt, from a session that is not the current
--- attempt's lease: it may be attempt 1's, so it is not applied (kept, flagged)
+-- attempt's lease: it may be attempt 1's, so it is not applied; kept as
+-- superseded (no run, no attempt), flagged for nobody: if it was the current
+-- attempt's, the call is made again
+
 SELECT conninfo AS other_conninfo FROM (SELECT 'dbname=' || current_database()
        || ' port=' || current_setting('port') AS conninfo) c \gset
 SELECT dblink_connect('rec_other', :'other_conninfo');
 SELECT * FROM dblink('rec_other', format($$SELECT status, attempt, conflict
        FROM durable_ledger.complete_effect(%L, '{"text": "whose?"}')$$, :'turn3'))
        AS t(status text, attempt integer, conflict boolean);
-SELECT event, attempt, detail->>'why' AS why FROM durable_ledger.audit_log
- WHERE key = :'turn3' AND event = 'conflict';
-SELECT key = :'turn3' AS turn3, status, conflict FROM durable_ledger.unresolved WHERE run = 'rec-1';
+SELECT event, run, lease_epoch, attempt, detail FROM durable_ledger.audit_log
+ WHERE key = :'turn3' AND event IN ('conflict', 'superseded_report');
+SELECT count(*) AS unresolved_rows FROM durable_ledger.unresolved WHERE run = 'rec-1';
 SELECT dblink_disconnect('rec_other');
+SELECT decision, status, attempt
+  FROM durable_ledger.begin_recorded('rec-1', 'model', '{"messages": ["turn 3"]}');
+SELECT status, attempt FROM durable_ledger.complete_effect(:'turn3', '{"text": "three"}', 3);
+SELECT durable_ledger.release_run('rec-1');
 
 -- ===================================================================
 -- both must be recorded calls: begin_effect on a recorded call whose lease
@@ -142,6 +149,41 @@ SELECT decision FROM durable_ledger.begin_recorded('rec-reg', 'search_docs', '{"
 SELECT durable_ledger.release_run('rec-reg');
 SELECT tool FROM durable_ledger.retire_tool('charge_card', 'regress');
 SELECT tool FROM durable_ledger.retire_tool('search_docs', 'regress');
+
+-- ===================================================================
+-- a tool watched for divergence (warn): a call made again counts as
+-- replayed, so the attempt's later calls of the tool are judged as before
+-- ===================================================================
+SELECT tool FROM durable_ledger.register_tool('model_watched', 'regress', side_effecting => false,
+                                              divergence => 'warn');
+SELECT decision FROM durable_ledger.begin_recorded('rec-watch', 'model_watched', '{"t": "a"}');
+SELECT status FROM durable_ledger.complete_effect(
+       (SELECT key FROM durable_ledger.effects WHERE run = 'rec-watch' AND args = '{"t": "a"}'),
+       '{"ok": "a"}', 1);
+SELECT decision FROM durable_ledger.begin_recorded('rec-watch', 'model_watched', '{"t": "b"}');
+SELECT durable_ledger.release_run('rec-watch');
+SELECT decision FROM durable_ledger.begin_recorded('rec-watch', 'model_watched', '{"t": "a"}');
+SELECT decision FROM durable_ledger.begin_recorded('rec-watch', 'model_watched', '{"t": "c"}');
+SELECT decision, attempt FROM durable_ledger.begin_recorded('rec-watch', 'model_watched', '{"t": "b"}');
+SELECT decision FROM durable_ledger.begin_recorded('rec-watch', 'model_watched', '{"t": "d"}');
+SELECT durable_ledger.release_run('rec-watch');
+SELECT tool FROM durable_ledger.retire_tool('model_watched', 'regress');
+
+-- ===================================================================
+-- a run whose last recorded call was lost is settled for purge_settled and
+-- fork_run: nobody has anything to decide; a fork does not carry the call
+-- (the new run makes it again)
+-- ===================================================================
+SELECT key AS lost_key FROM durable_ledger.begin_recorded('rec-lost', 'model', '{"q": 1}') \gset
+SELECT status FROM durable_ledger.complete_effect(:'lost_key', '{"a": 1}', 1);
+SELECT key AS lost_key2 FROM durable_ledger.begin_recorded('rec-lost', 'model', '{"q": 2}') \gset
+SELECT durable_ledger.release_run('rec-lost');
+SELECT durable_ledger.fork_run('rec-lost', 'rec-lost-fork', :'lost_key2', 'regress') AS carried;
+SELECT decision, status FROM durable_ledger.begin_recorded('rec-lost-fork', 'model', '{"q": 1}');
+SELECT decision, status, attempt FROM durable_ledger.begin_recorded('rec-lost-fork', 'model', '{"q": 2}');
+SELECT durable_ledger.release_run('rec-lost-fork');
+SELECT run FROM durable_ledger.purge_settled('0 seconds', 'regress')
+ WHERE run LIKE 'rec-lost%' ORDER BY run;
 
 -- ===================================================================
 -- bad input: clear errors, nothing written

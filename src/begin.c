@@ -289,6 +289,7 @@ decide_redo(const NewIntent *intent, CallRules *call, const EffectRow *row, Deci
 		locked.row.lease_epoch != row->lease_epoch ||
 		strcmp(locked.row.run, row->run) != 0)
 		return false;
+	dl_progress_redone(call->progress, intent->key);	/* a watched tool's replay */
 	dl_write_next_attempt(&locked, intent, EFFECT_UNKNOWN);
 	decide_execute(d, row->attempt + 1);
 	d->reason = psprintf(REASON_REDO, row->attempt, row->attempt + 1);

@@ -113,6 +113,23 @@ dl_progress_replayed(ReplayProgress *progress, const char *key)
 	dl_epoch_count(progress->lease, &progress->replayed, progress->replayed.count + 1);
 }
 
+static int32 earlier_count(ReplayProgress *progress);
+
+/*
+ * The call makes key, an earlier effect of the tool whose attempt was lost,
+ * again in this epoch (begin_recorded): it counts as replayed, as the same
+ * call is.  Its row is about to move into this epoch, so the earlier effects
+ * are counted first, while it is one of them.
+ */
+void
+dl_progress_redone(ReplayProgress *progress, const char *key)
+{
+	if (!progress->watched)
+		return;
+	(void) earlier_count(progress);
+	dl_progress_replayed(progress, key);
+}
+
 static List *
 earlier_effects(ReplayProgress *progress)
 {

@@ -38,6 +38,8 @@ typedef struct ReplayProgress
 	List	   *earlier_effects;	/* when read */
 } ReplayProgress;
 
+extern void dl_progress_redone(ReplayProgress *progress, const char *key);
+
 typedef enum DriftKind
 {
 	DRIFT_NONE,					/* execute */

@@ -895,11 +895,13 @@ dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit)
 /* the run's effects (RUN_LOGGED_KEYS), what it has to remove and whether it may */
 #define RUN_PURGE_STATE(lock) \
 	"WITH keys AS (SELECT DISTINCT k.key FROM (" RUN_LOGGED_KEYS ") k)," \
-	"     mine AS (SELECT e.key, e.status, e.conflict FROM durable_ledger.effects e" \
+	"     mine AS (SELECT e.key, e.status, e.conflict, e.safe_to_redo FROM durable_ledger.effects e" \
 	"               JOIN keys k ON e.key" EQ "k.key WHERE e.run" EQ "$1" lock ")" \
 	" SELECT (SELECT pg_catalog.count(*) FROM mine)," \
 	"        (SELECT pg_catalog.count(*) FROM mine" \
-	"          WHERE mine.status OPERATOR(pg_catalog.<>) ALL ('{completed,failed}') OR mine.conflict)," \
+	"          WHERE mine.status OPERATOR(pg_catalog.<>) ALL ('{completed,failed}')" \
+	"            AND NOT (mine.status OPERATOR(pg_catalog.=) 'started' AND mine.safe_to_redo)" \
+	"             OR mine.conflict)," \
 	"        (SELECT pg_catalog.count(*) FROM durable_ledger.past_attempts p JOIN keys k" \
 	"            ON p.key" EQ "k.key WHERE p.run" EQ "$1)," \
 	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d WHERE d.run" EQ "$1)," \
@@ -914,8 +916,9 @@ static Statement run_purge_state_locked = {RUN_PURGE_STATE(" FOR UPDATE OF e"), 
 
 /*
  * What purging run would remove, as committed now, and whether it may: none
- * of its effects started, unknown or flagged, no divergence waiting for a
- * verdict, nothing logged since cutoff.  With lock, its effects are locked
+ * of its effects started (but a recorded call: made again, were the run
+ * called again), unknown or flagged, no divergence waiting for a verdict,
+ * nothing logged since cutoff.  With lock, its effects are locked
  * for this transaction (a report waits for it; READ COMMITTED only).
  */
 bool

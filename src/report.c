@@ -73,7 +73,7 @@ record_conflict(LockedEffect *locked, EffectStatus reported, Jsonb *value)
  * log under the run, epoch and attempt it is about, and changes nothing.
  */
 static void
-keep_superseded_report(LockedEffect *locked, const PastAttempt *past, int32 attempt,
+keep_superseded_report(LockedEffect *locked, const char *run, int64 lease_epoch, int32 attempt,
 					   EffectStatus reported, Jsonb *value)
 {
 	DetailBuilder detail;
@@ -82,8 +82,8 @@ keep_superseded_report(LockedEffect *locked, const PastAttempt *past, int32 atte
 	dl_detail_text(&detail, "report", dl_status_name(reported));
 	dl_detail_jsonb(&detail, reported == EFFECT_COMPLETED ? "result" : "error", value);
 	dl_detail_int(&detail, "current_attempt", locked->row.attempt);
-	dl_write_audit(past->run, locked->row.key, "superseded_report", dl_detail_finish(&detail),
-				   past->lease_epoch, attempt);
+	dl_write_audit(run, locked->row.key, "superseded_report", dl_detail_finish(&detail),
+				   lease_epoch, attempt);
 	dl_note_durable_write();
 }
 
@@ -113,7 +113,7 @@ report_on_past_attempt(LockedEffect *locked, int32 attempt, EffectStatus reporte
 		return;
 	if (locked->row.safe_to_redo && past.status == EFFECT_UNKNOWN)
 	{
-		keep_superseded_report(locked, &past, attempt, reported, value);
+		keep_superseded_report(locked, past.run, past.lease_epoch, attempt, reported, value);
 		return;
 	}
 
@@ -137,6 +137,22 @@ static void
 report_on_unnamed_attempt(LockedEffect *locked, EffectStatus reported, Jsonb *value)
 {
 	int32		current = locked->row.attempt;
+
+	/*
+	 * A recorded call's: kept as superseded (no run, no attempt: it cannot be
+	 * matched to one), not flagged.  Were it the current attempt's, the call
+	 * is made again when that attempt's lease ends: harmless, its caller said.
+	 */
+	if (locked->row.safe_to_redo)
+	{
+		keep_superseded_report(locked, NULL, 0, 0, reported, value);
+		ereport(WARNING,
+				(errmsg("report \"%s\" for effect \"%s\" names no attempt, and the effect is at attempt %d",
+						dl_status_name(reported), locked->row.key, current),
+				 errdetail("It may concern an earlier attempt, so it was not applied: it was kept in the audit log as a superseded report. The effect is a recorded call: if its current attempt's lease ends without a report, it is made again."),
+				 errhint("Pass the attempt that begin_recorded() returned.")));
+		return;
+	}
 
 	keep_conflict(locked, NULL, 0, 0, reported, value, locked->row.status, NULL, NULL,
 				  "the report named no attempt, and the current attempt is not the first");

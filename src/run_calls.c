@@ -182,7 +182,8 @@ rules_of(List **known, const char *tool)
  * divergence is judged against them).  Business keys are not carried: they
  * keep their own identity, and a completed one replays in any run.  Every
  * effect carried must have a settled outcome; a report in progress on one is
- * waited for.  Nothing of the source run changes.  Returns how many effects
+ * waited for.  A recorded call that has none (started: in flight, or lost
+ * with its lease) is not carried: the new run makes the call again.  Nothing of the source run changes.  Returns how many effects
  * the new run carries.
  */
 Datum
@@ -246,6 +247,10 @@ dl_fork_run_1_2(PG_FUNCTION_ARGS)
 		/* waits for a report in progress on it: its outcome is what is carried */
 		if (!dl_lock_effect(lfirst(lc), &source))
 			elog(ERROR, "effect \"%s\" disappeared", (char *) lfirst(lc));
+		/* a recorded call without an outcome: the new run makes it again */
+		if (source.row.safe_to_redo && source.row.status == EFFECT_STARTED &&
+			!source.row.conflict)
+			continue;
 		if (source.row.conflict ||
 			(source.row.status != EFFECT_COMPLETED && source.row.status != EFFECT_FAILED))
 			ereport(ERROR,
