@@ -357,8 +357,9 @@ export class Ledger {
   /**
    * A call that is harmless to make again (a model's turn, a read), made once per logical
    * action through begin_recorded: its result is recorded and replayed like an effect's. If
-   * call() throws, nothing is recorded and the attempt goes on; if the worker dies during
-   * it, the run's next attempt makes it again (attempt 2) instead of pausing. A tool
+   * call() throws, nothing is recorded and the attempt stops (RunStopped afterwards); the
+   * next attempt makes it again (attempt 2) instead of pausing, as when the worker dies
+   * during it. A tool
    * registered as side-effecting is refused (ToolRefusedError).
    * @throws EffectFailed (call threw EffectDidNotHappen, now or replayed), EffectPaused,
    *   ToolRefusedError, RunStopped, LeaseLostError, LedgerError, or call's own error.

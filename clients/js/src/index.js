@@ -830,11 +830,13 @@ export class Ledger {
    * once per logical action, and returns its result: recorded and replayed
    * like an effect (begin_recorded), so that a replayed run sees the very
    * answers the model gave and makes the same tool calls.  Unlike guarded(),
-   * an unknown outcome stops nothing: if call() throws (other than
+   * an unknown outcome needs no person: if call() throws (other than
    * EffectDidNotHappen, which records a failure), nothing is recorded and the
-   * attempt goes on (the same call again is its next occurrence); if the
-   * worker dies during the call, the run's next attempt makes it again (the
-   * effect's attempt 2) instead of pausing for a person.  Never use it for a
+   * attempt stops (further calls throw RunStopped, which says so); the next
+   * attempt makes the call again (the effect's attempt 2), as it does when
+   * the worker dies during the call.  (A retry inside the attempt would act on
+   * an answer that the replay, which makes the lost call again first, may not
+   * get.)  Never use it for a
    * side effect: a tool registered as side-effecting is refused
    * (ToolRefusedError).  Called inside an attempt, as guarded() is.
    * @template T
@@ -959,7 +961,7 @@ export class Ledger {
     } catch (err) {
       if (err instanceof EffectDidNotHappen) {
         const json = errorParam(err.error);
-        const row = await this.#report(attempt, run, 'fail_effect', d.key, d.attempt, json, where);
+        const row = await this.#report(attempt, run, 'fail_effect', d.key, d.attempt, json, where, recorded);
         throw new EffectFailed(`${where} did not happen: ${err.message}`, {
           key: d.key, decision: d.decision, reason: err.message,
           // the row is a later attempt's when one replaced ours: ours is what we sent
@@ -967,9 +969,15 @@ export class Ledger {
           replayed: false, cause: err,
         });
       }
-      // A recorded call's is made again (the next occurrence now, or the
-      // next attempt of this one): nothing stops.
-      if (recorded) throw err;
+      // A recorded call's is made again by the next attempt: nothing for a
+      // person.  But this attempt stops: what it did next (with a retried
+      // call's other answer) would not be what a replay sees, which makes
+      // the lost call again first.
+      if (recorded) {
+        this.#stop(run, d.key, `the recorded call ${where} threw (${describe(err?.message ?? err)}) and ` +
+          'nothing was recorded; start a new attempt, which makes the call again.', attempt);
+        throw err;
+      }
       // Outcome unknown: never guess.  The effect stays "started"; the next
       // attempt pauses until a person resolves it; this one must not go on.
       this.#stop(run, d.key, `the outcome of ${where} is unknown (${describe(err?.message ?? err)}).`, attempt);
@@ -983,11 +991,14 @@ export class Ledger {
       this.#stop(run, d.key, `${where} happened but its result could not be recorded.`, attempt);
       throw new LedgerError(
         `${where} happened but its result cannot be stored as JSON (${err.message}); ` +
-          'it stays "started", and the next attempt pauses until a person resolves it',
+          (recorded
+            ? 'nothing was recorded, and the next attempt makes the recorded call again'
+            : 'it stays "started", and the next attempt pauses until a person resolves it'),
         { key: d.key, decision: d.decision, cause: err }
       );
     }
-    const row = await this.#report(attempt, run, 'complete_effect', d.key, d.attempt, resultJson, where);
+    const row = await this.#report(attempt, run, 'complete_effect', d.key, d.attempt, resultJson, where,
+      recorded);
     return row.result;
   }
 
@@ -997,7 +1008,7 @@ export class Ledger {
    * `owner`, the token attempt of the call, or the session's).  A report needs
    * no token: it goes out on any connection, also after the lease was lost.
    */
-  async #report(owner, run, fn, key, attempt, json, where) {
+  async #report(owner, run, fn, key, attempt, json, where, recorded) {
     let row;
     try {
       [row] = await this.#statement(`${fn} of ${where}`,
@@ -1019,6 +1030,14 @@ export class Ledger {
         ? row.status
         : `at attempt ${row.attempt} (this report was on attempt ${attempt}), ${row.status}`;
       this.#stop(run, key, `${where}: the ledger did not accept the report (${fn}).`, owner);
+      if (recorded && row.attempt !== attempt && !row.conflict) {
+        // a recorded call made again by a later attempt (ours lost its lease):
+        // the ledger kept our report as superseded; nothing for a person
+        throw new LedgerError(
+          `${where}: a later attempt made the recorded call again (this attempt's lease ended): the ` +
+            `effect is ${now}; this report was kept in the audit log as superseded, and this attempt stops.`,
+          { key, decision: 'execute', reason: 'superseded report' });
+      }
       throw new LedgerError(
         `${where}: the ledger did not accept the report (${fn}); the effect is ${now}` +
           `${row.conflict ? ' and flagged as a conflict' : ''}.  A person must look at it ` +

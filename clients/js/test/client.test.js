@@ -225,7 +225,7 @@ test('unknown outcome: the error is rethrown, nothing is guessed, the next attem
   });
 });
 
-test('record(): a model call lost with its worker is made again, then replayed; an error stops nothing', async () => {
+test('record(): a model call lost with its worker, or that threw, is made again by the next attempt, then replayed', async () => {
   const run = unique('record');
   const messages = [{ role: 'user', content: 'pay INV-9?' }];
   const calls = [];
@@ -235,13 +235,8 @@ test('record(): a model call lost with its worker is made again, then replayed; 
   client.on('error', () => {}); // its backend is terminated below, as a dead worker's
   const ledger = new Ledger(client);
   await ledger.acquireRun(run);
-  // the model fails: the error comes through, nothing is recorded, the attempt goes on
-  const timeout = new Error('model timed out');
-  const err = await ledger.record({ run, tool: 'model', args: { messages }, call: async () => { throw timeout; } })
-    .then(() => assert.fail('expected the error'), (e) => e);
-  assert.equal(err, timeout);
   assert.deepEqual(await ledger.record({ run, tool: 'model', args: { messages }, call: model('yes') }),
-    { role: 'assistant', content: 'yes' }, 'the same call again is its next occurrence: made');
+    { role: 'assistant', content: 'yes' });
   // a turn in flight when the worker dies: its connection ends, and the lease with it
   let entered;
   const inFlight = new Promise((resolve) => { entered = resolve; });
@@ -253,16 +248,30 @@ test('record(): a model call lost with its worker is made again, then replayed; 
   await withClient((other) => other.query('SELECT pg_terminate_backend($1, 10000)', [pid]));
 
   await withClient(async (admin, rerun) => {
+    // the model fails: the error comes through, nothing is recorded, and the attempt
+    // stops (a retry in it would act on an answer a replay does not see)
+    const timeout = new Error('model timed out');
+    await rerun.attempt(run, async () => {
+      assert.deepEqual(await rerun.record({ run, tool: 'model', args: { messages }, call: model('SHOULD-NOT-BE-CALLED') }),
+        { role: 'assistant', content: 'yes' });
+      const err = await rerun.record({ run, tool: 'model', args: { messages, turn: 2 }, call: async () => { throw timeout; } })
+        .then(() => assert.fail('expected the error'), (e) => e);
+      assert.equal(err, timeout);
+      const stopped = await rerun.record({ run, tool: 'model', args: { messages, turn: 2 }, call: model('SHOULD-NOT-BE-CALLED') })
+        .then(() => assert.fail('expected RunStopped'), (e) => e);
+      assert.ok(stopped instanceof RunStopped, `got ${stopped}`);
+      assert.match(stopped.message, /makes the call again/);
+    });
     const turns = await rerun.attempt(run, async () => [
-      await rerun.record({ run, tool: 'model', args: { messages }, call: model('retried') }),
       await rerun.record({ run, tool: 'model', args: { messages }, call: model('SHOULD-NOT-BE-CALLED') }),
       await rerun.record({ run, tool: 'model', args: { messages, turn: 2 }, call: model('again') }),
     ]);
-    assert.deepEqual(turns.map((t) => t.content), ['retried', 'yes', 'again'],
-      'the call that threw and the lost one are made again; the answered one is replayed');
+    assert.deepEqual(turns.map((t) => t.content), ['yes', 'again'],
+      'the lost call is made again; the answered one is replayed');
     const { rows } = await admin.query(
       "SELECT status, attempt, safe_to_redo FROM durable_ledger.effects WHERE run = $1 AND args ? 'turn'", [run]);
-    assert.deepEqual(rows, [{ status: 'completed', attempt: 2, safe_to_redo: true }], 'made again as attempt 2, no pause');
+    assert.deepEqual(rows, [{ status: 'completed', attempt: 3, safe_to_redo: true }],
+      'made again as attempts 2 (threw) and 3, no pause');
     const { rows: [{ n }] } = await admin.query(
       'SELECT count(*)::int AS n FROM durable_ledger.unresolved WHERE run = $1', [run]);
     assert.equal(n, 0, 'nothing waits for a person');
@@ -278,7 +287,7 @@ test('record(): a model call lost with its worker is made again, then replayed; 
     await assert.rejects(rerun.attempt(run, () => rerun.record({ run, tool, args: {}, call: charge })), ToolRefusedError);
     assert.equal(charge.keys.length, 0);
   });
-  assert.deepEqual(calls, ['yes', 'retried', 'again']);
+  assert.deepEqual(calls, ['yes', 'again']);
   await client.end().catch(() => {});
 });
 

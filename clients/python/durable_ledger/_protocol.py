@@ -410,6 +410,18 @@ def outcome_unknown(run: str, tool: str, key: str, exc: BaseException, halt: Hal
               f"then start a new attempt", None)
 
 
+def recorded_call_raised(run: str, tool: str, key: str, exc: BaseException,
+                         halt: HaltFn) -> None:
+    """``call`` of `record` raised something other than `EffectDidNotHappen`: nothing is
+    recorded, and the attempt stops.  Not for a person: the next attempt makes the call
+    again.  But this one must not go on -- what it did next (with a retried call's other
+    answer) would not be what a replay sees, which makes the lost call again first."""
+    log.info("recorded call %s %s raised %s", tool, key, type(exc).__name__)
+    halt(key, f"run {run!r} is stopped in this attempt: the recorded call {key} ({tool}) "
+              f"raised {type(exc).__name__} and nothing was recorded; start a new attempt, "
+              f"which makes the call again", None)
+
+
 def refusal_recorded(key: str, refusal: EffectDidNotHappen) -> EffectFailed:
     return EffectFailed(key, "execute", "the downstream refused the effect; its failure is "
                         "recorded", refusal.error, replayed=False)
@@ -428,18 +440,20 @@ def report_statement(function: str, key: str, payload: Any,
 
 
 def report_failed(run: str, key: str, function: str, expected: str, payload: Any,
-                  exc: BaseException, halt: HaltFn) -> OutcomeNotRecorded:
+                  exc: BaseException, halt: HaltFn, recorded: bool = False) -> OutcomeNotRecorded:
     """The report could not be sent or its reply was lost: `OutcomeNotRecorded`."""
     halt(key, f"run {run!r} is stopped in this attempt: the outcome of effect {key} could "
               f"not be recorded", None)
     what = {"result": payload} if function == "complete_effect" else {"error": payload}
+    after = ("the next attempt makes the recorded call again" if recorded else
+             "the next attempt will pause until a person resolves the effect")
     return OutcomeNotRecorded(
         key, f"the outcome ({expected}) could not be recorded ({type(exc).__name__}: {exc}); "
-             f"the next attempt will pause until a person resolves the effect", **what)
+             f"{after}", **what)
 
 
 def judge_report(row: Any, run: str, key: str, attempt: int, function: str, expected: str,
-                 payload: Any, halt: HaltFn) -> Any:
+                 payload: Any, halt: HaltFn, recorded: bool = False) -> Any:
     """The report's row if the ledger recorded the report; else `OutcomeNotRecorded`."""
     if row["attempt"] == attempt:
         accepted = row["status"] == expected and not row["conflict"]
@@ -457,6 +471,13 @@ def judge_report(row: Any, run: str, key: str, attempt: int, function: str, expe
            f"at attempt {row['attempt']} (this report was on attempt {attempt}), "
            f"{row['status']}")
     what = {"result": payload} if function == "complete_effect" else {"error": payload}
+    if recorded and row["attempt"] != attempt and not row["conflict"]:
+        # a recorded call made again by a later attempt (ours lost its lease): the ledger
+        # kept our report as superseded; nothing for a person
+        raise OutcomeNotRecorded(
+            key, f"a later attempt made the recorded call again (this attempt's lease "
+                 f"ended): the effect is {now}; this report was kept in the audit log as "
+                 f"superseded, and this attempt stops", **what)
     raise OutcomeNotRecorded(
         key, f"the ledger did not accept the report ({expected}): the effect is {now}"
              f"{' and flagged as a conflict' if row['conflict'] else ''}; a person must "

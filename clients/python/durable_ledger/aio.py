@@ -287,9 +287,9 @@ class AsyncLedger(p.LedgerCore):
         """Make a call that is harmless to make again (a model's turn, a read) once per
         logical action; return its result, recorded and replayed like an effect.
 
-        `Ledger.record`, awaited: ``call()`` may return an awaitable.  If ``call`` raises,
-        nothing is recorded and the attempt goes on; if the worker dies during it, the
-        run's next attempt makes the call again instead of pausing."""
+        `Ledger.record`, awaited: ``call()`` may return an awaitable.  If ``call`` raises
+        (or is cancelled), nothing is recorded and the attempt stops; the next attempt
+        makes the call again instead of pausing, as when the worker dies during it."""
         return await self._call(run, tool, args, lambda _key: call(), None, meta,
                                 recorded=True)
 
@@ -373,14 +373,17 @@ class AsyncLedger(p.LedgerCore):
             if inspect.isawaitable(result):
                 result = await result
         except EffectDidNotHappen as refusal:
-            await self._record(run, key, attempt, "fail_effect", "failed", refusal.error, lease)
+            await self._record(run, key, attempt, "fail_effect", "failed", refusal.error, lease,
+                               recorded)
             raise p.refusal_recorded(key, refusal) from refusal
         except BaseException as exc:
-            if not recorded:  # a recorded call's is made again: nothing stops
+            if recorded:  # made again by the next attempt: nothing for a person
+                p.recorded_call_raised(run, tool, key, exc, halt)
+            else:
                 p.outcome_unknown(run, tool, key, exc, halt)
             raise
         row = await self._record(run, key, attempt, "complete_effect", "completed", result,
-                                 lease)
+                                 lease, recorded)
         return row["result"]
 
     def _begin_cancelled(self, exc: BaseException, lease: Optional[AsyncTokenLease], run: str,
@@ -409,14 +412,15 @@ class AsyncLedger(p.LedgerCore):
         p.begin_uncertain(run, tool, exc, halt)
 
     async def _record(self, run: str, key: str, attempt: int, function: str, expected: str,
-                      payload: Any, lease: Optional[TokenLease]) -> Dict[str, Any]:
+                      payload: Any, lease: Optional[TokenLease],
+                      recorded: bool) -> Dict[str, Any]:
         """`Ledger._record`, awaited, and finished also when the caller is cancelled
         meanwhile: the report is sent and judged, the attempt stops (its caller never saw
         the answer, and the same call again would be the next occurrence), then the
         cancellation goes on.  A new attempt replays what was recorded."""
         try:
             return await _finish(self._record_now(run, key, attempt, function, expected,
-                                                  payload, lease))
+                                                  payload, lease, recorded))
         except asyncio.CancelledError as exc:
             self._halt(run, key, f"run {run!r} is stopped in this attempt: the call of effect "
                                  f"{key} was cancelled while its outcome was being recorded; a "
@@ -430,8 +434,8 @@ class AsyncLedger(p.LedgerCore):
             raise
 
     async def _record_now(self, run: str, key: str, attempt: int, function: str,
-                          expected: str, payload: Any,
-                          lease: Optional[TokenLease]) -> Dict[str, Any]:
+                          expected: str, payload: Any, lease: Optional[TokenLease],
+                          recorded: bool) -> Dict[str, Any]:
         halt = self._halter(run, lease)
         query, params = p.report_statement(function, key, payload, attempt)
         try:
@@ -441,12 +445,13 @@ class AsyncLedger(p.LedgerCore):
             else:
                 row = await self._one(query, params, what=f"{function} of {key}")
         except BaseException as exc:
-            failed = p.report_failed(run, key, function, expected, payload, exc, halt)
+            failed = p.report_failed(run, key, function, expected, payload, exc, halt,
+                                     recorded)
             if not isinstance(exc, Exception):
                 raise
             raise failed from exc
         judged: Dict[str, Any] = p.judge_report(row, run, key, attempt, function, expected,
-                                                payload, halt)
+                                                payload, halt, recorded)
         return judged
 
     # ---------------------------------------------------------------- decorator

@@ -281,12 +281,14 @@ class Ledger(p.LedgerCore):
         made and the recorded result is returned.  A replayed run so sees the very answers
         the model gave, and makes the same tool calls, which `guarded` then replays.
 
-        Unlike `guarded`, an unknown outcome does not stop anything: if ``call`` raises
-        (other than `EffectDidNotHappen`, which records a failure and raises
-        `EffectFailed`, replayed as such), the exception propagates, nothing is recorded
-        and the attempt goes on (the same call again is its next occurrence); if the worker
-        dies during the call, the run's next attempt makes the call again (``begin_recorded``
-        executes it as the effect's attempt 2) instead of pausing for a person.  Never use
+        Unlike `guarded`, an unknown outcome needs no person: if ``call`` raises (other
+        than `EffectDidNotHappen`, which records a failure and raises `EffectFailed`,
+        replayed as such), the exception propagates, nothing is recorded and the attempt
+        stops (its further calls raise `EffectPaused`, which says so); the next attempt
+        makes the call again (``begin_recorded`` executes it as the effect's attempt 2), as
+        it does when the worker dies during the call.  (A retry inside the attempt would
+        act on an answer that the replay, which makes the lost call again first, may not
+        get.)  Never use
         it for a side effect: a tool registered as side-effecting is refused
         (`ToolRefused`).  Called inside an attempt, as `guarded` is.
         """
@@ -366,14 +368,17 @@ class Ledger(p.LedgerCore):
         try:
             result = perform(downstream_key)
         except EffectDidNotHappen as refusal:
-            self._record(run, key, attempt, "fail_effect", "failed", refusal.error, lease)
+            self._record(run, key, attempt, "fail_effect", "failed", refusal.error, lease,
+                         recorded)
             raise p.refusal_recorded(key, refusal) from refusal
         except BaseException as exc:
-            if not recorded:  # a recorded call's is made again: nothing stops
+            if recorded:  # made again by the next attempt: nothing for a person
+                p.recorded_call_raised(run, tool, key, exc, halt)
+            else:
                 p.outcome_unknown(run, tool, key, exc, halt)
             raise
         return self._record(run, key, attempt, "complete_effect", "completed", result,
-                            lease)["result"]
+                            lease, recorded)["result"]
 
     def _token_begin(self, lease: TokenLease, tool: str, args: Any,
                      business_key: Optional[str], meta: Any, recorded: bool) -> Dict[str, Any]:
@@ -400,7 +405,7 @@ class Ledger(p.LedgerCore):
             raise
 
     def _record(self, run: str, key: str, attempt: int, function: str, expected: str,
-                payload: Any, lease: Optional[TokenLease]) -> Dict[str, Any]:
+                payload: Any, lease: Optional[TokenLease], recorded: bool) -> Dict[str, Any]:
         """complete_effect / fail_effect on ``attempt`` (see `p.report_statement`);
         anything but a clean record is `OutcomeNotRecorded`.
 
@@ -418,12 +423,13 @@ class Ledger(p.LedgerCore):
             else:
                 row = self._one(query, params, what=f"{function} of {key}")
         except BaseException as exc:
-            failed = p.report_failed(run, key, function, expected, payload, exc, halt)
+            failed = p.report_failed(run, key, function, expected, payload, exc, halt,
+                                     recorded)
             if not isinstance(exc, Exception):
                 raise
             raise failed from exc
         judged: Dict[str, Any] = p.judge_report(row, run, key, attempt, function, expected,
-                                                payload, halt)
+                                                payload, halt, recorded)
         return judged
 
     # ---------------------------------------------------------------- decorator

@@ -938,8 +938,10 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(again[::-1], results)
         self.assertEqual(len(performed), 10 * len(calls), "a replay performed again")
 
-    def test_record_an_error_stops_nothing_a_refusal_is_replayed_a_side_effect_is_refused(
-            self) -> None:
+    def test_record_an_error_stops_the_attempt_and_the_next_makes_the_call_again(self) -> None:
+        # A recorded call that raises records nothing and stops the attempt: a retry in the
+        # attempt would act on another answer than the replay sees (the replay makes the
+        # lost call again first).  The next attempt makes it again: no person, no pause.
         calls: List[str] = []
 
         def model(answer: str) -> Any:
@@ -952,31 +954,40 @@ class ClientTest(unittest.TestCase):
                 return {"content": answer}
             return call
 
+        pay = Recorder({"payment_id": "p-1"})
         ledger = self.ledger()
-        with self.assertRaises(TimeoutError):  # as raised; nothing recorded, nothing stopped
-            ledger.record(self.run_id, "model", {"turn": 1}, model("timeout"))
-        self.assertEqual(ledger.record(self.run_id, "model", {"turn": 1}, model("hello")),
+        self.assertEqual(ledger.record(self.run_id, "model", {"turn": 0}, model("hello")),
                          {"content": "hello"})
-        with self.assertRaises(EffectFailed) as failed:
+        with self.assertRaises(EffectFailed) as failed:  # a refusal is an answer: recorded
             ledger.record(self.run_id, "model", {"turn": 2}, model("refused"))
         self.assertFalse(failed.exception.replayed)
-        pay = Recorder({"payment_id": "p-1"})
         self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"n": 1}, pay), {"payment_id": "p-1"})
+        with self.assertRaises(TimeoutError):  # as raised; nothing recorded
+            ledger.record(self.run_id, "model", {"turn": 1}, model("timeout"))
+        with self.assertRaises(EffectPaused) as stopped:  # a retry in this attempt
+            ledger.record(self.run_id, "model", {"turn": 1}, model("NOT CALLED"))
+        self.assertIn("makes the call again", str(stopped.exception))
+        with self.assertRaises(EffectPaused):
+            ledger.guarded(self.run_id, "bank.pay", {"n": 2}, pay)
         self.close(ledger)
 
-        # the next attempt: the call that raised is made again (its attempt 2), the others
-        # replay; nothing pauses, nothing waits for a person
+        # the next attempt: what was answered replays, the call that raised is made again
+        # (its attempt 2); nothing waits for a person
         ledger = self.ledger()
-        self.assertEqual(ledger.record(self.run_id, "model", {"turn": 1}, model("again")),
-                         {"content": "again"})
-        self.assertEqual(ledger.record(self.run_id, "model", {"turn": 1}, model("NOT CALLED")),
+        self.assertEqual(ledger.record(self.run_id, "model", {"turn": 0}, model("NOT CALLED")),
                          {"content": "hello"})
         with self.assertRaises(EffectFailed) as failed:
             ledger.record(self.run_id, "model", {"turn": 2}, model("NOT CALLED"))
         self.assertTrue(failed.exception.replayed)
         self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"n": 1}, pay), {"payment_id": "p-1"})
-        self.assertEqual(calls, ["timeout", "hello", "refused", "again"])
+        self.assertEqual(ledger.record(self.run_id, "model", {"turn": 1}, model("again")),
+                         {"content": "again"})
+        self.assertEqual(calls, ["hello", "refused", "timeout", "again"])
         self.assertEqual(len(pay.keys), 1)
+        self.assertEqual(self.admin.execute(
+            "SELECT attempt, status::text FROM durable_ledger.effects"
+            " WHERE run = %s AND args = '{\"turn\": 1}'", (self.run_id,)).fetchall(),
+            [(2, "completed")])
         self.assertEqual(self.admin.execute(
             "SELECT count(*) FROM durable_ledger.unresolved WHERE run = %s",
             (self.run_id,)).fetchone()[0], 0)
@@ -990,6 +1001,49 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(charge.keys, [])
         with self.assertRaises(EffectPaused):
             ledger.guarded(self.run_id, "bank.pay", {"n": 2}, pay)
+
+    def test_record_whose_lease_was_broken_mid_call_tells_what_the_ledger_did(self) -> None:
+        # A token attempt's recorded call outlives its lease (broken): the next worker makes
+        # the call again; the first worker's answer, reported on the replaced attempt, is
+        # kept as superseded -- its error says so, not that a person must resolve anything.
+        from psycopg_pool import ConnectionPool
+        pool = ConnectionPool(DSN, min_size=1, max_size=2, kwargs={"autocommit": True},
+                              open=True)
+        self.addCleanup(pool.close)
+        ledger = Ledger(pool)
+        entered, go = threading.Event(), threading.Event()
+
+        def slow() -> Any:
+            entered.set()
+            go.wait(30)
+            return {"content": "first"}
+
+        failure: List[BaseException] = []
+
+        def first_worker() -> None:
+            try:
+                with ledger.token_attempt(self.run_id, ttl=30):
+                    ledger.record(self.run_id, "model", {"turn": 1}, slow)
+            except BaseException as exc:  # noqa: BLE001 -- looked at below
+                failure.append(exc)
+
+        worker = threading.Thread(target=first_worker)
+        worker.start()
+        self.assertTrue(entered.wait(30))
+        self.admin.execute("SELECT durable_ledger.break_lease(%s, 'pytest')", (self.run_id,))
+        other = Ledger(self.connect())
+        with other.attempt(self.run_id):
+            self.assertEqual(other.record(self.run_id, "model", {"turn": 1},
+                                          lambda: {"content": "second"}), {"content": "second"})
+        go.set()
+        worker.join(30)
+        self.assertEqual(len(failure), 1)
+        self.assertIsInstance(failure[0], OutcomeNotRecorded)
+        self.assertIn("superseded", str(failure[0]))
+        self.assertNotIn("person", str(failure[0]))
+        self.assertEqual(self.admin.execute(
+            "SELECT count(*) FROM durable_ledger.unresolved WHERE run = %s",
+            (self.run_id,)).fetchone()[0], 0)
 
     def test_the_readmes_quick_start_runs_as_written(self) -> None:
         # The block under "## Quick start" of the top README, copied as a newcomer copies
