@@ -374,9 +374,8 @@ start_from(Write *w, HeapTuple locked)
  * durable_ledger.unsettled holds (created_at, key) of every effect that is
  * started (but a recorded call's, which begin_recorded executes again if its
  * lease ends: nobody decides anything), unknown or flagged: the only ones a
- * person may have to look at,
- * found without reading the settled millions (the unresolved view, the
- * metrics).  A partial index on effects would list them too, but its
+ * person may have to look at, found without reading the settled millions
+ * (the unresolved view, the metrics).  A partial index on effects would list them too, but its
  * predicate (status) changes when an effect completes, which makes every
  * completion a non-HOT update of every index of effects.  Keyed by the
  * effect's created_at first, a new row goes to the right edge of the index
