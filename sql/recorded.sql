@@ -169,6 +169,25 @@ SELECT decision FROM durable_ledger.begin_recorded('rec-watch', 'model_watched',
 SELECT durable_ledger.release_run('rec-watch');
 SELECT tool FROM durable_ledger.retire_tool('model_watched', 'regress');
 
+-- a divergence whose candidate is a recorded call made again since (in a
+-- later epoch) can still be resolved as the same as that candidate
+SELECT tool FROM durable_ledger.register_tool('model_paused', 'regress', side_effecting => false,
+                                              divergence => 'pause');
+SELECT key AS cand_a1 FROM durable_ledger.begin_recorded('rec-cand', 'model_paused', '{"m": "a1"}') \gset
+SELECT status FROM durable_ledger.complete_effect(:'cand_a1', '"one"', 1);
+SELECT key AS cand_a2 FROM durable_ledger.begin_recorded('rec-cand', 'model_paused', '{"m": "a2"}') \gset
+SELECT durable_ledger.release_run('rec-cand');
+SELECT decision FROM durable_ledger.begin_recorded('rec-cand', 'model_paused', '{"m": "a1"}');
+SELECT key AS cand_x, decision FROM durable_ledger.begin_recorded('rec-cand', 'model_paused', '{"m": "a2, reworded"}') \gset
+SELECT :'decision' AS drifted;
+SELECT durable_ledger.release_run('rec-cand');
+SELECT decision FROM durable_ledger.begin_recorded('rec-cand', 'model_paused', '{"m": "a1"}');
+SELECT decision, attempt FROM durable_ledger.begin_recorded('rec-cand', 'model_paused', '{"m": "a2"}');
+SELECT durable_ledger.release_run('rec-cand');
+SELECT verdict, same_as = :'cand_a2' AS same_as_the_candidate
+  FROM durable_ledger.resolve_divergence(:'cand_x', 'same', 'regress');
+SELECT tool FROM durable_ledger.retire_tool('model_paused', 'regress');
+
 -- ===================================================================
 -- a run whose last recorded call was lost is settled for purge_settled and
 -- fork_run: nobody has anything to decide; a fork does not carry the call

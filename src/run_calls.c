@@ -56,14 +56,22 @@ dl_abandon_run_1_2(PG_FUNCTION_ARGS)
 	PG_RETURN_BOOL(abandoned);
 }
 
+/*
+ * same_as must be an effect of the tool that an earlier attempt of the run
+ * recorded under a derived key.  The divergence's own candidate was one when
+ * it was found, also if a recorded call's redo has moved it into a later
+ * epoch since.
+ */
 static void
 check_same_as(const LockedDivergence *locked, const char *same_as)
 {
 	EffectRow	row;
+	bool		candidate = locked->row.candidate_key != NULL &&
+		strcmp(same_as, locked->row.candidate_key) == 0;
 
 	if (dl_read_key(same_as, &row) == KEY_ABSENT ||
 		strcmp(row.run, locked->row.run) != 0 || strcmp(row.tool, locked->row.tool) != 0 ||
-		row.business_key || row.lease_epoch >= locked->row.lease_epoch)
+		row.business_key || (row.lease_epoch >= locked->row.lease_epoch && !candidate))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("effect \"%s\" is not an earlier effect of tool \"%s\" in run \"%s\"",

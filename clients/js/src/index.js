@@ -1022,9 +1022,11 @@ export class Ledger {
     // meanwhile, and the key was executed again), the row is that later
     // attempt's, which our report never changes: a failure the ledger already
     // had for our attempt is on record; anything else was kept as a conflict.
+    // (A recorded call's attempt is replaced only when it was lost: the ledger
+    // kept our report, whatever it said, as superseded.)
     const accepted = row.attempt === attempt
       ? !row.conflict && row.status === wanted
-      : !row.conflict && fn === 'fail_effect';
+      : !row.conflict && fn === 'fail_effect' && !recorded;
     if (!accepted) {
       const now = row.attempt === attempt
         ? row.status

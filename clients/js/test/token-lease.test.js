@@ -19,6 +19,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import {
   Ledger, LedgerError, LeaseLostError, RunBusy, RunStopped, TokenLease, LEASE_LOST, InvalidArgument,
+  EffectDidNotHappen, EffectFailed,
 } from '../src/index.js';
 
 const dsn = process.env.DURABLE_LEDGER_DSN;
@@ -410,6 +411,35 @@ test('a lease lost while a tool runs: the signal aborts, the outcome is reported
     assert.deepEqual((await audit(admin, run)).map((r) => r.event),
       ['lease_acquired', 'intent', 'lease_broken', 'late_completion']);
   }));
+});
+
+test('record(): a lease broken mid-call, the call made again elsewhere: the late answer or refusal is superseded, not recorded', async () => {
+  for (const outcome of ['answer', 'refusal']) {
+    const run = unique(`record-${outcome}`);
+    await withClients(2, (admin, other) => withPool({ max: 2 }, async (pool) => {
+      const ledger = new Ledger(pool);
+      const err = await rejection(ledger.tokenAttempt(run, { ttl: 30 }, () => ledger.record({
+        run, tool: 'model', args: { turn: 1 },
+        call: async () => {
+          await admin.query("SELECT durable_ledger.break_lease($1, 'oncall', 'hung?')", [run]);
+          const elsewhere = new Ledger(other);
+          const again = await elsewhere.attempt(run, () => elsewhere.record({
+            run, tool: 'model', args: { turn: 1 }, call: () => ({ content: 'second' }) }));
+          assert.deepEqual(again, { content: 'second' });
+          if (outcome === 'refusal') throw new EffectDidNotHappen({ code: 'content_policy' });
+          return { content: 'first' };
+        },
+      })));
+      assert.ok(err instanceof LedgerError && !(err instanceof EffectFailed), `got ${err}`);
+      assert.match(err.message, /superseded/);
+      assert.doesNotMatch(err.message, /person/);
+      assert.deepEqual((await audit(admin, run)).map((r) => r.event).filter((e) => e === 'superseded_report'),
+        ['superseded_report']);
+      const { rows: [{ n }] } = await admin.query(
+        'SELECT count(*)::int AS n FROM durable_ledger.unresolved WHERE run = $1', [run]);
+      assert.equal(n, 0);
+    }));
+  }
 });
 
 test('an expired lease: renewals that cannot get through, then LeaseLostError', async () => {

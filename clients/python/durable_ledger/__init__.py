@@ -29,6 +29,7 @@ to this package and the SQL contract of the extension.
 """
 
 from .errors import (
+    AttemptStopped,
     DivergencePaused,
     EffectDidNotHappen,
     EffectFailed,
@@ -71,6 +72,7 @@ __all__ = [
     "EffectFailed",
     "EffectPaused",
     "DivergencePaused",
+    "AttemptStopped",
     "EffectInProgress",
     "OutcomeNotRecorded",
     "RunBusy",

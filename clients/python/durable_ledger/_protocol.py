@@ -21,6 +21,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from .errors import (
+    AttemptStopped,
     BusinessKeyConflict,
     ConcurrentChange,
     DivergencePaused,
@@ -417,9 +418,10 @@ def recorded_call_raised(run: str, tool: str, key: str, exc: BaseException,
     again.  But this one must not go on -- what it did next (with a retried call's other
     answer) would not be what a replay sees, which makes the lost call again first."""
     log.info("recorded call %s %s raised %s", tool, key, type(exc).__name__)
-    halt(key, f"run {run!r} is stopped in this attempt: the recorded call {key} ({tool}) "
+    reason = (f"run {run!r} is stopped in this attempt: the recorded call {key} ({tool}) "
               f"raised {type(exc).__name__} and nothing was recorded; start a new attempt, "
-              f"which makes the call again", None)
+              f"which makes the call again (no person needed)")
+    halt(key, reason, lambda: AttemptStopped(key, None, reason))
 
 
 def refusal_recorded(key: str, refusal: EffectDidNotHappen) -> EffectFailed:
@@ -457,6 +459,10 @@ def judge_report(row: Any, run: str, key: str, attempt: int, function: str, expe
     """The report's row if the ledger recorded the report; else `OutcomeNotRecorded`."""
     if row["attempt"] == attempt:
         accepted = row["status"] == expected and not row["conflict"]
+    elif recorded:
+        # a recorded call made again by a later attempt: the ledger kept ours as
+        # superseded, whatever it said (its failures are never replaced by a retry)
+        accepted = False
     else:
         # A later attempt replaced ours (someone else recorded our attempt as failed
         # meanwhile, and the key was executed again): the row is that later attempt's,

@@ -170,6 +170,18 @@ class DivergencePaused(EffectPaused):
         super().__init__(key, "pause", reason)
 
 
+class AttemptStopped(LedgerError):
+    """This attempt at the run has stopped, and the next one needs no person.
+
+    A recorded call (`Ledger.record`) raised or was cancelled: nothing was recorded, and
+    this attempt must not go on -- a retry of the call inside it would act on an answer
+    that a replay, which makes the lost call again first, may not get.  Raised, without
+    asking the database, for every further call on the run in this attempt.  End the
+    attempt and start a new one (the usual retry loop): it replays what was done and
+    makes the call again.
+    """
+
+
 class EffectInProgress(LedgerError):
     """Another live worker is performing this very effect (a shared ``business_key``).
 

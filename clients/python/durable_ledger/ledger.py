@@ -447,8 +447,11 @@ class Ledger(p.LedgerCore):
         key reaches ``fn`` as its second argument, to be passed downstream as the
         idempotency key.  ``business_key``, if given, derives the business key from the
         args (``lambda a: a["invoice"]``); a ``business_key=`` at call time wins.
-        Read-only tools are simply not decorated: reading twice changes nothing, and a
-        recorded read would hand a replayed run stale data instead of the current state.
+        A read needs no decorator, but if its result reaches the model (every tool result
+        in an agent loop does) or decides which effects are made, record it with `record`:
+        a replay must see what the first attempt saw, or a changed answer leads to other,
+        reworded calls with new keys.  Only a read whose result decides nothing may stay
+        unrecorded.
         """
         key_of = business_key  # the parameter name is reused by the decorated function
 

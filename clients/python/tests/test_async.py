@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # clients/python, if PYTHONPATH lacks
 
 from durable_ledger import (  # noqa: E402
     AsyncLedger,
+    AttemptStopped,
     AsyncTokenLease,
     BusinessKeyConflict,
     EffectDidNotHappen,
@@ -381,7 +382,7 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
             call.cancel()
             with self.assertRaises(asyncio.CancelledError):
                 await call
-            with self.assertRaises(EffectPaused):  # the attempt stopped
+            with self.assertRaises(AttemptStopped):  # the attempt stopped; no person needed
                 await ledger.record(self.run_id, "model", {"turn": 1}, lambda: model("NOT CALLED"))
         async with ledger.token_attempt(self.run_id, ttl=30):
             again = await ledger.record(self.run_id, "model", {"turn": 1}, lambda: model("again"))

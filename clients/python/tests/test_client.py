@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # clients/python, if PYTHONPATH lacks it
 
 from durable_ledger import (  # noqa: E402
+    AttemptStopped,
     BusinessKeyConflict,
     EffectDidNotHappen,
     EffectFailed,
@@ -964,10 +965,11 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"n": 1}, pay), {"payment_id": "p-1"})
         with self.assertRaises(TimeoutError):  # as raised; nothing recorded
             ledger.record(self.run_id, "model", {"turn": 1}, model("timeout"))
-        with self.assertRaises(EffectPaused) as stopped:  # a retry in this attempt
+        with self.assertRaises(AttemptStopped) as stopped:  # a retry in this attempt
             ledger.record(self.run_id, "model", {"turn": 1}, model("NOT CALLED"))
+        self.assertNotIsInstance(stopped.exception, EffectPaused, "nothing for a person")
         self.assertIn("makes the call again", str(stopped.exception))
-        with self.assertRaises(EffectPaused):
+        with self.assertRaises(AttemptStopped):
             ledger.guarded(self.run_id, "bank.pay", {"n": 2}, pay)
         self.close(ledger)
 
@@ -1004,46 +1006,55 @@ class ClientTest(unittest.TestCase):
 
     def test_record_whose_lease_was_broken_mid_call_tells_what_the_ledger_did(self) -> None:
         # A token attempt's recorded call outlives its lease (broken): the next worker makes
-        # the call again; the first worker's answer, reported on the replaced attempt, is
-        # kept as superseded -- its error says so, not that a person must resolve anything.
+        # the call again; the first worker's answer -- or refusal -- reported on the replaced
+        # attempt is kept as superseded: its error says so (not that a person must resolve
+        # anything), and a refusal is not taken for recorded.
         from psycopg_pool import ConnectionPool
         pool = ConnectionPool(DSN, min_size=1, max_size=2, kwargs={"autocommit": True},
                               open=True)
         self.addCleanup(pool.close)
-        ledger = Ledger(pool)
-        entered, go = threading.Event(), threading.Event()
+        for outcome in ("answer", "refusal"):
+            run = f"{self.run_id}-{outcome}"
+            ledger = Ledger(pool)
+            entered, go = threading.Event(), threading.Event()
 
-        def slow() -> Any:
-            entered.set()
-            go.wait(30)
-            return {"content": "first"}
+            def slow() -> Any:
+                entered.set()
+                go.wait(30)
+                if outcome == "refusal":
+                    raise EffectDidNotHappen({"code": "content_policy"})
+                return {"content": "first"}
 
-        failure: List[BaseException] = []
+            failure: List[BaseException] = []
 
-        def first_worker() -> None:
-            try:
-                with ledger.token_attempt(self.run_id, ttl=30):
-                    ledger.record(self.run_id, "model", {"turn": 1}, slow)
-            except BaseException as exc:  # noqa: BLE001 -- looked at below
-                failure.append(exc)
+            def first_worker() -> None:
+                try:
+                    with ledger.token_attempt(run, ttl=30):
+                        ledger.record(run, "model", {"turn": 1}, slow)
+                except BaseException as exc:  # noqa: BLE001 -- looked at below
+                    failure.append(exc)
 
-        worker = threading.Thread(target=first_worker)
-        worker.start()
-        self.assertTrue(entered.wait(30))
-        self.admin.execute("SELECT durable_ledger.break_lease(%s, 'pytest')", (self.run_id,))
-        other = Ledger(self.connect())
-        with other.attempt(self.run_id):
-            self.assertEqual(other.record(self.run_id, "model", {"turn": 1},
-                                          lambda: {"content": "second"}), {"content": "second"})
-        go.set()
-        worker.join(30)
-        self.assertEqual(len(failure), 1)
-        self.assertIsInstance(failure[0], OutcomeNotRecorded)
-        self.assertIn("superseded", str(failure[0]))
-        self.assertNotIn("person", str(failure[0]))
-        self.assertEqual(self.admin.execute(
-            "SELECT count(*) FROM durable_ledger.unresolved WHERE run = %s",
-            (self.run_id,)).fetchone()[0], 0)
+            worker = threading.Thread(target=first_worker)
+            worker.start()
+            self.assertTrue(entered.wait(30))
+            self.admin.execute("SELECT durable_ledger.break_lease(%s, 'pytest')", (run,))
+            other = Ledger(self.connect())
+            with other.attempt(run):
+                self.assertEqual(other.record(run, "model", {"turn": 1},
+                                              lambda: {"content": "second"}),
+                                 {"content": "second"})
+            go.set()
+            worker.join(30)
+            self.assertEqual(len(failure), 1, outcome)
+            self.assertIsInstance(failure[0], OutcomeNotRecorded, outcome)
+            self.assertIn("superseded", str(failure[0]))
+            self.assertNotIn("person", str(failure[0]))
+            self.assertEqual(self.admin.execute(
+                "SELECT event::text FROM durable_ledger.audit_log WHERE run = %s"
+                " AND event = 'superseded_report'", (run,)).fetchall(), [("superseded_report",)])
+            self.assertEqual(self.admin.execute(
+                "SELECT count(*) FROM durable_ledger.unresolved WHERE run = %s",
+                (run,)).fetchone()[0], 0)
 
     def test_the_readmes_quick_start_runs_as_written(self) -> None:
         # The block under "## Quick start" of the top README, copied as a newcomer copies
