@@ -622,6 +622,22 @@ export class Ledger {
     }
   }
 
+  /**
+   * #stop for a recorded call (record()), or a side effect's: a recorded
+   * call's needs no person (the next attempt replays it or makes it again),
+   * which the RunStopped of its further calls says.
+   */
+  #stopCall(recorded, run, key, reason, attempt) {
+    if (!recorded) {
+      this.#stop(run, key, reason, attempt);
+      return;
+    }
+    this.#stop(run, key, reason, attempt, () => new RunStopped(
+      `run ${run} is stopped in this attempt: ${reason}  End the attempt: no person is needed; a ` +
+        'new attempt (attempt() or tokenAttempt()) replays the recorded call or makes it again.',
+      { key, decision: null, reason }));
+  }
+
   /** The session attempt (attempt()) of this Ledger at `run` the calling code runs in, if any. */
   #boundSession(run) {
     const store = sessionContext.getStore();
@@ -780,13 +796,14 @@ export class Ledger {
           { run, tool, reason, cause: err });
       }
       if (err?.[notCommitted]) {
-        this.#stop(run, null, `begin_effect of ${tool} ran inside another transaction on the ` +
+        this.#stopCall(recorded, run, null, `begin_effect of ${tool} ran inside another transaction on the ` +
           "Ledger's connection; whether its intent is recorded depends on that transaction, and " +
           'the effect was not performed.', attempt);
       } else if (attempt && (err?.sqlstate && err?.cause ? err.cause : err)?.severity !== 'ERROR') {
         // (a named refusal -- named() -- carries the server's error as its cause)
-        this.#stop(run, null, `begin_effect of ${tool} failed with the outcome of the statement unknown ` +
-          `(${describe(err?.message ?? err)}); a new attempt finds out whether its intent was recorded.`, attempt);
+        this.#stopCall(recorded, run, null, `begin_effect of ${tool} failed with the outcome of the statement ` +
+          `unknown (${describe(err?.message ?? err)}); a new attempt finds out whether its intent was recorded.`,
+        attempt);
       }
       throw err;
     }
@@ -974,8 +991,8 @@ export class Ledger {
       // call's other answer) would not be what a replay sees, which makes
       // the lost call again first.
       if (recorded) {
-        this.#stop(run, d.key, `the recorded call ${where} threw (${describe(err?.message ?? err)}) and ` +
-          'nothing was recorded; start a new attempt, which makes the call again.', attempt);
+        this.#stopCall(true, run, d.key, `the recorded call ${where} threw (${describe(err?.message ?? err)}) ` +
+          'and nothing was recorded.', attempt);
         throw err;
       }
       // Outcome unknown: never guess.  The effect stays "started"; the next
@@ -988,7 +1005,7 @@ export class Ledger {
     try {
       resultJson = jsonParam(result);
     } catch (err) {
-      this.#stop(run, d.key, `${where} happened but its result could not be recorded.`, attempt);
+      this.#stopCall(recorded, run, d.key, `${where} happened but its result could not be recorded.`, attempt);
       throw new LedgerError(
         `${where} happened but its result cannot be stored as JSON (${err.message}); ` +
           (recorded
@@ -1014,7 +1031,7 @@ export class Ledger {
       [row] = await this.#statement(`${fn} of ${where}`,
         `SELECT * FROM durable_ledger.${fn}($1::text, $2::jsonb, $3::integer)`, [key, json, attempt]);
     } catch (err) {
-      this.#stop(run, key, `${where} could not be recorded (${fn}: ${err.message}).`, owner);
+      this.#stopCall(recorded, run, key, `${where} could not be recorded (${fn}: ${err.message}).`, owner);
       throw err;
     }
     const wanted = fn === 'complete_effect' ? 'completed' : 'failed';
@@ -1031,8 +1048,9 @@ export class Ledger {
       const now = row.attempt === attempt
         ? row.status
         : `at attempt ${row.attempt} (this report was on attempt ${attempt}), ${row.status}`;
-      this.#stop(run, key, `${where}: the ledger did not accept the report (${fn}).`, owner);
-      if (recorded && row.attempt !== attempt && !row.conflict) {
+      const superseded = recorded && row.attempt !== attempt && !row.conflict;
+      this.#stopCall(superseded, run, key, `${where}: the ledger did not accept the report (${fn}).`, owner);
+      if (superseded) {
         // a recorded call made again by a later attempt (ours lost its lease):
         // the ledger kept our report as superseded; nothing for a person
         throw new LedgerError(

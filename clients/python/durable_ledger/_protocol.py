@@ -364,21 +364,34 @@ def decision_of(row: Any, run: str, tool: str, halt: HaltFn) -> Union[Execute, R
                                      f"{decision!r}, status {row['status']!r}")
 
 
-def begin_not_committed(run: str, tool: str, halt: HaltFn) -> None:
+def stop(halt: HaltFn, key: Optional[str], reason: str, recorded: bool) -> None:
+    """Stops the attempt (``halt``).  For a recorded call (`Ledger.record`) no person is
+    needed -- the next attempt makes the call again --, so its further calls raise
+    `AttemptStopped`, which says so; for a side effect, `EffectPaused`."""
+    if recorded:
+        reason += ("; no person is needed: the next attempt replays the recorded call, or "
+                   "makes it again")
+        halt(key, reason, lambda: AttemptStopped(key, None, reason))
+    else:
+        halt(key, reason, None)
+
+
+def begin_not_committed(run: str, tool: str, halt: HaltFn, recorded: bool = False) -> None:
     """begin_effect ran inside a transaction something else opened on the connection:
     whether its intent is recorded is up to that transaction; the attempt stops."""
-    halt(None, f"run {run!r} is stopped in this attempt: begin_effect of {tool} ran inside "
-               f"another transaction on the Ledger's connection", None)
+    stop(halt, None, f"run {run!r} is stopped in this attempt: begin_effect of {tool} ran "
+                     f"inside another transaction on the Ledger's connection", recorded)
 
 
-def begin_uncertain(run: str, tool: str, exc: BaseException, halt: HaltFn) -> None:
+def begin_uncertain(run: str, tool: str, exc: BaseException, halt: HaltFn,
+                    recorded: bool = False) -> None:
     """A token begin_effect went out and nobody knows whether it committed: its intent may
     be recorded under this still-live lease, and the same call again would be the next
     occurrence.  The attempt stops; the next one finds out.  (Never sent again: a
     begin_effect is not idempotent.)"""
-    halt(None, f"run {run!r} is stopped in this attempt: begin_effect of {tool} failed with "
-               f"the outcome of the statement unknown ({type(exc).__name__}: {exc}); a new "
-               f"attempt finds out whether its intent was recorded", None)
+    stop(halt, None, f"run {run!r} is stopped in this attempt: begin_effect of {tool} failed "
+                     f"with the outcome of the statement unknown ({type(exc).__name__}: {exc}); "
+                     f"a new attempt finds out whether its intent was recorded", recorded)
 
 
 def refusal(exc: BaseException, run: str, tool: str, halt: HaltFn) -> Optional[LedgerError]:
@@ -418,10 +431,8 @@ def recorded_call_raised(run: str, tool: str, key: str, exc: BaseException,
     again.  But this one must not go on -- what it did next (with a retried call's other
     answer) would not be what a replay sees, which makes the lost call again first."""
     log.info("recorded call %s %s raised %s", tool, key, type(exc).__name__)
-    reason = (f"run {run!r} is stopped in this attempt: the recorded call {key} ({tool}) "
-              f"raised {type(exc).__name__} and nothing was recorded; start a new attempt, "
-              f"which makes the call again (no person needed)")
-    halt(key, reason, lambda: AttemptStopped(key, None, reason))
+    stop(halt, key, f"run {run!r} is stopped in this attempt: the recorded call {key} ({tool}) "
+                    f"raised {type(exc).__name__} and nothing was recorded", True)
 
 
 def refusal_recorded(key: str, refusal: EffectDidNotHappen) -> EffectFailed:
@@ -444,8 +455,8 @@ def report_statement(function: str, key: str, payload: Any,
 def report_failed(run: str, key: str, function: str, expected: str, payload: Any,
                   exc: BaseException, halt: HaltFn, recorded: bool = False) -> OutcomeNotRecorded:
     """The report could not be sent or its reply was lost: `OutcomeNotRecorded`."""
-    halt(key, f"run {run!r} is stopped in this attempt: the outcome of effect {key} could "
-              f"not be recorded", None)
+    stop(halt, key, f"run {run!r} is stopped in this attempt: the outcome of effect {key} "
+                    f"could not be recorded", recorded)
     what = {"result": payload} if function == "complete_effect" else {"error": payload}
     after = ("the next attempt makes the recorded call again" if recorded else
              "the next attempt will pause until a person resolves the effect")
@@ -471,8 +482,12 @@ def judge_report(row: Any, run: str, key: str, attempt: int, function: str, expe
         accepted = function == "fail_effect" and not row["conflict"]
     if accepted:
         return row
-    halt(key, f"run {run!r} is stopped in this attempt: the report on effect {key} "
-              f"contradicted the ledger", None)
+    if recorded and row["attempt"] != attempt and not row["conflict"]:
+        stop(halt, key, f"run {run!r} is stopped in this attempt: a later attempt made the "
+                        f"recorded call {key} again", True)
+    else:
+        halt(key, f"run {run!r} is stopped in this attempt: the report on effect {key} "
+                  f"contradicted the ledger", None)
     now = (f"{row['status']}" if row["attempt"] == attempt else
            f"at attempt {row['attempt']} (this report was on attempt {attempt}), "
            f"{row['status']}")

@@ -335,8 +335,9 @@ class AsyncLedger(p.LedgerCore):
         query, params = p.begin_statement(run, tool, args, business_key, meta,
                                           None if lease is None else lease.token,
                                           recorded=recorded)
+
         def uncertain(exc: BaseException) -> None:
-            p.begin_uncertain(run, tool, exc, halt)
+            p.begin_uncertain(run, tool, exc, halt, recorded)
 
         try:
             if lease is None:
@@ -347,7 +348,7 @@ class AsyncLedger(p.LedgerCore):
                                              cancellable=True, what=f"begin_effect of {tool}")
         except LedgerUsageError as exc:
             if _not_committed(exc):
-                p.begin_not_committed(run, tool, halt)
+                p.begin_not_committed(run, tool, halt, recorded)
             raise
         except psycopg.Error as exc:
             if lease is not None and exc.sqlstate == LEASE_LOST:
@@ -362,7 +363,7 @@ class AsyncLedger(p.LedgerCore):
             raise
         except BaseException as exc:
             if not _unsent(exc):  # (cancelled before the intent went out: nothing written)
-                self._begin_cancelled(exc, lease, run, tool, halt)
+                self._begin_cancelled(exc, lease, run, tool, halt, recorded)
             raise
         decision = p.decision_of(row, run, tool, halt)
         if isinstance(decision, p.Replayed):
@@ -387,7 +388,7 @@ class AsyncLedger(p.LedgerCore):
         return row["result"]
 
     def _begin_cancelled(self, exc: BaseException, lease: Optional[AsyncTokenLease], run: str,
-                         tool: str, halt: p.HaltFn) -> None:
+                         tool: str, halt: p.HaltFn, recorded: bool) -> None:
         """A begin_effect whose caller was cancelled while it was out (or that failed in a
         way that leaves its fate unknown) stops the attempt as its answer says: a refusal as
         a refusal (an abandoned run is not to be retried), a lost lease as lost; an intent
@@ -398,10 +399,12 @@ class AsyncLedger(p.LedgerCore):
         if result is not None:
             rows = result[0] if isinstance(result, tuple) else result
             if rows and rows[0]["decision"] == "execute":
-                halt(rows[0]["key"], f"run {run!r} is stopped in this attempt: the call of {tool} "
-                                     f"was cancelled after its intent (key {rows[0]['key']}) was "
-                                     f"recorded, before it was performed; the next attempt pauses "
-                                     f"on it", None)
+                key = rows[0]["key"]
+                p.stop(halt, key, f"run {run!r} is stopped in this attempt: the call of {tool} was "
+                                  f"cancelled after its intent (key {key}) was recorded, before "
+                                  f"it was performed"
+                                  + ("" if recorded else "; the next attempt pauses on it"),
+                       recorded)
             return
         if isinstance(cause, psycopg.Error):
             if lease is not None and cause.sqlstate == LEASE_LOST:
@@ -409,7 +412,7 @@ class AsyncLedger(p.LedgerCore):
                 return
             if p.refusal(cause, run, tool, halt) is not None:
                 return
-        p.begin_uncertain(run, tool, exc, halt)
+        p.begin_uncertain(run, tool, exc, halt, recorded)
 
     async def _record(self, run: str, key: str, attempt: int, function: str, expected: str,
                       payload: Any, lease: Optional[TokenLease],
@@ -422,9 +425,10 @@ class AsyncLedger(p.LedgerCore):
             return await _finish(self._record_now(run, key, attempt, function, expected,
                                                   payload, lease, recorded))
         except asyncio.CancelledError as exc:
-            self._halt(run, key, f"run {run!r} is stopped in this attempt: the call of effect "
-                                 f"{key} was cancelled while its outcome was being recorded; a "
-                                 f"new attempt replays what the ledger recorded", lease)
+            p.stop(self._halter(run, lease), key,
+                   f"run {run!r} is stopped in this attempt: the call of effect {key} was "
+                   f"cancelled while its outcome was being recorded; a new attempt replays what "
+                   f"the ledger recorded", recorded)
             if isinstance(exc.__cause__, LedgerError):
                 # Its caller is gone: the log is the one place left that says what happened.
                 log.warning("effect %s of run %s was performed but its outcome was not "

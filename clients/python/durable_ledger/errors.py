@@ -17,10 +17,15 @@ exception              did the effect happen?        what to do
 `DivergencePaused`     not performed; it may be an   stop the run; a person decides with
 (an `EffectPaused`)    earlier effect again, with    ``resolve_divergence`` (same or
                        drifted args                  distinct), then start a new attempt
+`AttemptStopped`       a recorded call (`record`)    end the attempt and start a new
+                       of this attempt raised or     one: it makes the call again (no
+                       was lost; nothing recorded    person)
 `EffectInProgress`     being done elsewhere now      ask again later (same call)
 `OutcomeNotRecorded`   performed (or declared not)   stop the run; the next attempt
-                       but the ledger has not        pauses until a person resolves it;
-                       recorded it                   `result`/`error` say what happened
+                       but the ledger has not        pauses until a person resolves it
+                       recorded it                   (for `record`: makes the call
+                                                     again); `result`/`error` say what
+                                                     happened
 `RunBusy`              not attempted                 another worker holds the run
 `LeaseLost`            a call in flight was          stop the attempt; a new one
                        reported; nothing more was    (``token_attempt``) replays what
@@ -61,6 +66,7 @@ __all__ = [
     "EffectFailed",
     "EffectPaused",
     "DivergencePaused",
+    "AttemptStopped",
     "EffectInProgress",
     "OutcomeNotRecorded",
     "RunBusy",

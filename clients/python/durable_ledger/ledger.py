@@ -284,13 +284,13 @@ class Ledger(p.LedgerCore):
         Unlike `guarded`, an unknown outcome needs no person: if ``call`` raises (other
         than `EffectDidNotHappen`, which records a failure and raises `EffectFailed`,
         replayed as such), the exception propagates, nothing is recorded and the attempt
-        stops (its further calls raise `EffectPaused`, which says so); the next attempt
-        makes the call again (``begin_recorded`` executes it as the effect's attempt 2), as
-        it does when the worker dies during the call.  (A retry inside the attempt would
-        act on an answer that the replay, which makes the lost call again first, may not
-        get.)  Never use
-        it for a side effect: a tool registered as side-effecting is refused
-        (`ToolRefused`).  Called inside an attempt, as `guarded` is.
+        stops (its further calls raise `AttemptStopped`, not an `EffectPaused`: no person
+        is needed); the next attempt makes the call again (``begin_recorded`` executes it
+        as the effect's attempt 2), as it does when the worker dies during the call.  (A
+        retry inside the attempt would act on an answer that the replay, which makes the
+        lost call again first, may not get.)  Never use it for a side effect: a tool
+        registered as side-effecting is refused (`ToolRefused`).  Called inside an
+        attempt, as `guarded` is.
         """
         return self._call(run, tool, args, lambda _key: call(), None, meta, recorded=True)
 
@@ -352,7 +352,7 @@ class Ledger(p.LedgerCore):
                                                    recorded=recorded))
             except LedgerUsageError as exc:
                 if _not_committed(exc):
-                    p.begin_not_committed(run, tool, halt)
+                    p.begin_not_committed(run, tool, halt, recorded)
                 raise
             except psycopg.Error as exc:
                 refused = p.refusal(exc, run, tool, halt)
@@ -390,11 +390,11 @@ class Ledger(p.LedgerCore):
             return self._pooled_one(
                 *p.begin_statement(run, tool, args, business_key, meta, lease.token,
                                    recorded=recorded),
-                on_uncertain=lambda exc: p.begin_uncertain(run, tool, exc, halt),
+                on_uncertain=lambda exc: p.begin_uncertain(run, tool, exc, halt, recorded),
                 what=f"begin_effect of {tool}")
         except LedgerUsageError as exc:
             if _not_committed(exc):
-                p.begin_not_committed(run, tool, halt)
+                p.begin_not_committed(run, tool, halt, recorded)
             raise
         except psycopg.Error as exc:
             if exc.sqlstate == LEASE_LOST:

@@ -393,6 +393,33 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
             " ORDER BY occurrence", (self.run_id,)).fetchall(),
             [(1, 2, "completed")])
 
+    async def test_a_recorded_call_cancelled_while_its_intent_is_out_needs_no_person(self) -> None:
+        # begin_recorded waits (the ledger's table is locked by someone else) and the caller
+        # gives up: the attempt stops with AttemptStopped, which says no person is needed,
+        # and the next attempt makes the call.
+        ledger = AsyncLedger(await self.connect())
+        blocker = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        self.addCleanup(blocker.close)
+        async with ledger.attempt(self.run_id):
+            blocker.execute("BEGIN")
+            blocker.execute("LOCK TABLE durable_ledger.effects IN SHARE MODE")
+            with self.assertRaises(TimeoutError):
+                await asyncio.wait_for(
+                    ledger.record(self.run_id, "model", {"turn": 1}, lambda: {"content": "x"}),
+                    0.5)
+            blocker.execute("ROLLBACK")
+            with self.assertRaises(AttemptStopped) as stopped:
+                await ledger.record(self.run_id, "model", {"turn": 1}, lambda: {"content": "x"})
+            self.assertNotIsInstance(stopped.exception, EffectPaused)
+            self.assertIn("no person is needed", str(stopped.exception))
+        async with ledger.attempt(self.run_id):
+            self.assertEqual(
+                await ledger.record(self.run_id, "model", {"turn": 1}, lambda: {"content": "y"}),
+                {"content": "y"})
+        self.assertEqual(self.admin.execute(
+            "SELECT count(*) FROM durable_ledger.unresolved WHERE run = %s",
+            (self.run_id,)).fetchone()[0], 0)  # type: ignore[index]
+
     async def test_a_call_cancelled_while_its_intent_is_out_stops_the_attempt(self) -> None:
         # The intent is sent and the task is cancelled before the reply (a timeout around
         # the whole call): whether it committed is unknown, and the same call again in this

@@ -968,14 +968,25 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(AttemptStopped) as stopped:  # a retry in this attempt
             ledger.record(self.run_id, "model", {"turn": 1}, model("NOT CALLED"))
         self.assertNotIsInstance(stopped.exception, EffectPaused, "nothing for a person")
-        self.assertIn("makes the call again", str(stopped.exception))
+        self.assertIn("no person is needed", str(stopped.exception))
         with self.assertRaises(AttemptStopped):
             ledger.guarded(self.run_id, "bank.pay", {"n": 2}, pay)
+        self.close(ledger)
+
+        # a result that cannot be recorded (not JSON) stops the attempt the same way
+        ledger = self.ledger()
+        with self.assertRaises(OutcomeNotRecorded) as unrecorded:
+            ledger.record(self.run_id, "model", {"turn": 3}, lambda: {"at": object()})
+        self.assertIn("makes the recorded call again", str(unrecorded.exception))
+        with self.assertRaises(AttemptStopped):
+            ledger.record(self.run_id, "model", {"turn": 3}, model("NOT CALLED"))
         self.close(ledger)
 
         # the next attempt: what was answered replays, the call that raised is made again
         # (its attempt 2); nothing waits for a person
         ledger = self.ledger()
+        self.assertEqual(ledger.record(self.run_id, "model", {"turn": 3}, lambda: "three"),
+                         "three")
         self.assertEqual(ledger.record(self.run_id, "model", {"turn": 0}, model("NOT CALLED")),
                          {"content": "hello"})
         with self.assertRaises(EffectFailed) as failed:
