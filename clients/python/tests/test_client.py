@@ -1118,8 +1118,10 @@ class ClientTest(unittest.TestCase):
                 self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
                 self.assertEqual(done.stderr, "", "the quick start warns")
                 self.assertNotIn("needs a person", done.stdout)
-            logs = {name: open(os.path.join(tmp, name), encoding="utf-8").read().splitlines()
-                    for name in ("bank", "mail", "llm")}
+            logs = {}
+            for name in ("bank", "mail", "llm"):
+                with open(os.path.join(tmp, name), encoding="utf-8") as f:
+                    logs[name] = f.read().splitlines()
         self.assertEqual(len(logs["bank"]), 1, f"paid more than once: {logs['bank']}")
         self.assertEqual(len(logs["mail"]), 1, f"mailed more than once: {logs['mail']}")
         self.assertEqual(len(logs["llm"]), 2, "the model: timed out, answered on the retry "
