@@ -229,9 +229,10 @@ CREATE TRIGGER audit_log_append_only
     BEFORE UPDATE OR DELETE OR TRUNCATE ON durable_ledger.audit_log
     FOR EACH STATEMENT EXECUTE FUNCTION durable_ledger.refuse_audit_log_change();
 
--- The attempts of business keys that a later attempt replaced (a replaced
--- attempt has always failed): what a late report on an earlier attempt is
--- compared with, and where the audit log files it.
+-- The attempts that a later attempt replaced: a business key's (always a
+-- failed one) and a recorded call's (lost with its lease: unknown); what a
+-- late report on an earlier attempt is compared with, and where the audit
+-- log files it.
 CREATE TABLE durable_ledger.past_attempts (
     key             text NOT NULL,
     attempt         integer NOT NULL,

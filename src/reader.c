@@ -899,8 +899,8 @@ dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit)
 	"               JOIN keys k ON e.key" EQ "k.key WHERE e.run" EQ "$1" lock ")" \
 	" SELECT (SELECT pg_catalog.count(*) FROM mine)," \
 	"        (SELECT pg_catalog.count(*) FROM mine" \
-	"          WHERE mine.status OPERATOR(pg_catalog.<>) ALL ('{completed,failed}')" \
-	"            AND NOT (mine.status OPERATOR(pg_catalog.=) 'started' AND mine.safe_to_redo)" \
+	"          WHERE (mine.status OPERATOR(pg_catalog.<>) ALL ('{completed,failed}')" \
+	"                 AND NOT (mine.status OPERATOR(pg_catalog.=) 'started' AND mine.safe_to_redo))" \
 	"             OR mine.conflict)," \
 	"        (SELECT pg_catalog.count(*) FROM durable_ledger.past_attempts p JOIN keys k" \
 	"            ON p.key" EQ "k.key WHERE p.run" EQ "$1)," \

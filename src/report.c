@@ -129,9 +129,10 @@ report_on_past_attempt(LockedEffect *locked, int32 attempt, EffectStatus reporte
 
 /*
  * A report that names no attempt, on an effect (a business key, or a recorded
- * call made again) whose current attempt is not the first and was not started by the lease this session holds now
- * (alone: a lease that began two attempts cannot tell them apart): it may be
- * a late report on an earlier attempt, so it is never applied.
+ * call made again) whose current attempt is not the first and was not
+ * started by the lease this session holds now (alone: a lease that began two
+ * attempts cannot tell them apart): it may be a late report on an earlier
+ * attempt, so it is never applied.
  */
 static void
 report_on_unnamed_attempt(LockedEffect *locked, EffectStatus reported, Jsonb *value)

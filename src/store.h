@@ -73,7 +73,7 @@ typedef struct NewIntent
 	bool		safe_to_redo;	/* a recorded call (begin_recorded) */
 } NewIntent;
 
-/* An attempt of a business key that a later attempt replaced. */
+/* An attempt that a later one replaced (a business key's, a recorded call's). */
 typedef struct PastAttempt
 {
 	int32		attempt;

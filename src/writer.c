@@ -375,9 +375,9 @@ start_from(Write *w, HeapTuple locked)
  * started (but a recorded call's, which begin_recorded executes again if its
  * lease ends: nobody decides anything), unknown or flagged: the only ones a
  * person may have to look at, found without reading the settled millions
- * (the unresolved view, the metrics).  A partial index on effects would list them too, but its
- * predicate (status) changes when an effect completes, which makes every
- * completion a non-HOT update of every index of effects.  Keyed by the
+ * (the unresolved view, the metrics).  A partial index on effects would list
+ * them too, but its predicate (status) changes when an effect completes,
+ * which makes every completion a non-HOT update of every index of effects.  Keyed by the
  * effect's created_at first, a new row goes to the right edge of the index
  * and a completion finds it among the newest pages (docs/design.md, "What
  * waits for a person").  Its rows change with the effect's row, under that
@@ -480,7 +480,7 @@ void
 dl_write_new_intent(const NewIntent *intent)
 {
 	Write		w;
-	EffectRow	stored;
+	EffectRow	stored = {0};	/* what is_unsettled reads of the new row */
 
 	begin_write(&w, &dl_effects_table);
 	set_value(&w, EFF_KEY, CStringGetTextDatum(intent->key));
@@ -505,7 +505,6 @@ dl_write_new_intent(const NewIntent *intent)
 	insert_row(&w);
 	/* as stored: a BEFORE ROW trigger may have changed it */
 	stored.status = EFFECT_STARTED;
-	stored.conflict = false;
 	stored.created_at = DatumGetTimestampTz(stored_value(&w, EFF_CREATED_AT));
 	stored.safe_to_redo = DatumGetBool(stored_value(&w, EFF_SAFE_TO_REDO));
 	end_write(&w);

@@ -53,6 +53,7 @@ from .errors import (
     TooManyLeases,
     PermissionDenied,
 )
+from . import errors
 from .aio import AsyncLedger, AsyncPerform, AsyncTokenLease, AsyncToolFunction
 from .ledger import Ledger, Perform, TokenLease, ToolFunction, side_effect
 
@@ -68,27 +69,4 @@ __all__ = [
     "side_effect",
     "Perform",
     "ToolFunction",
-    "LedgerError",
-    "EffectFailed",
-    "EffectPaused",
-    "DivergencePaused",
-    "AttemptStopped",
-    "EffectInProgress",
-    "OutcomeNotRecorded",
-    "RunBusy",
-    "LeaseLost",
-    "RunAbandoned",
-    "ToolRefused",
-    "LedgerUsageError",
-    "LedgerRefused",
-    "InvalidArgument",
-    "BusinessKeyConflict",
-    "NotFound",
-    "RunExists",
-    "WrongState",
-    "ConcurrentChange",
-    "ReadOnlyLedger",
-    "TooManyLeases",
-    "PermissionDenied",
-    "EffectDidNotHappen",
-]
+] + errors.__all__  # every exception

@@ -14,7 +14,8 @@ import functools
 import logging
 import threading
 from datetime import datetime, timedelta
-from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, Tuple, TypeVar, Union
+from typing import (Any, Callable, Dict, Iterator, NamedTuple, Optional, Set, Tuple, TypeVar,
+                    Union)
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -674,6 +675,40 @@ class LedgerCore:
 
     conn: Any
     _halted: Dict[str, _Halt]
+    _leases: Dict[str, Any]  # run -> its open token attempt's lease
+    _sessions: Dict[str, Any]  # run -> its open attempt() block
+    _session_held: Set[str]  # runs held by attempt() or acquire_run()
+
+    def _bound_session(self, run: str) -> Any:
+        """The session attempt at ``run`` of this ledger that the caller's context carries."""
+        raise NotImplementedError
+
+    def _enter_session_call(self, run: str, *, awaited: bool = False) -> Any:
+        """The checks of a call (`guarded`, `record`) outside a token attempt: refused when
+        the run is held by an attempt the caller's context does not carry, by no attempt
+        at all, or stopped in its attempt.  Returns the session attempt it belongs to,
+        entered (``leave()`` it after the call), or None for a run held by
+        ``acquire_run``."""
+        if run in self._leases:
+            raise not_carried(run)
+        self._session_only("guarded() outside token_attempt()")
+        session = self._bound_session(run)
+        if session is None and run in self._sessions:
+            raise not_carried(run)
+        if session is None and run not in self._session_held:
+            raise no_implicit_session(run, awaited=awaited)
+        if session is not None:
+            session.enter()  # LeaseLost once the attempt has ended
+        try:
+            self._check_writable()
+            halted = self._halted.get(run)
+            if halted is not None:
+                raise _stopped(halted)
+        except BaseException:
+            if session is not None:
+                session.leave()
+            raise
+        return session
 
     def _halter(self, run: str, lease: Optional[TokenLease]) -> HaltFn:
         """``halt(key, reason, error)`` for calls of ``run`` in its current attempt."""

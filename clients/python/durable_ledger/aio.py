@@ -67,7 +67,6 @@ from ._protocol import (
     _abandoned,
     _not_committed,
     _refused_cleanly,
-    _stopped,
     log,
 )
 from .errors import (EffectDidNotHappen, LeaseLost, LedgerError, LedgerRefused, LedgerUsageError,
@@ -304,21 +303,8 @@ class AsyncLedger(p.LedgerCore):
                                            perform, business_key, meta, recorded)
             finally:
                 lease._leave()
-        if run in self._leases:
-            raise p.not_carried(run)
-        self._session_only("guarded() outside token_attempt()")
-        session = self._bound_session(run)
-        if session is None and run in self._sessions:
-            raise p.not_carried(run)
-        if session is None and run not in self._session_held:
-            raise p.no_implicit_session(run, awaited=True)
-        if session is not None:
-            session.enter()  # LeaseLost once the attempt has ended
+        session = self._enter_session_call(run, awaited=True)
         try:
-            self._check_writable()
-            halted = self._halted.get(run)
-            if halted is not None:
-                raise _stopped(halted)
             return await self._guarded(None, run, tool, args, perform, business_key, meta,
                                        recorded)
         finally:
