@@ -33,6 +33,19 @@ sub run_ok
 run_ok([ '/usr/bin/python3', '-m', 'mypy', '--strict', '--cache-dir', PostgreSQL::Test::Utils::tempdir() . '/mypy',
 		 "$client/durable_ledger" ], 'mypy --strict: the package is completely typed');
 
+# ... and a user's code that imports every name the package exports type-checks too
+# (mypy --strict re-exports only what __all__ lists in a form it reads)
+my $user_dir = PostgreSQL::Test::Utils::tempdir();
+my $names = run_ok([ '/usr/bin/python3', '-c', 'import durable_ledger; from durable_ledger import errors; '
+	. 'assert set(errors.__all__) <= set(durable_ledger.__all__), "an exception not exported"; '
+	. 'print(", ".join(durable_ledger.__all__))' ],
+	'the package lists its names, every exception among them', init => sub { $ENV{PYTHONPATH} = $client });
+chomp $names;
+PostgreSQL::Test::Utils::append_to_file("$user_dir/user_app.py",
+	"from durable_ledger import $names\n\nprint(Ledger, AttemptStopped, EffectPaused)\n");
+run_ok([ '/usr/bin/python3', '-m', 'mypy', '--strict', '--cache-dir', "$user_dir/mypy", "$user_dir/user_app.py" ],
+	'mypy --strict: a user module importing every exported name', init => sub { $ENV{MYPYPATH} = $client });
+
 # the package, installed into a fresh virtual environment from a copy of the folder
 my $scratch = PostgreSQL::Test::Utils::tempdir();
 PostgreSQL::Test::RecursiveCopy::copypath($client, "$scratch/source");

@@ -53,12 +53,13 @@ from .errors import (
     TooManyLeases,
     PermissionDenied,
 )
-from . import errors
 from .aio import AsyncLedger, AsyncPerform, AsyncTokenLease, AsyncToolFunction
 from .ledger import Ledger, Perform, TokenLease, ToolFunction, side_effect
 
 __version__ = "1.2.0"
 
+# Written out, not built from errors.__all__: mypy --strict reads only a literal list
+# (test/apps/032 type-checks a user module that imports every name).
 __all__ = [
     "Ledger",
     "TokenLease",
@@ -69,4 +70,27 @@ __all__ = [
     "side_effect",
     "Perform",
     "ToolFunction",
-] + errors.__all__  # every exception
+    "LedgerError",
+    "EffectFailed",
+    "EffectPaused",
+    "DivergencePaused",
+    "AttemptStopped",
+    "EffectInProgress",
+    "OutcomeNotRecorded",
+    "RunBusy",
+    "LeaseLost",
+    "RunAbandoned",
+    "ToolRefused",
+    "LedgerUsageError",
+    "LedgerRefused",
+    "InvalidArgument",
+    "BusinessKeyConflict",
+    "NotFound",
+    "RunExists",
+    "WrongState",
+    "ConcurrentChange",
+    "ReadOnlyLedger",
+    "TooManyLeases",
+    "PermissionDenied",
+    "EffectDidNotHappen",
+]
