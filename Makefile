@@ -98,6 +98,7 @@ ISOLATION = \
 	fork_race \
 	tool_change_race \
 	remembered_facts \
+	policy_change \
 	purge_race \
 	purge_audit_race \
 	attention

@@ -179,6 +179,13 @@ SELECT regress_sqlstate($$SELECT durable_ledger.set_unregistered_tools(NULL, 'ma
 SELECT regress_sqlstate($$SELECT durable_ledger.set_unregistered_tools('allow', NULL)$$);
 SELECT durable_ledger.set_unregistered_tools('allow', 'maria', 'done') AS previous;
 SELECT decision FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 3}');
+-- the policy is remembered too: a change in the same transaction refuses the
+-- next call at once, and is forgotten when it rolls back
+BEGIN;
+SELECT durable_ledger.set_unregistered_tools('refuse', 'maria') AS previous;
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 5}')$$);
+ROLLBACK;
+SELECT decision FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 5}');
 SELECT durable_ledger.release_run('ur-1');
 
 -- ===================================================================

@@ -1,8 +1,8 @@
 /*
  * cache.c: what a backend remembers between calls, so that a call does not
  * read again what rarely changes: a tool's row of the registry (or that it
- * has none), that a run is not abandoned, that a run has no recorded
- * divergence.
+ * has none), what is done with a tool nobody registered, that a run is not
+ * abandoned, that a run has no recorded divergence.
  *
  * Each fact is read as committed now (reader.c) and forgotten when a
  * relcache invalidation of its table arrives, the mechanism PostgreSQL's own
@@ -49,6 +49,8 @@ static MemoryContext remembered_cxt = NULL;
 static HTAB *tools_remembered = NULL;
 static HTAB *runs_remembered = NULL;
 static uint64 forgotten = 0;	/* how many times everything was forgotten */
+static bool policy_known = false;	/* unregistered_tools holds the policy read */
+static UnregisteredTools unregistered_tools;
 
 /*
  * The tables the facts are read from, learned before a fact is read (so that
@@ -58,6 +60,7 @@ static uint64 forgotten = 0;	/* how many times everything was forgotten */
 static Oid	tools_relid = InvalidOid;
 static Oid	runs_relid = InvalidOid;
 static Oid	divergences_relid = InvalidOid;
+static Oid	policy_relid = InvalidOid;
 
 static uint32
 name_hash(const void *key, Size keysize)
@@ -93,13 +96,14 @@ dl_forget_remembered(void)
 		MemoryContextReset(remembered_cxt);
 	tools_remembered = NULL;
 	runs_remembered = NULL;
+	policy_known = false;
 }
 
 static void
 relcache_changed(Datum arg, Oid relid)
 {
 	if (!OidIsValid(relid) || relid == tools_relid || relid == runs_relid ||
-		relid == divergences_relid)
+		relid == divergences_relid || relid == policy_relid)
 		dl_forget_remembered();
 }
 
@@ -205,6 +209,26 @@ dl_read_tool_remembered(const char *tool, ToolRow *row)
 			copy_tool_row(&entry->row, row, remembered_cxt);
 	}
 	return registered;
+}
+
+/* dl_read_unregistered_tools, remembered: the caller holds the policy's lock. */
+UnregisteredTools
+dl_read_unregistered_tools_remembered(void)
+{
+	uint64		before;
+	UnregisteredTools setting;
+
+	AcceptInvalidationMessages();
+	if (policy_known)
+		return unregistered_tools;
+	before = watch_table(&dl_policy_table, &policy_relid);
+	setting = dl_read_unregistered_tools();
+	if (before == forgotten)
+	{
+		unregistered_tools = setting;
+		policy_known = true;
+	}
+	return setting;
 }
 
 /* The run's entry, created when the fact read is to be remembered. */

@@ -217,14 +217,6 @@ dl_read_lease_began_past_attempt(const char *key, const char *run, int64 lease_e
 
 /* ---------- rows found by a unique index, as committed now ---------- */
 
-/* The unique index a lookup uses, found once per version of its table. */
-typedef struct LookupIndex
-{
-	uint64		learned;		/* the version of the table it was found in */
-	Oid			index;
-	bool		unique;			/* unique on exactly the lookup's columns */
-} LookupIndex;
-
 /*
  * The valid btree index of rel (no expressions, no predicate) whose key
  * columns are exactly t's columns, in that order, and that is unique; or,
@@ -276,6 +268,8 @@ equality_proc(Oid type)
 			return F_INT4EQ;
 		case BOOLOID:
 			return F_BOOLEQ;
+		case TIMESTAMPTZOID:
+			return F_TIMESTAMPTZ_EQ;
 		default:
 			elog(ERROR, "no lookup by a column of type %u", type);
 			return InvalidOid;	/* keep compiler quiet */
@@ -335,8 +329,8 @@ scan_rows_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
 }
 
 /* The one row of t that a unique index finds (scan_rows_now). */
-static bool
-find_row_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
+bool
+dl_find_row_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
 			 const Datum *values, bool (*take) (TupleTableSlot *, void *), void *arg)
 {
 	by->unique = true;
@@ -420,13 +414,13 @@ dl_read_run_state(const char *run, RunState *state)
 	TokenRow	token;
 
 	values[0] = CStringGetTextDatum(run);
-	if (!find_row_now(&dl_runs_table, &runs_by_run, 1, run_key, values, take_run_state, state))
+	if (!dl_find_row_now(&dl_runs_table, &runs_by_run, 1, run_key, values, take_run_state, state))
 		return false;
 	state->token_live = false;
 	state->expires_at = 0;
 	values[1] = Int64GetDatum(state->epoch);
 	if (state->token &&
-		find_row_now(&dl_token_table, &token_by_epoch, 2, token_key, values, take_token_row, &token))
+		dl_find_row_now(&dl_token_table, &token_by_epoch, 2, token_key, values, take_token_row, &token))
 	{
 		state->token_live = !token.released && token.expires_at > GetCurrentTimestamp();
 		state->expires_at = token.expires_at;
@@ -448,7 +442,7 @@ dl_read_token_lease(bytea *token_sha256, TokenLease *lease)
 	RunState	state;
 
 	values[0] = PointerGetDatum(token_sha256);
-	if (!find_row_now(&dl_token_table, &token_by_hash, 1, hash_key, values, take_token_row, &token))
+	if (!dl_find_row_now(&dl_token_table, &token_by_hash, 1, hash_key, values, take_token_row, &token))
 		return false;
 	lease->run = token.run;
 	lease->epoch = token.epoch;
@@ -475,7 +469,7 @@ dl_read_token_calls(const char *run, int64 epoch, bytea *call)
 	values[0] = CStringGetTextDatum(run);
 	values[1] = Int64GetDatum(epoch);
 	values[2] = PointerGetDatum(call);
-	(void) find_row_now(&dl_calls_table, &calls_by_call, 3, calls_key, values, take_calls, &calls);
+	(void) dl_find_row_now(&dl_calls_table, &calls_by_call, 3, calls_key, values, take_calls, &calls);
 	return calls;
 }
 
@@ -618,7 +612,7 @@ dl_read_tool(const char *tool, ToolRow *row)
 	Datum		values[1];
 
 	values[0] = CStringGetTextDatum(tool);
-	return find_row_now(&dl_tools_table, &tools_by_tool, 1, tool_key, values, take_tool, row);
+	return dl_find_row_now(&dl_tools_table, &tools_by_tool, 1, tool_key, values, take_tool, row);
 }
 
 static bool
@@ -679,7 +673,7 @@ dl_read_divergence(const char *key, DivergenceRow *row)
 	Datum		values[1];
 
 	values[0] = CStringGetTextDatum(key);
-	return find_row_now(&dl_divergences_table, &divergences_by_key, 1, div_key, values,
+	return dl_find_row_now(&dl_divergences_table, &divergences_by_key, 1, div_key, values,
 						take_divergence, row);
 }
 
@@ -775,7 +769,7 @@ dl_read_tool_tuple(const char *tool)
 	HeapTuple	tuple = NULL;
 
 	values[0] = CStringGetTextDatum(tool);
-	(void) find_row_now(&dl_tools_table, &tools_by_tool, 1, tool_key, values, take_tuple, &tuple);
+	(void) dl_find_row_now(&dl_tools_table, &tools_by_tool, 1, tool_key, values, take_tuple, &tuple);
 	return tuple;
 }
 
@@ -787,7 +781,7 @@ dl_read_divergence_tuple(const char *key)
 	HeapTuple	tuple = NULL;
 
 	values[0] = CStringGetTextDatum(key);
-	(void) find_row_now(&dl_divergences_table, &divergences_by_key, 1, div_key, values,
+	(void) dl_find_row_now(&dl_divergences_table, &divergences_by_key, 1, div_key, values,
 						take_tuple, &tuple);
 	return tuple;
 }
@@ -858,7 +852,7 @@ dl_read_unregistered_tools(void)
 	UnregisteredTools setting = UNREGISTERED_ALLOW;
 
 	values[0] = BoolGetDatum(true);
-	(void) find_row_now(&dl_policy_table, &policy_by_singleton, 1, policy_key, values,
+	(void) dl_find_row_now(&dl_policy_table, &policy_by_singleton, 1, policy_key, values,
 						take_policy, &setting);
 	return setting;
 }

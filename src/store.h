@@ -332,6 +332,7 @@ extern void dl_chain_audit_row(AuditRow *row, Oid audit_relid, Oid namespace);
 extern void dl_cache_init(void);
 extern void dl_forget_remembered(void);
 extern bool dl_read_tool_remembered(const char *tool, ToolRow *row);
+extern UnregisteredTools dl_read_unregistered_tools_remembered(void);
 extern bool dl_run_remembered_open(const char *run, uint64 *generation);
 extern void dl_remember_run_open(const char *run, uint64 generation);
 extern bool dl_run_may_have_divergences(const char *run);

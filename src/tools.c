@@ -67,7 +67,7 @@ dl_check_may_execute(const char *tool, const ToolRules *rules)
 	if (rules->registered)
 		return;
 	dl_policy_lock(false);		/* set_unregistered_tools waits for this call */
-	switch (dl_read_unregistered_tools())
+	switch (dl_read_unregistered_tools_remembered())
 	{
 		case UNREGISTERED_ALLOW:
 			break;

@@ -332,10 +332,11 @@ update_row(Write *w, HeapTuple locked)
 }
 
 /*
- * Removes the row locked by lock_row_by(key_columns, values).  The
- * executor's helper says nothing when a BEFORE ROW trigger skipped the
- * delete: then the key is looked up again, and a row still there (or put
- * back) is an error, as for a skipped insert.
+ * Removes the row found whose key_columns hold values (locked, or one that
+ * no other transaction can be changing).  The executor's helper says nothing
+ * when a BEFORE ROW trigger skipped the delete: then the key is looked up
+ * again, and a row still there (or put back) is an error, as for a skipped
+ * insert.
  */
 static void
 delete_row(Write *w, HeapTuple locked, int nkeys, const int *key_columns, const Datum *values)
@@ -401,6 +402,32 @@ unsettled_values(Datum *values, const char *key, TimestampTz created_at)
 	values[1] = CStringGetTextDatum(key);
 }
 
+/* A copy of the row found, with its TID (dl_find_row_now's take). */
+static bool
+take_copy(TupleTableSlot *slot, void *arg)
+{
+	HeapTuple  *tuple = arg;
+
+	*tuple = ExecCopySlotHeapTuple(slot);
+	(*tuple)->t_self = slot->tts_tid;
+	return false;
+}
+
+/*
+ * The unsettled row of values, as committed now, not locked: only a writer
+ * that holds its effect's row lock (as the caller does) writes it, so no
+ * other transaction can be changing it, and a row lock would cost a WAL
+ * record.
+ */
+static bool
+find_unsettled(const Datum *values, HeapTuple *tuple)
+{
+	static LookupIndex unsettled_by_key;
+
+	return dl_find_row_now(&dl_unsettled_table, &unsettled_by_key, 2, unsettled_key, values,
+						   take_copy, tuple);
+}
+
 /*
  * An intent's row is new (its created_at was just taken); an effect that
  * becomes unsettled again keeps its created_at (a flagged report), so a row
@@ -416,13 +443,12 @@ add_unsettled(const char *key, TimestampTz created_at, bool may_exist)
 	HeapTuple	found;
 
 	unsettled_values(values, key, created_at);
+	if (may_exist && find_unsettled(values, &found))
+		return;
 	begin_write(&w, &dl_unsettled_table);
-	if (!may_exist || !lock_row_by(&w, 2, unsettled_key, values, &found))
-	{
-		set_value(&w, UNS_CREATED_AT, values[0]);
-		set_value(&w, UNS_KEY, values[1]);
-		insert_row(&w);
-	}
+	set_value(&w, UNS_CREATED_AT, values[0]);
+	set_value(&w, UNS_KEY, values[1]);
+	insert_row(&w);
 	end_write(&w);
 }
 
@@ -434,9 +460,10 @@ remove_unsettled(const char *key, TimestampTz created_at)
 	HeapTuple	tuple;
 
 	unsettled_values(values, key, created_at);
+	if (!find_unsettled(values, &tuple))
+		return;
 	begin_lookup(&w, &dl_unsettled_table);
-	if (lock_row_by(&w, 2, unsettled_key, values, &tuple))
-		delete_row(&w, tuple, 2, unsettled_key, values);
+	delete_row(&w, tuple, 2, unsettled_key, values);
 	end_write(&w);
 }
 
@@ -1507,6 +1534,7 @@ dl_write_unregistered_tools(UnregisteredTools setting, const char *changed_by, c
 		update_row(&w, current);
 	else
 		insert_row(&w);
+	announce_change(&w);
 	end_write(&w);
 	return before;
 }
