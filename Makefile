@@ -99,6 +99,7 @@ ISOLATION = \
 	tool_change_race \
 	remembered_facts \
 	policy_change \
+	unsettled_repair \
 	purge_race \
 	purge_audit_race \
 	attention

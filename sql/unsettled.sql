@@ -123,6 +123,17 @@ SELECT status, regress_is_unsettled(:'u7') AS still_listed FROM durable_ledger.e
 DROP TRIGGER regress_skip ON durable_ledger.unsettled;
 DROP FUNCTION regress_skip();
 SELECT status, regress_is_unsettled(:'u7') AS listed FROM durable_ledger.complete_effect(:'u7', '{"ok": true}');
+
+-- a BEFORE ROW trigger that changes the row unsettled is given: the effect
+-- would be hidden from unresolved, so the call fails and writes nothing
+CREATE FUNCTION regress_shift() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN NEW.created_at := date_trunc('second', NEW.created_at) - interval '1 hour'; RETURN NEW; END $$;
+CREATE TRIGGER regress_shift BEFORE INSERT ON durable_ledger.unsettled
+    FOR EACH ROW EXECUTE FUNCTION regress_shift();
+SELECT regress_try($$SELECT durable_ledger.begin_effect('uns-5', 'pay', '{"n": 8}')$$) AS shifted_row;
+SELECT count(*) AS recorded FROM durable_ledger.effects WHERE run = 'uns-5' AND args = '{"n": 8}';
+DROP TRIGGER regress_shift ON durable_ledger.unsettled;
+DROP FUNCTION regress_shift();
 SELECT durable_ledger.release_run('uns-5');
 
 SELECT * FROM regress_unsettled_drift;

@@ -429,6 +429,27 @@ find_unsettled(const Datum *values, HeapTuple *tuple)
 }
 
 /*
+ * unresolved and metrics find an effect by its unsettled row's created_at
+ * and key: a BEFORE ROW trigger that changed them would hide the effect from
+ * them, so the call fails and writes nothing (as for a skipped row).
+ */
+static void
+check_unchanged(Write *w, const char *key, TimestampTz created_at)
+{
+	int			at = w->table->attnums[UNS_CREATED_AT] - 1;
+	int			k = w->table->attnums[UNS_KEY] - 1;
+
+	if (w->slot->tts_isnull[at] || w->slot->tts_isnull[k] ||
+		DatumGetTimestampTz(w->slot->tts_values[at]) != created_at ||
+		strcmp(TextDatumGetCString(w->slot->tts_values[k]), key) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+				 errmsg("a trigger on durable_ledger.unsettled changed the row of effect \"%s\"", key),
+				 errdetail("unresolved and metrics find an effect by its row's created_at and key. The ledger records every change or none, so nothing was written."),
+				 errhint("A BEFORE ROW trigger on durable_ledger.unsettled must return the row unchanged.")));
+}
+
+/*
  * An intent's row is new (its created_at was just taken); an effect that
  * becomes unsettled again keeps its created_at (a flagged report), so a row
  * left by a writer that did not keep unsettled (a backend still running an
@@ -449,6 +470,7 @@ add_unsettled(const char *key, TimestampTz created_at, bool may_exist)
 	set_value(&w, UNS_CREATED_AT, values[0]);
 	set_value(&w, UNS_KEY, values[1]);
 	insert_row(&w);
+	check_unchanged(&w, key, created_at);
 	end_write(&w);
 }
 
