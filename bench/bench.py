@@ -60,9 +60,10 @@ def pgbench(args, script, clients, seconds, logdir, tag, dsn=None, protocol="pre
     prefix = os.path.join(logdir, tag)
     cmd = [args.pgbench, "-n", "-M", protocol, "-f", os.path.join(HERE, script), "-c", str(clients),
            "-j", str(min(clients, os.cpu_count() or 2)), "-T", str(seconds),
-           "-l", f"--log-prefix={prefix}", "-d", dsn or args.dsn]
+           "-l", f"--log-prefix={prefix}"]
     for name, value in (defines or {}).items():
         cmd += ["-D", f"{name}={value}"]
+    cmd.append(dsn or args.dsn)  # the database: positional (pgbench's -d is --debug)
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"pgbench failed: {done.stderr.strip()}")
@@ -86,9 +87,10 @@ def pgbench_mixed(args, scripts, clients, seconds, logdir, tag, dsn=None):
     prefix = os.path.join(logdir, tag)
     cmd = [args.pgbench, "-n", "-M", "prepared", "-c", str(clients),
            "-j", str(min(clients, os.cpu_count() or 2)), "-T", str(seconds),
-           "-l", f"--log-prefix={prefix}", "-d", dsn or args.dsn]
+           "-l", f"--log-prefix={prefix}"]
     for script in scripts:
         cmd += ["-f", os.path.join(HERE, script)]
+    cmd.append(dsn or args.dsn)  # the database: positional (pgbench's -d is --debug)
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"pgbench failed: {done.stderr.strip()}")
@@ -97,6 +99,8 @@ def pgbench_mixed(args, scripts, clients, seconds, logdir, tag, dsn=None):
         with open(path) as f:
             for line in f:  # client transaction latency-us script epoch us
                 fields = line.split()
+                if fields[2] == "failed":
+                    raise SystemExit(f"pgbench: a transaction of {scripts[int(fields[3])]} failed")
                 latencies[int(fields[3])].append(int(fields[2]))
         os.remove(path)
     return [statistics.fmean(l) / 1000.0 for l in latencies]

@@ -134,6 +134,19 @@ SELECT regress_try($$SELECT durable_ledger.begin_effect('uns-5', 'pay', '{"n": 8
 SELECT count(*) AS recorded FROM durable_ledger.effects WHERE run = 'uns-5' AND args = '{"n": 8}';
 DROP TRIGGER regress_shift ON durable_ledger.unsettled;
 DROP FUNCTION regress_shift();
+
+-- ... and one on effects that changes the key a call derived (or its business
+-- key): the effect would be found by no call (executed again) and listed
+-- nowhere, so the call fails and writes nothing
+CREATE FUNCTION regress_rekey() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN NEW.key := NEW.key || '-x'; RETURN NEW; END $$;
+CREATE TRIGGER regress_rekey BEFORE INSERT ON durable_ledger.effects
+    FOR EACH ROW EXECUTE FUNCTION regress_rekey();
+SELECT regress_try($$SELECT durable_ledger.begin_effect('uns-5', 'pay', '{"n": 9}')$$) AS rekeyed;
+SELECT regress_try($$SELECT durable_ledger.begin_effect('uns-5', 'pay', '{"n": 9}', business_key => 'BK-REKEY')$$) AS rekeyed_business_key;
+SELECT count(*) AS recorded FROM durable_ledger.effects WHERE run = 'uns-5' AND args = '{"n": 9}';
+DROP TRIGGER regress_rekey ON durable_ledger.effects;
+DROP FUNCTION regress_rekey();
 SELECT durable_ledger.release_run('uns-5');
 
 SELECT * FROM regress_unsettled_drift;

@@ -233,6 +233,21 @@ report_skipped(LedgerTable *t, const char *command)
 			 errhint("A BEFORE ROW trigger on a ledger table must return the row.")));
 }
 
+/*
+ * A BEFORE ROW trigger changed a column the ledger finds the row by (the
+ * key it derived): the row would be found by no call or query that looks for
+ * it, so the call fails and writes nothing.
+ */
+static void
+report_changed(LedgerTable *t, const char *key, const char *why)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+			 errmsg("a trigger on durable_ledger.%s changed the row of effect \"%s\"", t->name, key),
+			 errdetail("%s The ledger records every change or none, so nothing was written.", why),
+			 errhint("A BEFORE ROW trigger on a ledger table must not change the columns its rows are found by.")));
+}
+
 static void
 check_written(Write *w, const char *command)
 {
@@ -442,11 +457,8 @@ check_unchanged(Write *w, const char *key, TimestampTz created_at)
 	if (w->slot->tts_isnull[at] || w->slot->tts_isnull[k] ||
 		DatumGetTimestampTz(w->slot->tts_values[at]) != created_at ||
 		strcmp(TextDatumGetCString(w->slot->tts_values[k]), key) != 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
-				 errmsg("a trigger on durable_ledger.unsettled changed the row of effect \"%s\"", key),
-				 errdetail("unresolved and metrics find an effect by its row's created_at and key. The ledger records every change or none, so nothing was written."),
-				 errhint("A BEFORE ROW trigger on durable_ledger.unsettled must return the row unchanged.")));
+		report_changed(w->table, key,
+					   "unresolved and metrics find an effect by its row's created_at and key.");
 }
 
 /*
@@ -553,6 +565,8 @@ dl_write_new_intent(const NewIntent *intent)
 	set_value(&w, EFF_SAFE_TO_REDO, BoolGetDatum(intent->safe_to_redo));
 	insert_row(&w);
 	/* as stored: a BEFORE ROW trigger may have changed it */
+	if (strcmp(TextDatumGetCString(stored_value(&w, EFF_KEY)), intent->key) != 0)
+		report_changed(w.table, intent->key, "A call finds its effect by the key it derives.");
 	stored.status = EFFECT_STARTED;
 	stored.created_at = DatumGetTimestampTz(stored_value(&w, EFF_CREATED_AT));
 	stored.safe_to_redo = DatumGetBool(stored_value(&w, EFF_SAFE_TO_REDO));
@@ -569,7 +583,7 @@ static Statement insert_intent_unless_exists = {
 	"  lease_epoch, holder_pid, created_at)"
 	" VALUES ($1, $2, $3, $4, $5, $6, 1, 'started', $7, $8,"
 	"  pg_catalog.pg_backend_pid(), pg_catalog.clock_timestamp())"
-	" ON CONFLICT (key) DO NOTHING RETURNING created_at",
+	" ON CONFLICT (key) DO NOTHING RETURNING created_at, key",
 	8, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, BOOLOID, INT4OID, JSONBOID, INT8OID}
 };
 
@@ -616,11 +630,15 @@ dl_write_intent_unless_exists(const NewIntent *intent)
 	dl_note_ledger_write();
 	if (dl_plan_run(&insert_intent_unless_exists, values, nulls, SPI_OK_INSERT_RETURNING) == 1)
 	{
+		HeapTuple	stored = SPI_tuptable->vals[0];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
 		bool		isnull;
 
-		add_unsettled(intent->key,
-					  DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0],
-														SPI_tuptable->tupdesc, 1, &isnull)),
+		/* as stored: a BEFORE ROW trigger may have changed it */
+		if (strcmp(TextDatumGetCString(SPI_getbinval(stored, desc, 2, &isnull)), intent->key) != 0)
+			report_changed(&dl_effects_table, intent->key,
+						   "A call finds its effect by the key it derives.");
+		add_unsettled(intent->key, DatumGetTimestampTz(SPI_getbinval(stored, desc, 1, &isnull)),
 					  false);
 		dl_write_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
 		return true;
