@@ -145,7 +145,18 @@ CREATE TRIGGER regress_rekey BEFORE INSERT ON durable_ledger.effects
 SELECT regress_try($$SELECT durable_ledger.begin_effect('uns-5', 'pay', '{"n": 9}')$$) AS rekeyed;
 SELECT regress_try($$SELECT durable_ledger.begin_effect('uns-5', 'pay', '{"n": 9}', business_key => 'BK-REKEY')$$) AS rekeyed_business_key;
 SELECT count(*) AS recorded FROM durable_ledger.effects WHERE run = 'uns-5' AND args = '{"n": 9}';
+-- ... also when a fork carries an effect into a new run
+SELECT regress_try(format($$SELECT durable_ledger.fork_run('uns-1', 'uns-1-rekeyed', %L, 'alice', NULL)$$, :'u2')) AS rekeyed_fork;
+SELECT count(*) AS forked FROM durable_ledger.effects WHERE run = 'uns-1-rekeyed';
 DROP TRIGGER regress_rekey ON durable_ledger.effects;
+-- ... and on an update (a report, a resolution, a next attempt)
+SELECT key AS u10 FROM durable_ledger.begin_effect('uns-5', 'pay', '{"n": 10}') \gset
+CREATE TRIGGER regress_rekey BEFORE UPDATE ON durable_ledger.effects
+    FOR EACH ROW EXECUTE FUNCTION regress_rekey();
+SELECT regress_try(format($$SELECT durable_ledger.complete_effect(%L, '{"ok": true}')$$, :'u10')) AS rekeyed_report;
+SELECT status FROM durable_ledger.effects WHERE key = :'u10';
+DROP TRIGGER regress_rekey ON durable_ledger.effects;
+SELECT status FROM durable_ledger.complete_effect(:'u10', '{"ok": true}');
 DROP FUNCTION regress_rekey();
 SELECT durable_ledger.release_run('uns-5');
 

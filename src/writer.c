@@ -527,6 +527,18 @@ stored_value(Write *w, int column)
 	return w->slot->tts_values[i];
 }
 
+/*
+ * The effects row just written holds the key the ledger gave it: a BEFORE ROW
+ * trigger that changed it would leave the effect found by no call (executed
+ * again) and listed nowhere.
+ */
+static void
+check_key_kept(Write *w, const char *key)
+{
+	if (strcmp(TextDatumGetCString(stored_value(w, EFF_KEY)), key) != 0)
+		report_changed(w->table, key, "A call finds its effect by the key it derives.");
+}
+
 static Datum
 now_datum(void)
 {
@@ -565,8 +577,7 @@ dl_write_new_intent(const NewIntent *intent)
 	set_value(&w, EFF_SAFE_TO_REDO, BoolGetDatum(intent->safe_to_redo));
 	insert_row(&w);
 	/* as stored: a BEFORE ROW trigger may have changed it */
-	if (strcmp(TextDatumGetCString(stored_value(&w, EFF_KEY)), intent->key) != 0)
-		report_changed(w.table, intent->key, "A call finds its effect by the key it derives.");
+	check_key_kept(&w, intent->key);
 	stored.status = EFFECT_STARTED;
 	stored.created_at = DatumGetTimestampTz(stored_value(&w, EFF_CREATED_AT));
 	stored.safe_to_redo = DatumGetBool(stored_value(&w, EFF_SAFE_TO_REDO));
@@ -696,6 +707,7 @@ end_effect_update(Write *w, LockedEffect *locked)
 	EffectRow	before = locked->row;
 
 	update_row(w, locked->tuple);
+	check_key_kept(w, before.key);
 	updated = ExecCopySlotHeapTuple(w->slot);
 	updated->t_self = w->slot->tts_tid;
 	locked->tuple = updated;
@@ -1500,6 +1512,7 @@ dl_write_forked_effect(const LockedEffect *source, const char *new_run, const ch
 	set_value(&w, EFF_CONFLICT, BoolGetDatum(false));
 	set_value(&w, EFF_FORKED_FROM, CStringGetTextDatum(source->row.key));
 	insert_row(&w);
+	check_key_kept(&w, new_key);
 	dl_effect_row_from_slot(w.slot, &carried);
 	end_write(&w);
 	follow_settlement(NULL, &carried);
