@@ -55,41 +55,18 @@ from audit_scale import audit_section, audit_dsn
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def pgbench(args, script, clients, seconds, logdir, tag, dsn=None, protocol="prepared", defines=None):
-    """Runs one pgbench round; returns (tps, p50 ms, p99 ms)."""
+def run_pgbench(args, scripts, clients, seconds, logdir, tag, dsn=None, protocol="prepared", defines=None):
+    """Runs pgbench once with scripts (one picked at random per transaction when
+    there are several); returns its output and each script's transaction
+    latencies in microseconds, from its per-transaction log."""
     prefix = os.path.join(logdir, tag)
-    cmd = [args.pgbench, "-n", "-M", protocol, "-f", os.path.join(HERE, script), "-c", str(clients),
-           "-j", str(min(clients, os.cpu_count() or 2)), "-T", str(seconds),
-           "-l", f"--log-prefix={prefix}"]
-    for name, value in (defines or {}).items():
-        cmd += ["-D", f"{name}={value}"]
-    cmd.append(dsn or args.dsn)  # the database: positional (pgbench's -d is --debug)
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"pgbench failed: {done.stderr.strip()}")
-    out = done.stdout
-    tps = next(float(line.split("=")[1].split()[0]) for line in out.splitlines()
-               if line.startswith("tps ="))
-    latencies = []
-    for path in glob.glob(prefix + ".*"):
-        with open(path) as f:
-            latencies += [int(line.split()[2]) for line in f]
-        os.remove(path)
-    latencies.sort()
-    q = lambda p: latencies[min(len(latencies) - 1, int(p * len(latencies)))] / 1000.0
-    return tps, q(0.50), q(0.99)
-
-
-def pgbench_mixed(args, scripts, clients, seconds, logdir, tag, dsn=None):
-    """One pgbench run that picks one of scripts at random for each transaction
-    (equal weights): every script sees the same moments of the machine (the
-    disk's flushes, other load).  Returns each script's mean latency in ms."""
-    prefix = os.path.join(logdir, tag)
-    cmd = [args.pgbench, "-n", "-M", "prepared", "-c", str(clients),
+    cmd = [args.pgbench, "-n", "-M", protocol, "-c", str(clients),
            "-j", str(min(clients, os.cpu_count() or 2)), "-T", str(seconds),
            "-l", f"--log-prefix={prefix}"]
     for script in scripts:
         cmd += ["-f", os.path.join(HERE, script)]
+    for name, value in (defines or {}).items():
+        cmd += ["-D", f"{name}={value}"]
     cmd.append(dsn or args.dsn)  # the database: positional (pgbench's -d is --debug)
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -103,6 +80,24 @@ def pgbench_mixed(args, scripts, clients, seconds, logdir, tag, dsn=None):
                     raise SystemExit(f"pgbench: a transaction of {scripts[int(fields[3])]} failed")
                 latencies[int(fields[3])].append(int(fields[2]))
         os.remove(path)
+    return done.stdout, latencies
+
+
+def pgbench(args, script, clients, seconds, logdir, tag, dsn=None, protocol="prepared", defines=None):
+    """Runs one pgbench round; returns (tps, p50 ms, p99 ms)."""
+    out, (latencies,) = run_pgbench(args, [script], clients, seconds, logdir, tag, dsn, protocol, defines)
+    tps = next(float(line.split("=")[1].split()[0]) for line in out.splitlines()
+               if line.startswith("tps ="))
+    latencies.sort()
+    q = lambda p: latencies[min(len(latencies) - 1, int(p * len(latencies)))] / 1000.0
+    return tps, q(0.50), q(0.99)
+
+
+def pgbench_mixed(args, scripts, clients, seconds, logdir, tag, dsn=None):
+    """One pgbench run that picks one of scripts at random for each transaction
+    (equal weights): every script sees the same moments of the machine (the
+    disk's flushes, other load).  Returns each script's mean latency in ms."""
+    _, latencies = run_pgbench(args, scripts, clients, seconds, logdir, tag, dsn)
     return [statistics.fmean(l) / 1000.0 for l in latencies]
 
 
@@ -372,9 +367,10 @@ def access(args, conn, logdir, clients):
             # The same comparison with the ledger and the floor mixed in one
             # pgbench run per cluster, script chosen per transaction: the two
             # see the same flushes, so each cluster's ratio (floor's mean
-            # latency / ledger's: what the ledger keeps of the floor's
-            # throughput) no longer moves with the disk between runs; the
-            # clusters alternate round by round.
+            # latency / ledger's: about what the ledger keeps of the floor's
+            # throughput; the floor absorbs a fifth of a difference,
+            # bench/README.md) no longer moves with the disk between runs;
+            # the clusters alternate round by round.
             scripts = ["ledger_pair.sql", "floor_minimal_pair.sql"]
             kept = {"after": [], "before": []}
             for r in range(args.rounds):

@@ -217,6 +217,14 @@ dl_read_lease_began_past_attempt(const char *key, const char *run, int64 lease_e
 
 /* ---------- rows found by a unique index, as committed now ---------- */
 
+/* The unique index a lookup uses, found once per version of its table. */
+typedef struct LookupIndex
+{
+	uint64		learned;		/* the version of the table it was found in */
+	Oid			index;
+	bool		unique;			/* unique on exactly the lookup's columns */
+} LookupIndex;
+
 /*
  * The valid btree index of rel (no expressions, no predicate) whose key
  * columns are exactly t's columns, in that order, and that is unique; or,
@@ -329,8 +337,8 @@ scan_rows_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
 }
 
 /* The one row of t that a unique index finds (scan_rows_now). */
-bool
-dl_find_row_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
+static bool
+find_row_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
 			 const Datum *values, bool (*take) (TupleTableSlot *, void *), void *arg)
 {
 	by->unique = true;
@@ -414,13 +422,13 @@ dl_read_run_state(const char *run, RunState *state)
 	TokenRow	token;
 
 	values[0] = CStringGetTextDatum(run);
-	if (!dl_find_row_now(&dl_runs_table, &runs_by_run, 1, run_key, values, take_run_state, state))
+	if (!find_row_now(&dl_runs_table, &runs_by_run, 1, run_key, values, take_run_state, state))
 		return false;
 	state->token_live = false;
 	state->expires_at = 0;
 	values[1] = Int64GetDatum(state->epoch);
 	if (state->token &&
-		dl_find_row_now(&dl_token_table, &token_by_epoch, 2, token_key, values, take_token_row, &token))
+		find_row_now(&dl_token_table, &token_by_epoch, 2, token_key, values, take_token_row, &token))
 	{
 		state->token_live = !token.released && token.expires_at > GetCurrentTimestamp();
 		state->expires_at = token.expires_at;
@@ -442,7 +450,7 @@ dl_read_token_lease(bytea *token_sha256, TokenLease *lease)
 	RunState	state;
 
 	values[0] = PointerGetDatum(token_sha256);
-	if (!dl_find_row_now(&dl_token_table, &token_by_hash, 1, hash_key, values, take_token_row, &token))
+	if (!find_row_now(&dl_token_table, &token_by_hash, 1, hash_key, values, take_token_row, &token))
 		return false;
 	lease->run = token.run;
 	lease->epoch = token.epoch;
@@ -469,7 +477,7 @@ dl_read_token_calls(const char *run, int64 epoch, bytea *call)
 	values[0] = CStringGetTextDatum(run);
 	values[1] = Int64GetDatum(epoch);
 	values[2] = PointerGetDatum(call);
-	(void) dl_find_row_now(&dl_calls_table, &calls_by_call, 3, calls_key, values, take_calls, &calls);
+	(void) find_row_now(&dl_calls_table, &calls_by_call, 3, calls_key, values, take_calls, &calls);
 	return calls;
 }
 
@@ -612,7 +620,7 @@ dl_read_tool(const char *tool, ToolRow *row)
 	Datum		values[1];
 
 	values[0] = CStringGetTextDatum(tool);
-	return dl_find_row_now(&dl_tools_table, &tools_by_tool, 1, tool_key, values, take_tool, row);
+	return find_row_now(&dl_tools_table, &tools_by_tool, 1, tool_key, values, take_tool, row);
 }
 
 static bool
@@ -673,7 +681,7 @@ dl_read_divergence(const char *key, DivergenceRow *row)
 	Datum		values[1];
 
 	values[0] = CStringGetTextDatum(key);
-	return dl_find_row_now(&dl_divergences_table, &divergences_by_key, 1, div_key, values,
+	return find_row_now(&dl_divergences_table, &divergences_by_key, 1, div_key, values,
 						take_divergence, row);
 }
 
@@ -754,10 +762,14 @@ dl_read_earlier_effects(const char *run, const char *tool, int64 epoch)
 	return earlier.effects;
 }
 
+/* A copy of the row found, with its TID (for a write of it). */
 static bool
 take_tuple(TupleTableSlot *slot, void *arg)
 {
-	*(HeapTuple *) arg = ExecCopySlotHeapTuple(slot);
+	HeapTuple	tuple = ExecCopySlotHeapTuple(slot);
+
+	tuple->t_self = slot->tts_tid;
+	*(HeapTuple *) arg = tuple;
 	return false;
 }
 
@@ -769,7 +781,7 @@ dl_read_tool_tuple(const char *tool)
 	HeapTuple	tuple = NULL;
 
 	values[0] = CStringGetTextDatum(tool);
-	(void) dl_find_row_now(&dl_tools_table, &tools_by_tool, 1, tool_key, values, take_tuple, &tuple);
+	(void) find_row_now(&dl_tools_table, &tools_by_tool, 1, tool_key, values, take_tuple, &tuple);
 	return tuple;
 }
 
@@ -781,7 +793,27 @@ dl_read_divergence_tuple(const char *key)
 	HeapTuple	tuple = NULL;
 
 	values[0] = CStringGetTextDatum(key);
-	(void) dl_find_row_now(&dl_divergences_table, &divergences_by_key, 1, div_key, values,
+	(void) find_row_now(&dl_divergences_table, &divergences_by_key, 1, div_key, values,
+						take_tuple, &tuple);
+	return tuple;
+}
+
+/*
+ * The unsettled row of an effect (its key and created_at) as committed now,
+ * or NULL.  Not locked: only a writer that holds its effect's row lock writes
+ * it (writer.c), so none can be changing it under that lock.
+ */
+HeapTuple
+dl_read_unsettled_tuple(const char *key, TimestampTz created_at)
+{
+	static LookupIndex unsettled_by_key;
+	static const int unsettled_key[] = {UNS_CREATED_AT, UNS_KEY};
+	Datum		values[2];
+	HeapTuple	tuple = NULL;
+
+	values[0] = TimestampTzGetDatum(created_at);
+	values[1] = CStringGetTextDatum(key);
+	(void) find_row_now(&dl_unsettled_table, &unsettled_by_key, 2, unsettled_key, values,
 						take_tuple, &tuple);
 	return tuple;
 }
@@ -852,7 +884,7 @@ dl_read_unregistered_tools(void)
 	UnregisteredTools setting = UNREGISTERED_ALLOW;
 
 	values[0] = BoolGetDatum(true);
-	(void) dl_find_row_now(&dl_policy_table, &policy_by_singleton, 1, policy_key, values,
+	(void) find_row_now(&dl_policy_table, &policy_by_singleton, 1, policy_key, values,
 						take_policy, &setting);
 	return setting;
 }

@@ -110,18 +110,7 @@ enum
 	DIV_RESOLVED_AT, DIV_RESOLUTION_NOTE, DIV_NCOLUMNS
 };
 
-/* The unique index a lookup uses, found once per version of its table. */
-typedef struct LookupIndex
-{
-	uint64		learned;		/* the version of the table it was found in */
-	Oid			index;
-	bool		unique;			/* unique on exactly the lookup's columns */
-} LookupIndex;
-
 extern Relation dl_open_table(LedgerTable *t, LOCKMODE lockmode);
-extern bool dl_find_row_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
-							const Datum *values, bool (*take) (TupleTableSlot *, void *),
-							void *arg);
 extern void dl_check_domains(LedgerTable *t, TupleTableSlot *slot, Bitmapset *only);
 extern void dl_effect_row_from_slot(TupleTableSlot *slot, EffectRow *row);
 extern void dl_tool_row_from_slot(TupleTableSlot *slot, ToolRow *row);

@@ -234,18 +234,57 @@ report_skipped(LedgerTable *t, const char *command)
 }
 
 /*
- * A BEFORE ROW trigger changed a column the ledger finds the row by (the
- * key it derived): the row would be found by no call or query that looks for
- * it, so the call fails and writes nothing.
+ * A BEFORE ROW trigger changed the primary key of a row the ledger wrote:
+ * the row would be found by no call or query that looks for it (an effect
+ * executed again, hidden from unresolved), so the call fails and writes
+ * nothing.
  */
 static void
-report_changed(LedgerTable *t, const char *key, const char *why)
+report_changed_key(LedgerTable *t)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
-			 errmsg("a trigger on durable_ledger.%s changed the row of effect \"%s\"", t->name, key),
-			 errdetail("%s The ledger records every change or none, so nothing was written.", why),
-			 errhint("A BEFORE ROW trigger on a ledger table must not change the columns its rows are found by.")));
+			 errmsg("a trigger on durable_ledger.%s changed the primary key of the row the ledger wrote", t->name),
+			 errdetail("The ledger finds its rows by their primary key. It records every change or none, so nothing was written."),
+			 errhint("A BEFORE ROW trigger on a ledger table must not change the row's primary key.")));
+}
+
+/*
+ * The values the ledger gives the row before the executor writes it, kept
+ * when a BEFORE ROW trigger may change them (NULL when the table has none):
+ * the primary key must come out as it went in (check_key_kept).
+ */
+static Datum *
+values_given(Write *w, bool before_row_triggers)
+{
+	int			natts = RelationGetDescr(w->rel)->natts;
+	Datum	   *given;
+
+	if (!before_row_triggers)
+		return NULL;
+	given = palloc(sizeof(Datum) * natts);
+	memcpy(given, w->slot->tts_values, sizeof(Datum) * natts);
+	return given;
+}
+
+static void
+check_key_kept(Write *w, const Datum *given)
+{
+	TupleDesc	desc = RelationGetDescr(w->rel);
+	Bitmapset  *key = RelationGetIndexAttrBitmap(w->rel, INDEX_ATTR_BITMAP_PRIMARY_KEY);
+	int			x = -1;
+
+	if (given == NULL)
+		return;
+	while ((x = bms_next_member(key, x)) >= 0)
+	{
+		int			i = x + FirstLowInvalidHeapAttributeNumber - 1;
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (w->slot->tts_isnull[i] ||
+			!datum_image_eq(given[i], w->slot->tts_values[i], att->attbyval, att->attlen))
+			report_changed_key(w->table);
+	}
 }
 
 static void
@@ -258,11 +297,15 @@ check_written(Write *w, const char *command)
 static void
 insert_row(Write *w)
 {
+	Datum	   *given;
+
 	fill_defaults(w);
 	ExecStoreVirtualTuple(w->slot);
 	dl_check_domains(w->table, w->slot, NULL);
+	given = values_given(w, w->rel->trigdesc && w->rel->trigdesc->trig_insert_before_row);
 	ExecSimpleRelationInsert(w->rri, w->estate, w->slot);
 	check_written(w, "INSERT");
+	check_key_kept(w, given);
 }
 
 /*
@@ -333,17 +376,20 @@ update_row(Write *w, HeapTuple locked)
 	MemoryContext caller = MemoryContextSwitchTo(w->estate->es_query_cxt);
 	TupleTableSlot *search = locked_slot(w, locked);
 	EPQState	epq;
+	Datum	   *given;
 
 	ExecStoreVirtualTuple(w->slot);
 	/* the SET list: UPDATE OF triggers fire on it, as after SQL's UPDATE */
 	w->rte->updatedCols = w->updated;
 	if (w->updated != NULL)
 		dl_check_domains(w->table, w->slot, w->updated);
+	given = values_given(w, w->rel->trigdesc && w->rel->trigdesc->trig_update_before_row);
 	dl_EvalPlanQualInit(&epq, w->estate);
 	ExecSimpleRelationUpdate(w->rri, w->estate, &epq, search, w->slot);
 	EvalPlanQualEnd(&epq);
 	MemoryContextSwitchTo(caller);
 	check_written(w, "UPDATE");
+	check_key_kept(w, given);
 }
 
 /*
@@ -393,10 +439,10 @@ start_from(Write *w, HeapTuple locked)
  * person may have to look at, found without reading the settled millions
  * (the unresolved view, the metrics).  A partial index on effects would list
  * them too, but its predicate (status) changes when an effect completes,
- * which makes every completion a non-HOT update of every index of effects.  Keyed by the
- * effect's created_at first, a new row goes to the right edge of the index
- * and a completion finds it among the newest pages (docs/design.md, "What
- * waits for a person").  Its rows change with the effect's row, under that
+ * which makes every completion a non-HOT update of every index of effects.
+ * Keyed by the effect's created_at first, a new row goes to the right edge
+ * of the index and a completion finds it among the newest pages
+ * (docs/design.md, "What waits for a person").  Its rows change with the effect's row, under that
  * row's lock; one whose effect was deleted by hand matches no effect.
  */
 static bool
@@ -417,50 +463,6 @@ unsettled_values(Datum *values, const char *key, TimestampTz created_at)
 	values[1] = CStringGetTextDatum(key);
 }
 
-/* A copy of the row found, with its TID (dl_find_row_now's take). */
-static bool
-take_copy(TupleTableSlot *slot, void *arg)
-{
-	HeapTuple  *tuple = arg;
-
-	*tuple = ExecCopySlotHeapTuple(slot);
-	(*tuple)->t_self = slot->tts_tid;
-	return false;
-}
-
-/*
- * The unsettled row of values, as committed now, not locked: only a writer
- * that holds its effect's row lock (as the caller does) writes it, so no
- * other transaction can be changing it, and a row lock would cost a WAL
- * record.
- */
-static bool
-find_unsettled(const Datum *values, HeapTuple *tuple)
-{
-	static LookupIndex unsettled_by_key;
-
-	return dl_find_row_now(&dl_unsettled_table, &unsettled_by_key, 2, unsettled_key, values,
-						   take_copy, tuple);
-}
-
-/*
- * unresolved and metrics find an effect by its unsettled row's created_at
- * and key: a BEFORE ROW trigger that changed them would hide the effect from
- * them, so the call fails and writes nothing (as for a skipped row).
- */
-static void
-check_unchanged(Write *w, const char *key, TimestampTz created_at)
-{
-	int			at = w->table->attnums[UNS_CREATED_AT] - 1;
-	int			k = w->table->attnums[UNS_KEY] - 1;
-
-	if (w->slot->tts_isnull[at] || w->slot->tts_isnull[k] ||
-		DatumGetTimestampTz(w->slot->tts_values[at]) != created_at ||
-		strcmp(TextDatumGetCString(w->slot->tts_values[k]), key) != 0)
-		report_changed(w->table, key,
-					   "unresolved and metrics find an effect by its row's created_at and key.");
-}
-
 /*
  * An intent's row is new (its created_at was just taken); an effect that
  * becomes unsettled again keeps its created_at (a flagged report), so a row
@@ -473,16 +475,14 @@ add_unsettled(const char *key, TimestampTz created_at, bool may_exist)
 {
 	Datum		values[2];
 	Write		w;
-	HeapTuple	found;
 
-	unsettled_values(values, key, created_at);
-	if (may_exist && find_unsettled(values, &found))
+	if (may_exist && dl_read_unsettled_tuple(key, created_at) != NULL)
 		return;
+	unsettled_values(values, key, created_at);
 	begin_write(&w, &dl_unsettled_table);
 	set_value(&w, UNS_CREATED_AT, values[0]);
 	set_value(&w, UNS_KEY, values[1]);
 	insert_row(&w);
-	check_unchanged(&w, key, created_at);
 	end_write(&w);
 }
 
@@ -493,9 +493,10 @@ remove_unsettled(const char *key, TimestampTz created_at)
 	Write		w;
 	HeapTuple	tuple;
 
-	unsettled_values(values, key, created_at);
-	if (!find_unsettled(values, &tuple))
+	tuple = dl_read_unsettled_tuple(key, created_at);	/* not locked: see there */
+	if (tuple == NULL)
 		return;
+	unsettled_values(values, key, created_at);
 	begin_lookup(&w, &dl_unsettled_table);
 	delete_row(&w, tuple, 2, unsettled_key, values);
 	end_write(&w);
@@ -525,18 +526,6 @@ stored_value(Write *w, int column)
 
 	Assert(!w->slot->tts_isnull[i]);
 	return w->slot->tts_values[i];
-}
-
-/*
- * The effects row just written holds the key the ledger gave it: a BEFORE ROW
- * trigger that changed it would leave the effect found by no call (executed
- * again) and listed nowhere.
- */
-static void
-check_key_kept(Write *w, const char *key)
-{
-	if (strcmp(TextDatumGetCString(stored_value(w, EFF_KEY)), key) != 0)
-		report_changed(w->table, key, "A call finds its effect by the key it derives.");
 }
 
 static Datum
@@ -577,7 +566,6 @@ dl_write_new_intent(const NewIntent *intent)
 	set_value(&w, EFF_SAFE_TO_REDO, BoolGetDatum(intent->safe_to_redo));
 	insert_row(&w);
 	/* as stored: a BEFORE ROW trigger may have changed it */
-	check_key_kept(&w, intent->key);
 	stored.status = EFFECT_STARTED;
 	stored.created_at = DatumGetTimestampTz(stored_value(&w, EFF_CREATED_AT));
 	stored.safe_to_redo = DatumGetBool(stored_value(&w, EFF_SAFE_TO_REDO));
@@ -647,8 +635,7 @@ dl_write_intent_unless_exists(const NewIntent *intent)
 
 		/* as stored: a BEFORE ROW trigger may have changed it */
 		if (strcmp(TextDatumGetCString(SPI_getbinval(stored, desc, 2, &isnull)), intent->key) != 0)
-			report_changed(&dl_effects_table, intent->key,
-						   "A call finds its effect by the key it derives.");
+			report_changed_key(&dl_effects_table);
 		add_unsettled(intent->key, DatumGetTimestampTz(SPI_getbinval(stored, desc, 1, &isnull)),
 					  false);
 		dl_write_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
@@ -707,7 +694,6 @@ end_effect_update(Write *w, LockedEffect *locked)
 	EffectRow	before = locked->row;
 
 	update_row(w, locked->tuple);
-	check_key_kept(w, before.key);
 	updated = ExecCopySlotHeapTuple(w->slot);
 	updated->t_self = w->slot->tts_tid;
 	locked->tuple = updated;
@@ -1512,7 +1498,6 @@ dl_write_forked_effect(const LockedEffect *source, const char *new_run, const ch
 	set_value(&w, EFF_CONFLICT, BoolGetDatum(false));
 	set_value(&w, EFF_FORKED_FROM, CStringGetTextDatum(source->row.key));
 	insert_row(&w);
-	check_key_kept(&w, new_key);
 	dl_effect_row_from_slot(w.slot, &carried);
 	end_write(&w);
 	follow_settlement(NULL, &carried);
