@@ -62,8 +62,10 @@ REGRESS = \
 	leases \
 	liveness \
 	token_leases \
+	session_attempts \
 	tools \
 	divergence \
+	unregistered \
 	abandon \
 	history \
 	fork \
@@ -75,6 +77,7 @@ REGRESS = \
 	hostile_input \
 	unsettled \
 	recorded \
+	warnings \
 	drop_guard
 REGRESS_OPTS = --encoding=UTF8 --load-extension=pgcrypto --load-extension=dblink
 

@@ -202,9 +202,34 @@ SELECT key, decision, attempt, downstream_key
   FROM durable_ledger.begin_effect('bk-5', 'pay', '{"invoice": "INV-DK"}', 'INV-DK');
 
 -- ===================================================================
+-- a business key begun again with reworded args (a memo a model rewrote):
+-- refused, nothing written, and the hint says what is true -- the same
+-- operation wants key fields on its tool (then it replays), a new key would
+-- perform it again.  With key fields, args that differ only outside them are
+-- the same call; other key field values are a different operation.
+-- ===================================================================
+SELECT decision, (durable_ledger.complete_effect(key, '{"payment_id": "p-m1"}', attempt)).status
+  FROM durable_ledger.begin_effect('bk-6', 'memo.pay', '{"invoice": "INV-M", "memo": "Thanks"}', 'INV-M');
+SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
+\set VERBOSITY default
+SELECT decision FROM durable_ledger.begin_effect('bk-6', 'memo.pay', '{"invoice": "INV-M", "memo": "Thank you"}', 'INV-M');
+\set VERBOSITY terse
+SELECT count(*) = :audit_rows AS nothing_written FROM durable_ledger.audit_log;
+-- the admin names the fields that identify the operation: the call replays
+SELECT key_fields FROM durable_ledger.register_tool('memo.pay', 'regress', key_fields => '{invoice}');
+SELECT decision, result FROM durable_ledger.begin_effect('bk-6', 'memo.pay', '{"invoice": "INV-M", "memo": "Thank you"}', 'INV-M');
+-- another value of a key field is another operation: the other hint
+\set VERBOSITY default
+SELECT decision FROM durable_ledger.begin_effect('bk-6', 'memo.pay', '{"invoice": "INV-N", "memo": "Thanks"}', 'INV-M');
+\set VERBOSITY terse
+SELECT count(*) AS effects FROM durable_ledger.effects WHERE key = 'INV-M';
+SELECT count(*) AS divergences FROM durable_ledger.divergences WHERE run = 'bk-6';
+
+-- ===================================================================
 -- clean up: release every lease this file took
 -- ===================================================================
 SELECT durable_ledger.release_run('bk-1') AS bk1, durable_ledger.release_run('bk-2') AS bk2,
-       durable_ledger.release_run('bk-4') AS bk4, durable_ledger.release_run('bk-5') AS bk5;
+       durable_ledger.release_run('bk-4') AS bk4, durable_ledger.release_run('bk-5') AS bk5,
+       durable_ledger.release_run('bk-6') AS bk6;
 SELECT count(*) AS leases_left FROM pg_locks
  WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();

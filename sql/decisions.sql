@@ -162,15 +162,17 @@ SELECT event, detail FROM durable_ledger.audit_log
  WHERE key = :'k3' ORDER BY id;
 
 -- while the lease is live, a completion is on time (event completed, no detail)
-SELECT durable_ledger.effect_key('dec-3', 'refund', '{"order": 10}', 1) AS k4 \gset
-SELECT decision FROM durable_ledger.begin_effect('dec-3', 'refund', '{"order": 10}');
+-- (a run of its own: a later attempt of dec-3 calling refund with other args
+-- would diverge from its first, and pause)
+SELECT durable_ledger.effect_key('dec-3b', 'refund', '{"order": 10}', 1) AS k4 \gset
+SELECT decision FROM durable_ledger.begin_effect('dec-3b', 'refund', '{"order": 10}');
 SELECT status FROM durable_ledger.complete_effect(:'k4', NULL);
 SELECT event, detail FROM durable_ledger.audit_log
  WHERE key = :'k4' ORDER BY id;
 -- a NULL result is a result (the effect returned nothing): replayed as such
-SELECT durable_ledger.release_run('dec-3');
+SELECT durable_ledger.release_run('dec-3b');
 SELECT decision, status, result, error
-  FROM durable_ledger.begin_effect('dec-3', 'refund', '{"order": 10}');
+  FROM durable_ledger.begin_effect('dec-3b', 'refund', '{"order": 10}');
 
 -- completing a key that does not exist is an error, and writes nothing
 SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
@@ -199,7 +201,8 @@ SELECT durable_ledger.release_run('dec-5');
 -- clean up: release every lease this file took
 -- ===================================================================
 SELECT durable_ledger.release_run('dec-1') AS dec1, durable_ledger.release_run('dec-2') AS dec2,
-       durable_ledger.release_run('dec-3') AS dec3, durable_ledger.release_run('dec-4') AS dec4;
+       durable_ledger.release_run('dec-3b') AS dec3b,
+       durable_ledger.release_run('dec-4') AS dec4;
 SELECT count(*) AS leases_left FROM pg_locks
  WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
 

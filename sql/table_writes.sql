@@ -42,6 +42,10 @@ SELECT durable_ledger.acquire_run('direct-1');
 SELECT decision, status, result FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 1}');
 SELECT decision, status, error FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 2}');
 SELECT decision, status FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 3}');
+-- (its outcome is unknown: a person says it failed, and it replays; a new
+-- call before then would diverge from the earlier attempt, and pause)
+SELECT status FROM durable_ledger.resolve_effect(:'k3', 'failed', NULL, 'regress');
+SELECT decision, status FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 3}');
 SELECT key AS k4, decision AS k4_decision, occurrence AS k4_occurrence
   FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 4}') \gset
 SELECT :'k4_decision' AS decision, :k4_occurrence AS occurrence;
@@ -74,14 +78,19 @@ SELECT durable_ledger.release_run('direct-2');
 
 -- REPEATABLE READ: the same answers (decisions are made on the latest
 -- committed version of a row, locked)
+-- (run direct-4: an attempt of its own, then a later one that replays it
+-- and makes a new call)
+SELECT decision, (durable_ledger.complete_effect(key, '{"paid": 4}')).status
+  FROM durable_ledger.begin_effect('direct-4', 'pay', '{"n": 4}');
+SELECT durable_ledger.release_run('direct-4');
 BEGIN ISOLATION LEVEL REPEATABLE READ;
-SELECT durable_ledger.acquire_run('direct-1');
-SELECT decision, status, result FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 4}');
-SELECT key AS k40, decision AS k40_decision FROM durable_ledger.begin_effect('direct-1', 'pay', '{"n": 40}') \gset
+SELECT durable_ledger.acquire_run('direct-4');
+SELECT decision, status, result FROM durable_ledger.begin_effect('direct-4', 'pay', '{"n": 4}');
+SELECT key AS k40, decision AS k40_decision FROM durable_ledger.begin_effect('direct-4', 'pay', '{"n": 40}') \gset
 SELECT :'k40_decision' AS decision;
 SELECT status, result FROM durable_ledger.complete_effect(:'k40', '{"paid": 40}');
 COMMIT;
-SELECT durable_ledger.release_run('direct-1');
+SELECT durable_ledger.release_run('direct-4');
 SELECT occurrence, status, result, lease_epoch FROM durable_ledger.effects WHERE key = :'k40';
 
 -- SERIALIZABLE: the same answers

@@ -146,7 +146,8 @@ SELECT durable_ledger.acquire_run('ur-1');
 SELECT decision, (durable_ledger.complete_effect(key, '{"faxed": true}')).status
   FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 1}');
 SELECT durable_ledger.set_unregistered_tools('warn', 'maria', 'review pending') AS previous;
-SELECT decision FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 2}');
+SELECT decision, (durable_ledger.complete_effect(key, '{"faxed": true}')).status
+  FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 2}');
 SELECT durable_ledger.set_unregistered_tools('refuse', 'maria') AS previous;
 SELECT unregistered_tools, changed_by, note FROM durable_ledger.policy;
 SELECT event, detail FROM durable_ledger.audit_log WHERE event = 'policy_changed' ORDER BY id;
@@ -156,7 +157,10 @@ SELECT regress_registry_footprint() = :'before' AS nothing_written;
 -- registered tools go on; what was recorded replays
 SELECT decision FROM durable_ledger.begin_effect('ur-1', 'tl.lookup', '{"customer": 1}');
 SELECT durable_ledger.acquire_run('ur-1');
+-- (a later attempt replays what the earlier one did first: a new call of the
+-- tool before that would diverge, and pause for a person)
 SELECT decision, status FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 1}');
+SELECT decision, status FROM durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 2}');
 SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('ur-1', 'fax.send', '{"to": 3}')$$);
 -- a call remembers its tool's row (cache.c): a registration in the same
 -- transaction is used at once, and forgotten when it rolls back

@@ -19,8 +19,8 @@
 
 #include "policy.h"
 
-PG_FUNCTION_INFO_V1(dl_begin_effect_1_2);
-PG_FUNCTION_INFO_V1(dl_begin_recorded_1_2);
+PG_FUNCTION_INFO_V1(dl_begin_effect_1_3);
+PG_FUNCTION_INFO_V1(dl_begin_recorded_1_3);
 
 /* How often a decision is tried again when the row changed under it. */
 #define MAX_DECISION_ROUNDS 16
@@ -71,14 +71,23 @@ typedef struct Decision
 	const char *reason;
 } Decision;
 
-#define HINT_BUSINESS_KEY_REUSED \
-	"A business key identifies one operation: the same tool with the same arguments. " \
-	"A legitimately new operation needs a business key of its own (e.g. the invoice number " \
-	"and a revision, \"INV-9/2\"), or none (the run's own key, by occurrence)."
+#define HINT_BUSINESS_KEY_OTHER_OPERATION \
+	"A business key names one operation. A different operation needs a business key of " \
+	"its own (e.g. the invoice number and a revision, \"INV-9/2\"), or none (the run's own " \
+	"key, by occurrence); a new key for the same operation would perform it again."
+
+#define HINT_BUSINESS_KEY_REWORDED \
+	"If this is the same operation with reworded free text (a memo, a message body), an " \
+	"admin names the fields that identify it: durable_ledger.change_tool(tool, changed_by, " \
+	"key_fields => '{...}') (or register_tool); the call then replays. A new business key " \
+	"would perform the operation again."
 
 /*
  * A business key names one operation: the same tool with the same args (the
- * same key fields, for a tool registered with them).
+ * same key fields, for a tool registered with them).  A call that differs is
+ * refused, and nothing is written: it is not an outcome a person could
+ * decide (docs/reference.md, "Business keys"), but a caller or a registry
+ * that does not say what the operation is.
  */
 static void
 check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row,
@@ -87,6 +96,7 @@ check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row
 	StringInfoData recorded;
 	Jsonb	   *identity;
 	bool		complete;
+	bool		key_fields = rules->registered && rules->row.nkey_fields >= 0;
 
 	if (strcmp(row->tool, intent->tool) != 0)
 		ereport(ERROR,
@@ -94,18 +104,27 @@ check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row
 				 errmsg("business key \"%s\" is already used by a different call", intent->key),
 				 errdetail("It was begun with tool \"%s\"; this call has tool \"%s\".",
 						   row->tool, intent->tool),
-				 errhint(HINT_BUSINESS_KEY_REUSED)));
+				 errhint(HINT_BUSINESS_KEY_OTHER_OPERATION)));
 
 	initStringInfo(&recorded);
 	identity = dl_identity_of_call(rules, row->args, &complete);
 	if (complete)
 		dl_append_canonical_args(&recorded, identity);
-	if (!complete || strcmp(recorded.data, canon) != 0)
+	if (complete && strcmp(recorded.data, canon) == 0)
+		return;
+	if (key_fields)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
 				 errmsg("business key \"%s\" is already used by a different call", intent->key),
-				 errdetail("It was begun with other arguments for tool \"%s\".", row->tool),
-				 errhint(HINT_BUSINESS_KEY_REUSED)));
+				 errdetail("It was begun with other values of the key fields of tool \"%s\".",
+						   row->tool),
+				 errhint(HINT_BUSINESS_KEY_OTHER_OPERATION)));
+	ereport(ERROR,
+			(errcode(ERRCODE_UNIQUE_VIOLATION),
+			 errmsg("business key \"%s\" is already used by a different call", intent->key),
+			 errdetail("It was begun with other arguments for tool \"%s\", which names no key fields: all of args must be equal.",
+					   row->tool),
+			 errhint(HINT_BUSINESS_KEY_REWORDED)));
 }
 
 /*
@@ -576,7 +595,7 @@ begin_call(FunctionCallInfo fcinfo, const BeginArgs *kind)
 		intent.occurrence = dl_next_occurrence(&lease, tool, canon.data, canon.len, &counter);
 		dl_derive_key(run, tool, canon.data, canon.len, intent.occurrence, derived_key);
 		intent.key = derived_key;
-		dl_progress_start(&progress, &lease, tool, dl_divergence_policy(&rules));
+		dl_progress_start(&progress, &lease, tool, &rules, kind->safe_to_redo);
 	}
 
 	decide(&intent, canon.data, &call, &d);
@@ -632,7 +651,7 @@ begin_call(FunctionCallInfo fcinfo, const BeginArgs *kind)
  *              lease text) RETURNS durable_ledger.decision
  */
 Datum
-dl_begin_effect_1_2(PG_FUNCTION_ARGS)
+dl_begin_effect_1_3(PG_FUNCTION_ARGS)
 {
 	return begin_call(fcinfo, &begin_effect_args);
 }
@@ -645,7 +664,7 @@ dl_begin_effect_1_2(PG_FUNCTION_ARGS)
  * but executed again when its outcome is unknown.
  */
 Datum
-dl_begin_recorded_1_2(PG_FUNCTION_ARGS)
+dl_begin_recorded_1_3(PG_FUNCTION_ARGS)
 {
 	return begin_call(fcinfo, &begin_recorded_args);
 }

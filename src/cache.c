@@ -49,8 +49,8 @@ static MemoryContext remembered_cxt = NULL;
 static HTAB *tools_remembered = NULL;
 static HTAB *runs_remembered = NULL;
 static uint64 forgotten = 0;	/* how many times everything was forgotten */
-static bool policy_known = false;	/* unregistered_tools holds the policy read */
-static UnregisteredTools unregistered_tools;
+static bool policy_known = false;	/* unregistered_policy holds the policy read */
+static UnregisteredPolicy unregistered_policy;
 
 /*
  * The tables the facts are read from, learned before a fact is read (so that
@@ -211,24 +211,24 @@ dl_read_tool_remembered(const char *tool, ToolRow *row)
 	return registered;
 }
 
-/* dl_read_unregistered_tools, remembered: the caller holds the policy's lock. */
-UnregisteredTools
-dl_read_unregistered_tools_remembered(void)
+/* dl_read_unregistered_policy, remembered: the caller holds the policy's lock. */
+UnregisteredPolicy
+dl_read_unregistered_policy_remembered(void)
 {
 	uint64		before;
-	UnregisteredTools setting;
+	UnregisteredPolicy policy;
 
 	AcceptInvalidationMessages();
 	if (policy_known)
-		return unregistered_tools;
+		return unregistered_policy;
 	before = watch_table(&dl_policy_table, &policy_relid);
-	setting = dl_read_unregistered_tools();
+	policy = dl_read_unregistered_policy();
 	if (before == forgotten)
 	{
-		unregistered_tools = setting;
+		unregistered_policy = policy;
 		policy_known = true;
 	}
-	return setting;
+	return policy;
 }
 
 /* The run's entry, created when the fact read is to be remembered. */

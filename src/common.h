@@ -25,8 +25,8 @@
 
 #include "compat.h"
 
-/* The SQL version this library implements (its new C symbols end in _1_2). */
-#define DL_LIBRARY_VERSION "1.2"
+/* The SQL version this library implements (its new C symbols end in _1_3). */
+#define DL_LIBRARY_VERSION "1.3"
 
 /*
  * field4 of the extension's advisory LOCKTAGs: pg_locks shows it as objsubid.
@@ -47,6 +47,18 @@
 /* ... of a tool that may not be executed: retired, or not registered where that is refused */
 #define ERRCODE_DL_TOOL_REFUSED MAKE_SQLSTATE('5','5','L','0','3')
 
+/*
+ * The SQLSTATEs of the ledger's WARNINGs (class 01), so that a client can
+ * tell them apart without reading their text (1.3): a call executed although
+ * it diverges (policy warn), a call of a tool nobody registered (policy
+ * warn), a report kept as a conflict and flagged for a person, a report kept
+ * as superseded (a recorded call made again).
+ */
+#define ERRCODE_DL_WARNING_DIVERGENCE MAKE_SQLSTATE('0','1','L','0','1')
+#define ERRCODE_DL_WARNING_UNREGISTERED MAKE_SQLSTATE('0','1','L','0','2')
+#define ERRCODE_DL_WARNING_CONFLICT MAKE_SQLSTATE('0','1','L','0','3')
+#define ERRCODE_DL_WARNING_SUPERSEDED MAKE_SQLSTATE('0','1','L','0','4')
+
 /* Limits on names (characters, not bytes); see docs/reference.md. */
 #define DL_MAX_RUN_CHARS 512
 #define DL_MAX_TOOL_CHARS 255
@@ -66,6 +78,27 @@ typedef enum EffectStatus
 
 extern const char *dl_status_name(EffectStatus status);
 extern EffectStatus dl_status_from_name(const char *name);
+
+/* names.c: how a later attempt's drifted call is handled (the tools registry) */
+typedef enum DivergencePolicy
+{
+	DIVERGENCE_OFF,
+	DIVERGENCE_WARN,
+	DIVERGENCE_PAUSE
+} DivergencePolicy;
+
+/* names.c: whether a tool nobody registered may execute (durable_ledger.policy) */
+typedef enum UnregisteredTools
+{
+	UNREGISTERED_ALLOW,
+	UNREGISTERED_WARN,
+	UNREGISTERED_REFUSE
+} UnregisteredTools;
+
+extern const char *dl_divergence_name(DivergencePolicy policy);
+extern bool dl_divergence_from_name(const char *name, DivergencePolicy *policy);
+extern const char *dl_unregistered_name(UnregisteredTools setting);
+extern bool dl_unregistered_from_name(const char *name, UnregisteredTools *setting);
 
 /* canonical.c */
 extern void dl_append_canonical_args(StringInfo out, Jsonb *args);

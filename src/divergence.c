@@ -59,19 +59,23 @@ static const char UNWATCHED[] = "\0unwatched";
  */
 void
 dl_progress_start(ReplayProgress *progress, const CallLease *lease, const char *tool,
-				  DivergencePolicy policy)
+				  const ToolRules *rules, bool recorded)
 {
 	EpochCounter unwatched;
+	DivergencePolicy policy;
 
 	progress->later = lease->epoch > 1;
 	progress->watched = false;
+	progress->judged = false;
 	progress->lease = lease;
 	progress->tool = tool;
-	progress->policy = policy;
+	progress->policy = DIVERGENCE_OFF;
 	progress->earlier_effects = NIL;
 	progress->earlier.count = 0;
 	if (!progress->later)
 		return;
+	progress->policy = policy = dl_divergence_policy(rules);
+	progress->judged = dl_divergence_judged(rules, recorded);
 	dl_epoch_counter(lease, tool, UNWATCHED, sizeof(UNWATCHED) - 1, &unwatched);
 	if (policy == DIVERGENCE_OFF)
 	{
@@ -180,7 +184,7 @@ audit_divergence(ReplayProgress *progress, const char *key, const char *candidat
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "tool", progress->tool);
 	dl_detail_text(&detail, "may_duplicate", candidate);
-	dl_detail_text(&detail, "policy", progress->policy == DIVERGENCE_PAUSE ? "pause" : "warn");
+	dl_detail_text(&detail, "policy", dl_divergence_name(progress->policy));
 	dl_detail_int(&detail, "replayed", progress->replayed.count);
 	dl_detail_int(&detail, "earlier", progress->earlier.count - 1);
 	dl_write_audit(progress->lease->run, key, "divergence", dl_detail_finish(&detail),
@@ -201,7 +205,7 @@ dl_check_drift(ReplayProgress *progress, const char *key, Jsonb *args, int32 occ
 
 	memset(drift, 0, sizeof(Drift));
 	drift->kind = DRIFT_NONE;
-	if (!progress->later)
+	if (!progress->later || !progress->judged)
 		return;
 
 	/*
@@ -232,11 +236,15 @@ dl_check_drift(ReplayProgress *progress, const char *key, Jsonb *args, int32 occ
 	audit_divergence(progress, key, candidate);
 	if (progress->policy == DIVERGENCE_WARN)
 	{
+		int			not_replayed = progress->earlier.count - 1 - progress->replayed.count;
+
 		ereport(WARNING,
-				(errmsg("call of tool \"%s\" diverges from the earlier attempts of run \"%s\"",
+				(errcode(ERRCODE_DL_WARNING_DIVERGENCE),
+				 errmsg("call of tool \"%s\" diverges from the earlier attempts of run \"%s\"",
 						progress->tool, progress->lease->run),
-				 errdetail("The earlier attempts recorded %d effect(s) of the tool that this attempt has not replayed; it may duplicate effect \"%s\".",
-						   progress->earlier.count - 1 - progress->replayed.count, candidate),
+				 errdetail_plural("The earlier attempts recorded %d effect of the tool that this attempt has not replayed: the call may duplicate effect \"%s\".",
+								  "The earlier attempts recorded %d effects of the tool that this attempt has not replayed: the call may duplicate effect \"%s\".",
+								  not_replayed, not_replayed, candidate),
 				 errhint("The tool's divergence policy is \"warn\": the call is executed.")));
 		return;
 	}

@@ -822,6 +822,20 @@ dl_lease_release(const char *run)
 	return true;
 }
 
+/*
+ * The epoch of this session's lease of run while its lock is held; 0 when
+ * the session holds none (or holds the lock without an epoch, after a
+ * rolled-back acquisition).
+ */
+int64
+dl_lease_held_epoch(const char *run)
+{
+	uint64		lock_key = dl_run_lock_key(run);
+	HeldRun    *held = find_held(run, lock_key);
+
+	return held != NULL && dl_run_lock_held(lock_key) ? held->epoch : 0;
+}
+
 /* Is (run, epoch) this session's current, still held lease? */
 bool
 dl_lease_is_mine(const char *run, int64 epoch)

@@ -31,6 +31,7 @@ extern void dl_lease_set_count(HeldRun *held, CallCounter *counter, int32 count)
 extern bool dl_lease_acquire(const char *run, bool wait);
 extern bool dl_lease_release(const char *run);
 extern bool dl_lease_is_mine(const char *run, int64 epoch);
+extern int64 dl_lease_held_epoch(const char *run);
 extern void dl_lease_init(void);
 
 /* token_lease.c: token leases */

@@ -1,12 +1,14 @@
 /*
- * lease_calls.c: acquire_run(), release_run() and break_lease(), the SQL
- * functions of leases (lease.c keeps them).
+ * lease_calls.c: acquire_run(), release_run(), session_epoch(),
+ * release_attempt() and break_lease(), the SQL functions of session leases
+ * (lease.c keeps them).
  */
 #include "postgres.h"
 
 #include "miscadmin.h"
 #include "storage/proc.h"
 #include "storage/procarray.h"
+#include "catalog/pg_authid.h"
 #include "utils/acl.h"
 #include "utils/fmgrprotos.h"
 
@@ -15,6 +17,8 @@
 PG_FUNCTION_INFO_V1(dl_acquire_run_1_2);
 PG_FUNCTION_INFO_V1(dl_release_run_1_1);
 PG_FUNCTION_INFO_V1(dl_break_lease_1_1);
+PG_FUNCTION_INFO_V1(dl_session_epoch_1_3);
+PG_FUNCTION_INFO_V1(dl_release_attempt_1_3);
 
 /* How long break_lease waits for the holder's backend to end. */
 #define BREAK_LEASE_WAIT_MS 10000
@@ -119,6 +123,118 @@ dl_break_lease_1_1(PG_FUNCTION_ARGS)
 	dl_detail_int(&detail, "holder_pid", holder);
 	dl_detail_bool(&detail, "terminated", terminated);
 	dl_write_audit(run, NULL, "lease_broken", dl_detail_finish(&detail), state.epoch, 0);
+	dl_note_durable_write();
+	dl_spi_finish();
+
+	PG_RETURN_BOOL(terminated);
+}
+
+/*
+ * session_epoch(run text) RETURNS bigint
+ *
+ * The epoch of this session's lease of run, NULL when this session holds
+ * none.  A client that keeps its attempt's epoch asks it in the very
+ * statement of each call (and calls only when it is still the same): through
+ * a transaction pooler, a statement may reach another server connection, or
+ * one whose session another client's attempt took over.  Writes nothing.
+ */
+Datum
+dl_session_epoch_1_3(PG_FUNCTION_ARGS)
+{
+	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
+	int64		epoch = dl_lease_held_epoch(run);
+
+	if (epoch == 0)
+		PG_RETURN_NULL();
+	PG_RETURN_INT64(epoch);
+}
+
+/*
+ * pg_terminate_backend's own rule, for the calling role (the function runs
+ * as the extension's owner): a backend of a role it has the privileges of,
+ * or any with pg_signal_backend; a superuser's only by a superuser.
+ */
+static void
+check_may_signal(int holder, const char *run)
+{
+	PGPROC	   *proc = BackendPidGetProc(holder);
+	Oid			caller = GetOuterUserId();
+
+	if (proc == NULL)
+		return;					/* gone already: nothing will be signalled */
+	if ((superuser_arg(proc->roleId) && !superuser_arg(caller)) ||
+		(!has_privs_of_role(caller, proc->roleId) &&
+		 !has_privs_of_role(caller, ROLE_PG_SIGNAL_BACKEND)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to end the lease on run \"%s\"", run),
+				 errdetail("Backend %d holds it; only a role that may terminate that backend (pg_terminate_backend's rule) ends it.",
+						   holder),
+				 errhint("An admin ends it with durable_ledger.break_lease().")));
+}
+
+/*
+ * release_attempt(run text, epoch bigint) RETURNS boolean
+ *
+ * Ends the session lease of run at epoch wherever it is held: released when
+ * this session holds it (as release_run); when another backend does -- a
+ * transaction pooler gave the client that took it another server
+ * connection, and the lock stayed on the first, where any other client
+ * would meet it -- that backend is terminated, as the calling role may
+ * (check_may_signal), and audited as lease_broken.  False when no live
+ * session lease holds run at epoch: it ended, or a later attempt superseded
+ * it (which is never touched).  The run's row stays locked until the
+ * transaction ends, so that the holder cannot release the run and go on to
+ * serve someone else while it is judged.
+ */
+Datum
+dl_release_attempt_1_3(PG_FUNCTION_ARGS)
+{
+	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
+	int64		epoch;
+	RunState	state;
+	int			holder = 0;
+	bool		terminated;
+	DetailBuilder detail;
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("epoch must not be null")));
+	epoch = PG_GETARG_INT64(1);
+	if (epoch < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("epoch must be at least 1, not " INT64_FORMAT, epoch)));
+	dl_check_writable("release_attempt()");
+
+	dl_spi_connect();
+	if (dl_lease_is_mine(run, epoch))
+	{
+		bool		released = dl_lease_release(run);
+
+		dl_spi_finish();
+		PG_RETURN_BOOL(released);
+	}
+	if (!dl_lock_run(run) || !dl_read_run_state(run, &state) || state.epoch != epoch ||
+		state.token || state.released ||
+		(holder = dl_read_lease_holder_pid(dl_run_lock_key(run))) == 0 ||
+		holder != state.holder_pid || holder == MyProcPid)
+	{
+		dl_spi_finish();
+		PG_RETURN_BOOL(false);
+	}
+	check_may_signal(holder, run);
+
+	terminated = DatumGetBool(DirectFunctionCall2(pg_terminate_backend,
+												  Int32GetDatum(holder),
+												  Int64GetDatum(BREAK_LEASE_WAIT_MS)));
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "broken_by", "release_attempt");
+	dl_detail_text(&detail, "note", "the attempt's session lease was held by another backend than the one its client reached (a transaction pooler)");
+	dl_detail_int(&detail, "holder_pid", holder);
+	dl_detail_bool(&detail, "terminated", terminated);
+	dl_write_audit(run, NULL, "lease_broken", dl_detail_finish(&detail), epoch, 0);
 	dl_note_durable_write();
 	dl_spi_finish();
 

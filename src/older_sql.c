@@ -36,3 +36,12 @@ REFUSED_1_1(dl_take_lease_1_1)
 REFUSED_1_1(dl_complete_effect_1_1)
 REFUSED_1_1(dl_fail_effect_1_1)
 REFUSED_1_1(dl_resolve_effect_1_1)
+
+/* The functions of durable_ledger 1.2 that this library implements anew. */
+#define REFUSED_1_2(name) REFUSED_1_0(name)
+
+REFUSED_1_2(dl_begin_effect_1_2)
+REFUSED_1_2(dl_begin_recorded_1_2)
+REFUSED_1_2(dl_complete_effect_1_2)
+REFUSED_1_2(dl_fail_effect_1_2)
+REFUSED_1_2(dl_set_unregistered_tools_1_2)

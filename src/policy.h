@@ -23,13 +23,15 @@ extern Jsonb *dl_identity_of_call(const ToolRules *rules, Jsonb *args, bool *com
 extern void dl_check_may_execute(const char *tool, const ToolRules *rules);
 extern void dl_check_may_redo(const char *tool, const ToolRules *rules);
 extern DivergencePolicy dl_divergence_policy(const ToolRules *rules);
+extern bool dl_divergence_judged(const ToolRules *rules, bool recorded);
 extern void dl_tool_rules_now(const char *tool, ToolRules *rules);
 
 /* divergence.c */
 typedef struct ReplayProgress
 {
 	bool		later;			/* a later attempt of the run (epoch > 1) */
-	bool		watched;		/* divergence is checked for this call */
+	bool		watched;		/* the epoch keeps this tool's replay progress */
+	bool		judged;			/* ... and judges this call by it */
 	const CallLease *lease;
 	const char *tool;
 	DivergencePolicy policy;
@@ -56,7 +58,7 @@ typedef struct Drift
 } Drift;
 
 extern void dl_progress_start(ReplayProgress *progress, const CallLease *lease,
-							  const char *tool, DivergencePolicy policy);
+							  const char *tool, const ToolRules *rules, bool recorded);
 extern void dl_progress_replayed(ReplayProgress *progress, const char *key);
 extern void dl_check_drift(ReplayProgress *progress, const char *key, Jsonb *args,
 						   int32 occurrence, Drift *drift);

@@ -582,8 +582,8 @@ dl_tool_row_from_slot(TupleTableSlot *slot, ToolRow *row)
 	row->tool = optional_text(t, slot, TOOL_TOOL);
 	row->side_effecting = DatumGetBool(column_value(t, slot, TOOL_SIDE_EFFECTING, &isnull));
 	policy = optional_text(t, slot, TOOL_DIVERGENCE);
-	row->divergence = strcmp(policy, "pause") == 0 ? DIVERGENCE_PAUSE :
-		strcmp(policy, "warn") == 0 ? DIVERGENCE_WARN : DIVERGENCE_OFF;
+	if (!dl_divergence_from_name(policy, &row->divergence))
+		elog(ERROR, "unrecognized divergence policy \"%s\"", policy);
 	d = column_value(t, slot, TOOL_KEY_FIELDS, &isnull);
 	row->nkey_fields = -1;
 	row->key_fields = NULL;
@@ -867,26 +867,32 @@ dl_read_run_known(const char *run)
 static bool
 take_policy(TupleTableSlot *slot, void *arg)
 {
-	char	   *setting = optional_text(&dl_policy_table, slot, POL_UNREGISTERED_TOOLS);
+	UnregisteredPolicy *policy = arg;
+	char	   *may_execute = optional_text(&dl_policy_table, slot, POL_UNREGISTERED_TOOLS);
+	char	   *divergence = optional_text(&dl_policy_table, slot, POL_UNREGISTERED_DIVERGENCE);
 
-	*(UnregisteredTools *) arg = strcmp(setting, "refuse") == 0 ? UNREGISTERED_REFUSE :
-		strcmp(setting, "warn") == 0 ? UNREGISTERED_WARN : UNREGISTERED_ALLOW;
+	if (!dl_unregistered_from_name(may_execute, &policy->may_execute) ||
+		!dl_divergence_from_name(divergence, &policy->divergence))
+		elog(ERROR, "unrecognized policy \"%s\", \"%s\"", may_execute, divergence);
 	return false;
 }
 
-/* What the ledger does with a tool nobody registered, as committed now (no row: allow). */
-UnregisteredTools
-dl_read_unregistered_tools(void)
+/*
+ * What the ledger does with a tool nobody registered, as committed now (no
+ * row: DL_UNREGISTERED_DEFAULT).
+ */
+UnregisteredPolicy
+dl_read_unregistered_policy(void)
 {
 	static LookupIndex policy_by_singleton;
 	static const int policy_key[] = {POL_SINGLETON};
 	Datum		values[1];
-	UnregisteredTools setting = UNREGISTERED_ALLOW;
+	UnregisteredPolicy policy = DL_UNREGISTERED_DEFAULT;
 
 	values[0] = BoolGetDatum(true);
 	(void) find_row_now(&dl_policy_table, &policy_by_singleton, 1, policy_key, values,
-						take_policy, &setting);
-	return setting;
+						take_policy, &policy);
+	return policy;
 }
 
 /* ---------- retention (purge_settled) ---------- */

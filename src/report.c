@@ -14,8 +14,8 @@
 
 #include "lease.h"
 
-PG_FUNCTION_INFO_V1(dl_complete_effect_1_2);
-PG_FUNCTION_INFO_V1(dl_fail_effect_1_2);
+PG_FUNCTION_INFO_V1(dl_complete_effect_1_3);
+PG_FUNCTION_INFO_V1(dl_fail_effect_1_3);
 
 /*
  * Keeps a report that contradicts the record of attempt (its run and epoch):
@@ -59,7 +59,8 @@ record_conflict(LockedEffect *locked, EffectStatus reported, Jsonb *value)
 	keep_conflict(locked, row.run, row.lease_epoch, row.attempt, reported, value,
 				  row.status, row.result, row.error, NULL);
 	ereport(WARNING,
-			(errmsg("report \"%s\" for effect \"%s\" contradicts its recorded outcome",
+			(errcode(ERRCODE_DL_WARNING_CONFLICT),
+			 errmsg("report \"%s\" for effect \"%s\" contradicts its recorded outcome",
 					dl_status_name(reported), row.key),
 			 errdetail("The effect is recorded as %s. The report was kept in the audit log as a conflict and the effect is flagged for a person; nothing else changed.",
 					   dl_status_name(row.status)),
@@ -120,7 +121,8 @@ report_on_past_attempt(LockedEffect *locked, int32 attempt, EffectStatus reporte
 	keep_conflict(locked, past.run, past.lease_epoch, attempt, reported, value,
 				  past.status, NULL, past.error, NULL);
 	ereport(WARNING,
-			(errmsg("report \"%s\" for attempt %d of effect \"%s\" contradicts its recorded outcome",
+			(errcode(ERRCODE_DL_WARNING_CONFLICT),
+			 errmsg("report \"%s\" for attempt %d of effect \"%s\" contradicts its recorded outcome",
 					dl_status_name(reported), attempt, locked->row.key),
 			 errdetail("Attempt %d is recorded as %s and attempt %d has started since. The report was kept in the audit log as a conflict and the effect is flagged for a person; nothing else changed.",
 					   attempt, dl_status_name(past.status), locked->row.attempt),
@@ -148,7 +150,8 @@ report_on_unnamed_attempt(LockedEffect *locked, EffectStatus reported, Jsonb *va
 	{
 		keep_superseded_report(locked, NULL, 0, 0, reported, value);
 		ereport(WARNING,
-				(errmsg("report \"%s\" for effect \"%s\" names no attempt, and the effect is at attempt %d",
+				(errcode(ERRCODE_DL_WARNING_SUPERSEDED),
+				 errmsg("report \"%s\" for effect \"%s\" names no attempt, and the effect is at attempt %d",
 						dl_status_name(reported), locked->row.key, current),
 				 errdetail("It may concern an earlier attempt, so it was not applied: it was kept in the audit log as a superseded report. The effect is a recorded call: if its current attempt's lease ends without a report, it is made again."),
 				 errhint("Pass the attempt that begin_recorded() returned.")));
@@ -158,7 +161,8 @@ report_on_unnamed_attempt(LockedEffect *locked, EffectStatus reported, Jsonb *va
 	keep_conflict(locked, NULL, 0, 0, reported, value, locked->row.status, NULL, NULL,
 				  "the report named no attempt, and the current attempt is not the first");
 	ereport(WARNING,
-			(errmsg("report \"%s\" for effect \"%s\" names no attempt, and the effect is at attempt %d",
+			(errcode(ERRCODE_DL_WARNING_CONFLICT),
+			 errmsg("report \"%s\" for effect \"%s\" names no attempt, and the effect is at attempt %d",
 					dl_status_name(reported), locked->row.key, current),
 			 errdetail("It may concern an earlier attempt, so it was not applied: it was kept in the audit log as a conflict and the effect is flagged for a person."),
 			 errhint("Pass the attempt that begin_effect() returned. A person resolves this one with durable_ledger.resolve_effect().")));
@@ -263,14 +267,14 @@ report_outcome(FunctionCallInfo fcinfo, EffectStatus reported)
 
 /* complete_effect(key text, result jsonb, attempt integer) RETURNS durable_ledger.effects */
 Datum
-dl_complete_effect_1_2(PG_FUNCTION_ARGS)
+dl_complete_effect_1_3(PG_FUNCTION_ARGS)
 {
 	return report_outcome(fcinfo, EFFECT_COMPLETED);
 }
 
 /* fail_effect(key text, error jsonb, attempt integer) RETURNS durable_ledger.effects */
 Datum
-dl_fail_effect_1_2(PG_FUNCTION_ARGS)
+dl_fail_effect_1_3(PG_FUNCTION_ARGS)
 {
 	return report_outcome(fcinfo, EFFECT_FAILED);
 }

@@ -130,21 +130,18 @@ typedef struct LockedToken
 	HeapTuple	tuple;
 } LockedToken;
 
-/* What a registered tool's calls are allowed and identified by. */
-typedef enum DivergencePolicy
+/*
+ * The policy row: whether a tool nobody registered may execute, and how a
+ * later attempt's calls of it are judged for divergence (1.3).  No row:
+ * allow, and pause.
+ */
+typedef struct UnregisteredPolicy
 {
-	DIVERGENCE_OFF,
-	DIVERGENCE_WARN,
-	DIVERGENCE_PAUSE
-} DivergencePolicy;
+	UnregisteredTools may_execute;
+	DivergencePolicy divergence;
+} UnregisteredPolicy;
 
-/* What the ledger does with a tool nobody registered (durable_ledger.policy). */
-typedef enum UnregisteredTools
-{
-	UNREGISTERED_ALLOW,
-	UNREGISTERED_WARN,
-	UNREGISTERED_REFUSE
-} UnregisteredTools;
+#define DL_UNREGISTERED_DEFAULT ((UnregisteredPolicy) {UNREGISTERED_ALLOW, DIVERGENCE_PAUSE})
 
 /* A row of durable_ledger.tools. */
 typedef struct ToolRow
@@ -205,7 +202,7 @@ extern int32 dl_read_token_calls(const char *run, int64 epoch, bytea *call);
 extern int	dl_read_lease_holder_pid(uint64 lock_key);
 extern void dl_read_lease_holder(const char *run, LeaseHolder *holder);
 extern bool dl_read_tool(const char *tool, ToolRow *row);
-extern UnregisteredTools dl_read_unregistered_tools(void);
+extern UnregisteredPolicy dl_read_unregistered_policy(void);
 extern bool dl_read_tool_has_derived_effects(const char *tool);
 extern bool dl_read_divergence(const char *key, DivergenceRow *row);
 extern bool dl_read_run_has_divergences(const char *run);
@@ -267,11 +264,13 @@ extern void dl_write_token_expiry(LockedToken *locked, TimestampTz expires_at);
 extern void dl_write_token_release(LockedToken *locked);
 extern void dl_write_token_calls(const char *run, int64 epoch, bytea *call, int32 calls);
 extern void dl_write_epoch_end(const char *run, int64 epoch, bool token);
+extern bool dl_lock_run(const char *run);
 extern bool dl_write_run_abandoned(const char *run, const char *abandoned_by,
 								   const char *note, int64 *epoch);
 extern void dl_write_new_tool(const ToolRow *row, const char *registered_by);
-extern UnregisteredTools dl_write_unregistered_tools(UnregisteredTools setting,
-													 const char *changed_by, const char *note);
+extern UnregisteredPolicy dl_write_unregistered_policy(const UnregisteredPolicy *to,
+													   const char *changed_by,
+													   const char *note);
 extern bool dl_lock_tool(const char *tool, LockedTool *locked);
 extern void dl_write_tool_change(LockedTool *locked, const ToolRow *to,
 								 const char *changed_by, bool registered_anew);
@@ -333,7 +332,7 @@ extern void dl_chain_audit_row(AuditRow *row, Oid audit_relid, Oid namespace);
 extern void dl_cache_init(void);
 extern void dl_forget_remembered(void);
 extern bool dl_read_tool_remembered(const char *tool, ToolRow *row);
-extern UnregisteredTools dl_read_unregistered_tools_remembered(void);
+extern UnregisteredPolicy dl_read_unregistered_policy_remembered(void);
 extern bool dl_run_remembered_open(const char *run, uint64 *generation);
 extern void dl_remember_run_open(const char *run, uint64 generation);
 extern bool dl_run_may_have_divergences(const char *run);

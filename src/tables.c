@@ -85,7 +85,7 @@ static const Column divergences_columns[DIV_NCOLUMNS] = {
 
 static const Column policy_columns[POL_NCOLUMNS] = {
 	{"singleton", BOOLOID}, {"unregistered_tools", TEXTOID}, {"changed_by", TEXTOID},
-	{"changed_at", TIMESTAMPTZOID}, {"note", TEXTOID}
+	{"changed_at", TIMESTAMPTZOID}, {"note", TEXTOID}, {"unregistered_divergence", TEXTOID}
 };
 
 static const Column unsettled_columns[UNS_NCOLUMNS] = {

@@ -1,6 +1,8 @@
 /*
  * tool_calls.c: register_tool(), change_tool() and retire_tool(), the admin
- * functions of the tools registry (tools.c says what it means for a call).
+ * functions of the tools registry, and set_unregistered_tools() and
+ * set_unregistered_divergence(), of the policy for tools nobody registered
+ * (tools.c says what both mean for a call).
  * Every change is audited with the name of the person who made it.
  */
 #include "postgres.h"
@@ -15,23 +17,25 @@
 PG_FUNCTION_INFO_V1(dl_register_tool_1_2);
 PG_FUNCTION_INFO_V1(dl_change_tool_1_2);
 PG_FUNCTION_INFO_V1(dl_retire_tool_1_2);
-PG_FUNCTION_INFO_V1(dl_set_unregistered_tools_1_2);
+PG_FUNCTION_INFO_V1(dl_set_unregistered_tools_1_3);
+PG_FUNCTION_INFO_V1(dl_set_unregistered_divergence_1_3);
+
+static DivergencePolicy
+divergence_named(const char *what, const char *policy)
+{
+	DivergencePolicy named;
+
+	if (!dl_divergence_from_name(policy, &named))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be \"pause\", \"warn\" or \"off\", not \"%s\"", what, policy)));
+	return named;
+}
 
 static DivergencePolicy
 policy_arg(FunctionCallInfo fcinfo, int argno)
 {
-	char	   *policy = text_to_cstring(PG_GETARG_TEXT_PP(argno));
-
-	if (strcmp(policy, "pause") == 0)
-		return DIVERGENCE_PAUSE;
-	if (strcmp(policy, "warn") == 0)
-		return DIVERGENCE_WARN;
-	if (strcmp(policy, "off") == 0)
-		return DIVERGENCE_OFF;
-	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("divergence must be \"pause\", \"warn\" or \"off\", not \"%s\"", policy)));
-	return DIVERGENCE_OFF;		/* keep compiler quiet */
+	return divergence_named("divergence", text_to_cstring(PG_GETARG_TEXT_PP(argno)));
 }
 
 /*
@@ -130,12 +134,6 @@ key_fields_json(const ToolRow *row)
 	return JsonbValueToJsonb(result);
 }
 
-static const char *
-policy_name(DivergencePolicy policy)
-{
-	return policy == DIVERGENCE_PAUSE ? "pause" : policy == DIVERGENCE_WARN ? "warn" : "off";
-}
-
 static void
 audit_tool(const char *event, const ToolRow *row, const char *by_name, const char *by,
 		   const char *note)
@@ -146,7 +144,7 @@ audit_tool(const char *event, const ToolRow *row, const char *by_name, const cha
 	dl_detail_text(&detail, "tool", row->tool);
 	dl_detail_text(&detail, by_name, by);
 	dl_detail_bool(&detail, "side_effecting", row->side_effecting);
-	dl_detail_text(&detail, "divergence", policy_name(row->divergence));
+	dl_detail_text(&detail, "divergence", dl_divergence_name(row->divergence));
 	dl_detail_jsonb(&detail, "key_fields", key_fields_json(row));
 	dl_detail_text(&detail, "note", note);
 	dl_write_audit(NULL, NULL, event, dl_detail_finish(&detail), 0, 0);
@@ -314,6 +312,55 @@ dl_retire_tool_1_2(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(result);
 }
 
+/* The two settings of the policy for tools nobody registered. */
+typedef enum PolicySetting
+{
+	POLICY_MAY_EXECUTE,			/* set_unregistered_tools: allow, warn, refuse */
+	POLICY_DIVERGENCE			/* set_unregistered_divergence: pause, warn, off */
+} PolicySetting;
+
+static const char *
+setting_value(const UnregisteredPolicy *policy, PolicySetting setting)
+{
+	return setting == POLICY_MAY_EXECUTE ? dl_unregistered_name(policy->may_execute) :
+		dl_divergence_name(policy->divergence);
+}
+
+/*
+ * Changes one setting of the policy (the other is kept), audited as
+ * policy_changed with the setting's new and previous value; returns the
+ * value it replaces.  Waits for the calls of unregistered tools in progress,
+ * which hold the policy's lock shared.
+ */
+static const char *
+set_policy(PolicySetting setting, int value, const char *set_by, const char *note,
+		   const char *function)
+{
+	UnregisteredPolicy before;
+	UnregisteredPolicy after;
+	DetailBuilder detail;
+
+	dl_check_writable(function);
+	dl_spi_connect();
+	dl_policy_lock(true);
+	after = dl_read_unregistered_policy();	/* as committed now: the lock is held */
+	if (setting == POLICY_MAY_EXECUTE)
+		after.may_execute = (UnregisteredTools) value;
+	else
+		after.divergence = (DivergencePolicy) value;
+	before = dl_write_unregistered_policy(&after, set_by, note);
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, setting == POLICY_MAY_EXECUTE ? "unregistered_tools" :
+				   "unregistered_divergence", setting_value(&after, setting));
+	dl_detail_text(&detail, "previous", setting_value(&before, setting));
+	dl_detail_text(&detail, "set_by", set_by);
+	dl_detail_text(&detail, "note", note);
+	dl_write_audit(NULL, NULL, "policy_changed", dl_detail_finish(&detail), 0, 0);
+	dl_note_durable_write();
+	dl_spi_finish();
+	return setting_value(&before, setting);
+}
+
 /*
  * set_unregistered_tools(setting text, set_by text, note text) RETURNS text
  *
@@ -322,37 +369,36 @@ dl_retire_tool_1_2(PG_FUNCTION_ARGS)
  * it replaces.
  */
 Datum
-dl_set_unregistered_tools_1_2(PG_FUNCTION_ARGS)
+dl_set_unregistered_tools_1_3(PG_FUNCTION_ARGS)
 {
 	char	   *setting = dl_required_text_arg(fcinfo, 0, "setting", 0);
 	char	   *set_by = dl_required_text_arg(fcinfo, 1, "set_by", 0);
 	char	   *note = dl_optional_text_arg(fcinfo, 2);
-	static const char *const names[] = {"allow", "warn", "refuse"};
 	UnregisteredTools to;
-	UnregisteredTools before;
-	DetailBuilder detail;
 
-	if (strcmp(setting, "allow") == 0)
-		to = UNREGISTERED_ALLOW;
-	else if (strcmp(setting, "warn") == 0)
-		to = UNREGISTERED_WARN;
-	else if (strcmp(setting, "refuse") == 0)
-		to = UNREGISTERED_REFUSE;
-	else
+	if (!dl_unregistered_from_name(setting, &to))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("setting must be \"allow\", \"warn\" or \"refuse\", not \"%s\"", setting)));
-	dl_check_writable("set_unregistered_tools()");
-	dl_spi_connect();
-	dl_policy_lock(true);		/* waits for the calls of unregistered tools in progress */
-	before = dl_write_unregistered_tools(to, set_by, note);
-	dl_detail_init(&detail);
-	dl_detail_text(&detail, "unregistered_tools", names[to]);
-	dl_detail_text(&detail, "previous", names[before]);
-	dl_detail_text(&detail, "set_by", set_by);
-	dl_detail_text(&detail, "note", note);
-	dl_write_audit(NULL, NULL, "policy_changed", dl_detail_finish(&detail), 0, 0);
-	dl_note_durable_write();
-	dl_spi_finish();
-	PG_RETURN_TEXT_P(cstring_to_text(names[before]));
+	PG_RETURN_TEXT_P(cstring_to_text(set_policy(POLICY_MAY_EXECUTE, to, set_by, note,
+												"set_unregistered_tools()")));
+}
+
+/*
+ * set_unregistered_divergence(setting text, set_by text, note text) RETURNS text
+ *
+ * How a later attempt's call of a tool nobody registered that diverges from
+ * the run's earlier attempts is handled: pause (the default), warn or off.
+ * Returns the setting it replaces.
+ */
+Datum
+dl_set_unregistered_divergence_1_3(PG_FUNCTION_ARGS)
+{
+	char	   *setting = dl_required_text_arg(fcinfo, 0, "setting", 0);
+	char	   *set_by = dl_required_text_arg(fcinfo, 1, "set_by", 0);
+	char	   *note = dl_optional_text_arg(fcinfo, 2);
+	DivergencePolicy to = divergence_named("setting", setting);
+
+	PG_RETURN_TEXT_P(cstring_to_text(set_policy(POLICY_DIVERGENCE, to, set_by, note,
+												"set_unregistered_divergence()")));
 }

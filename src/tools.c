@@ -3,13 +3,14 @@
  *
  * A registered tool says whether it changes the world, how divergence of a
  * later attempt's calls is handled (divergence.c), and which fields of args
- * make a call's identity (identity.c).  A retired tool is executed no more;
- * a tool nobody registered is executed as the ledger's policy says (a row of
- * durable_ledger.policy, set by set_unregistered_tools()): allow (the
- * default), warn, or refuse.  A row, not a setting: a setting of a library
- * loaded on first use is overridden by a client's startup options.  Both are
- * judged only when a call would execute: replaying what was recorded
- * performs nothing.
+ * make a call's identity (identity.c).  A retired tool is executed no more.
+ * A tool nobody registered is handled as the ledger's policy says (a row of
+ * durable_ledger.policy): whether it may execute (set_unregistered_tools():
+ * allow, the default, warn, or refuse), judged only when a call would
+ * execute, since replaying what was recorded performs nothing; and how its
+ * calls' divergence is handled (set_unregistered_divergence(): pause, the
+ * default since 1.3, warn or off).  A row, not a setting: a setting of a
+ * library loaded on first use is overridden by a client's startup options.
  */
 #include "postgres.h"
 
@@ -67,13 +68,14 @@ dl_check_may_execute(const char *tool, const ToolRules *rules)
 	if (rules->registered)
 		return;
 	dl_policy_lock(false);		/* set_unregistered_tools waits for this call */
-	switch (dl_read_unregistered_tools_remembered())
+	switch (dl_read_unregistered_policy_remembered().may_execute)
 	{
 		case UNREGISTERED_ALLOW:
 			break;
 		case UNREGISTERED_WARN:
 			ereport(WARNING,
-					(errmsg("tool \"%s\" is not registered", tool),
+					(errcode(ERRCODE_DL_WARNING_UNREGISTERED),
+					 errmsg("tool \"%s\" is not registered", tool),
 					 errhint("An admin registers the tools a deployment uses with durable_ledger.register_tool().")));
 			break;
 		case UNREGISTERED_REFUSE:
@@ -102,9 +104,30 @@ dl_check_may_redo(const char *tool, const ToolRules *rules)
 				 errhint("Call it with durable_ledger.begin_effect(); or, if calling it twice is harmless, an admin says so with durable_ledger.change_tool(tool, changed_by, side_effecting => false).")));
 }
 
-/* How divergence is handled for the tool's calls: off for unregistered tools. */
+/*
+ * How divergence is handled for a later attempt's calls of the tool: as the
+ * registry says, or for a tool nobody registered as the policy says (pause
+ * unless an admin chose otherwise).
+ */
 DivergencePolicy
 dl_divergence_policy(const ToolRules *rules)
 {
-	return rules->registered ? rules->row.divergence : DIVERGENCE_OFF;
+	if (rules->registered)
+		return rules->row.divergence;
+	dl_policy_lock(false);		/* set_unregistered_divergence waits for this call */
+	return dl_read_unregistered_policy_remembered().divergence;
+}
+
+/*
+ * Whether a call is judged for divergence: a recorded call (begin_recorded,
+ * a model's turn or a read) of a tool nobody registered never is -- making
+ * it again with other args performs nothing --, though its replays are
+ * counted as any call's, so that the tool's side-effecting calls, if any,
+ * are judged alike.  A registered tool's calls are judged as the registry
+ * says, recorded or not.
+ */
+bool
+dl_divergence_judged(const ToolRules *rules, bool recorded)
+{
+	return rules->registered || !recorded;
 }

@@ -1160,19 +1160,30 @@ dl_write_run_abandoned(const char *run, const char *abandoned_by, const char *no
 	return changed;
 }
 
-/* ---------- the tools registry ---------- */
+/*
+ * Locks run's row for this transaction, so that its lease's changes (a
+ * release, the next epoch) wait; false when the run has none.
+ */
+bool
+dl_lock_run(const char *run)
+{
+	Write		w;
+	HeapTuple	current;
+	bool		found;
 
-static const char *const policy_names[] = {
-	[DIVERGENCE_OFF] = "off",
-	[DIVERGENCE_WARN] = "warn",
-	[DIVERGENCE_PAUSE] = "pause",
-};
+	begin_write(&w, &dl_runs_table);
+	found = lock_row(&w, CStringGetTextDatum(run), RUN_RUN, &current);
+	end_write(&w);
+	return found;
+}
+
+/* ---------- the tools registry ---------- */
 
 static void
 set_tool_rules(Write *w, const ToolRow *row)
 {
 	set_value(w, TOOL_SIDE_EFFECTING, BoolGetDatum(row->side_effecting));
-	set_value(w, TOOL_DIVERGENCE, CStringGetTextDatum(policy_names[row->divergence]));
+	set_value(w, TOOL_DIVERGENCE, CStringGetTextDatum(dl_divergence_name(row->divergence)));
 	if (row->nkey_fields < 0)
 		set_null(w, TOOL_KEY_FIELDS);
 	else
@@ -1533,38 +1544,42 @@ dl_write_forked_run(const char *new_run, uint64 lock_key, const char *source_run
 
 /* ---------- the ledger's policy ---------- */
 
-static const char *const unregistered_names[] = {
-	[UNREGISTERED_ALLOW] = "allow",
-	[UNREGISTERED_WARN] = "warn",
-	[UNREGISTERED_REFUSE] = "refuse",
-};
+/* A text column of a row locked by lock_row. */
+static char *
+locked_text(Write *w, HeapTuple locked, int column)
+{
+	bool		isnull;
+	Datum		d = heap_getattr(locked, w->table->attnums[column], RelationGetDescr(w->rel),
+								 &isnull);
+
+	return isnull ? "" : TextDatumGetCString(d);
+}
 
 /*
  * Sets what the ledger does with a tool nobody registered; returns what it
- * did before (no row: allow).
+ * did before (no row: DL_UNREGISTERED_DEFAULT).
  */
-UnregisteredTools
-dl_write_unregistered_tools(UnregisteredTools setting, const char *changed_by, const char *note)
+UnregisteredPolicy
+dl_write_unregistered_policy(const UnregisteredPolicy *to, const char *changed_by,
+							 const char *note)
 {
 	Write		w;
 	HeapTuple	current;
-	UnregisteredTools before = UNREGISTERED_ALLOW;
+	UnregisteredPolicy before = DL_UNREGISTERED_DEFAULT;
 
 	begin_write(&w, &dl_policy_table);
 	if (lock_row(&w, BoolGetDatum(true), POL_SINGLETON, &current))
 	{
-		bool		isnull;
-		char	   *was = TextDatumGetCString(heap_getattr(current,
-														   dl_policy_table.attnums[POL_UNREGISTERED_TOOLS],
-														   RelationGetDescr(w.rel), &isnull));
-
-		before = strcmp(was, "refuse") == 0 ? UNREGISTERED_REFUSE :
-			strcmp(was, "warn") == 0 ? UNREGISTERED_WARN : UNREGISTERED_ALLOW;
+		(void) dl_unregistered_from_name(locked_text(&w, current, POL_UNREGISTERED_TOOLS),
+										 &before.may_execute);
+		(void) dl_divergence_from_name(locked_text(&w, current, POL_UNREGISTERED_DIVERGENCE),
+									   &before.divergence);
 		start_from(&w, current);
 	}
 	else
 		set_value(&w, POL_SINGLETON, BoolGetDatum(true));
-	set_value(&w, POL_UNREGISTERED_TOOLS, CStringGetTextDatum(unregistered_names[setting]));
+	set_value(&w, POL_UNREGISTERED_TOOLS, CStringGetTextDatum(dl_unregistered_name(to->may_execute)));
+	set_value(&w, POL_UNREGISTERED_DIVERGENCE, CStringGetTextDatum(dl_divergence_name(to->divergence)));
 	set_value(&w, POL_CHANGED_BY, CStringGetTextDatum(changed_by));
 	set_value(&w, POL_CHANGED_AT, now_datum());
 	set_optional(&w, POL_NOTE, note ? CStringGetTextDatum(note) : (Datum) 0, note == NULL);
