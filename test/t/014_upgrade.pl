@@ -184,6 +184,45 @@ for my $from (@sources)
 		is($node->safe_psql($db, q{SELECT string_agg(calls::text, ',' ORDER BY run) FROM durable_ledger.token_lease_calls}),
 			'2,1,1', 'from 1.1: the token leases\' counters are kept');
 	}
+	if ($from eq '1.2')
+	{
+		# the policy row keeps its setting and gets 1.3's divergence default
+		is($node->safe_psql($db, q{
+				SELECT unregistered_tools || ' ' || unregistered_divergence || ' ' || changed_by
+				  FROM durable_ledger.policy}),
+			'warn pause ana', 'from 1.2: the policy keeps its setting; divergence of unregistered tools: pause');
+		# the updated 1.2 ledger decides as before: the paid invoice (reworded
+		# memo, key fields), the bounced mail and the resolved ticket replay,
+		# the business key completed at attempt 2 replays, the one in flight
+		# pauses, the divergence waiting for a verdict still waits, the one
+		# judged the same replays, and the abandoned run is refused
+		is($node->safe_psql($db, q{
+				SELECT string_agg(decision || ':' || COALESCE(status, '-'), ' ' ORDER BY n)
+				  FROM (VALUES (1, 'ap-1', 'bank.pay', '{"invoice": "INV-1", "amount": 100, "memo": "Cheers"}'::jsonb, NULL),
+				               (2, 'ap-1', 'mail.send', '{"to": "a@example.com"}', NULL),
+				               (3, 'ap-1', 'desk.ticket', '{"subject": "refund"}', NULL),
+				               (4, 'up-3', 'shop.charge', '{"order": "BK-A"}', 'BK-A'),
+				               (5, 'up-3', 'shop.ship', '{"order": "BK-B"}', 'BK-B'),
+				               (6, 'div-1', 'acme.pay', '{"invoice": "INV-4", "memo": "Thank you"}', NULL),
+				               (7, 'div-2', 'acme.pay', '{"invoice": "INV-4", "memo": "Thank you"}', NULL))
+				       AS c(n, run, tool, args, bk),
+				       LATERAL durable_ledger.begin_effect(c.run, c.tool, c.args, c.bk) AS d}),
+			'replay:completed replay:failed replay:completed replay:completed pause:unknown pause:- replay:completed',
+			'from 1.2: completed, failed and resolved effects replay, an unknown outcome and a waiting divergence pause');
+		my (undef, undef, $abandoned) = $node->psql($db, q{SELECT durable_ledger.acquire_run('ab-1')});
+		like($abandoned, qr/was abandoned/, 'from 1.2: the abandoned run stays abandoned');
+		# a recorded call whose model call was made again replays its second attempt
+		is($node->safe_psql($db, q{
+				SELECT decision || ':' || attempt || ':' || (result->>'content')
+				  FROM durable_ledger.begin_recorded('rec-1', 'model', '{"messages": ["pay INV-3", "paid"]}')}),
+			'replay:2:done', 'from 1.2: a recorded call made again replays its last attempt');
+		# a later attempt of a run whose unregistered tool is reworded pauses now
+		is($node->safe_psql($db, q{
+				SELECT durable_ledger.acquire_run('tok-2');
+				SELECT decision FROM durable_ledger.begin_effect('tok-2', 'sms.send', '{"to": "+2 (reworded)"}')}),
+			"t
+pause", 'from 1.2: an unregistered tool reworded in a later attempt pauses (1.3)');
+	}
 	next unless $from eq '1.0';
 
 	# 1.1 keeps the attempts of business keys that a later attempt replaced:
@@ -241,7 +280,11 @@ for my $from (@sources)
 my %unchanged_since = (
 	'1.0' => { map { $_ => 1 } qw(canonical_args guard_drop) },
 	'1.1' => { map { $_ => 1 } qw(canonical_args guard_drop effect_status release_run
-		break_lease renew_lease release_lease) });
+		break_lease renew_lease release_lease) },
+	'1.2' => { map { $_ => 1 } qw(canonical_args guard_drop effect_status release_run
+		break_lease renew_lease release_lease abandon_run acquire_run change_tool effect_key
+		fork_run metrics_events purge_audit purge_settled refuse_audit_log_change register_tool
+		resolve_divergence resolve_effect retire_tool take_lease) });
 for my $from (@sources)
 {
 	my $symbols = "$ENV{TESTDIR}/test/fixtures/symbols-$from.txt";

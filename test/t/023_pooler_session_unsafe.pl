@@ -20,6 +20,14 @@
 #     held, by a pooled server connection, and a worker connecting directly
 #     cannot take it (break_lease ends it).
 #
+# The same scenario with the clients' guard (1.3): each call asks
+# session_epoch() in its own statement and is made only on the session that
+# holds the attempt's epoch, so A's call after B took the connection over is
+# not made, nor B's once it lands on another connection; release_attempt()
+# then ends the lock where it was left (terminating that server connection,
+# and with it the transaction another client had open there), and the run is
+# free.
+#
 # The same scenario with a token lease: B's take_lease returns NULL on the
 # very same server connection, B's begin_effect without the token is refused
 # at once (55P03), so the payment is executed once; A's calls go on from any
@@ -35,7 +43,7 @@ use Test::More;
 
 my $node = ledger_node('pooler_session_unsafe');
 # a database per scenario: each gets a pool of its own, empty at the start
-for my $db (qw(session_db token_db))
+for my $db (qw(session_db guard_db token_db))
 {
 	$node->safe_psql('postgres', "CREATE DATABASE $db");
 	$node->safe_psql($db, 'CREATE EXTENSION durable_ledger');
@@ -119,6 +127,69 @@ sub error_of
 	is($node->safe_psql($db, q{SELECT durable_ledger.break_lease('twice-run', 'tap', 'leaked through the pooler')}),
 		't', 'an admin can end it with break_lease (which terminates that server connection)');
 	is($node->safe_psql($db, q{SELECT count(*) FROM durable_ledger.leases}), 0, 'then nothing holds the run');
+}
+
+# ---------------------------------------------------------------------------
+# Session lease with the clients' guard: the same scenario
+# ---------------------------------------------------------------------------
+{
+	my $db = 'guard_db';
+	my ($a, $b) = (client($db), client($db));
+	my $acquire = q{SELECT a.acquired || '|' || durable_ledger.session_epoch('twice-run') || '|' || pg_backend_pid()
+	                  FROM (SELECT durable_ledger.acquire_run('twice-run', wait => false) AS acquired OFFSET 0) a};
+	# a call of the attempt at (epoch, pid): decision and occurrence, or
+	# "not called" with the epoch and the server connection it reached
+	my $guarded = sub {
+		my ($session, $epoch) = @_;
+		return $session->query_safe(qq{
+			SELECT coalesce((g.d).decision || ' ' || (g.d).occurrence,
+			                'not called: epoch ' || coalesce(g.epoch::text, 'none') || ' on ' || g.pid)
+			  FROM (SELECT pg_backend_pid() AS pid, durable_ledger.session_epoch('twice-run') AS epoch,
+			               CASE WHEN durable_ledger.session_epoch('twice-run') = $epoch
+			                    THEN durable_ledger.begin_effect($pay) END AS d
+			        OFFSET 0) g});
+	};
+
+	my ($a_got, $a_epoch, $a_pid) = split(/\|/, $a->query_safe($acquire));
+	my ($b_got, $b_epoch, $b_pid) = split(/\|/, $b->query_safe($acquire));
+	is("$a_got $b_got", 'true true', 'guard: A and B both acquire the run');
+	is($b_pid, $a_pid, 'on the very same server connection');
+	is($b_epoch, $a_epoch + 1, 'B\'s acquisition is the next epoch of that session');
+	is($guarded->($a, $a_epoch), "not called: epoch $b_epoch on $a_pid",
+		'A\'s call is not made: the session it reached is in B\'s epoch (the client raises PoolerDetected)');
+	is($guarded->($b, $b_epoch), 'execute 1', 'B\'s call is made: the payment is executed once');
+
+	# another client's transaction occupies the connection that holds the lock
+	my $c = client($db);
+	$c->query_safe('BEGIN');
+	is($c->query_safe('SELECT pg_backend_pid()'), $a_pid,
+		'guard: C\'s transaction is given the server connection that holds the lock');
+	my $reached = $guarded->($b, $b_epoch);
+	like($reached, qr/^not called: epoch none on (\d+)$/, 'B\'s next call lands elsewhere and is not made');
+	my ($b_pid2) = $reached =~ /on (\d+)$/;
+	isnt($b_pid2, $a_pid, '(another server connection)');
+	is($b->query_safe("SELECT durable_ledger.release_attempt('twice-run', $a_epoch)"), 'f',
+		'release_attempt of A\'s epoch ends nothing: B\'s attempt superseded it');
+	is($b->query_safe("SELECT durable_ledger.release_attempt('twice-run', $b_epoch)"), 't',
+		'release_attempt of B\'s epoch ends the lock where it was left');
+	ok($node->poll_query_until($db, qq{SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $a_pid)}),
+		'the server connection that held it is gone');
+	ok(!eval { $c->query_safe('SELECT 1'); 1 },
+		'and with it C\'s transaction there: PgBouncer closed C\'s connection (as with break_lease)');
+	is($node->safe_psql($db, q{SELECT count(*) FROM durable_ledger.leases WHERE run = 'twice-run'}), 0,
+		'nothing holds the run');
+	is($node->safe_psql($db, q{
+		SELECT count(*) || ' ' || count(DISTINCT lease_epoch) FROM durable_ledger.effects WHERE run = 'twice-run'}),
+		'1 1', 'the ledger saw one payment');
+	is($node->safe_psql($db, q{
+		SELECT detail->>'broken_by' || ' ' || lease_epoch FROM durable_ledger.audit_log
+		 WHERE run = 'twice-run' AND event = 'lease_broken'}),
+		"release_attempt $b_epoch", 'audited as lease_broken, by release_attempt, for B\'s epoch');
+	is($node->safe_psql($db, q{SELECT durable_ledger.acquire_run('twice-run', wait => false)}),
+		't', 'a worker connecting directly can take the run');
+	$a->quit;
+	$b->quit;
+	eval { $c->quit };    # its psql has ended with the connection
 }
 
 # ---------------------------------------------------------------------------
