@@ -5,7 +5,7 @@ The floor is the same writes done by hand, one round trip each (bench/floor_pair
 Every comparison runs interleaved in one cluster (A B A B ...) and reports the
 median of its rounds as a ratio; absolute numbers are context only.  Run by
 bench/run.sh against a throwaway cluster.  --only runs some sections:
-pairs, registered, batch, replay, handoff, pooler, access, growth, audit.
+pairs, registered, unregistered, batch, replay, handoff, pooler, access, growth, audit.
 
 The access section measures begin+complete against the minimal floor (an intent
 row and its audit row, then the completion and its audit row, a primary key
@@ -25,7 +25,8 @@ history(run) and the metrics scrape, with their plans.
 The registered section measures begin+complete of a registered tool (divergence
 policy pause) in a later attempt of each client's run, where divergence is
 checked on every call (bench/ledger_registered_pair.sql), against the same
-floor.
+floor; the unregistered section the same for a tool nobody registered, which
+1.3 judges with the policy row's pause.
 
 The pooler section starts Debian's PgBouncer (pool_mode = transaction) in front
 of the cluster and sends both sides through it: begin+complete under token
@@ -421,7 +422,7 @@ def populate(conn, target):
     conn.execute("CHECKPOINT")
 
 
-SECTIONS = ("pairs", "registered", "batch", "replay", "handoff", "pooler", "access", "growth", "audit")
+SECTIONS = ("pairs", "registered", "unregistered", "batch", "replay", "handoff", "pooler", "access", "growth", "audit")
 
 
 def main():
@@ -470,18 +471,26 @@ def main():
                          f"floor {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms)"))
             say("  ", rows[-1])
 
-    if "registered" in only:
-        say("begin+complete of a registered tool, divergence checked on every call, against the floor ...")
-        conn.execute("""SELECT durable_ledger.register_tool('bench.pay', 'bench', note => 'make bench')
-                         WHERE NOT EXISTS (SELECT FROM durable_ledger.tools WHERE tool = 'bench.pay')""")
-        rounds = iter(range(10**6))
+    # a tool judged for divergence in a later attempt: registered, and (1.3's
+    # default) one nobody registered, whose policy is read from the policy row
+    judged = (("registered", "bench.pay", "a registered tool", "r"),
+              ("unregistered", "bench.unregistered", "an unregistered tool", "u"))
+    rounds = iter(range(10**6))
+    for section, tool, what, tag in judged:
+        if section not in only:
+            continue
+        say(f"begin+complete of {what}, divergence checked on every call, against the floor ...")
+        if section == "registered":
+            conn.execute("""SELECT durable_ledger.register_tool('bench.pay', 'bench', note => 'make bench')
+                             WHERE NOT EXISTS (SELECT FROM durable_ledger.tools WHERE tool = 'bench.pay')""")
         for c in clients:
             settle(conn)
             led, flo = interleaved(args.rounds,
                                    lambda: pgbench(args, "ledger_registered_pair.sql", c, args.seconds, logdir,
-                                                   f"r{c}", defines={"started": 0, "round": next(rounds)}),
-                                   lambda: pgbench(args, "floor_pair.sql", c, args.seconds, logdir, f"rf{c}"))
-            rows.append((f"begin+complete, registered tool, divergence checked, {c} client{'s' if c > 1 else ''}",
+                                                   f"{tag}{c}", defines={"started": 0, "round": next(rounds),
+                                                                         "tool": tool}),
+                                   lambda: pgbench(args, "floor_pair.sql", c, args.seconds, logdir, f"{tag}f{c}"))
+            rows.append((f"begin+complete, {what.split(' ', 1)[1]}, divergence checked, {c} client{'s' if c > 1 else ''}",
                          med(led, 0) / med(flo, 0), "≥ 0.95",
                          f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "
                          f"floor {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms)"))
