@@ -201,6 +201,12 @@ SELECT unregistered_divergence FROM durable_ledger.policy;
 RESET ROLE;
 DROP ROLE regress_ur_worker, regress_ur_auditor;
 
+-- both settings changed in one statement: each change keeps the other's
+SELECT durable_ledger.set_unregistered_tools('warn', 'maria') AS tools_before,
+       durable_ledger.set_unregistered_divergence('warn', 'maria') AS divergence_before;
+SELECT unregistered_tools, unregistered_divergence FROM durable_ledger.policy;
+SELECT durable_ledger.set_unregistered_tools('allow', 'maria') AS previous;
+
 -- back to the default, for the files after this one
 SELECT durable_ledger.set_unregistered_divergence('pause', 'maria', 'the default') AS previous;
 DROP FUNCTION regress_ur_call(text, text, jsonb, boolean, text);

@@ -268,9 +268,11 @@ extern bool dl_lock_run(const char *run);
 extern bool dl_write_run_abandoned(const char *run, const char *abandoned_by,
 								   const char *note, int64 *epoch);
 extern void dl_write_new_tool(const ToolRow *row, const char *registered_by);
-extern UnregisteredPolicy dl_write_unregistered_policy(const UnregisteredPolicy *to,
+extern UnregisteredPolicy dl_write_unregistered_policy(const UnregisteredTools *may_execute,
+													   const DivergencePolicy *divergence,
 													   const char *changed_by,
-													   const char *note);
+													   const char *note,
+													   UnregisteredPolicy *after);
 extern bool dl_lock_tool(const char *tool, LockedTool *locked);
 extern void dl_write_tool_change(LockedTool *locked, const ToolRow *to,
 								 const char *changed_by, bool registered_anew);

@@ -343,12 +343,18 @@ set_policy(PolicySetting setting, int value, const char *set_by, const char *not
 	dl_check_writable(function);
 	dl_spi_connect();
 	dl_policy_lock(true);
-	after = dl_read_unregistered_policy();	/* as committed now: the lock is held */
 	if (setting == POLICY_MAY_EXECUTE)
-		after.may_execute = (UnregisteredTools) value;
+	{
+		UnregisteredTools may_execute = (UnregisteredTools) value;
+
+		before = dl_write_unregistered_policy(&may_execute, NULL, set_by, note, &after);
+	}
 	else
-		after.divergence = (DivergencePolicy) value;
-	before = dl_write_unregistered_policy(&after, set_by, note);
+	{
+		DivergencePolicy divergence = (DivergencePolicy) value;
+
+		before = dl_write_unregistered_policy(NULL, &divergence, set_by, note, &after);
+	}
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, setting == POLICY_MAY_EXECUTE ? "unregistered_tools" :
 				   "unregistered_divergence", setting_value(&after, setting));

@@ -1556,16 +1556,20 @@ locked_text(Write *w, HeapTuple locked, int column)
 }
 
 /*
- * Sets what the ledger does with a tool nobody registered; returns what it
- * did before (no row: DL_UNREGISTERED_DEFAULT).
+ * Sets what the ledger does with a tool nobody registered: the settings
+ * given (NULL: kept as the locked row has them, also a change this very
+ * statement made); returns what it did before (no row:
+ * DL_UNREGISTERED_DEFAULT), *after what it does now.
  */
 UnregisteredPolicy
-dl_write_unregistered_policy(const UnregisteredPolicy *to, const char *changed_by,
-							 const char *note)
+dl_write_unregistered_policy(const UnregisteredTools *may_execute,
+							 const DivergencePolicy *divergence, const char *changed_by,
+							 const char *note, UnregisteredPolicy *after)
 {
 	Write		w;
 	HeapTuple	current;
 	UnregisteredPolicy before = DL_UNREGISTERED_DEFAULT;
+	UnregisteredPolicy *to = after;
 
 	begin_write(&w, &dl_policy_table);
 	if (lock_row(&w, BoolGetDatum(true), POL_SINGLETON, &current))
@@ -1578,6 +1582,11 @@ dl_write_unregistered_policy(const UnregisteredPolicy *to, const char *changed_b
 	}
 	else
 		set_value(&w, POL_SINGLETON, BoolGetDatum(true));
+	*to = before;
+	if (may_execute != NULL)
+		to->may_execute = *may_execute;
+	if (divergence != NULL)
+		to->divergence = *divergence;
 	set_value(&w, POL_UNREGISTERED_TOOLS, CStringGetTextDatum(dl_unregistered_name(to->may_execute)));
 	set_value(&w, POL_UNREGISTERED_DIVERGENCE, CStringGetTextDatum(dl_divergence_name(to->divergence)));
 	set_value(&w, POL_CHANGED_BY, CStringGetTextDatum(changed_by));
