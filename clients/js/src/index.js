@@ -35,6 +35,13 @@
 // session lease.  The attempt's end waits for its calls in flight.
 
 import { AsyncLocalStorage } from 'node:async_hooks';
+import { EventEmitter } from 'node:events';
+import { NOTICE_CODES, collectNotices, formatNotice, ledgerNotice } from './notices.js';
+import {
+  ACQUIRE_ATTEMPT, END_ATTEMPT_ELSEWHERE, RELEASE_ATTEMPT, RELEASE_RUN, guardedBegin, missed,
+} from './session-guard.js';
+
+export { NOTICE_CODES };
 
 /**
  * @typedef {object} Queryable  A node-postgres Client, PoolClient or Pool (anything with query()).
@@ -331,6 +338,39 @@ export class LeaseLostError extends LedgerError {
   }
 }
 
+/**
+ * A session attempt (attempt(), acquireRun()) whose statement reached another
+ * server connection than the one whose session holds the attempt's lease, or
+ * one whose lease of the run another attempt has taken over since: a
+ * transaction pooler (PgBouncer with pool_mode = transaction, a pooled
+ * endpoint) is between the client and the database, and a session lease
+ * cannot work through it.  The call was not made (the database checked in the
+ * same statement, before calling): nothing was performed or recorded.  The
+ * attempt stops, like on any lost lease: every further call of it throws this
+ * again without asking the database; the attempt's end releases its lock where
+ * it is held (release_attempt).  Use tokenAttempt() behind a transaction
+ * pooler (or connect directly, or through session pooling).  `pid` is the
+ * attempt's backend, `reachedPid` the one the statement reached, and
+ * `reachedEpoch` the epoch that backend's session holds the run at (null:
+ * none).  The same name as the Python client's.
+ */
+export class PoolerDetected extends LeaseLostError {
+  /**
+   * @param {string} message
+   * @param {{run: string, epoch: number, pid: number, reachedPid: number, reachedEpoch: number|null,
+   *          reason?: string|null, cause?: unknown}} fields
+   */
+  constructor(message, { run, epoch, pid, reachedPid, reachedEpoch = null, reason = null, cause }) {
+    super(message, { run, epoch, reason, cause });
+    /** @type {number} the backend whose session holds the attempt's lease */
+    this.pid = pid;
+    /** @type {number} the backend the statement reached */
+    this.reachedPid = reachedPid;
+    /** @type {number|null} the epoch that backend's session holds the run at; null when none */
+    this.reachedEpoch = reachedEpoch;
+  }
+}
+
 const lose = Symbol('lose');
 
 /**
@@ -497,11 +537,12 @@ function jsonParam(value) {
 }
 
 /**
- * The statement that begins a call and its parameters: begin_effect, or for a
- * call recorded as safe to redo (record(), never with a business key)
- * begin_recorded; with a token lease's token, or none (the session's lease).
+ * The call that begins a call and its parameters (the run is $1):
+ * begin_effect, or for a call recorded as safe to redo (record(), never with a
+ * business key) begin_recorded; with a token lease's token, or none (the
+ * session's lease).
  */
-function beginStatement(run, tool, args, businessKey, meta, token, recorded) {
+function beginCall(run, tool, args, businessKey, meta, token, recorded) {
   const params = recorded
     ? [run, tool, jsonParam(args), jsonParam(meta)]
     : [run, tool, jsonParam(args), businessKey ?? null, jsonParam(meta)];
@@ -511,7 +552,13 @@ function beginStatement(run, tool, args, businessKey, meta, token, recorded) {
     types.push('text');
   }
   const placeholders = types.map((type, i) => `$${i + 1}::${type}`).join(', ');
-  return [`SELECT * FROM durable_ledger.${recorded ? 'begin_recorded' : 'begin_effect'}(${placeholders})`, params];
+  return [`durable_ledger.${recorded ? 'begin_recorded' : 'begin_effect'}(${placeholders})`, params];
+}
+
+/** beginCall as a statement of its own: SELECT * FROM the call. */
+function beginStatement(...call) {
+  const [text, params] = beginCall(...call);
+  return [`SELECT * FROM ${text}`, params];
 }
 
 /** JSON text for a recorded error: falls back to its text when it is not JSON. */
@@ -576,29 +623,48 @@ function inTransaction(status) {
   return status === 'T' || status === 'E';
 }
 
-export class Ledger {
+/**
+ * A Ledger is an EventEmitter: it emits 'notice' for every WARNING and NOTICE
+ * the server sent on one of its statements (see LedgerNotice in index.d.ts),
+ * and for what the client itself must warn about (a session lock it could not
+ * end).  With no 'notice' listener, it writes them with console.warn, unless
+ * constructed with {consoleWarn: false}.
+ */
+export class Ledger extends EventEmitter {
   /**
    * @param {Queryable} client  a connected pg Client or PoolClient, or a pg.Pool.
    *   A session lease (attempt(), acquireRun()) is a session lock: use the same
    *   client for a whole attempt, and never a connection behind a
-   *   transaction-pooling PgBouncer.  A token lease (tokenAttempt()) works on
-   *   any of them: each statement is a transaction of its own, on whatever
-   *   connection.  A pg.Pool serves token leases only.  A single client given
-   *   to a Ledger must be dedicated to it: a statement of the ledger queued
-   *   behind a tool's BEGIN would run inside the tool's transaction (the
-   *   ledger then refuses to go on, see guarded()).
+   *   transaction-pooling PgBouncer (a statement that reaches another server
+   *   connection throws PoolerDetected, before anything is called).  A token
+   *   lease (tokenAttempt()) works on any of them: each statement is a
+   *   transaction of its own, on whatever connection.  A pg.Pool serves token
+   *   leases only.  A single client given to a Ledger must be dedicated to it:
+   *   a statement of the ledger queued behind a tool's BEGIN would run inside
+   *   the tool's transaction (the ledger then refuses to go on, see guarded()).
+   * @param {{consoleWarn?: boolean}} [options]  consoleWarn: false -- notices
+   *   nobody listens to are dropped instead of written with console.warn
    */
-  constructor(client) {
+  constructor(client, { consoleWarn = true } = {}) {
+    super();
     if (!client || typeof client.query !== 'function') {
       throw new TypeError('new Ledger(client): client must be a node-postgres Client, PoolClient or Pool');
     }
     this.client = client;
+    this.#consoleWarn = consoleWarn;
     if (!stoppedRuns.has(client)) stoppedRuns.set(client, new Map());
     /** @type {Map<string, {key: string|null, reason: string, error: (() => Error)|null}>} */
     this.#stopped = stoppedRuns.get(client);
   }
 
   #stopped;
+  #consoleWarn;
+  /**
+   * @type {Map<string, {epoch: string|null, pid: number}>} the session attempts
+   *   this Ledger started (attempt(), acquireRun()), by run: the epoch of their
+   *   lease (bigint, as text) and the backend whose session holds it
+   */
+  #sessionLeases = new Map();
   /** @type {Map<string, Attempt>} the open token attempts of this Ledger, by run */
   #attempts = new Map();
   /** @type {Map<string, Calls>} runs with an open attempt() */
@@ -677,35 +743,80 @@ export class Ledger {
    * queued query's reply comes in a later I/O event).
    * @returns {Promise<{rows: any[], status: string|null}>}
    */
-  async #query(text, values) {
+  async #query(text, values, call = {}) {
     const q = this.client;
+    values = values ?? [];
     if (isPool(q)) {
       const c = await q.connect();
       let res;
+      const heard = collectNotices(c, values); // on this checked-out client, for this statement alone
       try {
         res = await c.query(text, values);
       } catch (err) {
+        heard.close();
         c.release(err); // like pool.query(): a client that failed a query is not reused
+        this.#notices(heard.notices, call, null);
         throw named(err);
       }
+      heard.close();
       const status = typeof c.getTransactionStatus === 'function' ? c.getTransactionStatus() : null;
       // A client that came back from the pool inside a transaction (someone
       // released it mid-transaction) is closed, which rolls that transaction
       // back, and this statement with it.
       c.release(inTransaction(status) ? new Error('a pooled client was inside a transaction') : undefined);
+      this.#notices(heard.notices, call, res.rows[0]);
       return { rows: res.rows, status };
     }
-    const res = await ledgerQuery(q, text, values);
+    const heard = collectNotices(q, values);
+    let res;
+    try {
+      res = await ledgerQuery(q, text, values);
+    } catch (err) {
+      heard.close();
+      this.#notices(heard.notices, call, null);
+      throw err;
+    }
     const status = typeof q.getTransactionStatus === 'function' ? q.getTransactionStatus() : null;
+    heard.close();
+    this.#notices(heard.notices, call, res.rows[0]);
     return { rows: res.rows, status };
+  }
+
+  /**
+   * Passes on the notices the server sent on one statement: `call` says what
+   * the ledger knows of it ({statement, run, tool, key}); a begin's key is its
+   * decision row's.
+   */
+  #notices(messages, call, row) {
+    for (const msg of messages) {
+      const key = call.key ?? (typeof row?.key === 'string' ? row.key : null);
+      this.#notify(ledgerNotice(msg, { ...call, key }));
+    }
+  }
+
+  /**
+   * Emits 'notice' (a listener that throws does not disturb the ledger: its
+   * error becomes a process warning), or, with no listener, console.warn.
+   */
+  #notify(notice) {
+    if (this.listenerCount('notice') > 0) {
+      try {
+        this.emit('notice', notice);
+      } catch (err) {
+        process.emitWarning(`a 'notice' listener of durable-ledger threw: ${describe(err?.message ?? err)}`,
+          'DurableLedgerWarning');
+      }
+    } else if (this.#consoleWarn) {
+      console.warn(formatNotice(notice));
+    }
   }
 
   /**
    * #query(), refusing a statement that ran inside a transaction something else
    * opened on the connection: it did not commit.  `what` names it in the error.
    */
-  async #statement(what, text, values) {
-    const { rows, status } = await this.#query(text, values);
+  async #statement(what, text, values, call) {
+    const { rows, status } = await this.#query(text, values, call);
     if (inTransaction(status)) {
       const err = new LedgerError(
         `${what} ran inside a transaction that something else opened on this Ledger's connection ` +
@@ -757,8 +868,8 @@ export class Ledger {
    */
   async beginEffect(run, tool, args, { businessKey = null, meta, lease = null } = {}) {
     const token = lease == null ? null : typeof lease === 'string' ? lease : lease.token;
-    const { rows } = await ledgerQuery(this.client,
-      ...beginStatement(run, tool, args, businessKey, meta, token, false));
+    const { rows } = await this.#query(...beginStatement(run, tool, args, businessKey, meta, token, false),
+      { statement: 'begin_effect', run, tool });
     return rows[0];
   }
 
@@ -772,12 +883,24 @@ export class Ledger {
    * whether its intent is recorded depends on that transaction.
    */
   async #begin(attempt, run, tool, args, businessKey, meta, recorded) {
-    const [text, params] = beginStatement(run, tool, args, businessKey, meta,
-      attempt ? attempt.lease.token : null, recorded);
+    const statement = recorded ? 'begin_recorded' : 'begin_effect';
+    const call = beginCall(run, tool, args, businessKey, meta, attempt ? attempt.lease.token : null, recorded);
+    // A session attempt's call is made only where its lease is (session-guard.js).
+    const lease = attempt ? null : this.#sessionLeases.get(run);
+    let text;
+    let params;
+    if (lease) {
+      params = [...call[1], lease.epoch];
+      text = guardedBegin(call[0], params.length);
+    } else {
+      [text, params] = [`SELECT * FROM ${call[0]}`, call[1]];
+    }
     try {
-      const rows = await this.#statement(`begin_effect of ${tool}`, text, params);
-      return rows[0];
+      const [row] = await this.#statement(`${statement} of ${tool}`, text, params, { statement, run, tool });
+      if (lease && row.key === null) throw this.#missedLease(run, lease, row.guard_pid, row.guard_epoch, tool);
+      return row;
     } catch (err) {
+      if (err instanceof LeaseLostError) throw err;
       if (attempt && err?.code === LEASE_LOST) throw attempt.lease[lose](err);
       if (err?.code === RUN_ABANDONED) {
         // Nothing was written; the run is stopped for good.
@@ -807,6 +930,45 @@ export class Ledger {
       }
       throw err;
     }
+  }
+
+  /**
+   * A guarded statement of the session attempt at `run` that found no lease of
+   * the attempt where it ran (nothing was called): PoolerDetected when it
+   * reached another backend, or one whose lease of the run is another
+   * attempt's; LeaseLostError when the attempt's own backend lost the lock
+   * (DISCARD ALL, pg_advisory_unlock_all(), a pooler's reset).  The attempt
+   * stops: its further calls throw the same without asking the database.
+   */
+  #missedLease(run, lease, pid, epoch, tool) {
+    const make = () => {
+      const theirs = epoch === null ? null : Number(epoch);
+      const mine = lease.epoch === null ? null : Number(lease.epoch);
+      if (missed(lease, pid, epoch) === 'pooler') {
+        const where = pid !== lease.pid
+          ? `reached another server connection (backend ${pid}) than the one whose session holds this ` +
+            `attempt's lease (backend ${lease.pid}, epoch ${mine})`
+          : `reached the server connection of this attempt's lease (backend ${pid}), whose lease of the run ` +
+            `another attempt (epoch ${theirs}) has taken over since this attempt's (epoch ${mine}) began`;
+        return new PoolerDetected(
+          `run ${run}: ${tool ? `the call of ${tool}` : 'the statement'} ${where}: a transaction pooler ` +
+            '(PgBouncer with pool_mode = transaction, or a pooled endpoint) is between this client and the ' +
+            'database, and a session lease cannot work through it.  Nothing was performed or recorded, and ' +
+            'this attempt stops.  Behind a transaction pooler use ledger.tokenAttempt(run, opts, fn) (or ' +
+            'connect directly, or through session pooling).',
+          { run, epoch: mine, pid: lease.pid, reachedPid: pid, reachedEpoch: theirs,
+            reason: 'a transaction pooler is between the client and the database' });
+      }
+      return new LeaseLostError(
+        `run ${run}: the lease of this attempt (epoch ${mine}) was lost: this session's lock on the run was ` +
+          "released behind the ledger's back (DISCARD ALL, pg_advisory_unlock_all() or a pooler resetting the " +
+          'connection).  Nothing was performed or recorded, and this attempt stops; a new attempt ' +
+          '(ledger.attempt()) replays what it completed.',
+        { run, epoch: mine, reason: 'the session lease was lost' });
+    };
+    const err = make();
+    this.#stop(run, null, err.message, null, make);
+    return err;
   }
 
   /**
@@ -978,7 +1140,8 @@ export class Ledger {
     } catch (err) {
       if (err instanceof EffectDidNotHappen) {
         const json = errorParam(err.error);
-        const row = await this.#report(attempt, run, 'fail_effect', d.key, d.attempt, json, where, recorded);
+        const row = await this.#report(attempt, run, 'fail_effect', d.key, d.attempt, json, where, recorded,
+          tool);
         throw new EffectFailed(`${where} did not happen: ${err.message}`, {
           key: d.key, decision: d.decision, reason: err.message,
           // the row is a later attempt's when one replaced ours: ours is what we sent
@@ -1015,7 +1178,7 @@ export class Ledger {
       );
     }
     const row = await this.#report(attempt, run, 'complete_effect', d.key, d.attempt, resultJson, where,
-      recorded);
+      recorded, tool);
     return row.result;
   }
 
@@ -1025,11 +1188,12 @@ export class Ledger {
    * `owner`, the token attempt of the call, or the session's).  A report needs
    * no token: it goes out on any connection, also after the lease was lost.
    */
-  async #report(owner, run, fn, key, attempt, json, where, recorded) {
+  async #report(owner, run, fn, key, attempt, json, where, recorded, tool) {
     let row;
     try {
       [row] = await this.#statement(`${fn} of ${where}`,
-        `SELECT * FROM durable_ledger.${fn}($1::text, $2::jsonb, $3::integer)`, [key, json, attempt]);
+        `SELECT * FROM durable_ledger.${fn}($1::text, $2::jsonb, $3::integer)`, [key, json, attempt],
+        { statement: fn, run, tool, key });
     } catch (err) {
       this.#stopCall(recorded, run, key, `${where} could not be recorded (${fn}: ${err.message}).`, owner);
       throw err;
@@ -1112,24 +1276,39 @@ export class Ledger {
     this.#acquiring.add(run);
   }
 
+  /**
+   * acquire_run, with the epoch of the lease it took and the backend that holds
+   * it, which every guarded statement of the attempt checks (session-guard.js).
+   */
   async #acquire(run, wait) {
     let r;
     try {
-      [r] = await this.#statement(`acquire_run of ${run}`,
-        'SELECT durable_ledger.acquire_run($1::text, $2::boolean) AS ok', [run, wait]);
+      [r] = await this.#statement(`acquire_run of ${run}`, ACQUIRE_ATTEMPT, [run, wait],
+        { statement: 'acquire_run', run });
     } catch (err) {
       if (err?.code === RUN_ABANDONED) throw abandoned(run, err);
+      if (err?.code === '42883' && /session_epoch/.test(err?.message ?? '')) {
+        throw new LedgerError('a session attempt needs the durable_ledger extension at version 1.3 or later ' +
+          '(durable_ledger.session_epoch() is missing): ALTER EXTENSION durable_ledger UPDATE', { cause: err });
+      }
       throw err;
     }
-    if (r.ok) {
+    if (r.acquired) {
       this.#stopped.delete(run); // a new attempt starts
       this.#sessionHeld.add(run);
+      this.#sessionLeases.set(run, { epoch: r.epoch === null ? null : String(r.epoch), pid: r.pid });
     }
-    return r.ok;
+    return r.acquired;
   }
 
   /**
-   * durable_ledger.release_run: ends this session's lease on the run.
+   * durable_ledger.release_run: ends this session's lease on the run.  For an
+   * attempt this Ledger started, only where the lease is: when the statement
+   * reached another server connection (a transaction pooler), or one whose
+   * lease another attempt took over, release_attempt(run, epoch) ends the
+   * attempt's lease wherever it is held (terminating the backend that holds
+   * it, as the role may; else a 'notice' says how long the lock stays), and
+   * PoolerDetected is thrown, unless a call of the attempt threw it already.
    * @param {string} run
    * @returns {Promise<boolean>} false when this session did not hold it
    */
@@ -1141,10 +1320,77 @@ export class Ledger {
         'the run when fn has settled');
     }
     this.#sessionHeld.delete(run);
-    const [r] = await this.#statement(`release_run of ${run}`,
-      'SELECT durable_ledger.release_run($1::text) AS ok', [run]);
+    const lease = this.#sessionLeases.get(run);
+    this.#sessionLeases.delete(run);
+    const call = { statement: 'release_run', run };
+    if (!lease) {
+      const [r] = await this.#statement(`release_run of ${run}`, RELEASE_RUN, [run], call);
+      this.#stopped.delete(run); // the attempt is over
+      return r.ok;
+    }
+    const stop = this.#stopped.get(run);
+    const [r] = await this.#statement(`release_run of ${run}`, RELEASE_ATTEMPT, [run, lease.epoch], call);
     this.#stopped.delete(run); // the attempt is over
-    return r.ok;
+    if (r.released !== null) return r.released;
+    // The statement found no lease of the attempt where it ran.
+    const how = missed(lease, r.pid, r.epoch);
+    const outcome = await this.#endElsewhere(run, lease, r.pid);
+    const ended = outcome === 'ended';
+    if (how === 'lost') return ended;
+    if (stop?.error?.() instanceof PoolerDetected) return ended; // a call of the attempt said so already
+    const detected = new PoolerDetected(
+      `run ${run}: the release of this attempt's lease (epoch ${Number(lease.epoch)}, held by backend ` +
+        `${lease.pid}) reached ${r.pid !== lease.pid ? `another server connection (backend ${r.pid})` :
+          `that connection after another attempt (epoch ${Number(r.epoch)}) had taken the lease over`}: ` +
+        'a transaction pooler (PgBouncer with pool_mode = transaction, or a pooled endpoint) is between this ' +
+        'client and the database, and a session lease cannot work through it.  ' +
+        ({ ended: 'The lease was ended where it was held (release_attempt).  ',
+          over: 'The lease was over already.  ',
+          left: "The lease stays held where it is (this role may not end it: see the 'notice').  " })[outcome] +
+        'Behind a transaction pooler use ledger.tokenAttempt(run, opts, fn).',
+      { run, epoch: Number(lease.epoch), pid: lease.pid, reachedPid: r.pid,
+        reachedEpoch: r.epoch === null ? null : Number(r.epoch),
+        reason: 'a transaction pooler is between the client and the database' });
+    throw detected;
+  }
+
+  /**
+   * release_attempt(run, epoch): ends the attempt's session lease wherever it
+   * is held, so that the lock is not left on a pooled server connection where
+   * other clients would meet it: 'ended', or 'over' when no live session lease
+   * held the run at that epoch any more.  When the role may not end the backend
+   * that holds it (42501), a 'notice' says exactly what happens instead: 'left'.
+   */
+  async #endElsewhere(run, lease, reachedPid) {
+    if (lease.epoch === null) return 'over';
+    try {
+      const [r] = await this.#statement(`release_attempt of ${run}`, END_ATTEMPT_ELSEWHERE, [run, lease.epoch],
+        { statement: 'release_attempt', run });
+      return r.ended ? 'ended' : 'over';
+    } catch (err) {
+      if (err?.sqlstate !== '42501') throw err;
+      const epoch = Number(lease.epoch);
+      this.#notify({
+        origin: 'client',
+        severity: 'WARNING',
+        code: '42501',
+        message: `the session lease of run ${run} (epoch ${epoch}) stays held by server connection ` +
+          `${lease.pid} (its backend pid) until that connection closes, or until an admin runs ` +
+          `durable_ledger.break_lease('${run}', ...): this client's statement reached backend ${reachedPid}, ` +
+          'and its role may not terminate the backend that holds the lock (pg_terminate_backend\'s rule)',
+        detail: 'Until then every client that a transaction pooler hands that server connection meets the ' +
+          'lock; PgBouncer closes it after server_lifetime, or after server_idle_timeout once idle.',
+        hint: `Ask an admin to run SELECT durable_ledger.break_lease('${run}', 'name', 'leaked through a ` +
+          "transaction pooler'); behind a transaction pooler use ledger.tokenAttempt().",
+        statement: 'release_attempt',
+        run,
+        tool: null,
+        key: null,
+        pid: lease.pid,
+        epoch,
+      });
+      return 'left';
+    }
   }
 
   /**
@@ -1153,8 +1399,8 @@ export class Ledger {
    * @returns {Promise<object|null>}
    */
   async effectStatus(key) {
-    const { rows } = await ledgerQuery(this.client,
-      'SELECT * FROM durable_ledger.effect_status($1::text)', [key]);
+    const { rows } = await this.#query('SELECT * FROM durable_ledger.effect_status($1::text)', [key],
+      { statement: 'effect_status', key });
     return rows[0] ?? null;
   }
 
@@ -1171,7 +1417,8 @@ export class Ledger {
    * @returns {Promise<object[]>}
    */
   async history(run) {
-    const { rows } = await ledgerQuery(this.client, 'SELECT * FROM durable_ledger.history($1::text)', [run]);
+    const { rows } = await this.#query('SELECT * FROM durable_ledger.history($1::text)', [run],
+      { statement: 'history', run });
     return rows;
   }
 
@@ -1267,7 +1514,7 @@ export class Ledger {
       try {
         [r] = await this.#statement(`take_lease of ${run}`,
           'SELECT * FROM durable_ledger.take_lease($1::text, make_interval(secs => $2::double precision), $3::text)',
-          [run, ttl, holder]);
+          [run, ttl, holder], { statement: 'take_lease', run });
       } catch (err) {
         if (err?.code === RUN_ABANDONED) throw abandoned(run, err);
         throw err;
@@ -1305,7 +1552,8 @@ export class Ledger {
     if (!lease.lost) {
       try {
         const [r] = await this.#statement(`release_lease of ${run}`,
-          'SELECT durable_ledger.release_lease($1::text) AS released', [lease.token]);
+          'SELECT durable_ledger.release_lease($1::text) AS released', [lease.token],
+          { statement: 'release_lease', run });
         if (!r.released) {
           lease[lose](null, `the token lease on run ${run} (epoch ${lease.epoch}) was no longer live ` +
             'at the end of the attempt (it expired or was broken)');
@@ -1336,7 +1584,8 @@ export class Ledger {
         let wait = every;
         try {
           const [r] = await this.#statement(`renew_lease of ${lease.run}`,
-            'SELECT durable_ledger.renew_lease($1::text) AS expires_at', [lease.token]);
+            'SELECT durable_ledger.renew_lease($1::text) AS expires_at', [lease.token],
+            { statement: 'renew_lease', run: lease.run });
           if (stopped) return;
           lease.expiresAt = r.expires_at;
           lease.renewals += 1;

@@ -215,6 +215,50 @@ test('a divergence in a token attempt on a pg.Pool; resolved as distinct, the ne
   }));
 });
 
+test('a tool nobody registered, reworded on a retry, pauses by default (1.3); an honest replay never pauses; recorded calls are never paused for drift', async () => {
+  // the default is the database's: a fresh install in a database of this test alone
+  const db = `js_steer_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+  const run = unique('unregistered-drift');
+  const b = bank();
+  const answers = [];
+  const model = (answer) => () => { answers.push(answer); return { say: answer }; };
+  await withClients(1, (admin) => admin.query(`CREATE DATABASE ${db}`));
+  try {
+    await withClients(4, async (admin, c1, c2, c3) => {
+      await admin.query('CREATE EXTENSION durable_ledger');
+      const { rows: [policy] } = await admin.query(
+        'SELECT count(*)::int AS set FROM durable_ledger.policy');
+      assert.equal(policy.set, 0, 'nothing set: the defaults');
+      const agent = (ledger, memo, turn) => ledger.attempt(run, async () => {
+        const note = await ledger.record({ run, tool: 'llm.turn', args: { turn }, call: model(`turn ${turn}`) });
+        return b.tool(ledger, 'mail.send')(run, { to: 'ap@example.com', body: `${note.say}: ${memo}` });
+      });
+      const first = new Ledger(c1);
+      const sent = await agent(first, 'paid', 1);
+      // an honest replay: the same calls, replayed, nothing performed, no pause
+      assert.deepEqual(await agent(new Ledger(c2), 'paid', 1), sent);
+      assert.deepEqual(answers, ['turn 1']);
+      assert.equal(b.calls.length, 1);
+      // the retry's model asks otherwise (a recorded call with new args is made, never
+      // paused) and rewords the email: the email pauses instead of going out twice
+      const third = new Ledger(c3);
+      const drift = await agent(third, 'paid, thanks', 2).then(
+        () => assert.fail('the reworded call of an unregistered tool was performed'), (err) => err);
+      assert.ok(drift instanceof DivergencePausedError, `got ${drift?.stack ?? drift}`);
+      assert.equal(drift.tool, 'mail.send');
+      assert.deepEqual(answers, ['turn 1', 'turn 2'], 'the recorded call with new args was made');
+      assert.equal(b.calls.length, 1, JSON.stringify(b.calls));
+      const { rows } = await admin.query(
+        'SELECT tool, may_duplicate FROM durable_ledger.unresolved WHERE run = $1', [run]);
+      const [earlier] = (await admin.query(
+        "SELECT key FROM durable_ledger.effects WHERE run = $1 AND tool = 'mail.send'", [run])).rows;
+      assert.deepEqual(rows, [{ tool: 'mail.send', may_duplicate: earlier.key }]);
+    }, dsnIn(db));
+  } finally {
+    await withClients(1, (admin) => admin.query(`DROP DATABASE ${db} WITH (FORCE)`));
+  }
+});
+
 // --------------------------------------------------------------------- abandon
 
 test('an abandoned run throws RunAbandonedError on the next call and on a new attempt; nothing performed', async () => {
