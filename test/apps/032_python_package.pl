@@ -1,5 +1,7 @@
 # 032_python_package: the Python client as a package a user installs.
 #   - its type hints are complete: mypy --strict finds nothing (Debian's python3-mypy);
+#   - its tools, guarded and record are typed by their result: a typed use passes and
+#     every misuse of tests/typecheck/misuse.py is caught (a negative type test);
 #   - `pip install` of clients/python into a fresh virtual environment (with the
 #     system's site packages, offline: --no-index --no-build-isolation, Debian's
 #     setuptools and psycopg) installs the package with its py.typed marker;
@@ -45,6 +47,19 @@ PostgreSQL::Test::Utils::append_to_file("$user_dir/user_app.py",
 	"from durable_ledger import $names\n\nprint(Ledger, AttemptStopped, EffectPaused)\n");
 run_ok([ '/usr/bin/python3', '-m', 'mypy', '--strict', '--cache-dir', "$user_dir/mypy", "$user_dir/user_app.py" ],
 	'mypy --strict: a user module importing every exported name', init => sub { $ENV{MYPYPATH} = $client });
+
+# The tools, guarded and record are generic in their result: typed use passes, and each
+# misuse in tests/typecheck/misuse.py (a tool's dict taken for an int, ...) is reported
+# with the code its "# type: ignore[...]" names -- an ignore mypy finds unneeded (the
+# misuse went unnoticed) fails the check (--warn-unused-ignores).
+for my $module ('typed_use', 'misuse')
+{
+	run_ok([ '/usr/bin/python3', '-m', 'mypy', '--strict', '--warn-unused-ignores', '--cache-dir', "$user_dir/mypy",
+			 "$client/tests/typecheck/$module.py" ],
+		"mypy --strict --warn-unused-ignores: tests/typecheck/$module.py", init => sub { $ENV{MYPYPATH} = $client });
+}
+my $misuses = () = PostgreSQL::Test::Utils::slurp_file("$client/tests/typecheck/misuse.py") =~ /# type: ignore\[/g;
+cmp_ok($misuses, '>=', 10, "the negative type test marks its misuses ($misuses)");
 
 # the package, installed into a fresh virtual environment from a copy of the folder
 my $scratch = PostgreSQL::Test::Utils::tempdir();

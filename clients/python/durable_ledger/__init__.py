@@ -36,6 +36,7 @@ from .errors import (
     EffectInProgress,
     EffectPaused,
     LeaseLost,
+    PoolerDetected,
     LedgerError,
     LedgerUsageError,
     OutcomeNotRecorded,
@@ -53,10 +54,11 @@ from .errors import (
     TooManyLeases,
     PermissionDenied,
 )
-from .aio import AsyncLedger, AsyncPerform, AsyncTokenLease, AsyncToolFunction
-from .ledger import Ledger, Perform, TokenLease, ToolFunction, side_effect
+from .aio import (AsyncLedger, AsyncPerform, AsyncTokenLease, AsyncTool, AsyncToolDecorator,
+                  AsyncToolFunction)
+from .ledger import Ledger, Perform, TokenLease, Tool, ToolFunction, side_effect
 
-__version__ = "1.2.0"
+__version__ = "1.3.0"
 
 # Written out, not built from errors.__all__: mypy --strict reads only a literal list
 # (test/apps/032 type-checks a user module that imports every name).
@@ -67,9 +69,12 @@ __all__ = [
     "AsyncTokenLease",
     "AsyncPerform",
     "AsyncToolFunction",
+    "AsyncTool",
+    "AsyncToolDecorator",
     "side_effect",
     "Perform",
     "ToolFunction",
+    "Tool",
     "LedgerError",
     "EffectFailed",
     "EffectPaused",
@@ -79,6 +84,7 @@ __all__ = [
     "OutcomeNotRecorded",
     "RunBusy",
     "LeaseLost",
+    "PoolerDetected",
     "RunAbandoned",
     "ToolRefused",
     "LedgerUsageError",

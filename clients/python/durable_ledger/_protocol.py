@@ -12,10 +12,11 @@ import contextlib
 import contextvars
 import functools
 import logging
+import re
 import threading
 from datetime import datetime, timedelta
-from typing import (Any, Callable, Dict, Iterator, NamedTuple, Optional, Set, Tuple, TypeVar,
-                    Union)
+from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set,
+                    Tuple, TypeVar, Union)
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -38,6 +39,7 @@ from .errors import (
     NotFound,
     OutcomeNotRecorded,
     PermissionDenied,
+    PoolerDetected,
     ReadOnlyLedger,
     RunAbandoned,
     RunBusy,
@@ -68,6 +70,7 @@ REFUSALS: Dict[str, type] = {
     "25006": ReadOnlyLedger, "53400": TooManyLeases, "42501": PermissionDenied,
 }
 LOCK_NOT_AVAILABLE = "55P03"
+UNDEFINED_FUNCTION = "42883"
 
 
 @contextlib.contextmanager
@@ -90,6 +93,11 @@ def named_error(exc: psycopg.Error) -> Optional[LedgerError]:
     tool and attempt they concern."""
     diag = exc.diag
     reason = diag.message_primary or str(exc)
+    if exc.sqlstate == UNDEFINED_FUNCTION and "durable_ledger." in reason and any(
+            name in reason for name in ("session_epoch", "release_attempt")):
+        return LedgerUsageError(None, None, f"{reason}: a session attempt of this client needs "
+                                            f"the extension at version 1.3 (ALTER EXTENSION "
+                                            f"durable_ledger UPDATE); token attempts work from 1.1")
     if exc.sqlstate == LOCK_NOT_AVAILABLE:
         busy = RunBusy(None, None, " ".join(
             part for part in (reason + ".", diag.message_detail, diag.message_hint) if part))
@@ -292,8 +300,22 @@ HaltFn = Callable[[Optional[str], str, Optional[Callable[[], LedgerError]]], Non
 TAKE_LEASE = "SELECT * FROM durable_ledger.take_lease(%s, %s, %s)"
 RENEW_LEASE = "SELECT durable_ledger.renew_lease(%s) AS expires_at"
 RELEASE_LEASE = "SELECT durable_ledger.release_lease(%s) AS released"
-ACQUIRE_RUN = "SELECT durable_ledger.acquire_run(%s, %s) AS ok"
+#: The start of a session attempt: the lease, and which epoch and server process hold it
+#: (taken in the one statement, so on one server connection, whatever is in between).
+ACQUIRE_RUN = ("SELECT a.acquired, durable_ledger.session_epoch(%s) AS epoch, "
+               "pg_backend_pid() AS pid "
+               "FROM (SELECT durable_ledger.acquire_run(%s, %s) AS acquired OFFSET 0) a")
+#: release_run of a run whose attempt's epoch the client does not know.
 RELEASE_RUN = "SELECT durable_ledger.release_run(%s) AS ok"
+#: The end of a session attempt: release_run only where the statement reached the session
+#: that holds the attempt's epoch (CASE calls it only then; OFFSET 0: once).
+RELEASE_GUARDED = ("SELECT g.pid, g.epoch, g.released "
+                   "FROM (SELECT pg_backend_pid() AS pid, durable_ledger.session_epoch(%s) AS epoch, "
+                   "CASE WHEN durable_ledger.session_epoch(%s) = %s "
+                   "THEN durable_ledger.release_run(%s) END AS released OFFSET 0) g")
+#: The attempt's lease ended wherever it is held (the guarded release reached another
+#: server connection): released here, or its holder terminated.
+RELEASE_ATTEMPT = "SELECT durable_ledger.release_attempt(%s, %s)"
 EFFECT_STATUS = "SELECT * FROM durable_ledger.effect_status(%s)"
 HISTORY = "SELECT * FROM durable_ledger.history(%s)"
 
@@ -312,12 +334,35 @@ class Replayed(NamedTuple):
     result: Any
 
 
+class SessionHold(NamedTuple):
+    """A session attempt's lease: its epoch, and the server process whose session holds it
+    (what the attempt's every begin checks it reached)."""
+    epoch: int
+    pid: int
+
+
+def acquire_params(run: str, wait: bool) -> Tuple[Any, ...]:
+    return (run, run, wait)
+
+
+def session_hold(row: Any, run: str) -> Optional[SessionHold]:
+    """The hold that `ACQUIRE_RUN` took, or None when the run is held by another session."""
+    if not row["acquired"]:
+        return None
+    if row["epoch"] is None:  # cannot be: the statement took the lease on that session
+        raise LeaseLost(run, None, f"run {run!r}: acquire_run took the lease but the session "
+                                   f"holds no epoch of it; nothing was begun")
+    return SessionHold(int(row["epoch"]), int(row["pid"]))
+
+
 def begin_statement(run: str, tool: str, args: Any, business_key: Optional[str], meta: Any,
-                    token: Optional[str] = None, *,
-                    recorded: bool = False) -> Tuple[str, Tuple[Any, ...]]:
+                    token: Optional[str] = None, *, recorded: bool = False,
+                    hold: Optional[SessionHold] = None) -> Tuple[str, Tuple[Any, ...]]:
     """The statement that begins a call: ``begin_effect``, or for a call recorded as safe
     to redo (`Ledger.record`, never with a business key) ``begin_recorded``; with the
-    token of a token lease, or none (the session's lease)."""
+    token of a token lease, or, for a session attempt (``hold``), guarded: the call is
+    made only where the statement reached the session that holds the attempt's epoch, and
+    the row says which server process and epoch it reached (`check_guard`)."""
     if recorded:
         function = "begin_recorded"
         params: Tuple[Any, ...] = (run, tool, Jsonb(args), _json(meta))
@@ -327,7 +372,196 @@ def begin_statement(run: str, tool: str, args: Any, business_key: Optional[str],
     if token is not None:
         params += (token,)
     placeholders = ", ".join(["%s"] * len(params))
-    return f"SELECT * FROM durable_ledger.{function}({placeholders})", params
+    call = f"durable_ledger.{function}({placeholders})"
+    if hold is None:
+        return f"SELECT * FROM {call}", params
+    return ("SELECT g.pid AS guard_pid, g.epoch AS guard_epoch, (g.d).* "
+            "FROM (SELECT pg_backend_pid() AS pid, durable_ledger.session_epoch(%s) AS epoch, "
+            f"CASE WHEN durable_ledger.session_epoch(%s) = %s THEN {call} END AS d OFFSET 0) g",
+            (run, run, hold.epoch) + params)
+
+
+#: What a session attempt needs, and what to use behind a transaction pooler.
+_USE_TOKEN_ATTEMPT = (
+    "a transaction pooler (PgBouncer with pool_mode = transaction, or a pooled endpoint such "
+    "as Supabase's or Neon's) is between this client and the database.  Nothing was called, "
+    "recorded or performed, and this attempt stops here.  A session lease (attempt(), "
+    "acquire_run()) belongs to one server connection for the whole attempt: behind a "
+    "transaction pooler, run the attempt with token_attempt() (on this connection or on a "
+    "pool), or connect directly (or through PgBouncer's pool_mode = session)")
+
+
+def pooler_detected(run: str, hold: SessionHold, reached_pid: Optional[int],
+                    reached_epoch: Optional[int], what: str = "this call") -> PoolerDetected:
+    """`PoolerDetected` for a statement of the attempt ``hold`` that reached server process
+    ``reached_pid``, whose session holds epoch ``reached_epoch`` of the run (or none)."""
+    if reached_pid != hold.pid:
+        other = ("" if reached_epoch is None else
+                 f", whose session holds another attempt's lease of the run (epoch "
+                 f"{reached_epoch}),")
+        where = (f"{what} reached another server connection (backend {reached_pid}){other} "
+                 f"than the one whose session holds the attempt's lease (backend {hold.pid}, "
+                 f"lease epoch {hold.epoch})")
+    else:
+        where = (f"{what} reached the attempt's server connection (backend {hold.pid}), but "
+                 f"another attempt took its session over (another client of the same server "
+                 f"connection acquired the run: its session holds lease epoch {reached_epoch}, "
+                 f"this attempt's is {hold.epoch})")
+    return PoolerDetected(run, hold.epoch, f"run {run!r}: {where}: {_USE_TOKEN_ATTEMPT}",
+                          pid=hold.pid, reached_pid=reached_pid, reached_epoch=reached_epoch)
+
+
+def lost_on_its_connection(run: str, hold: SessionHold) -> LeaseLost:
+    return LeaseLost(run, hold.epoch,
+                     f"run {run!r}: the session lease of this attempt (epoch {hold.epoch}) is "
+                     f"gone from its own connection (backend {hold.pid}): something dropped it "
+                     f"behind the ledger's back (DISCARD ALL, pg_advisory_unlock_all(), a "
+                     f"pooler's reset).  Nothing was called or performed, and this attempt "
+                     f"stops here; a new attempt replays what this one completed")
+
+
+def check_guard(row: Any, run: str, hold: SessionHold, halt: HaltFn) -> None:
+    """The guarded begin of a session attempt (`begin_statement` with ``hold``): returns
+    when the call was made; else nothing was called nor written, and the attempt stops with
+    `PoolerDetected` (the statement reached another server connection than the attempt's,
+    or one whose session another attempt took over) or `LeaseLost` (the attempt's own
+    session lost the lease)."""
+    if row["key"] is not None:
+        return
+    reached_pid, reached_epoch = row["guard_pid"], row["guard_epoch"]
+    error: Callable[[], LedgerError]
+    if reached_pid == hold.pid and reached_epoch is None:
+        def error() -> LedgerError:
+            return lost_on_its_connection(run, hold)
+    elif reached_pid != hold.pid or reached_epoch != hold.epoch:
+        def error() -> LedgerError:
+            return pooler_detected(run, hold, reached_pid, reached_epoch)
+    else:
+        raise LedgerError(None, None, f"unexpected answer to the begin of a call of run {run!r}: "
+                                      f"no decision, although its session holds the attempt's "
+                                      f"lease")
+    raised = error()
+    log.warning("%s", raised.reason)
+    halt(None, raised.reason, error)
+    raise raised
+
+
+def release_params(run: str, hold: SessionHold) -> Tuple[Any, ...]:
+    return (run, run, hold.epoch, run)
+
+
+def released_elsewhere(run: str, hold: SessionHold, row: Any, ended: bool) -> None:
+    """What release_attempt's answer means after a guarded release that did not reach the
+    attempt's session (``row``: the server process and epoch it reached)."""
+    if not ended:
+        log.debug("run %s: the lease of the attempt's epoch %s was over already (released, "
+                  "lost, or a later attempt took the run)", run, hold.epoch)
+        return
+    if row["pid"] == hold.pid:
+        return
+    log.warning("run %s: the end of the attempt reached another server connection (backend "
+                "%s) than the one whose session held its lease (backend %s, epoch %s): a "
+                "transaction pooler is between this client and the database; release_attempt "
+                "ended the lease by terminating that server connection, so no other client "
+                "meets the lock.  Behind a transaction pooler use token_attempt()",
+                run, row["pid"], hold.pid, hold.epoch)
+
+
+def release_refused(run: str, hold: SessionHold, row: Any, exc: BaseException) -> None:
+    """release_attempt was refused (42501: this role may not terminate the backend that
+    holds the attempt's lease): say exactly what happens to the lease."""
+    log.warning("run %s: the end of the attempt reached another server connection (backend "
+                "%s) than the one whose session holds its lease (backend %s, epoch %s), and "
+                "this role may not end that backend (release_attempt: %s).  The lease stays "
+                "held by server connection %s until that connection closes (PgBouncer closes "
+                "it after server_lifetime, or server_idle_timeout while it is idle), or an "
+                "admin runs durable_ledger.break_lease(%r, ...); until then the run is busy "
+                "for every other worker.  Behind a transaction pooler use token_attempt()",
+                run, row["pid"], hold.pid, hold.epoch, getattr(exc, "reason", exc), hold.pid,
+                run, extra={"durable_ledger": {"event": "lease_left_held", "run": run,
+                                               "epoch": hold.epoch, "pid": hold.pid,
+                                               "sqlstate": "42501"}})
+
+
+# ---------------------------------------------------------------------------
+# The server's notices: every WARNING and NOTICE a ledger statement gets is logged
+# (logger ``durable_ledger``), the ledger's own warnings (01L01-01L04) as structured
+# records.
+# ---------------------------------------------------------------------------
+
+#: The ledger's warnings, by SQLSTATE: the ``event`` of their log records.
+NOTICE_EVENTS = {"01L01": "divergence", "01L02": "unregistered_tool", "01L03": "conflict",
+                 "01L04": "superseded_report"}
+_MAY_DUPLICATE = re.compile(r'may duplicate effect "([0-9a-f]{64})"')
+_LEVELS = {"WARNING": logging.WARNING, "NOTICE": logging.INFO, "INFO": logging.INFO,
+           "LOG": logging.DEBUG, "DEBUG": logging.DEBUG}
+
+
+class About(NamedTuple):
+    """What a statement concerns, for the log records of its notices: the run, the tool
+    and the key where the caller knows them; ``from_row``: the statement's row names the
+    effect (a begin's decision, a report's effect row) and fills in what is missing."""
+    run: Optional[str] = None
+    tool: Optional[str] = None
+    key: Optional[str] = None
+    from_row: bool = False
+
+
+NOWHERE = About()
+
+
+@contextlib.contextmanager
+def notices_of(conn: Any, got: List[Any]) -> Iterator[None]:
+    """Appends to ``got`` the notices (psycopg ``Diagnostic``s) ``conn`` gets while the
+    block runs: a handler of this block alone, removed at its end (a pooled connection
+    keeps none)."""
+    def handler(diag: Any) -> None:
+        got.append(diag)
+
+    conn.add_notice_handler(handler)
+    try:
+        yield
+    finally:
+        try:
+            conn.remove_notice_handler(handler)
+        except ValueError:
+            pass
+
+
+def log_notices(notices: Sequence[Any], about: About, rows: Optional[Sequence[Any]]) -> None:
+    """Logs the notices of one ledger statement: a WARNING at logging.WARNING, a NOTICE at
+    logging.INFO, each record with ``extra={"durable_ledger": {...}}``: ``event``
+    (``divergence`` 01L01, ``unregistered_tool`` 01L02, ``conflict`` 01L03,
+    ``superseded_report`` 01L04, else ``notice``), ``sqlstate``, ``severity``, ``run``,
+    ``tool``, ``key``, ``message``, ``detail``, ``hint``; for a divergence also
+    ``may_duplicate``, the key of the earlier effect the call may duplicate."""
+    first: Dict[str, Any] = {}
+    if about.from_row and rows and isinstance(rows[0], dict):
+        first = rows[0]
+    for diag in notices:
+        severity = (getattr(diag, "severity_nonlocalized", None) or diag.severity or "NOTICE")
+        sqlstate = diag.sqlstate
+        record: Dict[str, Any] = {
+            "event": NOTICE_EVENTS.get(sqlstate or "", "notice"),
+            "sqlstate": sqlstate,
+            "severity": severity,
+            "run": about.run or first.get("run"),
+            "tool": about.tool or first.get("tool"),
+            "key": about.key or first.get("key"),
+            "message": diag.message_primary,
+            "detail": diag.message_detail,
+            "hint": diag.message_hint,
+        }
+        if sqlstate == "01L01":
+            found = _MAY_DUPLICATE.search(diag.message_detail or "")
+            record["may_duplicate"] = found.group(1) if found else None
+        where = ", ".join(f"{name} {record[name]}" for name in ("run", "tool", "key")
+                          if record[name] is not None)
+        text = " ".join(part for part in (
+            f"{diag.message_primary} (SQLSTATE {sqlstate}{'; ' + where if where else ''}).",
+            diag.message_detail, diag.message_hint) if part)
+        log.log(_LEVELS.get(severity, logging.INFO), "%s", text,
+                extra={"durable_ledger": record})
 
 
 def decision_of(row: Any, run: str, tool: str, halt: HaltFn) -> Union[Execute, Replayed]:
@@ -675,6 +909,7 @@ class LedgerCore:
 
     conn: Any
     _halted: Dict[str, _Halt]
+    _holds: Dict[str, SessionHold]  # run -> its session attempt's epoch and server process
     _leases: Dict[str, Any]  # run -> its open token attempt's lease
     _sessions: Dict[str, Any]  # run -> its open attempt() block
     _session_held: Set[str]  # runs held by attempt() or acquire_run()

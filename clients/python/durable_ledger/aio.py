@@ -48,8 +48,8 @@ import functools
 import inspect
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import (Any, AsyncIterator, Awaitable, Callable, Coroutine, Dict, List, Optional,
-                    Tuple, TypeVar, Union, cast)
+from typing import (Any, AsyncIterator, Awaitable, Callable, Coroutine, Dict, List, Mapping,
+                    Optional, Protocol, Sequence, Tuple, TypeVar, Union, cast, overload)
 
 import psycopg
 from psycopg import generators
@@ -70,14 +70,52 @@ from ._protocol import (
     log,
 )
 from .errors import (EffectDidNotHappen, LeaseLost, LedgerError, LedgerRefused, LedgerUsageError,
-                     RunBusy)
+                     PermissionDenied, RunBusy)
 
-__all__ = ["AsyncLedger", "AsyncTokenLease", "AsyncPerform", "AsyncToolFunction"]
+__all__ = ["AsyncLedger", "AsyncTokenLease", "AsyncPerform", "AsyncToolFunction", "AsyncTool"]
 
 #: ``perform(idempotency_key) -> result``, or a coroutine function returning it.
 AsyncPerform = Callable[[str], Union[Any, Awaitable[Any]]]
 #: ``tool(args, idempotency_key) -> result`` (a coroutine function, or a plain one).
 AsyncToolFunction = Callable[[Any, str], Union[Any, Awaitable[Any]]]
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+#: The result of a plain (not async) function given to the AsyncLedger: a JSON value, which
+#: is what the ledger records.  (Bound so that a coroutine function matches only the
+#: overloads for awaitables: with both matching, mypy would type the result Any.)
+J = TypeVar("J", bound=Union[None, bool, int, float, str, Mapping[str, Any], Sequence[Any]])
+
+
+class AsyncTool(Protocol[R_co]):
+    """A tool decorated by `AsyncLedger.tool`: a coroutine function, ``await tool(run, args,
+    *, business_key=None, meta=None)`` gives what the function decorated returned (or what
+    its awaitable gave: ``R_co``), as the ledger recorded it (a JSON round trip).
+    ``tool.tool`` is its name, ``tool.perform`` the function decorated, ``tool.ledger`` the
+    `AsyncLedger`."""
+
+    def __call__(self, run: str, args: Any, *, business_key: Optional[str] = None,
+                 meta: Any = None) -> Coroutine[Any, Any, R_co]: ...
+
+    @property
+    def tool(self) -> str: ...
+
+    @property
+    def perform(self) -> Callable[[Any, str], Any]: ...
+
+    @property
+    def ledger(self) -> "AsyncLedger": ...
+
+
+class AsyncToolDecorator(Protocol):
+    """What ``AsyncLedger.tool(name)`` returns: it decorates a coroutine function (its
+    awaited result is the tool's) or a plain function (its result is the tool's)."""
+
+    @overload
+    def __call__(self, fn: Callable[[Any, str], Awaitable[R]]) -> AsyncTool[R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[[Any, str], J]) -> AsyncTool[J]: ...
 
 
 class AsyncTokenLease(TokenLease):
@@ -253,6 +291,7 @@ class AsyncLedger(p.LedgerCore):
         self._leases: Dict[str, AsyncTokenLease] = {}
         self._opening: set[str] = set()
         self._session_held: set[str] = set()
+        self._holds: Dict[str, p.SessionHold] = {}  # each session attempt's epoch and backend
         self._sessions: Dict[str, _SessionAttempt] = {}  # open attempt() blocks
         self._acquiring: set[str] = set()  # runs an explicit acquire_run is taking
         self._conn_lock = asyncio.Lock()
@@ -274,12 +313,30 @@ class AsyncLedger(p.LedgerCore):
 
     # ------------------------------------------------------------------ guarded
 
+    @overload
+    async def guarded(self, run: str, tool: str, args: Any,
+                      perform: Callable[[str], Awaitable[R]], *,
+                      business_key: Optional[str] = None, meta: Any = None) -> R: ...
+
+    @overload
+    async def guarded(self, run: str, tool: str, args: Any, perform: Callable[[str], J], *,
+                      business_key: Optional[str] = None, meta: Any = None) -> J: ...
+
     async def guarded(self, run: str, tool: str, args: Any, perform: AsyncPerform, *,
                       business_key: Optional[str] = None, meta: Any = None) -> Any:
         """Perform one side effect at most once per logical action; return its result.
 
-        `Ledger.guarded`, awaited: ``perform(key)`` may return an awaitable."""
+        `Ledger.guarded`, awaited: ``perform(key)`` may return an awaitable (typed: the
+        result is what ``perform`` returns, or what its awaitable gives)."""
         return await self._call(run, tool, args, perform, business_key, meta, recorded=False)
+
+    @overload
+    async def record(self, run: str, tool: str, args: Any, call: Callable[[], Awaitable[R]], *,
+                     meta: Any = None) -> R: ...
+
+    @overload
+    async def record(self, run: str, tool: str, args: Any, call: Callable[[], J], *,
+                     meta: Any = None) -> J: ...
 
     async def record(self, run: str, tool: str, args: Any, call: Callable[[], Any], *,
                      meta: Any = None) -> Any:
@@ -318,9 +375,11 @@ class AsyncLedger(p.LedgerCore):
                        perform: AsyncPerform, business_key: Optional[str], meta: Any,
                        recorded: bool) -> Any:
         halt = self._halter(run, lease)
+        hold = self._holds.get(run) if lease is None else None
         query, params = p.begin_statement(run, tool, args, business_key, meta,
                                           None if lease is None else lease.token,
-                                          recorded=recorded)
+                                          recorded=recorded, hold=hold)
+        about = p.About(run, tool, from_row=True)
 
         def uncertain(exc: BaseException) -> None:
             p.begin_uncertain(run, tool, exc, halt, recorded)
@@ -328,10 +387,11 @@ class AsyncLedger(p.LedgerCore):
         try:
             if lease is None:
                 row = await self._one(query, params, what=f"begin_effect of {tool}",
-                                      cancellable=True)
+                                      cancellable=True, about=about)
             else:
                 row = await self._pooled_one(query, params, on_uncertain=uncertain,
-                                             cancellable=True, what=f"begin_effect of {tool}")
+                                             cancellable=True, what=f"begin_effect of {tool}",
+                                             about=about)
         except LedgerUsageError as exc:
             if _not_committed(exc):
                 p.begin_not_committed(run, tool, halt, recorded)
@@ -349,8 +409,10 @@ class AsyncLedger(p.LedgerCore):
             raise
         except BaseException as exc:
             if not _unsent(exc):  # (cancelled before the intent went out: nothing written)
-                self._begin_cancelled(exc, lease, run, tool, halt, recorded)
+                self._begin_cancelled(exc, lease, run, tool, halt, recorded, hold)
             raise
+        if hold is not None:
+            p.check_guard(row, run, hold, halt)  # PoolerDetected, LeaseLost
         decision = p.decision_of(row, run, tool, halt)
         if isinstance(decision, p.Replayed):
             return decision.result
@@ -374,7 +436,8 @@ class AsyncLedger(p.LedgerCore):
         return row["result"]
 
     def _begin_cancelled(self, exc: BaseException, lease: Optional[AsyncTokenLease], run: str,
-                         tool: str, halt: p.HaltFn, recorded: bool) -> None:
+                         tool: str, halt: p.HaltFn, recorded: bool,
+                         hold: Optional[p.SessionHold] = None) -> None:
         """A begin_effect whose caller was cancelled while it was out (or that failed in a
         way that leaves its fate unknown) stops the attempt as its answer says: a refusal as
         a refusal (an abandoned run is not to be retried), a lost lease as lost; an intent
@@ -384,6 +447,12 @@ class AsyncLedger(p.LedgerCore):
         result = _finished_result(exc)
         if result is not None:
             rows = result[0] if isinstance(result, tuple) else result
+            if hold is not None and rows and rows[0]["key"] is None:
+                try:  # the guard found another server connection, or the lease lost
+                    p.check_guard(rows[0], run, hold, halt)
+                except LedgerError:
+                    pass  # the attempt is stopped as the guard says; the cancellation goes on
+                return
             if rows and rows[0]["decision"] == "execute":
                 key = rows[0]["key"]
                 p.stop(halt, key, f"run {run!r} is stopped in this attempt: the call of {tool} was "
@@ -428,12 +497,13 @@ class AsyncLedger(p.LedgerCore):
                           recorded: bool) -> Dict[str, Any]:
         halt = self._halter(run, lease)
         query, params = p.report_statement(function, key, payload, attempt)
+        about = p.About(run, None, key, from_row=True)
         try:
             if lease is not None or self.conn is None:
                 row = await self._pooled_one(query, params, retry=True,
-                                             what=f"{function} of {key}")
+                                             what=f"{function} of {key}", about=about)
             else:
-                row = await self._one(query, params, what=f"{function} of {key}")
+                row = await self._one(query, params, what=f"{function} of {key}", about=about)
         except BaseException as exc:
             failed = p.report_failed(run, key, function, expected, payload, exc, halt,
                                      recorded)
@@ -447,13 +517,14 @@ class AsyncLedger(p.LedgerCore):
     # ---------------------------------------------------------------- decorator
 
     def tool(self, name: str, *, business_key: Optional[Callable[[Any], Optional[str]]] = None,
-             ) -> Callable[[AsyncToolFunction], Callable[..., Awaitable[Any]]]:
+             ) -> AsyncToolDecorator:
         """Decorator for a side-effecting tool ``fn(args, idempotency_key) -> result`` (a
         coroutine function or a plain one); the decorated tool is a coroutine function
-        ``await fn(run, args, *, business_key=None, meta=None)``.  See `Ledger.tool`."""
+        ``await fn(run, args, *, business_key=None, meta=None)`` (typed: an `AsyncTool` of
+        ``fn``'s result, awaited).  See `Ledger.tool`."""
         key_of = business_key
 
-        def decorate(fn: AsyncToolFunction) -> Callable[..., Awaitable[Any]]:
+        def decorate(fn: AsyncToolFunction) -> AsyncTool[Any]:
             @functools.wraps(fn)
             async def call(run: str, args: Any, *, business_key: Optional[str] = None,
                            meta: Any = None) -> Any:
@@ -466,9 +537,9 @@ class AsyncLedger(p.LedgerCore):
             call.tool = name  # type: ignore[attr-defined]
             call.perform = fn  # type: ignore[attr-defined]
             call.ledger = self  # type: ignore[attr-defined]
-            return call
+            return cast(AsyncTool[Any], call)
 
-        return decorate
+        return cast(AsyncToolDecorator, decorate)
 
     # ------------------------------------------------------------ session leases
 
@@ -488,26 +559,34 @@ class AsyncLedger(p.LedgerCore):
         conn = self.conn
         assert conn is not None
         try:
-            row = await self._one(p.ACQUIRE_RUN, (run, wait), what=f"acquire_run of {run}",
-                                  cancellable=True)
+            row = await self._one(p.ACQUIRE_RUN, p.acquire_params(run, wait),
+                                  what=f"acquire_run of {run}", cancellable=True,
+                                  about=p.About(run))
         except psycopg.Error as exc:
             if exc.sqlstate == RUN_ABANDONED:
                 raise _abandoned(run, exc) from exc
             raise
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as cancelled:
             # The server's wait was cancelled; if the lease was granted first, the caller
-            # that gave up must not keep it.
+            # that gave up must not keep it (released where it was taken, if it is known).
+            taken = _finished_result(cancelled)
             if not (conn.closed or conn.broken):
                 try:
-                    await _finish(self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}"))
+                    hold = p.session_hold(taken[0], run) if taken else None
+                    if hold is not None:
+                        self._holds[run] = hold
+                    await _finish(self._release(run))
                 except Exception:
                     log.warning("could not release run %s after a cancelled acquire_run", run,
                                 exc_info=True)
             raise
-        if row["ok"]:
-            self._halted.pop(run, None)
-            self._session_held.add(run)
-        return bool(row["ok"])
+        hold = p.session_hold(row, run)
+        if hold is None:
+            return False
+        self._halted.pop(run, None)
+        self._holds[run] = hold
+        self._session_held.add(run)
+        return True
 
     async def release_run(self, run: str) -> bool:
         """`Ledger.release_run`, awaited."""
@@ -516,9 +595,32 @@ class AsyncLedger(p.LedgerCore):
             raise p.release_inside_attempt(run, awaited=True)
         self._check_writable()
         self._session_held.discard(run)
-        row = await self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")
-        self._halted.pop(run, None)
-        return bool(row["ok"])
+        try:
+            return await self._release(run)
+        finally:
+            self._halted.pop(run, None)
+
+    async def _release(self, run: str) -> bool:
+        """release_run of ``run`` where its attempt's lease is (see `Ledger._release`)."""
+        hold = self._holds.pop(run, None)
+        if hold is None:  # not an attempt of this AsyncLedger: its epoch is not known
+            return bool((await self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}",
+                                         about=p.About(run)))["ok"])
+        row = await self._one(p.RELEASE_GUARDED, p.release_params(run, hold),
+                              what=f"release_run of {run}", about=p.About(run))
+        if row["released"] is not None:
+            return bool(row["released"])
+        # The statement did not reach the attempt's session: end the attempt's lease where
+        # it is held, so that the lock is not left on a pooled server connection.
+        try:
+            ended = (await self._one(p.RELEASE_ATTEMPT, (run, hold.epoch),
+                                     what=f"release_attempt of {run}",
+                                     about=p.About(run)))["release_attempt"]
+        except PermissionDenied as exc:
+            p.release_refused(run, hold, row, exc)
+            return False
+        p.released_elsewhere(run, hold, row, bool(ended))
+        return bool(ended)
 
     @asynccontextmanager
     async def attempt(self, run: str, *, wait: bool = True) -> AsyncIterator[str]:
@@ -575,9 +677,10 @@ class AsyncLedger(p.LedgerCore):
             self._halted.pop(run, None)
         assert self.conn is not None
         if self.conn.closed or self.conn.broken:
+            self._holds.pop(run, None)
             return  # the lease ended with the session
         try:
-            await self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")
+            await self._release(run)
         except Exception:
             if not body_failed:
                 raise
@@ -690,47 +793,57 @@ class AsyncLedger(p.LedgerCore):
 
     async def effect_status(self, key: str) -> Optional[Dict[str, Any]]:
         """`Ledger.effect_status`, awaited."""
-        rows = await self._read(p.EFFECT_STATUS, (key,), what=f"effect_status of {key}")
+        rows = await self._read(p.EFFECT_STATUS, (key,), what=f"effect_status of {key}",
+                                about=p.About(key=key, from_row=True))
         return rows[0] if rows else None
 
     async def history(self, run: str) -> List[Dict[str, Any]]:
         """`Ledger.history`, awaited (needs durable_ledger_auditor)."""
-        return await self._read(p.HISTORY, (run,), what=f"history of {run}")
+        return await self._read(p.HISTORY, (run,), what=f"history of {run}",
+                                about=p.About(run))
 
     async def _read(self, query: str, params: Tuple[Any, ...], *,
-                    what: str) -> List[Dict[str, Any]]:
+                    what: str, about: p.About) -> List[Dict[str, Any]]:
         if self.conn is None:
-            return (await self._pooled_rows(query, params, what=what))[0]
-        return await _finish(self._read_now(query, params))
+            return (await self._pooled_rows(query, params, what=what, about=about))[0]
+        return await _finish(self._read_now(query, params, about))
 
-    async def _read_now(self, query: str, params: Tuple[Any, ...]) -> List[Dict[str, Any]]:
+    async def _read_now(self, query: str, params: Tuple[Any, ...],
+                        about: p.About) -> List[Dict[str, Any]]:
         assert self.conn is not None
-        async with self._conn_lock:
-            with p.ledger_errors():
-                async with self.conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(query, params)
-                    return await cur.fetchall()
+        notices: List[Any] = []
+        rows: Optional[List[Dict[str, Any]]] = None
+        try:
+            async with self._conn_lock:
+                with p.ledger_errors(), p.notices_of(self.conn, notices):
+                    async with self.conn.cursor(row_factory=dict_row) as cur:
+                        await cur.execute(query, params)
+                        rows = await cur.fetchall()
+        finally:
+            p.log_notices(notices, about, rows)
+        return rows
 
     # ----------------------------------------------------------------- helpers
 
     async def _one(self, query: str, params: Tuple[Any, ...], *,
                    what: str = "a ledger statement", cancellable: bool = False,
-                   ) -> Dict[str, Any]:
+                   about: p.About = p.NOWHERE) -> Dict[str, Any]:
         """A statement on the single connection, checked to have committed, and finished
         also when the caller is cancelled meanwhile (see `_finish`).  ``cancellable``: the
         statement writes nothing if it fails (a wait for a run's lease, an intent), and a
         cancellation that comes while it is out cancels it on the server."""
         out = _Out(cancellable)
-        rows = await _finish(self._one_now(query, params, what, out), out)
+        rows = await _finish(self._one_now(query, params, what, out, about), out)
         assert len(rows) == 1, query
         return rows[0]
 
     async def _one_now(self, query: str, params: Tuple[Any, ...], what: str,
-                       out: _Out) -> List[Dict[str, Any]]:
+                       out: _Out, about: p.About) -> List[Dict[str, Any]]:
         assert self.conn is not None
         async with self._conn_lock:
             out.send(self.conn)
-            return await _execute_on(self.conn, query, params, shared=True, what=what)
+            return await _execute_on(self.conn, query, params, shared=True, what=what,
+                                     about=about)
 
     @asynccontextmanager
     async def _connection(self, *, fresh: bool = False,
@@ -772,23 +885,23 @@ class AsyncLedger(p.LedgerCore):
     async def _pooled_rows(self, query: str, params: Tuple[Any, ...], *,
                            on_uncertain: Optional[Callable[[BaseException], None]] = None,
                            retry: bool = False, cancellable: bool = False,
-                           what: str = "a ledger statement",
+                           what: str = "a ledger statement", about: p.About = p.NOWHERE,
                            ) -> Tuple[List[Dict[str, Any]], bool]:
         """One statement in a transaction of its own, and whether it was sent twice (see
         `Ledger._pooled_rows`: only idempotent statements are sent again); finished also
         when the caller is cancelled meanwhile (see `_finish`)."""
         out = _Out(cancellable)
-        return await _finish(self._pooled_rows_now(query, params, on_uncertain, retry, what, out),
-                             out)
+        return await _finish(self._pooled_rows_now(query, params, on_uncertain, retry, what, out,
+                                                   about), out)
 
     async def _pooled_rows_now(self, query: str, params: Tuple[Any, ...],
                                on_uncertain: Optional[Callable[[BaseException], None]],
-                               retry: bool, what: str,
-                               out: _Out) -> Tuple[List[Dict[str, Any]], bool]:
+                               retry: bool, what: str, out: _Out,
+                               about: p.About) -> Tuple[List[Dict[str, Any]], bool]:
         broke: List[BaseException] = []
         try:
             return (await self._pooled_once(query, params, on_uncertain, broke, what, out,
-                                            fresh=False), False)
+                                            about, fresh=False), False)
         except psycopg.OperationalError as exc:
             if not (retry and self._borrow is not None and (broke or isinstance(exc, _NotSent))):
                 raise
@@ -797,7 +910,8 @@ class AsyncLedger(p.LedgerCore):
                         str(exc).strip().splitlines()[0] if str(exc).strip() else "")
             first = exc
         try:
-            return await self._pooled_once(query, params, None, [], what, out, fresh=True), True
+            return (await self._pooled_once(query, params, None, [], what, out, about,
+                                            fresh=True), True)
         except BaseException as again:
             if again.__context__ is None:
                 again.__context__ = first
@@ -805,13 +919,13 @@ class AsyncLedger(p.LedgerCore):
 
     async def _pooled_once(self, query: str, params: Tuple[Any, ...],
                            on_uncertain: Optional[Callable[[BaseException], None]],
-                           broke: List[BaseException], what: str, out: _Out, *, fresh: bool,
-                           ) -> List[Dict[str, Any]]:
+                           broke: List[BaseException], what: str, out: _Out, about: p.About,
+                           *, fresh: bool) -> List[Dict[str, Any]]:
         async with self._connection(fresh=fresh) as conn:
             out.send(conn)
             try:
                 return await _execute_on(conn, query, params, shared=self._borrow is None,
-                                         what=what)
+                                         what=what, about=about)
             except BaseException as exc:
                 if not _refused_cleanly(exc, conn) and not _not_committed(exc):
                     broke.append(exc)
@@ -822,9 +936,10 @@ class AsyncLedger(p.LedgerCore):
     async def _pooled_one(self, query: str, params: Tuple[Any, ...], *,
                           on_uncertain: Optional[Callable[[BaseException], None]] = None,
                           retry: bool = False, cancellable: bool = False,
-                          what: str = "a ledger statement") -> Dict[str, Any]:
+                          what: str = "a ledger statement",
+                          about: p.About = p.NOWHERE) -> Dict[str, Any]:
         rows = (await self._pooled_rows(query, params, on_uncertain=on_uncertain, retry=retry,
-                                        cancellable=cancellable, what=what))[0]
+                                        cancellable=cancellable, what=what, about=about))[0]
         assert len(rows) == 1, query
         return rows[0]
 
@@ -849,11 +964,18 @@ async def _answers(conn: "psycopg.AsyncConnection[Any]") -> bool:
 
 
 async def _execute_on(conn: "psycopg.AsyncConnection[Any]", query: str,
-                      params: Tuple[Any, ...], *, shared: bool,
-                      what: str) -> List[Dict[str, Any]]:
-    """`_execute_raw`, its errors with a SQLSTATE of the ledger's as named exceptions."""
-    with p.ledger_errors():
-        return await _execute_raw(conn, query, params, shared=shared, what=what)
+                      params: Tuple[Any, ...], *, shared: bool, what: str,
+                      about: p.About = p.NOWHERE) -> List[Dict[str, Any]]:
+    """`_execute_raw`, its errors with a SQLSTATE of the ledger's as named exceptions, and
+    the server's notices meanwhile logged (see the synchronous `_execute_on`)."""
+    notices: List[Any] = []
+    rows: Optional[List[Dict[str, Any]]] = None
+    try:
+        with p.ledger_errors(), p.notices_of(conn, notices):
+            rows = await _execute_raw(conn, query, params, shared=shared, what=what)
+    finally:
+        p.log_notices(notices, about, rows)
+    return rows
 
 
 async def _execute_raw(conn: "psycopg.AsyncConnection[Any]", query: str,

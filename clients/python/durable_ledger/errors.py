@@ -30,6 +30,10 @@ exception              did the effect happen?        what to do
 `LeaseLost`            a call in flight was          stop the attempt; a new one
                        reported; nothing more was    (``token_attempt``) replays what
                        begun                         was completed
+`PoolerDetected`       not performed, nothing        a transaction pooler is between
+(a `LeaseLost`)        called: the call reached      client and database: use
+                       another server connection     ``token_attempt`` (or connect
+                       than the attempt's            directly / pool_mode = session)
 `RunAbandoned`         not performed, nothing        stop the attempt and do NOT retry
                        recorded: a person abandoned  the run (fork it into a new run
                        the run (55L02)               to redo part of it)
@@ -71,6 +75,7 @@ __all__ = [
     "OutcomeNotRecorded",
     "RunBusy",
     "LeaseLost",
+    "PoolerDetected",
     "RunAbandoned",
     "ToolRefused",
     "LedgerUsageError",
@@ -232,25 +237,57 @@ class RunBusy(LedgerError):
 
 
 class LeaseLost(LedgerError):
-    """The token lease of this attempt is gone: expired, broken by an admin, released or
-    superseded (SQLSTATE 55L01 from ``begin_effect`` or ``renew_lease``).
+    """The lease of this attempt is gone.
+
+    A token lease expired, was broken by an admin, released or superseded (SQLSTATE 55L01
+    from ``begin_effect`` or ``renew_lease``); or a session lease was dropped behind the
+    ledger's back on the attempt's own connection (``DISCARD ALL``,
+    ``pg_advisory_unlock_all()``: the call found that its session holds no lease of the
+    run, and called nothing); or the call belongs to an attempt whose block has ended.
 
     The attempt must stop: from the moment the client knows, no further call of the
     attempt goes out (every one raises this again without asking the database), and
     ``token_attempt`` raises it at its end if the body did not.  Nothing is lost: a call
     that was in flight when the lease went had its outcome reported (a report needs no
-    lease), a ``begin_effect`` refused with 55L01 wrote nothing, and the next attempt
-    (a new ``token_attempt``) replays everything that was completed.  Another worker may
-    hold the run by now.
+    lease), a call refused for the lease wrote nothing, and the next attempt replays
+    everything that was completed.  Another worker may hold the run by now.
 
-    ``run`` and ``epoch`` name the attempt (the lease epoch) that was lost; ``key`` is
-    None (the loss is the lease's, not an effect's); ``reason`` is the ledger's message.
+    ``run`` and ``epoch`` name the attempt (the lease epoch) that was lost (``epoch`` None
+    where the client does not know it); ``key`` is None (the loss is the lease's, not an
+    effect's); ``reason`` says what happened.
     """
 
     def __init__(self, run: str, epoch: Optional[int], reason: str) -> None:
         self.run = run
         self.epoch = epoch
         super().__init__(None, None, reason)
+
+
+class PoolerDetected(LeaseLost):
+    """A call of a session attempt (``attempt()``, ``acquire_run()``) reached another
+    server connection than the one whose session holds the attempt's lease, or one whose
+    session another attempt took over: a transaction pooler (PgBouncer with ``pool_mode =
+    transaction``, a pooled endpoint) is between the client and the database.
+
+    Found out in the very statement that would have begun the call: nothing was called,
+    recorded or performed.  The attempt stops (a `LeaseLost`: every further call raises it
+    again without asking the database), and its end releases the lease where it was taken
+    (``release_attempt``) so that no other client of the pooler meets the lock.  A session
+    lease belongs to one server connection for the whole attempt; behind a transaction
+    pooler run the attempt with ``token_attempt`` (or connect directly, or through
+    ``pool_mode = session``).
+
+    ``run`` and ``epoch`` name the attempt; ``pid`` is the server process that holds its
+    lease, ``reached_pid`` the one the call reached, and ``reached_epoch`` the epoch of the
+    run that the reached session holds (None: none).
+    """
+
+    def __init__(self, run: str, epoch: Optional[int], reason: str, *, pid: Optional[int],
+                 reached_pid: Optional[int], reached_epoch: Optional[int]) -> None:
+        self.pid = pid
+        self.reached_pid = reached_pid
+        self.reached_epoch = reached_epoch
+        super().__init__(run, epoch, reason)
 
 
 class RunAbandoned(LedgerError):
@@ -342,8 +379,9 @@ class RunExists(LedgerRefused):
 
 class WrongState(LedgerRefused):
     """55000: the object is not in the state the call needs -- a session lease lost behind
-    the ledger's back (``DISCARD ALL``, a pooler's reset: stop, and start a new attempt), an
-    effect already decided, a retired tool, the library newer than the extension's SQL
+    the ledger's back (``DISCARD ALL``, a pooler's reset: stop, and start a new attempt; a
+    session attempt of this client finds that out before it calls, and raises `LeaseLost`),
+    an effect already decided, a retired tool, the library newer than the extension's SQL
     objects (``ALTER EXTENSION durable_ledger UPDATE``)."""
 
 

@@ -29,8 +29,8 @@ import functools
 import threading
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple,
-                    TypeVar, Union, cast)
+from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Protocol,
+                    Tuple, TypeVar, Union, cast)
 
 import psycopg
 from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
@@ -53,17 +53,38 @@ from .errors import (
     EffectDidNotHappen,
     LeaseLost,
     LedgerUsageError,
+    PermissionDenied,
     RunBusy,
 )
 
-__all__ = ["Ledger", "TokenLease", "side_effect", "Perform", "ToolFunction"]
+__all__ = ["Ledger", "TokenLease", "side_effect", "Perform", "ToolFunction", "Tool"]
 
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 #: ``perform(idempotency_key) -> result``: the side effect itself, given the key to pass
 #: downstream.
 Perform = Callable[[str], Any]
 #: ``tool(args, idempotency_key) -> result``: a side-effecting tool, before decoration.
 ToolFunction = Callable[[Any, str], Any]
+
+
+class Tool(Protocol[R_co]):
+    """A tool decorated by `Ledger.tool`: ``tool(run, args, *, business_key=None,
+    meta=None)`` returns what the function returned (``R_co``), as the ledger recorded it
+    (a JSON round trip: a tuple comes back as a list).  ``tool.tool`` is its name,
+    ``tool.perform`` the function decorated, ``tool.ledger`` the `Ledger`."""
+
+    def __call__(self, run: str, args: Any, *, business_key: Optional[str] = None,
+                 meta: Any = None) -> R_co: ...
+
+    @property
+    def tool(self) -> str: ...
+
+    @property
+    def perform(self) -> Callable[[Any, str], R_co]: ...
+
+    @property
+    def ledger(self) -> "Ledger": ...
 #: What `Ledger` is given: one connection, a pool (anything with ``.connection()``, such
 #: as ``psycopg_pool.ConnectionPool``) or a factory (``connect() -> Connection``, or a
 #: context manager that yields one).
@@ -158,6 +179,9 @@ class Ledger(p.LedgerCore):
         # No implicit session lease: outside a token attempt, only runs this Ledger holds
         # by an explicit attempt() or acquire_run() are called (see guarded()).
         self._session_held: set[str] = set()
+        # The epoch and server process of each session attempt's lease, which every begin
+        # of the attempt checks it reached (a transaction pooler in between is caught).
+        self._holds: Dict[str, p.SessionHold] = {}
         self._sessions: Dict[str, _SessionAttempt] = {}  # open attempt() blocks
         self._acquiring: set[str] = set()  # runs whose acquire_run is under way
         # One statement at a time on a single connection shared with the renewal threads.
@@ -184,11 +208,11 @@ class Ledger(p.LedgerCore):
         run: str,
         tool: str,
         args: Any,
-        perform: Perform,
+        perform: Callable[[str], R],
         *,
         business_key: Optional[str] = None,
         meta: Any = None,
-    ) -> Any:
+    ) -> R:
         """Perform one side effect at most once per logical action; return its result.
 
         ``run`` is the run's identity (a workflow or trajectory id, the same on every
@@ -266,10 +290,11 @@ class Ledger(p.LedgerCore):
         did not start -- an in-process retry of the run on the same connection -- would
         count the retried calls as new occurrences and perform them again.)
         """
-        return self._call(run, tool, args, perform, business_key, meta, recorded=False)
+        return cast(R, self._call(run, tool, args, perform, business_key, meta,
+                                  recorded=False))
 
-    def record(self, run: str, tool: str, args: Any, call: Callable[[], Any], *,
-               meta: Any = None) -> Any:
+    def record(self, run: str, tool: str, args: Any, call: Callable[[], R], *,
+               meta: Any = None) -> R:
         """Make a call that is harmless to make again -- a model's turn, a read -- once per
         logical action, and return its result: recorded, and replayed like an effect.
 
@@ -291,7 +316,8 @@ class Ledger(p.LedgerCore):
         registered as side-effecting is refused (`ToolRefused`).  Called inside an
         attempt, as `guarded` is.
         """
-        return self._call(run, tool, args, lambda _key: call(), None, meta, recorded=True)
+        return cast(R, self._call(run, tool, args, lambda _key: call(), None, meta,
+                                  recorded=True))
 
     def _call(self, run: str, tool: str, args: Any, perform: Perform,
               business_key: Optional[str], meta: Any, *, recorded: bool) -> Any:
@@ -332,10 +358,13 @@ class Ledger(p.LedgerCore):
                  perform: Perform, business_key: Optional[str], meta: Any,
                  recorded: bool) -> Any:
         halt = self._halter(run, lease)
+        about = p.About(run, tool, from_row=True)
         if lease is None:
+            hold = self._holds.get(run)
             try:
                 row = self._one(*p.begin_statement(run, tool, args, business_key, meta,
-                                                   recorded=recorded))
+                                                   recorded=recorded, hold=hold),
+                                what=f"begin_effect of {tool}", about=about)
             except LedgerUsageError as exc:
                 if _not_committed(exc):
                     p.begin_not_committed(run, tool, halt, recorded)
@@ -345,6 +374,8 @@ class Ledger(p.LedgerCore):
                 if refused is not None:
                     raise refused from exc
                 raise
+            if hold is not None:
+                p.check_guard(row, run, hold, halt)  # PoolerDetected, LeaseLost
         else:
             row = self._token_begin(lease, tool, args, business_key, meta, recorded)
         decision = p.decision_of(row, run, tool, halt)
@@ -377,7 +408,7 @@ class Ledger(p.LedgerCore):
                 *p.begin_statement(run, tool, args, business_key, meta, lease.token,
                                    recorded=recorded),
                 on_uncertain=lambda exc: p.begin_uncertain(run, tool, exc, halt, recorded),
-                what=f"begin_effect of {tool}")
+                what=f"begin_effect of {tool}", about=p.About(run, tool, from_row=True))
         except LedgerUsageError as exc:
             if _not_committed(exc):
                 p.begin_not_committed(run, tool, halt, recorded)
@@ -403,11 +434,13 @@ class Ledger(p.LedgerCore):
         """
         halt = self._halter(run, lease)
         query, params = p.report_statement(function, key, payload, attempt)
+        about = p.About(run, None, key, from_row=True)
         try:
             if lease is not None or self.conn is None:
-                row = self._pooled_one(query, params, retry=True, what=f"{function} of {key}")
+                row = self._pooled_one(query, params, retry=True, what=f"{function} of {key}",
+                                       about=about)
             else:
-                row = self._one(query, params, what=f"{function} of {key}")
+                row = self._one(query, params, what=f"{function} of {key}", about=about)
         except BaseException as exc:
             failed = p.report_failed(run, key, function, expected, payload, exc, halt,
                                      recorded)
@@ -425,11 +458,12 @@ class Ledger(p.LedgerCore):
         name: str,
         *,
         business_key: Optional[Callable[[Any], Optional[str]]] = None,
-    ) -> Callable[[ToolFunction], Callable[..., Any]]:
+    ) -> Callable[[Callable[[Any, str], R]], Tool[R]]:
         """Decorator for a side-effecting tool ``fn(args, idempotency_key) -> result``.
 
         The decorated function is called as ``fn(run, args, *, business_key=None,
-        meta=None)`` and goes through `guarded` under the tool name ``name``; the ledger's
+        meta=None)`` and goes through `guarded` under the tool name ``name``; it returns
+        what ``fn`` returns (typed: a `Tool` of ``fn``'s result type); the ledger's
         key reaches ``fn`` as its second argument, to be passed downstream as the
         idempotency key.  ``business_key``, if given, derives the business key from the
         args (``lambda a: a["invoice"]``); a ``business_key=`` at call time wins.
@@ -441,10 +475,10 @@ class Ledger(p.LedgerCore):
         """
         key_of = business_key  # the parameter name is reused by the decorated function
 
-        def decorate(fn: ToolFunction) -> Callable[..., Any]:
+        def decorate(fn: Callable[[Any, str], R]) -> Tool[R]:
             @functools.wraps(fn)
             def call(run: str, args: Any, *, business_key: Optional[str] = None,
-                     meta: Any = None) -> Any:
+                     meta: Any = None) -> R:
                 if business_key is None and key_of is not None:
                     business_key = key_of(args)
                 return self.guarded(run, name, args, lambda key: fn(args, key),
@@ -454,7 +488,7 @@ class Ledger(p.LedgerCore):
             call.tool = name  # type: ignore[attr-defined]
             call.perform = fn  # type: ignore[attr-defined]
             call.ledger = self  # type: ignore[attr-defined]
-            return call
+            return cast(Tool[R], call)
 
         return decorate
 
@@ -492,15 +526,19 @@ class Ledger(p.LedgerCore):
     def _acquire(self, run: str, wait: bool) -> bool:
         self._check_writable()
         try:
-            row = self._one(p.ACQUIRE_RUN, (run, wait), what=f"acquire_run of {run}")
+            row = self._one(p.ACQUIRE_RUN, p.acquire_params(run, wait),
+                            what=f"acquire_run of {run}", about=p.About(run))
         except psycopg.Error as exc:
             if exc.sqlstate == RUN_ABANDONED:
                 raise _abandoned(run, exc) from exc
             raise
-        if row["ok"]:
-            self._halted.pop(run, None)
-            self._session_held.add(run)
-        return bool(row["ok"])
+        hold = p.session_hold(row, run)
+        if hold is None:
+            return False
+        self._halted.pop(run, None)
+        self._holds[run] = hold
+        self._session_held.add(run)
+        return True
 
     def release_run(self, run: str) -> bool:
         """End this session's lease on ``run`` (False if it did not hold it).
@@ -514,9 +552,32 @@ class Ledger(p.LedgerCore):
             raise p.release_inside_attempt(run)
         self._check_writable()
         self._session_held.discard(run)
-        row = self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")
-        self._halted.pop(run, None)
-        return bool(row["ok"])
+        try:
+            return self._release(run)
+        finally:
+            self._halted.pop(run, None)
+
+    def _release(self, run: str) -> bool:
+        """release_run of ``run`` where its attempt's lease is (see `Ledger.release_run`)."""
+        hold = self._holds.pop(run, None)
+        if hold is None:  # not an attempt of this Ledger: its epoch is not known
+            return bool(self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}",
+                                  about=p.About(run))["ok"])
+        row = self._one(p.RELEASE_GUARDED, p.release_params(run, hold),
+                        what=f"release_run of {run}", about=p.About(run))
+        if row["released"] is not None:
+            return bool(row["released"])
+        # The statement did not reach the attempt's session: end the attempt's lease where
+        # it is held, so that the lock is not left on a pooled server connection.
+        try:
+            ended = self._one(p.RELEASE_ATTEMPT, (run, hold.epoch),
+                              what=f"release_attempt of {run}",
+                              about=p.About(run))["release_attempt"]
+        except PermissionDenied as exc:
+            p.release_refused(run, hold, row, exc)
+            return False
+        p.released_elsewhere(run, hold, row, bool(ended))
+        return bool(ended)
 
     @contextmanager
     def attempt(self, run: str, *, wait: bool = True) -> Iterator[str]:
@@ -558,9 +619,10 @@ class Ledger(p.LedgerCore):
         """release_run at the end of an attempt() block, however it ended."""
         assert self.conn is not None
         if self.conn.closed or self.conn.broken:
+            self._holds.pop(run, None)
             return  # the lease ended with the session
         try:
-            self._one(p.RELEASE_RUN, (run,), what=f"release_run of {run}")
+            self._release(run)
         except Exception:
             if not body_failed:
                 raise
@@ -725,12 +787,12 @@ class Ledger(p.LedgerCore):
         A ``started`` effect whose lease has ended is reported ``unknown``: the question
         is "may it still be in flight?".  Read-only, so allowed inside a transaction.
         """
+        about = p.About(key=key, from_row=True)
         if self.conn is None:
-            rows = self._pooled_all(p.EFFECT_STATUS, (key,))
-            return rows[0] if rows else None
-        with p.ledger_errors(), self.conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(p.EFFECT_STATUS, (key,))
-            return cur.fetchone()
+            rows = self._pooled_all(p.EFFECT_STATUS, (key,), about=about)
+        else:
+            rows = self._read(p.EFFECT_STATUS, (key,), about)
+        return rows[0] if rows else None
 
     def history(self, run: str) -> List[Dict[str, Any]]:
         """The run's timeline: the rows of ``durable_ledger.history(run)``, in order.
@@ -749,19 +811,32 @@ class Ledger(p.LedgerCore):
         factory) it uses a connection of its own, like any call.
         """
         if self.conn is None:
-            return self._pooled_all(p.HISTORY, (run,), what=f"history of {run}")
-        with p.ledger_errors(), self.conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(p.HISTORY, (run,))
-            return cur.fetchall()
+            return self._pooled_all(p.HISTORY, (run,), what=f"history of {run}",
+                                    about=p.About(run))
+        return self._read(p.HISTORY, (run,), p.About(run))
 
     # ----------------------------------------------------------------- helpers
 
+    def _read(self, query: str, params: Tuple[Any, ...], about: p.About) -> List[Dict[str, Any]]:
+        """A read on the single connection, also inside a transaction (it writes nothing)."""
+        assert self.conn is not None
+        notices: List[Any] = []
+        rows: Optional[List[Dict[str, Any]]] = None
+        try:
+            with self._conn_lock, p.notices_of(self.conn, notices), p.ledger_errors(), \
+                    self.conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(query, params)
+                rows = cur.fetchall()
+        finally:
+            p.log_notices(notices, about, rows)
+        return rows
+
     def _one(self, query: str, params: Tuple[Any, ...], *, what: str = "a ledger statement",
-             ) -> Dict[str, Any]:
+             about: p.About = p.NOWHERE) -> Dict[str, Any]:
         """A statement on the single connection (session leases), checked to have committed."""
         assert self.conn is not None
         with self._conn_lock:
-            rows = _execute_on(self.conn, query, params, shared=True, what=what)
+            rows = _execute_on(self.conn, query, params, shared=True, what=what, about=about)
         assert len(rows) == 1, query
         return rows[0]
 
@@ -809,7 +884,7 @@ class Ledger(p.LedgerCore):
     def _pooled_rows(self, query: str, params: Tuple[Any, ...], *,
                      on_uncertain: Optional[Callable[[BaseException], None]] = None,
                      retry: bool = False, what: str = "a ledger statement",
-                     ) -> Tuple[List[Dict[str, Any]], bool]:
+                     about: p.About = p.NOWHERE) -> Tuple[List[Dict[str, Any]], bool]:
         """One statement in a transaction of its own, committed before this returns; and
         whether it was sent a second time.
 
@@ -823,7 +898,8 @@ class Ledger(p.LedgerCore):
         """
         broke: List[BaseException] = []
         try:
-            return self._pooled_once(query, params, on_uncertain, broke, what, fresh=False), False
+            return (self._pooled_once(query, params, on_uncertain, broke, what, about,
+                                      fresh=False), False)
         except psycopg.OperationalError as exc:
             if not (retry and self._borrow is not None and (broke or isinstance(exc, _NotSent))):
                 raise
@@ -832,7 +908,7 @@ class Ledger(p.LedgerCore):
                         str(exc).strip().splitlines()[0] if str(exc).strip() else "")
             first = exc
         try:
-            return self._pooled_once(query, params, None, [], what, fresh=True), True
+            return self._pooled_once(query, params, None, [], what, about, fresh=True), True
         except BaseException as again:
             if again.__context__ is None:
                 again.__context__ = first
@@ -840,11 +916,12 @@ class Ledger(p.LedgerCore):
 
     def _pooled_once(self, query: str, params: Tuple[Any, ...],
                      on_uncertain: Optional[Callable[[BaseException], None]],
-                     broke: List[BaseException], what: str, *, fresh: bool,
+                     broke: List[BaseException], what: str, about: p.About, *, fresh: bool,
                      ) -> List[Dict[str, Any]]:
         with self._connection(fresh=fresh) as conn:
             try:
-                return _execute_on(conn, query, params, shared=self._borrow is None, what=what)
+                return _execute_on(conn, query, params, shared=self._borrow is None, what=what,
+                                   about=about)
             except BaseException as exc:
                 if not _refused_cleanly(exc, conn) and not _not_committed(exc):
                     broke.append(exc)
@@ -855,16 +932,16 @@ class Ledger(p.LedgerCore):
     def _pooled_all(self, query: str, params: Tuple[Any, ...], *,
                     on_uncertain: Optional[Callable[[BaseException], None]] = None,
                     retry: bool = False, what: str = "a ledger statement",
-                    ) -> List[Dict[str, Any]]:
+                    about: p.About = p.NOWHERE) -> List[Dict[str, Any]]:
         return self._pooled_rows(query, params, on_uncertain=on_uncertain, retry=retry,
-                                 what=what)[0]
+                                 what=what, about=about)[0]
 
     def _pooled_one(self, query: str, params: Tuple[Any, ...], *,
                     on_uncertain: Optional[Callable[[BaseException], None]] = None,
                     retry: bool = False, what: str = "a ledger statement",
-                    ) -> Dict[str, Any]:
+                    about: p.About = p.NOWHERE) -> Dict[str, Any]:
         rows = self._pooled_all(query, params, on_uncertain=on_uncertain, retry=retry,
-                                what=what)
+                                what=what, about=about)
         assert len(rows) == 1, query
         return rows[0]
 
@@ -880,10 +957,17 @@ def _answers(conn: "psycopg.Connection[Any]") -> bool:
 
 
 def _execute_on(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any, ...], *,
-                shared: bool, what: str) -> List[Dict[str, Any]]:
-    """`_execute_raw`, its errors with a SQLSTATE of the ledger's as named exceptions."""
-    with p.ledger_errors():
-        return _execute_raw(conn, query, params, shared=shared, what=what)
+                shared: bool, what: str, about: p.About = p.NOWHERE) -> List[Dict[str, Any]]:
+    """`_execute_raw`, its errors with a SQLSTATE of the ledger's as named exceptions, and
+    the notices the server sent meanwhile logged (`p.log_notices`, with ``about``)."""
+    notices: List[Any] = []
+    rows: Optional[List[Dict[str, Any]]] = None
+    try:
+        with p.ledger_errors(), p.notices_of(conn, notices):
+            rows = _execute_raw(conn, query, params, shared=shared, what=what)
+    finally:
+        p.log_notices(notices, about, rows)
+    return rows
 
 
 def _execute_raw(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any, ...], *,
@@ -933,6 +1017,6 @@ def side_effect(
     name: str,
     *,
     business_key: Optional[Callable[[Any], Optional[str]]] = None,
-) -> Callable[[ToolFunction], Callable[..., Any]]:
+) -> Callable[[Callable[[Any, str], R]], Tool[R]]:
     """``@side_effect(ledger, "bank.pay")``: the same as ``@ledger.tool("bank.pay")``."""
     return ledger.tool(name, business_key=business_key)
