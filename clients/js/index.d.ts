@@ -1,5 +1,7 @@
 // Type declarations for durable-ledger (hand-written; the package is plain ES modules).
 
+import { EventEmitter } from 'node:events';
+
 /**
  * Anything with node-postgres' query(): a pg Client or PoolClient (session and token
  * leases), or a pg.Pool (token leases only: each query may run on another connection).
@@ -18,6 +20,74 @@ export const RUN_ABANDONED: '55L02';
 
 /** The SQLSTATE of a call that would execute a retired tool, or an unregistered one under `refuse`. */
 export const TOOL_REFUSED: '55L03';
+
+/** The SQLSTATEs of the ledger's own WARNINGs (extension 1.3), as LedgerNotice.code. */
+export const NOTICE_CODES: {
+  /** a call executed although it diverges from the run's earlier attempts (divergence policy `warn`) */
+  readonly DIVERGENCE: '01L01';
+  /** a call of a tool nobody registered (set_unregistered_tools('warn')) */
+  readonly UNREGISTERED: '01L02';
+  /** a report kept as a conflict, the effect flagged for a person */
+  readonly CONFLICT: '01L03';
+  /** a report kept as superseded (a recorded call made again; nobody is needed) */
+  readonly SUPERSEDED: '01L04';
+};
+
+/**
+ * What the ledger's 'notice' event carries: a WARNING or NOTICE the server sent on one
+ * of the Ledger's statements (origin 'server'), or one the client itself must give
+ * (origin 'client': a session lock it could not end, code 42501).
+ */
+export interface LedgerNotice {
+  origin: 'server' | 'client';
+  /** 'WARNING', 'NOTICE', ... */
+  severity: string | null;
+  /** The SQLSTATE: 01L01 divergence (warn), 01L02 unregistered tool (warn), 01L03 conflict, 01L04 superseded report. */
+  code: string | null;
+  message: string;
+  detail: string | null;
+  hint: string | null;
+  /** The ledger function of the statement: begin_effect, begin_recorded, complete_effect, fail_effect, ... */
+  statement: string | null;
+  run: string | null;
+  tool: string | null;
+  /** The call's own key (a begin's decision row), or the reported effect's; null when not known. */
+  key: string | null;
+  /** 01L01: the effect that the call may duplicate (named in the DETAIL). */
+  mayDuplicate?: string | null;
+  /** origin 'client', 42501: the backend that still holds the attempt's session lock. */
+  pid?: number;
+  /** origin 'client', 42501: the epoch of that lease. */
+  epoch?: number;
+}
+
+export interface LedgerOptions {
+  /** false: notices nobody listens to ('notice') are dropped instead of written with console.warn. Default true. */
+  consoleWarn?: boolean;
+}
+
+/**
+ * What a value becomes when the ledger records it (a JSON round trip), which guarded(),
+ * record() and tools resolve to, on a first run and on a replay alike: a Date becomes its
+ * ISO string (anything with toJSON, what that returns), undefined and functions become
+ * null (in an object they are left out), other values keep their shape.
+ */
+export type Recorded<T> =
+  0 extends 1 & T ? any
+  : unknown extends T ? unknown
+  : T extends string | number | boolean | null ? T
+  : T extends bigint ? never
+  : T extends undefined | symbol | ((...args: any[]) => unknown) ? null
+  : T extends { toJSON(...args: any[]): infer J } ? Recorded<J>
+  : T extends readonly unknown[] ? { -readonly [I in keyof T]: Recorded<T[I]> }
+  : T extends object ? { -readonly [K in keyof T as RecordedKey<T, K>]: Recorded<Exclude<T[K], undefined>> }
+  : unknown;
+
+/** The keys of T that JSON keeps: not symbols, not functions, not always undefined. */
+type RecordedKey<T, K extends keyof T> =
+  K extends symbol ? never
+  : [T[K]] extends [undefined | symbol | ((...args: any[]) => unknown)] ? never
+  : K;
 
 export type DecisionWord = 'execute' | 'replay' | 'pause' | 'in_progress';
 export type EffectStatusWord = 'started' | 'completed' | 'failed' | 'unknown';
@@ -314,6 +384,33 @@ export class LeaseLostError extends LedgerError {
   epoch: number;
 }
 
+/**
+ * A session attempt (attempt(), acquireRun()) whose statement reached another server
+ * connection than the one whose session holds the attempt's lease, or one whose lease of
+ * the run another attempt has taken over since: a transaction pooler (PgBouncer with
+ * pool_mode = transaction, a pooled endpoint) is between the client and the database.
+ * The call was not made (the database checked in the same statement): nothing was
+ * performed or recorded. The attempt stops like on any lost lease (further calls throw
+ * this without asking the database); its end releases the lock where it is held
+ * (release_attempt). Use tokenAttempt() behind a transaction pooler. The same name as the
+ * Python client's.
+ */
+export class PoolerDetected extends LeaseLostError {
+  constructor(
+    message: string,
+    fields: {
+      run: string; epoch: number; pid: number; reachedPid: number; reachedEpoch?: number | null;
+      reason?: string | null; cause?: unknown;
+    }
+  );
+  /** The backend whose session holds the attempt's lease. */
+  pid: number;
+  /** The backend the statement reached. */
+  reachedPid: number;
+  /** The epoch that backend's session holds the run at; null when none. */
+  reachedEpoch: number | null;
+}
+
 /** Throw from perform() when the downstream API definitively refused before changing anything. */
 export class EffectDidNotHappen extends Error {
   constructor(error?: unknown, message?: string);
@@ -321,17 +418,38 @@ export class EffectDidNotHappen extends Error {
   error: unknown;
 }
 
-export class Ledger {
+/**
+ * A Ledger is an EventEmitter: 'notice' carries every WARNING and NOTICE the server sent on
+ * one of its statements (and what the client itself must warn about), as a LedgerNotice.
+ * With no 'notice' listener they are written with console.warn, unless the Ledger was made
+ * with {consoleWarn: false}.
+ */
+export class Ledger extends EventEmitter {
   /**
    * @param client a connected pg Client or PoolClient, or a pg.Pool. A session lease is a
    *   session lock: use the same client for a whole attempt; never a transaction-pooling
-   *   PgBouncer. A token lease (tokenAttempt) works on any of them; a pg.Pool serves token
-   *   leases only (session-lease calls throw LedgerError). A single client must be dedicated
-   *   to the Ledger (tools must not run transactions on it): a ledger statement that ran
-   *   inside another transaction on it is refused (LedgerError), its effect not performed.
+   *   PgBouncer (a statement that reaches another server connection throws PoolerDetected
+   *   before anything is called). A token lease (tokenAttempt) works on any of them; a
+   *   pg.Pool serves token leases only (session-lease calls throw LedgerError). A single
+   *   client must be dedicated to the Ledger (tools must not run transactions on it): a
+   *   ledger statement that ran inside another transaction on it is refused (LedgerError),
+   *   its effect not performed.
    */
-  constructor(client: Queryable);
+  constructor(client: Queryable, options?: LedgerOptions);
   readonly client: Queryable;
+
+  on(event: 'notice', listener: (notice: LedgerNotice) => void): this;
+  on(event: string | symbol, listener: (...args: any[]) => void): this;
+  once(event: 'notice', listener: (notice: LedgerNotice) => void): this;
+  once(event: string | symbol, listener: (...args: any[]) => void): this;
+  addListener(event: 'notice', listener: (notice: LedgerNotice) => void): this;
+  addListener(event: string | symbol, listener: (...args: any[]) => void): this;
+  off(event: 'notice', listener: (notice: LedgerNotice) => void): this;
+  off(event: string | symbol, listener: (...args: any[]) => void): this;
+  removeListener(event: 'notice', listener: (notice: LedgerNotice) => void): this;
+  removeListener(event: string | symbol, listener: (...args: any[]) => void): this;
+  emit(event: 'notice', notice: LedgerNotice): boolean;
+  emit(event: string | symbol, ...args: any[]): boolean;
 
   /** durable_ledger.begin_effect, as is (no transaction check, no control flow). */
   beginEffect(run: string, tool: string, args: unknown, options?: BeginEffectOptions): Promise<Decision>;
@@ -349,10 +467,11 @@ export class Ledger {
    * further calls throw RunStopped (RunAbandonedError again for an abandoned run).
    * @throws EffectFailed, EffectPaused (DivergencePausedError for a call that diverges from
    *   the run's earlier attempts), EffectInProgress, RunAbandonedError (55L02),
-   *   ToolRefusedError (55L03), RunStopped, LeaseLostError, LedgerError, or perform's own
-   *   error (outcome unknown: the next attempt pauses).
+   *   ToolRefusedError (55L03), RunStopped, LeaseLostError (PoolerDetected for a session
+   *   attempt behind a transaction pooler), LedgerError, or perform's own error (outcome
+   *   unknown: the next attempt pauses).
    */
-  guarded<T = unknown>(call: GuardedCall<T>): Promise<any>;
+  guarded<T = unknown>(call: GuardedCall<T>): Promise<Recorded<Awaited<T>>>;
 
   /**
    * A call that is harmless to make again (a model's turn, a read), made once per logical
@@ -364,13 +483,16 @@ export class Ledger {
    * @throws EffectFailed (call threw EffectDidNotHappen, now or replayed), EffectPaused,
    *   ToolRefusedError, RunStopped, LeaseLostError, LedgerError, or call's own error.
    */
-  record<T = unknown>(call: RecordedCall<T>): Promise<any>;
+  record<T = unknown>(call: RecordedCall<T>): Promise<Recorded<Awaited<T>>>;
 
-  /** Wraps a side-effecting tool: fn(args, idempotencyKey) runs only on `execute`. */
+  /**
+   * Wraps a side-effecting tool: fn(args, idempotencyKey) runs only on `execute`. The
+   * wrapped tool resolves to fn's result as recorded (Recorded<R>), also on a replay.
+   */
   tool<A = unknown, R = unknown>(
     name: string,
     fn: (args: A, idempotencyKey: string) => R | Promise<R>
-  ): (run: string, args: A, options?: CallOptions) => Promise<any>;
+  ): (run: string, args: A, options?: CallOptions) => Promise<Recorded<Awaited<R>>>;
 
   /**
    * durable_ledger.acquire_run: takes the lease and starts a new attempt.
@@ -378,7 +500,13 @@ export class Ledger {
    */
   acquireRun(run: string, options?: { wait?: boolean }): Promise<boolean>;
 
-  /** durable_ledger.release_run: false when this session did not hold the run. */
+  /**
+   * durable_ledger.release_run: false when this session did not hold the run. For an
+   * attempt this Ledger started, only where its lease is: a release that reached another
+   * server connection (a transaction pooler) ends the lease where it is held
+   * (release_attempt; a 'notice' says so when the role may not) and throws PoolerDetected,
+   * unless a call of the attempt threw it already.
+   */
   releaseRun(run: string): Promise<boolean>;
 
   /** durable_ledger.effect_status: the row, or null for a key never seen. */

@@ -1,9 +1,12 @@
 # 031_js_client: the JavaScript client's own tests (clients/js/test/, node's
 # built-in test runner) against a real cluster; each node test becomes a TAP
 # line of its own.  Its dependencies must already be installed in clients/js
-# (`npm ci` there, from package-lock.json).  The token-lease tests also go
-# through a PgBouncer in transaction mode that this script starts in front of
-# the cluster (Debian's pgbouncer, see DurableLedger::PgBouncer).
+# (`npm ci` there, from package-lock.json).  The token-lease tests, the
+# TypeScript example and the session attempts a transaction pooler is caught
+# under (test/pooler.test.js, in databases of their own, so that the pools they
+# steer are theirs alone) also go through a PgBouncer in transaction mode that
+# this script starts in front of the cluster (Debian's pgbouncer, see
+# DurableLedger::PgBouncer).
 use strict;
 use warnings;
 use lib "$ENV{TESTDIR}/test/perl";
@@ -39,7 +42,9 @@ my $dsn = sprintf('postgresql://%s@/postgres?host=%s&port=%d',
 
 # PgBouncer in transaction mode in front of the node, for the token-lease
 # tests; server_round_robin spreads one client's transactions over the server
-# connections the pooler has.
+# connections the pooler has; a pool of 4 (2 or more, for the pooler tests:
+# another client's transaction holds one server connection while the attempt's
+# statement goes to another).
 my $bouncer = DurableLedger::PgBouncer->start($node,
 	users => [$user], user => $user, pool_size => 4,
 	settings => { server_round_robin => 1 });

@@ -1,7 +1,10 @@
 # 033_js_package: the JavaScript client as a package a user installs.
-#   - its type declarations are checked: tsc --noEmit --strict over index.d.ts and a
-#     TypeScript consumer using node-postgres' own types (clients/js/test/types),
-#     with TypeScript from npm (clients/js's devDependencies, installed by `npm ci`);
+#   - its type declarations are checked: tsc --noEmit --strict over index.d.ts, a
+#     TypeScript consumer using node-postgres' own types (clients/js/test/types), and
+#     a negative type test (test/types/misuse.ts: misuses marked @ts-expect-error,
+#     which tsc must find to be errors; compiled unmarked against the installed
+#     package too, with an error on each marked line and no other), with TypeScript
+#     from npm (clients/js's devDependencies, installed by `npm ci`);
 #   - `npm pack`, then the tarball installed into a scratch project (its dependency,
 #     pg, from the npm registry), and the example agent loops, copied there, run
 #     against a real cluster with the installed package: the JavaScript one, and
@@ -35,7 +38,8 @@ sub run_ok
 }
 
 run_ok([ "$dir/node_modules/.bin/tsc", '-p', "$dir/tsconfig.json" ],
-	'tsc --noEmit --strict: the declarations type-check a TypeScript consumer');
+	'tsc --noEmit --strict: the declarations type-check a TypeScript consumer, and every misuse marked '
+	  . '@ts-expect-error in test/types/misuse.ts is an error');
 
 my $scratch = PostgreSQL::Test::Utils::tempdir();
 my $packed = run_ok([ 'npm', 'pack', '--silent', '--pack-destination', $scratch ], 'npm pack',
@@ -46,6 +50,9 @@ ok(defined $tarball && -f $tarball, "the package tarball ($packed)");
 my $listing = run_ok([ 'tar', '-tzf', $tarball ], 'the tarball lists');
 like($listing, qr{^package/index\.d\.ts$}m, 'it carries the type declarations');
 like($listing, qr{^package/src/index\.js$}m, '... and the module');
+like($listing, qr{^package/src/notices\.js$}m, '... with the modules it imports');
+like($listing, qr{^package/README\.md$}m, '... its README');
+like($listing, qr{^package/docs/reference\.md$}m, '... and the reference the README links');
 unlike($listing, qr{^package/(test|node_modules)/}m, '... and not the tests nor node_modules');
 
 mkdir "$scratch/app";
@@ -94,6 +101,32 @@ JSON
 close $fh;
 run_ok([ "$scratch/app/node_modules/.bin/tsc", '-p', "$scratch/app/tsconfig.json" ],
 	'the TypeScript agent loop compiles against the installed package', init => sub { chdir "$scratch/app" });
+
+# The negative type test against the installed package, without its marks: each
+# misuse marked // @ts-expect-error is a type error on its own line, and there
+# is no other (tsc alone only proves that each marked line has some error).
+my $misuse = do { local (@ARGV, $/) = "$dir/test/types/misuse.ts"; <> };
+my @lines = split /\n/, $misuse, -1;
+my @marked = map { $_ + 2 } grep { $lines[$_] =~ m{^\s*// \@ts-expect-error\s*$} } 0 .. $#lines;
+ok(@marked >= 5, scalar(@marked) . ' misuses are marked in test/types/misuse.ts');
+(my $stripped = $misuse) =~ s{^(\s*)// \@ts-expect-error\s*$}{$1//}mg;    # the same line numbers
+open($fh, '>', "$scratch/app/misuse.ts") or die $!;
+print $fh $stripped;
+close $fh;
+open($fh, '>', "$scratch/app/tsconfig.misuse.json") or die $!;
+print $fh <<'JSON';
+{ "compilerOptions": { "strict": true, "module": "nodenext", "moduleResolution": "nodenext",
+    "target": "es2022", "types": ["node"], "noEmit": true },
+  "files": ["misuse.ts"] }
+JSON
+close $fh;
+my ($tsc_out, $tsc_err) = ('', '');
+my $compiled = IPC::Run::run([ "$scratch/app/node_modules/.bin/tsc", '-p', "$scratch/app/tsconfig.misuse.json" ],
+	'>', \$tsc_out, '2>', \$tsc_err, init => sub { chdir "$scratch/app" });
+ok(!$compiled, 'the misuses, unmarked, do not compile against the installed package');
+my %errors = map { $_ => 1 } $tsc_out =~ /^misuse\.ts\((\d+),\d+\): error TS\d+/mg;
+is_deeply([ sort { $a <=> $b } keys %errors ], \@marked, 'tsc reports an error on each marked line, and on no other')
+  or diag($tsc_out . $tsc_err);
 $out = run_ok([ 'node', "$scratch/app/build/agent-loop.js", $dsn, 'installed-ts-1' ],
 	'the TypeScript agent loop runs with the installed package', init => sub { chdir "$scratch/app" });
 like($out, qr/^ok - /m, 'it ends well (a worker killed mid-run, the rerun replayed)');

@@ -1,14 +1,17 @@
-// The TypeScript agent-loop example (examples/agent-loop.ts), compiled with tsc as a
-// TypeScript user would, then run against a real server, directly and through PgBouncer
-// in transaction mode: a worker is killed (SIGKILL) mid-run with its parallel tool calls
-// done, a new worker replays them (asked for in another order) and performs the rest;
-// every effect reaches the downstream systems once, and the ledger shows it.
+// The README's first program (its first js block, "A first run"), run as a user
+// would, twice on one run; and the TypeScript agent-loop example
+// (examples/agent-loop.ts), compiled with tsc as a TypeScript user would, then run
+// against a real server, directly and through PgBouncer in transaction mode: a worker is
+// killed (SIGKILL) mid-run with its parallel tool calls done, a new worker replays them
+// (asked for in another order) and performs the rest; every effect reaches the
+// downstream systems once, and the ledger shows it.
 //
 //   DURABLE_LEDGER_DSN=postgresql://postgres@host/db \
 //   DURABLE_LEDGER_PGBOUNCER_DSN=postgresql://postgres@host:6432/db npm test
 import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
@@ -26,6 +29,53 @@ before(() => {
   const tsc = spawnSync(fileURLToPath(new URL('../node_modules/.bin/tsc', import.meta.url)),
     ['-p', 'tsconfig.examples.json'], { cwd: root, encoding: 'utf8' });
   assert.equal(tsc.status, 0, `tsc compiles the example: ${tsc.stdout}${tsc.stderr}`);
+});
+
+/** Runs a node script; resolves with its exit code and output. */
+function node(args, env = {}) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, args, { env: { ...process.env, ...env } });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (d) => { out += d; });
+    child.stderr.on('data', (d) => { err += d; });
+    child.on('error', reject);
+    child.on('close', (c) => resolve({ code: c, stdout: out, stderr: err }));
+  });
+}
+
+test("the README's first program: it pays once, its retry replays, and a second process on the run pays nothing", async () => {
+  const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
+  const section = readme.slice(readme.indexOf('## A first run'));
+  const block = section.match(/```js\n([\s\S]*?)```/);
+  assert.ok(block, 'the README has a first js block under "A first run"');
+  // in the package's folder, where 'durable-ledger' (the package itself) and 'pg' resolve
+  const dir = fileURLToPath(new URL('../build/', import.meta.url));
+  mkdirSync(dir, { recursive: true });
+  const script = `${dir}first-run.mjs`;
+  writeFileSync(script, block[1]);
+  const run = `js-first-run-${randomUUID()}`;
+  const first = await node([script, run], { DATABASE_URL: dsn });
+  assert.equal(first.code, 0, `exit code 0; stdout: ${first.stdout}; stderr: ${first.stderr}`);
+  assert.equal(first.stderr, '', 'no warning');
+  assert.equal((first.stdout.match(/^bank: paying 4200 for INV-9 /gm) ?? []).length, 1, first.stdout);
+  const receipts = [...first.stdout.matchAll(/^(?:first attempt|a retry): (.*)$/gm)].map((m) => m[1]);
+  assert.equal(receipts.length, 2, first.stdout);
+  assert.equal(receipts[1], receipts[0], 'the retry got the recorded receipt');
+  const again = await node([script, run], { DATABASE_URL: dsn });
+  assert.equal(again.code, 0, `exit code 0; stderr: ${again.stderr}`);
+  assert.doesNotMatch(again.stdout, /bank: paying/);
+  assert.deepEqual([...again.stdout.matchAll(/^(?:first attempt|a retry): (.*)$/gm)].map((m) => m[1]),
+    [receipts[0], receipts[0]]);
+  const admin = new pg.Client({ connectionString: dsn });
+  await admin.connect();
+  try {
+    const { rows } = await admin.query(
+      'SELECT tool, status::text AS status FROM durable_ledger.effects WHERE run = $1 ORDER BY tool', [run]);
+    assert.deepEqual(rows, [{ tool: 'bank.pay', status: 'completed' }, { tool: 'llm.plan', status: 'completed' }]);
+  } finally {
+    await admin.end();
+  }
 });
 
 async function runExample(url) {

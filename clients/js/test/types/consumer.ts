@@ -5,7 +5,7 @@
 import pg from 'pg';
 import {
   Ledger, LedgerError, EffectPaused, DivergencePausedError, RunAbandonedError, ToolRefusedError,
-  LeaseLostError, type Decision, type TokenLease,
+  LeaseLostError, PoolerDetected, NOTICE_CODES, type Decision, type LedgerNotice, type Recorded, type TokenLease,
 } from 'durable-ledger';
 
 async function agent(pool: pg.Pool, client: pg.Client): Promise<void> {
@@ -28,6 +28,23 @@ async function agent(pool: pg.Pool, client: pg.Client): Promise<void> {
     return [a, b, lease];
   });
 
+  // results are typed as recorded (a JSON round trip)
+  const receipt: { payment_id: string; at: string } = await session.guarded({
+    run: 'run-1', tool: 'bank.pay', args: {}, perform: () => ({ payment_id: 'p', at: new Date(), skipped: undefined }),
+  });
+  const turn: Recorded<{ role: 'assistant'; content: string }> = await session.record({
+    run: 'run-1', tool: 'model', args: {}, call: async () => ({ role: 'assistant' as const, content: 'yes' }),
+  });
+  const sent: { sent: string; key: string } = await sendMail('run-2', { to: 'x' });
+  void [receipt, turn, sent];
+
+  // notices: an event, or console.warn when nobody listens (off with consoleWarn: false)
+  session.on('notice', (n: LedgerNotice) => {
+    if (n.code === NOTICE_CODES.DIVERGENCE) console.log(n.key, n.mayDuplicate, n.run, n.tool);
+  });
+  const quiet = new Ledger(client, { consoleWarn: false });
+  void quiet;
+
   const decision: Decision = await session.beginEffect('run-3', 'bank.pay', { invoice: 1 });
   const status: string | null = decision.status;
   void status;
@@ -36,7 +53,8 @@ async function agent(pool: pg.Pool, client: pg.Client): Promise<void> {
   try {
     await session.guarded({ run: 'run-4', tool: 'bank.pay', args: {}, perform: () => 1 });
   } catch (e) {
-    if (e instanceof DivergencePausedError) { const k: string | null = e.key; void k; }
+    if (e instanceof PoolerDetected) { const p: number = e.reachedPid; const l: LeaseLostError = e; void [p, l]; }
+    else if (e instanceof DivergencePausedError) { const k: string | null = e.key; void k; }
     else if (e instanceof EffectPaused || e instanceof RunAbandonedError || e instanceof ToolRefusedError
              || e instanceof LeaseLostError || e instanceof LedgerError) { /* stop the attempt */ }
     else throw e;
