@@ -97,3 +97,15 @@ GRANT EXECUTE ON FUNCTION
     TO durable_ledger_worker;
 GRANT EXECUTE ON FUNCTION durable_ledger.set_unregistered_divergence(text, text, text)
     TO durable_ledger_admin;
+
+-- ---------------------------------------------------------------------------
+-- purge_audit keeps the evidence of anything still open, whatever a row's
+-- run column says: the rows about an effect started, unknown or flagged, a
+-- divergence waiting for its verdict, a run a live lease holds.
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION durable_ledger.purge_audit(older_than interval, purged_by text,
+                                                      dry_run boolean DEFAULT true)
+RETURNS TABLE (chain bigint, audit_rows bigint, up_to_seq bigint)
+AS 'MODULE_PATHNAME', 'dl_purge_audit_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;

@@ -102,6 +102,34 @@ SELECT decision FROM durable_ledger.begin_effect('pg-done', 'pg.pay', '{"invoice
 SELECT durable_ledger.release_run('pg-done');
 SELECT durable_ledger.release_run('pg-held');
 
+-- evidence filed under no run that has effects, for an effect still open: a
+-- business key failed at attempt 1 (run pg-ev-a, no effect of its own now),
+-- in flight at attempt 2 (run pg-ev-b), with two contradicting reports, each
+-- the first row of its session's hash chain (so that nothing earlier keeps
+-- it): one on attempt 1 (filed under pg-ev-a) and one that names no attempt
+-- (run NULL); and a live lease on a run that has made no call yet (its
+-- lease_acquired row, the first of another chain)
+SELECT durable_ledger.acquire_run('pg-ev-a');
+SELECT (durable_ledger.fail_effect(key, '{"declined": true}', attempt)).status
+  FROM durable_ledger.begin_effect('pg-ev-a', 'pg.pay', '{"invoice": 11}', 'PG-EV');
+SELECT durable_ledger.release_run('pg-ev-a');
+SELECT dblink_connect('pg_ev', 'dbname=' || current_database());
+SELECT * FROM dblink('pg_ev', $$SELECT decision || ' ' || attempt FROM durable_ledger.begin_effect('pg-ev-b',
+                                 'pg.pay', '{"invoice": 11}', 'PG-EV')$$) AS t(d text);
+SELECT * FROM dblink('pg_ev', $$SELECT durable_ledger.release_run('pg-ev-b')$$) AS t(released boolean);
+SELECT dblink_connect('pg_ev_r1', 'dbname=' || current_database());
+SELECT * FROM dblink('pg_ev_r1', $$SELECT conflict FROM durable_ledger.complete_effect('PG-EV', '{"paid": "maybe"}', 1)$$)
+    AS t(conflict boolean);
+SELECT dblink_connect('pg_ev_r2', 'dbname=' || current_database());
+SELECT * FROM dblink('pg_ev_r2', $$SELECT conflict FROM durable_ledger.complete_effect('PG-EV', '{"paid": "who knows"}')$$)
+    AS t(conflict boolean);
+SELECT dblink_connect('pg_ev_live', 'dbname=' || current_database());
+SELECT * FROM dblink('pg_ev_live', $$SELECT durable_ledger.acquire_run('pg-ev-live')$$) AS t(acquired boolean);
+SELECT coalesce(run, '(none)') AS run, attempt, detail ->> 'result' AS result,
+       chain_seq = 1 AS first_of_its_chain
+  FROM durable_ledger.audit_log WHERE key = 'PG-EV' AND event = 'conflict' ORDER BY id;
+SELECT chain_seq = 1 AS first_of_its_chain FROM durable_ledger.audit_log WHERE run = 'pg-ev-live';
+
 -- the audit log's horizon: purge_audit removes old rows of runs with no effect
 -- left, a prefix of each hash chain, anchored; kept heads still check out
 SELECT jsonb_agg(h) AS heads FROM durable_ledger.audit_heads h \gset
@@ -114,6 +142,15 @@ SELECT count(*) > 0 AS anchors, bool_and(purged_by = 'maria') AS named FROM dura
 -- what the ledger still needs stays: the rows of runs with effects
 SELECT a.run, count(*) > 0 AS rows_kept FROM durable_ledger.audit_log a
  WHERE a.run IN ('pg-open', 'pg-flag', 'pg-held', 'pg-done') GROUP BY a.run ORDER BY a.run;
+-- ... and, whatever their run column says, the evidence of what is still open:
+-- every row about the flagged business key (its contradicting reports filed
+-- under no run, or under a run with no effect left), and the live lease's
+SELECT coalesce(run, '(none)') AS run, event, attempt FROM durable_ledger.audit_log
+ WHERE key = 'PG-EV' ORDER BY id;
+SELECT event FROM durable_ledger.audit_log WHERE run = 'pg-ev-live' ORDER BY id;
+SELECT * FROM dblink('pg_ev_live', $$SELECT durable_ledger.release_run('pg-ev-live')$$) AS t(released boolean);
+SELECT dblink_disconnect('pg_ev'), dblink_disconnect('pg_ev_r1'), dblink_disconnect('pg_ev_r2'),
+       dblink_disconnect('pg_ev_live');
 SELECT count(*) AS problems FROM durable_ledger.verify_audit();
 SELECT count(*) AS problems_against_kept_heads FROM durable_ledger.verify_audit(:'heads');
 SELECT event, detail ->> 'purged_by' AS purged_by, (detail ->> 'audit_rows')::int > 0 AS counted

@@ -26,7 +26,7 @@
 #include "policy.h"
 
 PG_FUNCTION_INFO_V1(dl_purge_settled_1_2);
-PG_FUNCTION_INFO_V1(dl_purge_audit_1_2);
+PG_FUNCTION_INFO_V1(dl_purge_audit_1_3);
 PG_FUNCTION_INFO_V1(dl_refuse_audit_log_change_1_2);
 
 /* How many candidate runs are read at a time. */
@@ -224,7 +224,7 @@ dl_purge_settled_1_2(PG_FUNCTION_ARGS)
  * purge's chained row records is reported by verify_audit.
  */
 Datum
-dl_purge_audit_1_2(PG_FUNCTION_ARGS)
+dl_purge_audit_1_3(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	char	   *older_than_text;

@@ -381,12 +381,24 @@ extern char *dl_caller_role_name(void);
 /*
  * An audit row (alias a) that purge_audit may remove: logged before $1, not
  * a purge's own row (it vouches for the anchors), of no run or of a run with
- * no effect left (the ledger finds a run's effects through its rows).
+ * no effect left (the ledger finds a run's effects through its rows) -- and,
+ * whatever its run column says, not evidence that something still open
+ * needs: a row about an effect that is started, unknown or flagged (its
+ * conflicting reports may name no run, or a business key's earlier run), a
+ * row about a divergence waiting for its verdict, a row of a run a live
+ * lease holds.  What waits is few rows: each set is read once (a hashed
+ * subplan).
  */
 #define AUDIT_ROW_PAST_HORIZON \
 	"(a.logged_at OPERATOR(pg_catalog.<) $1" \
 	" AND a.event OPERATOR(pg_catalog.<>) 'audit_purged'" \
 	" AND (a.run IS NULL OR NOT EXISTS" \
-	"  (SELECT FROM durable_ledger.effects e WHERE e.run" EQ "a.run)))"
+	"  (SELECT FROM durable_ledger.effects e WHERE e.run" EQ "a.run))" \
+	" AND (a.key IS NULL OR NOT a.key" EQ "ANY" \
+	"  (SELECT u.key FROM durable_ledger.unsettled u))" \
+	" AND (a.key IS NULL OR NOT a.key" EQ "ANY" \
+	"  (SELECT d.key FROM durable_ledger.divergences d WHERE d.verdict IS NULL))" \
+	" AND (a.run IS NULL OR NOT a.run" EQ "ANY" \
+	"  (SELECT l.run FROM durable_ledger.leases l WHERE l.run IS NOT NULL)))"
 
 #endif							/* DURABLE_LEDGER_STORE_H */
