@@ -497,6 +497,15 @@ _LEVELS = {"WARNING": logging.WARNING, "NOTICE": logging.INFO, "INFO": logging.I
            "LOG": logging.DEBUG, "DEBUG": logging.DEBUG}
 
 
+class Notice(NamedTuple):
+    """A notice of the server, as its handler saw it."""
+    severity: Optional[str]
+    sqlstate: Optional[str]
+    message_primary: Optional[str]
+    message_detail: Optional[str]
+    message_hint: Optional[str]
+
+
 class About(NamedTuple):
     """What a statement concerns, for the log records of its notices: the run, the tool
     and the key where the caller knows them; ``from_row``: the statement's row names the
@@ -512,11 +521,12 @@ NOWHERE = About()
 
 @contextlib.contextmanager
 def notices_of(conn: Any, got: List[Any]) -> Iterator[None]:
-    """Appends to ``got`` the notices (psycopg ``Diagnostic``s) ``conn`` gets while the
-    block runs: a handler of this block alone, removed at its end (a pooled connection
-    keeps none)."""
+    """Appends to ``got`` the notices (`Notice`) ``conn`` gets while the block runs: a
+    handler of this block alone, removed at its end (a pooled connection keeps none)."""
     def handler(diag: Any) -> None:
-        got.append(diag)
+        # a Diagnostic reads the server's result, which lives only during this callback
+        got.append(Notice(diag.severity_nonlocalized or diag.severity, diag.sqlstate,
+                          diag.message_primary, diag.message_detail, diag.message_hint))
 
     conn.add_notice_handler(handler)
     try:
@@ -539,7 +549,7 @@ def log_notices(notices: Sequence[Any], about: About, rows: Optional[Sequence[An
     if about.from_row and rows and isinstance(rows[0], dict):
         first = rows[0]
     for diag in notices:
-        severity = (getattr(diag, "severity_nonlocalized", None) or diag.severity or "NOTICE")
+        severity = diag.severity or "NOTICE"
         sqlstate = diag.sqlstate
         record: Dict[str, Any] = {
             "event": NOTICE_EVENTS.get(sqlstate or "", "notice"),
