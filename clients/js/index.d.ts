@@ -350,7 +350,11 @@ export class LedgerRefused extends LedgerError {
 }
 /** 22004, 22023 */
 export class InvalidArgument extends LedgerRefused {}
-/** 23505: a business key begun again with another tool or other args */
+/**
+ * 23505: a business key begun again with another tool or other args; nothing written. The same
+ * operation with reworded free text wants key_fields on its tool (register_tool / change_tool:
+ * the call then replays); a new business key would perform it again. `hint` says which applies.
+ */
 export class BusinessKeyConflict extends LedgerRefused {}
 /** 42704 */
 export class NotFound extends LedgerRefused {}

@@ -33,6 +33,13 @@
 // branch of fn that outlives the attempt (Promise.all whose other branch
 // threw) can never act under the next attempt's token, nor fall back to a
 // session lease.  The attempt's end waits for its calls in flight.
+//
+// A session attempt's begins are made only where its lease is: each statement
+// checks, in the database, that it reached the session holding the attempt's
+// epoch (session-guard.js); behind a transaction pooler it throws
+// PoolerDetected before anything is called, and the attempt's end releases
+// the lock where it is held.  The server's WARNINGs and NOTICEs of the
+// ledger's statements are emitted as 'notice' events (notices.js).
 
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { EventEmitter } from 'node:events';
@@ -259,7 +266,12 @@ export class LedgerRefused extends LedgerError {
 }
 /** 22004, 22023: a NULL where a value is required, or a value out of its domain. */
 export class InvalidArgument extends LedgerRefused {}
-/** 23505: a business key begun again with another tool or other args: a new operation needs a key of its own. */
+/**
+ * 23505: a business key begun again with another tool or other args; nothing written.  The same
+ * operation with reworded free text (a memo) wants key_fields on its tool (register_tool,
+ * change_tool: the call then replays); a new business key would perform it again (the hint says
+ * which applies).
+ */
 export class BusinessKeyConflict extends LedgerRefused {}
 /** 42704: the key, tool, run or divergence named is not in the ledger. */
 export class NotFound extends LedgerRefused {}
@@ -989,11 +1001,12 @@ export class Ledger extends EventEmitter {
    *          businessKey?: string|null, meta?: unknown}} call
    * @returns {Promise<any>} the result as recorded in the ledger (a JSON round
    *   trip of what perform returned; undefined becomes null), the same on a
-   *   first run and on a replay.
+   *   first run and on a replay (Recorded<T> in index.d.ts).
    * @throws EffectFailed, EffectPaused (DivergencePausedError for a call that
    *   diverges from the run's earlier attempts), EffectInProgress,
    *   RunAbandonedError (55L02), ToolRefusedError (55L03), RunStopped,
-   *   LeaseLostError, LedgerError, or perform's own error.  A pause, an unknown
+   *   LeaseLostError (PoolerDetected: a session attempt behind a transaction
+   *   pooler), LedgerError, or perform's own error.  A pause, an unknown
    *   outcome, an abandoned run and a refused tool stop the attempt: its further
    *   calls throw RunStopped (RunAbandonedError again for an abandoned run).
    */
@@ -1239,6 +1252,7 @@ export class Ledger extends EventEmitter {
    * @param {string} name  the tool name recorded in the ledger
    * @param {(args: A, idempotencyKey: string) => R | Promise<R>} fn
    * @returns {(run: string, args: A, options?: {businessKey?: string|null, meta?: unknown}) => Promise<any>}
+   *   resolves to fn's result as recorded (Recorded<R> in index.d.ts)
    */
   tool(name, fn) {
     if (typeof fn !== 'function') throw new TypeError('tool(name, fn): fn must be a function');

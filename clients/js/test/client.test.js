@@ -696,6 +696,10 @@ test('a lease wait ends by itself with RunBusy naming the holder; SQLSTATEs come
           businessKey: invoice, perform: async () => assert.fail('performed') }).then(() => null, (e) => e);
         assert.ok(conflict instanceof BusinessKeyConflict && conflict instanceof LedgerRefused, `got ${conflict}`);
         assert.equal(conflict.sqlstate, '23505');
+        // the hint says what is true: reworded free text wants key fields; a new key pays again
+        assert.match(conflict.hint, /key_fields/);
+        assert.match(conflict.hint, /new business key\s+would perform the operation again/);
+        assert.ok(conflict.message.includes(conflict.hint), 'the hint is in the message');
         const invalid = await ledger.guarded({ run: other, tool: '', args: {},
           perform: async () => assert.fail('performed') }).then(() => null, (e) => e);
         assert.ok(invalid instanceof InvalidArgument, `got ${invalid}`);
