@@ -175,7 +175,7 @@ class ClientTest(unittest.TestCase):
         args = {"invoice": "INV-1", "amount": 10}
         first = self.ledger()
         self.assertEqual(first.guarded(self.run_id, "bank.pay", args, Recorder({"id": 1})), {"id": 1})
-        first.conn.close()  # the worker dies after the payment; a new one takes over
+        self.close(first)  # the worker dies after the payment; a new one takes over
         again = Recorder({"id": 2})
         result = self.ledger().guarded(self.run_id, "bank.pay", args, again)
         self.assertEqual(result, {"id": 1})
@@ -203,7 +203,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(ledger.guarded(self.run_id, "bank.pay", args, second), {"n": 2})
         self.assertNotEqual(first.keys, second.keys)
         self.assertEqual(second.keys, [self.derived_key("bank.pay", args, 2)])
-        ledger.conn.close()  # this worker ends; the next one replays the run
+        self.close(ledger)  # this worker ends; the next one replays the run
         replay = self.ledger()
         never = Recorder({"n": 99})
         self.assertEqual(replay.guarded(self.run_id, "bank.pay", args, never), {"n": 1})
@@ -232,7 +232,7 @@ class ClientTest(unittest.TestCase):
         first = self.ledger()
         self.assertRaises(EffectFailed, first.guarded, self.run_id, "bank.pay", args,
                           Recorder(raises=EffectDidNotHappen({"code": "declined"})))
-        first.conn.close()
+        self.close(first)
         ledger = self.ledger()
         never = Recorder({"paid": True})
         with self.assertRaises(EffectFailed) as caught:
@@ -285,7 +285,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(self.effect_count(self.run_id), 1)
 
         # the same after a pause from the ledger: a new connection, paused, asked again
-        ledger.conn.close()
+        self.close(ledger)
         other = self.ledger()
         for _ in range(2):
             with self.assertRaises(EffectPaused):
@@ -297,7 +297,7 @@ class ClientTest(unittest.TestCase):
         first = self.ledger()
         pay = Recorder(raises=TimeoutError())
         self.assertRaises(TimeoutError, first.guarded, self.run_id, "bank.pay", {"amount": 9}, pay)
-        first.conn.close()
+        self.close(first)
         ledger = self.ledger()
         never = Recorder({"payment_id": "wrong"})
         self.assertRaises(EffectPaused, ledger.guarded, self.run_id, "bank.pay", {"amount": 9}, never)
