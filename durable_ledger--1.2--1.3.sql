@@ -109,3 +109,127 @@ RETURNS TABLE (chain bigint, audit_rows bigint, up_to_seq bigint)
 AS 'MODULE_PATHNAME', 'dl_purge_audit_1_3'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
+
+-- ---------------------------------------------------------------------------
+-- No blind spot in verify_audit: the rows written before chains began (by
+-- 1.0 and 1.1) are chained now as chain 0, in the order of their ids, by
+-- the same rule as every chain (audit_row_content); what this update finds
+-- is what it vouches for.  From here on a row without a chain is flagged
+-- wherever its id falls, and so is a chain-0 row newer than a chained one.
+-- (Rows without a chain newer than the first chained row were flagged by
+-- 1.2 already: they stay unchained, and flagged.)
+-- ---------------------------------------------------------------------------
+ALTER TABLE durable_ledger.audit_log DISABLE TRIGGER audit_log_append_only;
+DO $chain_history$
+DECLARE
+    r durable_ledger.audit_log;
+    n bigint := 0;
+    previous bytea := pg_catalog.decode(pg_catalog.repeat('00', 32), 'hex');
+    first_chained bigint := (SELECT pg_catalog.min(c.id) FROM durable_ledger.audit_log c
+                              WHERE c.chain IS NOT NULL);
+BEGIN
+    FOR r IN SELECT * FROM durable_ledger.audit_log a
+              WHERE a.chain IS NULL
+                AND (first_chained IS NULL OR a.id OPERATOR(pg_catalog.<) first_chained)
+              ORDER BY a.id
+    LOOP
+        n := n OPERATOR(pg_catalog.+) 1;
+        r.chain := 0;
+        r.chain_seq := n;
+        r.row_hash := pg_catalog.sha256(previous OPERATOR(pg_catalog.||) durable_ledger.audit_row_content(r));
+        previous := r.row_hash;
+        UPDATE durable_ledger.audit_log a SET chain = 0, chain_seq = n, row_hash = r.row_hash
+         WHERE a.id OPERATOR(pg_catalog.=) r.id;
+    END LOOP;
+END
+$chain_history$;
+ALTER TABLE durable_ledger.audit_log ENABLE TRIGGER audit_log_append_only;
+
+-- Recomputes every chain; one row per chain whose first broken link it names,
+-- and one per kept head that is gone or changed.
+CREATE OR REPLACE FUNCTION durable_ledger.verify_audit(heads jsonb DEFAULT NULL)
+RETURNS TABLE (chain bigint, chain_seq bigint, id bigint, problem text)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+WITH anchors AS (
+    -- an anchor counts only if a purge's own (chained) audit row recorded that cut
+    SELECT x.chain, x.chain_seq, x.row_hash,
+           EXISTS (SELECT FROM durable_ledger.audit_log p
+                    WHERE p.event OPERATOR(pg_catalog.=) 'audit_purged'
+                      AND (p.detail OPERATOR(pg_catalog.->) 'cuts') OPERATOR(pg_catalog.@>)
+                          pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
+                              'chain', x.chain, 'chain_seq', x.chain_seq,
+                              'row_hash', pg_catalog.encode(x.row_hash, 'hex')))) AS recorded
+      FROM durable_ledger.audit_anchors x
+), linked AS (
+    -- the first row left of a chain links to the chain's anchor, if purge_audit removed rows before it
+    SELECT a.chain, a.chain_seq, a.id, a.row_hash,
+           COALESCE(pg_catalog.lag(a.chain_seq) OVER w, x.chain_seq) AS previous_seq,
+           COALESCE(pg_catalog.lag(a.row_hash) OVER w, x.row_hash) AS previous_hash,
+           durable_ledger.audit_row_content(a) AS content
+      FROM durable_ledger.audit_log a
+      LEFT JOIN anchors x ON x.chain OPERATOR(pg_catalog.=) a.chain AND x.recorded
+     WHERE a.chain IS NOT NULL
+    WINDOW w AS (PARTITION BY a.chain ORDER BY a.chain_seq, a.id)
+), broken AS (
+    SELECT DISTINCT ON (l.chain) l.chain, l.chain_seq, l.id,
+           CASE WHEN l.chain_seq IS DISTINCT FROM
+                     (COALESCE(l.previous_seq, 0) OPERATOR(pg_catalog.+) 1)
+                THEN pg_catalog.format('chain_seq %s follows %s: rows are missing or added',
+                                       l.chain_seq, COALESCE(l.previous_seq, 0))
+                ELSE 'row_hash does not match the row and the previous row''s hash: the row (or the one before it) was changed'
+           END AS problem
+      FROM linked l
+     WHERE l.chain_seq IS DISTINCT FROM (COALESCE(l.previous_seq, 0) OPERATOR(pg_catalog.+) 1)
+        OR l.row_hash IS DISTINCT FROM pg_catalog.sha256(
+               COALESCE(l.previous_hash, pg_catalog.decode(pg_catalog.repeat('00', 32), 'hex'))
+               OPERATOR(pg_catalog.||) l.content)
+     ORDER BY l.chain, l.chain_seq, l.id
+)
+SELECT b.chain, b.chain_seq, b.id, b.problem FROM broken b
+UNION ALL
+SELECT x.chain, x.chain_seq, NULL::bigint,
+       'an anchor no purge_audit recorded: rows before it were deleted and hidden'
+  FROM anchors x WHERE NOT x.recorded
+UNION ALL
+-- a chain the sequence never issued (chain 0 is the history from before chains)
+SELECT DISTINCT ON (a.chain) a.chain, a.chain_seq, a.id,
+       'no backend was given this chain: the row was added by hand'
+  FROM durable_ledger.audit_log a
+ WHERE a.chain OPERATOR(pg_catalog.>) (SELECT s.last_value FROM durable_ledger.audit_chain_seq s)
+    OR a.chain OPERATOR(pg_catalog.<) 0
+UNION ALL
+-- a row of the history from before chains that is newer than a chained row
+SELECT DISTINCT ON (a.chain) a.chain, a.chain_seq, a.id,
+       'a row of the history from before chains (chain 0) that is newer than a chained row: added by hand'
+  FROM durable_ledger.audit_log a
+ WHERE a.chain OPERATOR(pg_catalog.=) 0
+   AND a.id OPERATOR(pg_catalog.>) (SELECT pg_catalog.min(c.id) FROM durable_ledger.audit_log c
+                                     WHERE c.chain OPERATOR(pg_catalog.>) 0)
+UNION ALL
+-- a row without a chain, wherever its id falls: since 1.3 every row has one
+-- (the rows written before chains began were chained as chain 0 by the update)
+SELECT NULL::bigint, NULL::bigint, a.id,
+       'an audit row without a chain: added by hand, or by a worker still running an earlier version''s library'
+  FROM durable_ledger.audit_log a
+ WHERE a.chain IS NULL
+UNION ALL
+SELECT h.chain, h.chain_seq, NULL::bigint,
+       'a kept head is gone or changed: rows were deleted or rewritten'
+  FROM pg_catalog.jsonb_to_recordset(COALESCE(verify_audit.heads, '[]'))
+       AS h(chain bigint, chain_seq bigint, row_hash text)
+ WHERE NOT EXISTS (SELECT FROM durable_ledger.audit_log a
+                    WHERE a.chain OPERATOR(pg_catalog.=) h.chain
+                      AND a.chain_seq OPERATOR(pg_catalog.=) h.chain_seq
+                      AND pg_catalog.encode(a.row_hash, 'hex') OPERATOR(pg_catalog.=) h.row_hash)
+   -- a head purge_audit removed: the anchor is that row, or one after it
+   AND NOT EXISTS (SELECT FROM anchors x
+                    WHERE x.chain OPERATOR(pg_catalog.=) h.chain AND x.recorded
+                      AND (x.chain_seq OPERATOR(pg_catalog.>) h.chain_seq
+                           OR (x.chain_seq OPERATOR(pg_catalog.=) h.chain_seq
+                               AND pg_catalog.encode(x.row_hash, 'hex') OPERATOR(pg_catalog.=) h.row_hash)))
+ ORDER BY 1, 2
+$fn$;
+COMMENT ON FUNCTION durable_ledger.verify_audit(jsonb) IS
+    'recomputes the audit log''s hash chains (chain 0: the rows written before chains began, chained at the update to 1.3): the first broken link of each chain, chains no backend was given, rows without a chain, and every kept head (audit_heads rows as a JSON array) that is gone or changed; no rows: nothing was found';

@@ -136,6 +136,28 @@ UPDATE durable_ledger.audit_log a SET row_hash = sha256(decode(repeat('00', 32),
  WHERE chain = 1000000;
 SELECT chain, chain_seq, problem FROM durable_ledger.verify_audit();
 ROLLBACK;
+-- (8) a forged row without a chain and with an id below every chained row,
+-- posing as a person's decision: flagged wherever its id falls (1.3; 1.2
+-- flagged only those newer than the first chained row)
+BEGIN;
+INSERT INTO durable_ledger.audit_log (id, logged_at, run, key, event, detail, role_name, session_user_name, backend_pid)
+VALUES (-1, now() - interval '1 year', 'ac-1', 'forged', 'resolved',
+        '{"outcome": "completed", "resolved_by": "maria"}', 'maria', 'maria', 4242);
+SELECT chain, chain_seq, id, problem FROM durable_ledger.verify_audit(:'heads');
+ROLLBACK;
+-- (9) a row of the history from before chains (chain 0) newer than a chained
+-- row, well linked (a fresh ledger has no chain 0: it starts one), and a
+-- chain with a negative number: flagged
+BEGIN;
+ALTER TABLE durable_ledger.audit_log DISABLE TRIGGER audit_log_append_only;
+INSERT INTO durable_ledger.audit_log (logged_at, run, key, event, role_name, session_user_name, backend_pid,
+                                      chain, chain_seq, row_hash)
+VALUES (now(), 'ac-1', 'forged', 'completed', 'maria', 'maria', 4242, 0, 1, '\x00'),
+       (now(), 'ac-1', 'forged', 'completed', 'maria', 'maria', 4242, -7, 1, '\x00');
+UPDATE durable_ledger.audit_log a SET row_hash = sha256(decode(repeat('00', 32), 'hex') || durable_ledger.audit_row_content(a))
+ WHERE chain IN (0, -7);
+SELECT chain, chain_seq, problem FROM durable_ledger.verify_audit();
+ROLLBACK;
 SELECT count(*) AS problems_after_rollbacks FROM durable_ledger.verify_audit(:'heads');
 
 -- a SQL_ASCII database may hold any bytes in a run's name: they are hashed as stored

@@ -216,12 +216,14 @@ dl_purge_settled_1_2(PG_FUNCTION_ARGS)
  * The audit log's horizon.  Removes rows logged before now - older_than of
  * runs that have no effect left (purge_settled removed them) and rows with no
  * run; a run with effects keeps all its rows (the ledger finds a run's effects
- * through them).  Of each hash chain only a prefix goes, and the chain is
- * anchored at its last removed row (durable_ledger.audit_anchors), so that
- * verify_audit links the next row to the anchor.  One row per chain (chain
- * NULL: rows written before chains began).  Audited once, with the counts
- * and where each chain was cut (with the hash there): an anchor that no
- * purge's chained row records is reported by verify_audit.
+ * through them), and so does anything still open (AUDIT_ROW_PAST_HORIZON).
+ * Of each hash chain only a prefix goes, and the chain is anchored at its
+ * last removed row (durable_ledger.audit_anchors), so that verify_audit links
+ * the next row to the anchor.  One row per chain.  A row without a chain is
+ * never removed: since 1.3 there is none but one added by hand, which
+ * verify_audit reports.  Audited once, with the counts and where each chain
+ * was cut (with the hash there): an anchor that no purge's chained row
+ * records is reported by verify_audit.
  */
 Datum
 dl_purge_audit_1_3(PG_FUNCTION_ARGS)
@@ -234,7 +236,6 @@ dl_purge_audit_1_3(PG_FUNCTION_ARGS)
 	List	   *plan;
 	ListCell   *lc;
 	int64		rows = 0;
-	int64		unchained;
 	int64		chains = 0;
 	StringInfoData cuts;
 
@@ -271,16 +272,6 @@ dl_purge_audit_1_3(PG_FUNCTION_ARGS)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		rows += removed;
 		chains++;
-	}
-	unchained = dry_run ? dl_read_unchained_purge_count(cutoff) : dl_write_unchained_purge(cutoff);
-	if (unchained > 0)
-	{
-		Datum		values[3];
-		bool		nulls[3] = {true, false, true};
-
-		values[1] = Int64GetDatum(unchained);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-		rows += unchained;
 	}
 	if (!dry_run && rows > 0)
 	{

@@ -1027,20 +1027,3 @@ dl_read_audit_purge_plan(TimestampTz cutoff)
 	return plan;
 }
 
-static Statement unchained_purge_count = {
-	"SELECT pg_catalog.count(*) FROM durable_ledger.audit_log a WHERE a.chain IS NULL"
-	" AND " AUDIT_ROW_PAST_HORIZON,
-	1, {TIMESTAMPTZOID}
-};
-
-/* How many rows written before chains began purge_audit would remove. */
-int64
-dl_read_unchained_purge_count(TimestampTz cutoff)
-{
-	Datum		values[1];
-	bool		isnull;
-
-	values[0] = TimestampTzGetDatum(cutoff);
-	dl_plan_run_now(&unchained_purge_count, values, NULL, SPI_OK_SELECT);
-	return DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-}

@@ -229,7 +229,6 @@ typedef struct AuditPurge
 	bytea	   *row_hash;		/* of the row at up_to_seq: the chain's new anchor */
 } AuditPurge;
 extern List *dl_read_audit_purge_plan(TimestampTz cutoff);
-extern int64 dl_read_unchained_purge_count(TimestampTz cutoff);
 extern List *dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit);
 extern bool dl_read_run_purge_state(const char *run, TimestampTz cutoff, bool lock,
 									PurgeCounts *counts);
@@ -289,7 +288,6 @@ extern void dl_write_divergence_verdict(LockedDivergence *locked, const char *ve
 										const char *note);
 extern void dl_write_run_purge(const char *run, PurgeCounts *counts);
 extern int64 dl_write_audit_purge(const AuditPurge *purge, const char *purged_by);
-extern int64 dl_write_unchained_purge(TimestampTz cutoff);
 extern bool dl_audit_purge_under_way(void);
 extern void dl_write_audit(const char *run, const char *key, const char *event,
 						   Jsonb *detail, int64 lease_epoch, int32 attempt);

@@ -1397,23 +1397,6 @@ dl_write_audit_purge(const AuditPurge *purge, const char *purged_by)
 	return (int64) deleted;
 }
 
-static Statement delete_unchained = {
-	/* rows written before chains began, past the horizon */
-	"DELETE FROM durable_ledger.audit_log a WHERE a.chain IS NULL"
-	" AND " AUDIT_ROW_PAST_HORIZON,
-	1, {TIMESTAMPTZOID}
-};
-
-/* Removes the old rows written before chains began whose runs have no effect left. */
-int64
-dl_write_unchained_purge(TimestampTz cutoff)
-{
-	Datum		values[1];
-
-	values[0] = TimestampTzGetDatum(cutoff);
-	dl_note_ledger_write();
-	return (int64) run_audit_delete(&delete_unchained, values);
-}
 
 /* ---------- divergences ---------- */
 

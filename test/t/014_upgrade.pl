@@ -126,6 +126,11 @@ for my $from (@sources)
 		[ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr($db), '-f', $fixture ],
 		"from $from: the $from ledger loads");
 	my $counts_before = $node->safe_psql($db, $counts_sql);
+	my $history = $node->safe_psql($db, q{
+		SELECT count(*) FROM durable_ledger.audit_log a
+		 WHERE NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'durable_ledger.audit_log'::regclass
+		                                             AND attname = 'chain')
+		    OR to_jsonb(a) ->> 'chain' IS NULL});
 
 	$node->safe_psql($db, 'ALTER EXTENSION durable_ledger UPDATE');
 
@@ -135,6 +140,14 @@ for my $from (@sources)
 		"from $from: the schema equals a fresh install of $default");
 	is($node->safe_psql($db, $counts_sql), $counts_before,
 		"from $from: every effect, run and audit row is unchanged");
+	# the rows written before chains began are chained (chain 0, 1.3): the
+	# audit log has no row without a chain, and verify_audit finds nothing
+	is($node->safe_psql($db, q{
+			SELECT count(*) FILTER (WHERE chain = 0) || ' ' || count(*) FILTER (WHERE chain IS NULL)
+			  FROM durable_ledger.audit_log}),
+		"$history 0", "from $from: the $history rows written before chains are chain 0, none is left without a chain");
+	is($node->safe_psql($db, q{SELECT count(*) FROM durable_ledger.verify_audit()}), '0',
+		"from $from: verify_audit finds nothing");
 
 	# what waits for a person is listed as before the update: unsettled was
 	# filled from effects (the view reads nothing else)
