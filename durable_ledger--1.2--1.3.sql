@@ -233,3 +233,15 @@ SELECT h.chain, h.chain_seq, NULL::bigint,
 $fn$;
 COMMENT ON FUNCTION durable_ledger.verify_audit(jsonb) IS
     'recomputes the audit log''s hash chains (chain 0: the rows written before chains began, chained at the update to 1.3): the first broken link of each chain, chains no backend was given, rows without a chain, and every kept head (audit_heads rows as a JSON array) that is gone or changed; no rows: nothing was found';
+
+-- ---------------------------------------------------------------------------
+-- purge_settled removes every replaced attempt of the effects it removes,
+-- whichever run made it, so that a purged business key can be used again.
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION durable_ledger.purge_settled(older_than interval, purged_by text,
+                                                        dry_run boolean DEFAULT true,
+                                                        max_runs integer DEFAULT 500)
+RETURNS TABLE (run text, effects bigint, past_attempts bigint, divergences bigint)
+AS 'MODULE_PATHNAME', 'dl_purge_settled_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;

@@ -54,7 +54,9 @@ SELECT :'decision' AS drifted_decision;
 SELECT durable_ledger.release_run('pg-div');
 
 -- a business key first tried by a run that is not settled, then completed by
--- another: purging the second keeps the first run's record of its attempt
+-- another: purging the second removes the key with its whole record, its
+-- first attempt too (the first run's audit rows keep what it did), so that
+-- the key can be used again
 SELECT durable_ledger.acquire_run('pg-bk-a');
 SELECT (durable_ledger.fail_effect(key, '{"declined": true}', attempt)).status
   FROM durable_ledger.begin_effect('pg-bk-a', 'pg.pay', '{"invoice": 10}', 'PG-BK-10');
@@ -64,6 +66,18 @@ SELECT durable_ledger.acquire_run('pg-bk-b');
 SELECT (durable_ledger.complete_effect(key, '{"paid": 10}', attempt)).status
   FROM durable_ledger.begin_effect('pg-bk-b', 'pg.pay', '{"invoice": 10}', 'PG-BK-10');
 SELECT durable_ledger.release_run('pg-bk-b');
+-- ... and the other way round: a settled run that made the first attempt of
+-- a business key another run's attempt is still performing -- purging it
+-- keeps that attempt with the key's effect (its record, for late reports)
+SELECT durable_ledger.acquire_run('pg-bk-x');
+SELECT (durable_ledger.complete_effect(key, '{"sent": 1}')).status
+  FROM durable_ledger.begin_effect('pg-bk-x', 'pg.mail', '{"to": "x"}');
+SELECT (durable_ledger.fail_effect(key, '{"declined": true}', attempt)).status
+  FROM durable_ledger.begin_effect('pg-bk-x', 'pg.pay', '{"invoice": 12}', 'PG-BK-12');
+SELECT durable_ledger.release_run('pg-bk-x');
+SELECT durable_ledger.acquire_run('pg-bk-y');
+SELECT decision, attempt FROM durable_ledger.begin_effect('pg-bk-y', 'pg.pay', '{"invoice": 12}', 'PG-BK-12');
+SELECT durable_ledger.release_run('pg-bk-y');
 
 -- nothing is quiet for an hour yet
 SELECT count(*) AS quiet_for_an_hour FROM durable_ledger.purge_settled('1 hour', 'maria') WHERE run LIKE 'pg-%';
@@ -86,7 +100,16 @@ SELECT count(*) AS nothing_left FROM durable_ledger.purge_settled('0', 'maria', 
 -- what is gone, what stays
 SELECT run, count(*) AS effects_left FROM durable_ledger.effects WHERE run LIKE 'pg-%' GROUP BY run ORDER BY run;
 SELECT count(*) AS bk_past_attempts FROM durable_ledger.past_attempts WHERE key = 'PG-BK-4';
+SELECT key, attempt, run, status FROM durable_ledger.past_attempts WHERE key = 'PG-BK-12';
+SELECT count(*) AS bk10_past_attempts FROM durable_ledger.past_attempts WHERE key = 'PG-BK-10';
+SELECT run, event, attempt FROM durable_ledger.audit_log WHERE key = 'PG-BK-10' AND run = 'pg-bk-a' ORDER BY id;
+-- used again: a new operation, executed, its failure retried, never 23505
+SELECT decision, attempt, (durable_ledger.fail_effect(key, '{"declined": "again"}', attempt)).status
+  FROM durable_ledger.begin_effect('pg-bk-c', 'pg.pay', '{"invoice": 10}', 'PG-BK-10');
+SELECT decision, attempt, (durable_ledger.complete_effect(key, '{"paid": "10 again"}', attempt)).status
+  FROM durable_ledger.begin_effect('pg-bk-c', 'pg.pay', '{"invoice": 10}', 'PG-BK-10');
 SELECT key, attempt, run, status FROM durable_ledger.past_attempts WHERE key = 'PG-BK-10';
+SELECT durable_ledger.release_run('pg-bk-c');
 SELECT count(*) AS pg_div_divergences FROM durable_ledger.divergences WHERE run = 'pg-div';
 SELECT count(*) AS runs_kept FROM durable_ledger.runs WHERE run LIKE 'pg-%';
 -- audited: one row per run and one per call, with the name and the counts

@@ -25,7 +25,7 @@
 
 #include "policy.h"
 
-PG_FUNCTION_INFO_V1(dl_purge_settled_1_2);
+PG_FUNCTION_INFO_V1(dl_purge_settled_1_3);
 PG_FUNCTION_INFO_V1(dl_purge_audit_1_3);
 PG_FUNCTION_INFO_V1(dl_refuse_audit_log_change_1_2);
 
@@ -129,7 +129,7 @@ horizon_args(FunctionCallInfo fcinfo, char **older_than_text, char **purged_by, 
  * until it returns nothing.  A dry run writes nothing and takes no lock.
  */
 Datum
-dl_purge_settled_1_2(PG_FUNCTION_ARGS)
+dl_purge_settled_1_3(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	char	   *older_than_text;

@@ -934,8 +934,8 @@ dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit)
 	"          WHERE (mine.status OPERATOR(pg_catalog.<>) ALL ('{completed,failed}')" \
 	"                 AND NOT (mine.status OPERATOR(pg_catalog.=) 'started' AND mine.safe_to_redo))" \
 	"             OR mine.conflict)," \
-	"        (SELECT pg_catalog.count(*) FROM durable_ledger.past_attempts p JOIN keys k" \
-	"            ON p.key" EQ "k.key WHERE p.run" EQ "$1)," \
+	"        (SELECT pg_catalog.count(*) FROM durable_ledger.past_attempts p JOIN mine" \
+	"            ON p.key" EQ "mine.key)," \
 	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d WHERE d.run" EQ "$1)," \
 	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d" \
 	"          WHERE d.run" EQ "$1 AND d.verdict IS NULL)," \

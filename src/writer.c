@@ -1295,13 +1295,18 @@ dl_write_tool_retired(LockedTool *locked, const char *retired_by, const char *no
 /* ---------- retention ---------- */
 
 static Statement purge_run = {
-	/* the run's effects (RUN_LOGGED_KEYS), its replaced attempts of business
-	 * keys, its divergences and its token leases' counters */
+	/*
+	 * the run's effects (RUN_LOGGED_KEYS) with every replaced attempt of
+	 * theirs, whichever run made it (a business key's earlier runs: left
+	 * behind, it would refuse the key's next use), its divergences and its
+	 * token leases' counters; an attempt it made of another run's effect
+	 * stays with that effect
+	 */
 	"WITH keys AS (SELECT DISTINCT k.key FROM (" RUN_LOGGED_KEYS ") k),"
 	"     e AS (DELETE FROM durable_ledger.effects e USING keys k"
 	"            WHERE e.key" EQ "k.key AND e.run" EQ "$1 RETURNING e.key),"
-	"     p AS (DELETE FROM durable_ledger.past_attempts p USING keys k"
-	"            WHERE p.key" EQ "k.key AND p.run" EQ "$1 RETURNING 1),"
+	"     p AS (DELETE FROM durable_ledger.past_attempts p USING e"
+	"            WHERE p.key" EQ "e.key RETURNING 1),"
 	"     d AS (DELETE FROM durable_ledger.divergences d WHERE d.run" EQ "$1 RETURNING 1),"
 	"     c AS (DELETE FROM durable_ledger.token_lease_calls c WHERE c.run" EQ "$1 RETURNING 1)"
 	" SELECT (SELECT pg_catalog.count(*) FROM e), (SELECT pg_catalog.count(*) FROM p),"
