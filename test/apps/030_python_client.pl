@@ -5,7 +5,11 @@
 # unittest result line into a TAP ok / not ok, plus one check that every test
 # reported a result and one for the suite's exit status.  The token-lease tests
 # also go through a PgBouncer in transaction mode that this script starts in
-# front of the cluster (Debian's pgbouncer, see DurableLedger::PgBouncer).
+# front of the cluster (Debian's pgbouncer, see DurableLedger::PgBouncer), and
+# so do the tests of a session attempt made through it by mistake
+# (tests/test_session_guard.py: PoolerDetected before anything is performed,
+# and the run free afterwards); at the end no session lease is left held, by
+# a pooled server connection or anyone.
 # Needs clients/ copied into $TESTDIR next to test/.
 use strict;
 use warnings;
@@ -21,8 +25,9 @@ BAIL_OUT("$client not found: copy clients/ into TESTDIR") unless -d "$client/tes
 my $node = ledger_node('python_client');
 
 # PgBouncer in transaction mode in front of the node, for the token-lease
-# tests; server_round_robin spreads one client's transactions over the server
-# connections the pooler has.
+# tests and the session attempts it must catch (they need two server
+# connections or more); server_round_robin spreads one client's transactions
+# over the server connections the pooler has.
 my $user = getpwuid($<);
 my $bouncer = DurableLedger::PgBouncer->start($node,
 	users => [$user], user => $user, pool_size => 4,
@@ -76,6 +81,13 @@ ok(defined $ran && $ran > 0 && $ran == $results,
 ok($exit_ok, 'the python client test suite passed');
 unlike($report, qr/ \.\.\. skipped|^OK \(.*skipped/m, 'no python test was skipped');
 diag($report) unless $exit_ok && defined $ran && $ran == $results;
+
+# nothing the suite did left a session lease behind: not on a server connection
+# of the pooler (a session attempt through it ends its lease where it was taken),
+# nor anywhere else (the tests' own connections are closed)
+ok($node->poll_query_until('postgres',
+		q{SELECT count(*) = 0 FROM durable_ledger.leases WHERE kind = 'session'}),
+	'no session lease is left held after the suite');
 
 $bouncer->stop;
 $node->stop;

@@ -506,7 +506,9 @@ class Ledger(p.LedgerCore):
         connection that outlives attempts (a pool).  Also lifts this client's stop on
         ``run`` after a pause or an unknown outcome: the new attempt will meet the
         unresolved effect again in the ledger, at the same occurrence.  Raises
-        `RunAbandoned` (nothing written) when a person abandoned the run.
+        `RunAbandoned` (nothing written) when a person abandoned the run.  The calls of
+        the attempt are guarded as in `attempt` (`PoolerDetected`), and `release_run`
+        ends its lease where it is held.
         """
         self._session_only("acquire_run()")
         self._reserve(run)
@@ -542,6 +544,11 @@ class Ledger(p.LedgerCore):
 
     def release_run(self, run: str) -> bool:
         """End this session's lease on ``run`` (False if it did not hold it).
+
+        For a run held by `acquire_run` of this `Ledger`, the lease of that attempt's
+        epoch: released where the statement reaches its session, else ended by
+        ``release_attempt`` wherever it is held (True when it was ended; False, with a
+        WARNING, when the role may not terminate the server connection that holds it).
 
         Effects still ``started`` under it become ``unknown`` for the next attempt.  Not
         inside the run's ``attempt()`` block, which releases it at its end (the block's
@@ -588,6 +595,16 @@ class Ledger(p.LedgerCore):
         ``wait=False`` raises `RunBusy` at once if another session holds the run;
         `RunAbandoned` when a person abandoned it (do not retry it).  If the
         connection broke, there is nothing to release: the lease ended with the session.
+
+        The entry reads the lease's epoch and server process in the statement that takes
+        it, and every call of the attempt is made only where its statement reached that
+        session (extension 1.3): through a transaction pooler (PgBouncer in transaction
+        mode) a call that lands on another server connection raises `PoolerDetected`
+        before anything is performed, and one whose session lost the lease `LeaseLost`;
+        either stops the attempt.  The exit releases the lease where the statement
+        reaches the attempt's session, else ends it with ``release_attempt`` (the holding
+        server connection is terminated when the role may do so; if not, a WARNING says
+        where the lease stays and until when).
         """
         self._session_only("attempt()")
         self._reserve(run)

@@ -1136,6 +1136,54 @@ class ClientTest(unittest.TestCase):
             (run,)).fetchone()[0]
         self.assertEqual(replays, 4, "the retry replays the payment, the rerun all three calls")
 
+    def test_the_client_readmes_first_run_runs_as_written(self) -> None:
+        # The block under "## A first run" of the client's README, copied as a newcomer
+        # copies it, with only its DSN, run id and a stand-in bank, run twice as a
+        # program: the bank is paid once, and the rerun prints the recorded receipt.
+        readme = os.path.join(HERE, "..", "README.md")
+        with open(readme, encoding="utf-8") as f:
+            text = f.read()
+        section = text[text.index("\n## A first run"):]
+        code = re.search(r"```python\n(.*?)```", section, re.S)
+        assert code is not None, "no python block in the README's first run"
+        example = code.group(1)
+        self.assertLessEqual(len([line for line in example.splitlines() if line.strip()]), 16,
+                             "the first run is not a short program")
+        program = (
+            "import json, os\n"
+            "class bank:\n"
+            "    class Declined(Exception):\n"
+            "        code = 'declined'\n"
+            "    @staticmethod\n"
+            "    def pay(invoice, amount, idempotency_key):\n"
+            "        with open(os.environ['BANK_LOG'], 'a') as f:\n"
+            "            f.write(json.dumps([invoice, amount, idempotency_key]) + '\\n')\n"
+            "        return {'payment_id': 'pay-' + idempotency_key[:8]}\n"
+            f"dsn = {DSN!r}\n"
+            f"run_id = {self.run_id!r}\n"
+            + example)
+        outputs = []
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "first_run.py")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(program)
+            env = dict(os.environ, BANK_LOG=os.path.join(tmp, "bank.log"),
+                       PYTHONPATH=os.path.dirname(HERE))
+            for _ in range(2):  # the program, then its rerun after a crash or redelivery
+                done = subprocess.run(["/usr/bin/python3", "-W", "default", path], env=env,
+                                      capture_output=True, text=True, timeout=120)
+                self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+                self.assertEqual(done.stderr, "", "the first run warns")
+                outputs.append(done.stdout)
+            with open(env["BANK_LOG"], encoding="utf-8") as f:
+                payments = f.read().splitlines()
+        self.assertEqual(len(payments), 1, f"the rerun paid again: {payments}")
+        self.assertIn("pay-", outputs[0])
+        self.assertEqual(outputs[0], outputs[1], "the rerun printed another receipt")
+        self.assertEqual(self.admin.execute(
+            "SELECT tool, status::text FROM durable_ledger.effects WHERE run = %s",
+            (self.run_id,)).fetchall(), [("bank.pay", "completed")])
+
     def test_the_readmes_agent_loop_killed_in_a_model_call(self) -> None:
         # The agent loop of the top README ("An agent loop: record each model turn"), as
         # written, with a scripted model and stand-ins for the tools.  The first worker is
