@@ -245,3 +245,25 @@ RETURNS TABLE (run text, effects bigint, past_attempts bigint, divergences bigin
 AS 'MODULE_PATHNAME', 'dl_purge_settled_1_3'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
+
+-- ---------------------------------------------------------------------------
+-- Canonical args have a bounded cost: at most 8 times the size of args as
+-- jsonb stores them, plus 1 kB (a number is written out in full); larger args
+-- are refused at once (22023).  Every key ever derived is unchanged.
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION durable_ledger.canonical_args(args jsonb)
+RETURNS text
+AS 'MODULE_PATHNAME', 'dl_canonical_args_1_3'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION durable_ledger.effect_key(run text, tool text, args jsonb, occurrence integer)
+RETURNS text
+AS 'MODULE_PATHNAME', 'dl_effect_key_1_3'
+LANGUAGE C STABLE PARALLEL RESTRICTED;
+
+CREATE OR REPLACE FUNCTION durable_ledger.fork_run(source_run text, new_run text, up_to text,
+                                                   forked_by text, note text DEFAULT NULL)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'dl_fork_run_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;

@@ -40,6 +40,18 @@ SELECT decision, occurrence FROM durable_ledger.begin_effect('hostile-num', 'pay
 SELECT decision, occurrence FROM durable_ledger.begin_effect('hostile-num', 'pay', '{"amount": 10e399}');
 -- a number jsonb itself cannot hold: the input is refused before the ledger sees it
 SELECT durable_ledger.begin_effect('hostile-num', 'pay', '{"amount": 1e1000000}');
+-- numbers that jsonb holds in a few bytes but that take a character per digit
+-- written out: the canonical text of args may be at most 8 times their stored
+-- size plus 1 kB, so 100 kB of them cost no gigabyte: refused at once (22023),
+-- nothing written; one such number alone, or a string of escaped control
+-- characters (6 times longer), stays well within it
+SELECT (SELECT count(*) FROM durable_ledger.effects) || '/' || (SELECT count(*) FROM durable_ledger.audit_log) AS before \gset
+SELECT regress_sqlstate($$SELECT durable_ledger.canonical_args(('[' || repeat('1e131071,', 12000) || '1]')::jsonb)$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.effect_key('hostile-num', 'pay', '{"amount": 1e131071}', 1)$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('hostile-num', 'pay', ('[' || repeat('1e131071,', 12000) || '1]')::jsonb)$$);
+SELECT (SELECT count(*) FROM durable_ledger.effects) || '/' || (SELECT count(*) FROM durable_ledger.audit_log) = :'before' AS nothing_written;
+SELECT length(durable_ledger.canonical_args('[1e1000]')) AS within_the_bound,
+       length(durable_ledger.canonical_args(jsonb_build_array(repeat(E'\x01', 10000)))) AS escaped_controls;
 
 -- text that only looks like non-UTF-8 is ordinary text; invalid bytes never get in
 SELECT decision, key FROM durable_ledger.begin_effect('hostile-bytes', 'pay', '{"s": "\\xff\\xfe"}', '\xff\xfe Ã©');

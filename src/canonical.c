@@ -16,6 +16,14 @@
  *   - true, false, null.
  *
  * The README documents the same rules for people recomputing keys elsewhere.
+ *
+ * A number written out in full takes a character per digit: 1e131071 is
+ * eight bytes of JSON and 131,072 characters of canonical text.  So the
+ * canonical text of args may be at most CANONICAL_GROWTH times their size as
+ * jsonb stores them, plus CANONICAL_SLACK bytes (an escaped control character,
+ * the worst of the rest, grows six times); larger args are refused (22023)
+ * as soon as the text passes the bound, before the rest is written.  Every
+ * key the ledger ever derived is unchanged: the bound only refuses.
  */
 #include "postgres.h"
 
@@ -27,8 +35,32 @@
 
 #include "common.h"
 
+#define CANONICAL_GROWTH 8
+#define CANONICAL_SLACK 1024
+
+/* Where the canonical text goes, and how long it may grow. */
+typedef struct Canonical
+{
+	StringInfo	out;
+	int			start;			/* out->len when args began */
+	Size		bound;			/* bytes the text of args may take */
+	Size		stored;			/* the size of args as jsonb stores them */
+} Canonical;
+
 static void
-append_number(StringInfo out, Numeric num)
+check_bound(const Canonical *c, Size more)
+{
+	if ((Size) (c->out->len - c->start) + more > c->bound)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("args are too large once written canonically"),
+				 errdetail("Their canonical text would take more than %zu bytes, %d times their %zu bytes as jsonb stores them plus %d; a number is written out in full, a character per digit.",
+						   c->bound, CANONICAL_GROWTH, c->stored, CANONICAL_SLACK),
+				 errhint("Pass such a number as a string.")));
+}
+
+static void
+append_number(Canonical *c, Numeric num)
 {
 	Datum		trimmed;
 	char	   *text;
@@ -38,15 +70,20 @@ append_number(StringInfo out, Numeric num)
 
 	/* numeric keeps the sign of a negative zero ("-0"); the key must not */
 	if (strcmp(text, "-0") == 0)
-		appendStringInfoChar(out, '0');
+		appendStringInfoChar(c->out, '0');
 	else
-		appendStringInfoString(out, text);
+	{
+		check_bound(c, strlen(text));
+		appendStringInfoString(c->out, text);
+	}
 	pfree(text);
 }
 
 static void
-append_scalar(StringInfo out, const JsonbValue *v)
+append_scalar(Canonical *c, const JsonbValue *v)
 {
+	StringInfo	out = c->out;
+
 	switch (v->type)
 	{
 		case jbvNull:
@@ -56,7 +93,7 @@ append_scalar(StringInfo out, const JsonbValue *v)
 			appendStringInfoString(out, v->val.boolean ? "true" : "false");
 			break;
 		case jbvNumeric:
-			append_number(out, v->val.numeric);
+			append_number(c, v->val.numeric);
 			break;
 		case jbvString:
 			{
@@ -64,6 +101,7 @@ append_scalar(StringInfo out, const JsonbValue *v)
 
 				escape_json(out, s);
 				pfree(s);
+				check_bound(c, 0);
 				break;
 			}
 		default:
@@ -82,13 +120,19 @@ dl_append_canonical_args(StringInfo out, Jsonb *args)
 	JsonbValue	v;
 	JsonbIteratorToken tok;
 	bool		need_comma = false;
+	Canonical	c;
+
+	c.out = out;
+	c.start = out->len;
+	c.stored = VARSIZE(args);
+	c.bound = c.stored * CANONICAL_GROWTH + CANONICAL_SLACK;
 
 	/* a bare scalar is stored as a one-element pseudo array: write it alone */
 	if (JB_ROOT_IS_SCALAR(args))
 	{
 		if (!JsonbExtractScalar(&args->root, &v))
 			elog(ERROR, "could not extract the scalar of a scalar jsonb");
-		append_scalar(out, &v);
+		append_scalar(&c, &v);
 		return;
 	}
 
@@ -120,18 +164,18 @@ dl_append_canonical_args(StringInfo out, Jsonb *args)
 			case WJB_KEY:
 				if (need_comma)
 					appendStringInfoChar(out, ',');
-				append_scalar(out, &v);
+				append_scalar(&c, &v);
 				appendStringInfoChar(out, ':');
 				need_comma = false;
 				break;
 			case WJB_VALUE:
-				append_scalar(out, &v);
+				append_scalar(&c, &v);
 				need_comma = true;
 				break;
 			case WJB_ELEM:
 				if (need_comma)
 					appendStringInfoChar(out, ',');
-				append_scalar(out, &v);
+				append_scalar(&c, &v);
 				need_comma = true;
 				break;
 			default:

@@ -9,13 +9,20 @@
 
 #include "policy.h"
 
+PG_FUNCTION_INFO_V1(dl_canonical_args_1_3);
 PG_FUNCTION_INFO_V1(dl_canonical_args);
 PG_FUNCTION_INFO_V1(dl_effect_key);
 PG_FUNCTION_INFO_V1(dl_effect_key_1_2);
+PG_FUNCTION_INFO_V1(dl_effect_key_1_3);
 
-/* canonical_args(args jsonb) RETURNS text */
+/*
+ * canonical_args(args jsonb) RETURNS text
+ *
+ * 1.3's symbol: the canonical text is bounded (canonical.c).  Writing
+ * nothing, the older SQL objects' symbols compute the same.
+ */
 Datum
-dl_canonical_args(PG_FUNCTION_ARGS)
+dl_canonical_args_1_3(PG_FUNCTION_ARGS)
 {
 	Jsonb	   *args = dl_required_jsonb_arg(fcinfo, 0, "args");
 	StringInfoData buf;
@@ -23,6 +30,13 @@ dl_canonical_args(PG_FUNCTION_ARGS)
 	initStringInfo(&buf);
 	dl_append_canonical_args(&buf, args);
 	PG_RETURN_TEXT_P(cstring_to_text_with_len(buf.data, buf.len));
+}
+
+/* canonical_args of the SQL objects of 1.0 to 1.2 */
+Datum
+dl_canonical_args(PG_FUNCTION_ARGS)
+{
+	return dl_canonical_args_1_3(fcinfo);
 }
 
 static int32
@@ -50,7 +64,7 @@ occurrence_arg(FunctionCallInfo fcinfo, int argno)
  * with key fields (as the registry says now), else from all of args.
  */
 Datum
-dl_effect_key_1_2(PG_FUNCTION_ARGS)
+dl_effect_key_1_3(PG_FUNCTION_ARGS)
 {
 	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
 	char	   *tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
@@ -65,6 +79,13 @@ dl_effect_key_1_2(PG_FUNCTION_ARGS)
 	dl_append_canonical_args(&canon, dl_identity_of_call(&rules, args, NULL));
 	dl_derive_key(run, tool, canon.data, canon.len, occurrence, key);
 	PG_RETURN_TEXT_P(cstring_to_text(key));
+}
+
+/* effect_key of the 1.2 SQL objects: the same */
+Datum
+dl_effect_key_1_2(PG_FUNCTION_ARGS)
+{
+	return dl_effect_key_1_3(fcinfo);
 }
 
 /* effect_key of the 1.0 and 1.1 SQL objects: all of args (they had no registry) */

@@ -13,7 +13,7 @@
 
 PG_FUNCTION_INFO_V1(dl_abandon_run_1_2);
 PG_FUNCTION_INFO_V1(dl_resolve_divergence_1_2);
-PG_FUNCTION_INFO_V1(dl_fork_run_1_2);
+PG_FUNCTION_INFO_V1(dl_fork_run_1_3);
 
 /*
  * abandon_run(run text, abandoned_by text, note text) RETURNS boolean
@@ -195,7 +195,7 @@ rules_of(List **known, const char *tool)
  * the new run carries.
  */
 Datum
-dl_fork_run_1_2(PG_FUNCTION_ARGS)
+dl_fork_run_1_3(PG_FUNCTION_ARGS)
 {
 	char	   *source_run = dl_required_text_arg(fcinfo, 0, "source_run", DL_MAX_RUN_CHARS);
 	char	   *new_run = dl_required_text_arg(fcinfo, 1, "new_run", DL_MAX_RUN_CHARS);
