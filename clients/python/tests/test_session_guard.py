@@ -315,11 +315,14 @@ class LostOnItsConnectionTest(Guarded, unittest.TestCase):
         other = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
         self.addCleanup(other.close)
         ledger.conn = other
-        with self.assertRaises(PoolerDetected) as caught:
-            ledger.guarded(self.run_id, "bank.pay", {"n": 1}, self.perform)
+        asked: List[str] = []
+        with self.assertRaises(PoolerDetected) as caught:  # a recorded call is guarded too
+            ledger.record(self.run_id, "model", {"q": 1}, lambda: asked.append("model"))
         self.assertEqual((caught.exception.pid, caught.exception.reached_pid),
                          (pid, other.info.backend_pid))
-        self.assertEqual((self.sent, self.effects(self.run_id)), ([], 0))
+        with self.assertRaises(PoolerDetected):  # and the attempt is stopped
+            ledger.guarded(self.run_id, "bank.pay", {"n": 1}, self.perform)
+        self.assertEqual((asked, self.sent, self.effects(self.run_id)), ([], [], 0))
         with self.assertLogs("durable_ledger", level="WARNING"):
             self.assertTrue(ledger.release_run(self.run_id))  # by release_attempt
         self.assertTrue(wait_for(lambda: self.gone(pid)))
