@@ -134,8 +134,9 @@ prove_installcheck:
 
 # The tests of what uses the ledger: the clients, the demo, the cookbook
 # (test/apps/, TAP; each starts its own cluster).
+APP_TESTS ?= test/apps/*.pl
 check-clients:
-	$(MAKE) prove_installcheck PROVE_TESTS='test/apps/*.pl'
+	$(MAKE) prove_installcheck PROVE_TESTS='$(APP_TESTS)'
 
 # src/ calls only downwards (reads the built objects).
 check-layers: all

@@ -79,8 +79,9 @@ typedef struct Decision
 #define HINT_BUSINESS_KEY_REWORDED \
 	"If this is the same operation with reworded free text (a memo, a message body), an " \
 	"admin names the fields that identify it: durable_ledger.change_tool(tool, changed_by, " \
-	"key_fields => '{...}') (or register_tool); the call then replays. A new business key " \
-	"would perform the operation again."
+	"key_fields => '{...}'), or, once calls of the tool are recorded under derived keys, " \
+	"register_tool of a new tool name with key_fields; the call then replays. A new " \
+	"business key would perform the operation again."
 
 /*
  * A business key names one operation: the same tool with the same args (the

@@ -7,6 +7,7 @@
 #   make prove_installcheck TAP (test/t/): each test makes its own clusters
 #   make check-clients      the clients', demo's and cookbook's tests (test/apps/)
 #   test/check-layers.py    src/ calls only downwards
+#   test/check-links.py     every relative link of the Markdown resolves
 #
 # The suites run from a copy of the tree that the cluster user can enter
 # (the clone may sit where only root can, under /root); clusters run as the
@@ -94,6 +95,7 @@ stop_cluster
 run_suite tap as_cluster_user env PATH="$bindir:$PATH" make -s prove_installcheck PROVE_FLAGS=-v
 run_suite apps as_cluster_user env PATH="$bindir:$PATH" make -s check-clients PROVE_FLAGS=-v
 run_suite layers /usr/bin/python3 "$top/test/check-layers.py" "$top/src"
+run_suite links /usr/bin/python3 "$top/test/check-links.py" "$top"
 
 echo
 echo "$passed passed, $failed failed"

@@ -14,8 +14,10 @@
 
 install_extension() {
 	if [ "$(id -u)" = 0 ]; then
+		echo "installing what the build and the tests need from Debian's packages, where missing (test/install-deps.sh) ..."
 		"$1/test/install-deps.sh" >/dev/null
 	fi
+	echo "building durable_ledger and installing it into PostgreSQL $("${PG_CONFIG:-pg_config}" --version | sed 's/^PostgreSQL //') at $("${PG_CONFIG:-pg_config}" --pkglibdir) ..."
 	make -s -C "$1" install >/dev/null
 }
 
@@ -32,6 +34,9 @@ start_throwaway_cluster() {
 	else
 		as_cluster_user() { "$@"; }
 	fi
+	# the cluster user's programs start in the current directory: one it can
+	# enter (a clone under /root is not), or they say so on every start
+	cd "$work"
 	trap 'as_cluster_user "$bindir/pg_ctl" -D "$work/data" -m immediate stop >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
 	as_cluster_user "$bindir/initdb" -D "$work/data" -A trust -U postgres >/dev/null
