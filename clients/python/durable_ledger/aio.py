@@ -72,7 +72,8 @@ from ._protocol import (
 from .errors import (EffectDidNotHappen, LeaseLost, LedgerError, LedgerRefused, LedgerUsageError,
                      PermissionDenied, RunBusy)
 
-__all__ = ["AsyncLedger", "AsyncTokenLease", "AsyncPerform", "AsyncToolFunction", "AsyncTool"]
+__all__ = ["AsyncLedger", "AsyncTokenLease", "AsyncPerform", "AsyncToolFunction", "AsyncTool",
+           "AsyncToolDecorator"]
 
 #: ``perform(idempotency_key) -> result``, or a coroutine function returning it.
 AsyncPerform = Callable[[str], Union[Any, Awaitable[Any]]]

@@ -85,6 +85,8 @@ class Tool(Protocol[R_co]):
 
     @property
     def ledger(self) -> "Ledger": ...
+
+
 #: What `Ledger` is given: one connection, a pool (anything with ``.connection()``, such
 #: as ``psycopg_pool.ConnectionPool``) or a factory (``connect() -> Connection``, or a
 #: context manager that yields one).
