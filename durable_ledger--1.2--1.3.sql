@@ -267,3 +267,19 @@ RETURNS integer
 AS 'MODULE_PATHNAME', 'dl_fork_run_1_3'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
+
+-- ---------------------------------------------------------------------------
+-- A ttl too long for 64 bits of microseconds is refused (22023), not wrapped.
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION durable_ledger.take_lease(run text, ttl interval DEFAULT '5 minutes',
+                                                     holder text DEFAULT NULL)
+RETURNS durable_ledger.lease
+AS 'MODULE_PATHNAME', 'dl_take_lease_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION durable_ledger.renew_lease(token text, ttl interval DEFAULT NULL)
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'dl_renew_lease_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;

@@ -196,6 +196,11 @@ SELECT regress_error($$SELECT durable_ledger.take_lease('tok-6', '1000 years -35
 SELECT regress_error($$SELECT durable_ledger.take_lease('tok-6', '1 mon -29 days')$$);
 SELECT regress_error($$SELECT durable_ledger.take_lease('tok-6', '-1 year 361 days')$$);
 SELECT regress_error(format($$SELECT durable_ledger.renew_lease(%L, '1 mon')$$, :'t2'));
+-- ... and one too long for 64 bits of microseconds is refused, not wrapped
+-- around (213,503,982 days and an hour are 2^64 microseconds and an hour)
+SELECT regress_error($$SELECT durable_ledger.take_lease('tok-6', '213503982 days 01:00:00')$$);
+SELECT regress_error($$SELECT durable_ledger.take_lease('tok-6', '-213503982 days 23:00:00')$$);
+SELECT regress_error(format($$SELECT durable_ledger.renew_lease(%L, '213503982 days 01:00:00')$$, :'t2'));
 SELECT regress_token_footprint('tok-6') = :'before' AS nothing_written;
 SELECT (l).expires_at - now() BETWEEN interval '59 minutes' AND interval '61 minutes' AS one_hour
   FROM (SELECT durable_ledger.take_lease('tok-6b', '1 day -23 hours') AS l) s;

@@ -36,6 +36,7 @@ REFUSED_1_1(dl_take_lease_1_1)
 REFUSED_1_1(dl_complete_effect_1_1)
 REFUSED_1_1(dl_fail_effect_1_1)
 REFUSED_1_1(dl_resolve_effect_1_1)
+REFUSED_1_1(dl_renew_lease_1_1)
 
 /* The functions of durable_ledger 1.2 that this library implements anew. */
 #define REFUSED_1_2(name) REFUSED_1_0(name)
@@ -48,3 +49,4 @@ REFUSED_1_2(dl_set_unregistered_tools_1_2)
 REFUSED_1_2(dl_purge_audit_1_2)
 REFUSED_1_2(dl_purge_settled_1_2)
 REFUSED_1_2(dl_fork_run_1_2)
+REFUSED_1_2(dl_take_lease_1_2)

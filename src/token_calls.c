@@ -11,8 +11,8 @@
 
 #include "lease.h"
 
-PG_FUNCTION_INFO_V1(dl_take_lease_1_2);
-PG_FUNCTION_INFO_V1(dl_renew_lease_1_1);
+PG_FUNCTION_INFO_V1(dl_take_lease_1_3);
+PG_FUNCTION_INFO_V1(dl_renew_lease_1_3);
 PG_FUNCTION_INFO_V1(dl_release_lease_1_1);
 
 static Interval *
@@ -33,7 +33,7 @@ optional_ttl(FunctionCallInfo fcinfo, int argno)
  * holds the run.
  */
 Datum
-dl_take_lease_1_2(PG_FUNCTION_ARGS)
+dl_take_lease_1_3(PG_FUNCTION_ARGS)
 {
 	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
 	Interval   *ttl;
@@ -74,7 +74,7 @@ dl_take_lease_1_2(PG_FUNCTION_ARGS)
 
 /* renew_lease(token text, ttl interval) RETURNS timestamptz: the new expiry */
 Datum
-dl_renew_lease_1_1(PG_FUNCTION_ARGS)
+dl_renew_lease_1_3(PG_FUNCTION_ARGS)
 {
 	char	   *token = dl_required_text_arg(fcinfo, 0, "token", 0);
 	Interval   *ttl = optional_ttl(fcinfo, 1);

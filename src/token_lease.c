@@ -17,6 +17,7 @@
 #include "postgres.h"
 
 #include "common/cryptohash.h"
+#include "common/int.h"
 #include "common/sha2.h"
 #include "port.h"
 #include "utils/builtins.h"
@@ -29,12 +30,21 @@
 
 /*
  * A ttl is a duration: its days count 24 hours each, and months (whose
- * length depends on the calendar) are refused.
+ * length depends on the calendar) are refused; -1 for those, and for one
+ * whose microseconds do not fit in 64 bits (a ttl of 584,000 years would
+ * wrap around to an hour).
  */
 static int64
 ttl_usecs(Interval *ttl)
 {
-	return ttl->month != 0 ? -1 : (int64) ttl->day * USECS_PER_DAY + ttl->time;
+	int64		days_usecs;
+	int64		usecs;
+
+	if (ttl->month != 0 ||
+		pg_mul_s64_overflow((int64) ttl->day, USECS_PER_DAY, &days_usecs) ||
+		pg_add_s64_overflow(days_usecs, ttl->time, &usecs))
+		return -1;
+	return usecs;
 }
 
 /* When a lease given ttl from now expires. */
