@@ -61,6 +61,24 @@ SELECT durable_ledger.begin_effect(convert_from('\xff'::bytea, 'UTF8'), 'pay', '
 SELECT decision, char_length(key) AS chars, octet_length(key) AS bytes
   FROM durable_ledger.begin_effect('hostile-long', 'pay', '{}', repeat('😀', 255));
 
+-- a run and a tool as long as allowed in 4-byte characters would not fit in
+-- the index entry that holds both: refused up front (22023, not the index's
+-- 54000), nothing written; within 2,600 bytes together they are accepted,
+-- for a fork's new run too
+SELECT (SELECT count(*) FROM durable_ledger.effects) || '/' || (SELECT count(*) FROM durable_ledger.audit_log) AS before \gset
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect(repeat('😀', 512), repeat('😀', 255), '{}')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.begin_recorded(repeat('😀', 512), repeat('😀', 255), '{}')$$);
+SELECT (SELECT count(*) FROM durable_ledger.effects) || '/' || (SELECT count(*) FROM durable_ledger.audit_log) = :'before' AS nothing_written;
+SELECT decision FROM durable_ledger.begin_effect(repeat('😀', 512), repeat('😀', 138), '{}');
+SELECT octet_length(run) + octet_length(tool) AS bytes FROM durable_ledger.effects WHERE run = repeat('😀', 512);
+SELECT (durable_ledger.complete_effect(key, '{}')).status
+  FROM durable_ledger.begin_effect('hostile-fork', repeat('😀', 255), '{}');
+SELECT regress_sqlstate(format($$SELECT durable_ledger.fork_run('hostile-fork', repeat('😃', 512), %L, 'regress')$$,
+       durable_ledger.effect_key('hostile-fork', repeat('😀', 255), '{}', 1)));
+SELECT durable_ledger.fork_run('hostile-fork', repeat('😀', 300), durable_ledger.effect_key('hostile-fork', repeat('😀', 255), '{}', 1),
+       'regress') AS carried;
+
 SELECT durable_ledger.release_run(r)
   FROM unnest(ARRAY[E'hi''"\\\x01\x1f\t\nrun', 'hostile-bk', 'hostile-big', 'hostile-deep',
-                    'hostile-num', 'hostile-bytes', 'hostile-long']) AS r;
+                    'hostile-num', 'hostile-bytes', 'hostile-long', repeat('😀', 512),
+                    'hostile-fork']) AS r;

@@ -526,6 +526,7 @@ begin_call(FunctionCallInfo fcinfo, const BeginArgs *kind)
 	HeapTuple	tuple;
 	bool		waited;
 
+	dl_check_run_and_tool(run, tool);
 	if (kind->business_key >= 0 && !PG_ARGISNULL(kind->business_key))
 	{
 		business_key = dl_required_text_arg(fcinfo, kind->business_key, "business_key",

@@ -53,6 +53,25 @@ dl_required_text_arg(FunctionCallInfo fcinfo, int argno, const char *argname,
 }
 
 /*
+ * A run and a tool that an effect's row may hold: together they fit in the
+ * index entry that holds both (DL_MAX_RUN_TOOL_BYTES), checked before
+ * anything is written rather than met as the index's own error.
+ */
+void
+dl_check_run_and_tool(const char *run, const char *tool)
+{
+	size_t		run_bytes = strlen(run);
+	size_t		tool_bytes = strlen(tool);
+
+	if (run_bytes + tool_bytes > DL_MAX_RUN_TOOL_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("run and tool are too long together"),
+				 errdetail("They take %zu and %zu bytes; an effect's run and tool may take at most %d bytes together.",
+						   run_bytes, tool_bytes, DL_MAX_RUN_TOOL_BYTES)));
+}
+
+/*
  * An optional attempt number (argument argno, absent in older SQL
  * declarations): 0 when NULL or absent, else at least 1 (22023).
  */

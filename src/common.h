@@ -64,6 +64,13 @@
 #define DL_MAX_TOOL_CHARS 255
 #define DL_MAX_BUSINESS_KEY_CHARS 255
 
+/*
+ * ... and the bytes of a run and a tool together: an effect is indexed by
+ * both (effects_tool_run_idx), and a B-tree entry of an 8 kB page holds at
+ * most 2,704 bytes; 512 and 255 characters of four bytes would not fit.
+ */
+#define DL_MAX_RUN_TOOL_BYTES 2600
+
 /* A derived key: lowercase hex SHA-256. */
 #define DL_KEY_HEX_LEN 64
 
@@ -121,6 +128,7 @@ extern Jsonb *dl_required_jsonb_arg(FunctionCallInfo fcinfo, int argno,
 									const char *argname);
 extern Jsonb *dl_optional_jsonb_arg(FunctionCallInfo fcinfo, int argno);
 extern int32 dl_optional_attempt_arg(FunctionCallInfo fcinfo, int argno);
+extern void dl_check_run_and_tool(const char *run, const char *tool);
 extern void dl_check_writable(const char *function);
 extern void dl_refuse_prepare(void);
 extern void dl_error_older_sql(const char *sql_version);

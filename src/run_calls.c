@@ -269,6 +269,7 @@ dl_fork_run_1_3(PG_FUNCTION_ARGS)
 							   dl_status_name(source.row.status),
 							   source.row.conflict ? " and contradicted" : ""),
 					 errhint("A person resolves it with durable_ledger.resolve_effect() first, or the fork stops before it.")));
+		dl_check_run_and_tool(new_run, source.row.tool);
 		rules = rules_of(&known_rules, source.row.tool);
 		initStringInfo(&canon);
 		dl_append_canonical_args(&canon, dl_identity_of_call(rules, source.row.args, NULL));
