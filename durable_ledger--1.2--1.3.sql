@@ -283,3 +283,14 @@ RETURNS timestamptz
 AS 'MODULE_PATHNAME', 'dl_renew_lease_1_3'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
+
+-- ---------------------------------------------------------------------------
+-- Columns an admin adds and drops do not break the ledger: effect_status
+-- forms its row by column name, skipping dropped attributes.
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION durable_ledger.effect_status(key text)
+RETURNS SETOF durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_effect_status_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+ROWS 1;

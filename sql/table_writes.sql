@@ -273,6 +273,43 @@ SELECT count(*) AS effects, count(*) FILTER (WHERE status = 'started') AS starte
   FROM durable_ledger.effects WHERE run = 'direct-ro';
 SELECT durable_ledger.release_run('direct-ro');
 
+-- columns an admin adds and drops: the ledger goes on, on every table (a
+-- dropped column stays in the row type, where the ledger skips it).  The
+-- columns stay dropped: every later file runs on these tables.
+SELECT key AS kd FROM durable_ledger.begin_effect('direct-dc', 'pay', '{"n": 1}') \gset
+DO $$
+DECLARE t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['effects', 'runs', 'audit_log', 'tools', 'divergences', 'past_attempts',
+                             'token_leases', 'token_lease_calls', 'policy', 'unsettled', 'audit_anchors'] LOOP
+        EXECUTE format('ALTER TABLE durable_ledger.%I ADD COLUMN regress_added text, ADD COLUMN regress_dropped int', t);
+        EXECUTE format('ALTER TABLE durable_ledger.%I DROP COLUMN regress_dropped', t);
+    END LOOP;
+END $$;
+SELECT count(*) AS dropped_columns FROM pg_attribute
+ WHERE attrelid::regclass::text LIKE 'durable_ledger.%' AND attisdropped;
+SELECT key = :'kd' AS same_key, status FROM durable_ledger.effect_status(:'kd');
+SELECT status FROM durable_ledger.complete_effect(:'kd', '{"paid": 1}');
+SELECT status, result FROM durable_ledger.effect_status(:'kd');
+SELECT durable_ledger.acquire_run('direct-dc');
+SELECT decision, status FROM durable_ledger.begin_effect('direct-dc', 'pay', '{"n": 1}');
+SELECT decision, (durable_ledger.fail_effect(key, '{"declined": 2}', attempt)).status
+  FROM durable_ledger.begin_effect('direct-dc', 'pay', '{"n": 2}', 'DIRECT-DC-BK');
+SELECT decision, attempt FROM durable_ledger.begin_effect('direct-dc', 'pay', '{"n": 2}', 'DIRECT-DC-BK');
+SELECT key, attempt, status FROM durable_ledger.effect_status('DIRECT-DC-BK');
+SELECT durable_ledger.release_run('direct-dc');
+-- ... and dropping the columns it added too
+ALTER TABLE durable_ledger.effects DROP COLUMN regress_added;
+SELECT status FROM durable_ledger.effect_status(:'kd');
+DO $$
+DECLARE t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['runs', 'audit_log', 'tools', 'divergences', 'past_attempts',
+                             'token_leases', 'token_lease_calls', 'policy', 'unsettled', 'audit_anchors'] LOOP
+        EXECUTE format('ALTER TABLE durable_ledger.%I DROP COLUMN regress_added', t);
+    END LOOP;
+END $$;
+
 -- an index created between two writes of one session (a partial one on an
 -- expression, here) is written by the next, one created by another session
 -- too, and a dropped or rebuilt one is no longer in its way

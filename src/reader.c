@@ -132,6 +132,35 @@ optional_jsonb(HeapTuple tuple, TupleDesc desc, int column)
 }
 
 /*
+ * A row SPI found, in the shape of desc (the table's row type, whose
+ * attributes include the columns an admin dropped, which SELECT * leaves
+ * out): each column by its name, a dropped one NULL.
+ */
+static HeapTuple
+in_row_type(HeapTuple tuple, TupleDesc found, TupleDesc desc, const char *table)
+{
+	Datum	   *values = palloc(desc->natts * sizeof(Datum));
+	bool	   *nulls = palloc(desc->natts * sizeof(bool));
+	int			i;
+
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		int			column;
+
+		values[i] = (Datum) 0;
+		nulls[i] = true;
+		if (att->attisdropped)
+			continue;
+		column = SPI_fnumber(found, NameStr(att->attname));
+		if (column <= 0 || SPI_gettypeid(found, column) != att->atttypid)
+			elog(ERROR, "durable_ledger.%s does not have the columns of its row type", table);
+		values[i] = SPI_getbinval(tuple, found, column, &nulls[i]);
+	}
+	return heap_form_tuple(desc, values, nulls);
+}
+
+/*
  * key's row as it is now (whatever the transaction's snapshot), formed with
  * desc (the durable_ledger.effects row type) in SPI memory, with its values
  * in *row; NULL when there is no such key.
@@ -149,8 +178,6 @@ dl_read_effect_now(const char *key, TupleDesc desc, EffectRow *row)
 		return NULL;
 	tuple = SPI_tuptable->vals[0];
 	found = SPI_tuptable->tupdesc;
-	if (found->natts != desc->natts)
-		elog(ERROR, "durable_ledger.effects does not have the columns of its row type");
 	if (row != NULL)
 	{
 		row->key = SPI_getvalue(tuple, found, SPI_fnumber(found, "key"));
@@ -159,7 +186,7 @@ dl_read_effect_now(const char *key, TupleDesc desc, EffectRow *row)
 		row->attempt = DatumGetInt32(SPI_getbinval(tuple, found, SPI_fnumber(found, "attempt"), &isnull));
 		row->lease_epoch = DatumGetInt64(SPI_getbinval(tuple, found, SPI_fnumber(found, "lease_epoch"), &isnull));
 	}
-	return heap_copytuple(tuple);
+	return in_row_type(tuple, found, desc, "effects");
 }
 
 /* A key that a report or a resolution names and that does not exist. */

@@ -13,6 +13,7 @@
 
 #include "lease.h"
 
+PG_FUNCTION_INFO_V1(dl_effect_status_1_3);
 PG_FUNCTION_INFO_V1(dl_effect_status_1_1);
 
 /* How often the row is read again when it keeps changing under the look. */
@@ -63,9 +64,15 @@ effect_as_now(const char *key, TupleDesc desc)
 	return NULL;				/* keep compiler quiet */
 }
 
-/* effect_status(key text) RETURNS SETOF durable_ledger.effects */
+/*
+ * effect_status(key text) RETURNS SETOF durable_ledger.effects
+ *
+ * 1.3's symbol: the row in the shape of the table's row type, also after an
+ * admin dropped a column.  Writing nothing, the older SQL objects' symbol
+ * computes the same.
+ */
 Datum
-dl_effect_status_1_1(PG_FUNCTION_ARGS)
+dl_effect_status_1_3(PG_FUNCTION_ARGS)
 {
 	char	   *key = dl_required_text_arg(fcinfo, 0, "key", 0);
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
@@ -80,4 +87,11 @@ dl_effect_status_1_1(PG_FUNCTION_ARGS)
 	dl_spi_finish();
 
 	return (Datum) 0;
+}
+
+/* effect_status of the SQL objects of 1.1 and 1.2 */
+Datum
+dl_effect_status_1_1(PG_FUNCTION_ARGS)
+{
+	return dl_effect_status_1_3(fcinfo);
 }

@@ -294,7 +294,7 @@ my %unchanged_since = (
 	'1.0' => { map { $_ => 1 } qw(canonical_args guard_drop) },
 	'1.1' => { map { $_ => 1 } qw(canonical_args guard_drop effect_status release_run
 		break_lease renew_lease release_lease) },
-	'1.2' => { map { $_ => 1 } qw(guard_drop effect_status release_run
+	'1.2' => { map { $_ => 1 } qw(guard_drop release_run
 		break_lease release_lease abandon_run acquire_run change_tool
 		metrics_events refuse_audit_log_change register_tool
 		resolve_divergence resolve_effect retire_tool) });
