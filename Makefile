@@ -105,7 +105,8 @@ ISOLATION = \
 	unsettled_repair \
 	purge_race \
 	purge_audit_race \
-	attention
+	attention \
+	unnamed_report_two_runs
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 
 # TAP tests (test/t/), each with clusters of its own: make prove_installcheck

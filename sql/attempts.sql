@@ -107,11 +107,14 @@ SELECT * FROM dblink('b', $$SELECT decision, attempt
 SELECT status, attempt, conflict FROM durable_ledger.complete_effect('ATT-2', '{"payment": "p2"}');
 SELECT * FROM dblink('b', $$SELECT durable_ledger.release_run('att-e')$$) AS t(released boolean);
 
--- the holder of the very lease that started the current attempt, when that
--- lease began no earlier attempt of the key (att-f's second epoch)
-SELECT decision, attempt FROM durable_ledger.begin_effect('att-f', 'pay', '{"invoice": 3}', 'ATT-3');
-SELECT status FROM durable_ledger.fail_effect('ATT-3', '"declined"');
-SELECT durable_ledger.acquire_run('att-f');
+-- the holder of the very lease that started the current attempt, when this
+-- session holds no lease of a run that started an earlier attempt of the key
+-- (attempt 1 was att-f0's, in another session)
+SELECT * FROM dblink('b', $$SELECT decision, attempt
+                              FROM durable_ledger.begin_effect('att-f0', 'pay', '{"invoice": 3}', 'ATT-3')$$)
+    AS t(decision text, attempt int);
+SELECT * FROM dblink('b', $$SELECT status FROM durable_ledger.fail_effect('ATT-3', '"declined"', 1)$$)
+    AS t(status text);
 SELECT decision, attempt FROM durable_ledger.begin_effect('att-f', 'pay', '{"invoice": 3}', 'ATT-3');
 SELECT status, attempt, conflict FROM durable_ledger.fail_effect('ATT-3', '"declined again"');
 -- a lease that began two attempts cannot tell them apart: when it began
@@ -125,6 +128,27 @@ SELECT status, attempt, result, conflict FROM durable_ledger.complete_effect('AT
 SELECT status FROM durable_ledger.resolve_effect('ATT-3', 'completed', '{"payment": "p3"}', 'regress',
                                                   attempt => 3);
 SELECT attempt, run, lease_epoch, error FROM durable_ledger.past_attempts WHERE key = 'ATT-3' ORDER BY attempt;
+SELECT * FROM dblink('b', $$SELECT durable_ledger.release_run('att-f0')$$) AS t(released boolean);
+
+-- a session that holds a lease of a run that started an earlier attempt of
+-- the key cannot say which attempt it reports on (1.3; 1.1 applied it): one
+-- session drives runs att-p and att-q, which share business key ATT-7; att-p's
+-- attempt 1 failed, att-q began attempt 2; a report that names no attempt (a
+-- retry of att-p's failure, say) is kept as a conflict, not applied to
+-- attempt 2, and no third run executes attempt 3 while attempt 2 may be in flight
+SELECT decision, attempt FROM durable_ledger.begin_effect('att-p', 'pay', '{"invoice": 7}', 'ATT-7');
+SELECT status FROM durable_ledger.fail_effect('ATT-7', '"declined"', 1);
+SELECT decision, attempt FROM durable_ledger.begin_effect('att-q', 'pay', '{"invoice": 7}', 'ATT-7');
+SELECT status, attempt, conflict FROM durable_ledger.fail_effect('ATT-7', '"declined"');
+SELECT * FROM dblink('b', $$SELECT decision || ' ' || status || ' ' || attempt
+                              FROM durable_ledger.begin_effect('att-r', 'pay', '{"invoice": 7}', 'ATT-7')$$)
+    AS t(third_run text);
+SELECT * FROM dblink('b', $$SELECT durable_ledger.release_run('att-r')$$) AS t(released boolean);
+-- named, the report is attempt 2's truth and is applied (the flag stays
+-- until a person resolves it)
+SELECT durable_ledger.release_run('att-p');
+SELECT status, attempt, conflict FROM durable_ledger.fail_effect('ATT-7', '"declined at the bank"', 2);
+SELECT durable_ledger.release_run('att-q');
 
 -- ===================================================================
 -- being the same backend, or holding some other lease, proves nothing

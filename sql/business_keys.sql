@@ -144,7 +144,8 @@ SELECT status, error FROM durable_ledger.fail_effect('INV-1004', '{"code": "insu
 SELECT key, decision, status, occurrence, attempt, result, error, reason
   FROM durable_ledger.begin_effect('bk-2', 'pay_invoice', '{"invoice": "INV-1004"}', 'INV-1004');
 SELECT key, run, status, attempt, result, error FROM durable_ledger.effects WHERE key = 'INV-1004';
-SELECT status, error FROM durable_ledger.fail_effect('INV-1004', '{"code": "card_expired"}');
+-- (this session also holds bk-1, which began attempt 1: its report names the attempt)
+SELECT status, error FROM durable_ledger.fail_effect('INV-1004', '{"code": "card_expired"}', 2);
 -- the same run asking again in the same epoch also gets the next attempt
 SELECT key, decision, status, attempt, error
   FROM durable_ledger.begin_effect('bk-2', 'pay_invoice', '{"invoice": "INV-1004"}', 'INV-1004');

@@ -91,10 +91,10 @@ static Statement past_attempt = {
 	2, {TEXTOID, INT4OID}
 };
 
-static Statement lease_began_past_attempt = {
-	"SELECT FROM durable_ledger.past_attempts"
-	" WHERE key" EQ "$1 AND run" EQ "$2 AND lease_epoch" EQ "$3",
-	3, {TEXTOID, TEXTOID, INT8OID}
+static Statement past_attempt_runs = {
+	"SELECT DISTINCT run FROM durable_ledger.past_attempts"
+	" WHERE key" EQ "$1 AND run IS NOT NULL",
+	1, {TEXTOID}
 };
 
 static Statement lease_holder = {
@@ -228,18 +228,21 @@ dl_read_past_attempt(const char *key, int32 attempt, PastAttempt *past)
 }
 
 /*
- * Did the lease (run, epoch) also start an attempt of key that was replaced?
- * As committed now, like dl_read_past_attempt.
+ * The runs that started attempts of key that later ones replaced, as
+ * committed now, like dl_read_past_attempt.
  */
-bool
-dl_read_lease_began_past_attempt(const char *key, const char *run, int64 lease_epoch)
+List *
+dl_read_past_attempt_runs(const char *key)
 {
-	Datum		values[3];
+	Datum		values[1];
+	List	   *runs = NIL;
+	uint64		i;
 
 	values[0] = dl_text_datum(key);
-	values[1] = dl_text_datum(run);
-	values[2] = Int64GetDatum(lease_epoch);
-	return dl_plan_run_now(&lease_began_past_attempt, values, NULL, SPI_OK_SELECT) > 0;
+	dl_plan_run_now(&past_attempt_runs, values, NULL, SPI_OK_SELECT);
+	for (i = 0; i < SPI_processed; i++)
+		runs = lappend(runs, SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1));
+	return runs;
 }
 
 /* ---------- rows found by a unique index, as committed now ---------- */

@@ -168,14 +168,29 @@ report_on_unnamed_attempt(LockedEffect *locked, EffectStatus reported, Jsonb *va
 			 errhint("Pass the attempt that begin_effect() returned. A person resolves this one with durable_ledger.resolve_effect().")));
 }
 
-/* Is a report that names no attempt certainly about the current attempt? */
+/*
+ * Is a report that names no attempt certainly about the current attempt?  It
+ * is when there is one attempt only, or when this session holds the very
+ * lease that started the current attempt and no lease of a run that started
+ * an earlier one (1.3): a session driving two runs that share a business key
+ * cannot say which of their attempts it reports on (nor one lease that began
+ * two attempts).
+ */
 static bool
 unnamed_attempt_is_current(const EffectRow *row)
 {
+	ListCell   *lc;
+
 	if (row->attempt == 1)
 		return true;			/* a derived key's only, unless recorded and redone */
-	return dl_lease_is_mine(row->run, row->lease_epoch) &&
-		!dl_read_lease_began_past_attempt(row->key, row->run, row->lease_epoch);
+	if (!dl_lease_is_mine(row->run, row->lease_epoch))
+		return false;
+	foreach(lc, dl_read_past_attempt_runs(row->key))
+	{
+		if (dl_lease_held_epoch((const char *) lfirst(lc)) != 0)
+			return false;
+	}
+	return true;
 }
 
 /* Logs a report that was applied: on time, or late (its lease had ended). */

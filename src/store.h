@@ -194,8 +194,7 @@ extern Oid	dl_ledger_identity(void);
 extern KeyLookup dl_read_key(const char *key, EffectRow *row);
 extern HeapTuple dl_read_effect_now(const char *key, TupleDesc desc, EffectRow *row);
 extern bool dl_read_past_attempt(const char *key, int32 attempt, PastAttempt *past);
-extern bool dl_read_lease_began_past_attempt(const char *key, const char *run,
-											 int64 lease_epoch);
+extern List *dl_read_past_attempt_runs(const char *key);
 extern bool dl_read_run_state(const char *run, RunState *state);
 extern bool dl_read_token_lease(bytea *token_sha256, TokenLease *lease);
 extern int32 dl_read_token_calls(const char *run, int64 epoch, bytea *call);
