@@ -78,6 +78,32 @@ SELECT regress_sqlstate(format($$SELECT durable_ledger.fork_run('hostile-fork', 
 SELECT durable_ledger.fork_run('hostile-fork', repeat('😀', 300), durable_ledger.effect_key('hostile-fork', repeat('😀', 255), '{}', 1),
        'regress') AS carried;
 
+-- a transaction that calls the ledger for many runs keeps a lock or two per
+-- run until it ends, in the lock table all sessions share: past
+-- durable_ledger.max_runs_per_transaction runs (1,000) the next run's call
+-- fails with the ledger's own 53400, not "out of shared memory" for everyone;
+-- a run called again does not count again, and the count ends with the
+-- transaction (here with a limit of 3, under token leases: no limit of
+-- session leases is met first)
+CREATE TEMP TABLE hostile_many AS
+  SELECT i, (durable_ledger.take_lease('hostile-many-' || i, '1 minute')).token
+    FROM generate_series(1, 4) i;
+SET durable_ledger.max_runs_per_transaction = 3;
+BEGIN;
+SELECT m.i, d.decision FROM hostile_many m,
+       LATERAL durable_ledger.begin_effect('hostile-many-' || m.i, 'pay', '{}', lease => m.token) d
+ WHERE m.i <= 3 ORDER BY m.i;
+SELECT decision FROM durable_ledger.begin_effect('hostile-many-1', 'pay', '{"again": 1}',
+                                                 lease => (SELECT token FROM hostile_many WHERE i = 1));
+SELECT regress_sqlstate(format($$SELECT durable_ledger.begin_effect('hostile-many-4', 'pay', '{}', lease => %L)$$,
+                               (SELECT token FROM hostile_many WHERE i = 4)));
+COMMIT;
+SELECT decision FROM durable_ledger.begin_effect('hostile-many-4', 'pay', '{}',
+                                                 lease => (SELECT token FROM hostile_many WHERE i = 4));
+RESET durable_ledger.max_runs_per_transaction;
+SELECT count(*) FILTER (WHERE durable_ledger.release_lease(token)) AS released FROM hostile_many;
+DROP TABLE hostile_many;
+
 SELECT durable_ledger.release_run(r)
   FROM unnest(ARRAY[E'hi''"\\\x01\x1f\t\nrun', 'hostile-bk', 'hostile-big', 'hostile-deep',
                     'hostile-num', 'hostile-bytes', 'hostile-long', repeat('😀', 512),

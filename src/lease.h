@@ -86,6 +86,7 @@ extern Liveness dl_lease_liveness(const char *run, int64 epoch);
 extern bool dl_lease_is_live(const char *run, int64 epoch);
 
 /* runlock.c */
+extern void dl_runlock_init(void);
 extern uint64 dl_run_lock_key(const char *run);
 extern bool dl_run_lock_held(uint64 lock_key);
 extern bool dl_run_lock_session(uint64 lock_key, bool wait, bool *waited);

@@ -23,6 +23,7 @@ _PG_init(void)
 	dl_metrics_init();
 	dl_durability_init();
 	dl_lease_init();
+	dl_runlock_init();
 	dl_drop_guard_init();
 	MarkGUCPrefixReserved("durable_ledger");
 }

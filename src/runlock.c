@@ -21,12 +21,72 @@
  */
 #include "postgres.h"
 
+#include "access/twophase.h"
+#include "access/xact.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
 #include "storage/lock.h"
+#include "utils/guc.h"
 #include "utils/timestamp.h"
 
 #include "lease.h"
+
+/*
+ * durable_ledger.max_runs_per_transaction: every run a transaction calls
+ * keeps its DL_OPEN_LOCK_CLASS lock (and, under a token lease, its
+ * DL_CALL_LOCK_CLASS lock) until the transaction ends, in the shared lock
+ * table, which holds max_locks_per_transaction * (max_connections +
+ * max_prepared_transactions) locks for all sessions together (6,400 by
+ * default), and which, once full, makes every session's next lock fail with
+ * "out of shared memory".  So a transaction may call the ledger for this many
+ * runs, and the next run's call fails first, with the ledger's own error.
+ * Counted per top-level transaction (a run a rolled-back savepoint called
+ * still counts until the transaction ends).
+ */
+static int	max_runs_per_transaction = 1000;
+static int	runs_this_transaction = 0;
+
+static void
+runlock_xact_callback(XactEvent event, void *arg)
+{
+	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
+		event == XACT_EVENT_PARALLEL_COMMIT || event == XACT_EVENT_PARALLEL_ABORT ||
+		event == XACT_EVENT_PREPARE)
+		runs_this_transaction = 0;
+}
+
+void
+dl_runlock_init(void)
+{
+	DefineCustomIntVariable("durable_ledger.max_runs_per_transaction",
+							"The most runs one transaction may call the ledger for.",
+							"Each run a transaction calls keeps one or two locks in the shared lock table until the transaction ends; a full table makes every session's next lock fail.",
+							&max_runs_per_transaction,
+							1000,
+							1,
+							1000000,
+							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
+	RegisterXactCallback(runlock_xact_callback, NULL);
+}
+
+/* Room for one more run's locks in this transaction (lock: its open lock). */
+static void
+count_run_of_transaction(const LOCKTAG *tag)
+{
+	if (LockHeldByMe(tag, ShareLock))
+		return;
+	if (runs_this_transaction >= max_runs_per_transaction)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("this transaction has called the ledger for %d runs already",
+						runs_this_transaction),
+				 errdetail("Each run a transaction calls keeps a lock or two in the shared lock table until the transaction ends; the table holds max_locks_per_transaction × (max_connections + max_prepared_transactions) locks for all sessions, %d here.",
+						   max_locks_per_xact * (MaxConnections + max_prepared_xacts)),
+				 errhint("Commit more often, or raise durable_ledger.max_runs_per_transaction (and max_locks_per_transaction).")));
+	runs_this_transaction++;
+}
 
 /* The seed of the run -> lock key hash; changing it changes every lock key. */
 #define RUN_LOCK_KEY_SEED UINT64CONST(0x64757261626c65)
@@ -158,6 +218,7 @@ dl_run_lock_open(uint64 lock_key)
 	LOCKTAG		tag;
 
 	set_lock_tag(&tag, lock_key, DL_OPEN_LOCK_CLASS);
+	count_run_of_transaction(&tag);
 	if (LockAcquire(&tag, ShareLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
 		return false;
 	(void) LockAcquire(&tag, ShareLock, false, false);
@@ -171,6 +232,7 @@ dl_run_lock_open_nowait(uint64 lock_key)
 	LOCKTAG		tag;
 
 	set_lock_tag(&tag, lock_key, DL_OPEN_LOCK_CLASS);
+	count_run_of_transaction(&tag);
 	return LockAcquire(&tag, ShareLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
 }
 
