@@ -294,3 +294,24 @@ AS 'MODULE_PATHNAME', 'dl_effect_status_1_3'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 ROWS 1;
+
+-- ---------------------------------------------------------------------------
+-- The attention channel tells only what is safe to show anyone who can
+-- connect: {"event": ..., "audit_id": ...}, the audit row a listener reads
+-- with its own rights (1.2 sent the run, the key and the attempt).
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION durable_ledger.resolve_effect(key text, outcome text, result jsonb,
+                                                         resolved_by text, note text DEFAULT NULL,
+                                                         attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_resolve_effect_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE OR REPLACE FUNCTION durable_ledger.resolve_divergence(key text, verdict text, resolved_by text,
+                                                             note text DEFAULT NULL,
+                                                             same_as text DEFAULT NULL)
+RETURNS durable_ledger.divergences
+AS 'MODULE_PATHNAME', 'dl_resolve_divergence_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;

@@ -6,8 +6,13 @@
  * transaction's commit, as every NOTIFY is, so a console or a chat bot that
  * LISTENs reacts at once and never hears of what was rolled back.
  *
- * The payload is a small JSON object: {"event", "run", "key", "attempt"}
- * (attempt absent when the event concerns none); the audit log has the rest.
+ * Anyone who can connect may LISTEN (PostgreSQL checks no privilege), and
+ * anyone may pg_notify() on any channel: so the payload tells only what is
+ * safe to show anyone, the kind of event and the id of the audit row that
+ * records it, {"event": "pause", "audit_id": 1234} (since 1.3; 1.2 named the
+ * run, the key and the attempt).  A listener reads that row with its own
+ * rights (an auditor's), and takes it, never the notification, as the fact:
+ * a forged notification names a row that is not there, or not that event.
  */
 #include "postgres.h"
 
@@ -33,9 +38,12 @@ needs_attention(const char *event)
 	return false;
 }
 
-/* Queues the notification of an audited event, when it is one a person attends to. */
+/*
+ * Queues the notification of an audited event (audit_id: its row), when it
+ * is one a person attends to.
+ */
 void
-dl_notify_attention(const char *event, const char *run, const char *key, int32 attempt)
+dl_notify_attention(const char *event, int64 audit_id)
 {
 	StringInfoData payload;
 
@@ -44,19 +52,7 @@ dl_notify_attention(const char *event, const char *run, const char *key, int32 a
 	initStringInfo(&payload);
 	appendStringInfoString(&payload, "{\"event\": ");
 	escape_json(&payload, event);
-	appendStringInfoString(&payload, ", \"run\": ");
-	if (run != NULL)
-		escape_json(&payload, run);
-	else
-		appendStringInfoString(&payload, "null");
-	appendStringInfoString(&payload, ", \"key\": ");
-	if (key != NULL)
-		escape_json(&payload, key);
-	else
-		appendStringInfoString(&payload, "null");
-	if (attempt > 0)
-		appendStringInfo(&payload, ", \"attempt\": %d", attempt);
-	appendStringInfoChar(&payload, '}');
+	appendStringInfo(&payload, ", \"audit_id\": " INT64_FORMAT "}", audit_id);
 	Async_Notify(ATTENTION_CHANNEL, payload.data);
 	pfree(payload.data);
 }

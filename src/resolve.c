@@ -13,14 +13,14 @@
 
 #include "lease.h"
 
-PG_FUNCTION_INFO_V1(dl_resolve_effect_1_2);
+PG_FUNCTION_INFO_V1(dl_resolve_effect_1_3);
 
 /*
  * resolve_effect(key text, outcome text, result jsonb, resolved_by text,
  *                note text, attempt integer) RETURNS durable_ledger.effects
  */
 Datum
-dl_resolve_effect_1_2(PG_FUNCTION_ARGS)
+dl_resolve_effect_1_3(PG_FUNCTION_ARGS)
 {
 	char	   *key = dl_required_text_arg(fcinfo, 0, "key", 0);
 	char	   *outcome = dl_required_text_arg(fcinfo, 1, "outcome", 0);

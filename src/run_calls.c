@@ -12,7 +12,7 @@
 #include "policy.h"
 
 PG_FUNCTION_INFO_V1(dl_abandon_run_1_2);
-PG_FUNCTION_INFO_V1(dl_resolve_divergence_1_2);
+PG_FUNCTION_INFO_V1(dl_resolve_divergence_1_3);
 PG_FUNCTION_INFO_V1(dl_fork_run_1_3);
 
 /*
@@ -89,7 +89,7 @@ check_same_as(const LockedDivergence *locked, const char *same_as)
  * operation: the next call of it executes.
  */
 Datum
-dl_resolve_divergence_1_2(PG_FUNCTION_ARGS)
+dl_resolve_divergence_1_3(PG_FUNCTION_ARGS)
 {
 	char	   *key = dl_required_text_arg(fcinfo, 0, "key", 0);
 	char	   *verdict = dl_required_text_arg(fcinfo, 1, "verdict", 0);

@@ -337,8 +337,7 @@ extern void dl_remember_run_open(const char *run, uint64 generation);
 extern bool dl_run_may_have_divergences(const char *run);
 
 /* attention.c */
-extern void dl_notify_attention(const char *event, const char *run, const char *key,
-								int32 attempt);
+extern void dl_notify_attention(const char *event, int64 audit_id);
 
 /* durability.c */
 extern void dl_note_durable_write(void);

@@ -1105,7 +1105,7 @@ dl_write_audit(const char *run, const char *key, const char *event, Jsonb *detai
 	set_value(&w, AUD_ROW_HASH, PointerGetDatum(row.row_hash));
 	insert_row(&w);
 	end_write(&w);
-	dl_notify_attention(event, run, key, attempt);
+	dl_notify_attention(event, row.id);
 }
 
 /* ---------- abandoned runs ---------- */

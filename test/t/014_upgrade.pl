@@ -297,7 +297,7 @@ my %unchanged_since = (
 	'1.2' => { map { $_ => 1 } qw(guard_drop release_run
 		break_lease release_lease abandon_run acquire_run change_tool
 		metrics_events refuse_audit_log_change register_tool
-		resolve_divergence resolve_effect retire_tool) });
+		retire_tool) });
 for my $from (@sources)
 {
 	my $symbols = "$ENV{TESTDIR}/test/fixtures/symbols-$from.txt";
