@@ -174,7 +174,9 @@ def story(dsn):
         heading(3, "The worker dies between intent and completion: nobody can tell")
         w = spawn(worker_dsn, "ledger", "--run", "ap-3", "--die-after", "intent")
         follow(w, until="calling the bank")
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60  # the bank has the payment: then the pod is evicted
+        while bank_count(conn, "ap-3") == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
         evict(w)
         print("      [orchestrator] retrying the job on a new worker")
         follow(spawn(worker_dsn, "ledger", "--run", "ap-3"))

@@ -187,7 +187,7 @@ SELECT * FROM dblink('b', $$SELECT decision, attempt
     AS t(decision text, attempt int);
 SELECT dblink_disconnect('b');
 DO $$ BEGIN
-  FOR i IN 1..200 LOOP
+  FOR i IN 1..1200 LOOP
     EXIT WHEN NOT EXISTS (SELECT 1 FROM durable_ledger.leases WHERE run = 'att-j');
     PERFORM pg_sleep(0.05);
   END LOOP;

@@ -170,6 +170,15 @@ SELECT * FROM dblink('ascii', $$SELECT bool_and(a.row_hash = sha256(decode(repea
                                        || durable_ledger.audit_row_content(a)))::text
                                   FROM durable_ledger.audit_log a WHERE chain_seq = 1$$) AS t(recomputed text);
 SELECT dblink_disconnect('ascii');
+-- its backend ends after the disconnect returns: wait (at most 60 s) until it
+-- has left the database, or DROP DATABASE may find it still there
+DO $$ BEGIN
+  FOR i IN 1..1200 LOOP
+    PERFORM pg_stat_clear_snapshot();
+    EXIT WHEN NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = 'regress_ac_ascii');
+    PERFORM pg_sleep(0.05);
+  END LOOP;
+END $$;
 DROP DATABASE regress_ac_ascii;
 
 -- auditors verify; workers do not

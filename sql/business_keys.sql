@@ -114,7 +114,7 @@ SELECT * FROM dblink('late', $$SELECT decision FROM durable_ledger.begin_effect(
                                 '{"invoice": 77}', 'INV-LATE')$$) AS t(decision text);
 SELECT dblink_disconnect('late');
 DO $$ BEGIN
-  FOR i IN 1..200 LOOP
+  FOR i IN 1..1200 LOOP
     EXIT WHEN NOT EXISTS (SELECT 1 FROM durable_ledger.leases WHERE run = 'bk-late-1');
     PERFORM pg_sleep(0.05);
   END LOOP;

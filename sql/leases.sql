@@ -9,11 +9,11 @@
 \set VERBOSITY default
 
 -- (helpers live in public, not pg_temp: DISCARD ALL below would drop temporary ones)
--- waits until a backend has gone (bounded: about 10 s), polling instead of sleeping
+-- waits until a backend has gone (bounded: about 60 s), polling instead of sleeping
 CREATE FUNCTION public.regress_lease_backend_gone(p int) RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 BEGIN
-    FOR i IN 1..200 LOOP
+    FOR i IN 1..1200 LOOP
         PERFORM pg_stat_clear_snapshot();
         IF NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = p)
            AND NOT EXISTS (SELECT 1 FROM pg_locks WHERE pid = p) THEN

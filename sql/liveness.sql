@@ -151,8 +151,11 @@ SELECT pid AS elsewhere_pid FROM dblink('elsewhere', 'SELECT pg_backend_pid()') 
 SELECT count(*) AS holders_elsewhere FROM durable_ledger.lease_holder_activity() WHERE pid = :elsewhere_pid;
 SELECT count(*) AS leases_elsewhere FROM durable_ledger.leases WHERE holder_pid = :elsewhere_pid;
 SELECT dblink_disconnect('elsewhere');
+-- (its backend ends after the disconnect returns: wait, at most 60 s, with a
+-- fresh look at pg_stat_activity each time, or DROP DATABASE may find it there)
 DO $$ BEGIN
-  FOR i IN 1..200 LOOP
+  FOR i IN 1..1200 LOOP
+    PERFORM pg_stat_clear_snapshot();
     EXIT WHEN NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = 'regress_live_other');
     PERFORM pg_sleep(0.05);
   END LOOP;

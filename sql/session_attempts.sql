@@ -12,7 +12,7 @@
 CREATE FUNCTION regress_sa_backend_gone(p int) RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 BEGIN
-    FOR i IN 1..200 LOOP
+    FOR i IN 1..1200 LOOP
         PERFORM pg_stat_clear_snapshot();
         IF NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = p)
            AND NOT EXISTS (SELECT 1 FROM pg_locks WHERE pid = p) THEN

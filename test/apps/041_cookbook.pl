@@ -34,6 +34,10 @@ $node->safe_psql('postgres', q{
 	SELECT decision FROM durable_ledger.begin_effect('ap-run-42', 'bank.pay', '{"invoice": "INV-9", "amount": 4200}');
 	SELECT decision FROM durable_ledger.begin_effect('ap-run-42', 'mail.send', '{"invoice": "INV-9", "to": "ap@acme.example"}');
 	SELECT durable_ledger.begin_effect('other-run', 'ticket.open', '{"title": "late"}');});
+# (other-run's worker has gone: its backend ends, and its lease with it, after
+# psql quits; until then its effect is in flight, not unknown)
+ok($node->poll_query_until('postgres', q{SELECT count(*) = 0 FROM durable_ledger.leases WHERE run = 'other-run'}),
+	'the worker of other-run has gone, and its lease with it');
 my $holder = $node->background_psql('postgres');
 $holder->query_safe(q{SELECT durable_ledger.acquire_run('busy-run')});
 # (a worker, not a superuser: an admin may not end a superuser's session)

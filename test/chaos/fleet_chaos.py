@@ -750,6 +750,13 @@ def check(dsn, plans, expected, done, stats, late, lease="session", pooling=None
         return f": {items[:n]}" + (" ..." if len(items) > n else "") if items else ""
 
     with psycopg.connect(dsn, autocommit=True) as conn:
+        # A lease of a worker killed last ends after the kill (a session lease with its
+        # backend, a token lease at its expiry): the state is read once every lease has
+        # ended, waiting a minute at most (a lease still held then is reported below).
+        deadline = time.monotonic() + 60
+        while conn.execute("SELECT count(*) FROM durable_ledger.leases").fetchone()[0] \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
         paid = dict(conn.execute(
             "SELECT invoice, count(*) FROM bank_payments WHERE status = 'paid' GROUP BY invoice").fetchall())
         twice = conn.execute(

@@ -46,7 +46,11 @@ is(scalar(keys %acked_intents), $workers * $steps + $workers, 'every intent was 
 
 # kill -9 one worker's backend: the postmaster ends every session and recovers
 my $victim = $sessions[0]->query_safe('SELECT pg_backend_pid()');
+my $log_offset = -s $node->logfile;
 kill 'KILL', $victim;
+# (a connection made before the postmaster has seen the crash would still be
+# answered by the old cluster: wait for the reset, then for the recovered cluster)
+$node->wait_for_log(qr/all server processes terminated; reinitializing/, $log_offset);
 ok($node->poll_query_until('postgres', 'SELECT true'), 'the cluster came back after crash recovery');
 $_->{run}->kill_kill for @sessions;
 

@@ -119,7 +119,8 @@ for my $from (@sources)
 	like($err, qr/older than its library.*ALTER EXTENSION durable_ledger UPDATE/s,
 		"from $from: before the update, a report fails with the same clear error");
 	is($node->safe_psql($db, 'SELECT count(*) FROM durable_ledger.effects')
-		 . $node->safe_psql($db, q{SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 17484}),
+		 . $node->safe_psql($db, q{SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 17484
+		                             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())}),
 		'00', "from $from: ... and write nothing, nor keep a lock");
 
 	$node->command_ok(

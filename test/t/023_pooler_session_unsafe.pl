@@ -126,6 +126,9 @@ sub error_of
 		'f', 'a worker connecting directly cannot take the run');
 	is($node->safe_psql($db, q{SELECT durable_ledger.break_lease('twice-run', 'tap', 'leaked through the pooler')}),
 		't', 'an admin can end it with break_lease (which terminates that server connection)');
+	# (the terminated backend ends, and lets go of its locks, after break_lease returns)
+	ok($node->poll_query_until($db, qq{SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $a_pid)}),
+		'the server connection that held it is gone');
 	is($node->safe_psql($db, q{SELECT count(*) FROM durable_ledger.leases}), 0, 'then nothing holds the run');
 }
 

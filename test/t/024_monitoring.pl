@@ -42,7 +42,8 @@ $node->safe_psql('postgres', q{
 	BEGIN;
 	SELECT durable_ledger.begin_effect('mon-3', 'bank.pay', '{"invoice": 6}');
 	ROLLBACK;});
-# a worker that went away with an effect in flight
+# a worker that went away with an effect in flight (its backend ends, and its
+# lease with it, after psql has quit: waited for below)
 $node->safe_psql('postgres', q{SELECT durable_ledger.begin_effect('mon-4', 'bank.pay', '{"invoice": 7}')});
 # a live token lease, and a token lease broken (expired at once)
 $node->safe_psql('postgres', q{
@@ -71,6 +72,8 @@ is($node->safe_psql('postgres', q{SELECT total FROM durable_ledger.metrics_event
 is($node->safe_psql('other', q{SELECT total FROM durable_ledger.metrics_events() WHERE event = 'intent'}),
 	'1', '... but there');
 
+ok($node->poll_query_until('postgres', q{SELECT count(*) = 0 FROM durable_ledger.leases WHERE run = 'mon-4'}),
+	'the worker that went away holds no lease any more');
 my $state = $node->safe_psql('postgres', q{
 	SELECT session_leases, token_leases, token_leases_expired, unresolved, counters_kept
 	  FROM durable_ledger.metrics});

@@ -144,6 +144,26 @@ function tools(ledger) {
 
 const rejection = (promise) => promise.then((v) => assert.fail(`resolved with ${JSON.stringify(v)}`), (e) => e);
 
+/** How long a test waits for a state it polls for before it gives up. */
+const PATIENCE_MS = 30_000;
+
+/** Waits until check() is true, PATIENCE_MS at most (polling, not sleeping a fixed time). */
+async function until(what, check) {
+  const deadline = Date.now() + PATIENCE_MS;
+  while (!(await check())) {
+    if (Date.now() > deadline) assert.fail(`timed out waiting until ${what}`);
+    await sleep(20);
+  }
+}
+
+/** Whether the run's live token lease has expired by the server's clock. */
+async function expired(admin, run) {
+  const { rows: [r] } = await admin.query(
+    `SELECT bool_and(expires_at <= clock_timestamp()) AS expired FROM durable_ledger.token_leases
+      WHERE run = $1 AND released_at IS NULL`, [run]);
+  return r.expired === true;
+}
+
 // ------------------------------------------------------- calls on many backends
 
 test('one attempt on three connections: calls rotate backends, occurrences line up, the retry replays', async () => {
@@ -392,7 +412,7 @@ test('a lease lost while a tool runs: the signal aborts, the outcome is reported
       await admin.query("SELECT durable_ledger.break_lease($1, 'oncall', 'hung?')", [run]);
       // a model call or a fetch given lease.signal would stop here; this one just waits for it
       await new Promise((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error('the renewal never noticed')), 10000);
+        const timer = setTimeout(() => reject(new Error('the renewal never noticed')), PATIENCE_MS);
         lease.signal.addEventListener('abort', () => { clearTimeout(timer); resolve(); }, { once: true });
       });
     });
@@ -443,6 +463,8 @@ test('record(): a lease broken mid-call, the call made again elsewhere: the late
 });
 
 test('an expired lease: renewals that cannot get through, then LeaseLostError', async () => {
+  // (a ttl of 5 s, so that the intent surely goes out before the expiry; the tool
+  // waits for the expiry by the server's clock)
   const run = unique('expired');
   await withClients(3, async (admin, a, b) => {
     const q = roundRobin([a, b]);
@@ -451,12 +473,13 @@ test('an expired lease: renewals that cannot get through, then LeaseLostError', 
     const renewalErrors = [];
     let lease;
     const err = await rejection(ledger.tokenAttempt(run, {
-      ttl: 1, onRenewalError: (e) => renewalErrors.push(e),
+      ttl: 5, onRenewalError: (e) => renewalErrors.push(e),
     }, async (l) => {
       lease = l;
       q.refuse = (text) => text.includes('renew_lease');
       assert.deepEqual(await ledger.guarded({
-        run, tool: 'bank.pay', args: { n: 1 }, perform: tool({ payment_id: 'p1' }, () => sleep(2500)),
+        run, tool: 'bank.pay', args: { n: 1 },
+        perform: tool({ payment_id: 'p1' }, () => until('the lease expires', () => expired(admin, run))),
       }), { payment_id: 'p1' });
       await ledger.guarded({ run, tool: 'mail.send', args: { n: 2 }, perform: never });
     }));
@@ -488,8 +511,13 @@ test('a begin_effect whose outcome is unknown (the connection died) stops the at
     const err = await rejection(ledger.tokenAttempt(run, { ttl: 30 }, async () => {
       // the connection the next statement will use is terminated
       const victim = q.peek();
+      // (the client learns of its connection's end asynchronously: wait for it)
+      const ended = new Promise((resolve) => victim.once('end', resolve));
       await admin.query('SELECT pg_terminate_backend($1)', [victim.processID]);
-      await sleep(200);
+      await new Promise((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error('the terminated connection never ended')), PATIENCE_MS);
+        ended.then(() => { clearTimeout(timer); resolve(); });
+      });
       const died = await rejection(ledger.guarded({ run, tool: 'bank.pay', args: { n: 1 }, perform: never }));
       assert.ok(!(died instanceof LedgerError), `got ${died}`);
       sent = q.calls();

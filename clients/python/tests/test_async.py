@@ -621,8 +621,10 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
         # never saw the answer; calling again would be occurrence 2, a second payment).
         ledger = AsyncLedger(await self.connect())
         paid: List[str] = []
+        at_the_bank = asyncio.Event()
 
         async def pay(key: str) -> Any:
+            at_the_bank.set()
             await asyncio.sleep(0.5)
             paid.append(key)
             return {"receipt": "R-1"}
@@ -630,7 +632,8 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
         async with ledger.token_attempt(self.run_id, ttl=30):
             a = asyncio.create_task(asyncio.wait_for(
                 ledger.guarded(self.run_id, "bank.pay", {"invoice": 9}, pay), 1.0))
-            await asyncio.sleep(0.2)
+            # (the intent is in once the bank is called: not a guess of how long it takes)
+            await asyncio.wait_for(at_the_bank.wait(), PATIENCE)
             self.lock_effects_for(2.0)
             b = asyncio.create_task(ledger.guarded(self.run_id, "mail.send", {"to": "x"},
                                                    lambda key: {"sent": True}))

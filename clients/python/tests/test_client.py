@@ -115,13 +115,14 @@ class ClientTest(unittest.TestCase):
         return ledger
 
     def wait_gone(self, pid: int) -> None:
-        """A closed connection's backend ends (and drops its lease) asynchronously."""
-        for _ in range(1000):
-            if not self.admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
-                                      (pid,)).fetchone():
-                return
+        """A closed connection's backend ends (and drops its lease) asynchronously: poll
+        until it has left pg_stat_activity (its locks go before), 60 s at most."""
+        deadline = time.monotonic() + 60
+        while self.admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                                 (pid,)).fetchone():
+            if time.monotonic() > deadline:
+                self.fail(f"backend {pid} did not end")
             time.sleep(0.01)
-        self.fail(f"backend {pid} did not end")
 
     def close(self, ledger: Ledger) -> None:
         pid = ledger.conn.info.backend_pid

@@ -389,7 +389,7 @@ class TokenLeaseTest(unittest.TestCase):
         def broken_meanwhile(key: str) -> None:
             self.admin.execute("SELECT durable_ledger.break_lease(%s, 'oncall', 'hung?')",
                                (self.run_id,))
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + PATIENCE
             while state["lease"].lost is None and time.monotonic() < deadline:
                 time.sleep(0.05)  # the renewal (every 2/3 s) finds out
             state["lost_seen_in_flight"] = state["lease"].lost is not None
@@ -410,19 +410,31 @@ class TokenLeaseTest(unittest.TestCase):
         self.assertEqual([row["event"] for row in self.audit(self.run_id)],
                          ["lease_acquired", "intent", "lease_broken", "late_completion"])
 
+    def expired(self, run: str) -> bool:
+        """Whether the run's live token lease has expired by the server's clock."""
+        return bool(self.admin.execute(
+            "SELECT bool_and(expires_at <= clock_timestamp()) FROM durable_ledger.token_leases"
+            " WHERE run = %s AND released_at IS NULL", (run,)).fetchone()[0])
+
     def test_an_expired_lease_stops_the_attempt(self) -> None:
         # The renewals cannot reach the database (the tool's own calls can): the lease
-        # expires by the server's clock while the tool runs.
+        # expires by the server's clock while the tool runs.  (A ttl of 5 s, so that the
+        # intent surely goes out before the expiry; the tool waits for the expiry itself.)
         factory = self.factory(2)
         ledger = Ledger(factory)
         never = Tool({"should": "not happen"})
+
+        def until_expired(key: str) -> None:
+            self.assertTrue(wait_for(lambda: self.expired(self.run_id), "the lease expires"),
+                            "the lease did not expire")
+
         with self.assertLogs("durable_ledger", "WARNING") as logs:
             with self.assertRaises(LeaseLost) as caught:
-                with ledger.token_attempt(self.run_id, ttl=1) as lease:
+                with ledger.token_attempt(self.run_id, ttl=5) as lease:
                     factory.refuse_renewals = True
                     self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"n": 1},
                                                     Tool({"payment_id": "p1"},
-                                                         during=lambda key: time.sleep(2.5))),
+                                                         during=until_expired)),
                                      {"payment_id": "p1"})
                     ledger.guarded(self.run_id, "mail.send", {"n": 2}, never)
         self.assertIn("has expired", caught.exception.reason)
@@ -451,9 +463,11 @@ class TokenLeaseTest(unittest.TestCase):
         with self.assertRaises(EffectPaused):
             with ledger.token_attempt(self.run_id, ttl=30):
                 # the connection the next call will get is terminated
-                victim = factory.free.queue[0]
-                self.admin.execute("SELECT pg_terminate_backend(%s)", (victim.info.backend_pid,))
-                time.sleep(0.2)
+                victim = factory.free.queue[0].info.backend_pid
+                self.admin.execute("SELECT pg_terminate_backend(%s)", (victim,))
+                self.assertTrue(wait_for(lambda: not self.admin.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (victim,)).fetchone(),
+                    "the backend ends"))
                 with self.assertRaises(psycopg.OperationalError):
                     ledger.guarded(self.run_id, "bank.pay", {"n": 1}, never)
                 sent = factory.calls()
@@ -615,8 +629,7 @@ class TokenLeaseTest(unittest.TestCase):
             # renewed (ttl 3 s: every second): the exit is waiting for this call.
             try:
                 seen["renewed while waiting"] = wait_for(lambda: lease.renewals > renewals,
-                                                         "a renewal after the block was left",
-                                                         timeout=10)
+                                                         "a renewal after the block was left")
                 seen["lease at that moment"] = self.live_leases(self.run_id)
             finally:
                 go.set()
