@@ -97,6 +97,23 @@ SELECT decision FROM durable_ledger.begin_effect('hostile-many-1', 'pay', '{"aga
                                                  lease => (SELECT token FROM hostile_many WHERE i = 1));
 SELECT regress_sqlstate(format($$SELECT durable_ledger.begin_effect('hostile-many-4', 'pay', '{}', lease => %L)$$,
                                (SELECT token FROM hostile_many WHERE i = 4)));
+-- a renewal locks its run too
+SELECT regress_sqlstate(format($$SELECT durable_ledger.renew_lease(%L)$$, (SELECT token FROM hostile_many WHERE i = 4)));
+COMMIT;
+-- a run locked again after a rolled-back savepoint counts once
+BEGIN;
+DO $$
+DECLARE t text := (SELECT token FROM hostile_many WHERE i = 1);
+BEGIN
+    FOR n IN 1..10 LOOP
+        BEGIN
+            PERFORM durable_ledger.begin_effect('hostile-many-1', 'pay', jsonb_build_object('n', n), lease => t);
+            RAISE EXCEPTION 'undo';
+        EXCEPTION WHEN raise_exception THEN NULL;
+        END;
+    END LOOP;
+END $$;
+SELECT count(*) AS renewed FROM hostile_many WHERE i <= 3 AND durable_ledger.renew_lease(token) IS NOT NULL;
 COMMIT;
 SELECT decision FROM durable_ledger.begin_effect('hostile-many-4', 'pay', '{}',
                                                  lease => (SELECT token FROM hostile_many WHERE i = 4));

@@ -27,24 +27,28 @@
 #include "miscadmin.h"
 #include "storage/lock.h"
 #include "utils/guc.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "lease.h"
 
 /*
  * durable_ledger.max_runs_per_transaction: every run a transaction calls
- * keeps its DL_OPEN_LOCK_CLASS lock (and, under a token lease, its
- * DL_CALL_LOCK_CLASS lock) until the transaction ends, in the shared lock
- * table, which holds max_locks_per_transaction * (max_connections +
+ * keeps its locks until the transaction ends -- the DL_OPEN_LOCK_CLASS lock
+ * of each call, under a token lease the DL_CALL_LOCK_CLASS lock of each call
+ * and renewal, take_lease's keeping session leases out, abandon_run's and
+ * purge_settled's closing of the run: up to three of them -- in the shared
+ * lock table, which holds max_locks_per_transaction * (max_connections +
  * max_prepared_transactions) locks for all sessions together (6,400 by
  * default), and which, once full, makes every session's next lock fail with
- * "out of shared memory".  So a transaction may call the ledger for this many
- * runs, and the next run's call fails first, with the ledger's own error.
- * Counted per top-level transaction (a run a rolled-back savepoint called
- * still counts until the transaction ends).
+ * "out of shared memory".  So a transaction may lock this many runs, and the
+ * next run's lock is refused first, with the ledger's own error.  Counted
+ * per top-level transaction, each run once (also one that a rolled-back
+ * savepoint locked, whose locks are gone: it may lock them again).
  */
 static int	max_runs_per_transaction = 1000;
-static int	runs_this_transaction = 0;
+static HTAB *runs_locked = NULL;	/* lock keys, in TopTransactionContext */
 
 static void
 runlock_xact_callback(XactEvent event, void *arg)
@@ -52,15 +56,15 @@ runlock_xact_callback(XactEvent event, void *arg)
 	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
 		event == XACT_EVENT_PARALLEL_COMMIT || event == XACT_EVENT_PARALLEL_ABORT ||
 		event == XACT_EVENT_PREPARE)
-		runs_this_transaction = 0;
+		runs_locked = NULL;		/* its memory goes with the transaction */
 }
 
 void
 dl_runlock_init(void)
 {
 	DefineCustomIntVariable("durable_ledger.max_runs_per_transaction",
-							"The most runs one transaction may call the ledger for.",
-							"Each run a transaction calls keeps one or two locks in the shared lock table until the transaction ends; a full table makes every session's next lock fail.",
+							"The most runs one transaction may lock.",
+							"Each run a transaction calls keeps up to three locks in the shared lock table until the transaction ends; a full table makes every session's next lock fail.",
 							&max_runs_per_transaction,
 							1000,
 							1,
@@ -71,21 +75,33 @@ dl_runlock_init(void)
 	RegisterXactCallback(runlock_xact_callback, NULL);
 }
 
-/* Room for one more run's locks in this transaction (lock: its open lock). */
+/* Room for the locks of run lock_key in this transaction. */
 static void
-count_run_of_transaction(const LOCKTAG *tag)
+count_run_of_transaction(uint64 lock_key)
 {
-	if (LockHeldByMe(tag, ShareLock))
+	bool		found;
+
+	if (runs_locked == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(uint64);
+		ctl.entrysize = sizeof(uint64);
+		ctl.hcxt = TopTransactionContext;
+		runs_locked = hash_create("durable_ledger runs locked", 64, &ctl,
+								  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	if (hash_search(runs_locked, &lock_key, HASH_FIND, NULL) != NULL)
 		return;
-	if (runs_this_transaction >= max_runs_per_transaction)
+	if (hash_get_num_entries(runs_locked) >= max_runs_per_transaction)
 		ereport(ERROR,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-				 errmsg("this transaction has called the ledger for %d runs already",
-						runs_this_transaction),
-				 errdetail("Each run a transaction calls keeps a lock or two in the shared lock table until the transaction ends; the table holds max_locks_per_transaction × (max_connections + max_prepared_transactions) locks for all sessions, %d here.",
+				 errmsg("this transaction has locked %ld runs already",
+						hash_get_num_entries(runs_locked)),
+				 errdetail("Each run a transaction calls keeps up to three locks in the shared lock table until the transaction ends; the table holds max_locks_per_transaction × (max_connections + max_prepared_transactions) locks for all sessions, %d here.",
 						   max_locks_per_xact * (MaxConnections + max_prepared_xacts)),
 				 errhint("Commit more often, or raise durable_ledger.max_runs_per_transaction (and max_locks_per_transaction).")));
-	runs_this_transaction++;
+	(void) hash_search(runs_locked, &lock_key, HASH_ENTER, &found);
 }
 
 /* The seed of the run -> lock key hash; changing it changes every lock key. */
@@ -166,6 +182,7 @@ dl_run_exclude_sessions(uint64 lock_key)
 {
 	LOCKTAG		tag;
 
+	count_run_of_transaction(lock_key);
 	set_lock_tag(&tag, lock_key, DL_LOCK_CLASS);
 	return LockAcquireExtended(&tag, ShareLock, false, true, true, NULL) !=
 		LOCKACQUIRE_NOT_AVAIL;
@@ -203,6 +220,7 @@ dl_run_lock_xact(uint64 lock_key, uint16 lock_class, bool wait)
 {
 	LOCKTAG		tag;
 
+	count_run_of_transaction(lock_key);
 	set_lock_tag(&tag, lock_key, lock_class);
 	return LockAcquireExtended(&tag, ExclusiveLock, false, !wait, true, NULL) !=
 		LOCKACQUIRE_NOT_AVAIL;
@@ -217,8 +235,8 @@ dl_run_lock_open(uint64 lock_key)
 {
 	LOCKTAG		tag;
 
+	count_run_of_transaction(lock_key);
 	set_lock_tag(&tag, lock_key, DL_OPEN_LOCK_CLASS);
-	count_run_of_transaction(&tag);
 	if (LockAcquire(&tag, ShareLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
 		return false;
 	(void) LockAcquire(&tag, ShareLock, false, false);
@@ -231,8 +249,8 @@ dl_run_lock_open_nowait(uint64 lock_key)
 {
 	LOCKTAG		tag;
 
+	count_run_of_transaction(lock_key);
 	set_lock_tag(&tag, lock_key, DL_OPEN_LOCK_CLASS);
-	count_run_of_transaction(&tag);
 	return LockAcquire(&tag, ShareLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
 }
 
@@ -242,6 +260,7 @@ dl_run_lock_closing(uint64 lock_key)
 {
 	LOCKTAG		tag;
 
+	count_run_of_transaction(lock_key);
 	set_lock_tag(&tag, lock_key, DL_OPEN_LOCK_CLASS);
 	(void) LockAcquire(&tag, ExclusiveLock, false, false);
 }
