@@ -217,6 +217,28 @@ SELECT regress_sqlstate($$SELECT * FROM durable_ledger.purge_audit('1 day', 'mar
 ROLLBACK;
 SELECT regress_pg_footprint() = :'before' AS nothing_written;
 
+-- quiet means nothing logged about the run's effects either: a business key
+-- that another run replayed since the cutoff stays (its run's retry must
+-- replay it, not pay again), though the run that made it has been quiet
+-- (both times against the server's clock: the run made it at least 6 s
+-- before the purge, the replay is less than 5 s before it)
+SELECT durable_ledger.acquire_run('pg-q-a');
+SELECT (durable_ledger.complete_effect(key, '{"paid": 13}', attempt)).status
+  FROM durable_ledger.begin_effect('pg-q-a', 'pg.pay', '{"invoice": 13}', 'PG-BK-13');
+SELECT durable_ledger.release_run('pg-q-a');
+DO $$
+DECLARE made timestamptz := (SELECT max(logged_at) FROM durable_ledger.audit_log WHERE run = 'pg-q-a');
+BEGIN
+    WHILE clock_timestamp() < made + interval '6 seconds' LOOP
+        PERFORM pg_sleep(0.1);
+    END LOOP;
+END $$;
+SELECT decision FROM durable_ledger.begin_effect('pg-q-c', 'pg.pay', '{"invoice": 13}', 'PG-BK-13');
+SELECT durable_ledger.release_run('pg-q-c');
+SELECT count(*) AS purged FROM durable_ledger.purge_settled('5 seconds', 'maria', false) WHERE run = 'pg-q-a';
+SELECT decision, attempt FROM durable_ledger.begin_effect('pg-q-c', 'pg.pay', '{"invoice": 13}', 'PG-BK-13');
+SELECT durable_ledger.release_run('pg-q-c');
+
 -- admins only
 CREATE ROLE regress_pg_worker IN ROLE durable_ledger_worker;
 CREATE ROLE regress_pg_auditor IN ROLE durable_ledger_auditor;

@@ -969,7 +969,10 @@ dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit)
 	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d WHERE d.run" EQ "$1)," \
 	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d" \
 	"          WHERE d.run" EQ "$1 AND d.verdict IS NULL)," \
-	"        (SELECT pg_catalog.max(a.logged_at) FROM durable_ledger.audit_log a WHERE a.run" EQ "$1)"
+	"        GREATEST(" \
+	"          (SELECT pg_catalog.max(a.logged_at) FROM durable_ledger.audit_log a WHERE a.run" EQ "$1)," \
+	"          (SELECT pg_catalog.max(a.logged_at) FROM durable_ledger.audit_log a" \
+	"             JOIN mine ON a.key" EQ "mine.key))"
 
 static Statement run_purge_state = {RUN_PURGE_STATE(""), 1, {TEXTOID}, NULL, true};
 
@@ -980,7 +983,9 @@ static Statement run_purge_state_locked = {RUN_PURGE_STATE(" FOR UPDATE OF e"), 
  * What purging run would remove, as committed now, and whether it may: none
  * of its effects started (but a recorded call: made again, were the run
  * called again), unknown or flagged, no divergence waiting for a verdict,
- * nothing logged since cutoff.  With lock, its effects are locked
+ * nothing logged since cutoff, by the run or about one of its effects (a
+ * business key another run replayed just now must not be forgotten before
+ * that run's retry).  With lock, its effects are locked
  * for this transaction (a report waits for it; READ COMMITTED only).
  */
 bool
