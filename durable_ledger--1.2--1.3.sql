@@ -114,10 +114,12 @@ SET search_path = pg_catalog, pg_temp;
 -- No blind spot in verify_audit: the rows written before chains began (by
 -- 1.0 and 1.1) are chained now as chain 0, in the order of their ids, by
 -- the same rule as every chain (audit_row_content); what this update finds
--- is what it vouches for.  From here on a row without a chain is flagged
--- wherever its id falls, and so is a chain-0 row newer than a chained one.
--- (Rows without a chain newer than the first chained row were flagged by
--- 1.2 already: they stay unchained, and flagged.)
+-- is what it vouches for.  Such a row has an id the sequence gave (from 1)
+-- below the first chained row's and was logged no later than it: a row
+-- without a chain that is not (one added by hand, or by a worker still
+-- running 1.1 during the update to 1.2) stays unchained, and verify_audit
+-- reports it.  From here on a row without a chain is flagged wherever its id
+-- falls, and so is a chain-0 row that is not history.
 -- ---------------------------------------------------------------------------
 ALTER TABLE durable_ledger.audit_log DISABLE TRIGGER audit_log_append_only;
 DO $chain_history$
@@ -125,12 +127,14 @@ DECLARE
     r durable_ledger.audit_log;
     n bigint := 0;
     previous bytea := pg_catalog.decode(pg_catalog.repeat('00', 32), 'hex');
-    first_chained bigint := (SELECT pg_catalog.min(c.id) FROM durable_ledger.audit_log c
-                              WHERE c.chain IS NOT NULL);
+    first_chained durable_ledger.audit_log := (SELECT c FROM durable_ledger.audit_log c
+                                                WHERE c.chain IS NOT NULL ORDER BY c.id LIMIT 1);
 BEGIN
     FOR r IN SELECT * FROM durable_ledger.audit_log a
-              WHERE a.chain IS NULL
-                AND (first_chained IS NULL OR a.id OPERATOR(pg_catalog.<) first_chained)
+              WHERE a.chain IS NULL AND a.id OPERATOR(pg_catalog.>=) 1
+                AND (first_chained.id IS NULL
+                     OR (a.id OPERATOR(pg_catalog.<) first_chained.id
+                         AND a.logged_at OPERATOR(pg_catalog.<=) first_chained.logged_at))
               ORDER BY a.id
     LOOP
         n := n OPERATOR(pg_catalog.+) 1;
@@ -200,13 +204,21 @@ SELECT DISTINCT ON (a.chain) a.chain, a.chain_seq, a.id,
  WHERE a.chain OPERATOR(pg_catalog.>) (SELECT s.last_value FROM durable_ledger.audit_chain_seq s)
     OR a.chain OPERATOR(pg_catalog.<) 0
 UNION ALL
--- a row of the history from before chains that is newer than a chained row
-SELECT DISTINCT ON (a.chain) a.chain, a.chain_seq, a.id,
-       'a row of the history from before chains (chain 0) that is newer than a chained row: added by hand'
-  FROM durable_ledger.audit_log a
- WHERE a.chain OPERATOR(pg_catalog.=) 0
-   AND a.id OPERATOR(pg_catalog.>) (SELECT pg_catalog.min(c.id) FROM durable_ledger.audit_log c
+-- a row of the history from before chains (chain 0) that is not history: an
+-- id the sequence did not give, or out of the order of ids, or newer (by id
+-- or by time) than the first chained row
+SELECT DISTINCT ON (h.chain) h.chain, h.chain_seq, h.id,
+       'a row of the history from before chains (chain 0) that is out of order or newer than a chained row: added by hand'
+  FROM (SELECT a.chain, a.chain_seq, a.id, a.logged_at,
+               pg_catalog.lag(a.id) OVER (ORDER BY a.chain_seq, a.id) AS previous_id
+          FROM durable_ledger.audit_log a WHERE a.chain OPERATOR(pg_catalog.=) 0) h
+ WHERE h.id OPERATOR(pg_catalog.<) 1
+    OR h.id OPERATOR(pg_catalog.<=) h.previous_id
+    OR h.id OPERATOR(pg_catalog.>) (SELECT pg_catalog.min(c.id) FROM durable_ledger.audit_log c
                                      WHERE c.chain OPERATOR(pg_catalog.>) 0)
+    OR h.logged_at OPERATOR(pg_catalog.>) (SELECT c.logged_at FROM durable_ledger.audit_log c
+                                            WHERE c.chain OPERATOR(pg_catalog.>) 0
+                                            ORDER BY c.id LIMIT 1)
 UNION ALL
 -- a row without a chain, wherever its id falls: since 1.3 every row has one
 -- (the rows written before chains began were chained as chain 0 by the update)

@@ -237,6 +237,59 @@ for my $from (@sources)
 			"t
 pause", 'from 1.2: an unregistered tool reworded in a later attempt pauses (1.3)');
 	}
+	if ($from eq '1.1')
+	{
+		# a row appended to the history (chain 0) after the update, well
+		# linked, is not history: an id the sequence never gave, out of order,
+		# or newer than the first chained row (by id or by time) -- reported
+		is($node->safe_psql($db, q{
+				BEGIN;
+				WITH last AS (SELECT * FROM durable_ledger.audit_log WHERE chain = 0 ORDER BY chain_seq DESC LIMIT 1),
+				     r AS (SELECT (-1)::bigint AS id, l.logged_at, l.run, l.key, 'resolved'::text AS event,
+				                  '{"outcome": "failed", "resolved_by": "cfo"}'::jsonb AS detail,
+				                  l.role_name, l.session_user_name, l.application_name, l.client_addr,
+				                  l.backend_pid, l.lease_epoch, l.attempt, 0::bigint AS chain,
+				                  l.chain_seq + 1 AS chain_seq, l.row_hash AS previous
+				             FROM last l)
+				INSERT INTO durable_ledger.audit_log (id, logged_at, run, key, event, detail, role_name,
+				                                      session_user_name, application_name, client_addr,
+				                                      backend_pid, lease_epoch, attempt, chain, chain_seq, row_hash)
+				SELECT r.id, r.logged_at, r.run, r.key, r.event, r.detail, r.role_name, r.session_user_name,
+				       r.application_name, r.client_addr, r.backend_pid, r.lease_epoch, r.attempt, r.chain,
+				       r.chain_seq, sha256(r.previous || durable_ledger.audit_row_content(
+				           ROW(r.id, r.logged_at, r.run, r.key, r.event, r.detail, r.role_name, r.session_user_name,
+				               r.application_name, r.client_addr, r.backend_pid, r.lease_epoch, r.attempt,
+				               r.chain, r.chain_seq, NULL)::durable_ledger.audit_log))
+				  FROM r;
+				SELECT string_agg(chain || ' ' || id || ' ' || (problem LIKE '%chain 0%out of order%')::text, ', ')
+				  FROM durable_ledger.verify_audit();
+				ROLLBACK;}),
+			'0 -1 true', 'from 1.1: a row appended to the history after the update is reported');
+	}
+	if ($from eq '1.2')
+	{
+		# a row without a chain added by hand to a 1.2 ledger, posing as a
+		# person's decision below every chained row: the update does not take
+		# it into the history (an id the sequence never gave, logged after
+		# chains began), and verify_audit reports it
+		my $forged = "${db}_forged";
+		$node->safe_psql('postgres', "CREATE DATABASE $forged");
+		$node->safe_psql($forged, "CREATE EXTENSION durable_ledger VERSION '1.2'");
+		$node->command_ok(
+			[ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr($forged), '-f', $fixture ],
+			"from 1.2: the 1.2 ledger loads again, to be forged");
+		$node->safe_psql($forged, q{
+			INSERT INTO durable_ledger.audit_log (id, logged_at, run, key, event, detail, role_name,
+			                                      session_user_name, backend_pid)
+			VALUES (0, now(), 'ap-1', 'BK-B', 'resolved', '{"outcome": "completed", "resolved_by": "cfo"}',
+			        'cfo', 'cfo', 4242)});
+		$node->safe_psql($forged, 'ALTER EXTENSION durable_ledger UPDATE');
+		is($node->safe_psql($forged, q{
+				SELECT coalesce(a.chain::text, 'none') || ' ' || v.problem
+				  FROM durable_ledger.audit_log a JOIN durable_ledger.verify_audit() v ON v.id = a.id}),
+			"none an audit row without a chain: added by hand, or by a worker still running an earlier version's library",
+			'from 1.2: a row forged before the update stays unchained, and is reported');
+	}
 	next unless $from eq '1.0';
 
 	# 1.1 keeps the attempts of business keys that a later attempt replaced:
