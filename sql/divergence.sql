@@ -158,6 +158,18 @@ SELECT decision FROM durable_ledger.begin_effect('dr-2', 'dv.pay', '{"invoice": 
 SELECT verdict, same_as FROM durable_ledger.resolve_divergence(
     durable_ledger.effect_key('dr-2', 'dv.pay', '{"invoice": "INV-9", "memo": "a"}', 1), 'distinct', 'ana');
 SELECT decision, status FROM durable_ledger.begin_effect('dr-2', 'dv.pay', '{"invoice": "INV-9", "memo": "a"}');
+SELECT status FROM durable_ledger.complete_effect(
+    durable_ledger.effect_key('dr-2', 'dv.pay', '{"invoice": "INV-9", "memo": "a"}', 1), '{"paid": 9}');
+-- in that attempt the earlier payment is still due: the person judged one
+-- call, not the ones after it
+SELECT decision, position(durable_ledger.effect_key('dr-2', 'dv.pay', '{"invoice": "INV-1", "memo": "a"}', 1) IN reason) > 0
+         AS may_duplicate_inv_1
+  FROM durable_ledger.begin_effect('dr-2', 'dv.pay', '{"invoice": "INV-10", "memo": "a"}');
+-- the next attempt replays the way the judged attempt took: the payment it
+-- passed over is no longer due, so its honest replay goes on to new calls
+SELECT durable_ledger.acquire_run('dr-2');
+SELECT regress_div_call('dr-2', 'dv.pay', '{"invoice": "INV-9", "memo": "a"}') AS replayed,
+       regress_div_call('dr-2', 'dv.pay', '{"invoice": "INV-11", "memo": "a"}') AS new_call;
 SELECT durable_ledger.release_run('dr-2');
 
 -- the replay's progress rolls back with its transaction: a replay undone is not counted
