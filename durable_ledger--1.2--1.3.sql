@@ -327,3 +327,99 @@ RETURNS durable_ledger.divergences
 AS 'MODULE_PATHNAME', 'dl_resolve_divergence_1_3'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
+
+-- ---------------------------------------------------------------------------
+-- unresolved says what a flagged effect's report is: contradicting, or (1.3)
+-- naming no attempt where that is ambiguous.
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE VIEW durable_ledger.unresolved AS
+SELECT e.key,
+       e.run,
+       e.tool,
+       CASE WHEN j.ended THEN 'unknown'
+            ELSE e.status END::durable_ledger.effect_state AS status,
+       e.conflict,
+       CASE
+           WHEN e.conflict THEN
+               'a report was kept for a person: it contradicts the recorded outcome, or names no attempt where that is ambiguous; a person must decide which is true'
+           WHEN j.not_judged THEN
+               'read on a hot standby, which cannot see the primary''s leases: whether this effect is still in flight cannot be judged here; ask the primary'
+           ELSE
+               'intent recorded, no completion, and the lease that started it has ended: nobody knows whether the effect happened'
+       END                                          AS reason,
+       e.created_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) e.created_at AS age,
+       e.args,
+       e.meta,
+       e.business_key,
+       e.occurrence,
+       e.attempt,
+       e.lease_epoch,
+       NULL::text                                   AS may_duplicate,
+       ab.abandoned_at                              AS run_abandoned_at,
+       -- the key the provider was given: a business key's names its attempt
+       CASE WHEN e.business_key THEN pg_catalog.concat(e.key, '#', e.attempt)
+            ELSE e.key END                          AS downstream_key
+  FROM durable_ledger.unsettled u
+  JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) u.key
+                              AND e.created_at OPERATOR(pg_catalog.=) u.created_at
+  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) e.run
+ CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
+  LEFT JOIN LATERAL (
+        SELECT r.lease_kind, r.lock_key, r.holder_pid
+          FROM durable_ledger.runs r
+         WHERE r.run OPERATOR(pg_catalog.=) e.run
+           AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
+           AND r.released_at IS NULL) cur ON e.status OPERATOR(pg_catalog.=) 'started'
+ CROSS JOIN LATERAL (
+        SELECT e.status OPERATOR(pg_catalog.=) 'started' AND s.standby AS not_judged,
+               e.status OPERATOR(pg_catalog.=) 'started' AND CASE
+                   WHEN s.standby THEN false
+                   WHEN cur.lease_kind OPERATOR(pg_catalog.=) 'token' THEN NOT EXISTS (
+                       SELECT 1 FROM durable_ledger.token_leases t
+                        WHERE t.run OPERATOR(pg_catalog.=) e.run
+                          AND t.epoch OPERATOR(pg_catalog.=) e.lease_epoch
+                          AND t.released_at IS NULL
+                          AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
+                   WHEN cur.lease_kind IS NULL THEN true
+                   ELSE NOT EXISTS (
+                       SELECT 1 FROM pg_catalog.pg_locks l
+                        WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+                          AND l.objsubid OPERATOR(pg_catalog.=) 17484
+                          AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
+                          AND l.granted
+                          AND l.pid OPERATOR(pg_catalog.=) cur.holder_pid
+                          AND cur.lock_key OPERATOR(pg_catalog.=)
+                              ((l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+                               OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8)
+                          AND l.database OPERATOR(pg_catalog.=)
+                              (SELECT d.oid FROM pg_catalog.pg_database d
+                                WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()))
+               END AS ended) j
+ WHERE e.conflict
+    OR e.status OPERATOR(pg_catalog.=) 'unknown'
+    OR j.ended
+    OR j.not_judged
+UNION ALL
+SELECT d.key,
+       d.run,
+       d.tool,
+       NULL::durable_ledger.effect_state,
+       false,
+       'a later attempt made a call of this tool that the run''s earlier attempts did not make, while an earlier effect of the tool (may_duplicate) was not replayed yet: a person must say whether it is the same operation (durable_ledger.resolve_divergence(key, ''same'', ...): its outcome is replayed) or distinct (''distinct'': it is executed)',
+       d.detected_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) d.detected_at,
+       d.args,
+       NULL,
+       false,
+       d.occurrence,
+       NULL,
+       d.lease_epoch,
+       d.candidate_key,
+       ab.abandoned_at,
+       NULL
+  FROM durable_ledger.divergences d
+  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) d.run
+ WHERE d.verdict IS NULL
+   AND NOT EXISTS (SELECT FROM durable_ledger.effects x
+                    WHERE x.key OPERATOR(pg_catalog.=) d.key);  -- executed meanwhile (policy off)

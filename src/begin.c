@@ -33,7 +33,7 @@ PG_FUNCTION_INFO_V1(dl_begin_recorded_1_3);
 #define REASON_PAUSE_UNKNOWN \
 	"the outcome of an earlier attempt is unknown: its intent was recorded and no completion arrived before its lease ended; a person must resolve it with durable_ledger.resolve_effect()"
 #define REASON_PAUSE_CONFLICT \
-	"contradicting reports about this effect were recorded; a person must resolve it with durable_ledger.resolve_effect()"
+	"a report on this effect was kept for a person: it contradicts the recorded outcome, or names no attempt where that is ambiguous; a person must resolve it with durable_ledger.resolve_effect()"
 #define REASON_REDO \
 	"the outcome of attempt %d is unknown, and this call is recorded as safe to redo: it is executed again as attempt %d"
 #define REASON_IN_PROGRESS_MINE \

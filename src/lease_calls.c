@@ -231,7 +231,7 @@ dl_release_attempt_1_3(PG_FUNCTION_ARGS)
 												  Int64GetDatum(BREAK_LEASE_WAIT_MS)));
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "broken_by", "release_attempt");
-	dl_detail_text(&detail, "note", "the attempt's session lease was held by another backend than the one its client reached (a transaction pooler)");
+	dl_detail_text(&detail, "note", "the session lease of this epoch was ended from another backend: its client's calls reached a server connection that did not hold it");
 	dl_detail_int(&detail, "holder_pid", holder);
 	dl_detail_bool(&detail, "terminated", terminated);
 	dl_write_audit(run, NULL, "lease_broken", dl_detail_finish(&detail), epoch, 0);

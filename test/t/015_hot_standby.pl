@@ -25,7 +25,7 @@ my $standby_reason =
 my $ended_reason =
   'intent recorded, no completion, and the lease that started it has ended: nobody knows whether the effect happened';
 my $conflict_reason =
-  'a report contradicts the recorded outcome; a person must decide which is true';
+  'a report was kept for a person: it contradicts the recorded outcome, or names no attempt where that is ambiguous; a person must decide which is true';
 
 my $primary = PostgreSQL::Test::Cluster->new('hs_primary');
 $primary->init(allows_streaming => 1);
