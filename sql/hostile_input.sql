@@ -52,6 +52,15 @@ SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('hostile-num', 'pay
 SELECT (SELECT count(*) FROM durable_ledger.effects) || '/' || (SELECT count(*) FROM durable_ledger.audit_log) = :'before' AS nothing_written;
 SELECT length(durable_ledger.canonical_args('[1e1000]')) AS within_the_bound,
        length(durable_ledger.canonical_args(jsonb_build_array(repeat(E'\x01', 10000)))) AS escaped_controls;
+-- the first 400 characters of every number are not charged: args of many
+-- floats at the edges of a double (1e-300 takes 302 characters, the smallest
+-- normal double 327) are keyed, while numbers longer than that still count
+SELECT length(durable_ledger.canonical_args(('[' || repeat('1e-300,', 999) || '-2.2250738585072014e-308]')::jsonb)) AS tiny_doubles,
+       length(durable_ledger.canonical_args(('[' || repeat('1.7976931348623157e308,', 999) || '1]')::jsonb)) AS huge_doubles;
+SELECT decision, occurrence
+  FROM durable_ledger.begin_effect('hostile-num', 'pay', ('{"rates": [' || repeat('1e-300,', 99) || '1e-300]}')::jsonb);
+SELECT regress_sqlstate($$SELECT durable_ledger.canonical_args(('[' || repeat('1e-1000,', 2000) || '1]')::jsonb)$$) AS numbers_past_the_allowance;
+SELECT durable_ledger.canonical_args('[1e20000]');
 
 -- text that only looks like non-UTF-8 is ordinary text; invalid bytes never get in
 SELECT decision, key FROM durable_ledger.begin_effect('hostile-bytes', 'pay', '{"s": "\\xff\\xfe"}', '\xff\xfe Ã©');

@@ -22,8 +22,12 @@
  * canonical text of args may be at most CANONICAL_GROWTH times their size as
  * jsonb stores them, plus CANONICAL_SLACK bytes (an escaped control character,
  * the worst of the rest, grows six times); larger args are refused (22023)
- * as soon as the text passes the bound, before the rest is written.  Every
- * key the ledger ever derived is unchanged: the bound only refuses.
+ * as soon as the text passes the bound, before the rest is written.  The
+ * first NUMBER_ALLOWANCE characters of every number are not counted: any
+ * double a client sends fits in them (-2.2250738585072014e-308 written out
+ * takes 327), so args of many tiny or huge floats are never refused, and the
+ * text of each number stays within NUMBER_ALLOWANCE plus what it is charged.
+ * Every key the ledger ever derived is unchanged: the bound only refuses.
  */
 #include "postgres.h"
 
@@ -37,25 +41,27 @@
 
 #define CANONICAL_GROWTH 8
 #define CANONICAL_SLACK 1024
+#define NUMBER_ALLOWANCE 400
 
 /* Where the canonical text goes, and how long it may grow. */
 typedef struct Canonical
 {
 	StringInfo	out;
 	int			start;			/* out->len when args began */
-	Size		bound;			/* bytes the text of args may take */
+	Size		bound;			/* bytes the text of args may be charged */
 	Size		stored;			/* the size of args as jsonb stores them */
+	Size		allowed;		/* bytes of numbers not charged so far */
 } Canonical;
 
 static void
 check_bound(const Canonical *c, Size more)
 {
-	if ((Size) (c->out->len - c->start) + more > c->bound)
+	if ((Size) (c->out->len - c->start) - c->allowed + more > c->bound)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("args are too large once written canonically"),
-				 errdetail("Their canonical text would take more than %zu bytes, %d times their %zu bytes as jsonb stores them plus %d; a number is written out in full, a character per digit.",
-						   c->bound, CANONICAL_GROWTH, c->stored, CANONICAL_SLACK),
+				 errdetail("Their canonical text would take more than %zu bytes, %d times their %zu bytes as jsonb stores them plus %d, beyond the first %d characters of each number; a number is written out in full, a character per digit.",
+						   c->bound, CANONICAL_GROWTH, c->stored, CANONICAL_SLACK, NUMBER_ALLOWANCE),
 				 errhint("Pass such a number as a string.")));
 }
 
@@ -73,8 +79,12 @@ append_number(Canonical *c, Numeric num)
 		appendStringInfoChar(c->out, '0');
 	else
 	{
-		check_bound(c, strlen(text));
+		Size		len = strlen(text);
+		Size		free_part = Min(len, NUMBER_ALLOWANCE);
+
+		check_bound(c, len - free_part);
 		appendStringInfoString(c->out, text);
+		c->allowed += free_part;
 	}
 	pfree(text);
 }
@@ -126,6 +136,7 @@ dl_append_canonical_args(StringInfo out, Jsonb *args)
 	c.start = out->len;
 	c.stored = VARSIZE(args);
 	c.bound = c.stored * CANONICAL_GROWTH + CANONICAL_SLACK;
+	c.allowed = 0;
 
 	/* a bare scalar is stored as a one-element pseudo array: write it alone */
 	if (JB_ROOT_IS_SCALAR(args))
