@@ -1,10 +1,12 @@
 # 033_js_package: the JavaScript client as a package a user installs.
-#   - its type declarations are checked: tsc --noEmit --strict over index.d.ts, a
-#     TypeScript consumer using node-postgres' own types (clients/js/test/types), and
-#     a negative type test (test/types/misuse.ts: misuses marked @ts-expect-error,
-#     which tsc must find to be errors; compiled unmarked against the installed
-#     package too, with an error on each marked line and no other), with TypeScript
-#     from npm (clients/js's devDependencies, installed by `npm ci`);
+#   - its type declarations are generated from the code (npm run build: tsc over
+#     src/'s JSDoc, with checkJs, so that the code must agree with what it
+#     declares) and checked: tsc --noEmit --strict over a TypeScript consumer using
+#     node-postgres' own types (clients/js/test/types), and a negative type test
+#     (test/types/misuse.ts: misuses marked @ts-expect-error, which tsc must find to
+#     be errors; compiled unmarked against the installed package too, with an error
+#     on each marked line and no other), with TypeScript from npm (clients/js's
+#     devDependencies, installed by `npm ci`);
 #   - `npm pack`, then the tarball installed into a scratch project (its dependency,
 #     pg, from the npm registry), and the example agent loops, copied there, run
 #     against a real cluster with the installed package: the JavaScript one, and
@@ -37,6 +39,8 @@ sub run_ok
 	return $out;
 }
 
+run_ok([ "$dir/node_modules/.bin/tsc", '-p', "$dir/tsconfig.build.json" ],
+	'tsc generates the declarations (types/) from the JSDoc of src/, and the code agrees with them (checkJs)');
 run_ok([ "$dir/node_modules/.bin/tsc", '-p', "$dir/tsconfig.json" ],
 	'tsc --noEmit --strict: the declarations type-check a TypeScript consumer, and every misuse marked '
 	  . '@ts-expect-error in test/types/misuse.ts is an error');
@@ -48,9 +52,11 @@ chomp $packed;
 my ($tarball) = glob("$scratch/durable-ledger-*.tgz");
 ok(defined $tarball && -f $tarball, "the package tarball ($packed)");
 my $listing = run_ok([ 'tar', '-tzf', $tarball ], 'the tarball lists');
-like($listing, qr{^package/index\.d\.ts$}m, 'it carries the type declarations');
+like($listing, qr{^package/types/index\.d\.ts$}m, 'it carries the type declarations');
 like($listing, qr{^package/src/index\.js$}m, '... and the module');
-like($listing, qr{^package/src/notices\.js$}m, '... with the modules it imports');
+my @modules = map { m{/src/([^/]+)\.js$} ? $1 : () } glob("$dir/src/*.js");
+is_deeply([ grep { $listing !~ m{^package/src/\Q$_\E\.js$}m || $listing !~ m{^package/types/\Q$_\E\.d\.ts$}m } @modules ],
+	[], '... with every module it imports (' . scalar(@modules) . '), each with its declarations');
 like($listing, qr{^package/README\.md$}m, '... its README');
 like($listing, qr{^package/docs/reference\.md$}m, '... and the reference the README links');
 unlike($listing, qr{^package/(test|node_modules)/}m, '... and not the tests nor node_modules');
@@ -61,7 +67,7 @@ print $fh qq({ "name": "an-agent", "private": true, "type": "module" }\n);
 close $fh;
 run_ok([ 'npm', 'install', '--no-audit', '--no-fund', '--silent', $tarball ],
 	'npm install of the tarball into a scratch project', init => sub { chdir "$scratch/app" });
-ok(-f "$scratch/app/node_modules/durable-ledger/index.d.ts", 'installed with its declarations');
+ok(-f "$scratch/app/node_modules/durable-ledger/types/index.d.ts", 'installed with its declarations');
 File::Copy::copy("$dir/examples/agent-loop.js", "$scratch/app/agent-loop.js") or die "copy: $!";
 
 my $node = ledger_node('js_package');

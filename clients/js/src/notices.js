@@ -11,7 +11,32 @@
 // statement on when the statement has answered, with what it knows of the call
 // (run, tool, key: for a begin, the key of the decision row).
 
-/** The SQLSTATEs of the ledger's own WARNINGs (extension 1.3). */
+/**
+ * What the ledger's 'notice' event carries: a WARNING or NOTICE the server sent on one
+ * of the Ledger's statements (origin 'server'), or one the client itself must give
+ * (origin 'client': a session lock it could not end, code 42501).
+ * @typedef {object} LedgerNotice
+ * @property {'server' | 'client'} origin
+ * @property {string | null} severity  'WARNING', 'NOTICE', ...
+ * @property {string | null} code  the SQLSTATE: 01L01 divergence (warn), 01L02 unregistered
+ *   tool (warn), 01L03 conflict, 01L04 superseded report
+ * @property {string} message
+ * @property {string | null} detail
+ * @property {string | null} hint
+ * @property {string | null} statement  the ledger function of the statement: begin_effect,
+ *   begin_recorded, complete_effect, fail_effect, ...
+ * @property {string | null} run
+ * @property {string | null} tool
+ * @property {string | null} key  the call's own key (a begin's decision row), or the reported
+ *   effect's; null when not known
+ * @property {string | null} [mayDuplicate]  with code 01L01, the effect that the call may
+ *   duplicate (named in the DETAIL)
+ * @property {number} [pid]  origin 'client', 42501: the backend that still holds the
+ *   attempt's session lock
+ * @property {number} [epoch]  origin 'client', 42501: the epoch of that lease
+ */
+
+/** The SQLSTATEs of the ledger's own WARNINGs (extension 1.3), as LedgerNotice.code. */
 export const NOTICE_CODES = Object.freeze({
   /** a call executed although it diverges from the run's earlier attempts (divergence policy `warn`) */
   DIVERGENCE: '01L01',
@@ -25,16 +50,23 @@ export const NOTICE_CODES = Object.freeze({
 
 const MAY_DUPLICATE = /may duplicate effect "([0-9a-f]{64})"/;
 
+/**
+ * A client that emits node-postgres' 'notice' (a pg Client or PoolClient).
+ * @typedef {{on: Function, removeListener: Function, _getActiveQuery?: () => any}} NoticeSource
+ */
+
 /** Listens on one client for the ledger statements out on it. */
 class Router {
-  /** @param {{on: Function, removeListener: Function}} client */
+  /** @param {NoticeSource} client */
   constructor(client) {
     this.client = client;
-    /** @type {Array<{values: unknown[], notices: object[]}>} oldest first */
+    /** @type {Array<{values: unknown[], notices: any[]}>} oldest first */
     this.pending = [];
+    /** @param {any} msg */
     this.listener = (msg) => this.route(msg);
   }
 
+  /** @param {unknown[]} values */
   open(values) {
     const entry = { values, notices: [] };
     if (this.pending.length === 0) this.client.on('notice', this.listener);
@@ -42,6 +74,7 @@ class Router {
     return entry;
   }
 
+  /** @param {{values: unknown[], notices: any[]}} entry */
   close(entry) {
     const i = this.pending.indexOf(entry);
     if (i >= 0) this.pending.splice(i, 1);
@@ -51,7 +84,9 @@ class Router {
     }
   }
 
+  /** @param {any} msg */
   route(msg) {
+    /** @type {{values: unknown[], notices: any[]} | undefined} */
     let target = this.pending[0];
     // node-postgres' active query, where it tells (pg 8): its values are the very
     // array the ledger passed; a notice of any other query is not the ledger's
@@ -68,6 +103,9 @@ const routers = new WeakMap();
  * Starts collecting the notices of one statement on `client` (its `values`
  * array identifies it); returns {notices, close()}: close() when the statement
  * has answered or failed.  A client that emits no events collects nothing.
+ * @param {any} client
+ * @param {unknown[]} values
+ * @returns {{notices: any[], close: () => void}}
  */
 export function collectNotices(client, values) {
   if (!client || typeof client.on !== 'function' || typeof client.removeListener !== 'function') {
@@ -86,10 +124,13 @@ export function collectNotices(client, values) {
  * The structured notice for a node-postgres NoticeMessage of a ledger
  * statement.  `call` says what the ledger knows of the call: {statement, run,
  * tool, key}.
- * @returns {import('../index.js').LedgerNotice}
+ * @param {any} msg
+ * @param {{statement?: string|null, run?: string|null, tool?: string|null, key?: string|null}} [call]
+ * @returns {LedgerNotice}
  */
 export function ledgerNotice(msg, call = {}) {
   const detail = msg.detail ?? null;
+  /** @type {LedgerNotice} */
   const notice = {
     origin: 'server',
     severity: msg.severity ?? null,
@@ -108,7 +149,10 @@ export function ledgerNotice(msg, call = {}) {
   return notice;
 }
 
-/** One line for console.warn. */
+/**
+ * One line for console.warn.
+ * @param {LedgerNotice} n
+ */
 export function formatNotice(n) {
   const about = [n.run && `run ${n.run}`, n.tool && `tool ${n.tool}`, n.key && `key ${n.key}`]
     .filter(Boolean).join(', ');

@@ -25,6 +25,9 @@ export const ACQUIRE_ATTEMPT =
  * The guarded form of a begin: `call` is the function call (its run is $1),
  * `epochParam` the placeholder number of the attempt's epoch.  Returns guard_pid,
  * guard_epoch and the decision's columns (all null when nothing was called).
+ * @param {string} call
+ * @param {number} epochParam
+ * @returns {string}
  */
 export function guardedBegin(call, epochParam) {
   return 'SELECT g.pid AS guard_pid, g.epoch AS guard_epoch, (g.d).* FROM (SELECT pg_backend_pid() AS pid, ' +
@@ -54,6 +57,7 @@ export const RELEASE_RUN = 'SELECT durable_ledger.release_run($1::text) AS ok';
  * @param {{pid: number, epoch: string|null}} lease  the attempt's
  * @param {number} pid  the backend the statement reached
  * @param {string|null} epoch  that backend's epoch of the run (null: none)
+ * @returns {'pooler'|'lost'}
  */
 export function missed(lease, pid, epoch) {
   if (pid !== lease.pid) return 'pooler';

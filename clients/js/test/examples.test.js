@@ -26,8 +26,11 @@ const root = fileURLToPath(new URL('..', import.meta.url));
 const compiled = fileURLToPath(new URL('../build/examples/agent-loop.js', import.meta.url));
 
 before(() => {
-  const tsc = spawnSync(fileURLToPath(new URL('../node_modules/.bin/tsc', import.meta.url)),
-    ['-p', 'tsconfig.examples.json'], { cwd: root, encoding: 'utf8' });
+  const tscPath = fileURLToPath(new URL('../node_modules/.bin/tsc', import.meta.url));
+  // the example compiles against the package's declarations, generated from src/ (npm run build)
+  const build = spawnSync(tscPath, ['-p', 'tsconfig.build.json'], { cwd: root, encoding: 'utf8' });
+  assert.equal(build.status, 0, `tsc generates the declarations from src/: ${build.stdout}${build.stderr}`);
+  const tsc = spawnSync(tscPath, ['-p', 'tsconfig.examples.json'], { cwd: root, encoding: 'utf8' });
   assert.equal(tsc.status, 0, `tsc compiles the example: ${tsc.stdout}${tsc.stderr}`);
 });
 

@@ -6,6 +6,7 @@ import pg from 'pg';
 import {
   Ledger, LedgerError, EffectPaused, DivergencePausedError, RunAbandonedError, ToolRefusedError,
   LeaseLostError, PoolerDetected, NOTICE_CODES, type Decision, type LedgerNotice, type Recorded, type TokenLease,
+  DivergencePaused, RunAbandoned, ToolRefused, LeaseLost, RunStopped,
 } from 'durable-ledger';
 
 async function agent(pool: pg.Pool, client: pg.Client): Promise<void> {
@@ -58,6 +59,24 @@ async function agent(pool: pg.Pool, client: pg.Client): Promise<void> {
     else if (e instanceof EffectPaused || e instanceof RunAbandonedError || e instanceof ToolRefusedError
              || e instanceof LeaseLostError || e instanceof LedgerError) { /* stop the attempt */ }
     else throw e;
+  }
+
+  // the errors by the Python client's names; the names of 1.2 are the same classes (and types)
+  try {
+    await session.guarded({ run: 'run-5', tool: 'bank.pay', args: {}, perform: () => 1 });
+  } catch (e) {
+    if (e instanceof DivergencePaused) {
+      const old: DivergencePausedError = e; const pause: EffectPaused = e; const d: 'pause' = e.decision;
+      void [old, pause, d, e.run, e.tool];
+    } else if (e instanceof RunAbandoned) {
+      const old: RunAbandonedError = e; const key: null = e.key; const reason: string = e.reason; void [old, key, reason];
+    } else if (e instanceof ToolRefused) {
+      const old: ToolRefusedError = e; const tool: string = e.tool; void [old, tool];
+    } else if (e instanceof LeaseLost) {
+      const old: LeaseLostError = e; const epoch: number | null = e.epoch; void [old, epoch];
+    } else if (e instanceof RunStopped) {
+      const key: string | null = e.key; void key;
+    }
   }
 }
 void agent;

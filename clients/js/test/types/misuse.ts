@@ -4,7 +4,7 @@
 // declarations catch. 033 also compiles it without the marks and counts the errors.
 // Not run.
 import pg from 'pg';
-import { Ledger, type LedgerNotice } from 'durable-ledger';
+import { Ledger, TokenLease, type LedgerNotice, type RunAbandoned } from 'durable-ledger';
 
 async function misuse(client: pg.Client): Promise<void> {
   const ledger = new Ledger(client);
@@ -35,6 +35,15 @@ async function misuse(client: pg.Client): Promise<void> {
   // the options
   // @ts-expect-error
   void new Ledger(client, { consoleWarn: 'no' });
-  void [n, s, m, at, nothing];
+  // a Ledger emits 'notice', not a misspelt event
+  // @ts-expect-error
+  ledger.on('notices', (notice: LedgerNotice) => { void notice; });
+  // a TokenLease comes from tokenAttempt(): its constructor is the client's
+  // @ts-expect-error
+  void new TokenLease({ run: 'run-1', token: 't', epoch: 1, expiresAt: new Date(), holder: null, ttl: 60 });
+  // an abandoned run's error is about the run, not an effect: it has no key
+  // @ts-expect-error
+  const keyOf = (err: RunAbandoned): string => err.key;
+  void [n, s, m, at, nothing, keyOf];
 }
 void misuse;

@@ -1,0 +1,280 @@
+// One guarded() or record() call in the attempt it belongs to: the checks of
+// its attempt, begin_effect (or begin_recorded), what the decision says
+// (decisions.js), and on execute the effect performed and its outcome
+// reported.  Unknown outcomes are never guessed: an error from perform() that
+// is not an EffectDidNotHappen leaves the effect "started", and the next
+// attempt pauses until a person resolves it (durable_ledger.resolve_effect).
+
+import { attemptContext, boundAttempt, sessionContext } from './attempts.js';
+import { notCommitted } from './connection.js';
+import { judge, refusedReport } from './decisions.js';
+import { EffectDidNotHappen, EffectFailed, LeaseLost, LedgerError, RunAbandoned } from './errors.js';
+import { guardedBegin } from './session-guard.js';
+import { LEASE_LOST, RUN_ABANDONED, TOOL_REFUSED, abandoned, refused } from './sqlstates.js';
+import { beginCall, errorParam, jsonParam, reportStatement } from './statements.js';
+import { describe } from './text.js';
+import { loseLease } from './token-lease.js';
+
+/** @typedef {import('./attempts.js').Attempt} Attempt */
+/** @typedef {import('./connection.js').Connection} Connection */
+/** @typedef {import('./decisions.js').Decision} Decision */
+/** @typedef {import('./session-attempts.js').SessionAttempts} SessionAttempts */
+/** @typedef {import('./stops.js').Stops} Stops */
+/** @typedef {import('./token-attempts.js').TokenAttempts} TokenAttempts */
+
+/** The calls of one Ledger. */
+export class CallFlow {
+  /**
+   * @param {object} ledger  the Ledger whose calls these are (its attempts are told apart by it)
+   * @param {Connection} connection
+   * @param {Stops} stops
+   * @param {SessionAttempts} sessions
+   * @param {TokenAttempts} tokens
+   */
+  constructor(ledger, connection, stops, sessions, tokens) {
+    this.#ledger = ledger;
+    this.#connection = connection;
+    this.#stops = stops;
+    this.#sessions = sessions;
+    this.#tokens = tokens;
+  }
+
+  #ledger;
+  #connection;
+  #stops;
+  #sessions;
+  #tokens;
+
+  /**
+   * guarded() or record(), in the attempt the call belongs to.
+   * @param {string} what
+   * @param {{run: string, tool: string, args: unknown, perform: (key: string) => unknown,
+   *          businessKey: string|null, meta: unknown, recorded: boolean}} call
+   * @returns {Promise<any>}
+   */
+  async call(what, { run, tool, args, perform, businessKey, meta, recorded }) {
+    const attempt = boundAttempt(attemptContext, this.#ledger, run);
+    let session = null;
+    if (attempt) {
+      if (attempt.ended) {
+        throw new LeaseLost(
+          `run ${run}: this call belongs to the token attempt of epoch ${attempt.lease.epoch}, which has ` +
+            'ended (its function settled while this branch was still running); nothing was begun.  ' +
+            'A branch must not outlive its attempt: await every branch (Promise.allSettled), or stop it ' +
+            'with lease.signal',
+          { run, epoch: attempt.lease.epoch, reason: 'the attempt has ended' });
+      }
+      attempt.lease.check();
+    } else if (this.#tokens.has(run)) {
+      throw new LedgerError(
+        `${what} on run ${run} was called from outside the token attempt that this Ledger holds on it ` +
+          "(not from tokenAttempt()'s function, nor from anything it started): it is not performed.  " +
+          'Make the call inside the attempt\'s function.');
+    } else {
+      this.#sessions.sessionOnly(`${what} outside tokenAttempt()`);
+      session = boundAttempt(sessionContext, this.#ledger, run);
+      if (!session && this.#sessions.isOpen(run)) {
+        throw new LedgerError(
+          `${what} on run ${run} was called from outside the attempt that this Ledger holds on it ` +
+            "(not from attempt()'s function, nor from anything it started): it is not performed.  " +
+            'Make the call inside the attempt\'s function.');
+      }
+      if (session?.ended) {
+        throw new LeaseLost(
+          `run ${run}: this call belongs to a session attempt that has ended (its function settled while ` +
+            'this branch was still running); nothing was begun.  A branch must not outlive its attempt: ' +
+            'await every branch (Promise.allSettled)',
+          { run, epoch: null, reason: 'the attempt has ended' });
+      }
+      if (!session && !this.#sessions.isHeld(run)) {
+        throw new LedgerError(
+          `${what} on run ${run} outside an attempt: nothing was recorded or performed.  Start each ` +
+            'attempt at a run (the first, a retry, a redelivery) with ledger.attempt(run, fn) (or ' +
+            'ledger.tokenAttempt(run, opts, fn) on a pool, or acquireRun()): a new attempt replays what an ' +
+            'earlier one did, where continuing an attempt it did not start would count the retried calls ' +
+            'as new ones and perform them again.');
+      }
+    }
+    this.#stops.check(run, attempt);
+    const calls = attempt ?? session;
+    calls?.enter();
+    try {
+      return await this.#guarded(attempt, run, tool, args, perform, businessKey, meta, recorded);
+    } finally {
+      calls?.leave();
+    }
+  }
+
+  /**
+   * One call in its attempt: begin, then what the decision says (decisions.js);
+   * on execute, perform and report.
+   * @param {Attempt|null} attempt
+   * @param {string} run
+   * @param {string} tool
+   * @param {unknown} args
+   * @param {(key: string) => unknown} perform
+   * @param {string|null} businessKey
+   * @param {unknown} meta
+   * @param {boolean} recorded
+   */
+  async #guarded(attempt, run, tool, args, perform, businessKey, meta, recorded) {
+    await this.#connection.assertNoOpenTransaction();
+    const d = await this.#begin(attempt, run, tool, args, businessKey, meta, recorded);
+    const where = `${tool} (key ${d.key})`;
+    const decided = judge(d, { run, tool, where, stop: (key, reason) => this.#stops.stop(run, key, reason, attempt) });
+    if (!decided.execute) return decided.result;
+
+    // execute: the intent is committed; perform the effect with the key.
+    let result;
+    try {
+      // the provider's key: the effect's, or a business key's with its attempt ("INV-9#2")
+      result = await perform(d.downstream_key ?? d.key);
+    } catch (err) {
+      if (err instanceof EffectDidNotHappen) {
+        const json = errorParam(err.error);
+        const row = await this.#report(attempt, run, 'fail_effect', d.key, d.attempt, json, where, recorded,
+          tool);
+        throw new EffectFailed(`${where} did not happen: ${err.message}`, {
+          key: d.key, decision: d.decision, reason: err.message,
+          // the row is a later attempt's when one replaced ours: ours is what we sent
+          error: row.attempt === d.attempt ? row.error : JSON.parse(json ?? 'null'),
+          replayed: false, cause: err,
+        });
+      }
+      // A recorded call's is made again by the next attempt: nothing for a
+      // person.  But this attempt stops: what it did next (with a retried
+      // call's other answer) would not be what a replay sees, which makes
+      // the lost call again first.
+      if (recorded) {
+        this.#stops.stopCall(true, run, d.key, `the recorded call ${where} threw ` +
+          `(${describe(/** @type {any} */ (err)?.message ?? err)}) and nothing was recorded.`, attempt);
+        throw err;
+      }
+      // Outcome unknown: never guess.  The effect stays "started"; the next
+      // attempt pauses until a person resolves it; this one must not go on.
+      this.#stops.stop(run, d.key,
+        `the outcome of ${where} is unknown (${describe(/** @type {any} */ (err)?.message ?? err)}).`, attempt);
+      throw err;
+    }
+
+    let resultJson;
+    try {
+      resultJson = jsonParam(result);
+    } catch (err) {
+      this.#stops.stopCall(recorded, run, d.key, `${where} happened but its result could not be recorded.`,
+        attempt);
+      throw new LedgerError(
+        `${where} happened but its result cannot be stored as JSON (${/** @type {any} */ (err).message}); ` +
+          (recorded
+            ? 'nothing was recorded, and the next attempt makes the recorded call again'
+            : 'it stays "started", and the next attempt pauses until a person resolves it'),
+        { key: d.key, decision: d.decision, cause: err }
+      );
+    }
+    const row = await this.#report(attempt, run, 'complete_effect', d.key, d.attempt, resultJson, where,
+      recorded, tool);
+    return row.result;
+  }
+
+  /**
+   * begin_effect for guarded(): in the token attempt's epoch when there is one.
+   * A lost lease (55L01) stops the attempt; an error that leaves unknown
+   * whether the statement committed (the connection broke, a FATAL) stops the
+   * run in this attempt: its intent may be recorded under a lease that is
+   * still live, and the same call again would be the next occurrence.  So does
+   * a begin_effect that ran inside another transaction on the connection:
+   * whether its intent is recorded depends on that transaction.
+   * @param {Attempt|null} attempt
+   * @param {string} run
+   * @param {string} tool
+   * @param {unknown} args
+   * @param {string|null} businessKey
+   * @param {unknown} meta
+   * @param {boolean} recorded
+   * @returns {Promise<Decision>}
+   */
+  async #begin(attempt, run, tool, args, businessKey, meta, recorded) {
+    const statement = recorded ? 'begin_recorded' : 'begin_effect';
+    const call = beginCall(run, tool, args, businessKey, meta, attempt ? attempt.lease.token : null, recorded);
+    // A session attempt's call is made only where its lease is (session-guard.js).
+    const lease = attempt ? null : this.#sessions.lease(run);
+    let text;
+    let params;
+    if (lease) {
+      params = [...call[1], lease.epoch];
+      text = guardedBegin(call[0], params.length);
+    } else {
+      [text, params] = [`SELECT * FROM ${call[0]}`, call[1]];
+    }
+    try {
+      const [row] = await this.#connection.statement(`${statement} of ${tool}`, text, params,
+        { statement, run, tool });
+      if (lease && row.key === null) throw this.#sessions.missedLease(run, lease, row.guard_pid, row.guard_epoch, tool);
+      return row;
+    } catch (e) {
+      const err = /** @type {any} */ (e);
+      if (err instanceof LeaseLost) throw err;
+      if (attempt && err?.code === LEASE_LOST) throw loseLease(attempt.lease, err);
+      if (err?.code === RUN_ABANDONED) {
+        // Nothing was written; the run is stopped for good.
+        const stopped = abandoned(run, err);
+        this.#stops.stop(run, null, stopped.reason, attempt,
+          () => new RunAbandoned(stopped.message, { run, reason: stopped.reason, cause: err }));
+        throw stopped;
+      }
+      if (err?.code === TOOL_REFUSED) {
+        // Nothing was recorded; the run cannot make this call, so the attempt stops.
+        const refusal = refused(run, tool, err);
+        this.#stops.stop(run, null, `the ledger refused tool ${tool} (${refusal.reason}); nothing was performed.`,
+          attempt);
+        throw refusal;
+      }
+      if (err?.[notCommitted]) {
+        this.#stops.stopCall(recorded, run, null, `begin_effect of ${tool} ran inside another transaction on ` +
+          "the Ledger's connection; whether its intent is recorded depends on that transaction, and " +
+          'the effect was not performed.', attempt);
+      } else if (attempt && (err?.sqlstate && err?.cause ? err.cause : err)?.severity !== 'ERROR') {
+        // (a named refusal -- named() -- carries the server's error as its cause)
+        this.#stops.stopCall(recorded, run, null, `begin_effect of ${tool} failed with the outcome of the ` +
+          `statement unknown (${describe(err?.message ?? err)}); a new attempt finds out whether its intent ` +
+          'was recorded.', attempt);
+      }
+      throw err;
+    }
+  }
+
+  /**
+   * complete_effect / fail_effect on `attempt`, the attempt of the effect that
+   * begin_effect executed; anything but an accepted report stops the run (in
+   * `owner`, the token attempt of the call, or the session's).  A report needs
+   * no token: it goes out on any connection, also after the lease was lost.
+   * @param {Attempt|null} owner
+   * @param {string} run
+   * @param {'complete_effect'|'fail_effect'} fn
+   * @param {string} key
+   * @param {number|null} attempt
+   * @param {string|null} json
+   * @param {string} where
+   * @param {boolean} recorded
+   * @param {string} tool
+   * @returns {Promise<any>} the effect's row
+   */
+  async #report(owner, run, fn, key, attempt, json, where, recorded, tool) {
+    let row;
+    try {
+      [row] = await this.#connection.statement(`${fn} of ${where}`, reportStatement(fn), [key, json, attempt],
+        { statement: fn, run, tool, key });
+    } catch (err) {
+      this.#stops.stopCall(recorded, run, key,
+        `${where} could not be recorded (${fn}: ${/** @type {any} */ (err).message}).`, owner);
+      throw err;
+    }
+    const refusal = refusedReport(row, { fn, key, attempt, where, recorded });
+    if (refusal) {
+      this.#stops.stopCall(refusal.superseded, run, key, `${where}: the ledger did not accept the report (${fn}).`,
+        owner);
+      throw refusal.error;
+    }
+    return row;
+  }
+}

@@ -1,0 +1,89 @@
+// The ledger's statements as this client sends them, and their parameters.
+// (A session attempt's are wrapped in the guard of session-guard.js.)  Every
+// statement is a transaction of its own; a call's run is always $1.
+
+/**
+ * JSON text for a jsonb parameter; undefined becomes SQL NULL.
+ * @param {unknown} value
+ * @returns {string|null}
+ */
+export function jsonParam(value) {
+  if (value === undefined) return null;
+  return JSON.stringify(value) ?? null;
+}
+
+/**
+ * JSON text for a recorded error: falls back to its text when it is not JSON.
+ * @param {unknown} value
+ * @returns {string|null}
+ */
+export function errorParam(value) {
+  if (value instanceof Error) value = { name: value.name, message: value.message };
+  try {
+    return jsonParam(value);
+  } catch {
+    return JSON.stringify(String(value));
+  }
+}
+
+/**
+ * The call that begins a call and its parameters (the run is $1):
+ * begin_effect, or for a call recorded as safe to redo (record(), never with a
+ * business key) begin_recorded; with a token lease's token, or none (the
+ * session's lease).
+ * @param {string} run
+ * @param {string} tool
+ * @param {unknown} args
+ * @param {string|null} businessKey
+ * @param {unknown} meta
+ * @param {string|null} token
+ * @param {boolean} recorded
+ * @returns {[string, unknown[]]} the function call (no SELECT) and its parameters
+ */
+export function beginCall(run, tool, args, businessKey, meta, token, recorded) {
+  /** @type {unknown[]} */
+  const params = recorded
+    ? [run, tool, jsonParam(args), jsonParam(meta)]
+    : [run, tool, jsonParam(args), businessKey ?? null, jsonParam(meta)];
+  const types = recorded ? ['text', 'text', 'jsonb', 'jsonb'] : ['text', 'text', 'jsonb', 'text', 'jsonb'];
+  if (token != null) {
+    params.push(token);
+    types.push('text');
+  }
+  const placeholders = types.map((type, i) => `$${i + 1}::${type}`).join(', ');
+  return [`durable_ledger.${recorded ? 'begin_recorded' : 'begin_effect'}(${placeholders})`, params];
+}
+
+/**
+ * beginCall as a statement of its own: SELECT * FROM the call.
+ * @param {Parameters<typeof beginCall>} call
+ * @returns {[string, unknown[]]}
+ */
+export function beginStatement(...call) {
+  const [text, params] = beginCall(...call);
+  return [`SELECT * FROM ${text}`, params];
+}
+
+/**
+ * complete_effect or fail_effect ($1 key, $2 result or error, $3 the attempt it is about).
+ * @param {'complete_effect'|'fail_effect'} fn
+ */
+export function reportStatement(fn) {
+  return `SELECT * FROM durable_ledger.${fn}($1::text, $2::jsonb, $3::integer)`;
+}
+
+/** take_lease($1 run, $2 ttl in seconds, $3 holder). */
+export const TAKE_LEASE =
+  'SELECT * FROM durable_ledger.take_lease($1::text, make_interval(secs => $2::double precision), $3::text)';
+
+/** renew_lease($1 token): the new expiry. */
+export const RENEW_LEASE = 'SELECT durable_ledger.renew_lease($1::text) AS expires_at';
+
+/** release_lease($1 token): whether the lease was still live. */
+export const RELEASE_LEASE = 'SELECT durable_ledger.release_lease($1::text) AS released';
+
+/** effect_status($1 key). */
+export const EFFECT_STATUS = 'SELECT * FROM durable_ledger.effect_status($1::text)';
+
+/** history($1 run). */
+export const HISTORY = 'SELECT * FROM durable_ledger.history($1::text)';
