@@ -274,7 +274,7 @@ dl_check_drift(ReplayProgress *progress, const char *key, Jsonb *args, int32 occ
 				 errdetail_plural("The earlier attempts recorded %d effect of the tool that this attempt has not replayed: the call may duplicate effect \"%s\".",
 								  "The earlier attempts recorded %d effects of the tool that this attempt has not replayed: the call may duplicate effect \"%s\".",
 								  not_replayed, not_replayed, candidate),
-				 errhint("The tool's divergence policy is \"warn\": the call is executed.")));
+				 errhint("Compare the call with that effect; to pause such calls instead, an admin sets the tool's divergence to \"pause\" with durable_ledger.change_tool().")));
 		return;
 	}
 	else

@@ -369,10 +369,10 @@ find_held(const char *run, uint64 lock_key)
 	held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
 	if (held != NULL && strcmp(held->run, run) != 0)
 		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
+				(errcode(ERRCODE_OBJECT_IN_USE),
 				 errmsg("runs \"%s\" and \"%s\" share a lease lock key", held->run, run),
-				 errdetail("Both hash to lock key %llu; release one before using the other.",
-						   (unsigned long long) lock_key)));
+				 errdetail("Both hash to lock key %llu.", (unsigned long long) lock_key),
+				 errhint("Release one run before using the other.")));
 	return held;
 }
 
@@ -520,34 +520,34 @@ report_lease_wait_timeout(const char *run, const LeaseHolder *holder, int timeou
 {
 	const char *setting = by_lock_timeout ? "lock_timeout" : "durable_ledger.lease_wait_timeout";
 	const char *application = holder->application ? holder->application : "";
-	char	   *who;
-	const char *what_to_do;
 
 	if (!holder->found)
-	{
-		who = pstrdup("Another session held the run");
-		what_to_do = "Retry later (an auditor sees who holds a run in durable_ledger.leases).";
-	}
-	else if (holder->token)
-	{
-		who = psprintf("A token lease held it: holder \"%s\", application \"%s\", since %s",
-					   holder->holder ? holder->holder : "", application,
-					   timestamptz_to_str(holder->since));
-		what_to_do = "Retry later, or take the run over with durable_ledger.take_lease() once its lease has expired.";
-	}
-	else
-	{
-		who = psprintf("Backend %d held it: application \"%s\", since %s", holder->pid,
-					   application,
-					   holder->since_known ? timestamptz_to_str(holder->since) : "(not recorded)");
-		what_to_do = "Retry later, or end that session's attempt (release_run, or durable_ledger.break_lease).";
-	}
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("gave up waiting for the lease on run \"%s\" after %d ms", run, timeout_ms),
+				 errdetail("Another session held the run (%s); nothing was written.", setting),
+				 errhint("Retry later (an auditor sees who holds a run in durable_ledger.leases). SET durable_ledger.lease_wait_timeout to wait longer (0: no limit).")));
+	if (holder->token)
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("gave up waiting for the lease on run \"%s\" after %d ms", run, timeout_ms),
+				 errdetail("A token lease held it: holder \"%s\", application \"%s\", since %s (%s); nothing was written.",
+						   holder->holder ? holder->holder : "", application,
+						   timestamptz_to_str(holder->since), setting),
+				 errhint("Retry later, or take the run over with durable_ledger.take_lease() once its lease has expired. SET durable_ledger.lease_wait_timeout to wait longer (0: no limit).")));
+	if (holder->since_known)
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("gave up waiting for the lease on run \"%s\" after %d ms", run, timeout_ms),
+				 errdetail("Backend %d held it: application \"%s\", since %s (%s); nothing was written.",
+						   holder->pid, application, timestamptz_to_str(holder->since), setting),
+				 errhint("Retry later, or end that session's attempt (release_run, or durable_ledger.break_lease). SET durable_ledger.lease_wait_timeout to wait longer (0: no limit).")));
 	ereport(ERROR,
 			(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
 			 errmsg("gave up waiting for the lease on run \"%s\" after %d ms", run, timeout_ms),
-			 errdetail("%s (%s); nothing was written.", who, setting),
-			 errhint("%s SET durable_ledger.lease_wait_timeout to wait longer (0: no limit).",
-					 what_to_do)));
+			 errdetail("Backend %d held it: application \"%s\" (%s); nothing was written.",
+					   holder->pid, application, setting),
+			 errhint("Retry later, or end that session's attempt (release_run, or durable_ledger.break_lease). SET durable_ledger.lease_wait_timeout to wait longer (0: no limit).")));
 }
 
 /*

@@ -196,7 +196,7 @@ dl_error_unknown_key(const char *key)
 	ereport(ERROR,
 			(errcode(ERRCODE_UNDEFINED_OBJECT),
 			 errmsg("effect \"%s\" does not exist", key),
-			 errhint("Keys come from durable_ledger.begin_effect().")));
+			 errhint("Pass a key that durable_ledger.begin_effect() returned.")));
 }
 
 /*
@@ -287,7 +287,7 @@ index_on(LedgerTable *t, Relation rel, int nkeys, const int *columns, bool uniqu
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 			 errmsg("durable_ledger.%s lost an index the ledger looks its rows up by", t->name),
-			 errhint("The table must keep the indexes the extension created.")));
+			 errhint("Restore the indexes the extension created.")));
 	return InvalidOid;			/* keep compiler quiet */
 }
 

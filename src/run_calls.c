@@ -40,7 +40,7 @@ dl_abandon_run_1_2(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("run \"%s\" is not in the ledger", run),
-				 errhint("A run is recorded when its lease is first taken.")));
+				 errhint("Take the run's lease first (acquire_run or take_lease): that records it.")));
 	abandoned = dl_write_run_abandoned(run, abandoned_by, note, &epoch);
 	if (abandoned)
 	{
@@ -118,7 +118,7 @@ dl_resolve_divergence_1_3(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("no divergence is recorded for key \"%s\"", key),
-				 errhint("Divergences waiting for a person are listed in durable_ledger.unresolved.")));
+				 errhint("Look for divergences waiting for a person in durable_ledger.unresolved.")));
 	if (locked.row.verdict != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -223,7 +223,7 @@ dl_fork_run_1_3(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_DUPLICATE_OBJECT),
 				 errmsg("run \"%s\" exists already", new_run),
-				 errhint("A fork starts a run the ledger has never seen.")));
+				 errhint("Fork into a run name the ledger has never seen.")));
 	if (!dl_read_run_known(source_run))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
@@ -240,7 +240,7 @@ dl_fork_run_1_3(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("effect \"%s\" is not an effect of run \"%s\" under a derived key",
 						up_to, source_run),
-				 errhint("up_to names the last effect the new run carries: a key of durable_ledger.effects with run \"%s\".",
+				 errhint("Name as up_to the last effect the new run carries: a key of durable_ledger.effects with run \"%s\".",
 						 source_run)));
 
 	foreach(lc, keys)
@@ -265,9 +265,11 @@ dl_fork_run_1_3(PG_FUNCTION_ARGS)
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 					 errmsg("effect \"%s\" of run \"%s\" has no settled outcome", source.row.key,
 							source_run),
-					 errdetail("It is %s%s; a fork carries only completed and failed effects.",
-							   dl_status_name(source.row.status),
-							   source.row.conflict ? " and contradicted" : ""),
+					 source.row.conflict ?
+					 errdetail("It is %s and contradicted; a fork carries only completed and failed effects.",
+							   dl_status_name(source.row.status)) :
+					 errdetail("It is %s; a fork carries only completed and failed effects.",
+							   dl_status_name(source.row.status)),
 					 errhint("A person resolves it with durable_ledger.resolve_effect() first, or the fork stops before it.")));
 		dl_check_run_and_tool(new_run, source.row.tool);
 		rules = rules_of(&known_rules, source.row.tool);

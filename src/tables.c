@@ -242,7 +242,7 @@ report_missing_column(LedgerTable *t, const char *column)
 	ereport(ERROR,
 			(errcode(ERRCODE_UNDEFINED_COLUMN),
 			 errmsg("durable_ledger.%s has no column \"%s\"", t->name, column),
-			 errhint("The table must keep the columns the extension created.")));
+			 errhint("Restore the columns the extension created.")));
 }
 
 /*

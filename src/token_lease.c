@@ -88,31 +88,30 @@ token_sha256(const char *bytes, size_t len)
 	return digest;
 }
 
-static void
-report_lease_lost(const char *run, const char *what, const char *detail)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_DL_LEASE_LOST),
-			 errmsg("the token lease on run \"%s\" %s", run, what),
-			 detail ? errdetail_internal("%s", detail) : 0,
-			 errhint("Stop this attempt; start a new one with durable_ledger.take_lease().")));
-}
-
 /* Refuses a token lease that is not live: expired, released or superseded. */
 static void
 check_live(const char *run, bool released, bool expired, TimestampTz expires_at,
 		   int64 epoch, int64 current_epoch)
 {
 	if (current_epoch != epoch)
-		report_lease_lost(run, "was superseded",
-						  psprintf("Epoch %lld of the run has started since this lease's epoch %lld.",
-								   (long long) current_epoch, (long long) epoch));
+		ereport(ERROR,
+				(errcode(ERRCODE_DL_LEASE_LOST),
+				 errmsg("the token lease on run \"%s\" was superseded", run),
+				 errdetail("Epoch %lld of the run has started since this lease's epoch %lld.",
+						   (long long) current_epoch, (long long) epoch),
+				 errhint("Stop this attempt; start a new one with durable_ledger.take_lease().")));
 	if (released)
-		report_lease_lost(run, "was released", NULL);
+		ereport(ERROR,
+				(errcode(ERRCODE_DL_LEASE_LOST),
+				 errmsg("the token lease on run \"%s\" was released", run),
+				 errhint("Stop this attempt; start a new one with durable_ledger.take_lease().")));
 	if (expired)
-		report_lease_lost(run, "has expired",
-						  psprintf("It expired at %s (the server's clock).",
-								   timestamptz_to_str(expires_at)));
+		ereport(ERROR,
+				(errcode(ERRCODE_DL_LEASE_LOST),
+				 errmsg("the token lease on run \"%s\" has expired", run),
+				 errdetail("It expired at %s (the server's clock).",
+						   timestamptz_to_str(expires_at)),
+				 errhint("Stop this attempt; start a new one with durable_ledger.take_lease().")));
 }
 
 /* The token lease with this token, found whatever its state; errors if none. */
@@ -123,7 +122,7 @@ find_token(const char *token, TokenLease *lease)
 		ereport(ERROR,
 				(errcode(ERRCODE_DL_LEASE_LOST),
 				 errmsg("no token lease has this token"),
-				 errhint("Tokens come from durable_ledger.take_lease().")));
+				 errhint("Pass a token that durable_ledger.take_lease() returned.")));
 }
 
 /*
