@@ -27,6 +27,7 @@ OBJS = \
 	src/counters.o \
 	src/tools.o \
 	src/divergence.o \
+	src/decide.o \
 	src/begin.o \
 	src/report.o \
 	src/resolve.o \

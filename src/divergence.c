@@ -29,7 +29,8 @@
  *
  * Policy pause records the divergence (durable_ledger.divergences), naming as
  * the effect it may duplicate the first earlier effect of T (in the order
- * they were begun) that this attempt has not replayed, and answers pause; a
+ * they were begun) that this attempt has not replayed, and answers pause
+ * (this file judges; the decision, decide.c, writes what it asks); a
  * person then says whether the call is the same operation as an earlier
  * effect (its outcome is replayed) or a distinct one (it is executed), with
  * resolve_divergence().  Policy warn executes it with a
@@ -61,7 +62,6 @@ void
 dl_progress_start(ReplayProgress *progress, const CallLease *lease, const char *tool,
 				  const ToolRules *rules, bool recorded)
 {
-	EpochCounter unwatched;
 	DivergencePolicy policy;
 
 	progress->later = lease->epoch > 1;
@@ -72,18 +72,19 @@ dl_progress_start(ReplayProgress *progress, const CallLease *lease, const char *
 	progress->policy = DIVERGENCE_OFF;
 	progress->earlier_effects = NIL;
 	progress->earlier.count = 0;
+	progress->keep_earlier = false;
+	progress->keep_unwatched = false;
 	if (!progress->later)
 		return;
 	progress->policy = policy = dl_divergence_policy(rules);
 	progress->judged = dl_divergence_judged(rules, recorded);
-	dl_epoch_counter(lease, tool, UNWATCHED, sizeof(UNWATCHED) - 1, &unwatched);
+	dl_epoch_counter(lease, tool, UNWATCHED, sizeof(UNWATCHED) - 1, &progress->unwatched);
 	if (policy == DIVERGENCE_OFF)
 	{
-		if (unwatched.count == 0)
-			dl_epoch_count(lease, &unwatched, 1);
+		progress->keep_unwatched = progress->unwatched.count == 0;
 		return;
 	}
-	if (unwatched.count != 0)
+	if (progress->unwatched.count != 0)
 		return;
 	progress->watched = true;
 	dl_epoch_counter(lease, tool, REPLAYED, sizeof(REPLAYED) - 1, &progress->replayed);
@@ -173,16 +174,38 @@ earlier_effects(ReplayProgress *progress)
 	return progress->earlier_effects;
 }
 
-/* How many earlier effects of the tool there are, counted once per epoch. */
+/*
+ * How many earlier effects of the tool there are, counted once per epoch:
+ * the count is kept (dl_progress_keep) with the decision it was made for.
+ */
 static int32
 earlier_count(ReplayProgress *progress)
 {
-	dl_epoch_counter(progress->lease, progress->tool, EARLIER, sizeof(EARLIER) - 1,
-					 &progress->earlier);
 	if (progress->earlier.count == 0)
-		dl_epoch_count(progress->lease, &progress->earlier,
-					   list_length(earlier_effects(progress)) + 1);
+	{
+		dl_epoch_counter(progress->lease, progress->tool, EARLIER, sizeof(EARLIER) - 1,
+						 &progress->earlier);
+		if (progress->earlier.count == 0)
+		{
+			progress->earlier.count = list_length(earlier_effects(progress)) + 1;
+			progress->keep_earlier = true;
+		}
+	}
 	return progress->earlier.count - 1;
+}
+
+/*
+ * Keeps in the epoch what judging its call found out: that the tool is
+ * unwatched in it, how many earlier effects of the tool there are.
+ */
+void
+dl_progress_keep(ReplayProgress *progress)
+{
+	if (progress->keep_unwatched)
+		dl_epoch_count(progress->lease, &progress->unwatched, 1);
+	if (progress->keep_earlier)
+		dl_epoch_count(progress->lease, &progress->earlier, progress->earlier.count);
+	progress->keep_unwatched = progress->keep_earlier = false;
 }
 
 /* The first earlier effect of the tool, in begin order, this epoch has not replayed. */
@@ -205,32 +228,17 @@ first_not_replayed(ReplayProgress *progress)
 	return NULL;				/* keep compiler quiet */
 }
 
-static void
-audit_divergence(ReplayProgress *progress, const char *key, const char *candidate)
-{
-	DetailBuilder detail;
-
-	dl_detail_init(&detail);
-	dl_detail_text(&detail, "tool", progress->tool);
-	dl_detail_text(&detail, "may_duplicate", candidate);
-	dl_detail_text(&detail, "policy", dl_divergence_name(progress->policy));
-	dl_detail_int(&detail, "replayed", progress->replayed.count);
-	dl_detail_int(&detail, "earlier", progress->earlier.count - 1);
-	dl_write_audit(progress->lease->run, key, "divergence", dl_detail_finish(&detail),
-				   progress->lease->epoch, 0);
-}
-
 /*
  * Judges a call of the tool that would execute key (new): *drift says
- * whether it executes, pauses for a person, or replays what a person said it
- * is the same as.
+ * whether it executes, executes with a warning, pauses for a person (a new
+ * divergence, or one waiting for its verdict), or replays what a person said
+ * it is the same as.  Reads, writes nothing: the decision writes what the
+ * judgement asks (dl_divergence_detail, dl_warn_divergence).
  */
 void
-dl_check_drift(ReplayProgress *progress, const char *key, Jsonb *args, int32 occurrence,
-			   Drift *drift)
+dl_judge_drift(ReplayProgress *progress, const char *key, Drift *drift)
 {
 	DivergenceRow recorded;
-	char	   *candidate;
 
 	memset(drift, 0, sizeof(Drift));
 	drift->kind = DRIFT_NONE;
@@ -253,43 +261,46 @@ dl_check_drift(ReplayProgress *progress, const char *key, Jsonb *args, int32 occ
 			drift->same_as = recorded.same_as;
 		}
 		else if (recorded.verdict == NULL && progress->watched)
-			drift->kind = DRIFT_PAUSE;
+			drift->kind = DRIFT_WAITING;
 		return;
 	}
 	if (!progress->watched || earlier_count(progress) <= progress->replayed.count)
 		return;
 
 	/* in an honest replay, the earlier effect due next */
-	candidate = first_not_replayed(progress);
-	drift->candidate_key = candidate;
-	audit_divergence(progress, key, candidate);
-	if (progress->policy == DIVERGENCE_WARN)
-	{
-		int			not_replayed = progress->earlier.count - 1 - progress->replayed.count;
+	drift->candidate_key = first_not_replayed(progress);
+	drift->replayed = progress->replayed.count;
+	drift->earlier = progress->earlier.count - 1;
+	drift->kind = progress->policy == DIVERGENCE_WARN ? DRIFT_WARN : DRIFT_NEW;
+}
 
-		ereport(WARNING,
-				(errcode(ERRCODE_DL_WARNING_DIVERGENCE),
-				 errmsg("call of tool \"%s\" diverges from the earlier attempts of run \"%s\"",
-						progress->tool, progress->lease->run),
-				 errdetail_plural("The earlier attempts recorded %d effect of the tool that this attempt has not replayed: the call may duplicate effect \"%s\".",
-								  "The earlier attempts recorded %d effects of the tool that this attempt has not replayed: the call may duplicate effect \"%s\".",
-								  not_replayed, not_replayed, candidate),
-				 errhint("Compare the call with that effect; to pause such calls instead, an admin sets the tool's divergence to \"pause\" with durable_ledger.change_tool().")));
-		return;
-	}
-	else
-	{
-		DivergenceRow row;
+/* The detail of a new divergence's audit row (DRIFT_WARN, DRIFT_NEW). */
+Jsonb *
+dl_divergence_detail(const ReplayProgress *progress, const Drift *drift)
+{
+	DetailBuilder detail;
 
-		row.key = (char *) key;
-		row.run = (char *) progress->lease->run;
-		row.lease_epoch = progress->lease->epoch;
-		row.tool = (char *) progress->tool;
-		row.args = args;
-		row.occurrence = occurrence;
-		row.candidate_key = candidate;
-		dl_write_divergence(&row);
-		drift->kind = DRIFT_PAUSE;
-		drift->recorded_now = true;
-	}
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "tool", progress->tool);
+	dl_detail_text(&detail, "may_duplicate", drift->candidate_key);
+	dl_detail_text(&detail, "policy", dl_divergence_name(progress->policy));
+	dl_detail_int(&detail, "replayed", drift->replayed);
+	dl_detail_int(&detail, "earlier", drift->earlier);
+	return dl_detail_finish(&detail);
+}
+
+/* The WARNING of a divergent call that policy warn executes. */
+void
+dl_warn_divergence(const ReplayProgress *progress, const Drift *drift)
+{
+	int			not_replayed = drift->earlier - drift->replayed;
+
+	ereport(WARNING,
+			(errcode(ERRCODE_DL_WARNING_DIVERGENCE),
+			 errmsg("call of tool \"%s\" diverges from the earlier attempts of run \"%s\"",
+					progress->tool, progress->lease->run),
+			 errdetail_plural("The earlier attempts recorded %d effect of the tool that this attempt has not replayed: the call may duplicate effect \"%s\".",
+							  "The earlier attempts recorded %d effects of the tool that this attempt has not replayed: the call may duplicate effect \"%s\".",
+							  not_replayed, not_replayed, drift->candidate_key),
+			 errhint("Compare the call with that effect; to pause such calls instead, an admin sets the tool's divergence to \"pause\" with durable_ledger.change_tool().")));
 }

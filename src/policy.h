@@ -20,7 +20,8 @@ typedef struct ToolRules
 
 extern bool dl_tool_rules(const char *tool, ToolRules *rules);
 extern Jsonb *dl_identity_of_call(const ToolRules *rules, Jsonb *args, bool *complete);
-extern void dl_check_may_execute(const char *tool, const ToolRules *rules);
+extern bool dl_may_execute(const char *tool, const ToolRules *rules);
+extern void dl_warn_unregistered(const char *tool);
 extern void dl_check_may_redo(const char *tool, const ToolRules *rules);
 extern DivergencePolicy dl_divergence_policy(const ToolRules *rules);
 extern bool dl_divergence_judged(const ToolRules *rules, bool recorded);
@@ -37,15 +38,18 @@ typedef struct ReplayProgress
 	DivergencePolicy policy;
 	EpochCounter replayed;		/* how many earlier effects of tool this epoch replayed */
 	EpochCounter earlier;		/* 1 + how many there are; 0: not counted yet */
+	EpochCounter unwatched;		/* 1: the epoch called the tool while it was unwatched */
+	bool		keep_earlier;	/* counted by this call: dl_progress_keep keeps it */
+	bool		keep_unwatched; /* ... found unwatched by this call */
 	List	   *earlier_effects;	/* when read */
 } ReplayProgress;
-
-extern void dl_progress_redone(ReplayProgress *progress, const char *key);
 
 typedef enum DriftKind
 {
 	DRIFT_NONE,					/* execute */
-	DRIFT_PAUSE,				/* pause for a person (recorded, or waiting) */
+	DRIFT_WARN,					/* a new divergence, executed with a warning */
+	DRIFT_NEW,					/* a new divergence, recorded to wait for a person */
+	DRIFT_WAITING,				/* recorded before, waiting for a person's verdict */
 	DRIFT_SAME					/* a person said it is same_as: replay that */
 } DriftKind;
 
@@ -54,13 +58,17 @@ typedef struct Drift
 	DriftKind	kind;
 	char	   *candidate_key;	/* the earlier effect it may duplicate */
 	char	   *same_as;		/* DRIFT_SAME */
-	bool		recorded_now;	/* DRIFT_PAUSE: this call recorded the divergence */
+	int32		replayed;		/* DRIFT_WARN, DRIFT_NEW: earlier effects replayed, */
+	int32		earlier;		/* ... of how many */
 } Drift;
 
 extern void dl_progress_start(ReplayProgress *progress, const CallLease *lease,
 							  const char *tool, const ToolRules *rules, bool recorded);
+extern void dl_judge_drift(ReplayProgress *progress, const char *key, Drift *drift);
+extern Jsonb *dl_divergence_detail(const ReplayProgress *progress, const Drift *drift);
+extern void dl_warn_divergence(const ReplayProgress *progress, const Drift *drift);
 extern void dl_progress_replayed(ReplayProgress *progress, const char *key);
-extern void dl_check_drift(ReplayProgress *progress, const char *key, Jsonb *args,
-						   int32 occurrence, Drift *drift);
+extern void dl_progress_redone(ReplayProgress *progress, const char *key);
+extern void dl_progress_keep(ReplayProgress *progress);
 
 #endif							/* DURABLE_LEDGER_POLICY_H */

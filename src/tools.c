@@ -55,9 +55,13 @@ dl_identity_of_call(const ToolRules *rules, Jsonb *args, bool *complete)
 							rules->row.key_fields, complete);
 }
 
-/* Refuses, before anything is written, a call that may not execute. */
-void
-dl_check_may_execute(const char *tool, const ToolRules *rules)
+/*
+ * Refuses, before anything is written, a call that may not execute; true
+ * when it executes with a warning (dl_warn_unregistered), a tool nobody
+ * registered under policy warn.
+ */
+bool
+dl_may_execute(const char *tool, const ToolRules *rules)
 {
 	if (rules->registered && rules->row.retired)
 		ereport(ERROR,
@@ -66,18 +70,14 @@ dl_check_may_execute(const char *tool, const ToolRules *rules)
 				 errdetail("A retired tool is executed no more; nothing was recorded."),
 				 errhint("An admin registers it again with durable_ledger.register_tool().")));
 	if (rules->registered)
-		return;
+		return false;
 	dl_policy_lock(false);		/* set_unregistered_tools waits for this call */
 	switch (dl_read_unregistered_policy_remembered().may_execute)
 	{
 		case UNREGISTERED_ALLOW:
 			break;
 		case UNREGISTERED_WARN:
-			ereport(WARNING,
-					(errcode(ERRCODE_DL_WARNING_UNREGISTERED),
-					 errmsg("tool \"%s\" is not registered", tool),
-					 errhint("An admin registers the tools a deployment uses with durable_ledger.register_tool().")));
-			break;
+			return true;
 		case UNREGISTERED_REFUSE:
 			ereport(ERROR,
 					(errcode(ERRCODE_DL_TOOL_REFUSED),
@@ -86,6 +86,17 @@ dl_check_may_execute(const char *tool, const ToolRules *rules)
 					 errhint("An admin registers it with durable_ledger.register_tool().")));
 			break;
 	}
+	return false;
+}
+
+/* The WARNING of a call of a tool nobody registered, under policy warn. */
+void
+dl_warn_unregistered(const char *tool)
+{
+	ereport(WARNING,
+			(errcode(ERRCODE_DL_WARNING_UNREGISTERED),
+			 errmsg("tool \"%s\" is not registered", tool),
+			 errhint("An admin registers the tools a deployment uses with durable_ledger.register_tool().")));
 }
 
 /*

@@ -572,10 +572,9 @@ dl_write_new_intent(const NewIntent *intent)
 	end_write(&w);
 	if (is_unsettled(&stored))
 		add_unsettled(intent->key, stored.created_at, false);	/* a new key: not there */
-	dl_write_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
 }
 
-/* A business key's intent, unless the key exists (its audit row follows in C). */
+/* A business key's intent, unless the key exists. */
 static Statement insert_intent_unless_exists = {
 	"INSERT INTO durable_ledger.effects"
 	" (key, run, tool, args, business_key, occurrence, attempt, status, meta,"
@@ -604,8 +603,8 @@ insert_was_skipped(const char *key)
 }
 
 /*
- * Inserts an intent (as INSERT ... ON CONFLICT DO NOTHING) and its audit row:
- * false when the key exists (also when another transaction inserts it at the
+ * Inserts an intent (as INSERT ... ON CONFLICT DO NOTHING): false when the
+ * key exists (also when another transaction inserts it at the
  * same moment).  Needs an open SPI connection.
  */
 bool
@@ -638,7 +637,6 @@ dl_write_intent_unless_exists(const NewIntent *intent)
 			report_changed_key(&dl_effects_table);
 		add_unsettled(intent->key, DatumGetTimestampTz(SPI_getbinval(stored, desc, 1, &isnull)),
 					  false);
-		dl_write_audit(intent->run, intent->key, "intent", NULL, intent->lease_epoch, 1);
 		return true;
 	}
 	if (insert_was_skipped(intent->key))

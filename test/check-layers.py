@@ -21,17 +21,18 @@ import re
 import subprocess
 import sys
 
-# layer of each C file and header: 0 common, 1 store, 2 lease, 3 policy, 4 entry points, 5 module
+# layer of each C file and header: 0 common, 1 store, 2 lease, 3 policy, 4 decision, 5 entry points, 6 module
 LAYERS = {
     "common": ["names", "canonical", "identity", "keys", "call", "detail", "common.h", "compat.h"],
     "store": ["plans", "tables", "cache", "audit_chain", "metrics", "reader", "writer", "durability", "attention", "store.h", "tables.h"],
     "lease": ["runlock", "lease", "token_lease", "liveness", "counters", "lease.h"],
     "policy": ["tools", "divergence", "policy.h"],
+    "decision": ["decide", "decision.h"],
     "entry": ["begin", "report", "resolve", "status", "lease_calls", "token_calls", "key_calls",
               "tool_calls", "run_calls", "purge_calls", "metrics_calls", "drop_guard", "older_sql"],
     "module": ["module"],
 }
-ORDER = ["common", "store", "lease", "policy", "entry", "module"]
+ORDER = ["common", "store", "lease", "policy", "decision", "entry", "module"]
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
 RANK = {layer: i for i, layer in enumerate(ORDER)}
 

@@ -1,0 +1,679 @@
+/*
+ * decide.c: what a call of begin_effect or begin_recorded decides -- execute,
+ * replay, pause or in_progress -- and what that writes.
+ *
+ * Uniqueness comes from the primary key of durable_ledger.effects, never from
+ * the lease: a new key is inserted, and whoever finds it there decides from
+ * the row.  The lease only serialises the occurrence counting of one run.  An
+ * outcome that nobody knows is never guessed: it pauses the run until a
+ * person resolves it -- unless the call was recorded as safe to redo, and is
+ * again: then it is executed again, as the effect's next attempt.
+ *
+ * A decision is made in three steps:
+ *
+ *   read   the call once (its lease, its tool's rules, its identity and key:
+ *          read_call), then the effect (its row, or for a new key how the
+ *          call relates to the run's earlier attempts: read_effect);
+ *   judge  a value, the Decision: what to answer and what to write; it reads
+ *          nothing more and writes nothing (judge);
+ *   apply  writes it: the effect's row, its audit row (which notifies a
+ *          listener when a person should look), the epoch's counters.
+ *
+ * A row to change is locked by apply, and must still be the version judged;
+ * when it is not (or another run inserted the business key first, or an
+ * insert the read waited for rolled back) the round starts again from the
+ * read.  New kinds of decision are new branches of the judgement.
+ */
+#include "postgres.h"
+
+#include "decision.h"
+
+/* How often a decision is made again when the row changed under it. */
+#define MAX_DECISION_ROUNDS 16
+
+/* The sentences that explain a decision (the reason column). */
+#define REASON_REPLAY_COMPLETED \
+	"the effect completed in an earlier attempt; its recorded result is returned and it must not be performed again"
+#define REASON_REPLAY_FAILED \
+	"the effect failed in an earlier attempt; its recorded error is returned (call again for a new occurrence, or start a new run)"
+#define REASON_PAUSE_UNKNOWN \
+	"the outcome of an earlier attempt is unknown: its intent was recorded and no completion arrived before its lease ended; a person must resolve it with durable_ledger.resolve_effect()"
+#define REASON_PAUSE_CONFLICT \
+	"a report on this effect was kept for a person: it contradicts the recorded outcome, or names no attempt where that is ambiguous; a person must resolve it with durable_ledger.resolve_effect()"
+#define REASON_REDO \
+	"the outcome of attempt %d is unknown, and this call is recorded as safe to redo: it is executed again as attempt %d"
+#define REASON_IN_PROGRESS_MINE \
+	"this lease began this effect and has not reported its outcome yet; report it with complete_effect or fail_effect"
+#define REASON_IN_PROGRESS_OTHER \
+	"run \"%s\" is performing this effect right now under a live lease; ask again later"
+#define REASON_PAUSE_DIVERGENCE \
+	"this attempt's call of tool \"%s\" was not made by the run's earlier attempts, which recorded effect \"%s\" of the tool that this attempt has not replayed: the call may be that effect again with drifted arguments; a person must decide with durable_ledger.resolve_divergence() whether it is the same (its outcome is replayed) or distinct (it is executed)"
+
+static const char *const decision_names[] = {
+	[DECIDE_EXECUTE] = "execute",
+	[DECIDE_REPLAY] = "replay",
+	[DECIDE_PAUSE] = "pause",
+	[DECIDE_IN_PROGRESS] = "in_progress",
+};
+
+const char *
+dl_decision_name(DecisionKind kind)
+{
+	return decision_names[kind];
+}
+
+/* The call, read once: its lease, its tool's rules, its identity and key. */
+typedef struct Call
+{
+	const BeginRequest *request;
+	CallLease	lease;
+	ToolRules	rules;
+	StringInfoData canon;		/* the canonical text of its identity */
+	NewIntent	intent;
+	EpochCounter occurrences;	/* where its occurrence is counted (derived keys) */
+	ReplayProgress progress;	/* how far the epoch replayed the tool (derived keys) */
+	char		derived_key[DL_KEY_HEX_LEN + 1];
+	bool		locked_a_row;	/* it may have waited for another transaction's row */
+} Call;
+
+/* The effect a round decides on, read afresh each round. */
+typedef struct Facts
+{
+	const NewIntent *intent;	/* the call's; or as a call of the effect a verdict made it */
+	NewIntent	same;			/* (that one) */
+	bool		found;			/* row is the effect's; else its key is new */
+	EffectRow	row;
+	Drift		drift;			/* a new derived key: how it relates to the earlier attempts */
+} Facts;
+
+/* What a decision changes besides writing its audit row. */
+typedef enum Change
+{
+	CHANGE_NOTHING,
+	CHANGE_INTENT,				/* the intent of a new key */
+	CHANGE_NEXT_ATTEMPT,		/* the effect starts again: a failed business key, a redo */
+	CHANGE_UNKNOWN,				/* its lease ended without a report */
+	CHANGE_DIVERGENCE			/* a new divergence waits for a person */
+} Change;
+
+typedef struct Decision
+{
+	BeginAnswer answer;
+	Change		change;
+	EffectStatus replaced_as;	/* CHANGE_NEXT_ATTEMPT: how the current attempt is kept */
+	bool		redo;			/* ... a recorded call's, made again */
+	bool		warn_unregistered;	/* it executes a tool nobody registered (policy warn) */
+	const char *event;			/* its audit row's; NULL: the change writes its own */
+	const char *why_name;		/* its detail (NULL: none), */
+	const char *why_value;		/* ... saying why */
+	const char *divergence;		/* the drifted call's key, when a verdict made it this effect's */
+} Decision;
+
+/* ---------- read ---------- */
+
+/*
+ * Reads the call: its lease (a token lease, or this session's), waits while
+ * its run is being abandoned or its tool's rules are changing, and derives
+ * its identity (its tool's key fields, or all of args), occurrence and key.
+ * The tool's rules are read once the lease is held, and cannot change until
+ * the call's transaction ends (tools.c).
+ */
+static void
+read_call(const BeginRequest *request, Call *call)
+{
+	NewIntent  *intent = &call->intent;
+	bool		waited;
+
+	memset(call, 0, sizeof(Call));
+	call->request = request;
+	call->lease.run = request->run;
+	if (request->token != NULL)
+		call->lease.epoch = dl_token_for_call(request->run, request->token);
+	else
+	{
+		call->lease.held = dl_lease_for_call(request->run);
+		call->lease.epoch = dl_lease_epoch(call->lease.held);
+	}
+	waited = dl_check_run_open(request->run);
+	waited |= dl_tool_rules(request->tool, &call->rules);
+	if (request->recorded)
+		dl_check_may_redo(request->tool, &call->rules);
+
+	/*
+	 * A token lease was checked before those locks: after waiting for an
+	 * abandonment or a registry change (either may be rolled back), check
+	 * it again, since a release, a break or the expiry do not wait for the
+	 * run's calls.
+	 */
+	if (waited && request->token != NULL)
+		(void) dl_token_for_call(request->run, request->token);
+	initStringInfo(&call->canon);
+	dl_append_canonical_args(&call->canon,
+							 dl_identity_of_call(&call->rules, request->args, NULL));
+
+	intent->run = request->run;
+	intent->tool = request->tool;
+	intent->args = request->args;
+	intent->meta = request->meta;
+	intent->lease_epoch = call->lease.epoch;
+	intent->safe_to_redo = request->recorded;
+	intent->business_key = request->business_key != NULL;
+	if (intent->business_key)
+	{
+		intent->key = request->business_key;
+		return;
+	}
+	intent->occurrence = dl_next_occurrence(&call->lease, request->tool, call->canon.data,
+											call->canon.len, &call->occurrences);
+	dl_derive_key(request->run, request->tool, call->canon.data, call->canon.len,
+				  intent->occurrence, call->derived_key);
+	intent->key = call->derived_key;
+	dl_progress_start(&call->progress, &call->lease, request->tool, &call->rules,
+					  request->recorded);
+}
+
+/*
+ * Reads key's effect into f->row when there is one; one that another
+ * transaction is writing is locked, which waits for it.  False when that
+ * transaction's insert rolled back: look again.
+ */
+static bool
+read_row(Call *call, const char *key, Facts *f)
+{
+	LockedEffect locked;
+
+	f->found = false;
+	switch (dl_read_key(key, &f->row))
+	{
+		case KEY_ABSENT:
+			return true;
+		case KEY_FOUND:
+			f->found = true;
+			return true;
+		case KEY_BUSY:
+			call->locked_a_row = true;
+			if (!dl_lock_effect(key, &locked))
+				return false;
+			f->row = locked.row;
+			f->found = true;
+			return true;
+	}
+	return false;				/* keep compiler quiet */
+}
+
+/*
+ * Reads what a round decides on: the call's effect; for a new derived key
+ * how the call relates to the run's earlier attempts (divergence.c), and the
+ * effect a person said it is the same as.  False: look again.
+ *
+ * In a run's first epoch a derived key is not even looked up: epoch 1 is
+ * given only to a run whose audit log names no epoch at all (writer.c), and
+ * every intent is logged with its epoch, so no key of the run can exist.
+ */
+static bool
+read_effect(Call *call, Facts *f)
+{
+	const NewIntent *intent = &call->intent;
+
+	f->intent = intent;
+	f->found = false;
+	f->drift.kind = DRIFT_NONE;
+	if (!intent->business_key && intent->lease_epoch == 1)
+		return true;
+	if (!read_row(call, intent->key, f))
+		return false;
+	if (f->found || intent->business_key)
+		return true;
+	dl_judge_drift(&call->progress, intent->key, &f->drift);
+	if (f->drift.kind != DRIFT_SAME)
+		return true;
+
+	/* a person said it is an earlier effect: decide as a call of that one */
+	f->same = *intent;
+	f->same.key = f->drift.same_as;
+	f->intent = &f->same;
+	if (!read_row(call, f->same.key, f))
+		return false;
+	if (!f->found)
+		elog(ERROR, "effect \"%s\" that a divergence was resolved as the same as does not exist",
+			 f->same.key);
+	return true;
+}
+
+/* ---------- judge ---------- */
+
+#define HINT_BUSINESS_KEY_OTHER_OPERATION \
+	"A business key names one operation. A different operation needs a business key of " \
+	"its own (e.g. the invoice number and a revision, \"INV-9/2\"), or none (the run's own " \
+	"key, by occurrence); a new key for the same operation would perform it again."
+
+#define HINT_BUSINESS_KEY_REWORDED \
+	"If this is the same operation with reworded free text (a memo, a message body), an " \
+	"admin names the fields that identify it: durable_ledger.change_tool(tool, changed_by, " \
+	"key_fields => '{...}'), or, once calls of the tool are recorded under derived keys, " \
+	"register_tool of a new tool name with key_fields; the call then replays. A new " \
+	"business key would perform the operation again."
+
+/*
+ * A business key names one operation: the same tool with the same args (the
+ * same key fields, for a tool registered with them).  A call that differs is
+ * refused, and nothing is written: it is not an outcome a person could
+ * decide (docs/reference.md, "Business keys"), but a caller or a registry
+ * that does not say what the operation is.
+ */
+static void
+check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row,
+				const ToolRules *rules)
+{
+	StringInfoData recorded;
+	Jsonb	   *identity;
+	bool		complete;
+	bool		key_fields = rules->registered && rules->row.nkey_fields >= 0;
+
+	if (strcmp(row->tool, intent->tool) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("business key \"%s\" is already used by a different call", intent->key),
+				 errdetail("It was begun with tool \"%s\"; this call has tool \"%s\".",
+						   row->tool, intent->tool),
+				 errhint(HINT_BUSINESS_KEY_OTHER_OPERATION)));
+
+	initStringInfo(&recorded);
+	identity = dl_identity_of_call(rules, row->args, &complete);
+	if (complete)
+		dl_append_canonical_args(&recorded, identity);
+	if (complete && strcmp(recorded.data, canon) == 0)
+		return;
+	if (key_fields)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("business key \"%s\" is already used by a different call", intent->key),
+				 errdetail("It was begun with other values of the key fields of tool \"%s\".",
+						   row->tool),
+				 errhint(HINT_BUSINESS_KEY_OTHER_OPERATION)));
+	ereport(ERROR,
+			(errcode(ERRCODE_UNIQUE_VIOLATION),
+			 errmsg("business key \"%s\" is already used by a different call", intent->key),
+			 errdetail("It was begun with other arguments for tool \"%s\", which names no key fields: all of args must be equal.",
+					   row->tool),
+			 errhint(HINT_BUSINESS_KEY_REWORDED)));
+}
+
+static void
+decide_execute(Decision *d, int32 attempt)
+{
+	d->answer.decision = DECIDE_EXECUTE;
+	d->answer.status = EFFECT_STARTED;
+	d->answer.attempt = attempt;
+	d->event = "intent";
+}
+
+static void
+decide_pause(Decision *d, const char *reason, const char *cause)
+{
+	d->answer.decision = DECIDE_PAUSE;
+	d->answer.reason = reason;
+	d->event = "pause";
+	d->why_name = "cause";
+	d->why_value = cause;
+}
+
+static void
+decide_replay(Decision *d, const char *reason, const EffectRow *row)
+{
+	d->answer.decision = DECIDE_REPLAY;
+	d->answer.reason = reason;
+	d->event = "replay";
+	d->why_name = "status";
+	d->why_value = dl_status_name(row->status);
+}
+
+/*
+ * The effect starts again as its next attempt: its current one is kept in
+ * past_attempts with status replaced_as.  Refused when the tool may not
+ * execute (tools.c).
+ */
+static void
+next_attempt(const Call *call, const EffectRow *row, EffectStatus replaced_as, Decision *d)
+{
+	d->warn_unregistered = dl_may_execute(call->intent.tool, &call->rules);
+	decide_execute(d, row->attempt + 1);
+	d->why_name = "after";
+	d->why_value = dl_status_name(replaced_as);
+	d->change = CHANGE_NEXT_ATTEMPT;
+	d->replaced_as = replaced_as;
+}
+
+/*
+ * A new key: the call executes, unless it diverges from the run's earlier
+ * attempts (divergence.c) and waits for a person; a tool that may not
+ * execute is refused (tools.c).
+ */
+static void
+judge_new(const Call *call, const Facts *f, Decision *d)
+{
+	switch (f->drift.kind)
+	{
+		case DRIFT_NEW:
+		case DRIFT_WAITING:
+			decide_pause(d, psprintf(REASON_PAUSE_DIVERGENCE, call->intent.tool, f->drift.candidate_key),
+				  "divergence");
+			d->answer.no_effect = true;
+			if (f->drift.kind == DRIFT_NEW)
+			{
+				d->change = CHANGE_DIVERGENCE;
+				d->event = NULL;	/* the divergence's own audit row says it */
+			}
+			return;
+		case DRIFT_NONE:
+		case DRIFT_WARN:
+			d->warn_unregistered = dl_may_execute(call->intent.tool, &call->rules);
+			decide_execute(d, 1);
+			d->change = CHANGE_INTENT;
+			return;
+		case DRIFT_SAME:
+			break;				/* read_effect read that effect */
+	}
+	elog(ERROR, "a new key cannot be the same as an earlier effect");
+}
+
+/*
+ * A started effect: in progress under a live lease; else its lease ended
+ * without a report, and it is unknown -- made again when both it and this
+ * call are recorded as safe to redo.  Once unknown, an effect waits for a
+ * person whatever asks.
+ */
+static void
+judge_started(const Facts *f, const Call *call, Decision *d)
+{
+	const EffectRow *row = &f->row;
+
+	if (dl_lease_is_live(row->run, row->lease_epoch))
+	{
+		d->answer.decision = DECIDE_IN_PROGRESS;
+		if (strcmp(row->run, f->intent->run) == 0 && row->lease_epoch == f->intent->lease_epoch)
+			d->answer.reason = REASON_IN_PROGRESS_MINE;
+		else
+			d->answer.reason = psprintf(REASON_IN_PROGRESS_OTHER, row->run);
+		d->event = "in_progress";
+		d->why_name = "holder_run";
+		d->why_value = row->run;
+		return;
+	}
+	if (f->intent->safe_to_redo && row->safe_to_redo)
+	{
+		next_attempt(call, row, EFFECT_UNKNOWN, d);
+		d->redo = true;
+		d->answer.reason = psprintf(REASON_REDO, row->attempt, row->attempt + 1);
+		return;
+	}
+	decide_pause(d, REASON_PAUSE_UNKNOWN, "lease ended");
+	d->answer.status = EFFECT_UNKNOWN;
+	d->change = CHANGE_UNKNOWN;
+}
+
+/* The effect is in the ledger: decide from its row, one judgement per state. */
+static void
+judge_row(const Call *call, const Facts *f, Decision *d)
+{
+	const EffectRow *row = &f->row;
+
+	if (f->intent->business_key)
+		check_same_call(f->intent, call->canon.data, row, &call->rules);
+	d->answer.status = row->status;
+	d->answer.attempt = row->attempt;
+	if (row->conflict)
+	{
+		decide_pause(d, REASON_PAUSE_CONFLICT, "conflict");
+		return;
+	}
+	switch (row->status)
+	{
+		case EFFECT_COMPLETED:
+			decide_replay(d, REASON_REPLAY_COMPLETED, row);
+			d->answer.result = row->result;
+			return;
+		case EFFECT_FAILED:
+			if (f->intent->business_key)
+			{
+				/* a failed business key is executed again: its next attempt */
+				next_attempt(call, row, EFFECT_FAILED, d);
+				return;
+			}
+			decide_replay(d, REASON_REPLAY_FAILED, row);
+			d->answer.error = row->error;
+			return;
+		case EFFECT_UNKNOWN:
+			/* a person was asked already, also for a recorded call's */
+			decide_pause(d, REASON_PAUSE_UNKNOWN, "unknown");
+			return;
+		case EFFECT_STARTED:
+			judge_started(f, call, d);
+			return;
+	}
+}
+
+static void
+judge(const Call *call, const Facts *f, Decision *d)
+{
+	memset(d, 0, sizeof(Decision));
+	d->answer.key = f->intent->key;
+	if (f->intent != &call->intent)
+		d->divergence = call->intent.key;
+	if (f->found)
+		judge_row(call, f, d);
+	else
+		judge_new(call, f, d);
+}
+
+/* ---------- apply ---------- */
+
+/*
+ * Locks the effect's row to change it, after any transaction changing it
+ * has ended: true when it is still the version judged.
+ */
+static bool
+lock_as_judged(Call *call, const Facts *f, LockedEffect *locked)
+{
+	const EffectRow *judged = &f->row;
+
+	call->locked_a_row = true;
+	return dl_lock_effect(f->intent->key, locked) &&
+		locked->row.status == judged->status &&
+		locked->row.conflict == judged->conflict &&
+		locked->row.attempt == judged->attempt &&
+		locked->row.lease_epoch == judged->lease_epoch &&
+		strcmp(locked->row.run, judged->run) == 0;
+}
+
+/* What a call that executes is warned of: it diverges (policy warn), its tool is unregistered. */
+static void
+warn_executed(const Call *call, const Facts *f, const Decision *d)
+{
+	if (f->drift.kind == DRIFT_WARN)
+	{
+		dl_write_audit(call->intent.run, call->intent.key, "divergence",
+					   dl_divergence_detail(&call->progress, &f->drift),
+					   call->intent.lease_epoch, 0);
+		dl_warn_divergence(&call->progress, &f->drift);
+	}
+	if (d->warn_unregistered)
+		dl_warn_unregistered(call->intent.tool);
+}
+
+/* A new divergence: audited, and recorded to wait for a person's verdict. */
+static void
+record_divergence(const Call *call, const Facts *f)
+{
+	DivergenceRow row = {0};
+
+	dl_write_audit(call->intent.run, call->intent.key, "divergence",
+				   dl_divergence_detail(&call->progress, &f->drift),
+				   call->intent.lease_epoch, 0);
+	row.key = (char *) call->intent.key;
+	row.run = (char *) call->intent.run;
+	row.lease_epoch = call->intent.lease_epoch;
+	row.tool = (char *) call->intent.tool;
+	row.args = call->intent.args;
+	row.occurrence = call->intent.occurrence;
+	row.candidate_key = f->drift.candidate_key;
+	dl_write_divergence(&row);
+}
+
+/*
+ * Writes the decision's change; false, nothing written, when the row is no
+ * longer the one judged or another run inserted the business key first.  A
+ * derived key is only ever written under its run's lease, which this call
+ * holds, so a new one is inserted straight away (a duplicate would still be
+ * a unique violation); a business key is shared by runs, so its intent is
+ * inserted as with ON CONFLICT DO NOTHING.
+ */
+static bool
+apply_change(Call *call, const Facts *f, const Decision *d)
+{
+	LockedEffect locked;
+
+	switch (d->change)
+	{
+		case CHANGE_NOTHING:
+			return true;
+		case CHANGE_DIVERGENCE:
+			record_divergence(call, f);
+			return true;
+		case CHANGE_INTENT:
+			warn_executed(call, f, d);
+			if (!f->intent->business_key)
+			{
+				dl_write_new_intent(f->intent);
+				return true;
+			}
+			return dl_write_intent_unless_exists(f->intent);
+		case CHANGE_NEXT_ATTEMPT:
+			warn_executed(call, f, d);
+			if (!lock_as_judged(call, f, &locked))
+				return false;
+			if (d->redo)
+				dl_progress_redone(&call->progress, f->intent->key);	/* a watched tool's replay */
+			dl_write_next_attempt(&locked, f->intent, d->replaced_as);
+			return true;
+		case CHANGE_UNKNOWN:
+			if (!lock_as_judged(call, f, &locked))
+				return false;
+			dl_write_unknown(&locked);
+			return true;
+	}
+	return false;				/* keep compiler quiet */
+}
+
+/*
+ * The audit row of a decision.  A replay's names the effect's tool too (1.2):
+ * "replays per tool" is then answered by the replays' own index, without
+ * looking each replayed effect up (docs/auditing.md).
+ */
+static void
+audit_decision(const Facts *f, const Decision *d)
+{
+	DetailBuilder detail;
+	Jsonb	   *why = NULL;
+
+	if (d->why_name != NULL)
+	{
+		dl_detail_init(&detail);
+		dl_detail_text(&detail, d->why_name, d->why_value);
+		if (d->answer.decision == DECIDE_REPLAY)
+			dl_detail_text(&detail, "tool", f->row.tool);
+		if (d->answer.decision == DECIDE_EXECUTE)
+			dl_detail_int(&detail, "attempt", d->answer.attempt);
+		if (d->divergence != NULL)
+			dl_detail_text(&detail, "divergence", d->divergence);
+		why = dl_detail_finish(&detail);
+	}
+	dl_write_audit(f->intent->run, f->intent->key, d->event, why, f->intent->lease_epoch,
+				   d->answer.attempt);
+}
+
+/*
+ * Counts the call in its epoch.  A paused call did not happen: it does not
+ * use up its occurrence, so asking again in this epoch asks about the same
+ * effect (pause until a person resolves it, then its outcome) and never
+ * executes a new one.
+ */
+static void
+count_call(Call *call, const Decision *d)
+{
+	dl_progress_keep(&call->progress);
+	if (d->answer.decision == DECIDE_PAUSE || call->intent.business_key)
+		return;
+	dl_epoch_count(&call->lease, &call->occurrences, call->intent.occurrence);
+	if (d->answer.decision == DECIDE_REPLAY)
+		dl_progress_replayed(&call->progress, d->answer.key);
+}
+
+/*
+ * Writes the decision: its change, its audit row, the epoch's counters.
+ * A token lease was checked before the call waited for another
+ * transaction's hold on an effect's row (a business key shared with other
+ * runs): before it executes, it is checked again (the error undoes what was
+ * written).  False when the round must start again.
+ */
+static bool
+apply(Call *call, const Facts *f, const Decision *d)
+{
+	if (!apply_change(call, f, d))
+		return false;
+	if (d->event != NULL)
+		audit_decision(f, d);
+	if (d->answer.decision == DECIDE_EXECUTE)
+	{
+		if (call->request->token != NULL && call->locked_a_row)
+			(void) dl_token_for_call(call->request->run, call->request->token);
+		dl_note_durable_write();
+	}
+	count_call(call, d);
+	return true;
+}
+
+/*
+ * The key to pass downstream (the provider's idempotency key): a derived key
+ * itself; a business key with its attempt, "INV-9#2", since a provider that
+ * keeps its answers to a key (card processors do, for a day) would answer a
+ * business key's next attempt, after a refusal, with the refusal again.
+ */
+static char *
+downstream_key(const char *key, bool business_key, int32 attempt)
+{
+	return business_key ? psprintf("%s#%d", key, attempt) : pstrdup(key);
+}
+
+/* Records a call's intent and decides what its caller must do. */
+void
+dl_begin(const BeginRequest *request, BeginAnswer *answer)
+{
+	Call		call;
+	int			round;
+
+	read_call(request, &call);
+	for (round = 0; round < MAX_DECISION_ROUNDS; round++)
+	{
+		Facts		facts;
+		Decision	d;
+
+		if (!read_effect(&call, &facts))
+			continue;
+		judge(&call, &facts, &d);
+		if (!apply(&call, &facts, &d))
+			continue;
+		*answer = d.answer;
+		answer->key = pstrdup(d.answer.key);	/* a derived key is in call, on this stack */
+		answer->business_key = call.intent.business_key;
+		answer->occurrence = call.intent.occurrence;
+		if (!answer->no_effect)
+			answer->downstream_key = downstream_key(answer->key, answer->business_key,
+													answer->attempt);
+		return;
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 errmsg("effect \"%s\" kept changing while a decision was being made", call.intent.key),
+			 errhint("Retry the call.")));
+}
