@@ -165,11 +165,20 @@ SELECT status FROM durable_ledger.complete_effect(
 SELECT decision, position(durable_ledger.effect_key('dr-2', 'dv.pay', '{"invoice": "INV-1", "memo": "a"}', 1) IN reason) > 0
          AS may_duplicate_inv_1
   FROM durable_ledger.begin_effect('dr-2', 'dv.pay', '{"invoice": "INV-10", "memo": "a"}');
--- the next attempt replays the way the judged attempt took: the payment it
--- passed over is no longer due, so its honest replay goes on to new calls
+-- nor in the attempts after it: the verdict said INV-9 is not INV-1, not that
+-- the run will never pay INV-1 again, so a reworded INV-1 in the next attempt
+-- pauses (were INV-1 passed over, it would be paid twice), and so does every
+-- new call of the tool until the attempt has replayed INV-1
 SELECT durable_ledger.acquire_run('dr-2');
 SELECT regress_div_call('dr-2', 'dv.pay', '{"invoice": "INV-9", "memo": "a"}') AS replayed,
+       regress_div_call('dr-2', 'dv.pay', '{"invoice": "INV-1", "memo": "many thanks"}') AS reworded_inv_1,
        regress_div_call('dr-2', 'dv.pay', '{"invoice": "INV-11", "memo": "a"}') AS new_call;
+SELECT count(*) AS inv_1_payments FROM durable_ledger.effects
+ WHERE run = 'dr-2' AND args ->> 'invoice' = 'INV-1';
+-- once it has replayed INV-1, its new calls execute (INV-11's divergence,
+-- recorded, still waits for its verdict)
+SELECT regress_div_call('dr-2', 'dv.pay', '{"invoice": "INV-1", "memo": "a"}') AS replayed_inv_1,
+       regress_div_call('dr-2', 'dv.pay', '{"invoice": "INV-12", "memo": "a"}') AS new_call;
 SELECT durable_ledger.release_run('dr-2');
 
 -- the replay's progress rolls back with its transaction: a replay undone is not counted

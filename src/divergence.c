@@ -136,41 +136,19 @@ dl_progress_redone(ReplayProgress *progress, const char *key)
 }
 
 /*
- * The earlier effects of the tool this epoch must replay: the run's attempts
- * before it recorded them, and no attempt since passed them over.  An attempt
- * passes over an earlier effect when a person judges a call of it distinct
- * from that effect (resolve_divergence): that attempt took another way, so
- * the attempts after it replay its way, not the one before (else an honest
- * replay of it would pause on every new call, for ever).  In that attempt
- * itself the effect is still due: the person judged one call, not the ones
- * that follow.
+ * The earlier effects of the tool this epoch must replay: those the run's
+ * attempts before it recorded.  A verdict of distinct passes none of them
+ * over: it says one call is not that effect, not that the run will never
+ * make that effect again (a reworded copy in a later attempt would then
+ * execute); so each later attempt's new calls of the tool are judged until
+ * it has replayed them all.
  */
 static List *
 earlier_effects(ReplayProgress *progress)
 {
 	if (progress->earlier_effects == NIL)
-	{
-		List	   *effects = dl_read_earlier_effects(progress->lease->run, progress->tool,
-													  progress->lease->epoch);
-		List	   *passed_over = NIL;
-		List	   *due = NIL;
-		ListCell   *lc;
-
-		if (effects != NIL && dl_run_may_have_divergences(progress->lease->run))
-			passed_over = dl_read_passed_over(progress->lease->run, progress->lease->epoch);
-		foreach(lc, effects)
-		{
-			EarlierEffect *effect = lfirst(lc);
-			ListCell   *pc;
-			bool		passed = false;
-
-			foreach(pc, passed_over)
-				passed |= strcmp((const char *) lfirst(pc), effect->key) == 0;
-			if (!passed)
-				due = lappend(due, effect);
-		}
-		progress->earlier_effects = due;
-	}
+		progress->earlier_effects = dl_read_earlier_effects(progress->lease->run, progress->tool,
+															progress->lease->epoch);
 	return progress->earlier_effects;
 }
 

@@ -722,44 +722,6 @@ take_existence(TupleTableSlot *slot, void *arg)
 	return false;
 }
 
-typedef struct PassedOver
-{
-	int64		before_epoch;
-	List	   *keys;
-} PassedOver;
-
-static bool
-take_passed_over(TupleTableSlot *slot, void *arg)
-{
-	PassedOver *passed = arg;
-	DivergenceRow row;
-
-	dl_divergence_row_from_slot(slot, &row);
-	if (row.verdict != NULL && strcmp(row.verdict, "distinct") == 0 &&
-		row.lease_epoch < passed->before_epoch)
-		passed->keys = lappend(passed->keys, row.candidate_key);
-	return true;
-}
-
-/*
- * The earlier effects that run's attempts before epoch passed over with a
- * person's verdict: the effects that divergences judged distinct named as
- * the one they might duplicate, as committed now.
- */
-List *
-dl_read_passed_over(const char *run, int64 epoch)
-{
-	static LookupIndex divergences_by_run = {.unique = false};
-	static const int run_key[] = {DIV_RUN};
-	Datum		values[1];
-	PassedOver	passed = {epoch, NIL};
-
-	values[0] = CStringGetTextDatum(run);
-	(void) scan_rows_now(&dl_divergences_table, &divergences_by_run, 1, run_key, values,
-						 take_passed_over, &passed);
-	return passed.keys;
-}
-
 /* Whether a divergence was recorded for run, as committed now. */
 bool
 dl_read_run_has_divergences(const char *run)
