@@ -78,6 +78,17 @@ SELECT durable_ledger.release_run('pg-bk-x');
 SELECT durable_ledger.acquire_run('pg-bk-y');
 SELECT decision, attempt FROM durable_ledger.begin_effect('pg-bk-y', 'pg.pay', '{"invoice": 12}', 'PG-BK-12');
 SELECT durable_ledger.release_run('pg-bk-y');
+-- a business key failed by a run whose lease is still live, then completed by
+-- another run: purging the second would let the first, still in the same
+-- attempt, ask about the key again, find nothing and pay again; so the second
+-- is kept while a run it shares an effect with holds a live lease
+SELECT durable_ledger.acquire_run('pg-bk-l');
+SELECT (durable_ledger.fail_effect(key, '{"declined": true}', attempt)).status
+  FROM durable_ledger.begin_effect('pg-bk-l', 'pg.pay', '{"invoice": 15}', 'PG-BK-15');
+SELECT durable_ledger.acquire_run('pg-bk-m');
+SELECT (durable_ledger.complete_effect(key, '{"paid": 15}', attempt)).status
+  FROM durable_ledger.begin_effect('pg-bk-m', 'pg.pay', '{"invoice": 15}', 'PG-BK-15');
+SELECT durable_ledger.release_run('pg-bk-m');
 
 -- nothing is quiet for an hour yet
 SELECT count(*) AS quiet_for_an_hour FROM durable_ledger.purge_settled('1 hour', 'maria') WHERE run LIKE 'pg-%';
@@ -101,6 +112,9 @@ SELECT count(*) AS nothing_left FROM durable_ledger.purge_settled('0', 'maria', 
 SELECT run, count(*) AS effects_left FROM durable_ledger.effects WHERE run LIKE 'pg-%' GROUP BY run ORDER BY run;
 SELECT count(*) AS bk_past_attempts FROM durable_ledger.past_attempts WHERE key = 'PG-BK-4';
 SELECT key, attempt, run, status FROM durable_ledger.past_attempts WHERE key = 'PG-BK-12';
+SELECT key, attempt, run, status FROM durable_ledger.past_attempts WHERE key = 'PG-BK-15';
+SELECT decision, status, attempt
+  FROM durable_ledger.begin_effect('pg-bk-l', 'pg.pay', '{"invoice": 15}', 'PG-BK-15');
 SELECT count(*) AS bk10_past_attempts FROM durable_ledger.past_attempts WHERE key = 'PG-BK-10';
 SELECT run, event, attempt FROM durable_ledger.audit_log WHERE key = 'PG-BK-10' AND run = 'pg-bk-a' ORDER BY id;
 -- used again: a new operation, executed, its failure retried, never 23505
@@ -124,6 +138,7 @@ SELECT durable_ledger.acquire_run('pg-done');
 SELECT decision FROM durable_ledger.begin_effect('pg-done', 'pg.pay', '{"invoice": 1}');
 SELECT durable_ledger.release_run('pg-done');
 SELECT durable_ledger.release_run('pg-held');
+SELECT durable_ledger.release_run('pg-bk-l');
 
 -- evidence filed under no run that has effects, for an effect still open: a
 -- business key failed at attempt 1 (run pg-ev-a, no effect of its own now),

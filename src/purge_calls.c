@@ -3,8 +3,9 @@
  *
  * The effects of a run are removed when the run is settled and quiet: every
  * effect completed or failed (none started, unknown or flagged by a
- * conflict), no divergence waiting for a verdict, no live lease, and nothing
- * in its audit log since the cutoff.  With them go their replaced attempts,
+ * conflict), no divergence waiting for a verdict, no live lease (its own, or
+ * one of a run that shares its effects), and nothing in its audit log since
+ * the cutoff.  With them go their replaced attempts,
  * the run's divergences and its token leases' counters; the run's row (its
  * epochs), its token leases and the audit log stay.  A later call of a
  * purged run executes again: that is what a horizon means (docs).
@@ -62,13 +63,32 @@ audit_purge(const char *run, const char *purged_by, const char *older_than,
 	dl_write_audit(run, NULL, "purged", dl_detail_finish(&detail), 0, 0);
 }
 
-/* Whether a live lease holds run (a purge leaves it alone). */
+/* Whether a live lease holds run. */
 static bool
-held(const char *run)
+lease_live(const char *run)
 {
 	RunState	state;
 
 	return dl_read_run_state(run, &state) && dl_lease_is_live(run, state.epoch);
+}
+
+/*
+ * Whether a live lease holds run, or another run the ledger names with its
+ * effects (a purge leaves it alone): a live attempt that failed a business
+ * key that run then completed would otherwise ask about the key again, find
+ * nothing, and pay again.
+ */
+static bool
+held(const char *run)
+{
+	ListCell   *lc;
+
+	if (lease_live(run))
+		return true;
+	foreach(lc, dl_read_runs_sharing_effects(run))
+		if (lease_live(lfirst(lc)))
+			return true;
+	return false;
 }
 
 /*

@@ -976,6 +976,38 @@ dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit)
 
 static Statement run_purge_state = {RUN_PURGE_STATE(""), 1, {TEXTOID}, NULL, true};
 
+/*
+ * The other runs the ledger names with the run's effects: those of their
+ * replaced attempts, and those whose audit rows name one (a business key
+ * another run began, failed or replayed).
+ */
+static Statement runs_sharing_effects = {
+	"WITH keys AS (SELECT DISTINCT k.key FROM (" RUN_LOGGED_KEYS ") k),"
+	"     mine AS (SELECT e.key FROM durable_ledger.effects e"
+	"               JOIN keys k ON e.key" EQ "k.key WHERE e.run" EQ "$1)"
+	" SELECT p.run FROM durable_ledger.past_attempts p JOIN mine ON p.key" EQ "mine.key"
+	"  WHERE p.run OPERATOR(pg_catalog.<>) $1"
+	" UNION"
+	" SELECT a.run FROM durable_ledger.audit_log a JOIN mine ON a.key" EQ "mine.key"
+	"  WHERE a.run OPERATOR(pg_catalog.<>) $1",
+	1, {TEXTOID}, NULL, true
+};
+
+/* The runs other than run that the ledger names with run's effects, as committed now. */
+List *
+dl_read_runs_sharing_effects(const char *run)
+{
+	Datum		values[1];
+	List	   *runs = NIL;
+	uint64		i;
+
+	values[0] = dl_text_datum(run);
+	dl_plan_run_now(&runs_sharing_effects, values, NULL, SPI_OK_SELECT);
+	for (i = 0; i < SPI_processed; i++)
+		runs = lappend(runs, SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1));
+	return runs;
+}
+
 /* the same, its effects locked until the transaction ends: reports wait for the purge */
 static Statement run_purge_state_locked = {RUN_PURGE_STATE(" FOR UPDATE OF e"), 1, {TEXTOID}, NULL, true};
 

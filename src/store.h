@@ -229,6 +229,7 @@ typedef struct AuditPurge
 } AuditPurge;
 extern List *dl_read_audit_purge_plan(TimestampTz cutoff);
 extern List *dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit);
+extern List *dl_read_runs_sharing_effects(const char *run);
 extern bool dl_read_run_purge_state(const char *run, TimestampTz cutoff, bool lock,
 									PurgeCounts *counts);
 
