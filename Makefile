@@ -41,7 +41,11 @@ OBJS = \
 	src/metrics_calls.o \
 	src/drop_guard.o \
 	src/older_sql.o
-DATA = $(wildcard $(EXTENSION)--*.sql)
+# The default version's install script is built from schema/ (below); the
+# released versions' scripts and the update scripts are installed as they are.
+DATA_built = $(EXTENSION)--$(EXTVERSION).sql
+DATA = $(filter-out $(DATA_built),$(wildcard $(EXTENSION)--*.sql))
+EXTRA_CLEAN = $(DATA_built)
 PG_CPPFLAGS = -I$(srcdir)/src
 
 # pg_regress suites: one file per concern (sql/ and expected/)
@@ -120,6 +124,11 @@ DOCS = $(wildcard docs/*.md)
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# The default version's install script, from its single source (as pgvector
+# builds its own).  test/t/014_upgrade.pl proves it equal to the updates.
+$(EXTENSION)--$(EXTVERSION).sql: schema/$(EXTENSION).sql
+	cp $< $@
 
 # every object depends on the headers (PGXS tracks them only in a server
 # configured with --enable-depend): a changed struct must rebuild its users

@@ -3,8 +3,9 @@
 \echo Use "ALTER EXTENSION durable_ledger UPDATE TO '1.3'" to load this file. \quit
 
 -- 1.3 is built up by several changes; this script grows with them until 1.3 is
--- released.  Until then a fresh install runs durable_ledger--1.2.sql and this
--- script (PostgreSQL's own update path).
+-- released.  A fresh install runs durable_ledger--1.3.sql instead, built from
+-- schema/durable_ledger.sql: each change is made in both, and
+-- test/t/014_upgrade.pl proves that what this script leaves equals it.
 
 -- ---------------------------------------------------------------------------
 -- Divergence on by default: a later attempt's call of a tool nobody
@@ -329,6 +330,98 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
 -- ---------------------------------------------------------------------------
+-- The lock class of session leases in one place: lease_locks, which leases,
+-- unresolved, metrics and lease_holder_activity read (each wrote the class
+-- and the rest of the predicate out before).
+-- ---------------------------------------------------------------------------
+CREATE VIEW durable_ledger.lease_locks AS
+SELECT l.pid,
+       (l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+       OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8 AS lock_key
+  FROM pg_catalog.pg_locks l
+ WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+   AND l.objsubid OPERATOR(pg_catalog.=) 17484
+   AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
+   AND l.granted
+   AND l.database OPERATOR(pg_catalog.=)
+       (SELECT d.oid FROM pg_catalog.pg_database d
+         WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database());
+COMMENT ON VIEW durable_ledger.lease_locks IS
+    'the session leases held in this database: granted ExclusiveLock advisory locks of the extension''s lock class (pg_locks.objsubid 17484), one per run held; what leases, unresolved and metrics read';
+COMMENT ON COLUMN durable_ledger.lease_locks.pid IS
+    'the backend that holds the lease';
+COMMENT ON COLUMN durable_ledger.lease_locks.lock_key IS
+    'the lock''s key, (classid << 32) | objid: runs.lock_key of the run it holds';
+REVOKE ALL ON durable_ledger.lease_locks FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION durable_ledger.lease_holder_activity()
+RETURNS TABLE (pid integer, application_name text, client_addr inet, backend_state text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT a.pid, a.application_name, a.client_addr, a.state
+      FROM pg_catalog.pg_stat_activity a
+     WHERE a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+       AND a.pid OPERATOR(pg_catalog.=) ANY (SELECT l.pid FROM durable_ledger.lease_locks l)
+$fn$;
+
+CREATE OR REPLACE VIEW durable_ledger.leases AS
+SELECT r.run,
+       l.pid                                                 AS holder_pid,
+       CASE WHEN current_epoch THEN r.epochs END             AS lease_epoch,
+       CASE WHEN current_epoch THEN r.holder_role END        AS holder_role,
+       COALESCE(a.application_name, CASE WHEN current_epoch THEN r.holder_application_name END)
+                                                             AS application_name,
+       COALESCE(a.client_addr, CASE WHEN current_epoch THEN r.holder_client_addr END)
+                                                             AS client_addr,
+       CASE WHEN current_epoch THEN r.acquired_at END        AS since,
+       a.backend_state,
+       l.lock_key,
+       'live'::text                                          AS liveness,
+       'session'::text                                       AS kind,
+       NULL::text                                            AS holder,
+       NULL::timestamptz                                     AS expires_at
+  FROM durable_ledger.lease_locks l
+  LEFT JOIN durable_ledger.runs r ON r.lock_key OPERATOR(pg_catalog.=) l.lock_key
+ CROSS JOIN LATERAL (SELECT r.holder_pid OPERATOR(pg_catalog.=) l.pid
+                            AND r.released_at IS NULL
+                            AND r.lease_kind OPERATOR(pg_catalog.=) 'session' AS current_epoch) c
+  LEFT JOIN durable_ledger.lease_holder_activity() a ON a.pid OPERATOR(pg_catalog.=) l.pid
+UNION ALL
+SELECT t.run, NULL, t.epoch, r.holder_role, r.holder_application_name, r.holder_client_addr,
+       t.taken_at, NULL, r.lock_key,
+       CASE WHEN pg_catalog.pg_is_in_recovery() THEN 'not judged on a standby' ELSE 'live' END,
+       'token', t.holder, t.expires_at
+  FROM durable_ledger.token_leases t
+  JOIN durable_ledger.runs r
+    ON r.run OPERATOR(pg_catalog.=) t.run AND r.epochs OPERATOR(pg_catalog.=) t.epoch
+ WHERE t.released_at IS NULL
+   AND (pg_catalog.pg_is_in_recovery()
+        OR t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
+UNION ALL
+SELECT r.run, r.holder_pid, r.epochs, r.holder_role, r.holder_application_name,
+       r.holder_client_addr, r.acquired_at, NULL, r.lock_key,
+       'not judged on a standby', 'session', NULL, NULL
+  FROM durable_ledger.runs r
+ WHERE (SELECT pg_catalog.pg_is_in_recovery())   -- once, not per row: on a primary, no scan
+   AND r.released_at IS NULL
+   AND r.lease_kind OPERATOR(pg_catalog.=) 'session';
+
+CREATE OR REPLACE VIEW durable_ledger.metrics AS
+SELECT (SELECT pg_catalog.count(*) FROM durable_ledger.lease_locks l) AS session_leases,
+       (SELECT pg_catalog.count(*) FROM durable_ledger.token_leases t
+         WHERE t.released_at IS NULL AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
+           AS token_leases,
+       (SELECT pg_catalog.count(*) FROM durable_ledger.token_leases t
+         WHERE t.released_at IS NULL AND t.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now())
+           AS token_leases_expired,
+       u.unresolved,
+       COALESCE(pg_catalog.extract('epoch', u.oldest), 0)::double precision AS unresolved_oldest_seconds,
+       EXISTS (SELECT FROM durable_ledger.metrics_events() e WHERE e.total IS NOT NULL) AS counters_kept
+  FROM (SELECT pg_catalog.count(*) AS unresolved, pg_catalog.max(x.age) AS oldest
+          FROM durable_ledger.unresolved x) u;
+
+-- ---------------------------------------------------------------------------
 -- unresolved says what a flagged effect's report is: contradicting, or (1.3)
 -- naming no attempt where that is ambiguous.
 -- ---------------------------------------------------------------------------
@@ -383,18 +476,9 @@ SELECT e.key,
                           AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
                    WHEN cur.lease_kind IS NULL THEN true
                    ELSE NOT EXISTS (
-                       SELECT 1 FROM pg_catalog.pg_locks l
-                        WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
-                          AND l.objsubid OPERATOR(pg_catalog.=) 17484
-                          AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
-                          AND l.granted
-                          AND l.pid OPERATOR(pg_catalog.=) cur.holder_pid
-                          AND cur.lock_key OPERATOR(pg_catalog.=)
-                              ((l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
-                               OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8)
-                          AND l.database OPERATOR(pg_catalog.=)
-                              (SELECT d.oid FROM pg_catalog.pg_database d
-                                WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()))
+                       SELECT 1 FROM durable_ledger.lease_locks l
+                        WHERE l.pid OPERATOR(pg_catalog.=) cur.holder_pid
+                          AND l.lock_key OPERATOR(pg_catalog.=) cur.lock_key)
                END AS ended) j
  WHERE e.conflict
     OR e.status OPERATOR(pg_catalog.=) 'unknown'
@@ -423,3 +507,347 @@ SELECT d.key,
  WHERE d.verdict IS NULL
    AND NOT EXISTS (SELECT FROM durable_ledger.effects x
                     WHERE x.key OPERATOR(pg_catalog.=) d.key);  -- executed meanwhile (policy off)
+
+-- ---------------------------------------------------------------------------
+-- Every table, column and view says what it holds (\d+ shows it).
+-- ---------------------------------------------------------------------------
+COMMENT ON TABLE durable_ledger.runs IS
+    'one row per run: its lease epochs (attempts), who holds or last held its lease, and whether a person abandoned it or it was forked';
+COMMENT ON COLUMN durable_ledger.runs.run IS
+    'the run''s name, as its callers give it';
+COMMENT ON COLUMN durable_ledger.runs.epochs IS
+    'how many lease epochs (attempts) the run has had: the number of the current one';
+COMMENT ON COLUMN durable_ledger.runs.lock_key IS
+    'a 64-bit hash of run, the key of its session lease''s advisory lock: (classid << 32) | objid in pg_locks, lock_key in lease_locks';
+COMMENT ON COLUMN durable_ledger.runs.holder_pid IS
+    'the backend that took the current (or last) epoch''s lease';
+COMMENT ON COLUMN durable_ledger.runs.holder_role IS
+    'the role that took it, as after SET ROLE';
+COMMENT ON COLUMN durable_ledger.runs.holder_application_name IS
+    'the application_name of the session that took it';
+COMMENT ON COLUMN durable_ledger.runs.holder_client_addr IS
+    'the client address of the session that took it; NULL for a Unix socket';
+COMMENT ON COLUMN durable_ledger.runs.acquired_at IS
+    'when the current epoch began';
+COMMENT ON COLUMN durable_ledger.runs.released_at IS
+    'when the current epoch''s lease was released; NULL while it was not (its holder may still hold it, or have died)';
+COMMENT ON COLUMN durable_ledger.runs.created_at IS
+    'when the ledger first recorded the run';
+COMMENT ON COLUMN durable_ledger.runs.lease_kind IS
+    'session or token: the kind of lease that holds the current epoch';
+COMMENT ON COLUMN durable_ledger.runs.abandoned_at IS
+    'when a person abandoned the run (abandon_run): no further begin_effect, acquire_run or take_lease; NULL: not abandoned';
+COMMENT ON COLUMN durable_ledger.runs.abandoned_by IS
+    'who abandoned it, as named to abandon_run';
+COMMENT ON COLUMN durable_ledger.runs.abandon_note IS
+    'abandon_run''s note';
+COMMENT ON COLUMN durable_ledger.runs.forked_from IS
+    'a forked run''s source run (fork_run); NULL for a run that was not forked';
+COMMENT ON COLUMN durable_ledger.runs.forked_up_to IS
+    'the last effect of the source run that the fork carries';
+COMMENT ON TABLE durable_ledger.effects IS
+    'one row per idempotency key: the intent of a side effect (or of a recorded call), recorded before it happens, its current attempt and its outcome';
+COMMENT ON COLUMN durable_ledger.effects.key IS
+    'the idempotency key: derived from run, tool, args and occurrence (64 hexadecimal digits), or the business key itself';
+COMMENT ON COLUMN durable_ledger.effects.run IS
+    'the run whose lease started the current attempt';
+COMMENT ON COLUMN durable_ledger.effects.tool IS
+    'the tool called';
+COMMENT ON COLUMN durable_ledger.effects.args IS
+    'the call''s arguments, as given';
+COMMENT ON COLUMN durable_ledger.effects.business_key IS
+    'true: key is a business key, one operation across all runs; false: a key derived from the call';
+COMMENT ON COLUMN durable_ledger.effects.occurrence IS
+    'which identical call of its lease epoch it was (1, 2, ...); NULL for a business key';
+COMMENT ON COLUMN durable_ledger.effects.attempt IS
+    'the current attempt: 1, or n+1 after n failures of a business key or n attempts of a recorded call lost with their lease';
+COMMENT ON COLUMN durable_ledger.effects.status IS
+    'started, completed, failed or unknown (effect_status shows a started effect whose lease has ended as unknown)';
+COMMENT ON COLUMN durable_ledger.effects.result IS
+    'what a completed effect returned';
+COMMENT ON COLUMN durable_ledger.effects.error IS
+    'why a failed effect did not happen';
+COMMENT ON COLUMN durable_ledger.effects.meta IS
+    'the caller''s meta of the current attempt, as given to begin_effect or begin_recorded';
+COMMENT ON COLUMN durable_ledger.effects.lease_epoch IS
+    'the lease epoch of run that started the current attempt';
+COMMENT ON COLUMN durable_ledger.effects.holder_pid IS
+    'the backend that started the current attempt';
+COMMENT ON COLUMN durable_ledger.effects.created_at IS
+    'when the current attempt began';
+COMMENT ON COLUMN durable_ledger.effects.completed_at IS
+    'when its outcome was reported or resolved; NULL while it has none';
+COMMENT ON COLUMN durable_ledger.effects.resolved_by IS
+    'who decided the outcome (resolve_effect); NULL unless a person did';
+COMMENT ON COLUMN durable_ledger.effects.resolution_note IS
+    'resolve_effect''s note';
+COMMENT ON COLUMN durable_ledger.effects.conflict IS
+    'true while a report that contradicts the recorded outcome, or names no attempt where that is ambiguous, waits for a person (resolve_effect clears it)';
+COMMENT ON COLUMN durable_ledger.effects.forked_from IS
+    'in a forked run: the effect of the source run it carries';
+COMMENT ON COLUMN durable_ledger.effects.safe_to_redo IS
+    'begun by begin_recorded: a call safe to make again, executed again when its lease ended without a report';
+COMMENT ON TABLE durable_ledger.unsettled IS
+    'the effects that may wait for a person: started (but recorded calls), unknown or flagged; kept by the ledger''s own writes, read by unresolved and metrics';
+COMMENT ON COLUMN durable_ledger.unsettled.created_at IS
+    'the effect''s created_at: when its current attempt began';
+COMMENT ON COLUMN durable_ledger.unsettled.key IS
+    'the effect''s key';
+COMMENT ON TABLE durable_ledger.past_attempts IS
+    'the attempts that a later attempt replaced: a business key''s failed ones, a recorded call''s lost with their lease (unknown); what a late report on an earlier attempt is judged against';
+COMMENT ON COLUMN durable_ledger.past_attempts.key IS
+    'the effect''s key';
+COMMENT ON COLUMN durable_ledger.past_attempts.attempt IS
+    'which attempt of the effect this was';
+COMMENT ON COLUMN durable_ledger.past_attempts.run IS
+    'the run whose lease started this attempt';
+COMMENT ON COLUMN durable_ledger.past_attempts.lease_epoch IS
+    'the lease epoch of run that started it';
+COMMENT ON COLUMN durable_ledger.past_attempts.holder_pid IS
+    'the backend that started it';
+COMMENT ON COLUMN durable_ledger.past_attempts.status IS
+    'its status when it was replaced: failed (a business key), or unknown (a recorded call)';
+COMMENT ON COLUMN durable_ledger.past_attempts.error IS
+    'why it failed';
+COMMENT ON COLUMN durable_ledger.past_attempts.meta IS
+    'the caller''s meta of this attempt';
+COMMENT ON COLUMN durable_ledger.past_attempts.created_at IS
+    'when this attempt began';
+COMMENT ON COLUMN durable_ledger.past_attempts.completed_at IS
+    'when its outcome was reported or resolved';
+COMMENT ON COLUMN durable_ledger.past_attempts.resolved_by IS
+    'who decided its outcome (resolve_effect); NULL unless a person did';
+COMMENT ON COLUMN durable_ledger.past_attempts.resolution_note IS
+    'resolve_effect''s note';
+COMMENT ON COLUMN durable_ledger.past_attempts.replaced_at IS
+    'when the next attempt started';
+COMMENT ON SEQUENCE durable_ledger.audit_log_id_seq IS
+    'the ids of the audit log''s rows';
+COMMENT ON TABLE durable_ledger.audit_log IS
+    'append-only, one row per event, each linked into a hash chain (verify_audit); UPDATE, DELETE and TRUNCATE are refused, for its owner too: only purge_audit deletes';
+COMMENT ON COLUMN durable_ledger.audit_log.id IS
+    'the row''s number, from audit_log_id_seq';
+COMMENT ON COLUMN durable_ledger.audit_log.logged_at IS
+    'when the event was logged';
+COMMENT ON COLUMN durable_ledger.audit_log.run IS
+    'the run the event concerns; NULL for an event of no run (the tools registry, the policy, a purge''s summary)';
+COMMENT ON COLUMN durable_ledger.audit_log.key IS
+    'the effect (or drifted call) the event concerns';
+COMMENT ON COLUMN durable_ledger.audit_log.event IS
+    'what happened (the audit_event domain lists the kinds; docs/reference.md says what each means)';
+COMMENT ON COLUMN durable_ledger.audit_log.detail IS
+    'what the event says besides, as JSON: a report''s result or error, a decision''s reason, a person''s name and note, the previous outcome';
+COMMENT ON COLUMN durable_ledger.audit_log.role_name IS
+    'the calling role, as after SET ROLE';
+COMMENT ON COLUMN durable_ledger.audit_log.session_user_name IS
+    'the session user';
+COMMENT ON COLUMN durable_ledger.audit_log.application_name IS
+    'the session''s application_name';
+COMMENT ON COLUMN durable_ledger.audit_log.client_addr IS
+    'the session''s client address; NULL for a Unix socket';
+COMMENT ON COLUMN durable_ledger.audit_log.backend_pid IS
+    'the backend that logged it';
+COMMENT ON COLUMN durable_ledger.audit_log.lease_epoch IS
+    'the lease epoch of run the event happened in';
+COMMENT ON COLUMN durable_ledger.audit_log.attempt IS
+    'the attempt of key the event concerns; NULL for lease events and for a report that could not be matched to an attempt';
+COMMENT ON COLUMN durable_ledger.audit_log.chain IS
+    'the hash chain the row is linked into: its writing backend''s (audit_chain_seq), or 0 for the rows written before chains began (by 1.0 and 1.1), chained by the update to 1.3';
+COMMENT ON COLUMN durable_ledger.audit_log.chain_seq IS
+    'the row''s place in its chain: 1, 2, 3, ...';
+COMMENT ON COLUMN durable_ledger.audit_log.row_hash IS
+    'sha256 of the previous row''s row_hash (after a purge, the chain''s anchor''s; 32 zero bytes before a chain''s first row) followed by audit_row_content(row)';
+COMMENT ON SEQUENCE durable_ledger.audit_chain_seq IS
+    'the audit log''s hash chains: a backend takes the next one for the rows it writes';
+COMMENT ON TABLE durable_ledger.audit_anchors IS
+    'where purge_audit last cut each hash chain: the last row it removed, which the chain''s first remaining row links to';
+COMMENT ON COLUMN durable_ledger.audit_anchors.chain IS
+    'the chain';
+COMMENT ON COLUMN durable_ledger.audit_anchors.chain_seq IS
+    'the chain_seq of the last row removed';
+COMMENT ON COLUMN durable_ledger.audit_anchors.row_hash IS
+    'that row''s row_hash';
+COMMENT ON COLUMN durable_ledger.audit_anchors.purged_at IS
+    'when purge_audit removed it';
+COMMENT ON COLUMN durable_ledger.audit_anchors.purged_by IS
+    'who purged, as named to purge_audit';
+COMMENT ON TABLE durable_ledger.token_leases IS
+    'one row per token lease: an epoch of a run, held by whoever has the token until it expires (by the server''s clock), is released, or a later epoch supersedes it';
+COMMENT ON COLUMN durable_ledger.token_leases.run IS
+    'the run';
+COMMENT ON COLUMN durable_ledger.token_leases.epoch IS
+    'the run''s lease epoch it holds';
+COMMENT ON COLUMN durable_ledger.token_leases.token_sha256 IS
+    'the SHA-256 of the token; the token itself is never stored';
+COMMENT ON COLUMN durable_ledger.token_leases.holder IS
+    'the caller''s own name for itself, as given to take_lease';
+COMMENT ON COLUMN durable_ledger.token_leases.ttl IS
+    'what renew_lease extends it by, by default';
+COMMENT ON COLUMN durable_ledger.token_leases.taken_at IS
+    'when take_lease took it';
+COMMENT ON COLUMN durable_ledger.token_leases.expires_at IS
+    'when it expires, by the server''s clock (the latest renewal''s); break_lease sets it to the moment of breaking';
+COMMENT ON COLUMN durable_ledger.token_leases.released_at IS
+    'when release_lease ended it; NULL while it was not released';
+COMMENT ON TABLE durable_ledger.token_lease_calls IS
+    'the counters of token leases'' epochs, whose calls may come from any backend: kept here, and rolled back with the transaction of the call';
+COMMENT ON COLUMN durable_ledger.token_lease_calls.run IS
+    'the run';
+COMMENT ON COLUMN durable_ledger.token_lease_calls.epoch IS
+    'the token lease''s epoch';
+COMMENT ON COLUMN durable_ledger.token_lease_calls.call IS
+    'what is counted: SHA-256 of the tool, a zero byte and the canonical args (identical calls), or of the tool, a zero byte and a name that begins with a zero byte (a divergence counter)';
+COMMENT ON COLUMN durable_ledger.token_lease_calls.calls IS
+    'the count so far in the epoch';
+COMMENT ON TABLE durable_ledger.tools IS
+    'the tools registry: what admins declared of each tool (register_tool, change_tool, retire_tool), every change audited';
+COMMENT ON COLUMN durable_ledger.tools.tool IS
+    'the tool''s name, as calls give it';
+COMMENT ON COLUMN durable_ledger.tools.side_effecting IS
+    'true: the tool changes the world; false: a read-only tool, registered for review (begin_recorded may record only such a tool)';
+COMMENT ON COLUMN durable_ledger.tools.divergence IS
+    'pause, warn or off: how a later attempt''s drifted call of the tool is handled';
+COMMENT ON COLUMN durable_ledger.tools.key_fields IS
+    'the fields of args that make a call''s identity (its key and its count); NULL: all of args';
+COMMENT ON COLUMN durable_ledger.tools.note IS
+    'the note last given to register_tool, change_tool or retire_tool';
+COMMENT ON COLUMN durable_ledger.tools.registered_by IS
+    'who registered it';
+COMMENT ON COLUMN durable_ledger.tools.registered_at IS
+    'when it was registered';
+COMMENT ON COLUMN durable_ledger.tools.changed_by IS
+    'who changed it last (change_tool)';
+COMMENT ON COLUMN durable_ledger.tools.changed_at IS
+    'when it was changed last';
+COMMENT ON COLUMN durable_ledger.tools.retired_by IS
+    'who retired it: a retired tool is executed no more; NULL while it is not retired';
+COMMENT ON COLUMN durable_ledger.tools.retired_at IS
+    'when it was retired';
+COMMENT ON TABLE durable_ledger.policy IS
+    'what a deployment allows for tools nobody registered: at most one row, changed by admins with set_unregistered_tools and set_unregistered_divergence and audited; no row: allow and pause';
+COMMENT ON COLUMN durable_ledger.policy.singleton IS
+    'always true: the table has one row at most';
+COMMENT ON COLUMN durable_ledger.policy.unregistered_tools IS
+    'allow, warn or refuse: whether a tool nobody registered may execute';
+COMMENT ON COLUMN durable_ledger.policy.changed_by IS
+    'who made the latest change of either setting';
+COMMENT ON COLUMN durable_ledger.policy.changed_at IS
+    'when';
+COMMENT ON COLUMN durable_ledger.policy.note IS
+    'the note of the latest change';
+COMMENT ON COLUMN durable_ledger.policy.unregistered_divergence IS
+    'pause, warn or off: how a later attempt''s drifted call of a tool nobody registered is handled';
+COMMENT ON TABLE durable_ledger.divergences IS
+    'drifted calls paused for a person: a later attempt''s call that the run''s earlier attempts did not make, while an earlier effect of the tool was not replayed yet';
+COMMENT ON COLUMN durable_ledger.divergences.key IS
+    'the drifted call''s derived key; no effect has it until a verdict of distinct lets the call execute';
+COMMENT ON COLUMN durable_ledger.divergences.run IS
+    'the run';
+COMMENT ON COLUMN durable_ledger.divergences.lease_epoch IS
+    'the attempt (lease epoch) that made the call';
+COMMENT ON COLUMN durable_ledger.divergences.tool IS
+    'the tool called';
+COMMENT ON COLUMN durable_ledger.divergences.args IS
+    'the call''s arguments, as given';
+COMMENT ON COLUMN durable_ledger.divergences.occurrence IS
+    'which identical call of its lease epoch it was';
+COMMENT ON COLUMN durable_ledger.divergences.candidate_key IS
+    'the earlier effect it may duplicate';
+COMMENT ON COLUMN durable_ledger.divergences.detected_at IS
+    'when the call was paused';
+COMMENT ON COLUMN durable_ledger.divergences.verdict IS
+    'same or distinct; NULL until a person decides (resolve_divergence)';
+COMMENT ON COLUMN durable_ledger.divergences.same_as IS
+    'with same: the effect whose outcome the call replays';
+COMMENT ON COLUMN durable_ledger.divergences.resolved_by IS
+    'who gave the verdict';
+COMMENT ON COLUMN durable_ledger.divergences.resolved_at IS
+    'when';
+COMMENT ON COLUMN durable_ledger.divergences.resolution_note IS
+    'resolve_divergence''s note';
+COMMENT ON COLUMN durable_ledger.audit_heads.chain IS
+    'the chain';
+COMMENT ON COLUMN durable_ledger.audit_heads.chain_seq IS
+    'the chain_seq of its newest row';
+COMMENT ON COLUMN durable_ledger.audit_heads.id IS
+    'that row''s id';
+COMMENT ON COLUMN durable_ledger.audit_heads.logged_at IS
+    'when that row was logged';
+COMMENT ON COLUMN durable_ledger.audit_heads.row_hash IS
+    'that row''s row_hash, in hexadecimal';
+COMMENT ON VIEW durable_ledger.leases IS
+    'live leases of both kinds: session leases (lease_locks, matched to their run) and token leases not expired, released or superseded (by the server''s clock); on a hot standby, the epochs taken and not released, not judged';
+COMMENT ON COLUMN durable_ledger.leases.run IS
+    'the run held; NULL for a session lock whose run was never recorded (its acquiring transaction rolled back)';
+COMMENT ON COLUMN durable_ledger.leases.holder_pid IS
+    'the backend that holds a session lease; NULL for a token lease';
+COMMENT ON COLUMN durable_ledger.leases.lease_epoch IS
+    'the epoch it holds; NULL for a session lock whose acquiring transaction rolled back';
+COMMENT ON COLUMN durable_ledger.leases.holder_role IS
+    'the role that took it, as after SET ROLE';
+COMMENT ON COLUMN durable_ledger.leases.application_name IS
+    'the holder''s application_name (a token lease''s: of the session that took it)';
+COMMENT ON COLUMN durable_ledger.leases.client_addr IS
+    'the holder''s client address (a token lease''s: of the session that took it)';
+COMMENT ON COLUMN durable_ledger.leases.since IS
+    'when its epoch began';
+COMMENT ON COLUMN durable_ledger.leases.backend_state IS
+    'the state of a session lease''s backend, from pg_stat_activity; NULL for a token lease';
+COMMENT ON COLUMN durable_ledger.leases.lock_key IS
+    'the run''s lock key (runs.lock_key)';
+COMMENT ON COLUMN durable_ledger.leases.liveness IS
+    'live, or not judged on a standby';
+COMMENT ON COLUMN durable_ledger.leases.kind IS
+    'session or token';
+COMMENT ON COLUMN durable_ledger.leases.holder IS
+    'a token lease''s holder, as given to take_lease';
+COMMENT ON COLUMN durable_ledger.leases.expires_at IS
+    'when a token lease expires, by the server''s clock';
+COMMENT ON VIEW durable_ledger.unresolved IS
+    'what needs a person: effects unknown, started under a lease that is no longer live, or flagged by a report, and drifted calls without a verdict; read through unsettled, so it costs what waits, not what the ledger holds';
+COMMENT ON COLUMN durable_ledger.unresolved.key IS
+    'the effect''s key, or the drifted call''s';
+COMMENT ON COLUMN durable_ledger.unresolved.run IS
+    'the run';
+COMMENT ON COLUMN durable_ledger.unresolved.tool IS
+    'the tool called';
+COMMENT ON COLUMN durable_ledger.unresolved.status IS
+    'the effect''s status (unknown for a started effect whose lease has ended); NULL for a drifted call, for which nothing was recorded';
+COMMENT ON COLUMN durable_ledger.unresolved.conflict IS
+    'true: flagged by a report that contradicts the recorded outcome, or names no attempt where that is ambiguous';
+COMMENT ON COLUMN durable_ledger.unresolved.reason IS
+    'what a person must decide, in a sentence';
+COMMENT ON COLUMN durable_ledger.unresolved.created_at IS
+    'when the effect''s current attempt began, or the drifted call was paused';
+COMMENT ON COLUMN durable_ledger.unresolved.age IS
+    'how long ago that was';
+COMMENT ON COLUMN durable_ledger.unresolved.args IS
+    'the call''s arguments';
+COMMENT ON COLUMN durable_ledger.unresolved.meta IS
+    'the caller''s meta of the current attempt; NULL for a drifted call';
+COMMENT ON COLUMN durable_ledger.unresolved.business_key IS
+    'true for a business key; false for a derived key and a drifted call';
+COMMENT ON COLUMN durable_ledger.unresolved.occurrence IS
+    'which identical call of its lease epoch it was; NULL for a business key';
+COMMENT ON COLUMN durable_ledger.unresolved.attempt IS
+    'the current attempt, which resolve_effect should be given; NULL for a drifted call';
+COMMENT ON COLUMN durable_ledger.unresolved.lease_epoch IS
+    'the lease epoch that started the current attempt, or made the drifted call';
+COMMENT ON COLUMN durable_ledger.unresolved.may_duplicate IS
+    'a drifted call''s: the earlier effect it may duplicate';
+COMMENT ON COLUMN durable_ledger.unresolved.run_abandoned_at IS
+    'when a person abandoned the run; NULL: not abandoned';
+COMMENT ON COLUMN durable_ledger.unresolved.downstream_key IS
+    'the key the provider was given (what a reconciler asks it about): key, or key#attempt for a business key; NULL for a drifted call';
+COMMENT ON COLUMN durable_ledger.metrics.session_leases IS
+    'session leases held in this database (lease_locks)';
+COMMENT ON COLUMN durable_ledger.metrics.token_leases IS
+    'token leases neither released nor expired';
+COMMENT ON COLUMN durable_ledger.metrics.token_leases_expired IS
+    'token leases that expired without being released';
+COMMENT ON COLUMN durable_ledger.metrics.unresolved IS
+    'the rows of unresolved: what waits for a person';
+COMMENT ON COLUMN durable_ledger.metrics.unresolved_oldest_seconds IS
+    'the age of the oldest of them, in seconds; 0 when there is none';
+COMMENT ON COLUMN durable_ledger.metrics.counters_kept IS
+    'whether metrics_events() counts events (durable_ledger is in shared_preload_libraries)';

@@ -2,9 +2,10 @@
 # result equal to a fresh install.  For each older version that has a path:
 # install it, load a ledger that version really wrote (test/fixtures), check
 # that the new library refuses to write into the old objects, ALTER EXTENSION
-# ... UPDATE, and check that the schema (objects, columns, constraints,
-# indexes, triggers, views, functions, privileges, comments, dumped tables) is
-# the one a fresh install of the default version creates, that the rows
+# ... UPDATE, and check that the schema (objects, columns in their order,
+# constraints, indexes, triggers, views, functions, privileges, the comments
+# of relations, columns, functions and types, dumped tables) is the one a
+# fresh install of the default version creates, that the rows
 # survived, and that the update filled in what the new version keeps (the
 # replaced attempts of business keys).  The no-op update of the default
 # version keeps the rows too.  Shipping a new version adds its script and a
@@ -20,7 +21,8 @@ my $node = PostgreSQL::Test::Cluster->new('upgrade');
 $node->init;
 $node->start;
 
-# What a database's ledger looks like, object by object (not its data).
+# What a database's ledger looks like, object by object (not its data); a
+# column's #n is its place in SELECT * (regression outputs depend on it).
 my $shape_sql = q{
 	WITH ext AS (SELECT oid FROM pg_extension WHERE extname = 'durable_ledger'),
 	     nsp AS (SELECT 'durable_ledger'::regnamespace AS oid)
@@ -30,9 +32,10 @@ my $shape_sql = q{
 	   WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
 	     AND refobjid = (SELECT oid FROM ext)
 	  UNION ALL
-	  SELECT format('column %s.%s %s notnull=%s default=%s', c.relname, a.attname,
+	  SELECT format('column %s.%s #%s %s notnull=%s default=%s comment=%s', c.relname, a.attname,
+	                row_number() OVER (PARTITION BY a.attrelid ORDER BY a.attnum),
 	                format_type(a.atttypid, a.atttypmod), a.attnotnull,
-	                pg_get_expr(ad.adbin, ad.adrelid))
+	                pg_get_expr(ad.adbin, ad.adrelid), col_description(c.oid, a.attnum))
 	    FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
 	    LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
 	   WHERE c.relnamespace = (SELECT oid FROM nsp) AND a.attnum > 0 AND NOT a.attisdropped
@@ -61,7 +64,7 @@ my $shape_sql = q{
 	                p.proacl, obj_description(p.oid, 'pg_proc'))
 	    FROM pg_proc p WHERE p.pronamespace = (SELECT oid FROM nsp)
 	  UNION ALL
-	  SELECT format('type %s acl=%s', t.typname, t.typacl)
+	  SELECT format('type %s acl=%s comment=%s', t.typname, t.typacl, obj_description(t.oid, 'pg_type'))
 	    FROM pg_type t WHERE t.typnamespace = (SELECT oid FROM nsp) AND t.typarray <> 0
 	  UNION ALL
 	  SELECT format('schema acl=%s', n.nspacl) FROM pg_namespace n WHERE n.oid = (SELECT oid FROM nsp)

@@ -1,0 +1,1399 @@
+/*
+ * durable_ledger 1.3, installed fresh: the make build copies this file to
+ * durable_ledger--1.3.sql.  It declares what an update from any earlier
+ * version leaves (durable_ledger--1.2--1.3.sql and the scripts before it);
+ * test/t/014_upgrade.pl proves the two equal.  A change to the 1.3 schema is
+ * made here and in the update script together.  The work is done in C (src/).
+ */
+
+\echo Use "CREATE EXTENSION durable_ledger" to load this file. \quit
+
+-- ---------------------------------------------------------------------------
+-- Roles.  Roles are cluster-wide: they are created once, when missing, and
+-- outlive DROP EXTENSION (docs/reference.md, "Privileges").  They carry no
+-- LOGIN; an administrator grants them to the roles applications log in as.
+-- ---------------------------------------------------------------------------
+DO $roles$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'durable_ledger_worker') THEN
+        CREATE ROLE durable_ledger_worker NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'durable_ledger_auditor') THEN
+        CREATE ROLE durable_ledger_auditor NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'durable_ledger_admin') THEN
+        CREATE ROLE durable_ledger_admin NOLOGIN;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('durable_ledger_admin', 'durable_ledger_worker', 'MEMBER') THEN
+        GRANT durable_ledger_worker TO durable_ledger_admin;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('durable_ledger_admin', 'durable_ledger_auditor', 'MEMBER') THEN
+        GRANT durable_ledger_auditor TO durable_ledger_admin;
+    END IF;
+END
+$roles$;
+
+-- ---------------------------------------------------------------------------
+-- Types.  Statuses, events and settings are text checked by a domain (a
+-- table's CHECK constraint is read back from its stored form by every
+-- statement that writes the table; a domain's is kept by the type cache).
+-- ---------------------------------------------------------------------------
+
+-- What begin_effect and begin_recorded return.
+CREATE TYPE durable_ledger.decision AS (
+    key         text,       -- the effect's idempotency key
+    decision    text,       -- execute | replay | pause | in_progress
+    status      text,       -- the effect's status after this call
+    occurrence  integer,    -- which identical call of this lease epoch; NULL for a business key
+    attempt     integer,    -- 1, or n+1 after n failures of a business key
+    result      jsonb,      -- replay of a completed effect: its result
+    error       jsonb,      -- replay of a failed effect: its error
+    reason      text,       -- one sentence explaining replay, pause or in_progress
+    downstream_key text     -- the key to give the provider: the key itself, or for a
+                            -- business key the key and its attempt ("INV-9#2"); NULL
+                            -- when the call has no effect (a divergence pause)
+);
+
+-- What take_lease returns.  Whoever has the token acts for the lease; only
+-- its SHA-256 is stored.
+CREATE TYPE durable_ledger.lease AS (
+    run         text,
+    token       text,
+    epoch       bigint,
+    expires_at  timestamptz,
+    holder      text
+);
+
+CREATE DOMAIN durable_ledger.effect_state AS text
+    CHECK (VALUE IN ('started', 'completed', 'failed', 'unknown'));
+CREATE DOMAIN durable_ledger.audit_event AS text
+    CHECK (VALUE IN ('lease_acquired', 'lease_released', 'lease_broken',
+                     'intent', 'replay', 'pause', 'in_progress',
+                     'completed', 'late_completion', 'failed', 'late_failure',
+                     'resolved', 'conflict',
+                     'tool_registered', 'tool_changed', 'tool_retired',
+                     'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
+                     'carried', 'policy_changed', 'purged', 'audit_purged',
+                     'superseded_report'));
+-- the kind of lease that holds an epoch
+CREATE DOMAIN durable_ledger.lease_kind AS text
+    CHECK (VALUE IN ('session', 'token'));
+-- how a later attempt's drifted call is handled (a tool's, or an unregistered one's)
+CREATE DOMAIN durable_ledger.divergence_policy AS text
+    CHECK (VALUE IN ('pause', 'warn', 'off'));
+-- a person's verdict on a drifted call
+CREATE DOMAIN durable_ledger.divergence_verdict AS text
+    CHECK (VALUE IN ('distinct', 'same'));
+-- whether a tool nobody registered may execute
+CREATE DOMAIN durable_ledger.unregistered_tools_policy AS text
+    CHECK (VALUE IN ('allow', 'warn', 'refuse'));
+
+-- ---------------------------------------------------------------------------
+-- Tables.  Only the extension's functions write them (SECURITY DEFINER);
+-- nobody else has INSERT, UPDATE or DELETE.  No table CHECK constraints:
+-- every statement that writes a table reads its CHECKs back from their
+-- stored form, which costs more than the write; the only writer is the
+-- extension's C code.  The columns are in the order an update from an
+-- earlier version leaves them (SELECT * shows that order).
+-- ---------------------------------------------------------------------------
+
+CREATE TABLE durable_ledger.runs (
+    run                     text PRIMARY KEY,
+    epochs                  bigint NOT NULL,
+    lock_key                bigint NOT NULL,
+    holder_pid              integer NOT NULL,
+    holder_role             text NOT NULL,
+    holder_application_name text,
+    holder_client_addr      inet,
+    acquired_at             timestamptz NOT NULL,
+    released_at             timestamptz,
+    created_at              timestamptz NOT NULL,
+    lease_kind              durable_ledger.lease_kind NOT NULL DEFAULT 'session',
+    abandoned_at            timestamptz,
+    abandoned_by            text,
+    abandon_note            text,
+    forked_from             text,
+    forked_up_to            text
+);
+CREATE INDEX runs_lock_key_idx ON durable_ledger.runs (lock_key);
+COMMENT ON TABLE durable_ledger.runs IS
+    'one row per run: its lease epochs (attempts), who holds or last held its lease, and whether a person abandoned it or it was forked';
+COMMENT ON COLUMN durable_ledger.runs.run IS
+    'the run''s name, as its callers give it';
+COMMENT ON COLUMN durable_ledger.runs.epochs IS
+    'how many lease epochs (attempts) the run has had: the number of the current one';
+COMMENT ON COLUMN durable_ledger.runs.lock_key IS
+    'a 64-bit hash of run, the key of its session lease''s advisory lock: (classid << 32) | objid in pg_locks, lock_key in lease_locks';
+COMMENT ON COLUMN durable_ledger.runs.holder_pid IS
+    'the backend that took the current (or last) epoch''s lease';
+COMMENT ON COLUMN durable_ledger.runs.holder_role IS
+    'the role that took it, as after SET ROLE';
+COMMENT ON COLUMN durable_ledger.runs.holder_application_name IS
+    'the application_name of the session that took it';
+COMMENT ON COLUMN durable_ledger.runs.holder_client_addr IS
+    'the client address of the session that took it; NULL for a Unix socket';
+COMMENT ON COLUMN durable_ledger.runs.acquired_at IS
+    'when the current epoch began';
+COMMENT ON COLUMN durable_ledger.runs.released_at IS
+    'when the current epoch''s lease was released; NULL while it was not (its holder may still hold it, or have died)';
+COMMENT ON COLUMN durable_ledger.runs.created_at IS
+    'when the ledger first recorded the run';
+COMMENT ON COLUMN durable_ledger.runs.lease_kind IS
+    'session or token: the kind of lease that holds the current epoch';
+COMMENT ON COLUMN durable_ledger.runs.abandoned_at IS
+    'when a person abandoned the run (abandon_run): no further begin_effect, acquire_run or take_lease; NULL: not abandoned';
+COMMENT ON COLUMN durable_ledger.runs.abandoned_by IS
+    'who abandoned it, as named to abandon_run';
+COMMENT ON COLUMN durable_ledger.runs.abandon_note IS
+    'abandon_run''s note';
+COMMENT ON COLUMN durable_ledger.runs.forked_from IS
+    'a forked run''s source run (fork_run); NULL for a run that was not forked';
+COMMENT ON COLUMN durable_ledger.runs.forked_up_to IS
+    'the last effect of the source run that the fork carries';
+
+CREATE TABLE durable_ledger.effects (
+    key             text PRIMARY KEY,
+    run             text NOT NULL,
+    tool            text NOT NULL,
+    args            jsonb NOT NULL,
+    business_key    boolean NOT NULL,
+    occurrence      integer,
+    attempt         integer NOT NULL,
+    status          durable_ledger.effect_state NOT NULL,
+    result          jsonb,
+    error           jsonb,
+    meta            jsonb,
+    lease_epoch     bigint NOT NULL,
+    holder_pid      integer NOT NULL,
+    created_at      timestamptz NOT NULL,
+    completed_at    timestamptz,
+    resolved_by     text,
+    resolution_note text,
+    conflict        boolean NOT NULL DEFAULT false,
+    forked_from     text,
+    safe_to_redo    boolean NOT NULL DEFAULT false
+) WITH (fillfactor = 85);   -- room for the HOT update that completes an effect
+-- the effects of a run by tool: the earlier effects a later attempt of the run
+-- is compared with (divergence), counted once per attempt and tool
+CREATE INDEX effects_tool_run_idx ON durable_ledger.effects (tool, run);
+COMMENT ON TABLE durable_ledger.effects IS
+    'one row per idempotency key: the intent of a side effect (or of a recorded call), recorded before it happens, its current attempt and its outcome';
+COMMENT ON COLUMN durable_ledger.effects.key IS
+    'the idempotency key: derived from run, tool, args and occurrence (64 hexadecimal digits), or the business key itself';
+COMMENT ON COLUMN durable_ledger.effects.run IS
+    'the run whose lease started the current attempt';
+COMMENT ON COLUMN durable_ledger.effects.tool IS
+    'the tool called';
+COMMENT ON COLUMN durable_ledger.effects.args IS
+    'the call''s arguments, as given';
+COMMENT ON COLUMN durable_ledger.effects.business_key IS
+    'true: key is a business key, one operation across all runs; false: a key derived from the call';
+COMMENT ON COLUMN durable_ledger.effects.occurrence IS
+    'which identical call of its lease epoch it was (1, 2, ...); NULL for a business key';
+COMMENT ON COLUMN durable_ledger.effects.attempt IS
+    'the current attempt: 1, or n+1 after n failures of a business key or n attempts of a recorded call lost with their lease';
+COMMENT ON COLUMN durable_ledger.effects.status IS
+    'started, completed, failed or unknown (effect_status shows a started effect whose lease has ended as unknown)';
+COMMENT ON COLUMN durable_ledger.effects.result IS
+    'what a completed effect returned';
+COMMENT ON COLUMN durable_ledger.effects.error IS
+    'why a failed effect did not happen';
+COMMENT ON COLUMN durable_ledger.effects.meta IS
+    'the caller''s meta of the current attempt, as given to begin_effect or begin_recorded';
+COMMENT ON COLUMN durable_ledger.effects.lease_epoch IS
+    'the lease epoch of run that started the current attempt';
+COMMENT ON COLUMN durable_ledger.effects.holder_pid IS
+    'the backend that started the current attempt';
+COMMENT ON COLUMN durable_ledger.effects.created_at IS
+    'when the current attempt began';
+COMMENT ON COLUMN durable_ledger.effects.completed_at IS
+    'when its outcome was reported or resolved; NULL while it has none';
+COMMENT ON COLUMN durable_ledger.effects.resolved_by IS
+    'who decided the outcome (resolve_effect); NULL unless a person did';
+COMMENT ON COLUMN durable_ledger.effects.resolution_note IS
+    'resolve_effect''s note';
+COMMENT ON COLUMN durable_ledger.effects.conflict IS
+    'true while a report that contradicts the recorded outcome, or names no attempt where that is ambiguous, waits for a person (resolve_effect clears it)';
+COMMENT ON COLUMN durable_ledger.effects.forked_from IS
+    'in a forked run: the effect of the source run it carries';
+COMMENT ON COLUMN durable_ledger.effects.safe_to_redo IS
+    'begun by begin_recorded: a call safe to make again, executed again when its lease ended without a report';
+
+-- The effects that are not settled (started, unknown, or flagged by a
+-- contradicting report), by when their attempt began and their key, kept by
+-- the ledger's own writes in the transaction that changes the effect: the
+-- unresolved view and the metrics read these few rows instead of every
+-- effect (docs/design.md).  (A partial index on effects would list them too,
+-- but its predicate is the status a completion changes, which would make
+-- every completion a non-HOT update of every index.)  A row whose effect was
+-- deleted by hand matches no effect and is ignored.
+CREATE TABLE durable_ledger.unsettled (
+    created_at timestamptz,             -- the effect's: new rows go to the index's right edge
+    key        text,
+    PRIMARY KEY (created_at, key)
+);
+COMMENT ON TABLE durable_ledger.unsettled IS
+    'the effects that may wait for a person: started (but recorded calls), unknown or flagged; kept by the ledger''s own writes, read by unresolved and metrics';
+COMMENT ON COLUMN durable_ledger.unsettled.created_at IS
+    'the effect''s created_at: when its current attempt began';
+COMMENT ON COLUMN durable_ledger.unsettled.key IS
+    'the effect''s key';
+
+CREATE TABLE durable_ledger.past_attempts (
+    key             text NOT NULL,
+    attempt         integer NOT NULL,
+    run             text NOT NULL,
+    lease_epoch     bigint NOT NULL,
+    holder_pid      integer NOT NULL,
+    status          durable_ledger.effect_state NOT NULL,
+    error           jsonb,
+    meta            jsonb,
+    created_at      timestamptz NOT NULL,
+    completed_at    timestamptz,
+    resolved_by     text,
+    resolution_note text,
+    replaced_at     timestamptz NOT NULL,
+    PRIMARY KEY (key, attempt)
+);
+COMMENT ON TABLE durable_ledger.past_attempts IS
+    'the attempts that a later attempt replaced: a business key''s failed ones, a recorded call''s lost with their lease (unknown); what a late report on an earlier attempt is judged against';
+COMMENT ON COLUMN durable_ledger.past_attempts.key IS
+    'the effect''s key';
+COMMENT ON COLUMN durable_ledger.past_attempts.attempt IS
+    'which attempt of the effect this was';
+COMMENT ON COLUMN durable_ledger.past_attempts.run IS
+    'the run whose lease started this attempt';
+COMMENT ON COLUMN durable_ledger.past_attempts.lease_epoch IS
+    'the lease epoch of run that started it';
+COMMENT ON COLUMN durable_ledger.past_attempts.holder_pid IS
+    'the backend that started it';
+COMMENT ON COLUMN durable_ledger.past_attempts.status IS
+    'its status when it was replaced: failed (a business key), or unknown (a recorded call)';
+COMMENT ON COLUMN durable_ledger.past_attempts.error IS
+    'why it failed';
+COMMENT ON COLUMN durable_ledger.past_attempts.meta IS
+    'the caller''s meta of this attempt';
+COMMENT ON COLUMN durable_ledger.past_attempts.created_at IS
+    'when this attempt began';
+COMMENT ON COLUMN durable_ledger.past_attempts.completed_at IS
+    'when its outcome was reported or resolved';
+COMMENT ON COLUMN durable_ledger.past_attempts.resolved_by IS
+    'who decided its outcome (resolve_effect); NULL unless a person did';
+COMMENT ON COLUMN durable_ledger.past_attempts.resolution_note IS
+    'resolve_effect''s note';
+COMMENT ON COLUMN durable_ledger.past_attempts.replaced_at IS
+    'when the next attempt started';
+
+-- Append-only: one row per event.
+CREATE SEQUENCE durable_ledger.audit_log_id_seq;
+COMMENT ON SEQUENCE durable_ledger.audit_log_id_seq IS
+    'the ids of the audit log''s rows';
+CREATE TABLE durable_ledger.audit_log (
+    id                bigint PRIMARY KEY DEFAULT pg_catalog.nextval('durable_ledger.audit_log_id_seq'),
+    logged_at         timestamptz NOT NULL,
+    run               text,
+    key               text,
+    event             durable_ledger.audit_event NOT NULL,
+    detail            jsonb,
+    role_name         text NOT NULL,
+    session_user_name text NOT NULL,
+    application_name  text,
+    client_addr       inet,
+    backend_pid       integer NOT NULL,
+    lease_epoch       bigint,
+    attempt           integer,
+    chain             bigint,
+    chain_seq         bigint,
+    row_hash          bytea
+);
+ALTER SEQUENCE durable_ledger.audit_log_id_seq OWNED BY durable_ledger.audit_log.id;
+CREATE INDEX audit_log_key_idx ON durable_ledger.audit_log (key);
+CREATE INDEX audit_log_run_idx ON durable_ledger.audit_log (run);
+-- The auditor's questions (docs/auditing.md), each by an index: rows by time
+-- (BRIN: the log is appended in time order, so a summary per range of pages
+-- costs almost nothing to keep), and the events asked for by kind -- the
+-- decisions people made, and replays -- by kind and time.  One partial index
+-- for both: every audit row is tested against each partial index's
+-- predicate, compiled anew for each write (bench/README.md, "Auditing at
+-- scale").
+CREATE INDEX audit_log_logged_at_idx ON durable_ledger.audit_log USING brin (logged_at);
+CREATE INDEX audit_log_events_idx ON durable_ledger.audit_log (event, logged_at)
+    WHERE event IN ('resolved', 'lease_broken', 'divergence_resolved', 'run_abandoned',
+                    'run_forked', 'tool_registered', 'tool_changed', 'tool_retired',
+                    'policy_changed', 'purged', 'audit_purged', 'replay');
+COMMENT ON TABLE durable_ledger.audit_log IS
+    'append-only, one row per event, each linked into a hash chain (verify_audit); UPDATE, DELETE and TRUNCATE are refused, for its owner too: only purge_audit deletes';
+COMMENT ON COLUMN durable_ledger.audit_log.id IS
+    'the row''s number, from audit_log_id_seq';
+COMMENT ON COLUMN durable_ledger.audit_log.logged_at IS
+    'when the event was logged';
+COMMENT ON COLUMN durable_ledger.audit_log.run IS
+    'the run the event concerns; NULL for an event of no run (the tools registry, the policy, a purge''s summary)';
+COMMENT ON COLUMN durable_ledger.audit_log.key IS
+    'the effect (or drifted call) the event concerns';
+COMMENT ON COLUMN durable_ledger.audit_log.event IS
+    'what happened (the audit_event domain lists the kinds; docs/reference.md says what each means)';
+COMMENT ON COLUMN durable_ledger.audit_log.detail IS
+    'what the event says besides, as JSON: a report''s result or error, a decision''s reason, a person''s name and note, the previous outcome';
+COMMENT ON COLUMN durable_ledger.audit_log.role_name IS
+    'the calling role, as after SET ROLE';
+COMMENT ON COLUMN durable_ledger.audit_log.session_user_name IS
+    'the session user';
+COMMENT ON COLUMN durable_ledger.audit_log.application_name IS
+    'the session''s application_name';
+COMMENT ON COLUMN durable_ledger.audit_log.client_addr IS
+    'the session''s client address; NULL for a Unix socket';
+COMMENT ON COLUMN durable_ledger.audit_log.backend_pid IS
+    'the backend that logged it';
+COMMENT ON COLUMN durable_ledger.audit_log.lease_epoch IS
+    'the lease epoch of run the event happened in';
+COMMENT ON COLUMN durable_ledger.audit_log.attempt IS
+    'the attempt of key the event concerns; NULL for lease events and for a report that could not be matched to an attempt';
+COMMENT ON COLUMN durable_ledger.audit_log.chain IS
+    'the hash chain the row is linked into: its writing backend''s (audit_chain_seq), or 0 for the rows written before chains began (by 1.0 and 1.1), chained by the update to 1.3';
+COMMENT ON COLUMN durable_ledger.audit_log.chain_seq IS
+    'the row''s place in its chain: 1, 2, 3, ...';
+COMMENT ON COLUMN durable_ledger.audit_log.row_hash IS
+    'sha256 of the previous row''s row_hash (after a purge, the chain''s anchor''s; 32 zero bytes before a chain''s first row) followed by audit_row_content(row)';
+
+CREATE SEQUENCE durable_ledger.audit_chain_seq;
+COMMENT ON SEQUENCE durable_ledger.audit_chain_seq IS
+    'the audit log''s hash chains: a backend takes the next one for the rows it writes';
+
+-- Where purge_audit cut each chain: the last row it removed, which the next links to.
+CREATE TABLE durable_ledger.audit_anchors (
+    chain      bigint PRIMARY KEY,
+    chain_seq  bigint NOT NULL,
+    row_hash   bytea NOT NULL,
+    purged_at  timestamptz NOT NULL,
+    purged_by  text NOT NULL
+);
+COMMENT ON TABLE durable_ledger.audit_anchors IS
+    'where purge_audit last cut each hash chain: the last row it removed, which the chain''s first remaining row links to';
+COMMENT ON COLUMN durable_ledger.audit_anchors.chain IS
+    'the chain';
+COMMENT ON COLUMN durable_ledger.audit_anchors.chain_seq IS
+    'the chain_seq of the last row removed';
+COMMENT ON COLUMN durable_ledger.audit_anchors.row_hash IS
+    'that row''s row_hash';
+COMMENT ON COLUMN durable_ledger.audit_anchors.purged_at IS
+    'when purge_audit removed it';
+COMMENT ON COLUMN durable_ledger.audit_anchors.purged_by IS
+    'who purged, as named to purge_audit';
+
+-- Token leases: a lease that is a row, not a session lock, so that a run's
+-- calls may come through a transaction pooler, each in its own transaction
+-- on any backend.
+CREATE TABLE durable_ledger.token_leases (
+    run          text NOT NULL,
+    epoch        bigint NOT NULL,
+    token_sha256 bytea NOT NULL,
+    holder       text,
+    ttl          interval NOT NULL,
+    taken_at     timestamptz NOT NULL,
+    expires_at   timestamptz NOT NULL,
+    released_at  timestamptz,
+    PRIMARY KEY (run, epoch)
+);
+CREATE UNIQUE INDEX token_leases_token_idx ON durable_ledger.token_leases (token_sha256);
+-- the token leases not released, found without reading the released ones
+CREATE INDEX token_leases_unreleased_idx ON durable_ledger.token_leases (expires_at)
+    WHERE released_at IS NULL;
+COMMENT ON TABLE durable_ledger.token_leases IS
+    'one row per token lease: an epoch of a run, held by whoever has the token until it expires (by the server''s clock), is released, or a later epoch supersedes it';
+COMMENT ON COLUMN durable_ledger.token_leases.run IS
+    'the run';
+COMMENT ON COLUMN durable_ledger.token_leases.epoch IS
+    'the run''s lease epoch it holds';
+COMMENT ON COLUMN durable_ledger.token_leases.token_sha256 IS
+    'the SHA-256 of the token; the token itself is never stored';
+COMMENT ON COLUMN durable_ledger.token_leases.holder IS
+    'the caller''s own name for itself, as given to take_lease';
+COMMENT ON COLUMN durable_ledger.token_leases.ttl IS
+    'what renew_lease extends it by, by default';
+COMMENT ON COLUMN durable_ledger.token_leases.taken_at IS
+    'when take_lease took it';
+COMMENT ON COLUMN durable_ledger.token_leases.expires_at IS
+    'when it expires, by the server''s clock (the latest renewal''s); break_lease sets it to the moment of breaking';
+COMMENT ON COLUMN durable_ledger.token_leases.released_at IS
+    'when release_lease ended it; NULL while it was not released';
+
+-- The occurrence counters of token leases' epochs: the calls of one epoch may
+-- run in different backends, so they are counted here, and roll back with
+-- the transaction of the call.
+CREATE TABLE durable_ledger.token_lease_calls (
+    run     text NOT NULL,
+    epoch   bigint NOT NULL,
+    call    bytea NOT NULL,
+    calls   integer NOT NULL,
+    PRIMARY KEY (run, epoch, call)
+);
+COMMENT ON TABLE durable_ledger.token_lease_calls IS
+    'the counters of token leases'' epochs, whose calls may come from any backend: kept here, and rolled back with the transaction of the call';
+COMMENT ON COLUMN durable_ledger.token_lease_calls.run IS
+    'the run';
+COMMENT ON COLUMN durable_ledger.token_lease_calls.epoch IS
+    'the token lease''s epoch';
+COMMENT ON COLUMN durable_ledger.token_lease_calls.call IS
+    'what is counted: SHA-256 of the tool, a zero byte and the canonical args (identical calls), or of the tool, a zero byte and a name that begins with a zero byte (a divergence counter)';
+COMMENT ON COLUMN durable_ledger.token_lease_calls.calls IS
+    'the count so far in the epoch';
+
+-- The tools registry, managed by admins; every change is audited by name.
+CREATE TABLE durable_ledger.tools (
+    tool            text PRIMARY KEY,
+    side_effecting  boolean NOT NULL,
+    divergence      durable_ledger.divergence_policy NOT NULL,
+    key_fields      text[],
+    note            text,
+    registered_by   text NOT NULL,
+    registered_at   timestamptz NOT NULL,
+    changed_by      text,
+    changed_at      timestamptz,
+    retired_by      text,
+    retired_at      timestamptz
+);
+COMMENT ON TABLE durable_ledger.tools IS
+    'the tools registry: what admins declared of each tool (register_tool, change_tool, retire_tool), every change audited';
+COMMENT ON COLUMN durable_ledger.tools.tool IS
+    'the tool''s name, as calls give it';
+COMMENT ON COLUMN durable_ledger.tools.side_effecting IS
+    'true: the tool changes the world; false: a read-only tool, registered for review (begin_recorded may record only such a tool)';
+COMMENT ON COLUMN durable_ledger.tools.divergence IS
+    'pause, warn or off: how a later attempt''s drifted call of the tool is handled';
+COMMENT ON COLUMN durable_ledger.tools.key_fields IS
+    'the fields of args that make a call''s identity (its key and its count); NULL: all of args';
+COMMENT ON COLUMN durable_ledger.tools.note IS
+    'the note last given to register_tool, change_tool or retire_tool';
+COMMENT ON COLUMN durable_ledger.tools.registered_by IS
+    'who registered it';
+COMMENT ON COLUMN durable_ledger.tools.registered_at IS
+    'when it was registered';
+COMMENT ON COLUMN durable_ledger.tools.changed_by IS
+    'who changed it last (change_tool)';
+COMMENT ON COLUMN durable_ledger.tools.changed_at IS
+    'when it was changed last';
+COMMENT ON COLUMN durable_ledger.tools.retired_by IS
+    'who retired it: a retired tool is executed no more; NULL while it is not retired';
+COMMENT ON COLUMN durable_ledger.tools.retired_at IS
+    'when it was retired';
+
+-- What a deployment allows for tools nobody registered.  A row, changed by
+-- admins and audited, not a setting: a setting of a library loaded on first
+-- use can be overridden by a client's startup options.
+CREATE TABLE durable_ledger.policy (
+    singleton               boolean PRIMARY KEY DEFAULT true,   -- one row at most
+    unregistered_tools      durable_ledger.unregistered_tools_policy NOT NULL,
+    changed_by              text NOT NULL,
+    changed_at              timestamptz NOT NULL,
+    note                    text,
+    unregistered_divergence durable_ledger.divergence_policy NOT NULL DEFAULT 'pause'
+);
+COMMENT ON TABLE durable_ledger.policy IS
+    'what a deployment allows for tools nobody registered: at most one row, changed by admins with set_unregistered_tools and set_unregistered_divergence and audited; no row: allow and pause';
+COMMENT ON COLUMN durable_ledger.policy.singleton IS
+    'always true: the table has one row at most';
+COMMENT ON COLUMN durable_ledger.policy.unregistered_tools IS
+    'allow, warn or refuse: whether a tool nobody registered may execute';
+COMMENT ON COLUMN durable_ledger.policy.changed_by IS
+    'who made the latest change of either setting';
+COMMENT ON COLUMN durable_ledger.policy.changed_at IS
+    'when';
+COMMENT ON COLUMN durable_ledger.policy.note IS
+    'the note of the latest change';
+COMMENT ON COLUMN durable_ledger.policy.unregistered_divergence IS
+    'pause, warn or off: how a later attempt''s drifted call of a tool nobody registered is handled';
+
+-- Divergence: a later attempt's call that its run's earlier attempts did not
+-- make, while they made calls of the same tool that it has not replayed yet.
+CREATE TABLE durable_ledger.divergences (
+    key             text PRIMARY KEY,
+    run             text NOT NULL,
+    lease_epoch     bigint NOT NULL,
+    tool            text NOT NULL,
+    args            jsonb NOT NULL,
+    occurrence      integer NOT NULL,
+    candidate_key   text NOT NULL,
+    detected_at     timestamptz NOT NULL,
+    verdict         durable_ledger.divergence_verdict,
+    same_as         text,
+    resolved_by     text,
+    resolved_at     timestamptz,
+    resolution_note text
+);
+-- a call asks first whether its run has any divergence at all (then remembers it)
+CREATE INDEX divergences_run_idx ON durable_ledger.divergences (run);
+-- the divergences that wait for a verdict, found without reading the decided ones
+CREATE INDEX divergences_waiting_idx ON durable_ledger.divergences (detected_at)
+    WHERE verdict IS NULL;
+COMMENT ON TABLE durable_ledger.divergences IS
+    'drifted calls paused for a person: a later attempt''s call that the run''s earlier attempts did not make, while an earlier effect of the tool was not replayed yet';
+COMMENT ON COLUMN durable_ledger.divergences.key IS
+    'the drifted call''s derived key; no effect has it until a verdict of distinct lets the call execute';
+COMMENT ON COLUMN durable_ledger.divergences.run IS
+    'the run';
+COMMENT ON COLUMN durable_ledger.divergences.lease_epoch IS
+    'the attempt (lease epoch) that made the call';
+COMMENT ON COLUMN durable_ledger.divergences.tool IS
+    'the tool called';
+COMMENT ON COLUMN durable_ledger.divergences.args IS
+    'the call''s arguments, as given';
+COMMENT ON COLUMN durable_ledger.divergences.occurrence IS
+    'which identical call of its lease epoch it was';
+COMMENT ON COLUMN durable_ledger.divergences.candidate_key IS
+    'the earlier effect it may duplicate';
+COMMENT ON COLUMN durable_ledger.divergences.detected_at IS
+    'when the call was paused';
+COMMENT ON COLUMN durable_ledger.divergences.verdict IS
+    'same or distinct; NULL until a person decides (resolve_divergence)';
+COMMENT ON COLUMN durable_ledger.divergences.same_as IS
+    'with same: the effect whose outcome the call replays';
+COMMENT ON COLUMN durable_ledger.divergences.resolved_by IS
+    'who gave the verdict';
+COMMENT ON COLUMN durable_ledger.divergences.resolved_at IS
+    'when';
+COMMENT ON COLUMN durable_ledger.divergences.resolution_note IS
+    'resolve_divergence''s note';
+
+-- pg_dump keeps the ledger's rows (and the sequences' positions).
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.runs', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.effects', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.unsettled', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.past_attempts', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.audit_log_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.audit_log', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.audit_chain_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.audit_anchors', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.token_leases', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.token_lease_calls', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.tools', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.policy', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.divergences', '');
+
+-- ---------------------------------------------------------------------------
+-- The audit log is append-only, and its rows are chained (src/audit_chain.c;
+-- docs/auditing.md, "Verifying the audit log").
+-- ---------------------------------------------------------------------------
+
+-- The append-only trigger, in C: only purge_audit's own deletes pass.
+CREATE FUNCTION durable_ledger.refuse_audit_log_change() RETURNS trigger
+AS 'MODULE_PATHNAME', 'dl_refuse_audit_log_change_1_2'
+LANGUAGE C;
+COMMENT ON FUNCTION durable_ledger.refuse_audit_log_change() IS
+    'trigger: refuses UPDATE, DELETE and TRUNCATE on durable_ledger.audit_log, for its owner too; only purge_audit deletes';
+
+CREATE TRIGGER audit_log_append_only
+    BEFORE UPDATE OR DELETE OR TRUNCATE ON durable_ledger.audit_log
+    FOR EACH STATEMENT EXECUTE FUNCTION durable_ledger.refuse_audit_log_change();
+
+-- What an audit row's hash covers: every column, as UTF-8 text.
+CREATE FUNCTION durable_ledger.audit_row_content(a durable_ledger.audit_log)
+RETURNS bytea
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+SELECT pg_catalog.convert_to(pg_catalog.jsonb_build_array(
+           a.id, a.chain, a.chain_seq,
+           (pg_catalog.extract('epoch', a.logged_at) OPERATOR(pg_catalog.*) 1000000)::bigint,
+           a.run, a.key, a.event, a.detail, a.role_name, a.session_user_name,
+           a.application_name, a.client_addr::text, a.backend_pid,
+           a.lease_epoch, a.attempt)::text, pg_catalog.getdatabaseencoding())
+$fn$;
+COMMENT ON FUNCTION durable_ledger.audit_row_content(durable_ledger.audit_log) IS
+    'the bytes an audit row''s row_hash covers after the previous row''s hash: the text of jsonb_build_array(id, chain, chain_seq, logged_at in microseconds since 1970, run, key, event, detail, role_name, session_user_name, application_name, client_addr::text, backend_pid, lease_epoch, attempt) in the database''s encoding';
+
+-- The newest row of every chain: what an auditor keeps outside the database.
+CREATE VIEW durable_ledger.audit_heads AS
+SELECT DISTINCT ON (a.chain) a.chain, a.chain_seq, a.id, a.logged_at,
+       pg_catalog.encode(a.row_hash, 'hex') AS row_hash
+  FROM durable_ledger.audit_log a
+ WHERE a.chain IS NOT NULL
+ ORDER BY a.chain, a.chain_seq DESC;
+COMMENT ON VIEW durable_ledger.audit_heads IS
+    'the newest row of every audit chain; kept outside the database, it makes the deletion of newer rows detectable (verify_audit(heads))';
+COMMENT ON COLUMN durable_ledger.audit_heads.chain IS
+    'the chain';
+COMMENT ON COLUMN durable_ledger.audit_heads.chain_seq IS
+    'the chain_seq of its newest row';
+COMMENT ON COLUMN durable_ledger.audit_heads.id IS
+    'that row''s id';
+COMMENT ON COLUMN durable_ledger.audit_heads.logged_at IS
+    'when that row was logged';
+COMMENT ON COLUMN durable_ledger.audit_heads.row_hash IS
+    'that row''s row_hash, in hexadecimal';
+
+-- Recomputes every chain; one row per chain whose first broken link it names,
+-- and one per kept head that is gone or changed.
+CREATE FUNCTION durable_ledger.verify_audit(heads jsonb DEFAULT NULL)
+RETURNS TABLE (chain bigint, chain_seq bigint, id bigint, problem text)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+WITH anchors AS (
+    -- an anchor counts only if a purge's own (chained) audit row recorded that cut
+    SELECT x.chain, x.chain_seq, x.row_hash,
+           EXISTS (SELECT FROM durable_ledger.audit_log p
+                    WHERE p.event OPERATOR(pg_catalog.=) 'audit_purged'
+                      AND (p.detail OPERATOR(pg_catalog.->) 'cuts') OPERATOR(pg_catalog.@>)
+                          pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
+                              'chain', x.chain, 'chain_seq', x.chain_seq,
+                              'row_hash', pg_catalog.encode(x.row_hash, 'hex')))) AS recorded
+      FROM durable_ledger.audit_anchors x
+), linked AS (
+    -- the first row left of a chain links to the chain's anchor, if purge_audit removed rows before it
+    SELECT a.chain, a.chain_seq, a.id, a.row_hash,
+           COALESCE(pg_catalog.lag(a.chain_seq) OVER w, x.chain_seq) AS previous_seq,
+           COALESCE(pg_catalog.lag(a.row_hash) OVER w, x.row_hash) AS previous_hash,
+           durable_ledger.audit_row_content(a) AS content
+      FROM durable_ledger.audit_log a
+      LEFT JOIN anchors x ON x.chain OPERATOR(pg_catalog.=) a.chain AND x.recorded
+     WHERE a.chain IS NOT NULL
+    WINDOW w AS (PARTITION BY a.chain ORDER BY a.chain_seq, a.id)
+), broken AS (
+    SELECT DISTINCT ON (l.chain) l.chain, l.chain_seq, l.id,
+           CASE WHEN l.chain_seq IS DISTINCT FROM
+                     (COALESCE(l.previous_seq, 0) OPERATOR(pg_catalog.+) 1)
+                THEN pg_catalog.format('chain_seq %s follows %s: rows are missing or added',
+                                       l.chain_seq, COALESCE(l.previous_seq, 0))
+                ELSE 'row_hash does not match the row and the previous row''s hash: the row (or the one before it) was changed'
+           END AS problem
+      FROM linked l
+     WHERE l.chain_seq IS DISTINCT FROM (COALESCE(l.previous_seq, 0) OPERATOR(pg_catalog.+) 1)
+        OR l.row_hash IS DISTINCT FROM pg_catalog.sha256(
+               COALESCE(l.previous_hash, pg_catalog.decode(pg_catalog.repeat('00', 32), 'hex'))
+               OPERATOR(pg_catalog.||) l.content)
+     ORDER BY l.chain, l.chain_seq, l.id
+)
+SELECT b.chain, b.chain_seq, b.id, b.problem FROM broken b
+UNION ALL
+SELECT x.chain, x.chain_seq, NULL::bigint,
+       'an anchor no purge_audit recorded: rows before it were deleted and hidden'
+  FROM anchors x WHERE NOT x.recorded
+UNION ALL
+-- a chain the sequence never issued (chain 0 is the history from before chains)
+SELECT DISTINCT ON (a.chain) a.chain, a.chain_seq, a.id,
+       'no backend was given this chain: the row was added by hand'
+  FROM durable_ledger.audit_log a
+ WHERE a.chain OPERATOR(pg_catalog.>) (SELECT s.last_value FROM durable_ledger.audit_chain_seq s)
+    OR a.chain OPERATOR(pg_catalog.<) 0
+UNION ALL
+-- a row of the history from before chains (chain 0) that is not history: an
+-- id the sequence did not give, or out of the order of ids, or newer (by id
+-- or by time) than the first chained row
+SELECT DISTINCT ON (h.chain) h.chain, h.chain_seq, h.id,
+       'a row of the history from before chains (chain 0) that is out of order or newer than a chained row: added by hand'
+  FROM (SELECT a.chain, a.chain_seq, a.id, a.logged_at,
+               pg_catalog.lag(a.id) OVER (ORDER BY a.chain_seq, a.id) AS previous_id
+          FROM durable_ledger.audit_log a WHERE a.chain OPERATOR(pg_catalog.=) 0) h
+ WHERE h.id OPERATOR(pg_catalog.<) 1
+    OR h.id OPERATOR(pg_catalog.<=) h.previous_id
+    OR h.id OPERATOR(pg_catalog.>) (SELECT pg_catalog.min(c.id) FROM durable_ledger.audit_log c
+                                     WHERE c.chain OPERATOR(pg_catalog.>) 0)
+    OR h.logged_at OPERATOR(pg_catalog.>) (SELECT c.logged_at FROM durable_ledger.audit_log c
+                                            WHERE c.chain OPERATOR(pg_catalog.>) 0
+                                            ORDER BY c.id LIMIT 1)
+UNION ALL
+-- a row without a chain, wherever its id falls: since 1.3 every row has one
+-- (the rows written before chains began were chained as chain 0 by the update)
+SELECT NULL::bigint, NULL::bigint, a.id,
+       'an audit row without a chain: added by hand, or by a worker still running an earlier version''s library'
+  FROM durable_ledger.audit_log a
+ WHERE a.chain IS NULL
+UNION ALL
+SELECT h.chain, h.chain_seq, NULL::bigint,
+       'a kept head is gone or changed: rows were deleted or rewritten'
+  FROM pg_catalog.jsonb_to_recordset(COALESCE(verify_audit.heads, '[]'))
+       AS h(chain bigint, chain_seq bigint, row_hash text)
+ WHERE NOT EXISTS (SELECT FROM durable_ledger.audit_log a
+                    WHERE a.chain OPERATOR(pg_catalog.=) h.chain
+                      AND a.chain_seq OPERATOR(pg_catalog.=) h.chain_seq
+                      AND pg_catalog.encode(a.row_hash, 'hex') OPERATOR(pg_catalog.=) h.row_hash)
+   -- a head purge_audit removed: the anchor is that row, or one after it
+   AND NOT EXISTS (SELECT FROM anchors x
+                    WHERE x.chain OPERATOR(pg_catalog.=) h.chain AND x.recorded
+                      AND (x.chain_seq OPERATOR(pg_catalog.>) h.chain_seq
+                           OR (x.chain_seq OPERATOR(pg_catalog.=) h.chain_seq
+                               AND pg_catalog.encode(x.row_hash, 'hex') OPERATOR(pg_catalog.=) h.row_hash)))
+ ORDER BY 1, 2
+$fn$;
+COMMENT ON FUNCTION durable_ledger.verify_audit(jsonb) IS
+    'recomputes the audit log''s hash chains (chain 0: the rows written before chains began, chained at the update to 1.3): the first broken link of each chain, chains no backend was given, rows without a chain, and every kept head (audit_heads rows as a JSON array) that is gone or changed; no rows: nothing was found';
+
+-- ---------------------------------------------------------------------------
+-- Leases and what waits for a person, for people (docs/reference.md,
+-- "Reading the ledger").
+-- ---------------------------------------------------------------------------
+
+-- The session leases held in this database: session-level advisory locks in
+-- the extension's own lock class, the only place SQL names it (the C code's
+-- DL_LOCK_CLASS, src/common.h).  Their mode is ExclusiveLock (take_lease's
+-- transaction holds a ShareLock there, which is no lease).
+CREATE VIEW durable_ledger.lease_locks AS
+SELECT l.pid,
+       (l.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+       OPERATOR(pg_catalog.|) l.objid::pg_catalog.int8 AS lock_key
+  FROM pg_catalog.pg_locks l
+ WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+   AND l.objsubid OPERATOR(pg_catalog.=) 17484
+   AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
+   AND l.granted
+   AND l.database OPERATOR(pg_catalog.=)
+       (SELECT d.oid FROM pg_catalog.pg_database d
+         WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database());
+COMMENT ON VIEW durable_ledger.lease_locks IS
+    'the session leases held in this database: granted ExclusiveLock advisory locks of the extension''s lock class (pg_locks.objsubid 17484), one per run held; what leases, unresolved and metrics read';
+COMMENT ON COLUMN durable_ledger.lease_locks.pid IS
+    'the backend that holds the lease';
+COMMENT ON COLUMN durable_ledger.lease_locks.lock_key IS
+    'the lock''s key, (classid << 32) | objid: runs.lock_key of the run it holds';
+
+-- The activity of the backends that hold leases in this database, for readers
+-- who may not see other roles' sessions in pg_stat_activity (auditors):
+-- state, application and client address of lease holders only, never their
+-- queries.
+CREATE FUNCTION durable_ledger.lease_holder_activity()
+RETURNS TABLE (pid integer, application_name text, client_addr inet, backend_state text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT a.pid, a.application_name, a.client_addr, a.state
+      FROM pg_catalog.pg_stat_activity a
+     WHERE a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+       AND a.pid OPERATOR(pg_catalog.=) ANY (SELECT l.pid FROM durable_ledger.lease_locks l)
+$fn$;
+COMMENT ON FUNCTION durable_ledger.lease_holder_activity() IS
+    'state, application and client address of the backends that hold leases (for the leases view)';
+
+-- Live leases of both kinds.  Session leases: lease_locks, matched to their
+-- run by the lock key (a lock whose acquiring transaction rolled back is live
+-- but has no epoch: lease_epoch and since are then NULL, and so is run if the
+-- run was never recorded).  Token leases: the rows not expired, released or
+-- superseded, judged by the server's clock.  On a hot standby, which never
+-- holds the primary's locks, a session lease's liveness cannot be judged: the
+-- view lists the session epochs that were taken and not released, with
+-- liveness 'not judged on a standby', and so does it list the token leases
+-- not released (its copy may lag behind a renewal).
+CREATE VIEW durable_ledger.leases AS
+SELECT r.run,
+       l.pid                                                 AS holder_pid,
+       CASE WHEN current_epoch THEN r.epochs END             AS lease_epoch,
+       CASE WHEN current_epoch THEN r.holder_role END        AS holder_role,
+       COALESCE(a.application_name, CASE WHEN current_epoch THEN r.holder_application_name END)
+                                                             AS application_name,
+       COALESCE(a.client_addr, CASE WHEN current_epoch THEN r.holder_client_addr END)
+                                                             AS client_addr,
+       CASE WHEN current_epoch THEN r.acquired_at END        AS since,
+       a.backend_state,
+       l.lock_key,
+       'live'::text                                          AS liveness,
+       'session'::text                                       AS kind,
+       NULL::text                                            AS holder,
+       NULL::timestamptz                                     AS expires_at
+  FROM durable_ledger.lease_locks l
+  LEFT JOIN durable_ledger.runs r ON r.lock_key OPERATOR(pg_catalog.=) l.lock_key
+ CROSS JOIN LATERAL (SELECT r.holder_pid OPERATOR(pg_catalog.=) l.pid
+                            AND r.released_at IS NULL
+                            AND r.lease_kind OPERATOR(pg_catalog.=) 'session' AS current_epoch) c
+  LEFT JOIN durable_ledger.lease_holder_activity() a ON a.pid OPERATOR(pg_catalog.=) l.pid
+UNION ALL
+SELECT t.run, NULL, t.epoch, r.holder_role, r.holder_application_name, r.holder_client_addr,
+       t.taken_at, NULL, r.lock_key,
+       CASE WHEN pg_catalog.pg_is_in_recovery() THEN 'not judged on a standby' ELSE 'live' END,
+       'token', t.holder, t.expires_at
+  FROM durable_ledger.token_leases t
+  JOIN durable_ledger.runs r
+    ON r.run OPERATOR(pg_catalog.=) t.run AND r.epochs OPERATOR(pg_catalog.=) t.epoch
+ WHERE t.released_at IS NULL
+   AND (pg_catalog.pg_is_in_recovery()
+        OR t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
+UNION ALL
+SELECT r.run, r.holder_pid, r.epochs, r.holder_role, r.holder_application_name,
+       r.holder_client_addr, r.acquired_at, NULL, r.lock_key,
+       'not judged on a standby', 'session', NULL, NULL
+  FROM durable_ledger.runs r
+ WHERE (SELECT pg_catalog.pg_is_in_recovery())   -- once, not per row: on a primary, no scan
+   AND r.released_at IS NULL
+   AND r.lease_kind OPERATOR(pg_catalog.=) 'session';
+COMMENT ON VIEW durable_ledger.leases IS
+    'live leases of both kinds: session leases (lease_locks, matched to their run) and token leases not expired, released or superseded (by the server''s clock); on a hot standby, the epochs taken and not released, not judged';
+COMMENT ON COLUMN durable_ledger.leases.run IS
+    'the run held; NULL for a session lock whose run was never recorded (its acquiring transaction rolled back)';
+COMMENT ON COLUMN durable_ledger.leases.holder_pid IS
+    'the backend that holds a session lease; NULL for a token lease';
+COMMENT ON COLUMN durable_ledger.leases.lease_epoch IS
+    'the epoch it holds; NULL for a session lock whose acquiring transaction rolled back';
+COMMENT ON COLUMN durable_ledger.leases.holder_role IS
+    'the role that took it, as after SET ROLE';
+COMMENT ON COLUMN durable_ledger.leases.application_name IS
+    'the holder''s application_name (a token lease''s: of the session that took it)';
+COMMENT ON COLUMN durable_ledger.leases.client_addr IS
+    'the holder''s client address (a token lease''s: of the session that took it)';
+COMMENT ON COLUMN durable_ledger.leases.since IS
+    'when its epoch began';
+COMMENT ON COLUMN durable_ledger.leases.backend_state IS
+    'the state of a session lease''s backend, from pg_stat_activity; NULL for a token lease';
+COMMENT ON COLUMN durable_ledger.leases.lock_key IS
+    'the run''s lock key (runs.lock_key)';
+COMMENT ON COLUMN durable_ledger.leases.liveness IS
+    'live, or not judged on a standby';
+COMMENT ON COLUMN durable_ledger.leases.kind IS
+    'session or token';
+COMMENT ON COLUMN durable_ledger.leases.holder IS
+    'a token lease''s holder, as given to take_lease';
+COMMENT ON COLUMN durable_ledger.leases.expires_at IS
+    'when a token lease expires, by the server''s clock';
+
+-- Effects that need a person: outcome unknown (recorded, or a started effect
+-- whose lease is no longer live), or flagged by a contradicting report.  A
+-- started effect is shown unknown only when its lease has ended (a flagged
+-- one may still be in flight).  Liveness is the question the C functions ask
+-- (src/liveness.c): the effect's epoch is the run's current one, not
+-- released, and either its session lock is held by the backend that took it,
+-- or its token lease has not expired, judged by the server's clock.  On a hot
+-- standby no lease is judged (it cannot see the primary's locks, and its copy
+-- of a token lease may lag behind a renewal): a started effect is listed as
+-- started, with a reason saying so.  Divergences waiting for a person are
+-- listed too (status NULL: no effect was recorded for the drifted call;
+-- may_duplicate names the earlier effect it may be); run_abandoned_at says
+-- when a person abandoned the run.
+CREATE VIEW durable_ledger.unresolved AS
+SELECT e.key,
+       e.run,
+       e.tool,
+       CASE WHEN j.ended THEN 'unknown'
+            ELSE e.status END::durable_ledger.effect_state AS status,
+       e.conflict,
+       CASE
+           WHEN e.conflict THEN
+               'a report was kept for a person: it contradicts the recorded outcome, or names no attempt where that is ambiguous; a person must decide which is true'
+           WHEN j.not_judged THEN
+               'read on a hot standby, which cannot see the primary''s leases: whether this effect is still in flight cannot be judged here; ask the primary'
+           ELSE
+               'intent recorded, no completion, and the lease that started it has ended: nobody knows whether the effect happened'
+       END                                          AS reason,
+       e.created_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) e.created_at AS age,
+       e.args,
+       e.meta,
+       e.business_key,
+       e.occurrence,
+       e.attempt,
+       e.lease_epoch,
+       NULL::text                                   AS may_duplicate,
+       ab.abandoned_at                              AS run_abandoned_at,
+       -- the key the provider was given: a business key's names its attempt
+       CASE WHEN e.business_key THEN pg_catalog.concat(e.key, '#', e.attempt)
+            ELSE e.key END                          AS downstream_key
+  FROM durable_ledger.unsettled u
+  JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) u.key
+                              AND e.created_at OPERATOR(pg_catalog.=) u.created_at
+  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) e.run
+ CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
+  LEFT JOIN LATERAL (
+        SELECT r.lease_kind, r.lock_key, r.holder_pid
+          FROM durable_ledger.runs r
+         WHERE r.run OPERATOR(pg_catalog.=) e.run
+           AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
+           AND r.released_at IS NULL) cur ON e.status OPERATOR(pg_catalog.=) 'started'
+ CROSS JOIN LATERAL (
+        SELECT e.status OPERATOR(pg_catalog.=) 'started' AND s.standby AS not_judged,
+               e.status OPERATOR(pg_catalog.=) 'started' AND CASE
+                   WHEN s.standby THEN false
+                   WHEN cur.lease_kind OPERATOR(pg_catalog.=) 'token' THEN NOT EXISTS (
+                       SELECT 1 FROM durable_ledger.token_leases t
+                        WHERE t.run OPERATOR(pg_catalog.=) e.run
+                          AND t.epoch OPERATOR(pg_catalog.=) e.lease_epoch
+                          AND t.released_at IS NULL
+                          AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
+                   WHEN cur.lease_kind IS NULL THEN true
+                   ELSE NOT EXISTS (
+                       SELECT 1 FROM durable_ledger.lease_locks l
+                        WHERE l.pid OPERATOR(pg_catalog.=) cur.holder_pid
+                          AND l.lock_key OPERATOR(pg_catalog.=) cur.lock_key)
+               END AS ended) j
+ WHERE e.conflict
+    OR e.status OPERATOR(pg_catalog.=) 'unknown'
+    OR j.ended
+    OR j.not_judged
+UNION ALL
+SELECT d.key,
+       d.run,
+       d.tool,
+       NULL::durable_ledger.effect_state,
+       false,
+       'a later attempt made a call of this tool that the run''s earlier attempts did not make, while an earlier effect of the tool (may_duplicate) was not replayed yet: a person must say whether it is the same operation (durable_ledger.resolve_divergence(key, ''same'', ...): its outcome is replayed) or distinct (''distinct'': it is executed)',
+       d.detected_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) d.detected_at,
+       d.args,
+       NULL,
+       false,
+       d.occurrence,
+       NULL,
+       d.lease_epoch,
+       d.candidate_key,
+       ab.abandoned_at,
+       NULL
+  FROM durable_ledger.divergences d
+  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) d.run
+ WHERE d.verdict IS NULL
+   AND NOT EXISTS (SELECT FROM durable_ledger.effects x
+                    WHERE x.key OPERATOR(pg_catalog.=) d.key);  -- executed meanwhile (policy off)
+COMMENT ON VIEW durable_ledger.unresolved IS
+    'what needs a person: effects unknown, started under a lease that is no longer live, or flagged by a report, and drifted calls without a verdict; read through unsettled, so it costs what waits, not what the ledger holds';
+COMMENT ON COLUMN durable_ledger.unresolved.key IS
+    'the effect''s key, or the drifted call''s';
+COMMENT ON COLUMN durable_ledger.unresolved.run IS
+    'the run';
+COMMENT ON COLUMN durable_ledger.unresolved.tool IS
+    'the tool called';
+COMMENT ON COLUMN durable_ledger.unresolved.status IS
+    'the effect''s status (unknown for a started effect whose lease has ended); NULL for a drifted call, for which nothing was recorded';
+COMMENT ON COLUMN durable_ledger.unresolved.conflict IS
+    'true: flagged by a report that contradicts the recorded outcome, or names no attempt where that is ambiguous';
+COMMENT ON COLUMN durable_ledger.unresolved.reason IS
+    'what a person must decide, in a sentence';
+COMMENT ON COLUMN durable_ledger.unresolved.created_at IS
+    'when the effect''s current attempt began, or the drifted call was paused';
+COMMENT ON COLUMN durable_ledger.unresolved.age IS
+    'how long ago that was';
+COMMENT ON COLUMN durable_ledger.unresolved.args IS
+    'the call''s arguments';
+COMMENT ON COLUMN durable_ledger.unresolved.meta IS
+    'the caller''s meta of the current attempt; NULL for a drifted call';
+COMMENT ON COLUMN durable_ledger.unresolved.business_key IS
+    'true for a business key; false for a derived key and a drifted call';
+COMMENT ON COLUMN durable_ledger.unresolved.occurrence IS
+    'which identical call of its lease epoch it was; NULL for a business key';
+COMMENT ON COLUMN durable_ledger.unresolved.attempt IS
+    'the current attempt, which resolve_effect should be given; NULL for a drifted call';
+COMMENT ON COLUMN durable_ledger.unresolved.lease_epoch IS
+    'the lease epoch that started the current attempt, or made the drifted call';
+COMMENT ON COLUMN durable_ledger.unresolved.may_duplicate IS
+    'a drifted call''s: the earlier effect it may duplicate';
+COMMENT ON COLUMN durable_ledger.unresolved.run_abandoned_at IS
+    'when a person abandoned the run; NULL: not abandoned';
+COMMENT ON COLUMN durable_ledger.unresolved.downstream_key IS
+    'the key the provider was given (what a reconciler asks it about): key, or key#attempt for a business key; NULL for a drifted call';
+
+-- ---------------------------------------------------------------------------
+-- Functions.  The writers are SECURITY DEFINER with a pinned search_path; every
+-- SQL text they run is schema-qualified.  None is STRICT: a NULL where a value
+-- is required is an error (22004), never a silent NULL answer.  The C symbols carry the version that last changed
+-- their code (dl_..._1_3): a backend that still has an older library loaded
+-- fails to find them instead of applying older rules.
+-- ---------------------------------------------------------------------------
+
+CREATE FUNCTION durable_ledger.canonical_args(args jsonb)
+RETURNS text
+AS 'MODULE_PATHNAME', 'dl_canonical_args_1_3'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION durable_ledger.canonical_args(jsonb) IS
+    'the canonical text of args that goes into a derived key';
+
+CREATE FUNCTION durable_ledger.effect_key(run text, tool text, args jsonb, occurrence integer)
+RETURNS text
+AS 'MODULE_PATHNAME', 'dl_effect_key_1_3'
+LANGUAGE C STABLE PARALLEL RESTRICTED;
+COMMENT ON FUNCTION durable_ledger.effect_key(text, text, jsonb, integer) IS
+    'the derived idempotency key of a call, computed without writing anything';
+
+-- Session leases.
+CREATE FUNCTION durable_ledger.acquire_run(run text, wait boolean DEFAULT true)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_acquire_run_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.acquire_run(text, boolean) IS
+    'takes the run''s lease (waiting unless wait is false) and starts a new lease epoch';
+
+CREATE FUNCTION durable_ledger.release_run(run text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_release_run_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.release_run(text) IS
+    'releases the run''s lease held by this session; false when it did not hold it';
+
+-- A session attempt that knows its epoch: a client asks session_epoch() in
+-- the very statement of each call and calls only while it is unchanged, so a
+-- transaction pooler between client and server is caught before anything is
+-- performed; release_attempt() ends the attempt's lease where it was left.
+CREATE FUNCTION durable_ledger.session_epoch(run text)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'dl_session_epoch_1_3'
+LANGUAGE C VOLATILE PARALLEL RESTRICTED SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.session_epoch(text) IS
+    'the epoch of this session''s lease of the run, NULL when this session holds none';
+
+CREATE FUNCTION durable_ledger.release_attempt(run text, epoch bigint)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_release_attempt_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.release_attempt(text, bigint) IS
+    'ends the session lease of the run at that epoch wherever it is held: released by this session, or its holder terminated as pg_terminate_backend allows the caller; false when no live lease holds it';
+
+-- Token leases.
+CREATE FUNCTION durable_ledger.take_lease(run text, ttl interval DEFAULT '5 minutes',
+                                          holder text DEFAULT NULL)
+RETURNS durable_ledger.lease
+AS 'MODULE_PATHNAME', 'dl_take_lease_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.take_lease(text, interval, text) IS
+    'takes a token lease on the run and starts a new attempt, or returns NULL at once when a live lease holds it';
+
+CREATE FUNCTION durable_ledger.renew_lease(token text, ttl interval DEFAULT NULL)
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'dl_renew_lease_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.renew_lease(text, interval) IS
+    'extends a live token lease to now + ttl (or its own ttl); returns the new expiry';
+
+CREATE FUNCTION durable_ledger.release_lease(token text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_release_lease_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.release_lease(text) IS
+    'ends a token lease; false when it was not live';
+
+-- Effects: the intent, then the report.
+CREATE FUNCTION durable_ledger.begin_effect(run text, tool text, args jsonb,
+                                            business_key text DEFAULT NULL,
+                                            meta jsonb DEFAULT NULL,
+                                            lease text DEFAULT NULL)
+RETURNS durable_ledger.decision
+AS 'MODULE_PATHNAME', 'dl_begin_effect_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text) IS
+    'records the intent of a side effect before it happens and says whether to execute, replay, pause or wait';
+
+-- A call that is harmless to make again (a model's answer, a read): recorded
+-- and replayed like an effect, so that a replay sees the same answers, but a
+-- call whose outcome is unknown is executed again instead of pausing the run.
+CREATE FUNCTION durable_ledger.begin_recorded(run text, tool text, args jsonb,
+                                              meta jsonb DEFAULT NULL,
+                                              lease text DEFAULT NULL)
+RETURNS durable_ledger.decision
+AS 'MODULE_PATHNAME', 'dl_begin_recorded_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.begin_recorded(text, text, jsonb, jsonb, text) IS
+    'records a call that is safe to redo (a model call, a read) before it happens: as begin_effect, but an unknown outcome is executed again, not paused';
+
+CREATE FUNCTION durable_ledger.complete_effect(key text, result jsonb,
+                                               attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_complete_effect_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.complete_effect(text, jsonb, integer) IS
+    'records that the effect (the given attempt of it) happened and what it returned';
+
+CREATE FUNCTION durable_ledger.fail_effect(key text, error jsonb,
+                                           attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_fail_effect_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.fail_effect(text, jsonb, integer) IS
+    'declares that the effect (the given attempt of it) definitively did not happen';
+
+CREATE FUNCTION durable_ledger.effect_status(key text)
+RETURNS SETOF durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_effect_status_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+ROWS 1;
+COMMENT ON FUNCTION durable_ledger.effect_status(text) IS
+    'the effect''s row (a started effect whose lease has ended shows as unknown), or no row';
+
+-- A person's decisions.
+CREATE FUNCTION durable_ledger.resolve_effect(key text, outcome text, result jsonb,
+                                              resolved_by text, note text DEFAULT NULL,
+                                              attempt integer DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_resolve_effect_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.resolve_effect(text, text, jsonb, text, text, integer) IS
+    'a named person''s decision on an effect (the given attempt of it) whose outcome is unknown or contradicted';
+
+CREATE FUNCTION durable_ledger.break_lease(run text, broken_by text, note text DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_break_lease_1_1'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.break_lease(text, text, text) IS
+    'ends a hung holder''s lease by terminating its backend; audited with the name';
+
+-- The tools registry and the policy, managed by admins; every change is audited by name.
+CREATE FUNCTION durable_ledger.register_tool(tool text, registered_by text,
+                                             side_effecting boolean DEFAULT true,
+                                             divergence text DEFAULT NULL,
+                                             key_fields text[] DEFAULT NULL,
+                                             note text DEFAULT NULL)
+RETURNS durable_ledger.tools
+AS 'MODULE_PATHNAME', 'dl_register_tool_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.register_tool(text, text, boolean, text, text[], text) IS
+    'registers a tool (or a retired one anew): side-effecting or not, its divergence policy, the fields of args that make a call''s identity';
+
+CREATE FUNCTION durable_ledger.change_tool(tool text, changed_by text,
+                                           side_effecting boolean DEFAULT NULL,
+                                           divergence text DEFAULT NULL,
+                                           key_fields text[] DEFAULT NULL,
+                                           note text DEFAULT NULL)
+RETURNS durable_ledger.tools
+AS 'MODULE_PATHNAME', 'dl_change_tool_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.change_tool(text, text, boolean, text, text[], text) IS
+    'changes what is given of a registered tool (key_fields only while no call of it is recorded; ''{}'' for none)';
+
+CREATE FUNCTION durable_ledger.retire_tool(tool text, retired_by text, note text DEFAULT NULL)
+RETURNS durable_ledger.tools
+AS 'MODULE_PATHNAME', 'dl_retire_tool_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.retire_tool(text, text, text) IS
+    'retires a tool: its calls are executed no more; what was recorded still replays';
+
+CREATE FUNCTION durable_ledger.set_unregistered_tools(setting text, set_by text,
+                                                      note text DEFAULT NULL)
+RETURNS text
+AS 'MODULE_PATHNAME', 'dl_set_unregistered_tools_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.set_unregistered_tools(text, text, text) IS
+    'whether a tool nobody registered may execute: allow, warn or refuse; audited with the name; returns the previous setting';
+
+CREATE FUNCTION durable_ledger.set_unregistered_divergence(setting text, set_by text,
+                                                           note text DEFAULT NULL)
+RETURNS text
+AS 'MODULE_PATHNAME', 'dl_set_unregistered_divergence_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.set_unregistered_divergence(text, text, text) IS
+    'how a later attempt''s drifted call of a tool nobody registered is handled: pause (the default), warn or off; audited with the name; returns the previous setting';
+
+CREATE FUNCTION durable_ledger.resolve_divergence(key text, verdict text, resolved_by text,
+                                                  note text DEFAULT NULL,
+                                                  same_as text DEFAULT NULL)
+RETURNS durable_ledger.divergences
+AS 'MODULE_PATHNAME', 'dl_resolve_divergence_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.resolve_divergence(text, text, text, text, text) IS
+    'a named person''s verdict on a drifted call: the same as an earlier effect (its outcome is replayed) or distinct (it is executed)';
+
+-- Runs people steer.
+CREATE FUNCTION durable_ledger.abandon_run(run text, abandoned_by text, note text DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'dl_abandon_run_1_2'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.abandon_run(text, text, text) IS
+    'stops a run for good: nothing more is executed for it; effects in flight wait for a person';
+
+CREATE FUNCTION durable_ledger.fork_run(source_run text, new_run text, up_to text,
+                                        forked_by text, note text DEFAULT NULL)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'dl_fork_run_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.fork_run(text, text, text, text, text) IS
+    'a new run that carries the source run''s effects up to one it names: their replays return the recorded outcomes, later calls execute; returns how many it carries';
+
+-- A run's history, for auditors and debuggers.
+CREATE FUNCTION durable_ledger.history(run text)
+RETURNS TABLE (id bigint, logged_at timestamptz, lease_epoch bigint, event text, key text,
+               tool text, args jsonb, attempt integer, outcome jsonb, detail jsonb,
+               role_name text, application_name text)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF history.run IS NULL THEN
+        RAISE EXCEPTION 'run must not be null' USING ERRCODE = '22004';
+    END IF;
+    RETURN QUERY
+    SELECT a.id, a.logged_at, a.lease_epoch, a.event::text, a.key,
+           COALESCE(e.tool, d.tool, a.detail OPERATOR(pg_catalog.->>) 'tool'),
+           COALESCE(e.args, d.args),
+           a.attempt,
+           COALESCE(a.detail OPERATOR(pg_catalog.->) 'result',
+                    a.detail OPERATOR(pg_catalog.->) 'error',
+                    CASE WHEN a.event OPERATOR(pg_catalog.=) ANY ('{completed,late_completion}')
+                          AND a.attempt IS NOT DISTINCT FROM e.attempt THEN e.result
+                         WHEN a.event OPERATOR(pg_catalog.=) ANY ('{replay,carried}')
+                         THEN COALESCE(e.result, e.error) END),
+           a.detail, a.role_name, a.application_name
+      FROM durable_ledger.audit_log a
+      LEFT JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) a.key
+      LEFT JOIN durable_ledger.divergences d ON d.key OPERATOR(pg_catalog.=) a.key
+     WHERE a.run OPERATOR(pg_catalog.=) history.run
+     ORDER BY a.id;
+END
+$fn$;
+COMMENT ON FUNCTION durable_ledger.history(text) IS
+    'the run''s timeline in order: attempts, decisions, reports, pauses, resolutions, lease events and divergences, with keys, args, outcomes, who and when';
+
+-- Retention: the effects of settled, quiet runs and the audit log's horizon,
+-- removed by an admin (src/purge_calls.c; docs/operations.md, "Retention").
+CREATE FUNCTION durable_ledger.purge_settled(older_than interval, purged_by text,
+                                             dry_run boolean DEFAULT true,
+                                             max_runs integer DEFAULT 500)
+RETURNS TABLE (run text, effects bigint, past_attempts bigint, divergences bigint)
+AS 'MODULE_PATHNAME', 'dl_purge_settled_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.purge_settled(interval, text, boolean, integer) IS
+    'removes the effects of runs whose every effect is completed or failed (none started but a recorded call, none unknown or flagged, no divergence waiting) and whose audit log is quiet for older_than; a later call of such a run executes again; dry_run (the default) only lists them; at most max_runs per call';
+
+CREATE FUNCTION durable_ledger.purge_audit(older_than interval, purged_by text,
+                                           dry_run boolean DEFAULT true)
+RETURNS TABLE (chain bigint, audit_rows bigint, up_to_seq bigint)
+AS 'MODULE_PATHNAME', 'dl_purge_audit_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.purge_audit(interval, text, boolean) IS
+    'removes audit rows older than older_than of runs with no effect left (and rows of no run), a prefix of each hash chain, anchored in audit_anchors; dry_run (the default) only counts';
+
+-- ---------------------------------------------------------------------------
+-- Monitoring (docs/operations.md, "Monitoring"; monitoring/ holds the
+-- exporter's queries and the alert rules).
+-- ---------------------------------------------------------------------------
+
+-- Event counts since the server started, kept in shared memory when the
+-- library is in shared_preload_libraries (else total is NULL).
+CREATE FUNCTION durable_ledger.metrics_events()
+RETURNS TABLE (event text, total bigint)
+AS 'MODULE_PATHNAME', 'dl_metrics_events_1_2'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION durable_ledger.metrics_events() IS
+    'every kind of audit event with how many were logged since the server started; total NULL unless durable_ledger is in shared_preload_libraries';
+
+-- The state of the ledger now, one row, for a scrape every few seconds.
+CREATE VIEW durable_ledger.metrics AS
+SELECT (SELECT pg_catalog.count(*) FROM durable_ledger.lease_locks l) AS session_leases,
+       (SELECT pg_catalog.count(*) FROM durable_ledger.token_leases t
+         WHERE t.released_at IS NULL AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
+           AS token_leases,
+       (SELECT pg_catalog.count(*) FROM durable_ledger.token_leases t
+         WHERE t.released_at IS NULL AND t.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now())
+           AS token_leases_expired,
+       u.unresolved,
+       COALESCE(pg_catalog.extract('epoch', u.oldest), 0)::double precision AS unresolved_oldest_seconds,
+       EXISTS (SELECT FROM durable_ledger.metrics_events() e WHERE e.total IS NOT NULL) AS counters_kept
+  FROM (SELECT pg_catalog.count(*) AS unresolved, pg_catalog.max(x.age) AS oldest
+          FROM durable_ledger.unresolved x) u;
+COMMENT ON VIEW durable_ledger.metrics IS
+    'the ledger now: live session and token leases, token leases expired without release, what waits for a person (unresolved) and for how long, whether event counts are kept';
+COMMENT ON COLUMN durable_ledger.metrics.session_leases IS
+    'session leases held in this database (lease_locks)';
+COMMENT ON COLUMN durable_ledger.metrics.token_leases IS
+    'token leases neither released nor expired';
+COMMENT ON COLUMN durable_ledger.metrics.token_leases_expired IS
+    'token leases that expired without being released';
+COMMENT ON COLUMN durable_ledger.metrics.unresolved IS
+    'the rows of unresolved: what waits for a person';
+COMMENT ON COLUMN durable_ledger.metrics.unresolved_oldest_seconds IS
+    'the age of the oldest of them, in seconds; 0 when there is none';
+COMMENT ON COLUMN durable_ledger.metrics.counters_kept IS
+    'whether metrics_events() counts events (durable_ledger is in shared_preload_libraries)';
+
+-- ---------------------------------------------------------------------------
+-- The guard against dropping a ledger that holds effects.
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION durable_ledger.guard_drop()
+RETURNS event_trigger
+AS 'MODULE_PATHNAME', 'dl_guard_drop'
+LANGUAGE C;
+COMMENT ON FUNCTION durable_ledger.guard_drop() IS
+    'event trigger: refuses DROP EXTENSION durable_ledger (or DROP SCHEMA durable_ledger) while effects exist, unless durable_ledger.allow_drop is on';
+
+CREATE EVENT TRIGGER durable_ledger_guard_drop
+    ON ddl_command_start
+    WHEN TAG IN ('DROP EXTENSION', 'DROP SCHEMA', 'DROP OWNED')
+    EXECUTE FUNCTION durable_ledger.guard_drop();
+
+-- ---------------------------------------------------------------------------
+-- Privileges: nothing for PUBLIC; three group roles carry the capabilities
+-- (docs/reference.md, "Privileges").  The admin role is a member of the
+-- other two.  lease_locks and the trigger functions are granted to nobody.
+-- ---------------------------------------------------------------------------
+REVOKE ALL ON SCHEMA durable_ledger FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA durable_ledger FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA durable_ledger FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA durable_ledger FROM PUBLIC;
+REVOKE ALL ON TYPE durable_ledger.decision, durable_ledger.lease,
+                   durable_ledger.effect_state, durable_ledger.audit_event,
+                   durable_ledger.lease_kind, durable_ledger.divergence_policy,
+                   durable_ledger.divergence_verdict,
+                   durable_ledger.unregistered_tools_policy FROM PUBLIC;
+
+GRANT USAGE ON SCHEMA durable_ledger
+    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin;
+GRANT USAGE ON TYPE durable_ledger.decision, durable_ledger.lease,
+                    durable_ledger.effect_state, durable_ledger.audit_event,
+                    durable_ledger.lease_kind, durable_ledger.divergence_policy,
+                    durable_ledger.divergence_verdict,
+                    durable_ledger.unregistered_tools_policy
+    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin;
+
+-- workers: calls and leases
+GRANT EXECUTE ON FUNCTION
+    durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text),
+    durable_ledger.begin_recorded(text, text, jsonb, jsonb, text),
+    durable_ledger.complete_effect(text, jsonb, integer),
+    durable_ledger.fail_effect(text, jsonb, integer),
+    durable_ledger.effect_status(text),
+    durable_ledger.effect_key(text, text, jsonb, integer),
+    durable_ledger.canonical_args(jsonb),
+    durable_ledger.acquire_run(text, boolean),
+    durable_ledger.release_run(text),
+    durable_ledger.session_epoch(text),
+    durable_ledger.release_attempt(text, bigint),
+    durable_ledger.take_lease(text, interval, text),
+    durable_ledger.renew_lease(text, interval),
+    durable_ledger.release_lease(text)
+    TO durable_ledger_worker;
+
+-- auditors: reading
+GRANT SELECT ON
+    durable_ledger.effects, durable_ledger.unsettled, durable_ledger.runs,
+    durable_ledger.audit_log, durable_ledger.past_attempts, durable_ledger.token_leases,
+    durable_ledger.token_lease_calls, durable_ledger.tools, durable_ledger.divergences,
+    durable_ledger.policy, durable_ledger.audit_anchors, durable_ledger.leases,
+    durable_ledger.unresolved, durable_ledger.audit_heads, durable_ledger.metrics
+    TO durable_ledger_auditor;
+GRANT SELECT ON SEQUENCE durable_ledger.audit_chain_seq TO durable_ledger_auditor;
+GRANT EXECUTE ON FUNCTION
+    durable_ledger.history(text),
+    durable_ledger.lease_holder_activity(),
+    durable_ledger.audit_row_content(durable_ledger.audit_log),
+    durable_ledger.verify_audit(jsonb),
+    durable_ledger.metrics_events()
+    TO durable_ledger_auditor;
+
+-- admins: decisions, the registry, the policy, retention
+GRANT EXECUTE ON FUNCTION
+    durable_ledger.resolve_effect(text, text, jsonb, text, text, integer),
+    durable_ledger.break_lease(text, text, text),
+    durable_ledger.register_tool(text, text, boolean, text, text[], text),
+    durable_ledger.change_tool(text, text, boolean, text, text[], text),
+    durable_ledger.retire_tool(text, text, text),
+    durable_ledger.set_unregistered_tools(text, text, text),
+    durable_ledger.set_unregistered_divergence(text, text, text),
+    durable_ledger.resolve_divergence(text, text, text, text, text),
+    durable_ledger.abandon_run(text, text, text),
+    durable_ledger.fork_run(text, text, text, text, text),
+    durable_ledger.purge_settled(interval, text, boolean, integer),
+    durable_ledger.purge_audit(interval, text, boolean)
+    TO durable_ledger_admin;
