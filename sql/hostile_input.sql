@@ -41,7 +41,7 @@ SELECT decision, occurrence FROM durable_ledger.begin_effect('hostile-num', 'pay
 -- a number jsonb itself cannot hold: the input is refused before the ledger sees it
 SELECT durable_ledger.begin_effect('hostile-num', 'pay', '{"amount": 1e1000000}');
 -- numbers that jsonb holds in a few bytes but that take a character per digit
--- written out: the canonical text of args may be at most 8 times their stored
+-- written out: the canonical text of args may be at most 32 times their stored
 -- size plus 1 kB, so 100 kB of them cost no gigabyte: refused at once (22023),
 -- nothing written; one such number alone, or a string of escaped control
 -- characters (6 times longer), stays well within it
@@ -52,14 +52,17 @@ SELECT regress_sqlstate($$SELECT durable_ledger.begin_effect('hostile-num', 'pay
 SELECT (SELECT count(*) FROM durable_ledger.effects) || '/' || (SELECT count(*) FROM durable_ledger.audit_log) = :'before' AS nothing_written;
 SELECT length(durable_ledger.canonical_args('[1e1000]')) AS within_the_bound,
        length(durable_ledger.canonical_args(jsonb_build_array(repeat(E'\x01', 10000)))) AS escaped_controls;
--- the first 400 characters of every number are not charged: args of many
--- floats at the edges of a double (1e-300 takes 302 characters, the smallest
--- normal double 327) are keyed, while numbers longer than that still count
+-- any double stays well within the bound: args of many floats at the edges
+-- of a double (1e-300 takes 302 characters, the smallest normal double 327,
+-- 16 bytes each in jsonb) are keyed, while longer numbers are refused
 SELECT length(durable_ledger.canonical_args(('[' || repeat('1e-300,', 999) || '-2.2250738585072014e-308]')::jsonb)) AS tiny_doubles,
        length(durable_ledger.canonical_args(('[' || repeat('1.7976931348623157e308,', 999) || '1]')::jsonb)) AS huge_doubles;
 SELECT decision, occurrence
   FROM durable_ledger.begin_effect('hostile-num', 'pay', ('{"rates": [' || repeat('1e-300,', 99) || '1e-300]}')::jsonb);
-SELECT regress_sqlstate($$SELECT durable_ledger.canonical_args(('[' || repeat('1e-1000,', 2000) || '1]')::jsonb)$$) AS numbers_past_the_allowance;
+SELECT regress_sqlstate($$SELECT durable_ledger.canonical_args(('[' || repeat('1e-1000,', 2000) || '1]')::jsonb)$$) AS longer_numbers;
+-- and whatever their size, the text never takes more than 128 MB: 25 MB of
+-- control characters (150 MB escaped) are refused, not run out of memory
+SELECT regress_sqlstate($$SELECT durable_ledger.canonical_args(jsonb_build_array(repeat(E'\x01', 25000000)))$$) AS past_128_mb;
 SELECT durable_ledger.canonical_args('[1e20000]');
 
 -- text that only looks like non-UTF-8 is ordinary text; invalid bytes never get in

@@ -20,13 +20,11 @@
  * A number written out in full takes a character per digit: 1e131071 is
  * eight bytes of JSON and 131,072 characters of canonical text.  So the
  * canonical text of args may be at most CANONICAL_GROWTH times their size as
- * jsonb stores them, plus CANONICAL_SLACK bytes (an escaped control character,
- * the worst of the rest, grows six times); larger args are refused (22023)
- * as soon as the text passes the bound, before the rest is written.  The
- * first NUMBER_ALLOWANCE characters of every number are not counted: any
- * double a client sends fits in them (-2.2250738585072014e-308 written out
- * takes 327), so args of many tiny or huge floats are never refused, and the
- * text of each number stays within NUMBER_ALLOWANCE plus what it is charged.
+ * jsonb stores them, plus CANONICAL_SLACK bytes, and never more than
+ * CANONICAL_MAX_BYTES; larger args are refused (22023) as soon as the text
+ * passes the bound, before the rest is written.  Any double a client sends
+ * stays well within it (the smallest normal one, 16 bytes in jsonb, is 327
+ * characters written out; an escaped control character grows six times).
  * Every key the ledger ever derived is unchanged: the bound only refuses.
  */
 #include "postgres.h"
@@ -39,30 +37,51 @@
 
 #include "common.h"
 
-#define CANONICAL_GROWTH 8
+#define CANONICAL_GROWTH 32
 #define CANONICAL_SLACK 1024
-#define NUMBER_ALLOWANCE 400
+#define CANONICAL_MAX_BYTES (128 * 1024 * 1024)
 
 /* Where the canonical text goes, and how long it may grow. */
 typedef struct Canonical
 {
 	StringInfo	out;
 	int			start;			/* out->len when args began */
-	Size		bound;			/* bytes the text of args may be charged */
+	Size		bound;			/* bytes the text of args may take */
 	Size		stored;			/* the size of args as jsonb stores them */
-	Size		allowed;		/* bytes of numbers not charged so far */
 } Canonical;
 
 static void
 check_bound(const Canonical *c, Size more)
 {
-	if ((Size) (c->out->len - c->start) - c->allowed + more > c->bound)
+	if ((Size) (c->out->len - c->start) + more > c->bound)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("args are too large once written canonically"),
-				 errdetail("Their canonical text would take more than %zu bytes, %d times their %zu bytes as jsonb stores them plus %d, beyond the first %d characters of each number; a number is written out in full, a character per digit.",
-						   c->bound, CANONICAL_GROWTH, c->stored, CANONICAL_SLACK, NUMBER_ALLOWANCE),
+				 errdetail("Their canonical text would take more than %zu bytes (%d times their %zu bytes as jsonb stores them plus %d, at most %d); a number is written out in full, a character per digit.",
+						   c->bound, CANONICAL_GROWTH, c->stored, CANONICAL_SLACK, CANONICAL_MAX_BYTES),
 				 errhint("Pass such a number as a string.")));
+}
+
+/* How long escape_json writes a string: checked before it is written. */
+static Size
+escaped_length(const char *s, int len)
+{
+	Size		escaped = 2;		/* the quotes */
+	int			i;
+
+	for (i = 0; i < len; i++)
+	{
+		unsigned char ch = (unsigned char) s[i];
+
+		if (ch == '\b' || ch == '\f' || ch == '\n' || ch == '\r' || ch == '\t' ||
+			ch == '"' || ch == '\\')
+			escaped += 2;
+		else if (ch < ' ')
+			escaped += 6;		/* \u00XX */
+		else
+			escaped += 1;
+	}
+	return escaped;
 }
 
 static void
@@ -79,12 +98,8 @@ append_number(Canonical *c, Numeric num)
 		appendStringInfoChar(c->out, '0');
 	else
 	{
-		Size		len = strlen(text);
-		Size		free_part = Min(len, NUMBER_ALLOWANCE);
-
-		check_bound(c, len - free_part);
+		check_bound(c, strlen(text));
 		appendStringInfoString(c->out, text);
-		c->allowed += free_part;
 	}
 	pfree(text);
 }
@@ -107,11 +122,12 @@ append_scalar(Canonical *c, const JsonbValue *v)
 			break;
 		case jbvString:
 			{
-				char	   *s = pnstrdup(v->val.string.val, v->val.string.len);
+				char	   *s;
 
+				check_bound(c, escaped_length(v->val.string.val, v->val.string.len));
+				s = pnstrdup(v->val.string.val, v->val.string.len);
 				escape_json(out, s);
 				pfree(s);
-				check_bound(c, 0);
 				break;
 			}
 		default:
@@ -135,8 +151,7 @@ dl_append_canonical_args(StringInfo out, Jsonb *args)
 	c.out = out;
 	c.start = out->len;
 	c.stored = VARSIZE(args);
-	c.bound = c.stored * CANONICAL_GROWTH + CANONICAL_SLACK;
-	c.allowed = 0;
+	c.bound = Min(c.stored * CANONICAL_GROWTH + CANONICAL_SLACK, CANONICAL_MAX_BYTES);
 
 	/* a bare scalar is stored as a one-element pseudo array: write it alone */
 	if (JB_ROOT_IS_SCALAR(args))
