@@ -179,6 +179,81 @@ rules_of(List **known, const char *tool)
 }
 
 /*
+ * The effects source_run recorded under derived keys, in the order they were
+ * begun, up to up_to (which must be one of them).
+ */
+static List *
+effects_up_to(const char *source_run, const char *up_to)
+{
+	List	   *keys = dl_read_run_effect_keys(source_run);
+	ListCell   *lc;
+
+	foreach(lc, keys)
+	{
+		if (strcmp(lfirst(lc), up_to) == 0)
+			return list_truncate(keys, foreach_current_index(lc) + 1);
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("effect \"%s\" is not an effect of run \"%s\" under a derived key",
+					up_to, source_run),
+			 errhint("Name as up_to the last effect the new run carries: a key of durable_ledger.effects with run \"%s\".",
+					 source_run)));
+	return NIL;					/* keep compiler quiet */
+}
+
+/* Refuses to carry an effect without a settled outcome. */
+static void
+check_settled(const EffectRow *row, const char *source_run)
+{
+	if (!row->conflict && (row->status == EFFECT_COMPLETED || row->status == EFFECT_FAILED))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("effect \"%s\" of run \"%s\" has no settled outcome", row->key, source_run),
+			 row->conflict ?
+			 errdetail("It is %s and contradicted; a fork carries only completed and failed effects.",
+					   dl_status_name(row->status)) :
+			 errdetail("It is %s; a fork carries only completed and failed effects.",
+					   dl_status_name(row->status)),
+			 errhint("A person resolves it with durable_ledger.resolve_effect() first, or the fork stops before it.")));
+}
+
+/*
+ * Carries one effect into new_run, under new_run's key for the same call;
+ * false when it is not carried (a recorded call without an outcome: the new
+ * run makes it again).  Waits for a report in progress on it: its outcome is
+ * what is carried.
+ */
+static bool
+carry_effect(const char *key, const char *source_run, const char *new_run, List **known_rules)
+{
+	LockedEffect source;
+	StringInfoData canon;
+	char		new_key[DL_KEY_HEX_LEN + 1];
+	DetailBuilder detail;
+
+	if (!dl_lock_effect(key, &source))
+		elog(ERROR, "effect \"%s\" disappeared", key);
+	if (source.row.safe_to_redo && source.row.status == EFFECT_STARTED && !source.row.conflict)
+		return false;
+	check_settled(&source.row, source_run);
+	dl_check_run_and_tool(new_run, source.row.tool);
+	initStringInfo(&canon);
+	dl_append_canonical_args(&canon, dl_identity_of_call(rules_of(known_rules, source.row.tool),
+														 source.row.args, NULL));
+	dl_derive_key(new_run, source.row.tool, canon.data, canon.len, source.row.occurrence,
+				  new_key);
+	dl_write_forked_effect(&source, new_run, new_key, 1);
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "forked_from", source.row.key);
+	dl_detail_text(&detail, "status", dl_status_name(source.row.status));
+	dl_write_audit(new_run, new_key, "carried", dl_detail_finish(&detail), 1,
+				   source.row.attempt);
+	return true;
+}
+
+/*
  * fork_run(source_run text, new_run text, up_to text, forked_by text,
  *          note text) RETURNS integer
  *
@@ -191,8 +266,8 @@ rules_of(List **known, const char *tool)
  * keep their own identity, and a completed one replays in any run.  Every
  * effect carried must have a settled outcome; a report in progress on one is
  * waited for.  A recorded call that has none (started: in flight, or lost
- * with its lease) is not carried: the new run makes the call again.  Nothing of the source run changes.  Returns how many effects
- * the new run carries.
+ * with its lease) is not carried: the new run makes the call again.  Nothing
+ * of the source run changes.  Returns how many effects the new run carries.
  */
 Datum
 dl_fork_run_1_3(PG_FUNCTION_ARGS)
@@ -203,11 +278,9 @@ dl_fork_run_1_3(PG_FUNCTION_ARGS)
 	char	   *forked_by = dl_required_text_arg(fcinfo, 3, "forked_by", 0);
 	char	   *note = dl_optional_text_arg(fcinfo, 4);
 	uint64		new_lock = dl_run_lock_key(new_run);
-	List	   *keys;
 	List	   *known_rules = NIL;
 	ListCell   *lc;
 	int			carried = 0;
-	int			last = -1;
 	DetailBuilder detail;
 
 	if (strcmp(source_run, new_run) == 0)
@@ -229,61 +302,10 @@ dl_fork_run_1_3(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("run \"%s\" is not in the ledger", source_run)));
 
-	keys = dl_read_run_effect_keys(source_run);
-	foreach(lc, keys)
+	foreach(lc, effects_up_to(source_run, up_to))
 	{
-		if (strcmp(lfirst(lc), up_to) == 0)
-			last = foreach_current_index(lc);
-	}
-	if (last < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("effect \"%s\" is not an effect of run \"%s\" under a derived key",
-						up_to, source_run),
-				 errhint("Name as up_to the last effect the new run carries: a key of durable_ledger.effects with run \"%s\".",
-						 source_run)));
-
-	foreach(lc, keys)
-	{
-		LockedEffect source;
-		const ToolRules *rules;
-		StringInfoData canon;
-		char		new_key[DL_KEY_HEX_LEN + 1];
-
-		if (foreach_current_index(lc) > last)
-			break;
-		/* waits for a report in progress on it: its outcome is what is carried */
-		if (!dl_lock_effect(lfirst(lc), &source))
-			elog(ERROR, "effect \"%s\" disappeared", (char *) lfirst(lc));
-		/* a recorded call without an outcome: the new run makes it again */
-		if (source.row.safe_to_redo && source.row.status == EFFECT_STARTED &&
-			!source.row.conflict)
-			continue;
-		if (source.row.conflict ||
-			(source.row.status != EFFECT_COMPLETED && source.row.status != EFFECT_FAILED))
-			ereport(ERROR,
-					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("effect \"%s\" of run \"%s\" has no settled outcome", source.row.key,
-							source_run),
-					 source.row.conflict ?
-					 errdetail("It is %s and contradicted; a fork carries only completed and failed effects.",
-							   dl_status_name(source.row.status)) :
-					 errdetail("It is %s; a fork carries only completed and failed effects.",
-							   dl_status_name(source.row.status)),
-					 errhint("A person resolves it with durable_ledger.resolve_effect() first, or the fork stops before it.")));
-		dl_check_run_and_tool(new_run, source.row.tool);
-		rules = rules_of(&known_rules, source.row.tool);
-		initStringInfo(&canon);
-		dl_append_canonical_args(&canon, dl_identity_of_call(rules, source.row.args, NULL));
-		dl_derive_key(new_run, source.row.tool, canon.data, canon.len, source.row.occurrence,
-					  new_key);
-		dl_write_forked_effect(&source, new_run, new_key, 1);
-		dl_detail_init(&detail);
-		dl_detail_text(&detail, "forked_from", source.row.key);
-		dl_detail_text(&detail, "status", dl_status_name(source.row.status));
-		dl_write_audit(new_run, new_key, "carried", dl_detail_finish(&detail), 1,
-					   source.row.attempt);
-		carried++;
+		if (carry_effect(lfirst(lc), source_run, new_run, &known_rules))
+			carried++;
 	}
 	dl_write_forked_run(new_run, new_lock, source_run, up_to);
 
