@@ -122,6 +122,16 @@ SET search_path = pg_catalog, pg_temp;
 -- reports it.  From here on a row without a chain is flagged wherever its id
 -- falls, and so is a chain-0 row that is not history.
 -- ---------------------------------------------------------------------------
+ALTER DOMAIN durable_ledger.audit_event DROP CONSTRAINT audit_event_check;
+ALTER DOMAIN durable_ledger.audit_event ADD CONSTRAINT audit_event_check
+    CHECK (VALUE IN ('lease_acquired', 'lease_released', 'lease_broken',
+                     'intent', 'replay', 'pause', 'in_progress',
+                     'completed', 'late_completion', 'failed', 'late_failure',
+                     'resolved', 'conflict',
+                     'tool_registered', 'tool_changed', 'tool_retired',
+                     'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
+                     'carried', 'policy_changed', 'purged', 'audit_purged',
+                     'superseded_report', 'history_chained'));
 ALTER TABLE durable_ledger.audit_log DISABLE TRIGGER audit_log_append_only;
 DO $chain_history$
 DECLARE
@@ -146,6 +156,27 @@ BEGIN
         UPDATE durable_ledger.audit_log a SET chain = 0, chain_seq = n, row_hash = r.row_hash
          WHERE a.id OPERATOR(pg_catalog.=) r.id;
     END LOOP;
+    IF n OPERATOR(pg_catalog.=) 0 THEN
+        RETURN;
+    END IF;
+    -- chain 0's head, recorded in a chained row of a chain of its own, as
+    -- audit_chain.c links a backend's first row: chain 0 never grows past it
+    r := NULL;
+    r.id := pg_catalog.nextval('durable_ledger.audit_log_id_seq');
+    r.logged_at := pg_catalog.clock_timestamp();
+    r.event := 'history_chained';
+    r.detail := pg_catalog.jsonb_build_object('chain', 0, 'chain_seq', n,
+                                              'row_hash', pg_catalog.encode(previous, 'hex'));
+    r.role_name := current_user;
+    r.session_user_name := session_user;
+    r.application_name := pg_catalog.current_setting('application_name');
+    r.client_addr := pg_catalog.inet_client_addr();
+    r.backend_pid := pg_catalog.pg_backend_pid();
+    r.chain := pg_catalog.nextval('durable_ledger.audit_chain_seq');
+    r.chain_seq := 1;
+    r.row_hash := pg_catalog.sha256(pg_catalog.decode(pg_catalog.repeat('00', 32), 'hex')
+                                    OPERATOR(pg_catalog.||) durable_ledger.audit_row_content(r));
+    INSERT INTO durable_ledger.audit_log SELECT r.*;
 END
 $chain_history$;
 ALTER TABLE durable_ledger.audit_log ENABLE TRIGGER audit_log_append_only;
@@ -220,6 +251,24 @@ SELECT DISTINCT ON (h.chain) h.chain, h.chain_seq, h.id,
     OR h.logged_at OPERATOR(pg_catalog.>) (SELECT c.logged_at FROM durable_ledger.audit_log c
                                             WHERE c.chain OPERATOR(pg_catalog.>) 0
                                             ORDER BY c.id LIMIT 1)
+UNION ALL
+-- a row of chain 0 beyond its head as the update to 1.3 recorded it, in a
+-- chained row (history_chained): chain 0 never grows, and its head keeps its hash
+SELECT h.chain, h.chain_seq, h.id,
+       'a row of the history from before chains (chain 0) beyond the head the update recorded, or its head changed: added or rewritten by hand'
+  FROM (SELECT a.chain, a.chain_seq, a.id
+          FROM durable_ledger.audit_log a
+          LEFT JOIN (SELECT (p.detail OPERATOR(pg_catalog.->>) 'chain_seq')::bigint AS seq,
+                            p.detail OPERATOR(pg_catalog.->>) 'row_hash' AS row_hash
+                       FROM durable_ledger.audit_log p
+                      WHERE p.event OPERATOR(pg_catalog.=) 'history_chained'
+                        AND p.chain OPERATOR(pg_catalog.>) 0
+                      ORDER BY p.id LIMIT 1) head ON true
+         WHERE a.chain OPERATOR(pg_catalog.=) 0
+           AND (a.chain_seq OPERATOR(pg_catalog.>) COALESCE(head.seq, 0)
+                OR (a.chain_seq OPERATOR(pg_catalog.=) head.seq
+                    AND pg_catalog.encode(a.row_hash, 'hex') OPERATOR(pg_catalog.<>) head.row_hash))
+         ORDER BY a.chain_seq LIMIT 1) h
 UNION ALL
 -- a row without a chain, wherever its id falls: since 1.3 every row has one
 -- (the rows written before chains began were chained as chain 0 by the update)

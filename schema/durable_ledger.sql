@@ -74,7 +74,7 @@ CREATE DOMAIN durable_ledger.audit_event AS text
                      'tool_registered', 'tool_changed', 'tool_retired',
                      'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
                      'carried', 'policy_changed', 'purged', 'audit_purged',
-                     'superseded_report'));
+                     'superseded_report', 'history_chained'));
 -- the kind of lease that holds an epoch
 CREATE DOMAIN durable_ledger.lease_kind AS text
     CHECK (VALUE IN ('session', 'token'));
@@ -692,6 +692,24 @@ SELECT DISTINCT ON (h.chain) h.chain, h.chain_seq, h.id,
     OR h.logged_at OPERATOR(pg_catalog.>) (SELECT c.logged_at FROM durable_ledger.audit_log c
                                             WHERE c.chain OPERATOR(pg_catalog.>) 0
                                             ORDER BY c.id LIMIT 1)
+UNION ALL
+-- a row of chain 0 beyond its head as the update to 1.3 recorded it, in a
+-- chained row (history_chained): chain 0 never grows, and its head keeps its hash
+SELECT h.chain, h.chain_seq, h.id,
+       'a row of the history from before chains (chain 0) beyond the head the update recorded, or its head changed: added or rewritten by hand'
+  FROM (SELECT a.chain, a.chain_seq, a.id
+          FROM durable_ledger.audit_log a
+          LEFT JOIN (SELECT (p.detail OPERATOR(pg_catalog.->>) 'chain_seq')::bigint AS seq,
+                            p.detail OPERATOR(pg_catalog.->>) 'row_hash' AS row_hash
+                       FROM durable_ledger.audit_log p
+                      WHERE p.event OPERATOR(pg_catalog.=) 'history_chained'
+                        AND p.chain OPERATOR(pg_catalog.>) 0
+                      ORDER BY p.id LIMIT 1) head ON true
+         WHERE a.chain OPERATOR(pg_catalog.=) 0
+           AND (a.chain_seq OPERATOR(pg_catalog.>) COALESCE(head.seq, 0)
+                OR (a.chain_seq OPERATOR(pg_catalog.=) head.seq
+                    AND pg_catalog.encode(a.row_hash, 'hex') OPERATOR(pg_catalog.<>) head.row_hash))
+         ORDER BY a.chain_seq LIMIT 1) h
 UNION ALL
 -- a row without a chain, wherever its id falls: since 1.3 every row has one
 -- (the rows written before chains began were chained as chain 0 by the update)

@@ -28,7 +28,7 @@ static const char *const event_names[DL_NEVENTS] = {
 	"in_progress", "completed", "late_completion", "failed", "late_failure", "resolved",
 	"conflict", "tool_registered", "tool_changed", "tool_retired", "divergence",
 	"divergence_resolved", "run_abandoned", "run_forked", "carried", "policy_changed",
-	"purged", "audit_purged", "superseded_report"
+	"purged", "audit_purged", "superseded_report", "history_chained"
 };
 
 /*

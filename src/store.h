@@ -319,7 +319,7 @@ typedef struct AuditRow
 extern void dl_audit_chain_init(void);
 
 /* metrics.c: event counts since the server started (when preloaded) */
-#define DL_NEVENTS 25
+#define DL_NEVENTS 26
 extern void dl_metrics_init(void);
 extern int	dl_metrics_event_index(const char *event);
 extern void dl_metrics_add(const uint32 *counts);
@@ -377,7 +377,8 @@ extern char *dl_caller_role_name(void);
 
 /*
  * An audit row (alias a) that purge_audit may remove: logged before $1, not
- * a purge's own row (it vouches for the anchors), of no run or of a run with
+ * a purge's own row (it vouches for the anchors) nor the one that records
+ * chain 0's head (history_chained), of no run or of a run with
  * no effect left (the ledger finds a run's effects through its rows) -- and,
  * whatever its run column says, not evidence that something still open
  * needs: a row about an effect that is started, unknown or flagged (its
@@ -388,7 +389,7 @@ extern char *dl_caller_role_name(void);
  */
 #define AUDIT_ROW_PAST_HORIZON \
 	"(a.logged_at OPERATOR(pg_catalog.<) $1" \
-	" AND a.event OPERATOR(pg_catalog.<>) 'audit_purged'" \
+	" AND a.event OPERATOR(pg_catalog.<>) ALL ('{audit_purged,history_chained}')" \
 	" AND (a.run IS NULL OR NOT EXISTS" \
 	"  (SELECT FROM durable_ledger.effects e WHERE e.run" EQ "a.run))" \
 	" AND (a.key IS NULL OR NOT a.key" EQ "ANY" \

@@ -92,7 +92,8 @@ ok(scalar(@sources) >= 1, "there is an upgrade path to $default") if $default ne
 my $counts_sql = q{
 	SELECT (SELECT count(*) FROM durable_ledger.effects) || ' effects, '
 	    || (SELECT count(*) FROM durable_ledger.runs) || ' runs, '
-	    || (SELECT count(*) FROM durable_ledger.audit_log) || ' audit rows, '
+	    || (SELECT count(*) FROM durable_ledger.audit_log
+	         WHERE event::text <> 'history_chained') || ' audit rows, '
 	    || (SELECT count(*) FROM durable_ledger.effects e
 	         WHERE to_jsonb(e) @> '{"safe_to_redo": true}') || ' recorded calls, '
 	    || (SELECT md5(string_agg((jsonb_strip_nulls(to_jsonb(e)) - 'safe_to_redo')::text, ','
@@ -152,6 +153,11 @@ for my $from (@sources)
 		"$history 0", "from $from: the $history rows written before chains are chain 0, none is left without a chain");
 	is($node->safe_psql($db, q{SELECT count(*) FROM durable_ledger.verify_audit()}), '0',
 		"from $from: verify_audit finds nothing");
+	# ... and chain 0's head is recorded in a chained row (history_chained)
+	is($node->safe_psql($db, q{
+			SELECT string_agg((detail ->> 'chain_seq') || ' ' || (chain > 0)::text, ', ')
+			  FROM durable_ledger.audit_log WHERE event = 'history_chained'}),
+		$history > 0 ? "$history true" : '', "from $from: chain 0's head is recorded in a chained row");
 
 	# what waits for a person is listed as before the update: unsettled was
 	# filled from effects (the view reads nothing else)
@@ -264,10 +270,30 @@ pause", 'from 1.2: an unregistered tool reworded in a later attempt pauses (1.3)
 				               r.application_name, r.client_addr, r.backend_pid, r.lease_epoch, r.attempt,
 				               r.chain, r.chain_seq, NULL)::durable_ledger.audit_log))
 				  FROM r;
-				SELECT string_agg(chain || ' ' || id || ' ' || (problem LIKE '%chain 0%out of order%')::text, ', ')
+				SELECT string_agg(DISTINCT chain || ' ' || id, ', ') || ' '
+				       || bool_or(problem LIKE '%chain 0%out of order%') || ' '
+				       || bool_or(problem LIKE '%chain 0%beyond the head%')
 				  FROM durable_ledger.verify_audit();
 				ROLLBACK;}),
-			'0 -1 true', 'from 1.1: a row appended to the history after the update is reported');
+			'0 -1 true true', 'from 1.1: a row appended to the history after the update is reported');
+		# the last row of the history rewritten by hand, its hash recomputed so
+		# that the chain still links: the head the update recorded tells
+		is($node->safe_psql($db, q{
+				BEGIN;
+				ALTER TABLE durable_ledger.audit_log DISABLE TRIGGER audit_log_append_only;
+				SELECT id AS last_id, chain_seq AS last_seq FROM durable_ledger.audit_log
+				 WHERE chain = 0 ORDER BY chain_seq DESC LIMIT 1 \gset
+				UPDATE durable_ledger.audit_log SET detail = '{"outcome": "completed", "resolved_by": "cfo"}'
+				 WHERE id = :last_id;
+				UPDATE durable_ledger.audit_log a
+				   SET row_hash = sha256((SELECT p.row_hash FROM durable_ledger.audit_log p
+				                           WHERE p.chain = 0 AND p.chain_seq = :last_seq - 1)
+				                         || durable_ledger.audit_row_content(a))
+				 WHERE a.id = :last_id;
+				SELECT string_agg(chain || ' ' || (problem LIKE '%chain 0%head changed%')::text, ', ')
+				  FROM durable_ledger.verify_audit();
+				ROLLBACK;}),
+			'0 true', 'from 1.1: the last row of the history rewritten, its hash recomputed, is reported');
 	}
 	if ($from eq '1.2')
 	{
