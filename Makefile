@@ -17,9 +17,15 @@ OBJS = \
 	src/metrics.o \
 	src/tables.o \
 	src/reader.o \
-	src/writer.o \
+	src/rows.o \
+	src/write_effects.o \
+	src/write_runs.o \
+	src/write_tokens.o \
+	src/write_registry.o \
+	src/write_retention.o \
+	src/write_divergences.o \
+	src/audit.o \
 	src/durability.o \
-	src/attention.o \
 	src/runlock.o \
 	src/lease.o \
 	src/token_lease.o \
@@ -28,19 +34,19 @@ OBJS = \
 	src/tools.o \
 	src/divergence.o \
 	src/decide.o \
-	src/begin.o \
-	src/report.o \
-	src/resolve.o \
-	src/status.o \
-	src/lease_calls.o \
-	src/token_calls.o \
-	src/key_calls.o \
-	src/tool_calls.o \
-	src/run_calls.o \
-	src/purge_calls.o \
-	src/metrics_calls.o \
-	src/drop_guard.o \
-	src/older_sql.o
+	src/begin_funcs.o \
+	src/report_funcs.o \
+	src/resolve_funcs.o \
+	src/status_funcs.o \
+	src/lease_funcs.o \
+	src/token_funcs.o \
+	src/key_funcs.o \
+	src/tool_funcs.o \
+	src/run_funcs.o \
+	src/purge_funcs.o \
+	src/metrics_funcs.o \
+	src/guard_funcs.o \
+	src/older_funcs.o
 # The default version's install script is built from schema/ (below); the
 # released versions' scripts and the update scripts are installed as they are.
 DATA_built = $(EXTENSION)--$(EXTVERSION).sql

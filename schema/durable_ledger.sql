@@ -1263,7 +1263,7 @@ COMMENT ON FUNCTION durable_ledger.history(text) IS
     'the run''s timeline in order: attempts, decisions, reports, pauses, resolutions, lease events and divergences, with keys, args, outcomes, who and when';
 
 -- Retention: the effects of settled, quiet runs and the audit log's horizon,
--- removed by an admin (src/purge_calls.c; docs/operations.md, "Retention").
+-- removed by an admin (src/purge_funcs.c; docs/operations.md, "Retention").
 CREATE FUNCTION durable_ledger.purge_settled(older_than interval, purged_by text,
                                              dry_run boolean DEFAULT true,
                                              max_runs integer DEFAULT 500)

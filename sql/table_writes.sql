@@ -1,4 +1,4 @@
--- table_writes: the ledger's writes (src/writer.c, through the executor's
+-- table_writes: the ledger's writes (src/rows.c, through the executor's
 -- single-row helpers) leave every row in every index, as SQL would (amcheck
 -- verifies every heap row is in every btree index), and whatever an
 -- administrator adds to a ledger table takes part: row triggers fire, CHECK

@@ -6,7 +6,7 @@
  *
  * Each fact is read as committed now (reader.c) and forgotten when a
  * relcache invalidation of its table arrives, the mechanism PostgreSQL's own
- * caches use.  The writers of those facts (writer.c: a tool registered,
+ * caches use.  The writers of those facts (write_*.c: a tool registered,
  * changed or retired, a run abandoned, a divergence recorded) send one,
  * which PostgreSQL delivers to every backend at the writer's commit, before
  * the writer's locks are released, and processes locally when the writer

@@ -11,6 +11,7 @@
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "utils/builtins.h"
+#include "utils/inet.h"
 #include "utils/jsonb.h"
 
 #include "common.h"
@@ -224,4 +225,15 @@ dl_jsonb_equal(Jsonb *a, Jsonb *b)
 	if (a == NULL || b == NULL)
 		return a == b;
 	return compareJsonbContainers(&a->root, &b->root) == 0;
+}
+
+/* The client's address, as inet_client_addr() gives it; false for a local socket. */
+bool
+dl_client_addr(Datum *addr)
+{
+	LOCAL_FCINFO(fcinfo, 0);
+
+	InitFunctionCallInfoData(*fcinfo, NULL, 0, InvalidOid, NULL, NULL);
+	*addr = inet_client_addr(fcinfo);
+	return !fcinfo->isnull;
 }

@@ -3,15 +3,25 @@
  * nothing but PostgreSQL: the names of statuses, canonical args, keys, the
  * checks on what callers pass, the audit detail builder.
  *
- * The layers of src/.  Each file uses only its own layer and the layers
- * below it, never one above; entry points never use each other.
+ * The layers of src/, from the top.  Each file uses only its own layer and
+ * the layers below it, never one above; the entry points never use each
+ * other.  test/check-layers.py reads this list (one layer a line, its files
+ * as shell patterns) and checks the rule on the built objects:
  *
- *   entry points   begin.c report.c resolve.c status.c lease_calls.c
- *                  key_calls.c drop_guard.c older_sql.c   (SQL-callable)
- *   lease          lease.c token_lease.c liveness.c runlock.c  lease.h
- *   store          reader.c writer.c durability.c plans.c  store.h
- *   common         names.c canonical.c keys.c call.c detail.c  common.h
+ * layers:
+ *   module    module.c
+ *   entry     *_funcs.c
+ *   decision  decide.c decision.h
+ *   policy    tools.c divergence.c policy.h
+ *   lease     lease.c token_lease.c liveness.c runlock.c counters.c lease.h
+ *   store     reader.c rows.c write_*.c audit.c audit_chain.c metrics.c cache.c
+ *   store     tables.c plans.c durability.c store.h rows.h tables.h
+ *   common    names.c canonical.c identity.c keys.c call.c detail.c common.h compat.h
  *
+ * The entry points parse, call their subsystem and form the result; the
+ * decision layer decides a begin (read, judge, apply); the policy layer
+ * says what a run's calls may execute; the lease layer holds runs; the store
+ * reads and writes the tables (rows.c is the only code that writes a row).
  * module.c (_PG_init) only calls each part's init.  This header includes
  * PostgreSQL's headers and compat.h, nothing else of ours.
  */
@@ -138,6 +148,7 @@ extern void dl_spi_finish(void);
 extern void dl_error_no_such_attempt(const char *key, int32 attempt,
 									 int32 current_attempt);
 extern bool dl_jsonb_equal(Jsonb *a, Jsonb *b);
+extern bool dl_client_addr(Datum *addr);
 
 /* detail.c: a small builder for audit details, a flat JSON object */
 typedef struct DetailBuilder

@@ -207,7 +207,7 @@ read_row(Call *call, const char *key, Facts *f)
  * effect a person said it is the same as.  False: look again.
  *
  * In a run's first epoch a derived key is not even looked up: epoch 1 is
- * given only to a run whose audit log names no epoch at all (writer.c), and
+ * given only to a run whose audit log names no epoch at all (write_runs.c), and
  * every intent is logged with its epoch, so no key of the run can exist.
  */
 static bool

@@ -2,7 +2,7 @@
  * metrics.c: how many events of each kind the ledger logged in each database
  * since the server started (its shared memory was last initialised: a
  * crashed backend makes the server do that too), for monitoring
- * (durable_ledger.metrics_events, metrics_calls.c).
+ * (durable_ledger.metrics_events, metrics_funcs.c).
  *
  * The counts live in shared memory, which a library can ask for only while
  * the server starts: they are kept when durable_ledger is in

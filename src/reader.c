@@ -831,7 +831,7 @@ dl_read_divergence_tuple(const char *key)
 /*
  * The unsettled row of an effect (its key and created_at) as committed now,
  * or NULL.  Not locked: only a writer that holds its effect's row lock writes
- * it (writer.c), so none can be changing it under that lock.
+ * it (write_effects.c), so none can be changing it under that lock.
  */
 HeapTuple
 dl_read_unsettled_tuple(const char *key, TimestampTz created_at)

@@ -3,17 +3,21 @@
  *
  *   reader.c      lookups and queries (SPI with saved plans, and the
  *                 unique-check look at a key)
- *   writer.c      the only code that writes rows: PostgreSQL's executor
- *                 helpers for single rows, SPI for the one statement that
- *                 needs ON CONFLICT
- *   tables.c      the tables' columns, found by name (tables.h, for the
- *                 store's own files)
+ *   rows.c        the only code that writes a row: PostgreSQL's executor
+ *                 helpers for single rows (rows.h, for the store's files)
+ *   write_*.c     what is written, one file per table (effects, runs,
+ *                 tokens, registry, divergences) and for retention; SPI
+ *                 for the one statement that needs ON CONFLICT
+ *   audit.c       the audit log's rows: each event's row, chained, counted,
+ *                 and notified (NOTIFY durable_ledger_attention) when a
+ *                 person attends to it
  *   audit_chain.c the audit log's hash chains (tamper evidence)
  *   metrics.c     event counts since the server started (shared memory)
+ *   tables.c      the tables' columns, found by name (tables.h, for the
+ *                 store's own files)
  *   cache.c       what rarely changes (a tool's row, a run not abandoned,
  *                 a run without divergences), remembered between calls
  *   durability.c  synchronous_commit raised for transactions that wrote
- *   attention.c   NOTIFY durable_ledger_attention for what needs a person
  *   plans.c       saved SPI plans, run with the right snapshot
  *
  * Uses common.h only; the lease layer and the entry points use it.  The
@@ -51,7 +55,7 @@ typedef struct EffectRow
 
 /*
  * A row of effects locked for this transaction (as SELECT ... FOR NO KEY
- * UPDATE locks it): its values, and the version that writer.c may change.
+ * UPDATE locks it): its values, and the version that write_effects.c may change.
  */
 typedef struct LockedEffect
 {
@@ -242,7 +246,7 @@ typedef struct EarlierEffect
 extern bool dl_read_lease_unreleased_by_me(const char *run, int64 *epoch);
 extern void dl_error_unknown_key(const char *key);
 
-/* writer.c */
+/* rows.c, write_*.c, audit.c: the only code that writes */
 extern void dl_write_new_intent(const NewIntent *intent);
 extern bool dl_write_intent_unless_exists(const NewIntent *intent);
 extern bool dl_lock_effect(const char *key, LockedEffect *locked);
@@ -337,7 +341,7 @@ extern bool dl_run_remembered_open(const char *run, uint64 *generation);
 extern void dl_remember_run_open(const char *run, uint64 generation);
 extern bool dl_run_may_have_divergences(const char *run);
 
-/* attention.c */
+/* audit.c */
 extern void dl_notify_attention(const char *event, int64 audit_id);
 
 /* durability.c */
@@ -345,7 +349,7 @@ extern void dl_note_durable_write(void);
 extern void dl_note_ledger_write(void);
 extern void dl_durability_init(void);
 
-/* plans.c: saved SPI plans (for reader.c and writer.c) */
+/* plans.c: saved SPI plans (for the store's files) */
 typedef struct Statement
 {
 	const char *sql;

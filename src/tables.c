@@ -230,7 +230,7 @@ installed_version(void)
 /*
  * A column the ledger writes is missing: the objects are of an older version
  * than this library (ALTER EXTENSION ... UPDATE not run yet; then the call
- * fails as older_sql.c's do), or someone dropped it.
+ * fails as older_funcs.c's do), or someone dropped it.
  */
 static void
 report_missing_column(LedgerTable *t, const char *column)

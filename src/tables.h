@@ -1,7 +1,7 @@
 /*
  * tables.h: the ledger's tables as the store layer knows them: which columns
  * it reads and writes, by name, and where they are.  For the store's own
- * files (reader.c, writer.c); the other layers use store.h.
+ * files (reader.c, rows.c, write_*.c, audit.c); the other layers use store.h.
  */
 #ifndef DURABLE_LEDGER_TABLES_H
 #define DURABLE_LEDGER_TABLES_H

@@ -16,25 +16,41 @@ Prints one TAP line per rule ("ok N - ..." or "not ok N - ...", with the
 offending uses) and exits non-zero when one fails.
 """
 
+import fnmatch
 import os
 import re
 import subprocess
 import sys
 
-# layer of each C file and header: 0 common, 1 store, 2 lease, 3 policy, 4 decision, 5 entry points, 6 module
-LAYERS = {
-    "common": ["names", "canonical", "identity", "keys", "call", "detail", "common.h", "compat.h"],
-    "store": ["plans", "tables", "cache", "audit_chain", "metrics", "reader", "writer", "durability", "attention", "store.h", "tables.h"],
-    "lease": ["runlock", "lease", "token_lease", "liveness", "counters", "lease.h"],
-    "policy": ["tools", "divergence", "policy.h"],
-    "decision": ["decide", "decision.h"],
-    "entry": ["begin", "report", "resolve", "status", "lease_calls", "token_calls", "key_calls",
-              "tool_calls", "run_calls", "purge_calls", "metrics_calls", "drop_guard", "older_sql"],
-    "module": ["module"],
-}
-ORDER = ["common", "store", "lease", "policy", "decision", "entry", "module"]
-LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
-RANK = {layer: i for i, layer in enumerate(ORDER)}
+def read_layers(src):
+    """The layer list of src/common.h: "layers:", then "<layer> <pattern>..." lines."""
+    layers, order = {}, []
+    in_list = False
+    for line in open(os.path.join(src, "common.h")):
+        text = line.strip().lstrip("*").strip()
+        if text == "layers:":
+            in_list = True
+            continue
+        if in_list:
+            if not text:
+                break
+            layer, *patterns = text.split()
+            if layer not in layers:
+                layers[layer] = []
+                order.append(layer)
+            layers[layer] += patterns
+    order.reverse()  # the list is from the top; ranks count from the bottom
+    return layers, order
+
+
+def layer_of(layers, name):
+    for layer, patterns in layers.items():
+        for pattern in patterns:
+            if fnmatch.fnmatch(name + ("" if name.endswith(".h") else ".c"), pattern):
+                return layer
+    return None
+
+
 
 
 def nm(path, *flags):
@@ -44,6 +60,12 @@ def nm(path, *flags):
 
 def main():
     src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "src")
+    global LAYER_OF, RANK, ORDER
+    layers, ORDER = read_layers(src)
+    names = [f[:-2] for f in os.listdir(src) if f.endswith(".c")] + \
+        [f for f in os.listdir(src) if f.endswith(".h")]
+    LAYER_OF = {n: layer_of(layers, n) for n in names if layer_of(layers, n)}
+    RANK = {layer: i for i, layer in enumerate(ORDER)}
     objects = sorted(f[:-2] for f in os.listdir(src) if f.endswith(".o"))
     sources = sorted(f[:-2] for f in os.listdir(src) if f.endswith(".c"))
     failures = []

@@ -1,5 +1,5 @@
 /*
- * metrics_calls.c: metrics_events(), the ledger's event counts since the
+ * metrics_funcs.c: metrics_events(), the ledger's event counts since the
  * server started (metrics.c), for monitoring.
  */
 #include "postgres.h"

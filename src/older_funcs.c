@@ -1,5 +1,5 @@
 /*
- * older_sql.c: the C symbols of older SQL declarations of the extension.
+ * older_funcs.c: the C symbols of older SQL declarations of the extension.
  *
  * Each SQL version binds its functions to symbols of its own (dl_..._1_1).
  * When this library is installed but a database still has the objects of an

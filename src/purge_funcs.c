@@ -1,5 +1,5 @@
 /*
- * purge_calls.c: purge_settled(), the ledger's retention.
+ * purge_funcs.c: purge_settled(), the ledger's retention.
  *
  * The effects of a run are removed when the run is settled and quiet: every
  * effect completed or failed (none started, unknown or flagged by a

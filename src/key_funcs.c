@@ -1,5 +1,5 @@
 /*
- * key_calls.c: the SQL functions canonical_args() and effect_key(), which
+ * key_funcs.c: the SQL functions canonical_args() and effect_key(), which
  * compute without writing anything what begin_effect() derives (effect_key
  * with the key fields the registry gives the tool).
  */

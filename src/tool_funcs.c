@@ -1,5 +1,5 @@
 /*
- * tool_calls.c: register_tool(), change_tool() and retire_tool(), the admin
+ * tool_funcs.c: register_tool(), change_tool() and retire_tool(), the admin
  * functions of the tools registry, and set_unregistered_tools() and
  * set_unregistered_divergence(), of the policy for tools nobody registered
  * (tools.c says what both mean for a call).

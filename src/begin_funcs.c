@@ -1,5 +1,5 @@
 /*
- * begin.c: begin_effect(), which records the intent of a side effect before
+ * begin_funcs.c: begin_effect(), which records the intent of a side effect before
  * it happens and says whether to execute, replay, pause or wait; and
  * begin_recorded(), the same for a call that is harmless to make again (a
  * model's answer, a read), recorded so that a replay sees what it returned.

@@ -1,5 +1,5 @@
 /*
- * lease_calls.c: acquire_run(), release_run(), session_epoch(),
+ * lease_funcs.c: acquire_run(), release_run(), session_epoch(),
  * release_attempt() and break_lease(), the SQL functions of session leases
  * (lease.c keeps them).
  */

@@ -1,5 +1,5 @@
 /*
- * report.c: complete_effect() and fail_effect(), a worker's report that an
+ * report_funcs.c: complete_effect() and fail_effect(), a worker's report that an
  * attempt of an effect happened or definitively did not.
  *
  * A report names the attempt it is about, and never decides another one: a

@@ -1,5 +1,5 @@
 /*
- * token_calls.c: take_lease(), renew_lease() and release_lease(), the SQL
+ * token_funcs.c: take_lease(), renew_lease() and release_lease(), the SQL
  * functions of token leases (token_lease.c keeps them).
  */
 #include "postgres.h"

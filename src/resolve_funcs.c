@@ -1,5 +1,5 @@
 /*
- * resolve.c: resolve_effect(), a person's (or a reconciler's) decision on an
+ * resolve_funcs.c: resolve_effect(), a person's (or a reconciler's) decision on an
  * effect whose outcome is unknown or contradicted, with a name.
  *
  * A decision is prepared from what a person saw (unresolved lists the

@@ -1,5 +1,5 @@
 /*
- * drop_guard.c: refuses to drop a ledger that holds effects.
+ * guard_funcs.c: refuses to drop a ledger that holds effects.
  *
  * An event trigger at ddl_command_start sees the parse tree of DROP
  * EXTENSION, DROP SCHEMA and DROP OWNED before anything is dropped.  When the

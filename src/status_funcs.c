@@ -1,5 +1,5 @@
 /*
- * status.c: effect_status(), the effect's row, or no row.  Looks, never
+ * status_funcs.c: effect_status(), the effect's row, or no row.  Looks, never
  * writes.  A started effect whose lease is no longer live is shown as
  * unknown: the question a status query asks is "may this still be in
  * flight?".

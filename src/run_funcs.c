@@ -1,5 +1,5 @@
 /*
- * run_calls.c: abandon_run(), resolve_divergence() and fork_run(), what a
+ * run_funcs.c: abandon_run(), resolve_divergence() and fork_run(), what a
  * person decides about a run: stop it for good, say what a drifted call of a
  * later attempt is (divergence.c), or start a new run from its first steps.
  * Each is audited with the person's name.
