@@ -32,34 +32,20 @@
 
 #define ATTENTION_CHANNEL "durable_ledger_attention"
 
-static bool
-needs_attention(const char *event)
-{
-	static const char *const events[] = {
-		"pause", "conflict", "divergence", "resolved", "divergence_resolved"
-	};
-	int			i;
-
-	for (i = 0; i < lengthof(events); i++)
-		if (strcmp(event, events[i]) == 0)
-			return true;
-	return false;
-}
-
 /*
  * Queues the notification of an audited event (audit_id: its row), when it
  * is one a person attends to.
  */
 void
-dl_notify_attention(const char *event, int64 audit_id)
+dl_notify_attention(AuditEvent event, int64 audit_id)
 {
 	StringInfoData payload;
 
-	if (!needs_attention(event))
+	if (!dl_audit_event_attended(event))
 		return;
 	initStringInfo(&payload);
 	appendStringInfoString(&payload, "{\"event\": ");
-	escape_json(&payload, event);
+	escape_json(&payload, dl_audit_event_name(event));
 	appendStringInfo(&payload, ", \"audit_id\": " INT64_FORMAT "}", audit_id);
 	Async_Notify(ATTENTION_CHANNEL, payload.data);
 	pfree(payload.data);
@@ -73,7 +59,7 @@ dl_notify_attention(const char *event, int64 audit_id)
  * lease_epoch or attempt of 0 is stored as NULL.
  */
 void
-dl_write_audit(const char *run, const char *key, const char *event, Jsonb *detail,
+dl_write_audit(const char *run, const char *key, AuditEvent event, Jsonb *detail,
 			   int64 lease_epoch, int32 attempt)
 {
 	RowWrite		w;
@@ -104,7 +90,7 @@ dl_write_audit(const char *run, const char *key, const char *event, Jsonb *detai
 	dl_row_set(&w, AUD_LOGGED_AT, TimestampTzGetDatum(row.logged_at));
 	dl_row_set_optional(&w, AUD_RUN, run ? CStringGetTextDatum(run) : (Datum) 0, run == NULL);
 	dl_row_set_optional(&w, AUD_KEY, key ? CStringGetTextDatum(key) : (Datum) 0, key == NULL);
-	dl_row_set(&w, AUD_EVENT, CStringGetTextDatum(event));
+	dl_row_set(&w, AUD_EVENT, CStringGetTextDatum(dl_audit_event_name(event)));
 	dl_row_set_optional(&w, AUD_DETAIL, JsonbPGetDatum(detail), detail == NULL);
 	dl_row_set(&w, AUD_ROLE_NAME, CStringGetTextDatum(row.role_name));
 	dl_row_set(&w, AUD_SESSION_USER_NAME, CStringGetTextDatum(row.session_user_name));

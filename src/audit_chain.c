@@ -173,7 +173,7 @@ append_content(StringInfo buf, const AuditRow *row)
 	appendStringInfoString(buf, ", ");
 	append_text_or_null(buf, row->key);
 	appendStringInfoString(buf, ", ");
-	append_text_or_null(buf, row->event);
+	append_text_or_null(buf, dl_audit_event_name(row->event));
 	appendStringInfoString(buf, ", ");
 	if (row->detail == NULL)
 		appendStringInfoString(buf, "null");
@@ -208,7 +208,6 @@ dl_chain_audit_row(AuditRow *row, Oid audit_relid, Oid namespace)
 	pg_cryptohash_ctx *ctx;
 	uint8		hash[CHAIN_HASH_LEN];
 	bytea	   *result;
-	int			event;
 
 	note_undo();
 	if (head.chain == 0 || head.audit_relid != audit_relid)
@@ -248,7 +247,5 @@ dl_chain_audit_row(AuditRow *row, Oid audit_relid, Oid namespace)
 
 	head.seq = row->chain_seq;
 	memcpy(head.hash, hash, CHAIN_HASH_LEN);
-	event = dl_metrics_event_index(row->event);
-	if (event >= 0)
-		head.events[event]++;
+	head.events[row->event]++;
 }

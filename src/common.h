@@ -117,6 +117,41 @@ extern bool dl_divergence_from_name(const char *name, DivergencePolicy *policy);
 extern const char *dl_unregistered_name(UnregisteredTools setting);
 extern bool dl_unregistered_from_name(const char *name, UnregisteredTools *setting);
 
+/* names.c: the audit log's events (its domain durable_ledger.audit_event) */
+typedef enum AuditEvent
+{
+	AUDIT_LEASE_ACQUIRED,
+	AUDIT_LEASE_RELEASED,
+	AUDIT_LEASE_BROKEN,
+	AUDIT_INTENT,
+	AUDIT_REPLAY,
+	AUDIT_PAUSE,
+	AUDIT_IN_PROGRESS,
+	AUDIT_COMPLETED,
+	AUDIT_LATE_COMPLETION,
+	AUDIT_FAILED,
+	AUDIT_LATE_FAILURE,
+	AUDIT_RESOLVED,
+	AUDIT_CONFLICT,
+	AUDIT_TOOL_REGISTERED,
+	AUDIT_TOOL_CHANGED,
+	AUDIT_TOOL_RETIRED,
+	AUDIT_DIVERGENCE,
+	AUDIT_DIVERGENCE_RESOLVED,
+	AUDIT_RUN_ABANDONED,
+	AUDIT_RUN_FORKED,
+	AUDIT_CARRIED,
+	AUDIT_POLICY_CHANGED,
+	AUDIT_PURGED,
+	AUDIT_AUDIT_PURGED,
+	AUDIT_SUPERSEDED_REPORT,
+	AUDIT_HISTORY_CHAINED,
+	DL_NEVENTS
+} AuditEvent;
+
+extern const char *dl_audit_event_name(AuditEvent event);
+extern bool dl_audit_event_attended(AuditEvent event);
+
 /* canonical.c */
 extern void dl_append_canonical_args(StringInfo out, Jsonb *args);
 

@@ -103,7 +103,8 @@ typedef struct Decision
 	EffectStatus replaced_as;	/* CHANGE_NEXT_ATTEMPT: how the current attempt is kept */
 	bool		redo;			/* ... a recorded call's, made again */
 	bool		warn_unregistered;	/* it executes a tool nobody registered (policy warn) */
-	const char *event;			/* its audit row's; NULL: the change writes its own */
+	AuditEvent	event;			/* its audit row's, */
+	bool		audited;		/* ... when the change does not write its own */
 	const char *why_name;		/* its detail (NULL: none), */
 	const char *why_value;		/* ... saying why */
 	const char *divergence;		/* the drifted call's key, when a verdict made it this effect's */
@@ -305,7 +306,8 @@ decide_execute(Decision *d, int32 attempt)
 	d->answer.decision = DECIDE_EXECUTE;
 	d->answer.status = EFFECT_STARTED;
 	d->answer.attempt = attempt;
-	d->event = "intent";
+	d->event = AUDIT_INTENT;
+	d->audited = true;
 }
 
 static void
@@ -313,7 +315,8 @@ decide_pause(Decision *d, const char *reason, const char *cause)
 {
 	d->answer.decision = DECIDE_PAUSE;
 	d->answer.reason = reason;
-	d->event = "pause";
+	d->event = AUDIT_PAUSE;
+	d->audited = true;
 	d->why_name = "cause";
 	d->why_value = cause;
 }
@@ -323,7 +326,8 @@ decide_replay(Decision *d, const char *reason, const EffectRow *row)
 {
 	d->answer.decision = DECIDE_REPLAY;
 	d->answer.reason = reason;
-	d->event = "replay";
+	d->event = AUDIT_REPLAY;
+	d->audited = true;
 	d->why_name = "status";
 	d->why_value = dl_status_name(row->status);
 }
@@ -362,7 +366,7 @@ judge_new(const Call *call, const Facts *f, Decision *d)
 			if (f->drift.kind == DRIFT_NEW)
 			{
 				d->change = CHANGE_DIVERGENCE;
-				d->event = NULL;	/* the divergence's own audit row says it */
+				d->audited = false;	/* the divergence's own audit row says it */
 			}
 			return;
 		case DRIFT_NONE:
@@ -395,7 +399,8 @@ judge_started(const Facts *f, const Call *call, Decision *d)
 			d->answer.reason = REASON_IN_PROGRESS_MINE;
 		else
 			d->answer.reason = psprintf(REASON_IN_PROGRESS_OTHER, row->run);
-		d->event = "in_progress";
+		d->event = AUDIT_IN_PROGRESS;
+	d->audited = true;
 		d->why_name = "holder_run";
 		d->why_value = row->run;
 		return;
@@ -492,7 +497,7 @@ warn_executed(const Call *call, const Facts *f, const Decision *d)
 {
 	if (f->drift.kind == DRIFT_WARN)
 	{
-		dl_write_audit(call->intent.run, call->intent.key, "divergence",
+		dl_write_audit(call->intent.run, call->intent.key, AUDIT_DIVERGENCE,
 					   dl_divergence_detail(&call->progress, &f->drift),
 					   call->intent.lease_epoch, 0);
 		dl_warn_divergence(&call->progress, &f->drift);
@@ -507,7 +512,7 @@ record_divergence(const Call *call, const Facts *f)
 {
 	DivergenceRow row = {0};
 
-	dl_write_audit(call->intent.run, call->intent.key, "divergence",
+	dl_write_audit(call->intent.run, call->intent.key, AUDIT_DIVERGENCE,
 				   dl_divergence_detail(&call->progress, &f->drift),
 				   call->intent.lease_epoch, 0);
 	row.key = (char *) call->intent.key;
@@ -621,7 +626,7 @@ apply(Call *call, const Facts *f, const Decision *d)
 {
 	if (!apply_change(call, f, d))
 		return false;
-	if (d->event != NULL)
+	if (d->audited)
 		audit_decision(f, d);
 	if (d->answer.decision == DECIDE_EXECUTE)
 	{

@@ -473,7 +473,7 @@ record_epoch_start(const char *run, uint64 lock_key, bool waited)
 
 	dl_detail_init(&detail);
 	dl_detail_bool(&detail, "waited", waited);
-	dl_write_audit(run, NULL, "lease_acquired", dl_detail_finish(&detail), epoch, 0);
+	dl_write_audit(run, NULL, AUDIT_LEASE_ACQUIRED, dl_detail_finish(&detail), epoch, 0);
 	return epoch;
 }
 
@@ -496,7 +496,7 @@ record_epoch_end(const char *run, int64 epoch, bool lock_lost)
 		dl_detail_bool(&d, "lock_lost", true);
 		detail = dl_detail_finish(&d);
 	}
-	dl_write_audit(run, NULL, "lease_released", detail, epoch, 0);
+	dl_write_audit(run, NULL, AUDIT_LEASE_RELEASED, detail, epoch, 0);
 }
 
 static void

@@ -122,7 +122,7 @@ dl_break_lease_1_1(PG_FUNCTION_ARGS)
 	dl_detail_text(&detail, "note", note);
 	dl_detail_int(&detail, "holder_pid", holder);
 	dl_detail_bool(&detail, "terminated", terminated);
-	dl_write_audit(run, NULL, "lease_broken", dl_detail_finish(&detail), state.epoch, 0);
+	dl_write_audit(run, NULL, AUDIT_LEASE_BROKEN, dl_detail_finish(&detail), state.epoch, 0);
 	dl_note_durable_write();
 	dl_spi_finish();
 
@@ -234,7 +234,7 @@ dl_release_attempt_1_3(PG_FUNCTION_ARGS)
 	dl_detail_text(&detail, "note", "the session lease of this epoch was ended from another backend: its client's calls reached a server connection that did not hold it");
 	dl_detail_int(&detail, "holder_pid", holder);
 	dl_detail_bool(&detail, "terminated", terminated);
-	dl_write_audit(run, NULL, "lease_broken", dl_detail_finish(&detail), epoch, 0);
+	dl_write_audit(run, NULL, AUDIT_LEASE_BROKEN, dl_detail_finish(&detail), epoch, 0);
 	dl_note_durable_write();
 	dl_spi_finish();
 

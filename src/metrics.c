@@ -22,15 +22,6 @@
 
 #include "store.h"
 
-/* The audit log's events (its domain durable_ledger.audit_event). */
-static const char *const event_names[DL_NEVENTS] = {
-	"lease_acquired", "lease_released", "lease_broken", "intent", "replay", "pause",
-	"in_progress", "completed", "late_completion", "failed", "late_failure", "resolved",
-	"conflict", "tool_registered", "tool_changed", "tool_retired", "divergence",
-	"divergence_resolved", "run_abandoned", "run_forked", "carried", "policy_changed",
-	"purged", "audit_purged", "superseded_report", "history_chained"
-};
-
 /*
  * One slot per database (the audit log, and so what is counted, is a
  * database's): a slot is claimed by the first commit in its database that
@@ -95,18 +86,6 @@ dl_metrics_init(void)
 	shmem_startup_hook = metrics_shmem_startup;
 }
 
-/* The index of an event in the counts; -1 for one this version does not know. */
-int
-dl_metrics_event_index(const char *event)
-{
-	int			i;
-
-	for (i = 0; i < DL_NEVENTS; i++)
-		if (strcmp(event_names[i], event) == 0)
-			return i;
-	return -1;
-}
-
 /* This database's slot; claimed when claim, else NULL when it has none. */
 static DatabaseMetrics *
 database_slot(bool claim)
@@ -151,12 +130,6 @@ bool
 dl_metrics_kept(void)
 {
 	return metrics != NULL;
-}
-
-const char *
-dl_metrics_event_name(int i)
-{
-	return event_names[i];
 }
 
 /* This database's count of event i since the server started (dl_metrics_kept). */

@@ -29,7 +29,7 @@ dl_metrics_events_1_2(PG_FUNCTION_ARGS)
 		Datum		values[2];
 		bool		nulls[2] = {false, !kept};
 
-		values[0] = CStringGetTextDatum(dl_metrics_event_name(i));
+		values[0] = CStringGetTextDatum(dl_audit_event_name((AuditEvent) i));
 		values[1] = kept ? Int64GetDatum((int64) dl_metrics_count(i)) : (Datum) 0;
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}

@@ -1,6 +1,7 @@
 /*
- * names.c: the statuses of an effect and the settings of the tools registry
- * and the policy, as the ledger's tables spell them.
+ * names.c: the statuses of an effect, the settings of the tools registry
+ * and the policy, and the audit log's events, as the ledger's tables spell
+ * them.
  */
 #include "postgres.h"
 
@@ -85,4 +86,51 @@ dl_unregistered_from_name(const char *name, UnregisteredTools *setting)
 	if (i >= 0)
 		*setting = (UnregisteredTools) i;
 	return i >= 0;
+}
+
+/* The audit log's events: each one's name, and whether a person attends to it (NOTIFY). */
+static const struct
+{
+	const char *name;
+	bool		attended;
+}			audit_events[DL_NEVENTS] = {
+	[AUDIT_LEASE_ACQUIRED] = {"lease_acquired", false},
+	[AUDIT_LEASE_RELEASED] = {"lease_released", false},
+	[AUDIT_LEASE_BROKEN] = {"lease_broken", false},
+	[AUDIT_INTENT] = {"intent", false},
+	[AUDIT_REPLAY] = {"replay", false},
+	[AUDIT_PAUSE] = {"pause", true},
+	[AUDIT_IN_PROGRESS] = {"in_progress", false},
+	[AUDIT_COMPLETED] = {"completed", false},
+	[AUDIT_LATE_COMPLETION] = {"late_completion", false},
+	[AUDIT_FAILED] = {"failed", false},
+	[AUDIT_LATE_FAILURE] = {"late_failure", false},
+	[AUDIT_RESOLVED] = {"resolved", true},
+	[AUDIT_CONFLICT] = {"conflict", true},
+	[AUDIT_TOOL_REGISTERED] = {"tool_registered", false},
+	[AUDIT_TOOL_CHANGED] = {"tool_changed", false},
+	[AUDIT_TOOL_RETIRED] = {"tool_retired", false},
+	[AUDIT_DIVERGENCE] = {"divergence", true},
+	[AUDIT_DIVERGENCE_RESOLVED] = {"divergence_resolved", true},
+	[AUDIT_RUN_ABANDONED] = {"run_abandoned", false},
+	[AUDIT_RUN_FORKED] = {"run_forked", false},
+	[AUDIT_CARRIED] = {"carried", false},
+	[AUDIT_POLICY_CHANGED] = {"policy_changed", false},
+	[AUDIT_PURGED] = {"purged", false},
+	[AUDIT_AUDIT_PURGED] = {"audit_purged", false},
+	[AUDIT_SUPERSEDED_REPORT] = {"superseded_report", false},
+	[AUDIT_HISTORY_CHAINED] = {"history_chained", false},
+};
+
+const char *
+dl_audit_event_name(AuditEvent event)
+{
+	return audit_events[event].name;
+}
+
+/* Whether a person attends to event: audit.c notifies a listener of it. */
+bool
+dl_audit_event_attended(AuditEvent event)
+{
+	return audit_events[event].attended;
 }

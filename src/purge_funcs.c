@@ -60,7 +60,7 @@ audit_purge(const char *run, const char *purged_by, const char *older_than,
 	dl_detail_int(&detail, "effects", counts->effects);
 	dl_detail_int(&detail, "past_attempts", counts->past_attempts);
 	dl_detail_int(&detail, "divergences", counts->divergences);
-	dl_write_audit(run, NULL, "purged", dl_detail_finish(&detail), 0, 0);
+	dl_write_audit(run, NULL, AUDIT_PURGED, dl_detail_finish(&detail), 0, 0);
 }
 
 /* Whether a live lease holds run. */
@@ -306,7 +306,7 @@ dl_purge_audit_1_3(PG_FUNCTION_ARGS)
 		/* where each chain was cut: what makes its anchor trustworthy (verify_audit) */
 		dl_detail_jsonb(&detail, "cuts",
 						DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum(cuts.data))));
-		dl_write_audit(NULL, NULL, "audit_purged", dl_detail_finish(&detail), 0, 0);
+		dl_write_audit(NULL, NULL, AUDIT_AUDIT_PURGED, dl_detail_finish(&detail), 0, 0);
 		dl_note_durable_write();
 	}
 	dl_spi_finish();

@@ -45,7 +45,7 @@ keep_conflict(LockedEffect *locked, const char *run, int64 lease_epoch, int32 at
 		dl_detail_int(&detail, "current_attempt", row->attempt);
 	if (why != NULL)
 		dl_detail_text(&detail, "why", why);
-	dl_write_audit(run, row->key, "conflict", dl_detail_finish(&detail), lease_epoch, attempt);
+	dl_write_audit(run, row->key, AUDIT_CONFLICT, dl_detail_finish(&detail), lease_epoch, attempt);
 	dl_write_conflict_flag(locked);
 	dl_note_durable_write();
 }
@@ -83,7 +83,7 @@ keep_superseded_report(LockedEffect *locked, const char *run, int64 lease_epoch,
 	dl_detail_text(&detail, "report", dl_status_name(reported));
 	dl_detail_jsonb(&detail, reported == EFFECT_COMPLETED ? "result" : "error", value);
 	dl_detail_int(&detail, "current_attempt", locked->row.attempt);
-	dl_write_audit(run, locked->row.key, "superseded_report", dl_detail_finish(&detail),
+	dl_write_audit(run, locked->row.key, AUDIT_SUPERSEDED_REPORT, dl_detail_finish(&detail),
 				   lease_epoch, attempt);
 	dl_note_durable_write();
 }
@@ -199,13 +199,13 @@ audit_applied_report(const EffectRow *before, EffectStatus reported, Jsonb *valu
 {
 	bool		late = before->status == EFFECT_UNKNOWN ||
 		!dl_lease_is_live(before->run, before->lease_epoch);
-	const char *event;
+	AuditEvent	event;
 	Jsonb	   *detail_value = NULL;
 
 	if (reported == EFFECT_COMPLETED)
-		event = late ? "late_completion" : "completed";
+		event = late ? AUDIT_LATE_COMPLETION : AUDIT_COMPLETED;
 	else
-		event = late ? "late_failure" : "failed";
+		event = late ? AUDIT_LATE_FAILURE : AUDIT_FAILED;
 	/* a failure's error is kept in the log: a business key may retry later */
 	if (late || reported == EFFECT_FAILED)
 	{

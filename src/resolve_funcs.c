@@ -90,7 +90,7 @@ dl_resolve_effect_1_3(PG_FUNCTION_ARGS)
 	dl_detail_jsonb(&detail, "previous_result", before.result);
 	dl_detail_jsonb(&detail, "previous_error", before.error);
 	dl_detail_bool(&detail, "conflict_cleared", before.conflict);
-	dl_write_audit(before.run, key, "resolved", dl_detail_finish(&detail), before.lease_epoch,
+	dl_write_audit(before.run, key, AUDIT_RESOLVED, dl_detail_finish(&detail), before.lease_epoch,
 				   before.attempt);
 	dl_note_durable_write();
 

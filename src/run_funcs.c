@@ -49,7 +49,7 @@ dl_abandon_run_1_2(PG_FUNCTION_ARGS)
 		dl_detail_init(&detail);
 		dl_detail_text(&detail, "abandoned_by", abandoned_by);
 		dl_detail_text(&detail, "note", note);
-		dl_write_audit(run, NULL, "run_abandoned", dl_detail_finish(&detail), epoch, 0);
+		dl_write_audit(run, NULL, AUDIT_RUN_ABANDONED, dl_detail_finish(&detail), epoch, 0);
 		dl_note_durable_write();
 	}
 	dl_spi_finish();
@@ -147,7 +147,7 @@ dl_resolve_divergence_1_3(PG_FUNCTION_ARGS)
 	dl_detail_text(&detail, "same_as", same_as);
 	dl_detail_text(&detail, "resolved_by", resolved_by);
 	dl_detail_text(&detail, "note", note);
-	dl_write_audit(locked.row.run, key, "divergence_resolved", dl_detail_finish(&detail),
+	dl_write_audit(locked.row.run, key, AUDIT_DIVERGENCE_RESOLVED, dl_detail_finish(&detail),
 				   locked.row.lease_epoch, 0);
 	dl_note_durable_write();
 
@@ -248,7 +248,7 @@ carry_effect(const char *key, const char *source_run, const char *new_run, List 
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "forked_from", source.row.key);
 	dl_detail_text(&detail, "status", dl_status_name(source.row.status));
-	dl_write_audit(new_run, new_key, "carried", dl_detail_finish(&detail), 1,
+	dl_write_audit(new_run, new_key, AUDIT_CARRIED, dl_detail_finish(&detail), 1,
 				   source.row.attempt);
 	return true;
 }
@@ -315,7 +315,7 @@ dl_fork_run_1_3(PG_FUNCTION_ARGS)
 	dl_detail_int(&detail, "effects", carried);
 	dl_detail_text(&detail, "forked_by", forked_by);
 	dl_detail_text(&detail, "note", note);
-	dl_write_audit(new_run, NULL, "run_forked", dl_detail_finish(&detail), 1, 0);
+	dl_write_audit(new_run, NULL, AUDIT_RUN_FORKED, dl_detail_finish(&detail), 1, 0);
 	dl_note_durable_write();
 	dl_spi_finish();
 	PG_RETURN_INT32(carried);

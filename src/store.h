@@ -293,7 +293,7 @@ extern void dl_write_divergence_verdict(LockedDivergence *locked, const char *ve
 extern void dl_write_run_purge(const char *run, PurgeCounts *counts);
 extern int64 dl_write_audit_purge(const AuditPurge *purge, const char *purged_by);
 extern bool dl_audit_purge_under_way(void);
-extern void dl_write_audit(const char *run, const char *key, const char *event,
+extern void dl_write_audit(const char *run, const char *key, AuditEvent event,
 						   Jsonb *detail, int64 lease_epoch, int32 attempt);
 
 /* tables.c */
@@ -308,7 +308,7 @@ typedef struct AuditRow
 	TimestampTz logged_at;
 	const char *run;
 	const char *key;
-	const char *event;
+	AuditEvent	event;
 	Jsonb	   *detail;
 	const char *role_name;
 	const char *session_user_name;
@@ -323,12 +323,9 @@ typedef struct AuditRow
 extern void dl_audit_chain_init(void);
 
 /* metrics.c: event counts since the server started (when preloaded) */
-#define DL_NEVENTS 26
 extern void dl_metrics_init(void);
-extern int	dl_metrics_event_index(const char *event);
 extern void dl_metrics_add(const uint32 *counts);
 extern bool dl_metrics_kept(void);
-extern const char *dl_metrics_event_name(int i);
 extern uint64 dl_metrics_count(int i);
 extern void dl_chain_audit_row(AuditRow *row, Oid audit_relid, Oid namespace);
 
@@ -342,7 +339,7 @@ extern void dl_remember_run_open(const char *run, uint64 generation);
 extern bool dl_run_may_have_divergences(const char *run);
 
 /* audit.c */
-extern void dl_notify_attention(const char *event, int64 audit_id);
+extern void dl_notify_attention(AuditEvent event, int64 audit_id);
 
 /* durability.c */
 extern void dl_note_durable_write(void);

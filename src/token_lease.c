@@ -175,7 +175,7 @@ dl_token_take(const char *run, Interval *ttl, const char *holder, TokenGrant *gr
 	dl_detail_text(&detail, "ttl", DatumGetCString(DirectFunctionCall1(interval_out,
 																	   IntervalPGetDatum(ttl))));
 	dl_detail_text(&detail, "expires_at", timestamptz_to_str(grant->expires_at));
-	dl_write_audit(run, NULL, "lease_acquired", dl_detail_finish(&detail), grant->epoch, 0);
+	dl_write_audit(run, NULL, AUDIT_LEASE_ACQUIRED, dl_detail_finish(&detail), grant->epoch, 0);
 	/* its holder goes on after a failover: the lease must be there */
 	dl_note_durable_write();
 	return true;
@@ -280,7 +280,7 @@ dl_token_release(const char *token)
 	dl_write_epoch_end(lease.run, lease.epoch, true);
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "kind", "token");
-	dl_write_audit(lease.run, NULL, "lease_released", dl_detail_finish(&detail), lease.epoch, 0);
+	dl_write_audit(lease.run, NULL, AUDIT_LEASE_RELEASED, dl_detail_finish(&detail), lease.epoch, 0);
 	dl_note_durable_write();
 	return true;
 }
@@ -306,7 +306,7 @@ dl_token_break(const char *run, const char *broken_by, const char *note)
 	dl_detail_text(&detail, "broken_by", broken_by);
 	dl_detail_text(&detail, "note", note);
 	dl_detail_bool(&detail, "terminated", false);
-	dl_write_audit(run, NULL, "lease_broken", dl_detail_finish(&detail), state.epoch, 0);
+	dl_write_audit(run, NULL, AUDIT_LEASE_BROKEN, dl_detail_finish(&detail), state.epoch, 0);
 	dl_note_durable_write();
 	return true;
 }

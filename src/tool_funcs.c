@@ -135,7 +135,7 @@ key_fields_json(const ToolRow *row)
 }
 
 static void
-audit_tool(const char *event, const ToolRow *row, const char *by_name, const char *by,
+audit_tool(AuditEvent event, const ToolRow *row, const char *by_name, const char *by,
 		   const char *note)
 {
 	DetailBuilder detail;
@@ -228,7 +228,7 @@ dl_register_tool_1_2(PG_FUNCTION_ARGS)
 		check_key_fields_change(&none, &row);
 		dl_write_new_tool(&row, registered_by);
 	}
-	audit_tool("tool_registered", &row, "registered_by", registered_by, row.note);
+	audit_tool(AUDIT_TOOL_REGISTERED, &row, "registered_by", registered_by, row.note);
 	dl_note_durable_write();
 	result = tool_result(fcinfo, call_cxt, row.tool);
 	dl_spi_finish();
@@ -273,7 +273,7 @@ dl_change_tool_1_2(PG_FUNCTION_ARGS)
 		to.note = dl_optional_text_arg(fcinfo, 5);
 	check_key_fields_change(&locked.row, &to);
 	dl_write_tool_change(&locked, &to, changed_by, false);
-	audit_tool("tool_changed", &to, "changed_by", changed_by, to.note);
+	audit_tool(AUDIT_TOOL_CHANGED, &to, "changed_by", changed_by, to.note);
 	dl_note_durable_write();
 	result = tool_result(fcinfo, call_cxt, tool);
 	dl_spi_finish();
@@ -304,7 +304,7 @@ dl_retire_tool_1_2(PG_FUNCTION_ARGS)
 	if (!locked.row.retired)
 	{
 		dl_write_tool_retired(&locked, retired_by, note);
-		audit_tool("tool_retired", &locked.row, "retired_by", retired_by, note);
+		audit_tool(AUDIT_TOOL_RETIRED, &locked.row, "retired_by", retired_by, note);
 		dl_note_durable_write();
 	}
 	result = tool_result(fcinfo, call_cxt, tool);
@@ -361,7 +361,7 @@ set_policy(PolicySetting setting, int value, const char *set_by, const char *not
 	dl_detail_text(&detail, "previous", setting_value(&before, setting));
 	dl_detail_text(&detail, "set_by", set_by);
 	dl_detail_text(&detail, "note", note);
-	dl_write_audit(NULL, NULL, "policy_changed", dl_detail_finish(&detail), 0, 0);
+	dl_write_audit(NULL, NULL, AUDIT_POLICY_CHANGED, dl_detail_finish(&detail), 0, 0);
 	dl_note_durable_write();
 	dl_spi_finish();
 	return setting_value(&before, setting);
