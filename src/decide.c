@@ -650,35 +650,46 @@ downstream_key(const char *key, bool business_key, int32 attempt)
 	return business_key ? psprintf("%s#%d", key, attempt) : pstrdup(key);
 }
 
-/* Records a call's intent and decides what its caller must do. */
-void
-dl_begin(const BeginRequest *request, BeginAnswer *answer)
+/*
+ * Decides: rounds of read, judge, apply, until a decision is applied to the
+ * row it was judged on.
+ */
+static void
+decide(Call *call, BeginAnswer *answer)
 {
-	Call		call;
 	int			round;
 
-	read_call(request, &call);
 	for (round = 0; round < MAX_DECISION_ROUNDS; round++)
 	{
 		Facts		facts;
 		Decision	d;
 
-		if (!read_effect(&call, &facts))
+		if (!read_effect(call, &facts))
 			continue;
-		judge(&call, &facts, &d);
-		if (!apply(&call, &facts, &d))
+		judge(call, &facts, &d);
+		if (!apply(call, &facts, &d))
 			continue;
 		*answer = d.answer;
-		answer->key = pstrdup(d.answer.key);	/* a derived key is in call, on this stack */
-		answer->business_key = call.intent.business_key;
-		answer->occurrence = call.intent.occurrence;
-		if (!answer->no_effect)
-			answer->downstream_key = downstream_key(answer->key, answer->business_key,
-													answer->attempt);
 		return;
 	}
 	ereport(ERROR,
 			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-			 errmsg("effect \"%s\" kept changing while a decision was being made", call.intent.key),
+			 errmsg("effect \"%s\" kept changing while a decision was being made", call->intent.key),
 			 errhint("Retry the call.")));
+}
+
+/* Records a call's intent and decides what its caller must do. */
+void
+dl_begin(const BeginRequest *request, BeginAnswer *answer)
+{
+	Call		call;
+
+	read_call(request, &call);
+	decide(&call, answer);
+	answer->key = pstrdup(answer->key);	/* a derived key is in call, on this stack */
+	answer->business_key = call.intent.business_key;
+	answer->occurrence = call.intent.occurrence;
+	if (!answer->no_effect)
+		answer->downstream_key = downstream_key(answer->key, answer->business_key,
+												answer->attempt);
 }
