@@ -83,6 +83,7 @@ typedef struct Facts
 	NewIntent	same;			/* (that one) */
 	bool		found;			/* row is the effect's; else its key is new */
 	EffectRow	row;
+	bool		lease_live;		/* a started effect's lease is live */
 	Drift		drift;			/* a new derived key: how it relates to the earlier attempts */
 } Facts;
 
@@ -102,13 +103,68 @@ typedef struct Decision
 	Change		change;
 	EffectStatus replaced_as;	/* CHANGE_NEXT_ATTEMPT: how the current attempt is kept */
 	bool		redo;			/* ... a recorded call's, made again */
-	bool		warn_unregistered;	/* it executes a tool nobody registered (policy warn) */
 	AuditEvent	event;			/* its audit row's, */
 	bool		audited;		/* ... when the change does not write its own */
-	const char *why_name;		/* its detail (NULL: none), */
-	const char *why_value;		/* ... saying why */
+	const char *cause;			/* a pause's, for its audit row */
 	const char *divergence;		/* the drifted call's key, when a verdict made it this effect's */
 } Decision;
+
+#define HINT_BUSINESS_KEY_OTHER_OPERATION \
+	"A business key names one operation. A different operation needs a business key of " \
+	"its own (e.g. the invoice number and a revision, \"INV-9/2\"), or none (the run's own " \
+	"key, by occurrence); a new key for the same operation would perform it again."
+
+#define HINT_BUSINESS_KEY_REWORDED \
+	"If this is the same operation with reworded free text (a memo, a message body), an " \
+	"admin names the fields that identify it: durable_ledger.change_tool(tool, changed_by, " \
+	"key_fields => '{...}'), or, once calls of the tool are recorded under derived keys, " \
+	"register_tool of a new tool name with key_fields; the call then replays. A new " \
+	"business key would perform the operation again."
+
+/*
+ * A business key names one operation: the same tool with the same args (the
+ * same key fields, for a tool registered with them).  A call that differs is
+ * refused, and nothing is written: it is not an outcome a person could
+ * decide (docs/reference.md, "Business keys"), but a caller or a registry
+ * that does not say what the operation is.
+ */
+static void
+check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row,
+				const ToolRules *rules)
+{
+	StringInfoData recorded;
+	Jsonb	   *identity;
+	bool		complete;
+	bool		key_fields = rules->registered && rules->row.nkey_fields >= 0;
+
+	if (strcmp(row->tool, intent->tool) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("business key \"%s\" is already used by a different call", intent->key),
+				 errdetail("It was begun with tool \"%s\"; this call has tool \"%s\".",
+						   row->tool, intent->tool),
+				 errhint(HINT_BUSINESS_KEY_OTHER_OPERATION)));
+
+	initStringInfo(&recorded);
+	identity = dl_identity_of_call(rules, row->args, &complete);
+	if (complete)
+		dl_append_canonical_args(&recorded, identity);
+	if (complete && strcmp(recorded.data, canon) == 0)
+		return;
+	if (key_fields)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("business key \"%s\" is already used by a different call", intent->key),
+				 errdetail("It was begun with other values of the key fields of tool \"%s\".",
+						   row->tool),
+				 errhint(HINT_BUSINESS_KEY_OTHER_OPERATION)));
+	ereport(ERROR,
+			(errcode(ERRCODE_UNIQUE_VIOLATION),
+			 errmsg("business key \"%s\" is already used by a different call", intent->key),
+			 errdetail("It was begun with other arguments for tool \"%s\", which names no key fields: all of args must be equal.",
+					   row->tool),
+			 errhint(HINT_BUSINESS_KEY_REWORDED)));
+}
 
 /* ---------- read ---------- */
 
@@ -203,6 +259,20 @@ read_row(Call *call, const char *key, Facts *f)
 }
 
 /*
+ * What the decision needs to know of a found row besides the row: a
+ * business key's call must be the one recorded (check_same_call: an error
+ * otherwise, nothing written), and a started effect's lease is live or not.
+ */
+static void
+read_row_facts(const Call *call, Facts *f)
+{
+	if (f->intent->business_key)
+		check_same_call(f->intent, call->canon.data, &f->row, &call->rules);
+	f->lease_live = f->row.status == EFFECT_STARTED &&
+		dl_lease_is_live(f->row.run, f->row.lease_epoch);
+}
+
+/*
  * Reads what a round decides on: the call's effect; for a new derived key
  * how the call relates to the run's earlier attempts (divergence.c), and the
  * effect a person said it is the same as.  False: look again.
@@ -218,11 +288,14 @@ read_effect(Call *call, Facts *f)
 
 	f->intent = intent;
 	f->found = false;
+	f->lease_live = false;
 	f->drift.kind = DRIFT_NONE;
 	if (!intent->business_key && intent->lease_epoch == 1)
 		return true;
 	if (!read_row(call, intent->key, f))
 		return false;
+	if (f->found)
+		read_row_facts(call, f);
 	if (f->found || intent->business_key)
 		return true;
 	dl_judge_drift(&call->progress, intent->key, &f->drift);
@@ -238,67 +311,11 @@ read_effect(Call *call, Facts *f)
 	if (!f->found)
 		elog(ERROR, "effect \"%s\" that a divergence was resolved as the same as does not exist",
 			 f->same.key);
+	read_row_facts(call, f);
 	return true;
 }
 
 /* ---------- judge ---------- */
-
-#define HINT_BUSINESS_KEY_OTHER_OPERATION \
-	"A business key names one operation. A different operation needs a business key of " \
-	"its own (e.g. the invoice number and a revision, \"INV-9/2\"), or none (the run's own " \
-	"key, by occurrence); a new key for the same operation would perform it again."
-
-#define HINT_BUSINESS_KEY_REWORDED \
-	"If this is the same operation with reworded free text (a memo, a message body), an " \
-	"admin names the fields that identify it: durable_ledger.change_tool(tool, changed_by, " \
-	"key_fields => '{...}'), or, once calls of the tool are recorded under derived keys, " \
-	"register_tool of a new tool name with key_fields; the call then replays. A new " \
-	"business key would perform the operation again."
-
-/*
- * A business key names one operation: the same tool with the same args (the
- * same key fields, for a tool registered with them).  A call that differs is
- * refused, and nothing is written: it is not an outcome a person could
- * decide (docs/reference.md, "Business keys"), but a caller or a registry
- * that does not say what the operation is.
- */
-static void
-check_same_call(const NewIntent *intent, const char *canon, const EffectRow *row,
-				const ToolRules *rules)
-{
-	StringInfoData recorded;
-	Jsonb	   *identity;
-	bool		complete;
-	bool		key_fields = rules->registered && rules->row.nkey_fields >= 0;
-
-	if (strcmp(row->tool, intent->tool) != 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNIQUE_VIOLATION),
-				 errmsg("business key \"%s\" is already used by a different call", intent->key),
-				 errdetail("It was begun with tool \"%s\"; this call has tool \"%s\".",
-						   row->tool, intent->tool),
-				 errhint(HINT_BUSINESS_KEY_OTHER_OPERATION)));
-
-	initStringInfo(&recorded);
-	identity = dl_identity_of_call(rules, row->args, &complete);
-	if (complete)
-		dl_append_canonical_args(&recorded, identity);
-	if (complete && strcmp(recorded.data, canon) == 0)
-		return;
-	if (key_fields)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNIQUE_VIOLATION),
-				 errmsg("business key \"%s\" is already used by a different call", intent->key),
-				 errdetail("It was begun with other values of the key fields of tool \"%s\".",
-						   row->tool),
-				 errhint(HINT_BUSINESS_KEY_OTHER_OPERATION)));
-	ereport(ERROR,
-			(errcode(ERRCODE_UNIQUE_VIOLATION),
-			 errmsg("business key \"%s\" is already used by a different call", intent->key),
-			 errdetail("It was begun with other arguments for tool \"%s\", which names no key fields: all of args must be equal.",
-					   row->tool),
-			 errhint(HINT_BUSINESS_KEY_REWORDED)));
-}
 
 static void
 decide_execute(Decision *d, int32 attempt)
@@ -317,41 +334,33 @@ decide_pause(Decision *d, const char *reason, const char *cause)
 	d->answer.reason = reason;
 	d->event = AUDIT_PAUSE;
 	d->audited = true;
-	d->why_name = "cause";
-	d->why_value = cause;
+	d->cause = cause;
 }
 
 static void
-decide_replay(Decision *d, const char *reason, const EffectRow *row)
+decide_replay(Decision *d, const char *reason)
 {
 	d->answer.decision = DECIDE_REPLAY;
 	d->answer.reason = reason;
 	d->event = AUDIT_REPLAY;
 	d->audited = true;
-	d->why_name = "status";
-	d->why_value = dl_status_name(row->status);
 }
 
 /*
  * The effect starts again as its next attempt: its current one is kept in
- * past_attempts with status replaced_as.  Refused when the tool may not
- * execute (tools.c).
+ * past_attempts with status replaced_as.
  */
 static void
-next_attempt(const Call *call, const EffectRow *row, EffectStatus replaced_as, Decision *d)
+next_attempt(const EffectRow *row, EffectStatus replaced_as, Decision *d)
 {
-	d->warn_unregistered = dl_may_execute(call->intent.tool, &call->rules);
 	decide_execute(d, row->attempt + 1);
-	d->why_name = "after";
-	d->why_value = dl_status_name(replaced_as);
 	d->change = CHANGE_NEXT_ATTEMPT;
 	d->replaced_as = replaced_as;
 }
 
 /*
  * A new key: the call executes, unless it diverges from the run's earlier
- * attempts (divergence.c) and waits for a person; a tool that may not
- * execute is refused (tools.c).
+ * attempts (divergence.c) and waits for a person.
  */
 static void
 judge_new(const Call *call, const Facts *f, Decision *d)
@@ -371,7 +380,6 @@ judge_new(const Call *call, const Facts *f, Decision *d)
 			return;
 		case DRIFT_NONE:
 		case DRIFT_WARN:
-			d->warn_unregistered = dl_may_execute(call->intent.tool, &call->rules);
 			decide_execute(d, 1);
 			d->change = CHANGE_INTENT;
 			return;
@@ -388,11 +396,11 @@ judge_new(const Call *call, const Facts *f, Decision *d)
  * person whatever asks.
  */
 static void
-judge_started(const Facts *f, const Call *call, Decision *d)
+judge_started(const Facts *f, Decision *d)
 {
 	const EffectRow *row = &f->row;
 
-	if (dl_lease_is_live(row->run, row->lease_epoch))
+	if (f->lease_live)
 	{
 		d->answer.decision = DECIDE_IN_PROGRESS;
 		if (strcmp(row->run, f->intent->run) == 0 && row->lease_epoch == f->intent->lease_epoch)
@@ -400,14 +408,12 @@ judge_started(const Facts *f, const Call *call, Decision *d)
 		else
 			d->answer.reason = psprintf(REASON_IN_PROGRESS_OTHER, row->run);
 		d->event = AUDIT_IN_PROGRESS;
-	d->audited = true;
-		d->why_name = "holder_run";
-		d->why_value = row->run;
+		d->audited = true;
 		return;
 	}
 	if (f->intent->safe_to_redo && row->safe_to_redo)
 	{
-		next_attempt(call, row, EFFECT_UNKNOWN, d);
+		next_attempt(row, EFFECT_UNKNOWN, d);
 		d->redo = true;
 		d->answer.reason = psprintf(REASON_REDO, row->attempt, row->attempt + 1);
 		return;
@@ -419,12 +425,10 @@ judge_started(const Facts *f, const Call *call, Decision *d)
 
 /* The effect is in the ledger: decide from its row, one judgement per state. */
 static void
-judge_row(const Call *call, const Facts *f, Decision *d)
+judge_row(const Facts *f, Decision *d)
 {
 	const EffectRow *row = &f->row;
 
-	if (f->intent->business_key)
-		check_same_call(f->intent, call->canon.data, row, &call->rules);
 	d->answer.status = row->status;
 	d->answer.attempt = row->attempt;
 	if (row->conflict)
@@ -435,17 +439,17 @@ judge_row(const Call *call, const Facts *f, Decision *d)
 	switch (row->status)
 	{
 		case EFFECT_COMPLETED:
-			decide_replay(d, REASON_REPLAY_COMPLETED, row);
+			decide_replay(d, REASON_REPLAY_COMPLETED);
 			d->answer.result = row->result;
 			return;
 		case EFFECT_FAILED:
 			if (f->intent->business_key)
 			{
 				/* a failed business key is executed again: its next attempt */
-				next_attempt(call, row, EFFECT_FAILED, d);
+				next_attempt(row, EFFECT_FAILED, d);
 				return;
 			}
-			decide_replay(d, REASON_REPLAY_FAILED, row);
+			decide_replay(d, REASON_REPLAY_FAILED);
 			d->answer.error = row->error;
 			return;
 		case EFFECT_UNKNOWN:
@@ -453,7 +457,7 @@ judge_row(const Call *call, const Facts *f, Decision *d)
 			decide_pause(d, REASON_PAUSE_UNKNOWN, "unknown");
 			return;
 		case EFFECT_STARTED:
-			judge_started(f, call, d);
+			judge_started(f, d);
 			return;
 	}
 }
@@ -466,7 +470,7 @@ judge(const Call *call, const Facts *f, Decision *d)
 	if (f->intent != &call->intent)
 		d->divergence = call->intent.key;
 	if (f->found)
-		judge_row(call, f, d);
+		judge_row(f, d);
 	else
 		judge_new(call, f, d);
 }
@@ -491,10 +495,16 @@ lock_as_judged(Call *call, const Facts *f, LockedEffect *locked)
 		strcmp(locked->row.run, judged->run) == 0;
 }
 
-/* What a call that executes is warned of: it diverges (policy warn), its tool is unregistered. */
+/*
+ * Refuses a call that may not execute, before anything is written
+ * (tools.c); else warns of what it executes: a divergence (policy warn), a
+ * tool nobody registered (policy warn).
+ */
 static void
-warn_executed(const Call *call, const Facts *f, const Decision *d)
+check_executed(const Call *call, const Facts *f)
 {
+	bool		unregistered = dl_may_execute(call->intent.tool, &call->rules);
+
 	if (f->drift.kind == DRIFT_WARN)
 	{
 		dl_write_audit(call->intent.run, call->intent.key, AUDIT_DIVERGENCE,
@@ -502,7 +512,7 @@ warn_executed(const Call *call, const Facts *f, const Decision *d)
 					   call->intent.lease_epoch, 0);
 		dl_warn_divergence(&call->progress, &f->drift);
 	}
-	if (d->warn_unregistered)
+	if (unregistered)
 		dl_warn_unregistered(call->intent.tool);
 }
 
@@ -546,7 +556,7 @@ apply_change(Call *call, const Facts *f, const Decision *d)
 			record_divergence(call, f);
 			return true;
 		case CHANGE_INTENT:
-			warn_executed(call, f, d);
+			check_executed(call, f);
 			if (!f->intent->business_key)
 			{
 				dl_write_new_intent(f->intent);
@@ -554,7 +564,7 @@ apply_change(Call *call, const Facts *f, const Decision *d)
 			}
 			return dl_write_intent_unless_exists(f->intent);
 		case CHANGE_NEXT_ATTEMPT:
-			warn_executed(call, f, d);
+			check_executed(call, f);
 			if (!lock_as_judged(call, f, &locked))
 				return false;
 			if (d->redo)
@@ -579,22 +589,36 @@ static void
 audit_decision(const Facts *f, const Decision *d)
 {
 	DetailBuilder detail;
-	Jsonb	   *why = NULL;
 
-	if (d->why_name != NULL)
+	dl_detail_init(&detail);
+	switch (d->answer.decision)
 	{
-		dl_detail_init(&detail);
-		dl_detail_text(&detail, d->why_name, d->why_value);
-		if (d->answer.decision == DECIDE_REPLAY)
-			dl_detail_text(&detail, "tool", f->row.tool);
-		if (d->answer.decision == DECIDE_EXECUTE)
+		case DECIDE_EXECUTE:
+			if (d->change != CHANGE_NEXT_ATTEMPT)
+			{
+				/* a new key's intent: its row says it all */
+				dl_write_audit(f->intent->run, f->intent->key, d->event, NULL,
+							   f->intent->lease_epoch, d->answer.attempt);
+				return;
+			}
+			dl_detail_text(&detail, "after", dl_status_name(d->replaced_as));
 			dl_detail_int(&detail, "attempt", d->answer.attempt);
-		if (d->divergence != NULL)
-			dl_detail_text(&detail, "divergence", d->divergence);
-		why = dl_detail_finish(&detail);
+			break;
+		case DECIDE_REPLAY:
+			dl_detail_text(&detail, "status", dl_status_name(d->answer.status));
+			dl_detail_text(&detail, "tool", f->row.tool);
+			break;
+		case DECIDE_PAUSE:
+			dl_detail_text(&detail, "cause", d->cause);
+			break;
+		case DECIDE_IN_PROGRESS:
+			dl_detail_text(&detail, "holder_run", f->row.run);
+			break;
 	}
-	dl_write_audit(f->intent->run, f->intent->key, d->event, why, f->intent->lease_epoch,
-				   d->answer.attempt);
+	if (d->divergence != NULL)
+		dl_detail_text(&detail, "divergence", d->divergence);
+	dl_write_audit(f->intent->run, f->intent->key, d->event, dl_detail_finish(&detail),
+				   f->intent->lease_epoch, d->answer.attempt);
 }
 
 /*

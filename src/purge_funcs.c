@@ -139,6 +139,24 @@ horizon_args(FunctionCallInfo fcinfo, char **older_than_text, char **purged_by, 
 	return cutoff;
 }
 
+/* purge_settled's max_runs: at least 1. */
+static int32
+max_runs_arg(FunctionCallInfo fcinfo, int argno)
+{
+	int32		max_runs;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("max_runs must not be null")));
+	max_runs = PG_GETARG_INT32(argno);
+	if (max_runs < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_runs must be at least 1")));
+	return max_runs;
+}
+
 /*
  * purge_settled(older_than interval, purged_by text, dry_run boolean DEFAULT
  * true, max_runs integer DEFAULT 500) RETURNS TABLE (run text, effects
@@ -163,15 +181,7 @@ dl_purge_settled_1_3(PG_FUNCTION_ARGS)
 	PurgeCounts total = {0, 0, 0};
 
 	cutoff = horizon_args(fcinfo, &older_than_text, &purged_by, &dry_run);
-	if (PG_ARGISNULL(3))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("max_runs must not be null")));
-	max_runs = PG_GETARG_INT32(3);
-	if (max_runs < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("max_runs must be at least 1")));
+	max_runs = max_runs_arg(fcinfo, 3);
 	if (!dry_run)
 	{
 		dl_check_writable("purge_settled()");
