@@ -106,6 +106,7 @@ ISOLATION = \
 	token_take_race \
 	token_calls_serialised \
 	token_call_rollback \
+	token_policy_wait \
 	token_vs_session \
 	token_expiry_race \
 	abandon_race \

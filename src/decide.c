@@ -73,7 +73,7 @@ typedef struct Call
 	EpochCounter occurrences;	/* where its occurrence is counted (derived keys) */
 	ReplayProgress progress;	/* how far the epoch replayed the tool (derived keys) */
 	char		derived_key[DL_KEY_HEX_LEN + 1];
-	bool		locked_a_row;	/* it may have waited for another transaction's row */
+	bool		waited;			/* it may have waited for a lock since its token lease was checked */
 } Call;
 
 /* The effect a round decides on, read afresh each round. */
@@ -225,8 +225,8 @@ read_call(const BeginRequest *request, Call *call)
 	dl_derive_key(request->run, request->tool, call->canon.data, call->canon.len,
 				  intent->occurrence, call->derived_key);
 	intent->key = call->derived_key;
-	dl_progress_start(&call->progress, &call->lease, request->tool, &call->rules,
-					  request->recorded);
+	call->waited = dl_progress_start(&call->progress, &call->lease, request->tool, &call->rules,
+									 request->recorded);
 }
 
 /*
@@ -248,7 +248,7 @@ read_row(Call *call, const char *key, Facts *f)
 			f->found = true;
 			return true;
 		case KEY_BUSY:
-			call->locked_a_row = true;
+			call->waited = true;
 			if (!dl_lock_effect(key, &locked))
 				return false;
 			f->row = locked.row;
@@ -486,7 +486,7 @@ lock_as_judged(Call *call, const Facts *f, LockedEffect *locked)
 {
 	const EffectRow *judged = &f->row;
 
-	call->locked_a_row = true;
+	call->waited = true;
 	return dl_lock_effect(f->intent->key, locked) &&
 		locked->row.status == judged->status &&
 		locked->row.conflict == judged->conflict &&
@@ -496,14 +496,15 @@ lock_as_judged(Call *call, const Facts *f, LockedEffect *locked)
 }
 
 /*
- * Refuses a call that may not execute, before anything is written
- * (tools.c); else warns of what it executes: a divergence (policy warn), a
+ * Before a call executes: warns of a divergence (policy warn), refuses a
+ * call whose tool may not execute (tools.c; nothing is written), warns of a
  * tool nobody registered (policy warn).
  */
 static void
-check_executed(const Call *call, const Facts *f)
+check_executed(Call *call, const Facts *f)
 {
-	bool		unregistered = dl_may_execute(call->intent.tool, &call->rules);
+	bool		unregistered;
+	bool		waited;
 
 	if (f->drift.kind == DRIFT_WARN)
 	{
@@ -512,6 +513,8 @@ check_executed(const Call *call, const Facts *f)
 					   call->intent.lease_epoch, 0);
 		dl_warn_divergence(&call->progress, &f->drift);
 	}
+	unregistered = dl_may_execute(call->intent.tool, &call->rules, &waited);
+	call->waited |= waited;
 	if (unregistered)
 		dl_warn_unregistered(call->intent.tool);
 }
@@ -562,6 +565,7 @@ apply_change(Call *call, const Facts *f, const Decision *d)
 				dl_write_new_intent(f->intent);
 				return true;
 			}
+			call->waited = true;	/* the insert may wait for another run's */
 			return dl_write_intent_unless_exists(f->intent);
 		case CHANGE_NEXT_ATTEMPT:
 			check_executed(call, f);
@@ -640,10 +644,12 @@ count_call(Call *call, const Decision *d)
 
 /*
  * Writes the decision: its change, its audit row, the epoch's counters.
- * A token lease was checked before the call waited for another
- * transaction's hold on an effect's row (a business key shared with other
- * runs): before it executes, it is checked again (the error undoes what was
- * written).  False when the round must start again.
+ * A token lease was checked before the call may have waited for a lock
+ * (another transaction's hold on an effect's row, a business key's insert,
+ * a change of the policy for unregistered tools): before it executes, it is
+ * checked again, since a break, a release or the expiry do not wait for the
+ * run's calls (the error undoes what was written).  False when the round
+ * must start again.
  */
 static bool
 apply(Call *call, const Facts *f, const Decision *d)
@@ -654,7 +660,7 @@ apply(Call *call, const Facts *f, const Decision *d)
 		audit_decision(f, d);
 	if (d->answer.decision == DECIDE_EXECUTE)
 	{
-		if (call->request->token != NULL && call->locked_a_row)
+		if (call->request->token != NULL && call->waited)
 			(void) dl_token_for_call(call->request->run, call->request->token);
 		dl_note_durable_write();
 	}

@@ -56,13 +56,14 @@ static const char UNWATCHED[] = "\0unwatched";
  * its first call in the attempt on: an attempt that called the tool while it
  * was unwatched (not registered yet, policy off) kept no marks of what it
  * replayed, so it is not judged for that tool, even once the policy is on;
- * its next attempt is.
+ * its next attempt is.  True when reading the policy of a tool nobody
+ * registered waited for a change of it.
  */
-void
+bool
 dl_progress_start(ReplayProgress *progress, const CallLease *lease, const char *tool,
 				  const ToolRules *rules, bool recorded)
 {
-	DivergencePolicy policy;
+	bool		waited = false;
 
 	progress->later = lease->epoch > 1;
 	progress->watched = false;
@@ -75,19 +76,20 @@ dl_progress_start(ReplayProgress *progress, const CallLease *lease, const char *
 	progress->keep_earlier = false;
 	progress->keep_unwatched = false;
 	if (!progress->later)
-		return;
-	progress->policy = policy = dl_divergence_policy(rules);
+		return false;
+	progress->policy = dl_divergence_policy(rules, &waited);
 	progress->judged = dl_divergence_judged(rules, recorded);
 	dl_epoch_counter(lease, tool, UNWATCHED, sizeof(UNWATCHED) - 1, &progress->unwatched);
-	if (policy == DIVERGENCE_OFF)
+	if (progress->policy == DIVERGENCE_OFF)
 	{
 		progress->keep_unwatched = progress->unwatched.count == 0;
-		return;
+		return waited;
 	}
 	if (progress->unwatched.count != 0)
-		return;
+		return waited;
 	progress->watched = true;
 	dl_epoch_counter(lease, tool, REPLAYED, sizeof(REPLAYED) - 1, &progress->replayed);
+	return waited;
 }
 
 /* The mark of an earlier effect: replayed in this epoch or not. */

@@ -97,7 +97,7 @@ extern bool dl_run_lock_xact(uint64 lock_key, uint16 lock_class, bool wait);
 extern bool dl_run_lock_open(uint64 lock_key);
 extern void dl_run_lock_closing(uint64 lock_key);
 extern bool dl_tool_lock(const char *tool, bool exclusive);
-extern void dl_policy_lock(bool exclusive);
+extern bool dl_policy_lock(bool exclusive);
 extern bool dl_run_lock_open_nowait(uint64 lock_key);
 extern void dl_refuse_if_abandoned(const char *run);
 extern bool dl_check_run_open(const char *run);

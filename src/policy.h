@@ -20,10 +20,10 @@ typedef struct ToolRules
 
 extern bool dl_tool_rules(const char *tool, ToolRules *rules);
 extern Jsonb *dl_identity_of_call(const ToolRules *rules, Jsonb *args, bool *complete);
-extern bool dl_may_execute(const char *tool, const ToolRules *rules);
+extern bool dl_may_execute(const char *tool, const ToolRules *rules, bool *waited);
 extern void dl_warn_unregistered(const char *tool);
 extern void dl_check_may_redo(const char *tool, const ToolRules *rules);
-extern DivergencePolicy dl_divergence_policy(const ToolRules *rules);
+extern DivergencePolicy dl_divergence_policy(const ToolRules *rules, bool *waited);
 extern bool dl_divergence_judged(const ToolRules *rules, bool recorded);
 extern void dl_tool_rules_now(const char *tool, ToolRules *rules);
 
@@ -62,7 +62,7 @@ typedef struct Drift
 	int32		earlier;		/* ... of how many */
 } Drift;
 
-extern void dl_progress_start(ReplayProgress *progress, const CallLease *lease,
+extern bool dl_progress_start(ReplayProgress *progress, const CallLease *lease,
 							  const char *tool, const ToolRules *rules, bool recorded);
 extern void dl_judge_drift(ReplayProgress *progress, const char *key, Drift *drift);
 extern Jsonb *dl_divergence_detail(const ReplayProgress *progress, const Drift *drift);

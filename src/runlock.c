@@ -302,12 +302,12 @@ dl_tool_lock(const char *tool, bool exclusive)
 /*
  * The lock of the policy for unregistered tools, for this transaction: shared
  * by a call of an unregistered tool that would execute, exclusive for
- * set_unregistered_tools().
+ * set_unregistered_tools().  True when it had to wait for a change.
  */
-void
+bool
 dl_policy_lock(bool exclusive)
 {
-	(void) lock_tool_bucket(TOOL_LOCK_BUCKETS, exclusive);
+	return lock_tool_bucket(TOOL_LOCK_BUCKETS, exclusive);
 }
 
 /* ---------- whether the run is open for calls ---------- */

@@ -342,7 +342,7 @@ set_policy(PolicySetting setting, int value, const char *set_by, const char *not
 
 	dl_check_writable(function);
 	dl_spi_connect();
-	dl_policy_lock(true);
+	(void) dl_policy_lock(true);
 	if (setting == POLICY_MAY_EXECUTE)
 	{
 		UnregisteredTools may_execute = (UnregisteredTools) value;

@@ -58,10 +58,11 @@ dl_identity_of_call(const ToolRules *rules, Jsonb *args, bool *complete)
 /*
  * Refuses, before anything is written, a call that may not execute; true
  * when it executes with a warning (dl_warn_unregistered), a tool nobody
- * registered under policy warn.
+ * registered under policy warn.  *waited: it waited for a change of the
+ * policy.
  */
 bool
-dl_may_execute(const char *tool, const ToolRules *rules)
+dl_may_execute(const char *tool, const ToolRules *rules, bool *waited)
 {
 	if (rules->registered && rules->row.retired)
 		ereport(ERROR,
@@ -69,9 +70,10 @@ dl_may_execute(const char *tool, const ToolRules *rules)
 				 errmsg("tool \"%s\" is retired", tool),
 				 errdetail("A retired tool is executed no more; nothing was recorded."),
 				 errhint("An admin registers it again with durable_ledger.register_tool().")));
+	*waited = false;
 	if (rules->registered)
 		return false;
-	dl_policy_lock(false);		/* set_unregistered_tools waits for this call */
+	*waited = dl_policy_lock(false);	/* set_unregistered_tools waits for this call */
 	switch (dl_read_unregistered_policy_remembered().may_execute)
 	{
 		case UNREGISTERED_ALLOW:
@@ -121,11 +123,12 @@ dl_check_may_redo(const char *tool, const ToolRules *rules)
  * unless an admin chose otherwise).
  */
 DivergencePolicy
-dl_divergence_policy(const ToolRules *rules)
+dl_divergence_policy(const ToolRules *rules, bool *waited)
 {
+	*waited = false;
 	if (rules->registered)
 		return rules->row.divergence;
-	dl_policy_lock(false);		/* set_unregistered_divergence waits for this call */
+	*waited = dl_policy_lock(false);	/* set_unregistered_divergence waits for this call */
 	return dl_read_unregistered_policy_remembered().divergence;
 }
 
