@@ -124,7 +124,9 @@ append_scalar(Canonical *c, const JsonbValue *v)
 			{
 				char	   *s;
 
-				check_bound(c, escaped_length(v->val.string.val, v->val.string.len));
+				/* counted only when even the worst (six bytes a byte) may not fit */
+				if ((Size) (c->out->len - c->start) + 6 * (Size) v->val.string.len + 2 > c->bound)
+					check_bound(c, escaped_length(v->val.string.val, v->val.string.len));
 				s = pnstrdup(v->val.string.val, v->val.string.len);
 				escape_json(out, s);
 				pfree(s);

@@ -49,6 +49,14 @@
 #define REASON_PAUSE_DIVERGENCE \
 	"this attempt's call of tool \"%s\" was not made by the run's earlier attempts, which recorded effect \"%s\" of the tool that this attempt has not replayed: the call may be that effect again with drifted arguments; a person must decide with durable_ledger.resolve_divergence() whether it is the same (its outcome is replayed) or distinct (it is executed)"
 
+/* Each decision's audit event (a new divergence's row is the divergence's own). */
+static const AuditEvent decision_events[] = {
+	[DECIDE_EXECUTE] = AUDIT_INTENT,
+	[DECIDE_REPLAY] = AUDIT_REPLAY,
+	[DECIDE_PAUSE] = AUDIT_PAUSE,
+	[DECIDE_IN_PROGRESS] = AUDIT_IN_PROGRESS,
+};
+
 static const char *const decision_names[] = {
 	[DECIDE_EXECUTE] = "execute",
 	[DECIDE_REPLAY] = "replay",
@@ -103,8 +111,6 @@ typedef struct Decision
 	Change		change;
 	EffectStatus replaced_as;	/* CHANGE_NEXT_ATTEMPT: how the current attempt is kept */
 	bool		redo;			/* ... a recorded call's, made again */
-	AuditEvent	event;			/* its audit row's, */
-	bool		audited;		/* ... when the change does not write its own */
 	const char *cause;			/* a pause's, for its audit row */
 	const char *divergence;		/* the drifted call's key, when a verdict made it this effect's */
 } Decision;
@@ -323,8 +329,6 @@ decide_execute(Decision *d, int32 attempt)
 	d->answer.decision = DECIDE_EXECUTE;
 	d->answer.status = EFFECT_STARTED;
 	d->answer.attempt = attempt;
-	d->event = AUDIT_INTENT;
-	d->audited = true;
 }
 
 static void
@@ -332,8 +336,6 @@ decide_pause(Decision *d, const char *reason, const char *cause)
 {
 	d->answer.decision = DECIDE_PAUSE;
 	d->answer.reason = reason;
-	d->event = AUDIT_PAUSE;
-	d->audited = true;
 	d->cause = cause;
 }
 
@@ -342,8 +344,6 @@ decide_replay(Decision *d, const char *reason)
 {
 	d->answer.decision = DECIDE_REPLAY;
 	d->answer.reason = reason;
-	d->event = AUDIT_REPLAY;
-	d->audited = true;
 }
 
 /*
@@ -373,10 +373,7 @@ judge_new(const Call *call, const Facts *f, Decision *d)
 				  "divergence");
 			d->answer.no_effect = true;
 			if (f->drift.kind == DRIFT_NEW)
-			{
 				d->change = CHANGE_DIVERGENCE;
-				d->audited = false;	/* the divergence's own audit row says it */
-			}
 			return;
 		case DRIFT_NONE:
 		case DRIFT_WARN:
@@ -407,8 +404,6 @@ judge_started(const Facts *f, Decision *d)
 			d->answer.reason = REASON_IN_PROGRESS_MINE;
 		else
 			d->answer.reason = psprintf(REASON_IN_PROGRESS_OTHER, row->run);
-		d->event = AUDIT_IN_PROGRESS;
-		d->audited = true;
 		return;
 	}
 	if (f->intent->safe_to_redo && row->safe_to_redo)
@@ -495,6 +490,15 @@ lock_as_judged(Call *call, const Facts *f, LockedEffect *locked)
 		strcmp(locked->row.run, judged->run) == 0;
 }
 
+/* The audit row of a new divergence (DRIFT_WARN, DRIFT_NEW). */
+static void
+audit_divergence(const Call *call, const Facts *f)
+{
+	dl_write_audit(call->intent.run, call->intent.key, AUDIT_DIVERGENCE,
+				   dl_divergence_detail(&call->progress, &f->drift),
+				   call->intent.lease_epoch, 0);
+}
+
 /*
  * Before a call executes: warns of a divergence (policy warn), refuses a
  * call whose tool may not execute (tools.c; nothing is written), warns of a
@@ -508,9 +512,7 @@ check_executed(Call *call, const Facts *f)
 
 	if (f->drift.kind == DRIFT_WARN)
 	{
-		dl_write_audit(call->intent.run, call->intent.key, AUDIT_DIVERGENCE,
-					   dl_divergence_detail(&call->progress, &f->drift),
-					   call->intent.lease_epoch, 0);
+		audit_divergence(call, f);
 		dl_warn_divergence(&call->progress, &f->drift);
 	}
 	unregistered = dl_may_execute(call->intent.tool, &call->rules, &waited);
@@ -525,9 +527,7 @@ record_divergence(const Call *call, const Facts *f)
 {
 	DivergenceRow row = {0};
 
-	dl_write_audit(call->intent.run, call->intent.key, AUDIT_DIVERGENCE,
-				   dl_divergence_detail(&call->progress, &f->drift),
-				   call->intent.lease_epoch, 0);
+	audit_divergence(call, f);
 	row.key = (char *) call->intent.key;
 	row.run = (char *) call->intent.run;
 	row.lease_epoch = call->intent.lease_epoch;
@@ -592,6 +592,7 @@ apply_change(Call *call, const Facts *f, const Decision *d)
 static void
 audit_decision(const Facts *f, const Decision *d)
 {
+	AuditEvent	event = decision_events[d->answer.decision];
 	DetailBuilder detail;
 
 	dl_detail_init(&detail);
@@ -601,7 +602,7 @@ audit_decision(const Facts *f, const Decision *d)
 			if (d->change != CHANGE_NEXT_ATTEMPT)
 			{
 				/* a new key's intent: its row says it all */
-				dl_write_audit(f->intent->run, f->intent->key, d->event, NULL,
+				dl_write_audit(f->intent->run, f->intent->key, event, NULL,
 							   f->intent->lease_epoch, d->answer.attempt);
 				return;
 			}
@@ -621,7 +622,7 @@ audit_decision(const Facts *f, const Decision *d)
 	}
 	if (d->divergence != NULL)
 		dl_detail_text(&detail, "divergence", d->divergence);
-	dl_write_audit(f->intent->run, f->intent->key, d->event, dl_detail_finish(&detail),
+	dl_write_audit(f->intent->run, f->intent->key, event, dl_detail_finish(&detail),
 				   f->intent->lease_epoch, d->answer.attempt);
 }
 
@@ -656,7 +657,7 @@ apply(Call *call, const Facts *f, const Decision *d)
 {
 	if (!apply_change(call, f, d))
 		return false;
-	if (d->audited)
+	if (d->change != CHANGE_DIVERGENCE)	/* whose own audit row says it */
 		audit_decision(f, d);
 	if (d->answer.decision == DECIDE_EXECUTE)
 	{

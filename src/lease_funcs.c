@@ -74,6 +74,30 @@ check_may_terminate(int holder, const char *run)
 }
 
 /*
+ * Terminates holder, the backend that holds run's session lease (waiting
+ * for it to end), and audits it as lease_broken at epoch; whether it ended.
+ */
+static bool
+terminate_holder(const char *run, int holder, int64 epoch, const char *broken_by,
+				 const char *note)
+{
+	bool		terminated;
+	DetailBuilder detail;
+
+	terminated = DatumGetBool(DirectFunctionCall2(pg_terminate_backend,
+												  Int32GetDatum(holder),
+												  Int64GetDatum(BREAK_LEASE_WAIT_MS)));
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "broken_by", broken_by);
+	dl_detail_text(&detail, "note", note);
+	dl_detail_int(&detail, "holder_pid", holder);
+	dl_detail_bool(&detail, "terminated", terminated);
+	dl_write_audit(run, NULL, AUDIT_LEASE_BROKEN, dl_detail_finish(&detail), epoch, 0);
+	dl_note_durable_write();
+	return terminated;
+}
+
+/*
  * break_lease(run text, broken_by text, note text) RETURNS boolean
  *
  * A token lease that holds the run expires at once (nothing is terminated);
@@ -88,7 +112,6 @@ dl_break_lease_1_1(PG_FUNCTION_ARGS)
 	char	   *note = dl_optional_text_arg(fcinfo, 2);
 	int			holder;
 	bool		terminated;
-	DetailBuilder detail;
 	RunState	state;
 
 	dl_check_writable("break_lease()");
@@ -110,20 +133,9 @@ dl_break_lease_1_1(PG_FUNCTION_ARGS)
 				 errmsg("this session holds the lease on run \"%s\"", run),
 				 errhint("Use durable_ledger.release_run() to release it.")));
 	check_may_terminate(holder, run);
-
-	terminated = DatumGetBool(DirectFunctionCall2(pg_terminate_backend,
-												  Int32GetDatum(holder),
-												  Int64GetDatum(BREAK_LEASE_WAIT_MS)));
-
 	if (!dl_read_run_state(run, &state))
 		state.epoch = 0;
-	dl_detail_init(&detail);
-	dl_detail_text(&detail, "broken_by", broken_by);
-	dl_detail_text(&detail, "note", note);
-	dl_detail_int(&detail, "holder_pid", holder);
-	dl_detail_bool(&detail, "terminated", terminated);
-	dl_write_audit(run, NULL, AUDIT_LEASE_BROKEN, dl_detail_finish(&detail), state.epoch, 0);
-	dl_note_durable_write();
+	terminated = terminate_holder(run, holder, state.epoch, broken_by, note);
 	dl_spi_finish();
 
 	PG_RETURN_BOOL(terminated);
@@ -195,7 +207,6 @@ dl_release_attempt_1_3(PG_FUNCTION_ARGS)
 	RunState	state;
 	int			holder = 0;
 	bool		terminated;
-	DetailBuilder detail;
 
 	if (PG_ARGISNULL(1))
 		ereport(ERROR,
@@ -225,17 +236,8 @@ dl_release_attempt_1_3(PG_FUNCTION_ARGS)
 		PG_RETURN_BOOL(false);
 	}
 	check_may_signal(holder, run);
-
-	terminated = DatumGetBool(DirectFunctionCall2(pg_terminate_backend,
-												  Int32GetDatum(holder),
-												  Int64GetDatum(BREAK_LEASE_WAIT_MS)));
-	dl_detail_init(&detail);
-	dl_detail_text(&detail, "broken_by", "release_attempt");
-	dl_detail_text(&detail, "note", "the session lease of this epoch was ended from another backend: its client's calls reached a server connection that did not hold it");
-	dl_detail_int(&detail, "holder_pid", holder);
-	dl_detail_bool(&detail, "terminated", terminated);
-	dl_write_audit(run, NULL, AUDIT_LEASE_BROKEN, dl_detail_finish(&detail), epoch, 0);
-	dl_note_durable_write();
+	terminated = terminate_holder(run, holder, epoch, "release_attempt",
+								  "the session lease of this epoch was ended from another backend: its client's calls reached a server connection that did not hold it");
 	dl_spi_finish();
 
 	PG_RETURN_BOOL(terminated);

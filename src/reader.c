@@ -131,6 +131,18 @@ optional_jsonb(HeapTuple tuple, TupleDesc desc, int column)
 	return isnull ? NULL : DatumGetJsonbP(d);
 }
 
+/* The text of the first column of each row SPI found, in order. */
+static List *
+first_column_texts(void)
+{
+	List	   *texts = NIL;
+	uint64		i;
+
+	for (i = 0; i < SPI_processed; i++)
+		texts = lappend(texts, SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1));
+	return texts;
+}
+
 /*
  * A row SPI found, in the shape of desc (the table's row type, whose
  * attributes include the columns an admin dropped, which SELECT * leaves
@@ -235,14 +247,10 @@ List *
 dl_read_past_attempt_runs(const char *key)
 {
 	Datum		values[1];
-	List	   *runs = NIL;
-	uint64		i;
 
 	values[0] = dl_text_datum(key);
 	dl_plan_run_now(&past_attempt_runs, values, NULL, SPI_OK_SELECT);
-	for (i = 0; i < SPI_processed; i++)
-		runs = lappend(runs, SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1));
-	return runs;
+	return first_column_texts();
 }
 
 /* ---------- rows found by a unique index, as committed now ---------- */
@@ -866,14 +874,10 @@ List *
 dl_read_run_effect_keys(const char *run)
 {
 	Datum		values[1];
-	List	   *keys = NIL;
-	uint64		i;
 
 	values[0] = dl_text_datum(run);
 	dl_plan_run_now(&run_effect_keys, values, NULL, SPI_OK_SELECT);
-	for (i = 0; i < SPI_processed; i++)
-		keys = lappend(keys, SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1));
-	return keys;
+	return first_column_texts();
 }
 
 static Statement run_logged = {
@@ -942,16 +946,12 @@ List *
 dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit)
 {
 	Datum		values[3];
-	List	   *runs = NIL;
-	uint64		i;
 
 	values[0] = TimestampTzGetDatum(cutoff);
 	values[1] = dl_text_datum(after_run);
 	values[2] = Int32GetDatum(limit);
 	dl_plan_run_now(&purge_candidates, values, NULL, SPI_OK_SELECT);
-	for (i = 0; i < SPI_processed; i++)
-		runs = lappend(runs, SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1));
-	return runs;
+	return first_column_texts();
 }
 
 /* the run's effects (RUN_LOGGED_KEYS), what it has to remove and whether it may */
@@ -998,14 +998,10 @@ List *
 dl_read_runs_sharing_effects(const char *run)
 {
 	Datum		values[1];
-	List	   *runs = NIL;
-	uint64		i;
 
 	values[0] = dl_text_datum(run);
 	dl_plan_run_now(&runs_sharing_effects, values, NULL, SPI_OK_SELECT);
-	for (i = 0; i < SPI_processed; i++)
-		runs = lappend(runs, SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1));
-	return runs;
+	return first_column_texts();
 }
 
 /* the same, its effects locked until the transaction ends: reports wait for the purge */

@@ -48,7 +48,16 @@
  * savepoint locked, whose locks are gone: it may lock them again).
  */
 static int	max_runs_per_transaction = 1000;
-static HTAB *runs_locked = NULL;	/* lock keys, in TopTransactionContext */
+
+/*
+ * The runs this transaction locked: the first few in an array (a call locks
+ * one run, so no hash table is made on the hot path), the rest in a hash in
+ * TopTransactionContext.
+ */
+#define RUNS_LOCKED_INLINE 8
+static uint64 runs_locked_first[RUNS_LOCKED_INLINE];
+static int	nruns_locked_first = 0;
+static HTAB *runs_locked_more = NULL;
 
 static void
 runlock_xact_callback(XactEvent event, void *arg)
@@ -56,7 +65,10 @@ runlock_xact_callback(XactEvent event, void *arg)
 	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
 		event == XACT_EVENT_PARALLEL_COMMIT || event == XACT_EVENT_PARALLEL_ABORT ||
 		event == XACT_EVENT_PREPARE)
-		runs_locked = NULL;		/* its memory goes with the transaction */
+	{
+		nruns_locked_first = 0;
+		runs_locked_more = NULL;	/* its memory goes with the transaction */
+	}
 }
 
 void
@@ -75,33 +87,52 @@ dl_runlock_init(void)
 	RegisterXactCallback(runlock_xact_callback, NULL);
 }
 
+/* Whether this transaction locked run lock_key already. */
+static bool
+run_locked_already(uint64 lock_key)
+{
+	int			i;
+
+	for (i = 0; i < nruns_locked_first; i++)
+		if (runs_locked_first[i] == lock_key)
+			return true;
+	return runs_locked_more != NULL &&
+		hash_search(runs_locked_more, &lock_key, HASH_FIND, NULL) != NULL;
+}
+
 /* Room for the locks of run lock_key in this transaction. */
 static void
 count_run_of_transaction(uint64 lock_key)
 {
+	long		locked;
 	bool		found;
 
-	if (runs_locked == NULL)
+	if (run_locked_already(lock_key))
+		return;
+	locked = nruns_locked_first + (runs_locked_more ? hash_get_num_entries(runs_locked_more) : 0);
+	if (locked >= max_runs_per_transaction)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("this transaction has locked %ld runs already", locked),
+				 errdetail("Each run a transaction calls keeps up to three locks in the shared lock table until the transaction ends; the table holds max_locks_per_transaction × (max_connections + max_prepared_transactions) locks for all sessions, %d here.",
+						   max_locks_per_xact * (MaxConnections + max_prepared_xacts)),
+				 errhint("Commit more often, or raise durable_ledger.max_runs_per_transaction (and max_locks_per_transaction).")));
+	if (nruns_locked_first < RUNS_LOCKED_INLINE)
+	{
+		runs_locked_first[nruns_locked_first++] = lock_key;
+		return;
+	}
+	if (runs_locked_more == NULL)
 	{
 		HASHCTL		ctl;
 
 		ctl.keysize = sizeof(uint64);
 		ctl.entrysize = sizeof(uint64);
 		ctl.hcxt = TopTransactionContext;
-		runs_locked = hash_create("durable_ledger runs locked", 64, &ctl,
-								  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+		runs_locked_more = hash_create("durable_ledger runs locked", 64, &ctl,
+									   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	}
-	if (hash_search(runs_locked, &lock_key, HASH_FIND, NULL) != NULL)
-		return;
-	if (hash_get_num_entries(runs_locked) >= max_runs_per_transaction)
-		ereport(ERROR,
-				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-				 errmsg("this transaction has locked %ld runs already",
-						hash_get_num_entries(runs_locked)),
-				 errdetail("Each run a transaction calls keeps up to three locks in the shared lock table until the transaction ends; the table holds max_locks_per_transaction × (max_connections + max_prepared_transactions) locks for all sessions, %d here.",
-						   max_locks_per_xact * (MaxConnections + max_prepared_xacts)),
-				 errhint("Commit more often, or raise durable_ledger.max_runs_per_transaction (and max_locks_per_transaction).")));
-	(void) hash_search(runs_locked, &lock_key, HASH_ENTER, &found);
+	(void) hash_search(runs_locked_more, &lock_key, HASH_ENTER, &found);
 }
 
 /* The seed of the run -> lock key hash; changing it changes every lock key. */
