@@ -51,7 +51,6 @@ OBJS = \
 # released versions' scripts and the update scripts are installed as they are.
 DATA_built = $(EXTENSION)--$(EXTVERSION).sql
 DATA = $(filter-out $(DATA_built),$(wildcard $(EXTENSION)--*.sql))
-EXTRA_CLEAN = $(DATA_built)
 PG_CPPFLAGS = -I$(srcdir)/src
 
 # pg_regress suites: one file per concern (sql/ and expected/)
@@ -163,7 +162,7 @@ check-layers: all
 deps:
 	test/install-deps.sh
 
-# The main job, on a throwaway cluster: see README "The demo".
+# The main job, on a throwaway cluster: see README "Run the demo".
 demo:
 	demo/run.sh
 

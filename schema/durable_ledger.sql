@@ -623,7 +623,9 @@ COMMENT ON COLUMN durable_ledger.audit_heads.row_hash IS
     'that row''s row_hash, in hexadecimal';
 
 -- Recomputes every chain; one row per chain whose first broken link it names,
--- and one per kept head that is gone or changed.
+-- per anchor no purge recorded, per chain no backend was given, per chain-0
+-- row that is not history, per row without a chain, and per kept head that is
+-- gone or changed.
 CREATE FUNCTION durable_ledger.verify_audit(heads jsonb DEFAULT NULL)
 RETURNS TABLE (chain bigint, chain_seq bigint, id bigint, problem text)
 LANGUAGE sql STABLE PARALLEL SAFE
@@ -735,7 +737,7 @@ SELECT h.chain, h.chain_seq, NULL::bigint,
  ORDER BY 1, 2
 $fn$;
 COMMENT ON FUNCTION durable_ledger.verify_audit(jsonb) IS
-    'recomputes the audit log''s hash chains (chain 0: the rows written before chains began, chained at the update to 1.3): the first broken link of each chain, chains no backend was given, rows without a chain, and every kept head (audit_heads rows as a JSON array) that is gone or changed; no rows: nothing was found';
+    'recomputes the audit log''s hash chains (chain 0: the rows written before chains began, chained at the update to 1.3): the first broken link of each chain, anchors no purge recorded, chains no backend was given, chain-0 rows that are not history or lie beyond the head the update recorded, rows without a chain, and every kept head (audit_heads rows as a JSON array) that is gone or changed; no rows: nothing was found';
 
 -- ---------------------------------------------------------------------------
 -- Leases and what waits for a person, for people (docs/reference.md,
@@ -759,7 +761,7 @@ SELECT l.pid,
        (SELECT d.oid FROM pg_catalog.pg_database d
          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database());
 COMMENT ON VIEW durable_ledger.lease_locks IS
-    'the session leases held in this database: granted ExclusiveLock advisory locks of the extension''s lock class (pg_locks.objsubid 17484), one per run held; what leases, unresolved and metrics read';
+    'the session leases held in this database: granted ExclusiveLock advisory locks of the extension''s lock class (pg_locks.objsubid 17484), one per run held; what leases, unresolved, metrics and lease_holder_activity() read';
 COMMENT ON COLUMN durable_ledger.lease_locks.pid IS
     'the backend that holds the lease';
 COMMENT ON COLUMN durable_ledger.lease_locks.lock_key IS
@@ -1272,7 +1274,7 @@ AS 'MODULE_PATHNAME', 'dl_purge_settled_1_3'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.purge_settled(interval, text, boolean, integer) IS
-    'removes the effects of runs whose every effect is completed or failed (none started but a recorded call, none unknown or flagged, no divergence waiting) and whose audit log is quiet for older_than; a later call of such a run executes again; dry_run (the default) only lists them; at most max_runs per call';
+    'removes the effects of runs whose every effect is completed or failed (none started but a recorded call, none unknown or flagged, no divergence waiting), that no live lease holds (theirs, or a run''s that shares their effects) and about which nothing was logged for older_than; a later call of such a run executes again; dry_run (the default) only lists them; at most max_runs per call';
 
 CREATE FUNCTION durable_ledger.purge_audit(older_than interval, purged_by text,
                                            dry_run boolean DEFAULT true)
@@ -1281,7 +1283,7 @@ AS 'MODULE_PATHNAME', 'dl_purge_audit_1_3'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.purge_audit(interval, text, boolean) IS
-    'removes audit rows older than older_than of runs with no effect left (and rows of no run), a prefix of each hash chain, anchored in audit_anchors; dry_run (the default) only counts';
+    'removes audit rows older than older_than of runs with no effect left (and rows of no run), but never the evidence of what is still open nor a row without a chain: a prefix of each hash chain, anchored in audit_anchors; dry_run (the default) only counts';
 
 -- ---------------------------------------------------------------------------
 -- Monitoring (docs/operations.md, "Monitoring"; monitoring/ holds the

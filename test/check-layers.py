@@ -43,14 +43,10 @@ def read_layers(src):
     return layers, order
 
 
-def layer_of(layers, name):
-    for layer, patterns in layers.items():
-        for pattern in patterns:
-            if fnmatch.fnmatch(name + ("" if name.endswith(".h") else ".c"), pattern):
-                return layer
-    return None
-
-
+def layers_of(layers, filename):
+    """The layers whose patterns match filename (one, in a sound list)."""
+    return [layer for layer, patterns in layers.items()
+            if any(fnmatch.fnmatch(filename, p) for p in patterns)]
 
 
 def nm(path, *flags):
@@ -60,19 +56,20 @@ def nm(path, *flags):
 
 def main():
     src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "src")
-    global LAYER_OF, RANK, ORDER
     layers, ORDER = read_layers(src)
-    names = [f[:-2] for f in os.listdir(src) if f.endswith(".c")] + \
-        [f for f in os.listdir(src) if f.endswith(".h")]
-    LAYER_OF = {n: layer_of(layers, n) for n in names if layer_of(layers, n)}
     RANK = {layer: i for i, layer in enumerate(ORDER)}
+    files = sorted(f for f in os.listdir(src) if f.endswith((".c", ".h")))
+    placed = {f: layers_of(layers, f) for f in files}
+    # a C file is named by its object (begin_funcs), a header by its file name
+    LAYER_OF = {(f[:-2] if f.endswith(".c") else f): found[0]
+                for f, found in placed.items() if len(found) == 1}
     objects = sorted(f[:-2] for f in os.listdir(src) if f.endswith(".o"))
-    sources = sorted(f[:-2] for f in os.listdir(src) if f.endswith(".c"))
+    sources = sorted(f[:-2] for f in files if f.endswith(".c"))
     failures = []
 
-    unknown = [f for f in sources + sorted(f for f in os.listdir(src) if f.endswith(".h"))
-               if (f[:-2] if f.endswith(".c") else f) not in LAYER_OF]
-    failures.append(("every file of src/ has a layer", [f"{f}: in no layer" for f in unknown]))
+    unplaced = [f"{f}: in no layer" for f, found in placed.items() if not found] + \
+        [f"{f}: in {' and '.join(found)}" for f, found in placed.items() if len(found) > 1]
+    failures.append(("every file of src/ has one layer", unplaced))
     missing = [s for s in sources if s not in objects]
 
     # which object defines each symbol (globals only: functions and variables)

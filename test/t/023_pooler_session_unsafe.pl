@@ -146,11 +146,12 @@ sub error_of
 		my ($session, $epoch) = @_;
 		return $session->query_safe(qq{
 			SELECT coalesce((g.d).decision || ' ' || (g.d).occurrence,
-			                'not called: epoch ' || coalesce(g.epoch::text, 'none') || ' on ' || g.pid)
-			  FROM (SELECT pg_backend_pid() AS pid, durable_ledger.session_epoch('twice-run') AS epoch,
-			               CASE WHEN durable_ledger.session_epoch('twice-run') = $epoch
-			                    THEN durable_ledger.begin_effect($pay) END AS d
-			        OFFSET 0) g});
+			                'not called: epoch ' || coalesce(s.epoch::text, 'none') || ' on ' || s.pid)
+			  FROM (SELECT pg_backend_pid() AS pid, durable_ledger.session_epoch('twice-run') AS epoch
+			        OFFSET 0) s,
+			       LATERAL (SELECT CASE WHEN s.epoch = $epoch
+			                            THEN durable_ledger.begin_effect($pay) END AS d
+			                OFFSET 0) g});
 	};
 
 	my ($a_got, $a_epoch, $a_pid) = split(/\|/, $a->query_safe($acquire));

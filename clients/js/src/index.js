@@ -7,6 +7,7 @@
 // importing only those below it:
 //
 //   ledger.js            the Ledger: guarded(), record(), tool(), the attempts
+//   call-flow.js         one guarded call: begin, the tool, the report
 //   token-attempts.js    tokenAttempt(): take_lease, the attempt, release_lease
 //   renewal.js           a token lease's renewal timer
 //   session-attempts.js  attempt(), acquireRun(), releaseRun(): session leases

@@ -10,8 +10,8 @@
 //           pid, kept for the attempt;
 //   begin   begin_effect / begin_recorded, called only (CASE) when the
 //           statement's session holds the run at the attempt's epoch; its pid
-//           and that session's epoch come back in any case (OFFSET 0 keeps the
-//           subquery, and so the call, evaluated once);
+//           and that session's epoch (asked once) come back in any case
+//           (OFFSET 0 keeps each subquery, and so the call, evaluated once);
 //   end     release_run under the same condition; when it did not hold,
 //           release_attempt(run, epoch) ends the lease wherever it is held.
 // Reports (complete_effect, fail_effect) name their attempt and need no guard.
@@ -30,17 +30,16 @@ export const ACQUIRE_ATTEMPT =
  * @returns {string}
  */
 export function guardedBegin(call, epochParam) {
-  return 'SELECT g.pid AS guard_pid, g.epoch AS guard_epoch, (g.d).* FROM (SELECT pg_backend_pid() AS pid, ' +
-    'durable_ledger.session_epoch($1::text) AS epoch, ' +
-    `CASE WHEN durable_ledger.session_epoch($1::text) = $${epochParam}::bigint THEN ${call} END AS d ` +
-    'OFFSET 0) g';
+  return 'SELECT s.pid AS guard_pid, s.epoch AS guard_epoch, (g.d).* FROM (SELECT pg_backend_pid() AS pid, ' +
+    'durable_ledger.session_epoch($1::text) AS epoch OFFSET 0) s, ' +
+    `LATERAL (SELECT CASE WHEN s.epoch = $${epochParam}::bigint THEN ${call} END AS d OFFSET 0) g`;
 }
 
 /** release_run($1 run) when this session holds it at epoch $2: pid, epoch, released (null: it did not). */
 export const RELEASE_ATTEMPT =
-  'SELECT g.pid, g.epoch, g.released FROM (SELECT pg_backend_pid() AS pid, ' +
-  'durable_ledger.session_epoch($1::text) AS epoch, ' +
-  'CASE WHEN durable_ledger.session_epoch($1::text) = $2::bigint THEN durable_ledger.release_run($1::text) END ' +
+  'SELECT s.pid, s.epoch, g.released FROM (SELECT pg_backend_pid() AS pid, ' +
+  'durable_ledger.session_epoch($1::text) AS epoch OFFSET 0) s, ' +
+  'LATERAL (SELECT CASE WHEN s.epoch = $2::bigint THEN durable_ledger.release_run($1::text) END ' +
   'AS released OFFSET 0) g';
 
 /** Ends the session lease of run $1 at epoch $2 wherever it is held (extension 1.3). */

@@ -308,10 +308,12 @@ ACQUIRE_RUN = ("SELECT a.acquired, durable_ledger.session_epoch(%s) AS epoch, "
 #: release_run of a run whose attempt's epoch the client does not know.
 RELEASE_RUN = "SELECT durable_ledger.release_run(%s) AS ok"
 #: The end of a session attempt: release_run only where the statement reached the session
-#: that holds the attempt's epoch (CASE calls it only then; OFFSET 0: once).
-RELEASE_GUARDED = ("SELECT g.pid, g.epoch, g.released "
-                   "FROM (SELECT pg_backend_pid() AS pid, durable_ledger.session_epoch(%s) AS epoch, "
-                   "CASE WHEN durable_ledger.session_epoch(%s) = %s "
+#: that holds the attempt's epoch (the epoch asked once; CASE calls release_run only then;
+#: OFFSET 0: once).
+RELEASE_GUARDED = ("SELECT s.pid, s.epoch, g.released "
+                   "FROM (SELECT pg_backend_pid() AS pid, durable_ledger.session_epoch(%s) AS epoch "
+                   "OFFSET 0) s, "
+                   "LATERAL (SELECT CASE WHEN s.epoch = %s "
                    "THEN durable_ledger.release_run(%s) END AS released OFFSET 0) g")
 #: The attempt's lease ended wherever it is held (the guarded release reached another
 #: server connection): released here, or its holder terminated.
@@ -375,10 +377,11 @@ def begin_statement(run: str, tool: str, args: Any, business_key: Optional[str],
     call = f"durable_ledger.{function}({placeholders})"
     if hold is None:
         return f"SELECT * FROM {call}", params
-    return ("SELECT g.pid AS guard_pid, g.epoch AS guard_epoch, (g.d).* "
-            "FROM (SELECT pg_backend_pid() AS pid, durable_ledger.session_epoch(%s) AS epoch, "
-            f"CASE WHEN durable_ledger.session_epoch(%s) = %s THEN {call} END AS d OFFSET 0) g",
-            (run, run, hold.epoch) + params)
+    return ("SELECT s.pid AS guard_pid, s.epoch AS guard_epoch, (g.d).* "
+            "FROM (SELECT pg_backend_pid() AS pid, durable_ledger.session_epoch(%s) AS epoch "
+            "OFFSET 0) s, "
+            f"LATERAL (SELECT CASE WHEN s.epoch = %s THEN {call} END AS d OFFSET 0) g",
+            (run, hold.epoch) + params)
 
 
 #: What a session attempt needs, and what to use behind a transaction pooler.
@@ -447,7 +450,7 @@ def check_guard(row: Any, run: str, hold: SessionHold, halt: HaltFn) -> None:
 
 
 def release_params(run: str, hold: SessionHold) -> Tuple[Any, ...]:
-    return (run, run, hold.epoch, run)
+    return (run, hold.epoch, run)
 
 
 def released_elsewhere(run: str, hold: SessionHold, row: Any, ended: bool) -> None:

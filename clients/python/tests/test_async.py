@@ -25,7 +25,7 @@ import threading
 import time
 import unittest
 import uuid
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -522,17 +522,27 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
 
     # ------------------------------------- cancellations and leftover tasks
 
-    def lock_effects_for(self, seconds: float) -> None:
-        """Another session holds durable_ledger.effects for a while: the ledger's
-        statements wait for it (it lets go by itself, as a real holder would)."""
+    def hold_effects(self) -> Callable[[], None]:
+        """Another session holds durable_ledger.effects until the returned function is
+        called: the ledger's statements wait for it meanwhile."""
         blocker = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
         blocker.execute("BEGIN")
         blocker.execute("LOCK TABLE durable_ledger.effects IN ACCESS EXCLUSIVE MODE")
 
         def let_go() -> None:
-            blocker.execute("COMMIT")
-            blocker.close()
-        threading.Timer(seconds, let_go).start()
+            if not blocker.closed:
+                blocker.execute("COMMIT")
+                blocker.close()
+        self.addCleanup(let_go)
+        return let_go
+
+    async def until_a_statement_waits_for_a_lock(self) -> None:
+        """Until a ledger statement waits for a lock (hold_effects), polled."""
+        deadline = time.monotonic() + PATIENCE
+        while not self.admin.execute(
+                "SELECT count(*) > 0 FROM pg_locks WHERE NOT granted").fetchone()[0]:  # type: ignore[index]
+            self.assertLess(time.monotonic(), deadline, "no statement waited for the lock")
+            await asyncio.sleep(0.01)
 
     async def test_a_task_that_outlives_a_session_attempt_never_acts(self) -> None:
         # gather() raises at the first failing branch and the block is left while the
@@ -622,22 +632,29 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
         ledger = AsyncLedger(await self.connect())
         paid: List[str] = []
         at_the_bank = asyncio.Event()
+        bank_answers = asyncio.Event()
 
         async def pay(key: str) -> Any:
             at_the_bank.set()
-            await asyncio.sleep(0.5)
+            await bank_answers.wait()
             paid.append(key)
             return {"receipt": "R-1"}
 
         async with ledger.token_attempt(self.run_id, ttl=30):
             a = asyncio.create_task(asyncio.wait_for(
-                ledger.guarded(self.run_id, "bank.pay", {"invoice": 9}, pay), 1.0))
+                ledger.guarded(self.run_id, "bank.pay", {"invoice": 9}, pay), PATIENCE))
             # (the intent is in once the bank is called: not a guess of how long it takes)
             await asyncio.wait_for(at_the_bank.wait(), PATIENCE)
-            self.lock_effects_for(2.0)
+            let_go = self.hold_effects()
             b = asyncio.create_task(ledger.guarded(self.run_id, "mail.send", {"to": "x"},
                                                    lambda key: {"sent": True}))
-            with self.assertRaises(asyncio.TimeoutError):
+            await self.until_a_statement_waits_for_a_lock()  # b holds the one connection
+            bank_answers.set()
+            while not paid:  # the bank answered: the report now waits for the connection
+                await asyncio.sleep(0.01)
+            a.cancel()
+            let_go()
+            with self.assertRaises(asyncio.CancelledError):
                 await a
             self.assertEqual(await b, {"sent": True})
             with self.assertRaises(EffectPaused):
@@ -655,9 +672,10 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
         ledger = AsyncLedger(conn)
         d = Downstream(ledger)
         async with ledger.attempt(self.run_id):
-            self.lock_effects_for(1.0)
+            let_go = self.hold_effects()
             with self.assertRaises(asyncio.TimeoutError):  # the intent waits for the lock
                 await asyncio.wait_for(d.pay(self.run_id, {"i": 1}), 0.3)
+            let_go()
             self.assertEqual(conn.info.transaction_status.name, "IDLE")
             with self.assertRaises(EffectPaused):  # the attempt is stopped
                 await d.pay(self.run_id, {"i": 1})
