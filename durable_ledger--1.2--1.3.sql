@@ -315,10 +315,10 @@ COMMENT ON FUNCTION durable_ledger.purge_settled(interval, text, boolean, intege
     'removes the effects of runs whose every effect is completed or failed (none started but a recorded call, none unknown or flagged, no divergence waiting), that no live lease holds (theirs, or a run''s that shares their effects) and about which nothing was logged for older_than; a later call of such a run executes again; dry_run (the default) only lists them; at most max_runs per call';
 
 -- ---------------------------------------------------------------------------
--- Canonical args have a bounded cost: at most 32 times the size of args as
--- jsonb stores them, plus 1 kB, and never more than 128 MB (a number is
--- written out in full); larger args are refused at once (22023).  Every key
--- ever derived is unchanged.
+-- Canonical args have a bounded cost: a number written out in full may add
+-- 324 zeros beyond its significant digits, args 1,024 more in all, and the
+-- text never takes more than 128 MB; larger args are refused at once
+-- (22023), whatever their spelling.  Every key ever derived is unchanged.
 -- ---------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION durable_ledger.canonical_args(args jsonb)
 RETURNS text

@@ -19,13 +19,15 @@
  *
  * A number written out in full takes a character per digit: 1e131071 is
  * eight bytes of JSON and 131,072 characters of canonical text.  So the
- * canonical text of args may be at most CANONICAL_GROWTH times their size as
- * jsonb stores them, plus CANONICAL_SLACK bytes, and never more than
- * CANONICAL_MAX_BYTES; larger args are refused (22023) as soon as the text
- * passes the bound, before the rest is written.  Any double a client sends
- * stays well within it (the smallest normal one, 16 bytes in jsonb, is 327
- * characters written out; an escaped control character grows six times).
- * Every key the ledger ever derived is unchanged: the bound only refuses.
+ * zeros a number's exponent adds beyond its significant digits are bounded:
+ * NUMBER_FREE_ZEROS a number (as many as any double needs: 4.9e-324 has
+ * 324), and NUMBER_EXTRA_ZEROS beyond those for all of args together; and
+ * the text never takes more than CANONICAL_MAX_BYTES.  Larger args are
+ * refused (22023) as soon as they pass a bound, before the rest is written.
+ * The bounds depend on the value alone, never on how it was spelled or
+ * stored (1.0 and 1, 1e3 and 1000 count the same), so equal args are
+ * either both keyed or both refused.  Every key the ledger ever derived is
+ * unchanged: the bounds only refuse.
  */
 #include "postgres.h"
 
@@ -37,29 +39,79 @@
 
 #include "common.h"
 
-#define CANONICAL_GROWTH 32
-#define CANONICAL_SLACK 1024
+#define NUMBER_FREE_ZEROS 324
+#define NUMBER_EXTRA_ZEROS 1024
 #define CANONICAL_MAX_BYTES (128 * 1024 * 1024)
 
-/* Where the canonical text goes, and how long it may grow. */
+/* Where the canonical text goes, and how long it has grown. */
 typedef struct Canonical
 {
 	StringInfo	out;
 	int			start;			/* out->len when args began */
-	Size		bound;			/* bytes the text of args may take */
-	Size		stored;			/* the size of args as jsonb stores them */
+	Size		extra_zeros;	/* numbers' zeros beyond their free ones, so far */
 } Canonical;
 
 static void
 check_bound(const Canonical *c, Size more)
 {
-	if ((Size) (c->out->len - c->start) + more > c->bound)
+	if ((Size) (c->out->len - c->start) + more > CANONICAL_MAX_BYTES)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("args are too large once written canonically"),
-				 errdetail("Their canonical text would take more than %zu bytes (%d times their %zu bytes as jsonb stores them plus %d, at most %d); a number is written out in full, a character per digit.",
-						   c->bound, CANONICAL_GROWTH, c->stored, CANONICAL_SLACK, CANONICAL_MAX_BYTES),
+				 errdetail("Their canonical text would take more than %d bytes.",
+						   CANONICAL_MAX_BYTES)));
+}
+
+/*
+ * The zeros a number written out adds beyond its significant digits (text
+ * is trimmed: "1000" adds 3, "0.001" adds 3, "1.5" none).
+ */
+static Size
+padding_zeros(const char *text)
+{
+	Size		leading = 0;
+	Size		trailing = 0;
+	bool		significant = false;
+	bool		fraction = false;
+	const char *p;
+
+	for (p = text; *p; p++)
+	{
+		if (*p == '.')
+		{
+			fraction = true;
+			continue;
+		}
+		if (*p < '0' || *p > '9')
+			continue;
+		if (*p != '0')
+		{
+			significant = true;
+			trailing = 0;
+		}
+		else if (!significant)
+			leading++;
+		else if (!fraction)
+			trailing++;
+	}
+	return fraction ? leading : leading + trailing;
+}
+
+static void
+check_number(Canonical *c, const char *text)
+{
+	Size		zeros = padding_zeros(text);
+
+	if (zeros > NUMBER_FREE_ZEROS)
+		c->extra_zeros += zeros - NUMBER_FREE_ZEROS;
+	if (c->extra_zeros > NUMBER_EXTRA_ZEROS)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("args are too large once written canonically"),
+				 errdetail("A number is written out in full, a character per digit: args may add at most %d zeros a number beyond its significant digits, and %d more in all.",
+						   NUMBER_FREE_ZEROS, NUMBER_EXTRA_ZEROS),
 				 errhint("Pass such a number as a string.")));
+	check_bound(c, strlen(text));
 }
 
 /* How long escape_json writes a string: checked before it is written. */
@@ -98,7 +150,7 @@ append_number(Canonical *c, Numeric num)
 		appendStringInfoChar(c->out, '0');
 	else
 	{
-		check_bound(c, strlen(text));
+		check_number(c, text);
 		appendStringInfoString(c->out, text);
 	}
 	pfree(text);
@@ -125,7 +177,7 @@ append_scalar(Canonical *c, const JsonbValue *v)
 				char	   *s;
 
 				/* counted only when even the worst (six bytes a byte) may not fit */
-				if ((Size) (c->out->len - c->start) + 6 * (Size) v->val.string.len + 2 > c->bound)
+				if ((Size) (c->out->len - c->start) + 6 * (Size) v->val.string.len + 2 > CANONICAL_MAX_BYTES)
 					check_bound(c, escaped_length(v->val.string.val, v->val.string.len));
 				s = pnstrdup(v->val.string.val, v->val.string.len);
 				escape_json(out, s);
@@ -152,8 +204,7 @@ dl_append_canonical_args(StringInfo out, Jsonb *args)
 
 	c.out = out;
 	c.start = out->len;
-	c.stored = VARSIZE(args);
-	c.bound = Min(c.stored * CANONICAL_GROWTH + CANONICAL_SLACK, CANONICAL_MAX_BYTES);
+	c.extra_zeros = 0;
 
 	/* a bare scalar is stored as a one-element pseudo array: write it alone */
 	if (JB_ROOT_IS_SCALAR(args))

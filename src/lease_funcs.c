@@ -76,6 +76,8 @@ check_may_terminate(int holder, const char *run)
 /*
  * Terminates holder, the backend that holds run's session lease (waiting
  * for it to end), and audits it as lease_broken at epoch; whether it ended.
+ * epoch 0: the run's latest epoch, read once the holder ended (until then
+ * it may start another attempt, whose epoch is the one broken).
  */
 static bool
 terminate_holder(const char *run, int holder, int64 epoch, const char *broken_by,
@@ -83,10 +85,13 @@ terminate_holder(const char *run, int holder, int64 epoch, const char *broken_by
 {
 	bool		terminated;
 	DetailBuilder detail;
+	RunState	state;
 
 	terminated = DatumGetBool(DirectFunctionCall2(pg_terminate_backend,
 												  Int32GetDatum(holder),
 												  Int64GetDatum(BREAK_LEASE_WAIT_MS)));
+	if (epoch == 0 && dl_read_run_state(run, &state))
+		epoch = state.epoch;
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "broken_by", broken_by);
 	dl_detail_text(&detail, "note", note);
@@ -112,7 +117,6 @@ dl_break_lease_1_1(PG_FUNCTION_ARGS)
 	char	   *note = dl_optional_text_arg(fcinfo, 2);
 	int			holder;
 	bool		terminated;
-	RunState	state;
 
 	dl_check_writable("break_lease()");
 	dl_spi_connect();
@@ -133,9 +137,7 @@ dl_break_lease_1_1(PG_FUNCTION_ARGS)
 				 errmsg("this session holds the lease on run \"%s\"", run),
 				 errhint("Use durable_ledger.release_run() to release it.")));
 	check_may_terminate(holder, run);
-	if (!dl_read_run_state(run, &state))
-		state.epoch = 0;
-	terminated = terminate_holder(run, holder, state.epoch, broken_by, note);
+	terminated = terminate_holder(run, holder, 0, broken_by, note);
 	dl_spi_finish();
 
 	PG_RETURN_BOOL(terminated);
