@@ -141,7 +141,7 @@ $(EXTENSION)--$(EXTVERSION).sql: schema/$(EXTENSION).sql
 $(OBJS): $(wildcard $(srcdir)/src/*.h)
 
 # Everything, in throwaway clusters (as root too): see CONTRIBUTING.md.
-.PHONY: test prove_installcheck check-clients check-layers deps demo bench
+.PHONY: test prove_installcheck check-clients check-layers deps demo bench soak
 test: all
 	test/run-all.sh
 
@@ -165,6 +165,10 @@ deps:
 # The main job, on a throwaway cluster: see README "Run the demo".
 demo:
 	demo/run.sh
+
+# The model check with fresh seeds for SOAK_MINUTES (default 60): test/model/.
+soak:
+	test/model/soak.sh
 
 # Speed against the floor of what durability costs; not part of the tests.
 bench:

@@ -10,6 +10,7 @@ packages=(
 	libipc-run-perl                # PostgreSQL's TAP tests
 	python3-psycopg                # the Python client and the fleet chaos test
 	python3-psycopg-pool           # the Python client's token-lease tests (a connection pool)
+	python3-hypothesis             # the model check (test/model/): generated histories
 	python3-mypy                   # the Python client's type hints, checked --strict
 	python3-venv python3-setuptools  # the Python client installed with pip into a virtual environment
 	pgbouncer                      # the tests and bench section through a transaction pooler

@@ -1,0 +1,428 @@
+"""The ledger's contract as an executable reference model.
+
+Written from docs/reference.md and docs/leases.md, not from the C code: each
+method says what a call must answer and what it must leave recorded.  The
+state machine (machine.py) makes the same calls against a real server and
+compares.  Where the docs are silent the model's choice is written in
+docs/testing-model.md ("What the model decides where the docs are silent").
+
+The model knows nothing of key derivation: a derived-key effect is named by
+what identifies it -- (run, tool, canonical args, occurrence) -- and the key
+the server returned is remembered for it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+class Refused(Exception):
+    """A call the contract refuses: its SQLSTATE, and nothing written."""
+
+    def __init__(self, sqlstate: str, why: str):
+        super().__init__(f"{sqlstate}: {why}")
+        self.sqlstate = sqlstate
+        self.why = why
+
+
+def canonical(args: Any) -> str:
+    """Equal JSON is equal here; the server's canonical text is its own."""
+    return json.dumps(args, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass
+class Lease:
+    """One live lease of a run: a session's (by session id) or a token's."""
+
+    run: str
+    epoch: Optional[int]  # None: a session's lock whose epoch rolled back
+    session: Optional[int] = None  # session lease: the session holding it
+    token: Optional[str] = None  # token lease: its token
+
+
+@dataclass
+class Attempt:
+    attempt: int
+    run: str
+    epoch: int
+    status: str
+    error: Any = None
+
+
+@dataclass
+class Effect:
+    key: str
+    tool: str
+    args: Any
+    business_key: bool
+    occurrence: Optional[int]
+    safe_to_redo: bool
+    run: str  # the run whose lease started the current attempt
+    epoch: int
+    attempt: int = 1
+    status: str = "started"
+    result: Any = None
+    error: Any = None
+    conflict: bool = False
+    past: list[Attempt] = field(default_factory=list)
+
+
+@dataclass
+class Answer:
+    """A decision, as begin_effect returns it (the columns compared)."""
+
+    key: Optional[str]
+    decision: str
+    status: Optional[str]
+    occurrence: Optional[int]
+    attempt: Optional[int]
+    result: Any = None
+    error: Any = None
+
+
+@dataclass
+class Tool:
+    side_effecting: bool
+
+
+class Model:
+    """The ledger as the reference describes it, for the runs of one history."""
+
+    def __init__(self, tools: dict[str, Tool]):
+        self.tools = tools
+        self.epochs: dict[str, int] = {}  # run -> epochs so far (runs.epochs)
+        self.abandoned: set[str] = set()
+        self.leases: dict[str, Lease] = {}  # run -> its live lease
+        self.held: dict[int, dict[str, int]] = {}  # session -> run -> epoch it holds
+        self.tokens: dict[str, Lease] = {}  # every token taken, live or not
+        self.counters: dict[tuple, int] = {}  # (run, epoch, tool, canon) -> calls
+        self.effects: dict[str, Effect] = {}  # key -> effect
+        self.derived: dict[tuple, str] = {}  # (run, tool, canon, occurrence) -> key
+        self.executed: set[tuple[str, int]] = set()  # (key, attempt) answered execute
+
+    # ---------- leases ----------
+
+    def _new_epoch(self, run: str) -> int:
+        self.epochs[run] = self.epochs.get(run, 0) + 1
+        return self.epochs[run]
+
+    def live(self, run: str, epoch: int) -> bool:
+        lease = self.leases.get(run)
+        return lease is not None and lease.epoch is not None and lease.epoch == epoch
+
+    def _end(self, run: str) -> None:
+        lease = self.leases.pop(run, None)
+        if lease is not None and lease.session is not None:
+            self.held.get(lease.session, {}).pop(run, None)
+
+    def acquire_run(self, session: int, run: str) -> bool:
+        """acquire_run(run, wait => false)."""
+        if run in self.abandoned:
+            raise Refused("55L02", "the run was abandoned")
+        lease = self.leases.get(run)
+        if lease is not None and lease.session != session:
+            return False  # another session's lease or a token lease: false at once
+        epoch = self._new_epoch(run)
+        self.leases[run] = Lease(run, epoch, session=session)
+        self.held.setdefault(session, {})[run] = epoch
+        return True
+
+    def release_run(self, session: int, run: str) -> bool:
+        if run not in self.held.get(session, {}):
+            return False
+        self._end(run)
+        return True
+
+    def session_ended(self, session: int) -> None:
+        """The session's connection ended (killed, or a lease broken)."""
+        for run in list(self.held.get(session, {})):
+            self._end(run)
+        self.held.pop(session, None)
+
+    def session_epoch(self, session: int, run: str) -> Optional[int]:
+        return self.held.get(session, {}).get(run)
+
+    def take_lease(self, session: int, run: str, token_of_server: Optional[str]) -> Optional[str]:
+        """take_lease(run): a new epoch, or None at once when the run is held."""
+        if run in self.abandoned:
+            raise Refused("55L02", "the run was abandoned")
+        if run in self.leases:
+            return None
+        assert token_of_server is not None, "the server gave no token for a free run"
+        epoch = self._new_epoch(run)
+        lease = Lease(run, epoch, token=token_of_server)
+        self.leases[run] = lease
+        self.tokens[token_of_server] = lease
+        return token_of_server
+
+    def token_live(self, token: str) -> bool:
+        lease = self.tokens[token]
+        return self.leases.get(lease.run) is lease
+
+    def renew_lease(self, token: str) -> None:
+        if not self.token_live(token):
+            raise Refused("55L01", "the token lease is lost")
+
+    def release_lease(self, token: str) -> bool:
+        if not self.token_live(token):
+            return False
+        self._end(self.tokens[token].run)
+        return True
+
+    def token_expired(self, token: str) -> None:
+        if self.token_live(token):
+            self._end(self.tokens[token].run)
+
+    def break_lease(self, run: str) -> Optional[int]:
+        """break_lease: False when nobody holds it; a session holder is terminated.
+
+        Returns the session terminated (or None), raises nothing: the caller
+        knows it returned true or false from whether the run was held."""
+        lease = self.leases.get(run)
+        if lease is None:
+            return None
+        if lease.session is not None:
+            session = lease.session
+            self.session_ended(session)
+            return session
+        self._end(run)
+        return None
+
+    def abandon_run(self, run: str) -> bool:
+        if not self.epochs.get(run):
+            raise Refused("42704", "the run is not in the ledger")
+        if run in self.abandoned:
+            return False
+        self.abandoned.add(run)
+        return True
+
+    # ---------- begin ----------
+
+    def _lease_for_call(self, session: int, run: str, token: Optional[str]) -> Optional[int]:
+        """The epoch a call of run runs in; None: the session takes one."""
+        if token is not None:
+            lease = self.tokens.get(token)
+            if lease is not None and lease.run != run:
+                raise Refused("22023", "a token lease's token passed with another run")
+            if lease is None or not self.token_live(token):
+                raise Refused("55L01", "the token lease is lost")
+            return lease.epoch
+        held = self.held.get(session, {})
+        if run not in held and run in self.abandoned:
+            raise Refused("55L02", "the run was abandoned (before waiting for its lease)")
+        if run not in held and run in self.leases:
+            raise Refused("55P03", "the run's lease was not granted in time")
+        return held.get(run)
+
+    def begin(self, session: int, run: str, tool: str, args: Any,
+              business_key: Optional[str] = None, token: Optional[str] = None,
+              recorded: bool = False, key_of_server: Optional[str] = None) -> Answer:
+        """begin_effect / begin_recorded.
+
+        A session that holds no epoch of the run takes its lease and starts
+        one; when the call then fails, the epoch rolls back with it but the
+        lock stays held (leases.md): the session holds the run without an
+        epoch until its next call or acquire_run starts one."""
+        epoch = self._lease_for_call(session, run, token)
+        taken = epoch is None
+        if taken:
+            self.leases[run] = Lease(run, None, session=session)
+            self.held.setdefault(session, {})[run] = None
+            epoch = self._new_epoch(run)
+        try:
+            answer = self._begin(run, epoch, tool, args, business_key, recorded,
+                                 key_of_server)
+        except Refused:
+            if taken:
+                self.epochs[run] -= 1
+            raise
+        if taken:
+            self.leases[run].epoch = epoch
+            self.held[session][run] = epoch
+        return answer
+
+    def begin_rolled_back(self, session: int, run: str, tool: str, args: Any,
+                          business_key: Optional[str] = None, token: Optional[str] = None,
+                          recorded: bool = False, key_of_server: Optional[str] = None) -> Answer:
+        """A begin whose transaction then rolls back: it answers as begin
+        would, and leaves nothing -- no effect, no count, no epoch -- but the
+        lock a session took for it (held without an epoch)."""
+        trial = copy.deepcopy(self)
+        took = token is None and run not in self.held.get(session, {})
+        try:
+            return trial.begin(session, run, tool, args, business_key, token, recorded,
+                               key_of_server)
+        finally:
+            if took and run in trial.held.get(session, {}):
+                self.leases[run] = Lease(run, None, session=session)
+                self.held.setdefault(session, {})[run] = None
+
+    def _begin(self, run, epoch, tool, args, business_key, recorded, key_of_server) -> Answer:
+        if run in self.abandoned:
+            raise Refused("55L02", "the run was abandoned")
+        if recorded and self.tools[tool].side_effecting:
+            raise Refused("55L03", "begin_recorded of a tool registered as side-effecting")
+        canon = canonical(args)
+        occurrence = None
+        if business_key is None:
+            occurrence = self.counters.get((run, epoch, tool, canon), 0) + 1
+            ident = (run, tool, canon, occurrence)
+            key = self.derived.get(ident)
+            if key is None:
+                assert key_of_server is not None
+                assert key_of_server not in self.effects, \
+                    f"the server's key {key_of_server} for {ident} is another effect's"
+                key = key_of_server
+        else:
+            key = business_key
+        effect = self.effects.get(key)
+        if effect is not None and business_key is not None:
+            if effect.tool != tool or canonical(effect.args) != canon:
+                raise Refused("23505", "business key already used by a different call")
+        if business_key is None:
+            self.derived[(run, tool, canon, occurrence)] = key
+        answer = self._decide(run, epoch, tool, args, key, business_key is not None,
+                              occurrence, recorded, effect)
+        if answer.decision != "pause" and business_key is None:
+            self.counters[(run, epoch, tool, canon)] = occurrence
+        if answer.decision == "execute":
+            assert (key, answer.attempt) not in self.executed, \
+                f"execute answered twice for {key} attempt {answer.attempt}"
+            self.executed.add((key, answer.attempt))
+        return answer
+
+    def _decide(self, run, epoch, tool, args, key, business_key, occurrence, recorded,
+                effect: Optional[Effect]) -> Answer:
+        def answer(decision, status, attempt, result=None, error=None):
+            return Answer(key, decision, status, occurrence, attempt, result, error)
+
+        if effect is None:
+            self.effects[key] = Effect(key, tool, args, business_key, occurrence, recorded,
+                                       run, epoch)
+            return answer("execute", "started", 1)
+        if effect.conflict:
+            return answer("pause", self.status_now(effect), effect.attempt)
+        if effect.status == "completed":
+            return answer("replay", "completed", effect.attempt, result=effect.result)
+        if effect.status == "failed":
+            if business_key:
+                self._next_attempt(effect, run, epoch, "failed", recorded)
+                return answer("execute", "started", effect.attempt)
+            return answer("replay", "failed", effect.attempt, error=effect.error)
+        if effect.status == "unknown":
+            return answer("pause", "unknown", effect.attempt)
+        # started
+        if self.live(effect.run, effect.epoch):
+            return answer("in_progress", "started", effect.attempt)
+        if recorded and effect.safe_to_redo:
+            self._next_attempt(effect, run, epoch, "unknown", recorded)
+            return answer("execute", "started", effect.attempt)
+        effect.status = "unknown"
+        return answer("pause", "unknown", effect.attempt)
+
+    def _next_attempt(self, effect: Effect, run: str, epoch: int, replaced_as: str,
+                      recorded: bool) -> None:
+        effect.past.append(Attempt(effect.attempt, effect.run, effect.epoch, replaced_as,
+                                   effect.error))
+        effect.attempt += 1
+        effect.run, effect.epoch = run, epoch
+        effect.status = "started"
+        effect.result = effect.error = None
+        effect.safe_to_redo = recorded
+
+    # ---------- reports ----------
+
+    def status_now(self, effect: Effect) -> str:
+        """effect_status's status: a started effect whose lease ended is unknown."""
+        if effect.status == "started" and not self.live(effect.run, effect.epoch):
+            return "unknown"
+        return effect.status
+
+    def _effect(self, key: str) -> Effect:
+        if key not in self.effects:
+            raise Refused("42704", "no effect has the key")
+        return self.effects[key]
+
+    def report(self, session: int, key: str, completed: bool, value: Any,
+               attempt: Optional[int]) -> str:
+        """complete_effect / fail_effect: what happened to the report.
+
+        'applied', 'noop', 'conflict' (kept for a person, flagged) or
+        'superseded' (a recorded call's lost attempt: kept, nothing flagged)."""
+        effect = self._effect(key)
+        if attempt is not None and (attempt < 1 or attempt > effect.attempt):
+            raise Refused("22023", "the attempt is below 1 or above the current one")
+        if attempt is None and effect.attempt > 1:
+            if effect.safe_to_redo:
+                return "superseded"
+            if not self._holds_only_current(session, effect):
+                effect.conflict = True
+                return "conflict"
+            attempt = effect.attempt
+        if attempt is not None and attempt < effect.attempt:
+            return self._report_earlier(effect, attempt, completed, value)
+        return self._report_current(effect, completed, value)
+
+    def _holds_only_current(self, session: int, effect: Effect) -> bool:
+        held = self.held.get(session, {})
+        if held.get(effect.run) != effect.epoch:
+            return False
+        return all(p.run not in held for p in effect.past)
+
+    def _report_earlier(self, effect: Effect, attempt: int, completed: bool, value: Any) -> str:
+        past = effect.past[attempt - 1]
+        if effect.safe_to_redo or past.status == "unknown":
+            return "superseded"
+        if not completed and past.status == "failed" and past.error == value:
+            return "noop"
+        effect.conflict = True
+        return "conflict"
+
+    def _report_current(self, effect: Effect, completed: bool, value: Any) -> str:
+        if effect.status in ("started", "unknown"):
+            effect.status = "completed" if completed else "failed"
+            if completed:
+                effect.result = value
+            else:
+                effect.error = value
+            return "applied"
+        if completed and effect.status == "completed" and effect.result == value:
+            return "noop"
+        if not completed and effect.status == "failed" and effect.error == value:
+            return "noop"
+        effect.conflict = True
+        return "conflict"
+
+    def resolve(self, key: str, outcome: str, value: Any, attempt: Optional[int]) -> None:
+        effect = self._effect(key)
+        if attempt is not None and (attempt < 1 or attempt > effect.attempt):
+            raise Refused("22023", "the attempt is below 1 or above the current one")
+        if attempt is not None and attempt < effect.attempt:
+            raise Refused("55000", "a later attempt replaced that attempt")
+        if not effect.conflict:
+            if effect.status in ("completed", "failed"):
+                raise Refused("55000", "the effect is decided already")
+            if effect.status == "started" and self.live(effect.run, effect.epoch):
+                raise Refused("55000", "the effect's lease is live")
+        effect.status = outcome
+        if outcome == "completed":
+            effect.result = value
+        else:
+            effect.error = value
+        effect.conflict = False
+
+    # ---------- what a person sees ----------
+
+    def unresolved(self) -> set[str]:
+        """The keys unresolved must list: every effect a person must decide."""
+        keys = set()
+        for effect in self.effects.values():
+            if effect.conflict or effect.status == "unknown":
+                keys.add(effect.key)
+            elif (effect.status == "started" and not effect.safe_to_redo
+                  and not self.live(effect.run, effect.epoch)):
+                keys.add(effect.key)
+        return keys

@@ -1,0 +1,536 @@
+"""Generated histories against a real server, checked against the model.
+
+A Hypothesis RuleBasedStateMachine: several sessions, each a real
+connection, make random calls; every answer (a decision, a SQLSTATE, a
+boolean) and, after every step, every effect row, every session's epoch of
+every run, the runs' epochs and the set `unresolved` lists are compared with
+ledger_model.Model.  Throughout: no key and attempt is answered `execute`
+twice, and the audit chain verifies.  A disagreement fails with the history
+so far as the SQL a person can replay in psql, one line per statement, each
+naming its session.
+
+Each history uses runs and business keys of its own (a prefix per history),
+so histories share one database without resetting it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from typing import Any, Optional
+
+import psycopg
+from psycopg import ClientCursor
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from ledger_model import Model, Refused, Tool
+
+SESSIONS = 3
+RUNS = 3
+# a session calls its own run mostly (a worker per run), now and then another's
+WHOSE_RUN = st.sampled_from([0, 0, 0, 1, 2])
+TOOLS = {"pay": Tool(side_effecting=True), "llm": Tool(side_effecting=False)}
+VALUES = [{"v": 0}, {"v": 1}, None]
+ATTEMPTS = ["current", "none", "earlier", "above"]
+
+DSN = os.environ.get("MODEL_DSN", "")
+HISTORY_IDS = itertools.count(1)
+PREFIX = f"model{os.getpid()}-{int(time.time())}"
+
+# the steps of the last history that failed, for a regression file
+last_failure: dict[str, Any] = {}
+# what the histories made happen, for the summary (run.py)
+seen: dict[str, int] = {}
+
+
+def saw(what: str) -> None:
+    seen[what] = seen.get(what, 0) + 1
+
+
+def register_tools(dsn: str) -> None:
+    """The model's tools, registered once per database (divergence off)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for tool, t in TOOLS.items():
+            conn.execute(
+                "SELECT durable_ledger.register_tool(%s, 'model', side_effecting => %s,"
+                " divergence => 'off') WHERE NOT EXISTS"
+                " (SELECT FROM durable_ledger.tools WHERE tool = %s)",
+                (tool, t.side_effecting, tool))
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+class Session:
+    """One connection, as a worker holds it; reconnected when it is ended."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.notices: list[str] = []
+        self.connect()
+
+    def connect(self) -> None:
+        self.conn = psycopg.connect(DSN, autocommit=True, cursor_factory=ClientCursor)
+        self.conn.add_notice_handler(lambda d: self.notices.append(d.sqlstate or ""))
+        self.conn.execute("SET lock_timeout = '100ms'")
+        self.pid = self.conn.info.backend_pid
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.prefix = f"{PREFIX}-{next(HISTORY_IDS)}-"
+        self.runs = [f"{self.prefix}r{i}" for i in range(RUNS)]
+        self.business_keys = [f"{self.prefix}INV-{i}" for i in range(2)]
+        self.model = Model(TOOLS)
+        self.admin = Session("admin")
+        self.sessions = [Session(f"s{i}") for i in range(SESSIONS)]
+        self.transcript: list[str] = []
+        self.steps: list[list[Any]] = []
+        self.tokens: list[str] = []
+        self.run_tokens: dict[int, list[str]] = {}
+        self.keys: list[str] = []
+        self.executed: set[tuple[str, int]] = set()
+        self.expired = 0
+        self.nested = False
+
+    # ---------- talking to the server ----------
+
+    def sql(self, session: Session, query: str, params: tuple = (), quiet: bool = False
+            ) -> list[tuple]:
+        """Runs a statement, keeping it in the transcript; raises Refused.
+
+        quiet: a check's read, left out of the transcript (which is the
+        history itself)."""
+        if quiet:
+            with session.conn.cursor() as cur:
+                cur.execute(query, params)
+                return cur.fetchall()
+        with session.conn.cursor() as cur:
+            text = cur.mogrify(query, params)
+            self.transcript.append(f"-- {session.label}\n{text};")
+            session.notices.clear()
+            try:
+                cur.execute(query, params)
+            except psycopg.Error as e:
+                if e.sqlstate is None:
+                    raise
+                self.transcript.append(f"--   => ERROR {e.sqlstate}")
+                saw(f"{query.split('(')[0].split('.')[-1]} {e.sqlstate}")
+                raise Refused(e.sqlstate, str(e).splitlines()[0]) from None
+            rows = cur.fetchall() if cur.description else []
+            self.transcript.append(f"--   => {rows!r}")
+            return rows
+
+    def fail(self, what: str) -> None:
+        last_failure["steps"] = self.steps
+        last_failure["transcript"] = self.transcript
+        raise Mismatch(what + "\n\n-- the history, as SQL (psql):\n" + "\n".join(self.transcript))
+
+    def both(self, server, model) -> Any:
+        """Runs the server's call and the model's; their refusals must agree."""
+        try:
+            got = server()
+        except Refused as e:
+            got = e
+        try:
+            want = model()
+        except Refused as e:
+            want = e
+        if isinstance(got, Refused) or isinstance(want, Refused):
+            g = got.sqlstate if isinstance(got, Refused) else f"no error ({got!r})"
+            w = want.sqlstate if isinstance(want, Refused) else f"no error ({want!r})"
+            if g != w:
+                self.fail(f"the server answered {g}, the model {w}"
+                          + (f" ({want.why})" if isinstance(want, Refused) else ""))
+            return None
+        return got, want
+
+    def step(self, *what: Any) -> None:
+        """Keeps a rule's call for a regression file (not the calls a rule makes)."""
+        if not self.nested:
+            self.steps.append(list(what))
+
+    # ---------- leases ----------
+
+    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN)
+    def acquire(self, s: int, r: int) -> None:
+        self.step("acquire", s, r)
+        r = (s + r) % RUNS  # r: whose run, counted from the session's own
+        out = self.both(
+            lambda: self.sql(self.sessions[s], "SELECT durable_ledger.acquire_run(%s, false)",
+                             (self.runs[r],))[0][0],
+            lambda: self.model.acquire_run(s, self.runs[r]))
+        if out and out[0] != out[1]:
+            self.fail(f"acquire_run answered {out[0]}, the model {out[1]}")
+
+    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN)
+    def release(self, s: int, r: int) -> None:
+        self.step("release", s, r)
+        r = (s + r) % RUNS  # r: whose run, counted from the session's own
+        out = self.both(
+            lambda: self.sql(self.sessions[s], "SELECT durable_ledger.release_run(%s)",
+                             (self.runs[r],))[0][0],
+            lambda: self.model.release_run(s, self.runs[r]))
+        if out and out[0] != out[1]:
+            self.fail(f"release_run answered {out[0]}, the model {out[1]}")
+
+    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN)
+    def take(self, s: int, r: int) -> None:
+        self.step("take", s, r)
+        r = (s + r) % RUNS  # r: whose run, counted from the session's own
+        try:
+            token = self.sql(self.sessions[s],
+                             "SELECT token FROM durable_ledger.take_lease(%s, '5 minutes')",
+                             (self.runs[r],))[0][0]
+        except Refused as e:
+            token = e
+        try:
+            want = self.model.take_lease(s, self.runs[r], None if isinstance(token, Refused)
+                                         else token)
+        except Refused as e:
+            want = e
+        if isinstance(token, Refused) or isinstance(want, Refused):
+            if not (isinstance(token, Refused) and isinstance(want, Refused)
+                    and token.sqlstate == want.sqlstate):
+                self.fail(f"take_lease answered {token!r}, the model {want!r}")
+            return
+        if (token is None) != (want is None):
+            self.fail(f"take_lease answered {token!r}, the model {want!r}")
+        if token is not None:
+            self.tokens.append(token)
+            self.run_tokens.setdefault(r, []).append(token)
+
+    def token(self, t: int) -> Optional[str]:
+        return self.tokens[t % len(self.tokens)] if self.tokens else None
+
+    def token_of(self, r: int, via: str) -> Optional[str]:
+        """The token a call passes: none (a session lease), the run's latest,
+        an older one of the run, or another run's."""
+        mine = self.run_tokens.get(r, [])
+        if via == "latest" and mine:
+            return mine[-1]
+        if via == "older" and mine:
+            return mine[0]
+        if via == "other" and self.tokens:
+            return self.tokens[-1]
+        return None
+
+    @precondition(lambda self: self.tokens)
+    @rule(t=st.integers(0, 3))
+    def renew(self, t: int) -> None:
+        self.step("renew", t)
+        token = self.token(t)
+        self.both(lambda: self.sql(self.admin, "SELECT durable_ledger.renew_lease(%s)", (token,)),
+                  lambda: self.model.renew_lease(token))
+
+    @precondition(lambda self: self.tokens)
+    @rule(t=st.integers(0, 3))
+    def release_token(self, t: int) -> None:
+        self.step("release_token", t)
+        token = self.token(t)
+        out = self.both(
+            lambda: self.sql(self.admin, "SELECT durable_ledger.release_lease(%s)", (token,))[0][0],
+            lambda: self.model.release_lease(token))
+        if out and out[0] != out[1]:
+            self.fail(f"release_lease answered {out[0]}, the model {out[1]}")
+
+    @precondition(lambda self: self.tokens and self.expired < 1)
+    @rule(t=st.integers(0, 3))
+    def expire(self, t: int) -> None:
+        """The server's clock ends a token lease: renewed for 1 s, then waited out."""
+        self.step("expire", t)
+        token = self.token(t)
+        if not self.model.token_live(token):
+            return
+        self.expired += 1
+        self.sql(self.admin, "SELECT durable_ledger.renew_lease(%s, '1 second')", (token,))
+        while not self.sql(self.admin,
+                           "SELECT clock_timestamp() > expires_at FROM durable_ledger.token_leases"
+                           " WHERE token_sha256 = sha256(convert_to(%s, 'UTF8'))", (token,), quiet=True)[0][0]:
+            time.sleep(0.05)
+        self.model.token_expired(token)
+
+    @rule(s=st.integers(0, SESSIONS - 1))
+    def kill(self, s: int) -> None:
+        """A worker's connection ends (SIGKILL, network): its leases end with it."""
+        self.step("kill", s)
+        self.end_backend(self.sessions[s])
+        self.model.session_ended(s)
+
+    def end_backend(self, session: Session) -> None:
+        self.sql(self.admin, "SELECT pg_terminate_backend(%s)", (session.pid,))
+        self.wait_gone(session)
+
+    def wait_gone(self, session: Session) -> None:
+        while self.sql(self.admin, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                       (session.pid,), quiet=True)[0][0]:
+            time.sleep(0.01)
+        session.close()
+        session.connect()
+        self.transcript.append(f"-- ({session.label} reconnected)")
+
+    @rule(r=WHOSE_RUN)
+    def break_lease(self, r: int) -> None:
+        self.step("break_lease", r)
+        run = self.runs[r]
+        held = run in self.model.leases
+        holder = self.model.leases[run].session if held else None
+        got = self.sql(self.admin, "SELECT durable_ledger.break_lease(%s, 'model')", (run,))[0][0]
+        if got != held:
+            self.fail(f"break_lease answered {got}, the model {held}")
+        self.model.break_lease(run)
+        if holder is not None:
+            self.wait_gone(self.sessions[holder])
+
+    @precondition(lambda self: len(self.steps) > 15 and not self.model.abandoned)
+    @rule()
+    def abandon(self, r: int = RUNS - 1) -> None:
+        """An admin abandons the last run (the others stay open: a history
+        of abandoned runs only says 55L02)."""
+        self.step("abandon", r)
+        out = self.both(
+            lambda: self.sql(self.admin, "SELECT durable_ledger.abandon_run(%s, 'model')",
+                             (self.runs[r],))[0][0],
+            lambda: self.model.abandon_run(self.runs[r]))
+        if out and out[0] != out[1]:
+            self.fail(f"abandon_run answered {out[0]}, the model {out[1]}")
+
+    # ---------- effects ----------
+
+    BEGINS = dict(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN,
+                  tool=st.sampled_from(sorted(TOOLS)), a=st.integers(0, 1),
+                  b=st.sampled_from([None, None, 0, 1]),
+                  via=st.sampled_from(["session", "session", "latest", "latest", "older", "other"]),
+                  recorded=st.booleans())
+
+    @rule(**BEGINS)
+    def begin(self, s: int, r: int, tool: str, a: int, b: Optional[int], via: str,
+              recorded: bool) -> None:
+        self.step("begin", s, r, tool, a, b, via, recorded)
+        self.call_begin(s, r, tool, a, b, via, recorded, rolled_back=False)
+
+    @rule(**BEGINS)
+    def begin_rolled_back(self, s: int, r: int, tool: str, a: int, b: Optional[int], via: str,
+                          recorded: bool) -> None:
+        """A begin in a transaction that rolls back: it leaves no effect, no
+        audit row and the occurrence counter as it was (a lock it took stays)."""
+        self.step("begin_rolled_back", s, r, tool, a, b, via, recorded)
+        self.call_begin(s, r, tool, a, b, via, recorded, rolled_back=True)
+
+    def call_begin(self, s: int, r: int, tool: str, a: int, b: Optional[int], via: str,
+                   recorded: bool, rolled_back: bool) -> None:
+        r = (s + r) % RUNS
+        run, args = self.runs[r], {"n": a}
+        token = self.token_of(r, via)
+        bk = self.business_keys[b] if b is not None and not recorded else None
+        cols = "key, decision::text, status::text, occurrence, attempt, result, error"
+        if recorded:
+            server = lambda: self.sql(
+                self.sessions[s],
+                f"SELECT {cols} FROM durable_ledger.begin_recorded(%s, %s, %s::jsonb, NULL, %s)",
+                (run, tool, json.dumps(args), token))[0]
+        else:
+            server = lambda: self.sql(
+                self.sessions[s],
+                f"SELECT {cols} FROM durable_ledger.begin_effect(%s, %s, %s::jsonb, %s, NULL, %s)",
+                (run, tool, json.dumps(args), bk, token))[0]
+        if rolled_back:
+            self.sql(self.sessions[s], "BEGIN")
+        try:
+            got = server()
+        except Refused as e:
+            got = e
+        if rolled_back:
+            self.sql(self.sessions[s], "ROLLBACK")
+        derived = None
+        if bk is None:
+            derived = self.derived_key(run, tool, args, got)
+        model_begin = self.model.begin_rolled_back if rolled_back else self.model.begin
+        try:
+            want = model_begin(s, run, tool, args, bk, token, recorded, derived)
+        except Refused as e:
+            want = e
+        except AssertionError as e:
+            self.fail(f"the model refuses the server's answer {got!r}: {e}")
+        if isinstance(got, Refused) or isinstance(want, Refused):
+            g = got.sqlstate if isinstance(got, Refused) else f"no error ({got!r})"
+            w = f"{want.sqlstate} ({want.why})" if isinstance(want, Refused) else f"no error ({want!r})"
+            if not (isinstance(got, Refused) and isinstance(want, Refused)
+                    and got.sqlstate == want.sqlstate):
+                self.fail(f"begin: the server answered {g}, the model {w}")
+            return
+        answer = (want.key, want.decision, want.status, want.occurrence, want.attempt,
+                  want.result, want.error)
+        if tuple(got) != answer:
+            self.fail(f"begin: the server answered {tuple(got)!r}, the model {answer!r}")
+        saw(f"begin{'_recorded' if recorded else ''} {got[1]}"
+            + (" business key" if bk else "") + (" token" if token else "")
+            + (" rolled back" if rolled_back else ""))
+        if rolled_back:
+            return
+        if got[0] not in self.keys:
+            self.keys.append(got[0])
+        if got[1] == "execute":
+            if (got[0], got[4]) in self.executed:
+                self.fail(f"effect {got[0]} attempt {got[4]} was answered execute twice")
+            self.executed.add((got[0], got[4]))
+
+    @rule(**BEGINS)
+    def begin_too(self, **call: Any) -> None:
+        """Calls are most of what workers do: begin is drawn twice as often."""
+        self.begin(**call)
+
+    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN)
+    def new_attempt(self, s: int, r: int) -> None:
+        """A worker starts the run's next attempt in its session and makes
+        the calls the run made so far again, in order (an honest replay)."""
+        self.step("new_attempt", s, r)
+        r = (s + r) % RUNS  # r: whose run, counted from the session's own
+        self.nested = True
+        try:
+            self.acquire(s, r)
+            for name, *args in list(self.steps[:-1]):
+                if name == "begin" and (args[0] + args[1]) % RUNS == r and args[5] == "session":
+                    self.begin(s, (r - s) % RUNS, *args[2:])
+        finally:
+            self.nested = False
+
+    def derived_key(self, run: str, tool: str, args: Any, got: Any) -> Optional[str]:
+        """The key the server derives for the call's occurrence (effect_key)."""
+        if not isinstance(got, Refused) and got[3] is not None:
+            occurrence = got[3]
+        else:
+            return None
+        return self.sql(self.admin, "SELECT durable_ledger.effect_key(%s, %s, %s::jsonb, %s)",
+                        (run, tool, json.dumps(args), occurrence), quiet=True)[0][0]
+
+    def key(self, k: int) -> str:
+        return self.keys[k % len(self.keys)]
+
+    def attempt_of(self, key: str, mode: str) -> Optional[int]:
+        current = self.model.effects[key].attempt
+        return {"current": current, "none": None, "earlier": max(current - 1, 1),
+                "above": current + 1}[mode]
+
+    @precondition(lambda self: self.keys)
+    @rule(s=st.integers(0, SESSIONS - 1), k=st.integers(0, 7), completed=st.booleans(),
+          v=st.integers(0, len(VALUES) - 1), mode=st.sampled_from(ATTEMPTS))
+    def report(self, s: int, k: int, completed: bool, v: int, mode: str) -> None:
+        self.step("report", s, k, completed, v, mode)
+        key, value = self.key(k), VALUES[v]
+        attempt = self.attempt_of(key, mode)
+        fn = "complete_effect" if completed else "fail_effect"
+        session = self.sessions[s]
+        out = self.both(
+            lambda: self.sql(session, f"SELECT status::text FROM durable_ledger.{fn}(%s, %s::jsonb, %s)",
+                             (key, None if value is None else json.dumps(value), attempt)),
+            lambda: self.model.report(s, key, completed, value, attempt))
+        if out is None:
+            return
+        saw(f"{fn} {out[1]}")
+        warned = "01L03" in session.notices
+        if warned != (out[1] == "conflict"):
+            self.fail(f"{fn}: the model says {out[1]}, the server "
+                      + ("warned of a conflict" if warned else "did not warn of one"))
+
+    @precondition(lambda self: self.keys)
+    @rule(k=st.integers(0, 7), completed=st.booleans(), v=st.integers(0, len(VALUES) - 1),
+          mode=st.sampled_from(ATTEMPTS))
+    def resolve(self, k: int, completed: bool, v: int, mode: str) -> None:
+        self.step("resolve", k, completed, v, mode)
+        key, value = self.key(k), VALUES[v]
+        attempt = self.attempt_of(key, mode if mode != "none" else "current")
+        outcome = "completed" if completed else "failed"
+        self.both(
+            lambda: self.sql(self.admin,
+                             "SELECT status::text FROM durable_ledger.resolve_effect(%s, %s, %s::jsonb,"
+                             " 'model', NULL, %s)",
+                             (key, outcome, None if value is None else json.dumps(value), attempt)),
+            lambda: self.model.resolve(key, outcome, value, attempt))
+
+    @precondition(lambda self: self.keys)
+    @rule(k=st.integers(0, 7))
+    def status(self, k: int) -> None:
+        self.step("status", k)
+        key = self.key(k)
+        got = self.sql(self.admin, "SELECT status::text FROM durable_ledger.effect_status(%s)",
+                       (key,))
+        want = self.model.status_now(self.model.effects[key])
+        if got != [(want,)]:
+            self.fail(f"effect_status({key}) answered {got!r}, the model {want!r}")
+
+    # ---------- what is recorded, after every step ----------
+
+    @invariant()
+    def rows_agree(self) -> None:
+        rows = self.sql(
+            self.admin,
+            "SELECT key, run, tool, status::text, attempt, lease_epoch, conflict, business_key,"
+            " occurrence, safe_to_redo, result, error FROM durable_ledger.effects"
+            " WHERE run LIKE %s OR key LIKE %s ORDER BY key",
+            (self.prefix + "%", self.prefix + "%"), quiet=True)
+        want = []
+        for e in sorted(self.model.effects.values(), key=lambda e: e.key):
+            want.append((e.key, e.run, e.tool, e.status, e.attempt, e.epoch, e.conflict,
+                         e.business_key, e.occurrence, e.safe_to_redo,
+                         e.result if e.status == "completed" else None,
+                         e.error if e.status == "failed" else None))
+        got = [row[:10] + (row[10] if row[3] == "completed" else None,
+                           row[11] if row[3] == "failed" else None) for row in rows]
+        if got != want:
+            diff = [f"  server {g!r}\n  model  {w!r}" for g, w in itertools.zip_longest(got, want)
+                    if g != w]
+            self.fail("the effects differ:\n" + "\n".join(diff))
+
+    @invariant()
+    def leases_agree(self) -> None:
+        runs = self.sql(self.admin, "SELECT run, epochs FROM durable_ledger.runs WHERE run LIKE %s",
+                        (self.prefix + "%",), quiet=True)
+        want = {run: n for run, n in self.model.epochs.items() if n > 0}
+        if dict(runs) != want:
+            self.fail(f"the runs' epochs are {dict(runs)!r}, the model's {want!r}")
+        for s, session in enumerate(self.sessions):
+            got = self.sql(session, "SELECT r, durable_ledger.session_epoch(r)"
+                           " FROM unnest(%s::text[]) r", (self.runs,), quiet=True)
+            wanted = [(run, self.model.session_epoch(s, run)) for run in self.runs]
+            if got != wanted:
+                self.fail(f"{session.label}'s session_epoch: {got!r}, the model's {wanted!r}")
+
+    @invariant()
+    def unresolved_agrees(self) -> None:
+        got = {k for (k,) in self.sql(
+            self.admin, "SELECT key FROM durable_ledger.unresolved WHERE run LIKE %s",
+            (self.prefix + "%",), quiet=True)}
+        want = self.model.unresolved()
+        if got != want:
+            self.fail(f"unresolved lists {sorted(got)}, the model {sorted(want)}")
+
+    def teardown(self) -> None:
+        try:
+            problems = self.sql(self.admin, "SELECT * FROM durable_ledger.verify_audit()")
+            if problems:
+                self.fail(f"verify_audit found {problems!r}")
+        finally:
+            for session in self.sessions + [self.admin]:
+                session.close()
+
+
+def replay(steps: list[list[Any]]) -> None:
+    """Runs a kept history again, checking the invariants after each step."""
+    machine = LedgerMachine()
+    try:
+        for name, *args in steps:
+            getattr(machine, name)(*args)
+            machine.rows_agree()
+            machine.leases_agree()
+            machine.unresolved_agrees()
+    finally:
+        machine.teardown()
