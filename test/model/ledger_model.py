@@ -62,6 +62,7 @@ class Effect:
     safe_to_redo: bool
     run: str  # the run whose lease started the current attempt
     epoch: int
+    begun: int = 0  # when its current attempt began, in the model's order
     attempt: int = 1
     status: str = "started"
     result: Any = None
@@ -85,7 +86,35 @@ class Answer:
 
 @dataclass
 class Tool:
-    side_effecting: bool
+    """A tool as the registry has it; registered False: nobody registered it."""
+
+    side_effecting: bool = True
+    divergence: str = "off"
+    registered: bool = True
+    retired: bool = False
+
+
+@dataclass
+class Divergence:
+    """A drifted call paused for a person (durable_ledger.divergences)."""
+
+    key: str
+    run: str
+    epoch: int
+    tool: str
+    occurrence: int
+    candidate: str
+    verdict: Optional[str] = None
+    same_as: Optional[str] = None
+
+
+@dataclass
+class Progress:
+    """How far an attempt replayed a tool's earlier effects (divergence)."""
+
+    unwatched: bool = False  # called while its policy was off: not judged in this attempt
+    replayed: set = field(default_factory=set)  # the earlier effects replayed, each once
+    earlier: Optional[int] = None  # how many earlier effects there are, counted once
 
 
 class Model:
@@ -102,6 +131,11 @@ class Model:
         self.effects: dict[str, Effect] = {}  # key -> effect
         self.derived: dict[tuple, str] = {}  # (run, tool, canon, occurrence) -> key
         self.executed: set[tuple[str, int]] = set()  # (key, attempt) answered execute
+        self.divergences: dict[str, Divergence] = {}
+        self.progress: dict[tuple, Progress] = {}  # (run, epoch, tool) -> its progress
+        self.unregistered_divergence = "pause"
+        self.clock = 0  # orders the effects' attempts by when they began
+        self.warned = False  # the last begin warned of a divergence (01L01)
 
     # ---------- leases ----------
 
@@ -219,7 +253,7 @@ class Model:
 
     def begin(self, session: int, run: str, tool: str, args: Any,
               business_key: Optional[str] = None, token: Optional[str] = None,
-              recorded: bool = False, key_of_server: Optional[str] = None) -> Answer:
+              recorded: bool = False, key_of_server: Any = None) -> Answer:
         """begin_effect / begin_recorded.
 
         A session that holds no epoch of the run takes its lease and starts
@@ -228,25 +262,27 @@ class Model:
         epoch until its next call or acquire_run starts one."""
         epoch = self._lease_for_call(session, run, token)
         taken = epoch is None
+        saved = copy.deepcopy(self.__dict__)  # an error writes nothing
+        self.warned = False
         if taken:
-            self.leases[run] = Lease(run, None, session=session)
-            self.held.setdefault(session, {})[run] = None
             epoch = self._new_epoch(run)
         try:
             answer = self._begin(run, epoch, tool, args, business_key, recorded,
                                  key_of_server)
         except Refused:
+            self.__dict__.update(saved)
             if taken:
-                self.epochs[run] -= 1
+                self.leases[run] = Lease(run, None, session=session)
+                self.held.setdefault(session, {})[run] = None
             raise
         if taken:
-            self.leases[run].epoch = epoch
-            self.held[session][run] = epoch
+            self.leases[run] = Lease(run, epoch, session=session)
+            self.held.setdefault(session, {})[run] = epoch
         return answer
 
     def begin_rolled_back(self, session: int, run: str, tool: str, args: Any,
                           business_key: Optional[str] = None, token: Optional[str] = None,
-                          recorded: bool = False, key_of_server: Optional[str] = None) -> Answer:
+                          recorded: bool = False, key_of_server: Any = None) -> Answer:
         """A begin whose transaction then rolls back: it answers as begin
         would, and leaves nothing -- no effect, no count, no epoch -- but the
         lock a session took for it (held without an epoch)."""
@@ -256,6 +292,7 @@ class Model:
             return trial.begin(session, run, tool, args, business_key, token, recorded,
                                key_of_server)
         finally:
+            self.warned = trial.warned
             if took and run in trial.held.get(session, {}):
                 self.leases[run] = Lease(run, None, session=session)
                 self.held.setdefault(session, {})[run] = None
@@ -263,7 +300,7 @@ class Model:
     def _begin(self, run, epoch, tool, args, business_key, recorded, key_of_server) -> Answer:
         if run in self.abandoned:
             raise Refused("55L02", "the run was abandoned")
-        if recorded and self.tools[tool].side_effecting:
+        if recorded and self.tools[tool].registered and self.tools[tool].side_effecting:
             raise Refused("55L03", "begin_recorded of a tool registered as side-effecting")
         canon = canonical(args)
         occurrence = None
@@ -272,10 +309,9 @@ class Model:
             ident = (run, tool, canon, occurrence)
             key = self.derived.get(ident)
             if key is None:
-                assert key_of_server is not None
-                assert key_of_server not in self.effects, \
-                    f"the server's key {key_of_server} for {ident} is another effect's"
-                key = key_of_server
+                key = key_of_server(occurrence)
+                assert key not in self.effects, \
+                    f"the server's key {key} for {ident} is another effect's"
         else:
             key = business_key
         effect = self.effects.get(key)
@@ -284,24 +320,122 @@ class Model:
                 raise Refused("23505", "business key already used by a different call")
         if business_key is None:
             self.derived[(run, tool, canon, occurrence)] = key
-        answer = self._decide(run, epoch, tool, args, key, business_key is not None,
-                              occurrence, recorded, effect)
+        self.warned = False
+        progress, watched = self._progress_start(run, epoch, tool, recorded)
+        answer = None
+        if effect is None and business_key is None:
+            answer, effect = self._judge_drift(run, epoch, tool, key, occurrence, recorded,
+                                               progress, watched)
+            if effect is not None:
+                key = effect.key  # a person said it is that earlier effect
+        if answer is None:
+            answer = self._decide(run, epoch, tool, args, key, business_key is not None,
+                                  occurrence, recorded, effect, progress, watched)
+        if answer.decision == "execute" and self.tools[tool].retired:
+            raise Refused("55L03", "a call of a retired tool would execute")
         if answer.decision != "pause" and business_key is None:
             self.counters[(run, epoch, tool, canon)] = occurrence
+            if answer.decision == "replay" and watched:
+                progress.replayed.add(answer.key)
         if answer.decision == "execute":
-            assert (key, answer.attempt) not in self.executed, \
-                f"execute answered twice for {key} attempt {answer.attempt}"
-            self.executed.add((key, answer.attempt))
+            assert (answer.key, answer.attempt) not in self.executed, \
+                f"execute answered twice for {answer.key} attempt {answer.attempt}"
+            self.executed.add((answer.key, answer.attempt))
         return answer
 
+    # ---------- divergence ----------
+
+    def policy(self, tool: str) -> str:
+        t = self.tools[tool]
+        return t.divergence if t.registered else self.unregistered_divergence
+
+    def _progress_start(self, run: str, epoch: int, tool: str, recorded: bool
+                        ) -> tuple[Progress, bool]:
+        """The attempt's progress on the tool, and whether the call is watched:
+        a later attempt, the tool's policy not off, and not called while it
+        was off earlier in this attempt."""
+        progress = self.progress.setdefault((run, epoch, tool), Progress())
+        if epoch <= 1:
+            return progress, False
+        if self.policy(tool) == "off":
+            progress.unwatched = True
+            return progress, False
+        return progress, not progress.unwatched
+
+    def earlier_effects(self, run: str, epoch: int, tool: str) -> list[Effect]:
+        """The effects of tool the run's attempts before epoch recorded under
+        derived keys, in the order they were begun."""
+        return sorted((e for e in self.effects.values()
+                       if e.run == run and e.tool == tool and not e.business_key
+                       and e.epoch < epoch), key=lambda e: (e.begun, e.key))
+
+    def _earlier_count(self, run: str, epoch: int, tool: str, progress: Progress) -> int:
+        if progress.earlier is None:
+            progress.earlier = len(self.earlier_effects(run, epoch, tool))
+        return progress.earlier
+
+    def _judge_drift(self, run, epoch, tool, key, occurrence, recorded, progress, watched):
+        """A new derived key: (a pause answer, or None to decide; the effect a
+        verdict of same made it, or None)."""
+        judged = self.tools[tool].registered or not recorded
+        if epoch <= 1 or not judged:
+            return None, None
+        recorded_divergence = self.divergences.get(key)
+        if recorded_divergence is not None:
+            if recorded_divergence.verdict == "same":
+                return None, self.effects[recorded_divergence.same_as]
+            if recorded_divergence.verdict is None and watched:
+                return Answer(key, "pause", None, occurrence, None), None
+            return None, None
+        if not watched or self._earlier_count(run, epoch, tool, progress) <= len(progress.replayed):
+            return None, None
+        candidate = next(e.key for e in self.earlier_effects(run, epoch, tool)
+                         if e.key not in progress.replayed)
+        if self.policy(tool) == "warn":
+            self.warned = True
+            return None, None
+        self.divergences[key] = Divergence(key, run, epoch, tool, occurrence, candidate)
+        return Answer(key, "pause", None, occurrence, None), None
+
+    def resolve_divergence(self, key: str, verdict: str, same_as: Optional[str]) -> None:
+        d = self.divergences.get(key)
+        if d is None:
+            raise Refused("42704", "no divergence has the key")
+        if verdict == "distinct" and same_as is not None:
+            raise Refused("22023", "same_as given with distinct")
+        if d.verdict is not None:
+            raise Refused("55000", "the divergence was decided")
+        if verdict == "same":
+            same_as = same_as or d.candidate
+            earlier = self.effects.get(same_as)
+            if earlier is None or earlier.run != d.run or earlier.tool != d.tool \
+                    or earlier.business_key or earlier.epoch >= d.epoch:
+                raise Refused("22023", "same_as is not an earlier effect of the tool in the run")
+        d.verdict, d.same_as = verdict, same_as
+
+    def change_divergence(self, tool: str, setting: str) -> None:
+        t = self.tools[tool]
+        if not t.registered:
+            raise Refused("42704", "the tool is not registered")
+        if t.retired:
+            raise Refused("55000", "the tool is retired")
+        t.divergence = setting
+
+    def retire_tool(self, tool: str) -> None:
+        t = self.tools[tool]
+        if not t.registered:
+            raise Refused("42704", "the tool is not registered")
+        t.retired = True
+
     def _decide(self, run, epoch, tool, args, key, business_key, occurrence, recorded,
-                effect: Optional[Effect]) -> Answer:
+                effect: Optional[Effect], progress: Progress, watched: bool) -> Answer:
         def answer(decision, status, attempt, result=None, error=None):
             return Answer(key, decision, status, occurrence, attempt, result, error)
 
         if effect is None:
+            self.clock += 1
             self.effects[key] = Effect(key, tool, args, business_key, occurrence, recorded,
-                                       run, epoch)
+                                       run, epoch, begun=self.clock)
             return answer("execute", "started", 1)
         if effect.conflict:
             return answer("pause", self.status_now(effect), effect.attempt)
@@ -318,6 +452,9 @@ class Model:
         if self.live(effect.run, effect.epoch):
             return answer("in_progress", "started", effect.attempt)
         if recorded and effect.safe_to_redo:
+            if watched:  # counted before its row moves into this attempt: it is one of them
+                self._earlier_count(run, epoch, tool, progress)
+                progress.replayed.add(effect.key)
             self._next_attempt(effect, run, epoch, "unknown", recorded)
             return answer("execute", "started", effect.attempt)
         effect.status = "unknown"
@@ -328,6 +465,8 @@ class Model:
         effect.past.append(Attempt(effect.attempt, effect.run, effect.epoch, replaced_as,
                                    effect.error))
         effect.attempt += 1
+        self.clock += 1
+        effect.begun = self.clock
         effect.run, effect.epoch = run, epoch
         effect.status = "started"
         effect.result = effect.error = None
@@ -425,4 +564,5 @@ class Model:
             elif (effect.status == "started" and not effect.safe_to_redo
                   and not self.live(effect.run, effect.epoch)):
                 keys.add(effect.key)
+        keys.update(d.key for d in self.divergences.values() if d.verdict is None)
         return keys

@@ -15,6 +15,7 @@ so histories share one database without resetting it.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import os
@@ -32,7 +33,11 @@ SESSIONS = 3
 RUNS = 3
 # a session calls its own run mostly (a worker per run), now and then another's
 WHOSE_RUN = st.sampled_from([0, 0, 0, 1, 2])
-TOOLS = {"pay": Tool(side_effecting=True), "llm": Tool(side_effecting=False)}
+# the tools of a history (registered by it, under names of its own): a
+# side-effecting one judged for divergence, a read-only one, one nobody registered
+TOOLS = {"pay": Tool(side_effecting=True, divergence="pause"),
+         "llm": Tool(side_effecting=False, divergence="off"),
+         "mail": Tool(registered=False)}
 VALUES = [{"v": 0}, {"v": 1}, None]
 ATTEMPTS = ["current", "none", "earlier", "above"]
 
@@ -48,17 +53,6 @@ seen: dict[str, int] = {}
 
 def saw(what: str) -> None:
     seen[what] = seen.get(what, 0) + 1
-
-
-def register_tools(dsn: str) -> None:
-    """The model's tools, registered once per database (divergence off)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for tool, t in TOOLS.items():
-            conn.execute(
-                "SELECT durable_ledger.register_tool(%s, 'model', side_effecting => %s,"
-                " divergence => 'off') WHERE NOT EXISTS"
-                " (SELECT FROM durable_ledger.tools WHERE tool = %s)",
-                (tool, t.side_effecting, tool))
 
 
 class Mismatch(AssertionError):
@@ -89,10 +83,16 @@ class LedgerMachine(RuleBasedStateMachine):
         self.prefix = f"{PREFIX}-{next(HISTORY_IDS)}-"
         self.runs = [f"{self.prefix}r{i}" for i in range(RUNS)]
         self.business_keys = [f"{self.prefix}INV-{i}" for i in range(2)]
-        self.model = Model(TOOLS)
+        self.tools = {short: f"{self.prefix}{short}" for short in TOOLS}
+        self.model = Model({self.tools[short]: copy.copy(t) for short, t in TOOLS.items()})
         self.admin = Session("admin")
         self.sessions = [Session(f"s{i}") for i in range(SESSIONS)]
         self.transcript: list[str] = []
+        for short, t in TOOLS.items():
+            if t.registered:
+                self.sql(self.admin, "SELECT FROM durable_ledger.register_tool(%s, 'model',"
+                         " side_effecting => %s, divergence => %s)",
+                         (self.tools[short], t.side_effecting, t.divergence))
         self.steps: list[list[Any]] = []
         self.tokens: list[str] = []
         self.run_tokens: dict[int, list[str]] = {}
@@ -328,7 +328,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def call_begin(self, s: int, r: int, tool: str, a: int, b: Optional[int], via: str,
                    recorded: bool, rolled_back: bool) -> None:
         r = (s + r) % RUNS
-        run, args = self.runs[r], {"n": a}
+        run, args, tool = self.runs[r], {"n": a}, self.tools[tool]
         token = self.token_of(r, via)
         bk = self.business_keys[b] if b is not None and not recorded else None
         cols = "key, decision::text, status::text, occurrence, attempt, result, error"
@@ -350,9 +350,10 @@ class LedgerMachine(RuleBasedStateMachine):
             got = e
         if rolled_back:
             self.sql(self.sessions[s], "ROLLBACK")
-        derived = None
-        if bk is None:
-            derived = self.derived_key(run, tool, args, got)
+        def derived(occurrence: int) -> str:
+            """The key the server derives for that occurrence (effect_key)."""
+            return self.sql(self.admin, "SELECT durable_ledger.effect_key(%s, %s, %s::jsonb, %s)",
+                            (run, tool, json.dumps(args), occurrence), quiet=True)[0][0]
         model_begin = self.model.begin_rolled_back if rolled_back else self.model.begin
         try:
             want = model_begin(s, run, tool, args, bk, token, recorded, derived)
@@ -371,6 +372,12 @@ class LedgerMachine(RuleBasedStateMachine):
                   want.result, want.error)
         if tuple(got) != answer:
             self.fail(f"begin: the server answered {tuple(got)!r}, the model {answer!r}")
+        warned = "01L01" in self.sessions[s].notices
+        if warned != self.model.warned:
+            self.fail("begin: the server " + ("warned" if warned else "did not warn")
+                      + " of a divergence, the model " + ("did" if self.model.warned else "did not"))
+        if got[1] == "pause" and got[2] is None:
+            saw("begin pause divergence")
         saw(f"begin{'_recorded' if recorded else ''} {got[1]}"
             + (" business key" if bk else "") + (" token" if token else "")
             + (" rolled back" if rolled_back else ""))
@@ -388,35 +395,37 @@ class LedgerMachine(RuleBasedStateMachine):
         """Calls are most of what workers do: begin is drawn twice as often."""
         self.begin(**call)
 
-    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN)
-    def new_attempt(self, s: int, r: int) -> None:
-        """A worker starts the run's next attempt in its session and makes
-        the calls the run made so far again, in order (an honest replay)."""
-        self.step("new_attempt", s, r)
+    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN,
+          reword=st.sampled_from([None, None, 0, 1, 2]))
+    def new_attempt(self, s: int, r: int, reword: Optional[int] = None) -> None:
+        """A worker starts the run's next attempt in its session (breaking
+        another holder's lease, as a redelivery does) and makes the calls the
+        run made so far again, in order (an honest replay) -- or with the
+        reword-th call's args changed, as a model rewords a memo on a retry."""
+        self.step("new_attempt", s, r, reword)
         r = (s + r) % RUNS  # r: whose run, counted from the session's own
         self.nested = True
         try:
+            lease = self.model.leases.get(self.runs[r])
+            if lease is not None and lease.session != s:
+                self.break_lease(r)  # the run is redelivered: its hung holder is ended
             self.acquire(s, r)
-            for name, *args in list(self.steps[:-1]):
-                if name == "begin" and (args[0] + args[1]) % RUNS == r and args[5] == "session":
-                    self.begin(s, (r - s) % RUNS, *args[2:])
+            calls = [args for name, *args in self.steps[:-1]
+                     if name == "begin" and (args[0] + args[1]) % RUNS == r
+                     and args[5] == "session"]
+            for i, (_, _, tool, a, b, via, recorded) in enumerate(calls):
+                if i == reword:
+                    a = 1 - a
+                self.begin(s, (r - s) % RUNS, tool, a, b, via, recorded)
         finally:
             self.nested = False
-
-    def derived_key(self, run: str, tool: str, args: Any, got: Any) -> Optional[str]:
-        """The key the server derives for the call's occurrence (effect_key)."""
-        if not isinstance(got, Refused) and got[3] is not None:
-            occurrence = got[3]
-        else:
-            return None
-        return self.sql(self.admin, "SELECT durable_ledger.effect_key(%s, %s, %s::jsonb, %s)",
-                        (run, tool, json.dumps(args), occurrence), quiet=True)[0][0]
 
     def key(self, k: int) -> str:
         return self.keys[k % len(self.keys)]
 
     def attempt_of(self, key: str, mode: str) -> Optional[int]:
-        current = self.model.effects[key].attempt
+        effect = self.model.effects.get(key)  # none: a drifted call's key
+        current = effect.attempt if effect else 1
         return {"current": current, "none": None, "earlier": max(current - 1, 1),
                 "above": current + 1}[mode]
 
@@ -441,6 +450,20 @@ class LedgerMachine(RuleBasedStateMachine):
             self.fail(f"{fn}: the model says {out[1]}, the server "
                       + ("warned of a conflict" if warned else "did not warn of one"))
 
+    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN)
+    def finish(self, s: int, r: int) -> None:
+        """A worker reports every effect of the run still started as completed,
+        naming its attempt (then a next attempt has outcomes to replay)."""
+        self.step("finish", s, r)
+        run = self.runs[(s + r) % RUNS]
+        self.nested = True
+        try:
+            for e in list(self.model.effects.values()):
+                if e.run == run and e.status == "started" and e.key in self.keys:
+                    self.report(s, self.keys.index(e.key), True, 0, "current")
+        finally:
+            self.nested = False
+
     @precondition(lambda self: self.keys)
     @rule(k=st.integers(0, 7), completed=st.booleans(), v=st.integers(0, len(VALUES) - 1),
           mode=st.sampled_from(ATTEMPTS))
@@ -463,11 +486,59 @@ class LedgerMachine(RuleBasedStateMachine):
         key = self.key(k)
         got = self.sql(self.admin, "SELECT status::text FROM durable_ledger.effect_status(%s)",
                        (key,))
-        want = self.model.status_now(self.model.effects[key])
-        if got != [(want,)]:
+        effect = self.model.effects.get(key)
+        want = self.model.status_now(effect) if effect else None
+        if got != ([(want,)] if effect else []):
             self.fail(f"effect_status({key}) answered {got!r}, the model {want!r}")
 
+    # ---------- the registry, divergence ----------
+
+    @precondition(lambda self: len(self.steps) > 5)
+    @rule(setting=st.sampled_from(["off", "pause", "warn"]))
+    def change_divergence(self, setting: str) -> None:
+        """An admin changes the side-effecting tool's divergence policy."""
+        self.step("change_divergence", setting)
+        tool = self.tools["pay"]
+        self.both(lambda: self.sql(self.admin, "SELECT FROM durable_ledger.change_tool(%s, 'model',"
+                                   " divergence => %s)", (tool, setting)),
+                  lambda: self.model.change_divergence(tool, setting))
+
+    @precondition(lambda self: len(self.steps) > 25)
+    @rule(short=st.sampled_from(["pay", "llm"]))
+    def retire(self, short: str) -> None:
+        self.step("retire", short)
+        tool = self.tools[short]
+        self.both(lambda: self.sql(self.admin, "SELECT FROM durable_ledger.retire_tool(%s, 'model')",
+                                   (tool,)),
+                  lambda: self.model.retire_tool(tool))
+
+    @precondition(lambda self: self.model.divergences)
+    @rule(d=st.integers(0, 3), verdict=st.sampled_from(["same", "same", "distinct"]),
+          same_as=st.sampled_from([None, None, "earliest", "wrong"]))
+    def resolve_divergence(self, d: int, verdict: str, same_as: Optional[str]) -> None:
+        """A person's verdict on a drifted call: the same as the effect it may
+        duplicate (or another earlier effect, or one that is not), or distinct."""
+        self.step("resolve_divergence", d, verdict, same_as)
+        keys = sorted(self.model.divergences)
+        div = self.model.divergences[keys[d % len(keys)]]
+        earlier = self.model.earlier_effects(div.run, div.epoch, div.tool)
+        given = {None: None, "earliest": earlier[0].key if earlier else None,
+                 "wrong": div.key}[same_as]
+        self.both(lambda: self.sql(self.admin, "SELECT FROM durable_ledger.resolve_divergence("
+                                   "%s, %s, 'model', NULL, %s)", (div.key, verdict, given)),
+                  lambda: self.model.resolve_divergence(div.key, verdict, given))
+
     # ---------- what is recorded, after every step ----------
+
+    @invariant()
+    def divergences_agree(self) -> None:
+        got = self.sql(self.admin, "SELECT key, run, lease_epoch, tool, occurrence, candidate_key,"
+                       " verdict, same_as FROM durable_ledger.divergences WHERE run LIKE %s"
+                       " ORDER BY key", (self.prefix + "%",), quiet=True)
+        want = [(d.key, d.run, d.epoch, d.tool, d.occurrence, d.candidate, d.verdict, d.same_as)
+                for d in sorted(self.model.divergences.values(), key=lambda d: d.key)]
+        if got != want:
+            self.fail(f"the divergences differ:\n  server {got!r}\n  model  {want!r}")
 
     @invariant()
     def rows_agree(self) -> None:
@@ -532,5 +603,6 @@ def replay(steps: list[list[Any]]) -> None:
             machine.rows_agree()
             machine.leases_agree()
             machine.unresolved_agrees()
+            machine.divergences_agree()
     finally:
         machine.teardown()

@@ -67,7 +67,6 @@ def main() -> int:
     p.add_argument("--regressions")
     a = p.parse_args()
     machine.DSN = a.dsn
-    machine.register_tools(a.dsn)
     n = 0
     failed = 0
 

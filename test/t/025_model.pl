@@ -2,9 +2,11 @@
 # histories of calls from several sessions -- begins and recorded calls under
 # session and token leases, business keys, reports naming their attempt or
 # not, resolutions, leases taken, renewed, released, expired by the server's
-# clock, broken, sessions killed, a run abandoned -- each answer and, after
-# every step, every effect row, every session's epoch, the runs' epochs and
-# what `unresolved` lists compared with the model; no key and attempt answered
+# clock, broken, sessions killed, a run abandoned, retries that reword a call
+# (divergence, its verdicts), tools' policies changed and tools retired --
+# each answer and, after
+# every step, every effect row, every divergence, every session's epoch, the
+# runs' epochs and what `unresolved` lists compared with the model; no key and attempt answered
 # `execute` twice; the audit chain verifies.  A fixed seed and budget (the
 # same histories every run); MODEL_SEED / MODEL_EXAMPLES / MODEL_STEPS for
 # others, `make soak` for fresh seeds.  Kept failing histories
@@ -45,7 +47,7 @@ my $out = run_model(
 # errors would pass without testing anything)
 for my $seen ('begin execute', 'begin replay', 'begin pause', 'begin in_progress business key',
 	'begin execute business key', 'begin_recorded execute', 'complete_effect applied',
-	'complete_effect conflict', 'fail_effect noop')
+	'complete_effect conflict', 'fail_effect noop', 'begin pause divergence')
 {
 	like($out, qr/^#\s+\d+\s+\Q$seen\E$/m, "the histories made \"$seen\" happen");
 }
