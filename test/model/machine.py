@@ -32,7 +32,7 @@ from ledger_model import Model, Refused, Tool
 SESSIONS = 3
 RUNS = 3
 # a session calls its own run mostly (a worker per run), now and then another's
-WHOSE_RUN = st.sampled_from([0, 0, 0, 1, 2])
+WHOSE_RUN = st.sampled_from([0, 0, 0, 0, 0, 0, 1, 2])
 # the tools of a history (registered by it, under names of its own): a
 # side-effecting one judged for divergence, a read-only one, one nobody registered
 TOOLS = {"pay": Tool(side_effecting=True, divergence="pause"),
@@ -306,10 +306,10 @@ class LedgerMachine(RuleBasedStateMachine):
     # ---------- effects ----------
 
     BEGINS = dict(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN,
-                  tool=st.sampled_from(sorted(TOOLS)), a=st.integers(0, 1),
+                  tool=st.sampled_from(["pay", "pay", "llm", "mail"]), a=st.integers(0, 1),
                   b=st.sampled_from([None, None, 0, 1]),
                   via=st.sampled_from(["session", "session", "latest", "latest", "older", "other"]),
-                  recorded=st.booleans())
+                  recorded=st.sampled_from([False, False, True]))
 
     @rule(**BEGINS)
     def begin(self, s: int, r: int, tool: str, a: int, b: Optional[int], via: str,
