@@ -4,7 +4,7 @@ Written from docs/reference.md and docs/leases.md, not from the C code: each
 method says what a call must answer and what it must leave recorded.  The
 state machine (machine.py) makes the same calls against a real server and
 compares.  Where the docs are silent the model's choice is written in
-docs/testing-model.md ("What the model decides where the docs are silent").
+CONTRIBUTING.md ("The model").
 
 The model knows nothing of key derivation: a derived-key effect is named by
 what identifies it -- (run, tool, canonical args, occurrence) -- and the key
@@ -321,7 +321,9 @@ class Model:
         if business_key is None:
             self.derived[(run, tool, canon, occurrence)] = key
         self.warned = False
-        progress, watched = self._progress_start(run, epoch, tool, recorded)
+        progress, watched = Progress(), False  # a business key is never judged
+        if business_key is None:
+            progress, watched = self._progress_start(run, epoch, tool, recorded)
         answer = None
         if effect is None and business_key is None:
             answer, effect = self._judge_drift(run, epoch, tool, key, occurrence, recorded,
@@ -541,11 +543,10 @@ class Model:
             raise Refused("22023", "the attempt is below 1 or above the current one")
         if attempt is not None and attempt < effect.attempt:
             raise Refused("55000", "a later attempt replaced that attempt")
-        if not effect.conflict:
-            if effect.status in ("completed", "failed"):
-                raise Refused("55000", "the effect is decided already")
-            if effect.status == "started" and self.live(effect.run, effect.epoch):
-                raise Refused("55000", "the effect's lease is live")
+        if effect.status == "started" and self.live(effect.run, effect.epoch):
+            raise Refused("55000", "the effect's lease is live (flagged or not: it may be in flight)")
+        if not effect.conflict and effect.status in ("completed", "failed"):
+            raise Refused("55000", "the effect is decided already")
         effect.status = outcome
         if outcome == "completed":
             effect.result = value

@@ -197,6 +197,8 @@ class LedgerMachine(RuleBasedStateMachine):
                                          else token)
         except Refused as e:
             want = e
+        except AssertionError as e:
+            self.fail(f"take_lease answered {token!r}, which the model refuses: {e}")
         if isinstance(token, Refused) or isinstance(want, Refused):
             if not (isinstance(token, Refused) and isinstance(want, Refused)
                     and token.sqlstate == want.sqlstate):
@@ -331,7 +333,12 @@ class LedgerMachine(RuleBasedStateMachine):
         run, args, tool = self.runs[r], {"n": a}, self.tools[tool]
         token = self.token_of(r, via)
         bk = self.business_keys[b] if b is not None and not recorded else None
-        cols = "key, decision::text, status::text, occurrence, attempt, result, error"
+        if bk is not None:
+            # a business key names one operation: its calls are mostly the
+            # same one (a redelivery), now and then another (refused, 23505)
+            tool = self.tools["pay"] if a == 0 else tool
+            args = {"invoice": b}
+        cols = "key, decision::text, status::text, occurrence, attempt, result, error, downstream_key"
         if recorded:
             server = lambda: self.sql(
                 self.sessions[s],
@@ -348,6 +355,7 @@ class LedgerMachine(RuleBasedStateMachine):
             got = server()
         except Refused as e:
             got = e
+        notices = list(self.sessions[s].notices)
         if rolled_back:
             self.sql(self.sessions[s], "ROLLBACK")
         def derived(occurrence: int) -> str:
@@ -368,11 +376,13 @@ class LedgerMachine(RuleBasedStateMachine):
                     and got.sqlstate == want.sqlstate):
                 self.fail(f"begin: the server answered {g}, the model {w}")
             return
+        downstream = (None if want.status is None else want.key if bk is None
+                      else f"{want.key}#{want.attempt}")
         answer = (want.key, want.decision, want.status, want.occurrence, want.attempt,
-                  want.result, want.error)
+                  want.result, want.error, downstream)
         if tuple(got) != answer:
             self.fail(f"begin: the server answered {tuple(got)!r}, the model {answer!r}")
-        warned = "01L01" in self.sessions[s].notices
+        warned = "01L01" in notices
         if warned != self.model.warned:
             self.fail("begin: the server " + ("warned" if warned else "did not warn")
                       + " of a divergence, the model " + ("did" if self.model.warned else "did not"))
@@ -409,7 +419,7 @@ class LedgerMachine(RuleBasedStateMachine):
             lease = self.model.leases.get(self.runs[r])
             if lease is not None and lease.session != s:
                 self.break_lease(r)  # the run is redelivered: its hung holder is ended
-            self.acquire(s, r)
+            self.acquire(s, (r - s) % RUNS)
             calls = [args for name, *args in self.steps[:-1]
                      if name == "begin" and (args[0] + args[1]) % RUNS == r
                      and args[5] == "session"]
@@ -438,7 +448,10 @@ class LedgerMachine(RuleBasedStateMachine):
           v=st.integers(0, len(VALUES) - 1), mode=st.sampled_from(ATTEMPTS))
     def report(self, s: int, k: int, completed: bool, v: int, mode: str) -> None:
         self.step("report", s, k, completed, v, mode)
-        key, value = self.key(k), VALUES[v]
+        self.report_on(s, self.key(k), completed, v, mode)
+
+    def report_on(self, s: int, key: str, completed: bool, v: int, mode: str) -> None:
+        value = VALUES[v]
         attempt = self.attempt_of(key, mode)
         fn = "complete_effect" if completed else "fail_effect"
         session = self.sessions[s]
@@ -453,6 +466,10 @@ class LedgerMachine(RuleBasedStateMachine):
         if warned != (out[1] == "conflict"):
             self.fail(f"{fn}: the model says {out[1]}, the server "
                       + ("warned of a conflict" if warned else "did not warn of one"))
+        superseded = "01L04" in session.notices
+        if superseded != (out[1] == "superseded" and attempt is None):
+            self.fail(f"{fn}: the model says {out[1]}, the server "
+                      + ("warned of a superseded report" if superseded else "did not warn of one"))
 
     @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN)
     def finish(self, s: int, r: int) -> None:
@@ -464,7 +481,7 @@ class LedgerMachine(RuleBasedStateMachine):
         try:
             for e in list(self.model.effects.values()):
                 if e.run == run and e.status == "started" and e.key in self.keys:
-                    self.report(s, self.keys.index(e.key), True, 0, "current")
+                    self.report_on(s, e.key, True, 0, "current")
         finally:
             self.nested = False
 
@@ -566,6 +583,18 @@ class LedgerMachine(RuleBasedStateMachine):
             self.fail("the effects differ:\n" + "\n".join(diff))
 
     @invariant()
+    def past_attempts_agree(self) -> None:
+        got = self.sql(self.admin, "SELECT key, attempt, run, lease_epoch, status::text, error"
+                       " FROM durable_ledger.past_attempts WHERE run LIKE %s ORDER BY key, attempt",
+                       (self.prefix + "%",), quiet=True)
+        want = sorted((e.key, p.attempt, p.run, p.epoch, p.status,
+                       p.error if p.status == "failed" else None)
+                      for e in self.model.effects.values() for p in e.past)
+        got = [row[:5] + (row[5] if row[4] == "failed" else None,) for row in got]
+        if got != want:
+            self.fail(f"the past attempts differ:\n  server {got!r}\n  model  {want!r}")
+
+    @invariant()
     def leases_agree(self) -> None:
         runs = self.sql(self.admin, "SELECT run, epochs FROM durable_ledger.runs WHERE run LIKE %s",
                         (self.prefix + "%",), quiet=True)
@@ -608,5 +637,6 @@ def replay(steps: list[list[Any]]) -> None:
             machine.leases_agree()
             machine.unresolved_agrees()
             machine.divergences_agree()
+            machine.past_attempts_agree()
     finally:
         machine.teardown()
