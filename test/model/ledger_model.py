@@ -440,7 +440,8 @@ class Model:
                                        run, epoch, begun=self.clock)
             return answer("execute", "started", 1)
         if effect.conflict:
-            return answer("pause", self.status_now(effect), effect.attempt)
+            # the row's status as recorded (a started one stays started: docs to rule)
+            return answer("pause", effect.status, effect.attempt)
         if effect.status == "completed":
             return answer("replay", "completed", effect.attempt, result=effect.result)
         if effect.status == "failed":
@@ -511,7 +512,8 @@ class Model:
         held = self.held.get(session, {})
         if held.get(effect.run) != effect.epoch:
             return False
-        return all(p.run not in held for p in effect.past)
+        # a lock held without an epoch is no lease here (as the server has it: docs to rule)
+        return all(held.get(p.run) is None for p in effect.past)
 
     def _report_earlier(self, effect: Effect, attempt: int, completed: bool, value: Any) -> str:
         past = effect.past[attempt - 1]
