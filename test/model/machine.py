@@ -323,9 +323,11 @@ class LedgerMachine(RuleBasedStateMachine):
     def begin_rolled_back(self, s: int, r: int, tool: str, a: int, b: Optional[int], via: str,
                           recorded: bool) -> None:
         """A begin in a transaction that rolls back: it leaves no effect, no
-        audit row and the occurrence counter as it was (a lock it took stays)."""
+        audit row and the occurrence counter as it was (a lock it took stays);
+        the worker then retries the call, which must get the same occurrence."""
         self.step("begin_rolled_back", s, r, tool, a, b, via, recorded)
         self.call_begin(s, r, tool, a, b, via, recorded, rolled_back=True)
+        self.call_begin(s, r, tool, a, b, via, recorded, rolled_back=False)
 
     def call_begin(self, s: int, r: int, tool: str, a: int, b: Optional[int], via: str,
                    recorded: bool, rolled_back: bool) -> None:
