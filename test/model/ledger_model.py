@@ -225,6 +225,23 @@ class Model:
         self._end(run)
         return None
 
+    def release_attempt(self, session: int, run: str, epoch: int) -> tuple[bool, Optional[int]]:
+        """release_attempt(run, epoch): the session lease of run at epoch ends
+        wherever it is held (its holder terminated when it is another
+        session); false when no live session lease holds run at epoch.
+        Returns the answer and the session terminated, if any."""
+        if epoch < 1:
+            raise Refused("22023", "an epoch below 1")
+        lease = self.leases.get(run)
+        if lease is None or lease.session is None or lease.epoch != epoch:
+            return False, None
+        if lease.session == session:
+            self._end(run)
+            return True, None
+        holder = lease.session
+        self.session_ended(holder)
+        return True, holder
+
     def abandon_run(self, run: str) -> bool:
         if not self.epochs.get(run):
             raise Refused("42704", "the run is not in the ledger")

@@ -292,6 +292,36 @@ class LedgerMachine(RuleBasedStateMachine):
         if holder is not None:
             self.wait_gone(self.sessions[holder])
 
+    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN, back=st.sampled_from([0, 0, 1, 5]))
+    def release_attempt(self, s: int, r: int, back: int) -> None:
+        """A worker (or its supervisor) ends the run's attempt it knows by its
+        epoch: the latest, an older one, or none at all (epoch 0: 22023)."""
+        self.step("release_attempt", s, r, back)
+        r = (s + r) % RUNS
+        run = self.runs[r]
+        epoch = max(self.model.epochs.get(run, 0) - back, 1) if back < 5 else 0
+        holder = self.model.leases.get(run)
+        try:
+            got = self.sql(self.sessions[s], "SELECT durable_ledger.release_attempt(%s, %s)",
+                           (run, epoch))[0][0]
+        except Refused as e:
+            got = e
+        try:
+            want, ended = self.model.release_attempt(s, run, epoch)
+        except Refused as e:
+            want, ended = e, None
+        if isinstance(got, Refused) or isinstance(want, Refused):
+            if not (isinstance(got, Refused) and isinstance(want, Refused)
+                    and got.sqlstate == want.sqlstate):
+                self.fail(f"release_attempt answered {got!r}, the model {want!r}")
+            return
+        if got != want:
+            self.fail(f"release_attempt({epoch}) answered {got}, the model {want}"
+                      f" (the run's lease: {holder!r})")
+        saw(f"release_attempt {'ended another session' if ended is not None else got}")
+        if ended is not None:
+            self.wait_gone(self.sessions[ended])
+
     @precondition(lambda self: len(self.steps) > 15 and not self.model.abandoned)
     @rule()
     def abandon(self, r: int = RUNS - 1) -> None:

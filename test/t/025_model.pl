@@ -2,7 +2,7 @@
 # histories of calls from several sessions -- begins and recorded calls under
 # session and token leases, business keys, reports naming their attempt or
 # not, resolutions, leases taken, renewed, released, expired by the server's
-# clock, broken, sessions killed, a run abandoned, retries that reword a call
+# clock, broken, ended by release_attempt, sessions killed, a run abandoned, retries that reword a call
 # (divergence, its verdicts), tools' policies changed and tools retired --
 # each answer and, after
 # every step, every effect row, every divergence, every session's epoch, the
