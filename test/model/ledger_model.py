@@ -424,6 +424,8 @@ class Model:
             raise Refused("22023", "same_as given with distinct")
         if d.verdict is not None:
             raise Refused("55000", "the divergence was decided")
+        if key in self.effects:
+            raise Refused("55000", "the drifted call was executed since")
         if verdict == "same":
             same_as = same_as or d.candidate
             earlier = self.effects.get(same_as)
@@ -584,5 +586,9 @@ class Model:
             elif (effect.status == "started" and not effect.safe_to_redo
                   and not self.live(effect.run, effect.epoch)):
                 keys.add(effect.key)
-        keys.update(d.key for d in self.divergences.values() if d.verdict is None)
+        # a drifted call executed since (its tool's policy no longer pauses it, or a
+        # recorded call of a tool nobody registered made it) waits for nobody: as the
+        # server has it (docs to rule)
+        keys.update(d.key for d in self.divergences.values()
+                    if d.verdict is None and d.key not in self.effects)
         return keys
