@@ -58,6 +58,33 @@ occurrence_arg(FunctionCallInfo fcinfo, int argno)
 }
 
 /*
+ * The key of effect_key's call: from all of args, or (registry) from the
+ * identity args of a tool registered with key fields, as the registry says now.
+ */
+static Datum
+effect_key_of_call(FunctionCallInfo fcinfo, bool registry)
+{
+	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
+	char	   *tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
+	Jsonb	   *args = dl_required_jsonb_arg(fcinfo, 2, "args");
+	int32		occurrence = occurrence_arg(fcinfo, 3);
+	StringInfoData canon;
+	char		key[DL_KEY_HEX_LEN + 1];
+
+	if (registry)
+	{
+		ToolRules	rules;
+
+		dl_tool_rules_now(tool, &rules);
+		args = dl_identity_of_call(&rules, args, NULL);
+	}
+	initStringInfo(&canon);
+	dl_append_canonical_args(&canon, args);
+	dl_derive_key(run, tool, canon.data, canon.len, occurrence, key);
+	PG_RETURN_TEXT_P(cstring_to_text(key));
+}
+
+/*
  * effect_key(run text, tool text, args jsonb, occurrence integer) RETURNS text
  *
  * As begin_effect derives it: from the identity args of a tool registered
@@ -66,41 +93,19 @@ occurrence_arg(FunctionCallInfo fcinfo, int argno)
 Datum
 dl_effect_key_1_3(PG_FUNCTION_ARGS)
 {
-	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
-	char	   *tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
-	Jsonb	   *args = dl_required_jsonb_arg(fcinfo, 2, "args");
-	int32		occurrence = occurrence_arg(fcinfo, 3);
-	ToolRules	rules;
-	StringInfoData canon;
-	char		key[DL_KEY_HEX_LEN + 1];
-
-	dl_tool_rules_now(tool, &rules);
-	initStringInfo(&canon);
-	dl_append_canonical_args(&canon, dl_identity_of_call(&rules, args, NULL));
-	dl_derive_key(run, tool, canon.data, canon.len, occurrence, key);
-	PG_RETURN_TEXT_P(cstring_to_text(key));
+	return effect_key_of_call(fcinfo, true);
 }
 
 /* effect_key of the 1.2 SQL objects: the same */
 Datum
 dl_effect_key_1_2(PG_FUNCTION_ARGS)
 {
-	return dl_effect_key_1_3(fcinfo);
+	return effect_key_of_call(fcinfo, true);
 }
 
 /* effect_key of the 1.0 and 1.1 SQL objects: all of args (they had no registry) */
 Datum
 dl_effect_key(PG_FUNCTION_ARGS)
 {
-	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
-	char	   *tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
-	Jsonb	   *args = dl_required_jsonb_arg(fcinfo, 2, "args");
-	int32		occurrence = occurrence_arg(fcinfo, 3);
-	StringInfoData canon;
-	char		key[DL_KEY_HEX_LEN + 1];
-
-	initStringInfo(&canon);
-	dl_append_canonical_args(&canon, args);
-	dl_derive_key(run, tool, canon.data, canon.len, occurrence, key);
-	PG_RETURN_TEXT_P(cstring_to_text(key));
+	return effect_key_of_call(fcinfo, false);
 }

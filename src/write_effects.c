@@ -104,6 +104,28 @@ follow_settlement(const EffectRow *before, const EffectRow *after)
 /* ---------- effects ---------- */
 
 /*
+ * The columns an attempt has when it starts: its run and attempt, status
+ * started, no outcome, the intent's meta, lease epoch and this backend, begun
+ * now, nobody's resolution yet.  Shared by a new intent and a next attempt.
+ */
+static void
+set_attempt_started(RowWrite *w, const NewIntent *intent, int32 attempt)
+{
+	dl_row_set(w, EFF_RUN, CStringGetTextDatum(intent->run));
+	dl_row_set(w, EFF_ATTEMPT, Int32GetDatum(attempt));
+	dl_row_set(w, EFF_STATUS, CStringGetTextDatum(dl_status_name(EFFECT_STARTED)));
+	dl_row_set_null(w, EFF_RESULT);
+	dl_row_set_null(w, EFF_ERROR);
+	dl_row_set_optional(w, EFF_META, JsonbPGetDatum(intent->meta), intent->meta == NULL);
+	dl_row_set(w, EFF_LEASE_EPOCH, Int64GetDatum(intent->lease_epoch));
+	dl_row_set(w, EFF_HOLDER_PID, Int32GetDatum(MyProcPid));
+	dl_row_set(w, EFF_CREATED_AT, dl_row_now());
+	dl_row_set_null(w, EFF_COMPLETED_AT);
+	dl_row_set_null(w, EFF_RESOLVED_BY);
+	dl_row_set_null(w, EFF_RESOLUTION_NOTE);
+}
+
+/*
  * Inserts the intent of a key that cannot exist yet.  A duplicate would be a
  * unique violation (an error), never a second intent.
  */
@@ -115,22 +137,11 @@ dl_write_new_intent(const NewIntent *intent)
 
 	dl_row_begin(&w, &dl_effects_table);
 	dl_row_set(&w, EFF_KEY, CStringGetTextDatum(intent->key));
-	dl_row_set(&w, EFF_RUN, CStringGetTextDatum(intent->run));
 	dl_row_set(&w, EFF_TOOL, CStringGetTextDatum(intent->tool));
 	dl_row_set(&w, EFF_ARGS, JsonbPGetDatum(intent->args));
 	dl_row_set(&w, EFF_BUSINESS_KEY, BoolGetDatum(intent->business_key));
 	dl_row_set_optional(&w, EFF_OCCURRENCE, Int32GetDatum(intent->occurrence), intent->business_key);
-	dl_row_set(&w, EFF_ATTEMPT, Int32GetDatum(1));
-	dl_row_set(&w, EFF_STATUS, CStringGetTextDatum(dl_status_name(EFFECT_STARTED)));
-	dl_row_set_null(&w, EFF_RESULT);
-	dl_row_set_null(&w, EFF_ERROR);
-	dl_row_set_optional(&w, EFF_META, JsonbPGetDatum(intent->meta), intent->meta == NULL);
-	dl_row_set(&w, EFF_LEASE_EPOCH, Int64GetDatum(intent->lease_epoch));
-	dl_row_set(&w, EFF_HOLDER_PID, Int32GetDatum(MyProcPid));
-	dl_row_set(&w, EFF_CREATED_AT, dl_row_now());
-	dl_row_set_null(&w, EFF_COMPLETED_AT);
-	dl_row_set_null(&w, EFF_RESOLVED_BY);
-	dl_row_set_null(&w, EFF_RESOLUTION_NOTE);
+	set_attempt_started(&w, intent, 1);
 	dl_row_set(&w, EFF_CONFLICT, BoolGetDatum(false));
 	dl_row_set(&w, EFF_SAFE_TO_REDO, BoolGetDatum(intent->safe_to_redo));
 	dl_row_insert(&w);
@@ -364,18 +375,7 @@ dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent, EffectStatu
 	dl_row_end(&past);
 
 	/* the next attempt */
-	dl_row_set(&w, EFF_RUN, CStringGetTextDatum(intent->run));
-	dl_row_set(&w, EFF_STATUS, CStringGetTextDatum(dl_status_name(EFFECT_STARTED)));
-	dl_row_set(&w, EFF_ATTEMPT, Int32GetDatum(locked->row.attempt + 1));
-	dl_row_set_null(&w, EFF_RESULT);
-	dl_row_set_null(&w, EFF_ERROR);
-	dl_row_set_optional(&w, EFF_META, JsonbPGetDatum(intent->meta), intent->meta == NULL);
-	dl_row_set(&w, EFF_LEASE_EPOCH, Int64GetDatum(intent->lease_epoch));
-	dl_row_set(&w, EFF_HOLDER_PID, Int32GetDatum(MyProcPid));
-	dl_row_set(&w, EFF_CREATED_AT, dl_row_now());
-	dl_row_set_null(&w, EFF_COMPLETED_AT);
-	dl_row_set_null(&w, EFF_RESOLVED_BY);
-	dl_row_set_null(&w, EFF_RESOLUTION_NOTE);
+	set_attempt_started(&w, intent, locked->row.attempt + 1);
 	(void) end_effect_update(&w, locked);
 }
 
