@@ -130,6 +130,23 @@ SELECT regress_ur_call('ur-both', 'crm', '{"read": 1}', recorded => true) AS rea
        regress_ur_call('ur-both', 'crm', '{"write": 3}') AS new_write;
 SELECT durable_ledger.release_run('ur-both');
 
+-- a divergence decides its key whichever way the key is called: the paused
+-- write made again with begin_recorded (not judged itself) pauses too, and
+-- waits in unresolved for the verdict, which is still accepted
+SELECT durable_ledger.acquire_run('ur-key');
+SELECT regress_ur_call('ur-key', 'crm', '{"write": 1}');
+SELECT durable_ledger.acquire_run('ur-key');
+SELECT regress_ur_call('ur-key', 'crm', '{"write": 2}') AS reworded_write,
+       regress_ur_call('ur-key', 'crm', '{"write": 2}', recorded => true) AS same_call_recorded;
+SELECT count(*) AS effects_of_the_paused_call FROM durable_ledger.effects
+ WHERE key = durable_ledger.effect_key('ur-key', 'crm', '{"write": 2}', 1);
+SELECT tool, status FROM durable_ledger.unresolved WHERE run = 'ur-key';
+SELECT verdict FROM durable_ledger.resolve_divergence(
+    durable_ledger.effect_key('ur-key', 'crm', '{"write": 2}', 1), 'same', 'maria');
+SELECT regress_ur_call('ur-key', 'crm', '{"write": 2}', recorded => true) AS after_the_verdict;
+SELECT count(*) AS effects FROM durable_ledger.effects WHERE run = 'ur-key';
+SELECT durable_ledger.release_run('ur-key');
+
 -- a registered tool is judged as the registry says, whatever the policy for
 -- unregistered tools: read-only (off) executes its new calls
 SELECT tool, divergence FROM durable_ledger.register_tool('ur.lookup', 'maria', side_effecting => false);

@@ -24,8 +24,9 @@
  * first execute).  A call never scans the run's history.
  *
  * A divergence is keyed by the drifted call's key, and looked up first for
- * every new key of a watched tool: once recorded, it waits for its verdict
- * however far the replay has come since.
+ * every new key of a watched tool, judged or not (a recorded call of a tool
+ * nobody registered): once recorded, it waits for its verdict however far
+ * the replay has come since and whichever way its key is called.
  *
  * Policy pause records the divergence (durable_ledger.divergences), naming as
  * the effect it may duplicate the first earlier effect of T (in the order
@@ -222,14 +223,16 @@ dl_judge_drift(ReplayProgress *progress, const char *key, Drift *drift)
 
 	memset(drift, 0, sizeof(Drift));
 	drift->kind = DRIFT_NONE;
-	if (!progress->later || !progress->judged)
+	if (!progress->later)
 		return;
 
 	/*
 	 * A divergence recorded for this very call: a person's "same" is kept
 	 * whatever the policy is now (executing would do that effect again); one
 	 * without a verdict waits for it while the tool is watched, however far
-	 * the replay has come since.
+	 * the replay has come since, and whichever way the key is called: a
+	 * recorded call of a tool nobody registered is not judged, but the person
+	 * asked about its key decides it.
 	 */
 	if (dl_run_may_have_divergences(progress->lease->run) &&
 		dl_read_divergence(key, &recorded))
@@ -244,7 +247,8 @@ dl_judge_drift(ReplayProgress *progress, const char *key, Drift *drift)
 			drift->kind = DRIFT_WAITING;
 		return;
 	}
-	if (!progress->watched || earlier_count(progress) <= progress->replayed.count)
+	if (!progress->judged || !progress->watched ||
+		earlier_count(progress) <= progress->replayed.count)
 		return;
 
 	/* in an honest replay, the earlier effect due next */

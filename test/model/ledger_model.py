@@ -396,9 +396,9 @@ class Model:
     def _judge_drift(self, run, epoch, tool, key, occurrence, recorded, progress, watched):
         """A new derived key: (a pause answer, or None to decide; the effect a
         verdict of same made it, or None)."""
-        judged = self.tools[tool].registered or not recorded
-        if epoch <= 1 or not judged:
+        if epoch <= 1:
             return None, None
+        # once recorded, a divergence decides its key whichever way it is called
         recorded_divergence = self.divergences.get(key)
         if recorded_divergence is not None:
             if recorded_divergence.verdict == "same":
@@ -406,7 +406,8 @@ class Model:
             if recorded_divergence.verdict is None and watched:
                 return Answer(key, "pause", None, occurrence, None), None
             return None, None
-        if not watched or self._earlier_count(run, epoch, tool, progress) <= len(progress.replayed):
+        judged = self.tools[tool].registered or not recorded
+        if not judged or not watched or self._earlier_count(run, epoch, tool, progress) <= len(progress.replayed):
             return None, None
         candidate = next(e.key for e in self.earlier_effects(run, epoch, tool)
                          if e.key not in progress.replayed)
@@ -586,9 +587,8 @@ class Model:
             elif (effect.status == "started" and not effect.safe_to_redo
                   and not self.live(effect.run, effect.epoch)):
                 keys.add(effect.key)
-        # a drifted call executed since (its tool's policy no longer pauses it, or a
-        # recorded call of a tool nobody registered made it) waits for nobody: as the
-        # server has it (docs to rule)
+        # a drifted call executed since (an admin turned its tool's policy off) waits
+        # for nobody: reference.md, "A divergence, once recorded"
         keys.update(d.key for d in self.divergences.values()
                     if d.verdict is None and d.key not in self.effects)
         return keys
