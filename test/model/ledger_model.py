@@ -92,6 +92,7 @@ class Tool:
     divergence: str = "off"
     registered: bool = True
     retired: bool = False
+    key_fields: Optional[tuple] = None  # the fields of args that make a call's identity
 
 
 @dataclass
@@ -133,9 +134,11 @@ class Model:
         self.executed: set[tuple[str, int]] = set()  # (key, attempt) answered execute
         self.divergences: dict[str, Divergence] = {}
         self.progress: dict[tuple, Progress] = {}  # (run, epoch, tool) -> its progress
-        self.unregistered_divergence = "pause"
+        self.unregistered_tools = "allow"  # set_unregistered_tools
+        self.unregistered_divergence = "pause"  # set_unregistered_divergence
         self.clock = 0  # orders the effects' attempts by when they began
         self.warned = False  # the last begin warned of a divergence (01L01)
+        self.warned_unregistered = False  # ... of a tool nobody registered (01L02)
 
     # ---------- leases ----------
 
@@ -280,7 +283,7 @@ class Model:
         epoch = self._lease_for_call(session, run, token)
         taken = epoch is None
         saved = copy.deepcopy(self.__dict__)  # an error writes nothing
-        self.warned = False
+        self.warned = self.warned_unregistered = False
         if taken:
             epoch = self._new_epoch(run)
         try:
@@ -309,7 +312,7 @@ class Model:
             return trial.begin(session, run, tool, args, business_key, token, recorded,
                                key_of_server)
         finally:
-            self.warned = trial.warned
+            self.warned, self.warned_unregistered = trial.warned, trial.warned_unregistered
             if took and run in trial.held.get(session, {}):
                 self.leases[run] = Lease(run, None, session=session)
                 self.held.setdefault(session, {})[run] = None
@@ -319,7 +322,7 @@ class Model:
             raise Refused("55L02", "the run was abandoned")
         if recorded and self.tools[tool].registered and self.tools[tool].side_effecting:
             raise Refused("55L03", "begin_recorded of a tool registered as side-effecting")
-        canon = canonical(args)
+        canon = canonical(self.identity(tool, args))
         occurrence = None
         if business_key is None:
             occurrence = self.counters.get((run, epoch, tool, canon), 0) + 1
@@ -333,7 +336,7 @@ class Model:
             key = business_key
         effect = self.effects.get(key)
         if effect is not None and business_key is not None:
-            if effect.tool != tool or canonical(effect.args) != canon:
+            if effect.tool != tool or canonical(self.identity(tool, effect.args)) != canon:
                 raise Refused("23505", "business key already used by a different call")
         if business_key is None:
             self.derived[(run, tool, canon, occurrence)] = key
@@ -350,8 +353,8 @@ class Model:
         if answer is None:
             answer = self._decide(run, epoch, tool, args, key, business_key is not None,
                                   occurrence, recorded, effect, progress, watched)
-        if answer.decision == "execute" and self.tools[tool].retired:
-            raise Refused("55L03", "a call of a retired tool would execute")
+        if answer.decision == "execute":
+            self._may_execute(tool)
         if answer.decision != "pause" and business_key is None:
             self.counters[(run, epoch, tool, canon)] = occurrence
             if answer.decision == "replay" and watched:
@@ -442,6 +445,48 @@ class Model:
         if t.retired:
             raise Refused("55000", "the tool is retired")
         t.divergence = setting
+
+    def identity(self, tool: str, args: Any) -> Any:
+        """The args that identify a call: its tool's key fields, else all of them."""
+        t = self.tools[tool]
+        if not t.registered or t.key_fields is None:
+            return args
+        if not isinstance(args, dict) or any(f not in args for f in t.key_fields):
+            raise Refused("22023", "the args lack a key field of the tool")
+        return {f: args[f] for f in t.key_fields}
+
+    def _may_execute(self, tool: str) -> None:
+        """A call that would execute: refused for a retired tool, and for one
+        nobody registered under policy refuse; warned of under warn (01L02)."""
+        t = self.tools[tool]
+        if t.registered and t.retired:
+            raise Refused("55L03", "a call of a retired tool would execute")
+        if not t.registered and self.unregistered_tools == "refuse":
+            raise Refused("55L03", "a tool nobody registered, under policy refuse")
+        self.warned_unregistered = not t.registered and self.unregistered_tools == "warn"
+
+    def set_unregistered(self, which: str, setting: str) -> str:
+        """set_unregistered_tools / set_unregistered_divergence: the previous setting."""
+        attribute = "unregistered_tools" if which == "tools" else "unregistered_divergence"
+        previous = getattr(self, attribute)
+        setattr(self, attribute, setting)
+        return previous
+
+    def register_tool(self, tool: str, side_effecting: bool, divergence: Optional[str]) -> None:
+        """register_tool: a tool nobody registered, or a retired one anew."""
+        t = self.tools[tool]
+        if t.registered and not t.retired:
+            raise Refused("23505", "the tool is registered")
+        t.registered, t.retired, t.side_effecting = True, False, side_effecting
+        t.divergence = divergence or ("pause" if side_effecting else "off")
+
+    def change_side_effecting(self, tool: str, side_effecting: bool) -> None:
+        t = self.tools[tool]
+        if not t.registered:
+            raise Refused("42704", "the tool is not registered")
+        if t.retired:
+            raise Refused("55000", "the tool is retired")
+        t.side_effecting = side_effecting
 
     def retire_tool(self, tool: str) -> None:
         t = self.tools[tool]

@@ -34,10 +34,13 @@ RUNS = 3
 # a session calls its own run mostly (a worker per run), now and then another's
 WHOSE_RUN = st.sampled_from([0, 0, 0, 0, 0, 0, 1, 2])
 # the tools of a history (registered by it, under names of its own): a
-# side-effecting one judged for divergence, a read-only one, one nobody registered
+# side-effecting one judged for divergence, a read-only one, one nobody
+# registered (until a rule registers it), and one keyed by a key field (its
+# memo changes from call to call, as a model rewords free text)
 TOOLS = {"pay": Tool(side_effecting=True, divergence="pause"),
          "llm": Tool(side_effecting=False, divergence="off"),
-         "mail": Tool(registered=False)}
+         "mail": Tool(registered=False),
+         "crm": Tool(side_effecting=True, divergence="pause", key_fields=("n",))}
 VALUES = [{"v": 0}, {"v": 1}, None]
 ATTEMPTS = ["current", "none", "earlier", "above"]
 
@@ -91,8 +94,13 @@ class LedgerMachine(RuleBasedStateMachine):
         for short, t in TOOLS.items():
             if t.registered:
                 self.sql(self.admin, "SELECT FROM durable_ledger.register_tool(%s, 'model',"
-                         " side_effecting => %s, divergence => %s)",
-                         (self.tools[short], t.side_effecting, t.divergence))
+                         " side_effecting => %s, divergence => %s, key_fields => %s)",
+                         (self.tools[short], t.side_effecting, t.divergence,
+                          list(t.key_fields) if t.key_fields else None))
+        # the policies for tools nobody registered are the database's: each
+        # history starts from the defaults
+        self.sql(self.admin, "SELECT durable_ledger.set_unregistered_tools('allow', 'model'),"
+                 " durable_ledger.set_unregistered_divergence('pause', 'model')")
         self.steps: list[list[Any]] = []
         self.tokens: list[str] = []
         self.run_tokens: dict[int, list[str]] = {}
@@ -338,7 +346,7 @@ class LedgerMachine(RuleBasedStateMachine):
     # ---------- effects ----------
 
     BEGINS = dict(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN,
-                  tool=st.sampled_from(["pay", "pay", "llm", "mail"]), a=st.integers(0, 1),
+                  tool=st.sampled_from(["pay", "pay", "llm", "mail", "crm"]), a=st.integers(0, 1),
                   b=st.sampled_from([None, None, 0, 1]),
                   via=st.sampled_from(["session", "session", "latest", "latest", "older", "other"]),
                   recorded=st.sampled_from([False, False, True]))
@@ -362,7 +370,10 @@ class LedgerMachine(RuleBasedStateMachine):
     def call_begin(self, s: int, r: int, tool: str, a: int, b: Optional[int], via: str,
                    recorded: bool, rolled_back: bool) -> None:
         r = (s + r) % RUNS
-        run, args, tool = self.runs[r], {"n": a}, self.tools[tool]
+        run, args = self.runs[r], {"n": a}
+        if tool == "crm":
+            args["memo"] = f"m{len(self.steps) % 3}"
+        tool = self.tools[tool]
         token = self.token_of(r, via)
         bk = self.business_keys[b] if b is not None and not recorded else None
         if bk is not None:
@@ -414,12 +425,18 @@ class LedgerMachine(RuleBasedStateMachine):
                   want.result, want.error, downstream)
         if tuple(got) != answer:
             self.fail(f"begin: the server answered {tuple(got)!r}, the model {answer!r}")
-        warned = "01L01" in notices
-        if warned != self.model.warned:
-            self.fail("begin: the server " + ("warned" if warned else "did not warn")
-                      + " of a divergence, the model " + ("did" if self.model.warned else "did not"))
+        for sqlstate, wanted, what in (("01L01", self.model.warned, "a divergence"),
+                                       ("01L02", self.model.warned_unregistered,
+                                        "a tool nobody registered")):
+            if (sqlstate in notices) != wanted:
+                self.fail("begin: the server " + ("warned" if sqlstate in notices else "did not warn")
+                          + f" of {what}, the model " + ("did" if wanted else "did not"))
         if got[1] == "pause" and got[2] is None:
             saw("begin pause divergence")
+        if "01L02" in notices:
+            saw("begin warned of a tool nobody registered")
+        if self.model.tools[tool].key_fields and got[1] == "replay" and bk is None:
+            saw("begin replay by key fields")
         saw(f"begin{'_recorded' if recorded else ''} {got[1]}"
             + (" business key" if bk else "") + (" token" if token else "")
             + (" rolled back" if rolled_back else ""))
@@ -547,17 +564,56 @@ class LedgerMachine(RuleBasedStateMachine):
     # ---------- the registry, divergence ----------
 
     @precondition(lambda self: len(self.steps) > 5)
-    @rule(setting=st.sampled_from(["off", "pause", "warn"]))
-    def change_divergence(self, setting: str) -> None:
-        """An admin changes the side-effecting tool's divergence policy."""
-        self.step("change_divergence", setting)
-        tool = self.tools["pay"]
+    @rule(setting=st.sampled_from(["off", "pause", "warn"]),
+          short=st.sampled_from(["pay", "pay", "crm", "mail"]))
+    def change_divergence(self, setting: str, short: str = "pay") -> None:
+        """An admin changes a tool's divergence policy."""
+        self.step("change_divergence", setting, short)
+        tool = self.tools[short]
         self.both(lambda: self.sql(self.admin, "SELECT FROM durable_ledger.change_tool(%s, 'model',"
                                    " divergence => %s)", (tool, setting)),
                   lambda: self.model.change_divergence(tool, setting))
 
+    @precondition(lambda self: len(self.steps) > 5)
+    @rule(which=st.sampled_from(["tools", "divergence"]), setting=st.integers(0, 2))
+    def unregistered_policy(self, which: str, setting: int) -> None:
+        """An admin sets whether tools nobody registered may execute, or how
+        their drift is judged."""
+        self.step("unregistered_policy", which, setting)
+        fn, words = (("set_unregistered_tools", ["allow", "warn", "refuse"]) if which == "tools"
+                     else ("set_unregistered_divergence", ["pause", "warn", "off"]))
+        out = self.both(lambda: self.sql(self.admin, f"SELECT durable_ledger.{fn}(%s, 'model')",
+                                         (words[setting],))[0][0],
+                        lambda: self.model.set_unregistered(which, words[setting]))
+        if out and out[0] != out[1]:
+            self.fail(f"{fn} answered {out[0]!r} as the previous setting, the model {out[1]!r}")
+
+    @precondition(lambda self: len(self.steps) > 10)
+    @rule(short=st.sampled_from(["mail", "mail", "pay", "llm"]), side_effecting=st.booleans(),
+          divergence=st.sampled_from([None, None, "pause", "warn", "off"]))
+    def register(self, short: str, side_effecting: bool, divergence: Optional[str]) -> None:
+        """An admin registers the tool nobody registered mid-history (or a
+        retired one anew; a registered one: 23505)."""
+        self.step("register", short, side_effecting, divergence)
+        tool = self.tools[short]
+        self.both(lambda: self.sql(self.admin, "SELECT FROM durable_ledger.register_tool(%s, 'model',"
+                                   " side_effecting => %s, divergence => %s)",
+                                   (tool, side_effecting, divergence)),
+                  lambda: self.model.register_tool(tool, side_effecting, divergence))
+
+    @precondition(lambda self: len(self.steps) > 10)
+    @rule(short=st.sampled_from(["pay", "llm", "mail"]), side_effecting=st.booleans())
+    def change_side_effecting(self, short: str, side_effecting: bool) -> None:
+        """An admin says a tool is (not) side-effecting: its recorded calls are
+        refused from then on, or allowed."""
+        self.step("change_side_effecting", short, side_effecting)
+        tool = self.tools[short]
+        self.both(lambda: self.sql(self.admin, "SELECT FROM durable_ledger.change_tool(%s, 'model',"
+                                   " side_effecting => %s)", (tool, side_effecting)),
+                  lambda: self.model.change_side_effecting(tool, side_effecting))
+
     @precondition(lambda self: len(self.steps) > 25)
-    @rule(short=st.sampled_from(["pay", "llm"]))
+    @rule(short=st.sampled_from(["pay", "llm", "mail"]))
     def retire(self, short: str) -> None:
         self.step("retire", short)
         tool = self.tools[short]
@@ -598,7 +654,7 @@ class LedgerMachine(RuleBasedStateMachine):
         rows = self.sql(
             self.admin,
             "SELECT key, run, tool, status::text, attempt, lease_epoch, conflict, business_key,"
-            " occurrence, safe_to_redo, result, error FROM durable_ledger.effects"
+            " occurrence, safe_to_redo, result, error, args FROM durable_ledger.effects"
             " WHERE run LIKE %s OR key LIKE %s ORDER BY key",
             (self.prefix + "%", self.prefix + "%"), quiet=True)
         want = []
@@ -606,13 +662,29 @@ class LedgerMachine(RuleBasedStateMachine):
             want.append((e.key, e.run, e.tool, e.status, e.attempt, e.epoch, e.conflict,
                          e.business_key, e.occurrence, e.safe_to_redo,
                          e.result if e.status == "completed" else None,
-                         e.error if e.status == "failed" else None))
+                         e.error if e.status == "failed" else None, e.args))
         got = [row[:10] + (row[10] if row[3] == "completed" else None,
-                           row[11] if row[3] == "failed" else None) for row in rows]
+                           row[11] if row[3] == "failed" else None, row[12]) for row in rows]
         if got != want:
             diff = [f"  server {g!r}\n  model  {w!r}" for g, w in itertools.zip_longest(got, want)
                     if g != w]
             self.fail("the effects differ:\n" + "\n".join(diff))
+
+    @invariant()
+    def keys_check_out(self) -> None:
+        """Every derived key is the one keys.md derives in plain SQL from the
+        effect's run, tool, occurrence and (identity) args: effect_key and
+        canonical_args as the reference gives them."""
+        wrong = self.sql(
+            self.admin,
+            "SELECT e.key FROM durable_ledger.effects e LEFT JOIN durable_ledger.tools t USING (tool)"
+            " WHERE e.run LIKE %s AND NOT e.business_key AND e.key <> encode(sha256(convert_to("
+            "concat_ws('|', 'durable_ledger.v1', octet_length(e.run), e.run, octet_length(e.tool),"
+            " e.tool, e.occurrence, durable_ledger.canonical_args(coalesce((SELECT"
+            " jsonb_object_agg(f, e.args -> f) FROM unnest(t.key_fields) f), e.args))),"
+            " 'UTF8')), 'hex')", (self.prefix + "%",), quiet=True)
+        if wrong:
+            self.fail(f"derived keys that keys.md does not derive: {wrong!r}")
 
     @invariant()
     def past_attempts_agree(self) -> None:
@@ -670,5 +742,6 @@ def replay(steps: list[list[Any]]) -> None:
             machine.unresolved_agrees()
             machine.divergences_agree()
             machine.past_attempts_agree()
+            machine.keys_check_out()
     finally:
         machine.teardown()
