@@ -69,6 +69,7 @@ class Effect:
     error: Any = None
     conflict: bool = False
     past: list[Attempt] = field(default_factory=list)
+    forked_from: Optional[str] = None  # the source run's effect it carries
 
 
 @dataclass
@@ -244,6 +245,46 @@ class Model:
         holder = lease.session
         self.session_ended(holder)
         return True, holder
+
+    def run_effects(self, run: str) -> list[Effect]:
+        """The effects run recorded under derived keys, in the order they were begun."""
+        return sorted((e for e in self.effects.values() if e.run == run and not e.business_key),
+                      key=lambda e: (e.begun, e.key))
+
+    def fork_run(self, source: str, new: str, up_to: str, key_of_server: Any) -> int:
+        """fork_run(source, new, up_to): a run the ledger never saw, carrying
+        source's derived-key effects up to up_to in begin order, each settled
+        (completed or failed, not flagged) under new's key for the same call,
+        with its outcome, attempt and forked_from; a recorded call without an
+        outcome is not carried (the new run makes it again).  Its attempts
+        start at epoch 2.  Returns how many it carries."""
+        if source == new:
+            raise Refused("22023", "a run cannot be forked into itself")
+        if new in self.epochs or new in self.leases:
+            raise Refused("42710", "the new run exists already")
+        if source not in self.epochs:
+            raise Refused("42704", "the source run is not in the ledger")
+        effects = self.run_effects(source)
+        keys = [e.key for e in effects]
+        if up_to not in keys:
+            raise Refused("22023", "up_to is not a derived-key effect of the source run")
+        carried = []
+        for e in effects[:keys.index(up_to) + 1]:
+            if e.safe_to_redo and e.status == "started" and not e.conflict:
+                continue
+            if e.conflict or e.status not in ("completed", "failed"):
+                raise Refused("55000", "an effect carried has no settled outcome")
+            carried.append(e)
+        for e in carried:
+            key = key_of_server(e.tool, e.args, e.occurrence)
+            self.clock += 1
+            self.effects[key] = Effect(key, e.tool, copy.deepcopy(e.args), False, e.occurrence,
+                                       e.safe_to_redo, new, 1, begun=self.clock,
+                                       attempt=e.attempt, status=e.status,
+                                       result=e.result, error=e.error, forked_from=e.key)
+            self.derived[(new, e.tool, canonical(self.identity(e.tool, e.args)), e.occurrence)] = key
+        self.epochs[new] = 1
+        return len(carried)
 
     def abandon_run(self, run: str) -> bool:
         if not self.epochs.get(run):
@@ -505,7 +546,7 @@ class Model:
                                        run, epoch, begun=self.clock)
             return answer("execute", "started", 1)
         if effect.conflict:
-            # the row's status as recorded (a started one stays started: docs to rule)
+            # the row's status as recorded (a started one stays started: reference.md)
             return answer("pause", effect.status, effect.attempt)
         if effect.status == "completed":
             return answer("replay", "completed", effect.attempt, result=effect.result)
@@ -577,12 +618,15 @@ class Model:
         held = self.held.get(session, {})
         if held.get(effect.run) != effect.epoch:
             return False
-        # a lock held without an epoch is no lease here (as the server has it: docs to rule)
+        # a lock held without an epoch is no lease here (reference.md, the NULL row)
         return all(held.get(p.run) is None for p in effect.past)
 
     def _report_earlier(self, effect: Effect, attempt: int, completed: bool, value: Any) -> str:
-        past = effect.past[attempt - 1]
-        if effect.safe_to_redo or past.status == "unknown":
+        # an attempt not on record (a carried effect's: they stay with the
+        # source's effect) is judged as failed, with the error the report gives
+        past = (effect.past[attempt - 1] if attempt <= len(effect.past)
+                else Attempt(attempt, "", 0, "failed", None if completed else value))
+        if past.status == "unknown":  # a recorded call's lost attempt
             return "superseded"
         if not completed and past.status == "failed" and past.error == value:
             return "noop"

@@ -106,8 +106,13 @@ class LedgerMachine(RuleBasedStateMachine):
         self.run_tokens: dict[int, list[str]] = {}
         self.keys: list[str] = []
         self.executed: set[tuple[str, int]] = set()
+        self.calls: list[tuple[int, tuple]] = []  # the begins of the history: (run, call)
         self.expired = 0
         self.nested = False
+
+    def whose(self, s: int, r: int) -> int:
+        """The run a rule's r names: counted from session s's own run."""
+        return (s + r) % len(self.runs)
 
     # ---------- talking to the server ----------
 
@@ -171,7 +176,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN)
     def acquire(self, s: int, r: int) -> None:
         self.step("acquire", s, r)
-        r = (s + r) % RUNS  # r: whose run, counted from the session's own
+        r = self.whose(s, r)
         out = self.both(
             lambda: self.sql(self.sessions[s], "SELECT durable_ledger.acquire_run(%s, false)",
                              (self.runs[r],))[0][0],
@@ -182,7 +187,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN)
     def release(self, s: int, r: int) -> None:
         self.step("release", s, r)
-        r = (s + r) % RUNS  # r: whose run, counted from the session's own
+        r = self.whose(s, r)
         out = self.both(
             lambda: self.sql(self.sessions[s], "SELECT durable_ledger.release_run(%s)",
                              (self.runs[r],))[0][0],
@@ -193,7 +198,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN)
     def take(self, s: int, r: int) -> None:
         self.step("take", s, r)
-        r = (s + r) % RUNS  # r: whose run, counted from the session's own
+        r = self.whose(s, r)
         try:
             token = self.sql(self.sessions[s],
                              "SELECT token FROM durable_ledger.take_lease(%s, '5 minutes')",
@@ -305,7 +310,7 @@ class LedgerMachine(RuleBasedStateMachine):
         """A worker (or its supervisor) ends the run's attempt it knows by its
         epoch: the latest, an older one, or none at all (epoch 0: 22023)."""
         self.step("release_attempt", s, r, back)
-        r = (s + r) % RUNS
+        r = self.whose(s, r)
         run = self.runs[r]
         epoch = max(self.model.epochs.get(run, 0) - back, 1) if back < 5 else 0
         holder = self.model.leases.get(run)
@@ -329,6 +334,50 @@ class LedgerMachine(RuleBasedStateMachine):
         saw(f"release_attempt {'ended another session' if ended is not None else got}")
         if ended is not None:
             self.wait_gone(self.sessions[ended])
+
+    @precondition(lambda self: self.keys and len(self.runs) < RUNS + 2)
+    @rule(r=st.integers(0, RUNS - 1), k=st.integers(0, 7))
+    def fork(self, r: int, k: int) -> None:
+        """An admin forks a run (mostly one with effects) into a new one up to
+        one of its effects (k = 7: into a run that exists, 42710); a worker
+        then runs the new run's first attempt: the source's calls again, in
+        order (the carried ones replay, the rest execute), the k-th reworded
+        when k is 4 to 6 (a drift before the end of what it carries pauses)."""
+        self.step("fork", r, k)
+        with_effects = [run for run in self.runs if self.model.run_effects(run)]
+        source = with_effects[r % len(with_effects)] if with_effects else self.runs[r]
+        effects = self.model.run_effects(source)
+        up_to = effects[k % len(effects)].key if effects else self.keys[-1]
+        new = self.runs[(r + 1) % len(self.runs)] if k == 7 else f"{self.prefix}f{len(self.runs)}"
+
+        def key_of(tool: str, args: Any, occurrence: int) -> str:
+            return self.sql(self.admin, "SELECT durable_ledger.effect_key(%s, %s, %s::jsonb, %s)",
+                            (new, tool, json.dumps(args), occurrence), quiet=True)[0][0]
+
+        out = self.both(
+            lambda: self.sql(self.admin, "SELECT durable_ledger.fork_run(%s, %s, %s, 'model')",
+                             (source, new, up_to))[0][0],
+            lambda: self.model.fork_run(source, new, up_to, key_of))
+        if out is None:
+            return
+        if out[0] != out[1]:
+            self.fail(f"fork_run carried {out[0]} effects, the model {out[1]}")
+        saw("fork_run carried" if out[0] else "fork_run carried nothing")
+        if new not in self.runs:
+            self.runs.append(new)
+        self.keys.extend(e.key for e in self.model.run_effects(new))
+        s, n, to = k % SESSIONS, self.runs.index(new), self.runs.index(source)
+        self.nested = True
+        try:
+            self.acquire(s, (n - s) % len(self.runs))
+            for i, (run, (tool, a, b, via, recorded)) in enumerate(
+                    c for c in list(self.calls) if c[0] == to and c[1][3] == "session"):
+                if 4 <= k <= 6 and i == k - 4:
+                    a = 1 - a
+                self.calls.append((n, (tool, a, b, via, recorded)))
+                self.begin(s, (n - s) % len(self.runs), tool, a, b, via, recorded)
+        finally:
+            self.nested = False
 
     @precondition(lambda self: len(self.steps) > 15 and not self.model.abandoned)
     @rule()
@@ -355,6 +404,8 @@ class LedgerMachine(RuleBasedStateMachine):
     def begin(self, s: int, r: int, tool: str, a: int, b: Optional[int], via: str,
               recorded: bool) -> None:
         self.step("begin", s, r, tool, a, b, via, recorded)
+        if not self.nested:
+            self.calls.append((self.whose(s, r), (tool, a, b, via, recorded)))
         self.call_begin(s, r, tool, a, b, via, recorded, rolled_back=False)
 
     @rule(**BEGINS)
@@ -369,7 +420,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def call_begin(self, s: int, r: int, tool: str, a: int, b: Optional[int], via: str,
                    recorded: bool, rolled_back: bool) -> None:
-        r = (s + r) % RUNS
+        r = self.whose(s, r)
         run, args = self.runs[r], {"n": a}
         if tool == "crm":
             args["memo"] = f"m{len(self.steps) % 3}"
@@ -462,20 +513,18 @@ class LedgerMachine(RuleBasedStateMachine):
         run made so far again, in order (an honest replay) -- or with the
         reword-th call's args changed, as a model rewords a memo on a retry."""
         self.step("new_attempt", s, r, reword)
-        r = (s + r) % RUNS  # r: whose run, counted from the session's own
+        r = self.whose(s, r)
         self.nested = True
         try:
             lease = self.model.leases.get(self.runs[r])
             if lease is not None and lease.session != s:
                 self.break_lease(r)  # the run is redelivered: its hung holder is ended
-            self.acquire(s, (r - s) % RUNS)
-            calls = [args for name, *args in self.steps[:-1]
-                     if name == "begin" and (args[0] + args[1]) % RUNS == r
-                     and args[5] == "session"]
-            for i, (_, _, tool, a, b, via, recorded) in enumerate(calls):
+            self.acquire(s, (r - s) % len(self.runs))
+            calls = [call for run, call in self.calls if run == r and call[3] == "session"]
+            for i, (tool, a, b, via, recorded) in enumerate(calls):
                 if i == reword:
                     a = 1 - a
-                self.begin(s, (r - s) % RUNS, tool, a, b, via, recorded)
+                self.begin(s, (r - s) % len(self.runs), tool, a, b, via, recorded)
         finally:
             self.nested = False
 
@@ -525,7 +574,7 @@ class LedgerMachine(RuleBasedStateMachine):
         """A worker reports every effect of the run still started as completed,
         naming its attempt (then a next attempt has outcomes to replay)."""
         self.step("finish", s, r)
-        run = self.runs[(s + r) % RUNS]
+        run = self.runs[self.whose(s, r)]
         self.nested = True
         try:
             for e in list(self.model.effects.values()):
@@ -588,7 +637,9 @@ class LedgerMachine(RuleBasedStateMachine):
         if out and out[0] != out[1]:
             self.fail(f"{fn} answered {out[0]!r} as the previous setting, the model {out[1]!r}")
 
-    @precondition(lambda self: len(self.steps) > 10)
+    @precondition(lambda self: len(self.steps) > 10 and (
+        not self.model.tools[self.tools["mail"]].registered
+        or any(t.retired for t in self.model.tools.values())))
     @rule(short=st.sampled_from(["mail", "mail", "pay", "llm"]), side_effecting=st.booleans(),
           divergence=st.sampled_from([None, None, "pause", "warn", "off"]))
     def register(self, short: str, side_effecting: bool, divergence: Optional[str]) -> None:
@@ -601,7 +652,7 @@ class LedgerMachine(RuleBasedStateMachine):
                                    (tool, side_effecting, divergence)),
                   lambda: self.model.register_tool(tool, side_effecting, divergence))
 
-    @precondition(lambda self: len(self.steps) > 10)
+    @precondition(lambda self: len(self.steps) > 20)
     @rule(short=st.sampled_from(["pay", "llm", "mail"]), side_effecting=st.booleans())
     def change_side_effecting(self, short: str, side_effecting: bool) -> None:
         """An admin says a tool is (not) side-effecting: its recorded calls are
@@ -654,7 +705,7 @@ class LedgerMachine(RuleBasedStateMachine):
         rows = self.sql(
             self.admin,
             "SELECT key, run, tool, status::text, attempt, lease_epoch, conflict, business_key,"
-            " occurrence, safe_to_redo, result, error, args FROM durable_ledger.effects"
+            " occurrence, safe_to_redo, result, error, args, forked_from FROM durable_ledger.effects"
             " WHERE run LIKE %s OR key LIKE %s ORDER BY key",
             (self.prefix + "%", self.prefix + "%"), quiet=True)
         want = []
@@ -662,9 +713,9 @@ class LedgerMachine(RuleBasedStateMachine):
             want.append((e.key, e.run, e.tool, e.status, e.attempt, e.epoch, e.conflict,
                          e.business_key, e.occurrence, e.safe_to_redo,
                          e.result if e.status == "completed" else None,
-                         e.error if e.status == "failed" else None, e.args))
+                         e.error if e.status == "failed" else None, e.args, e.forked_from))
         got = [row[:10] + (row[10] if row[3] == "completed" else None,
-                           row[11] if row[3] == "failed" else None, row[12]) for row in rows]
+                           row[11] if row[3] == "failed" else None) + row[12:] for row in rows]
         if got != want:
             diff = [f"  server {g!r}\n  model  {w!r}" for g, w in itertools.zip_longest(got, want)
                     if g != w]

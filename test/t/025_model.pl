@@ -1,16 +1,18 @@
 # 025_model: the contract as an executable model (test/model/): generated
 # histories of calls from several sessions -- begins and recorded calls under
-# session and token leases, business keys, reports naming their attempt or
-# not, resolutions, leases taken, renewed, released, expired by the server's
-# clock, broken, ended by release_attempt, sessions killed, a run abandoned, retries that reword a call
-# (divergence, its verdicts), tools' policies changed and tools retired --
-# each answer and, after
-# every step, every effect row, every divergence, every session's epoch, the
-# runs' epochs and what `unresolved` lists compared with the model; no key and attempt answered
-# `execute` twice; the audit chain verifies.  A fixed seed and budget (the
-# same histories every run); MODEL_SEED / MODEL_EXAMPLES / MODEL_STEPS for
-# others, `make soak` for fresh seeds.  Kept failing histories
-# (test/model/regressions/) are replayed first.
+# session and token leases, business keys, a tool with key fields, reports
+# naming their attempt or not, resolutions, leases taken, renewed, released,
+# expired by the server's clock, broken, ended by release_attempt, sessions
+# killed, a run abandoned, runs forked (and their first attempts), retries
+# that reword a call (divergence, its verdicts), tools registered, changed
+# and retired, the policies for tools nobody registered -- each answer and,
+# after every step, every effect row, every divergence, every session's
+# epoch, the runs' epochs and what `unresolved` lists compared with the
+# model, every derived key with keys.md's derivation; no key and attempt
+# answered `execute` twice; the audit chain verifies.  A fixed seed and
+# budget (the same histories every run); MODEL_SEED / MODEL_EXAMPLES /
+# MODEL_STEPS for others, `make soak` for fresh seeds.  Kept failing
+# histories (test/model/regressions/) are replayed first.
 use strict;
 use warnings;
 use lib "$ENV{TESTDIR}/test/perl";
