@@ -117,7 +117,8 @@ ISOLATION = \
 	purge_race \
 	purge_audit_race \
 	attention \
-	unnamed_report_two_runs
+	unnamed_report_two_runs \
+	verdict_race
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 
 # TAP tests (test/t/), each with clusters of its own: make prove_installcheck

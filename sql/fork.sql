@@ -117,3 +117,23 @@ SET ROLE regress_fk_worker;
 SELECT regress_sqlstate(format($$SELECT durable_ledger.fork_run('fk-src', 'fk-y', %L, 'w')$$, :'step4'));
 RESET ROLE;
 DROP ROLE regress_fk_worker;
+
+-- a carried recorded call keeps its attempt (2: its first was lost and made
+-- again); its replaced attempt stays with the source's effect.  A report on
+-- the carried key naming attempt 1 is about a recorded call's lost attempt:
+-- kept as superseded (nobody is needed), nothing flagged, whatever it says
+SELECT durable_ledger.acquire_run('fk-rec');
+SELECT decision, attempt FROM durable_ledger.begin_recorded('fk-rec', 'fk.model', '{"q": 1}');
+SELECT durable_ledger.acquire_run('fk-rec');
+SELECT (durable_ledger.complete_effect(key, '{"a": 1}', attempt)).attempt AS completed_attempt
+  FROM durable_ledger.begin_recorded('fk-rec', 'fk.model', '{"q": 1}');
+SELECT durable_ledger.release_run('fk-rec');
+SELECT durable_ledger.fork_run('fk-rec', 'fk-rec-new',
+         durable_ledger.effect_key('fk-rec', 'fk.model', '{"q": 1}', 1), 'maria') AS carried;
+SELECT durable_ledger.effect_key('fk-rec-new', 'fk.model', '{"q": 1}', 1) AS carried_key \gset
+SELECT attempt, status, safe_to_redo FROM durable_ledger.effects WHERE key = :'carried_key';
+SELECT (durable_ledger.fail_effect(:'carried_key', '{"code": "timeout"}', 1)).status;
+SELECT (durable_ledger.complete_effect(:'carried_key', '{"a": 2}', 1)).status;
+SELECT status, conflict, result FROM durable_ledger.effects WHERE key = :'carried_key';
+SELECT event, attempt, detail ->> 'report' AS report FROM durable_ledger.audit_log
+ WHERE key = :'carried_key' AND event <> 'carried' ORDER BY id;

@@ -141,6 +141,14 @@ SELECT regress_ur_call('ur-key', 'crm', '{"write": 2}') AS reworded_write,
 SELECT count(*) AS effects_of_the_paused_call FROM durable_ledger.effects
  WHERE key = durable_ledger.effect_key('ur-key', 'crm', '{"write": 2}', 1);
 SELECT tool, status FROM durable_ledger.unresolved WHERE run = 'ur-key';
+-- ... also in an attempt that called the tool while the policy was off (such
+-- an attempt keeps no marks and is not judged for the tool): once the policy
+-- is pause again, the key still waits for the person
+SELECT durable_ledger.set_unregistered_divergence('off', 'maria') AS previous;
+SELECT durable_ledger.acquire_run('ur-key');
+SELECT regress_ur_call('ur-key', 'crm', '{"write": 9}') AS while_off;
+SELECT durable_ledger.set_unregistered_divergence('pause', 'maria') AS previous;
+SELECT regress_ur_call('ur-key', 'crm', '{"write": 2}') AS the_paused_call_again;
 SELECT verdict FROM durable_ledger.resolve_divergence(
     durable_ledger.effect_key('ur-key', 'crm', '{"write": 2}', 1), 'same', 'maria');
 SELECT regress_ur_call('ur-key', 'crm', '{"write": 2}', recorded => true) AS after_the_verdict;

@@ -229,10 +229,11 @@ dl_judge_drift(ReplayProgress *progress, const char *key, Drift *drift)
 	/*
 	 * A divergence recorded for this very call: a person's "same" is kept
 	 * whatever the policy is now (executing would do that effect again); one
-	 * without a verdict waits for it while the tool is watched, however far
-	 * the replay has come since, and whichever way the key is called: a
-	 * recorded call of a tool nobody registered is not judged, but the person
-	 * asked about its key decides it.
+	 * without a verdict waits for it while the tool's policy is not off,
+	 * however far the replay has come since, and whichever way the key is
+	 * called: a recorded call of a tool nobody registered is not judged, and
+	 * an attempt that called the tool while its policy was off keeps no
+	 * marks, but the person asked about the key decides it.
 	 */
 	if (dl_run_may_have_divergences(progress->lease->run) &&
 		dl_read_divergence(key, &recorded))
@@ -243,7 +244,7 @@ dl_judge_drift(ReplayProgress *progress, const char *key, Drift *drift)
 			drift->kind = DRIFT_SAME;
 			drift->same_as = recorded.same_as;
 		}
-		else if (recorded.verdict == NULL && progress->watched)
+		else if (recorded.verdict == NULL && progress->policy != DIVERGENCE_OFF)
 			drift->kind = DRIFT_WAITING;
 		return;
 	}

@@ -104,11 +104,16 @@ report_on_past_attempt(LockedEffect *locked, int32 attempt, EffectStatus reporte
 
 	if (!dl_read_past_attempt(locked->row.key, attempt, &past))
 	{
-		/* not on record (an upgraded ledger whose log lacked it): it failed */
+		/*
+		 * Not on record.  A recorded call's replaced attempts were all lost
+		 * (only their redo replaces them), and a carried effect's stay with
+		 * the source's effect: unknown.  Anything else's is an upgraded
+		 * ledger's whose log lacked it, where only failures were replaced.
+		 */
 		past.run = NULL;
 		past.lease_epoch = 0;
-		past.status = EFFECT_FAILED;
-		past.error = value;
+		past.status = locked->row.safe_to_redo ? EFFECT_UNKNOWN : EFFECT_FAILED;
+		past.error = locked->row.safe_to_redo ? NULL : value;
 	}
 	if (reported == past.status && dl_jsonb_equal(past.error, value))
 		return;

@@ -86,7 +86,8 @@ check_same_as(const LockedDivergence *locked, const char *same_as)
  * verdict 'same': the drifted call is the same operation as same_as (by
  * default the earlier effect it was found to possibly duplicate): the run's
  * next call of it gets that effect's outcome.  'distinct': it is a new
- * operation: the next call of it executes.
+ * operation: the next call of it executes.  Waits for the run's calls in
+ * progress; its later calls wait for the verdict.
  */
 Datum
 dl_resolve_divergence_1_3(PG_FUNCTION_ARGS)
@@ -124,6 +125,15 @@ dl_resolve_divergence_1_3(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("the divergence of key \"%s\" was decided already: %s",
 						key, locked.row.verdict)));
+
+	/*
+	 * The run is closed for calls until the verdict commits (the lock
+	 * abandon_run takes): a call of the drifted key in progress is waited
+	 * for, so that the check below sees it if it executed, and a later one
+	 * reads the verdict.  Otherwise a call could execute (its policy turned
+	 * off) beside a "same" that then commits.
+	 */
+	dl_run_lock_closing(dl_run_lock_key(locked.row.run));
 	{
 		EffectRow	executed;
 

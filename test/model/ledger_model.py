@@ -70,6 +70,7 @@ class Effect:
     conflict: bool = False
     past: list[Attempt] = field(default_factory=list)
     forked_from: Optional[str] = None  # the source run's effect it carries
+    logged_by: set = field(default_factory=set)  # the runs whose calls of it were logged
 
 
 @dataclass
@@ -126,6 +127,7 @@ class Model:
         self.tools = tools
         self.epochs: dict[str, int] = {}  # run -> epochs so far (runs.epochs)
         self.abandoned: set[str] = set()
+        self.heard: set[str] = set()  # runs whose lock ended without an epoch: in the audit log
         self.leases: dict[str, Lease] = {}  # run -> its live lease
         self.held: dict[int, dict[str, int]] = {}  # session -> run -> epoch it holds
         self.tokens: dict[str, Lease] = {}  # every token taken, live or not
@@ -168,9 +170,15 @@ class Model:
         self.held.setdefault(session, {})[run] = epoch
         return True
 
+    def known(self, run: str) -> bool:
+        """Has the ledger heard of run: an epoch of it, or a line of its audit
+        log (a lock held without an epoch, released or broken, is logged)."""
+        return run in self.epochs or run in self.heard
+
     def release_run(self, session: int, run: str) -> bool:
         if run not in self.held.get(session, {}):
             return False
+        self.heard.add(run)
         self._end(run)
         return True
 
@@ -222,6 +230,7 @@ class Model:
         lease = self.leases.get(run)
         if lease is None:
             return None
+        self.heard.add(run)
         if lease.session is not None:
             session = lease.session
             self.session_ended(session)
@@ -260,9 +269,9 @@ class Model:
         start at epoch 2.  Returns how many it carries."""
         if source == new:
             raise Refused("22023", "a run cannot be forked into itself")
-        if new in self.epochs or new in self.leases:
+        if self.known(new) or new in self.leases:
             raise Refused("42710", "the new run exists already")
-        if source not in self.epochs:
+        if not self.known(source):
             raise Refused("42704", "the source run is not in the ledger")
         effects = self.run_effects(source)
         keys = [e.key for e in effects]
@@ -286,8 +295,38 @@ class Model:
         self.epochs[new] = 1
         return len(carried)
 
+    def purge_settled(self) -> dict[str, tuple[int, int, int]]:
+        """purge_settled('0', dry_run => false): every run whose effects are
+        all completed or failed (a started recorded call counts as settled),
+        none flagged, with no divergence waiting, held by no live lease, nor
+        is any run that shares its effects (an earlier attempt's, a call of a
+        business key), loses its effects with their replaced attempts and
+        its divergences.  Returns run -> (effects, past attempts, divergences)."""
+        purged = {}
+        for run in sorted(self.epochs):
+            mine = [e for e in self.effects.values() if e.run == run]
+            if not mine or any(e.conflict or (e.status not in ("completed", "failed")
+                                              and not (e.status == "started" and e.safe_to_redo))
+                               for e in mine):
+                continue
+            if any(d.run == run and d.verdict is None for d in self.divergences.values()):
+                continue
+            sharing = {run} | {p.run for e in mine for p in e.past} | \
+                {r for e in mine for r in e.logged_by}
+            if any(self.live(r, self.epochs.get(r, 0)) for r in sharing):
+                continue
+            divergences = [k for k, d in self.divergences.items() if d.run == run]
+            purged[run] = (len(mine), sum(len(e.past) for e in mine), len(divergences))
+            for e in mine:
+                del self.effects[e.key]
+                self.executed = {(k, a) for k, a in self.executed if k != e.key}
+            self.derived = {ident: k for ident, k in self.derived.items() if k in self.effects}
+            for k in divergences:
+                del self.divergences[k]
+        return purged
+
     def abandon_run(self, run: str) -> bool:
-        if not self.epochs.get(run):
+        if not self.known(run):
             raise Refused("42704", "the run is not in the ledger")
         if run in self.abandoned:
             return False
@@ -404,6 +443,8 @@ class Model:
             assert (answer.key, answer.attempt) not in self.executed, \
                 f"execute answered twice for {answer.key} attempt {answer.attempt}"
             self.executed.add((answer.key, answer.attempt))
+        if answer.key in self.effects:
+            self.effects[answer.key].logged_by.add(run)
         return answer
 
     # ---------- divergence ----------
@@ -447,7 +488,8 @@ class Model:
         if recorded_divergence is not None:
             if recorded_divergence.verdict == "same":
                 return None, self.effects[recorded_divergence.same_as]
-            if recorded_divergence.verdict is None and watched:
+            # it waits while the tool's policy is not off, watched in this attempt or not
+            if recorded_divergence.verdict is None and self.policy(tool) != "off":
                 return Answer(key, "pause", None, occurrence, None), None
             return None, None
         judged = self.tools[tool].registered or not recorded
@@ -474,8 +516,10 @@ class Model:
         if verdict == "same":
             same_as = same_as or d.candidate
             earlier = self.effects.get(same_as)
+            # the divergence's own candidate was an earlier effect when it was
+            # found, also if a recorded call's redo has moved it since
             if earlier is None or earlier.run != d.run or earlier.tool != d.tool \
-                    or earlier.business_key or earlier.epoch >= d.epoch:
+                    or earlier.business_key or (earlier.epoch >= d.epoch and same_as != d.candidate):
                 raise Refused("22023", "same_as is not an earlier effect of the tool in the run")
         d.verdict, d.same_as = verdict, same_as
 
@@ -622,9 +666,10 @@ class Model:
         return all(held.get(p.run) is None for p in effect.past)
 
     def _report_earlier(self, effect: Effect, attempt: int, completed: bool, value: Any) -> str:
-        # an attempt not on record (a carried effect's: they stay with the
-        # source's effect) is judged as failed, with the error the report gives
+        # an attempt not on record: a carried recorded call's (they stay with
+        # the source's effect), lost as all its replaced attempts were
         past = (effect.past[attempt - 1] if attempt <= len(effect.past)
+                else Attempt(attempt, "", 0, "unknown") if effect.safe_to_redo
                 else Attempt(attempt, "", 0, "failed", None if completed else value))
         if past.status == "unknown":  # a recorded call's lost attempt
             return "superseded"

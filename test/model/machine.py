@@ -379,6 +379,48 @@ class LedgerMachine(RuleBasedStateMachine):
         finally:
             self.nested = False
 
+    @precondition(lambda self: len(self.steps) > 20)
+    @rule()
+    def purge(self) -> None:
+        """An admin purges every settled, quiet run (older_than 0: the horizon
+        is now): a dry run first, which must name the same runs and counts;
+        a later call of a purged run executes again, as documented."""
+        self.step("purge")
+        mine = self.prefix + "%"
+        query = ("SELECT run, effects, past_attempts, divergences FROM durable_ledger.purge_settled("
+                 "'0', 'model', dry_run => %s, max_runs => 100000) WHERE run LIKE %s")
+        dry = {r: tuple(c) for r, *c in self.sql(self.admin, query, (True, mine))}
+        got = {r: tuple(c) for r, *c in self.sql(self.admin, query, (False, mine))}
+        want = self.model.purge_settled()
+        if dry != got or got != want:
+            self.fail(f"purge_settled purged {got!r} (a dry run: {dry!r}), the model {want!r}")
+        if got:
+            saw("purge_settled purged")
+        self.executed = {(k, a) for k, a in self.executed if k in self.model.effects}
+
+    @rule(r=st.integers(0, RUNS + 1))
+    def history(self, r: int) -> None:
+        """An auditor reads a run's history: every effect whose current attempt
+        the run began is there, under its key, with its tool and args, and the
+        events are in order."""
+        self.step("history", r)
+        run = self.runs[r % len(self.runs)]
+        rows = self.sql(self.admin, "SELECT id, key, tool, args FROM durable_ledger.history(%s)",
+                        (run,), quiet=True)
+        if [row[0] for row in rows] != sorted(row[0] for row in rows):
+            self.fail(f"history({run}) is not in the order of the audit log")
+        told = {(key, tool, json.dumps(args, sort_keys=True)) for _, key, tool, args in rows}
+        for e in self.model.effects.values():
+            if e.run == run and (e.key, e.tool, json.dumps(e.args, sort_keys=True)) not in told:
+                self.fail(f"history({run}) does not tell of effect {e.key} ({e.tool}, {e.args!r})")
+
+    @invariant()
+    def metrics_agree(self) -> None:
+        """The metrics count what unresolved lists (the whole ledger)."""
+        if not self.sql(self.admin, "SELECT (SELECT unresolved FROM durable_ledger.metrics)"
+                        " = (SELECT count(*) FROM durable_ledger.unresolved)", quiet=True)[0][0]:
+            self.fail("durable_ledger.metrics counts another number of unresolved than the view lists")
+
     @precondition(lambda self: len(self.steps) > 15 and not self.model.abandoned)
     @rule()
     def abandon(self, r: int = RUNS - 1) -> None:
@@ -794,5 +836,6 @@ def replay(steps: list[list[Any]]) -> None:
             machine.divergences_agree()
             machine.past_attempts_agree()
             machine.keys_check_out()
+            machine.metrics_agree()
     finally:
         machine.teardown()
