@@ -326,7 +326,7 @@ class Model:
         return purged
 
     def abandon_run(self, run: str) -> bool:
-        if not self.known(run):
+        if not self.epochs.get(run):  # a run with no epoch yet has nothing to stop
             raise Refused("42704", "the run is not in the ledger")
         if run in self.abandoned:
             return False
