@@ -565,6 +565,20 @@ class Model:
         t.registered, t.retired, t.side_effecting = True, False, side_effecting
         t.divergence = divergence or ("pause" if side_effecting else "off")
 
+    def change_key_fields(self, tool: str, key_fields: Optional[tuple]) -> None:
+        """change_tool(key_fields => ...): only while no call of the tool is
+        recorded under a derived key (its replays would get other keys)."""
+        t = self.tools[tool]
+        if not t.registered:
+            raise Refused("42704", "the tool is not registered")
+        if t.retired:
+            raise Refused("55000", "the tool is retired")
+        if key_fields == t.key_fields:
+            return  # no change
+        if any(e.tool == tool and not e.business_key for e in self.effects.values()):
+            raise Refused("55000", "calls of the tool are recorded under derived keys")
+        t.key_fields = key_fields
+
     def change_side_effecting(self, tool: str, side_effecting: bool) -> None:
         t = self.tools[tool]
         if not t.registered:

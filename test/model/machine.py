@@ -694,6 +694,34 @@ class LedgerMachine(RuleBasedStateMachine):
                                    (tool, side_effecting, divergence)),
                   lambda: self.model.register_tool(tool, side_effecting, divergence))
 
+    @rule(short=st.sampled_from(["crm", "crm", "pay"]), fields=st.sampled_from(["n", "none"]))
+    def change_key_fields(self, short: str, fields: str) -> None:
+        """An admin changes a tool's key fields (refused once a call of it is
+        recorded under a derived key); "none": the whole args again."""
+        self.step("change_key_fields", short, fields)
+        tool = self.tools[short]
+        self.both(lambda: self.sql(self.admin, "SELECT FROM durable_ledger.change_tool(%s, 'model',"
+                                   " key_fields => %s)", (tool, [fields] if fields != "none" else [])),
+                  lambda: self.model.change_key_fields(tool, (fields,) if fields != "none" else None))
+
+    @invariant()
+    def leases_listed(self) -> None:
+        """durable_ledger.leases lists the live leases of the history's runs:
+        each session's with its pid and epoch (none: a lock whose epoch rolled
+        back, of a run with no row then listed without its name), each token's."""
+        pids = [session.pid for session in self.sessions]
+        got = sorted(self.sql(
+            self.admin, "SELECT run, lease_epoch, kind, holder_pid FROM durable_ledger.leases"
+            " WHERE run LIKE %s OR holder_pid = ANY(%s)", (self.prefix + "%", pids), quiet=True),
+            key=repr)
+        want = (((run if lease.epoch is not None or self.model.epochs.get(run) else None),
+                       lease.epoch, "session" if lease.session is not None else "token",
+                       pids[lease.session] if lease.session is not None else None)
+                      for run, lease in self.model.leases.items())
+        want = sorted(want, key=repr)
+        if got != want:
+            self.fail(f"durable_ledger.leases lists {got!r}, the model {want!r}")
+
     @precondition(lambda self: len(self.steps) > 20)
     @rule(short=st.sampled_from(["pay", "llm", "mail"]), side_effecting=st.booleans())
     def change_side_effecting(self, short: str, side_effecting: bool) -> None:
@@ -837,5 +865,6 @@ def replay(steps: list[list[Any]]) -> None:
             machine.past_attempts_agree()
             machine.keys_check_out()
             machine.metrics_agree()
+            machine.leases_listed()
     finally:
         machine.teardown()

@@ -3,7 +3,8 @@
 # session and token leases, business keys, a tool with key fields, reports
 # naming their attempt or not, resolutions, leases taken, renewed, released,
 # expired by the server's clock, broken, ended by release_attempt, sessions
-# killed, a run abandoned, runs forked (and their first attempts), retries
+# killed, a run abandoned, runs forked (and their first attempts), runs
+# purged, histories and leases read, retries
 # that reword a call (divergence, its verdicts), tools registered, changed
 # and retired, the policies for tools nobody registered -- each answer and,
 # after every step, every effect row, every divergence, every session's
@@ -49,7 +50,8 @@ my $out = run_model(
 # errors would pass without testing anything)
 for my $seen ('begin execute', 'begin replay', 'begin pause', 'begin in_progress business key',
 	'begin execute business key', 'begin_recorded execute', 'complete_effect applied',
-	'complete_effect conflict', 'fail_effect noop', 'begin pause divergence')
+	'complete_effect conflict', 'fail_effect noop', 'begin pause divergence',
+	'fork_run carried', 'purge_settled purged')
 {
 	like($out, qr/^#\s+\d+\s+\Q$seen\E$/m, "the histories made \"$seen\" happen");
 }
