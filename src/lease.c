@@ -612,6 +612,27 @@ wait_for_session_lock(uint64 lock_key)
 }
 
 /*
+ * Waits for an abandon_run or a verdict under way on the run (the lock they
+ * close it with), with the session lock just taken: an error while waiting
+ * (lock_timeout, a deadlock) gives that lock back, or the session would keep
+ * the run from every other worker without knowing it holds it.
+ */
+static void
+wait_until_open(uint64 lock_key)
+{
+	PG_TRY();
+	{
+		(void) dl_run_lock_open(lock_key);
+	}
+	PG_CATCH();
+	{
+		dl_run_unlock_session(lock_key);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+}
+
+/*
  * Takes run's session lease lock, unless a token lease holds the run: one run
  * is held by at most one live lease of either kind.  The run's token calls,
  * renewals and take_lease in progress are waited for first (their lock, for
@@ -619,7 +640,8 @@ wait_for_session_lock(uint64 lock_key)
  * wait false, false at once when any of them is busy or a token lease holds
  * the run; with wait true, a token lease holding the run is 55P03.  Nothing
  * stays locked on either (an error while waiting ends the transaction, and
- * with it the transaction's lock).
+ * with it the transaction's lock; the session lock is given back when the
+ * wait for an abandon_run or a verdict under way fails).
  */
 static bool
 take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
@@ -641,7 +663,7 @@ take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 	}
 	/* read once abandon_run cannot be under way: it may have ended while we waited */
 	if (wait)
-		(void) dl_run_lock_open(lock_key);
+		wait_until_open(lock_key);
 	else if (!dl_run_lock_open_nowait(lock_key))
 	{
 		dl_run_unlock_session(lock_key);

@@ -99,6 +99,7 @@ dl_resolve_divergence_1_3(PG_FUNCTION_ARGS)
 	char	   *same_as = dl_optional_text_arg(fcinfo, 4);
 	MemoryContext call_cxt = CurrentMemoryContext;
 	TupleDesc	desc = dl_result_desc(fcinfo);
+	DivergenceRow unlocked;
 	LockedDivergence locked;
 	DetailBuilder detail;
 	HeapTuple	tuple;
@@ -115,6 +116,19 @@ dl_resolve_divergence_1_3(PG_FUNCTION_ARGS)
 	dl_check_writable("resolve_divergence()");
 
 	dl_spi_connect();
+
+	/*
+	 * The run is closed for calls until the verdict commits (the lock
+	 * abandon_run takes): a call of the drifted key in progress is waited
+	 * for, so that the check below sees it if it executed, and a later one
+	 * reads the verdict.  Otherwise a call could execute (its policy turned
+	 * off) beside a "same" that then commits.  Taken before the divergence's
+	 * row, as a call takes it before anything of the run: a session whose
+	 * own call holds it shared goes first, and a person's second verdict
+	 * waits without holding the row.
+	 */
+	if (dl_read_divergence(key, &unlocked))
+		dl_run_lock_closing(dl_run_lock_key(unlocked.run));
 	if (!dl_lock_divergence(key, &locked))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
@@ -125,15 +139,6 @@ dl_resolve_divergence_1_3(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("the divergence of key \"%s\" was decided already: %s",
 						key, locked.row.verdict)));
-
-	/*
-	 * The run is closed for calls until the verdict commits (the lock
-	 * abandon_run takes): a call of the drifted key in progress is waited
-	 * for, so that the check below sees it if it executed, and a later one
-	 * reads the verdict.  Otherwise a call could execute (its policy turned
-	 * off) beside a "same" that then commits.
-	 */
-	dl_run_lock_closing(dl_run_lock_key(locked.row.run));
 	{
 		EffectRow	executed;
 
