@@ -107,6 +107,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.keys: list[str] = []
         self.executed: set[tuple[str, int]] = set()
         self.calls: list[tuple[int, tuple]] = []  # the begins of the history: (run, call)
+        self.last_report: Optional[tuple] = None
         self.expired = 0
         self.nested = False
 
@@ -398,6 +399,31 @@ class LedgerMachine(RuleBasedStateMachine):
             saw("purge_settled purged")
         self.executed = {(k, a) for k, a in self.executed if k in self.model.effects}
 
+    @precondition(lambda self: len(self.steps) > 20)
+    @rule()
+    def purge_audit(self) -> None:
+        """An admin cuts the audit log at now (older_than 0): a prefix of each
+        hash chain of rows about nothing still open, of runs with no effect
+        left.  What it must keep: every row about an effect the ledger still
+        has (history tells each, the next steps check), a chain that still
+        verifies.  Which rows of runs without effects go depends on where each
+        chain's prefix stops: the model reads back which runs it still heard of."""
+        self.step("purge_audit")
+        self.sql(self.admin, "SELECT FROM durable_ledger.purge_audit('0', 'model', dry_run => false)")
+        problems = self.sql(self.admin, "SELECT * FROM durable_ledger.verify_audit()", quiet=True)
+        if problems:
+            self.fail(f"verify_audit after purge_audit found {problems!r}")
+        for run in list(self.model.heard):
+            if not self.sql(self.admin, "SELECT EXISTS (SELECT FROM durable_ledger.audit_log"
+                            " WHERE run = %s)", (run,), quiet=True)[0][0]:
+                self.model.heard.discard(run)
+        self.nested = True
+        try:
+            for r in range(len(self.runs)):
+                self.history(r)
+        finally:
+            self.nested = False
+
     @rule(r=st.integers(0, RUNS + 1))
     def history(self, r: int) -> None:
         """An auditor reads a run's history: every effect whose current attempt
@@ -590,7 +616,16 @@ class LedgerMachine(RuleBasedStateMachine):
         self.step("report", s, k, completed, v, mode)
         self.report_on(s, self.key(k), completed, v, mode)
 
+    @precondition(lambda self: self.last_report is not None)
+    @rule()
+    def report_again(self) -> None:
+        """A worker sends its last report again (its answer was lost to a
+        network error): the same report, which must change nothing."""
+        self.step("report_again")
+        self.report_on(*self.last_report)
+
     def report_on(self, s: int, key: str, completed: bool, v: int, mode: str) -> None:
+        self.last_report = (s, key, completed, v, mode)
         value = VALUES[v]
         attempt = self.attempt_of(key, mode)
         fn = "complete_effect" if completed else "fail_effect"
