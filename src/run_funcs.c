@@ -100,6 +100,7 @@ dl_resolve_divergence_1_3(PG_FUNCTION_ARGS)
 	MemoryContext call_cxt = CurrentMemoryContext;
 	TupleDesc	desc = dl_result_desc(fcinfo);
 	DivergenceRow unlocked;
+	bool		run_closed;
 	LockedDivergence locked;
 	DetailBuilder detail;
 	HeapTuple	tuple;
@@ -127,13 +128,16 @@ dl_resolve_divergence_1_3(PG_FUNCTION_ARGS)
 	 * own call holds it shared goes first, and a person's second verdict
 	 * waits without holding the row.
 	 */
-	if (dl_read_divergence(key, &unlocked))
+	run_closed = dl_read_divergence(key, &unlocked);
+	if (run_closed)
 		dl_run_lock_closing(dl_run_lock_key(unlocked.run));
 	if (!dl_lock_divergence(key, &locked))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("no divergence is recorded for key \"%s\"", key),
 				 errhint("Look for divergences waiting for a person in durable_ledger.unresolved.")));
+	if (!run_closed)			/* its pause committed between the two reads */
+		dl_run_lock_closing(dl_run_lock_key(locked.row.run));
 	if (locked.row.verdict != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
