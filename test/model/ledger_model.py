@@ -562,16 +562,19 @@ class Model:
         t = self.tools[tool]
         if t.registered and not t.retired:
             raise Refused("23505", "the tool is registered")
+        if t.registered:  # anew, with no key fields: as change_tool would change them
+            self.change_key_fields(tool, None, retired_too=True)
         t.registered, t.retired, t.side_effecting = True, False, side_effecting
         t.divergence = divergence or ("pause" if side_effecting else "off")
 
-    def change_key_fields(self, tool: str, key_fields: Optional[tuple]) -> None:
+    def change_key_fields(self, tool: str, key_fields: Optional[tuple],
+                          retired_too: bool = False) -> None:
         """change_tool(key_fields => ...): only while no call of the tool is
         recorded under a derived key (its replays would get other keys)."""
         t = self.tools[tool]
         if not t.registered:
             raise Refused("42704", "the tool is not registered")
-        if t.retired:
+        if t.retired and not retired_too:
             raise Refused("55000", "the tool is retired")
         if key_fields == t.key_fields:
             return  # no change
