@@ -523,13 +523,17 @@ class Model:
                 raise Refused("22023", "same_as is not an earlier effect of the tool in the run")
         d.verdict, d.same_as = verdict, same_as
 
-    def change_divergence(self, tool: str, setting: str) -> None:
+    def _changeable(self, tool: str, retired_too: bool = False) -> Tool:
+        """The registered tool change_tool changes (42704: none; 55000: retired)."""
         t = self.tools[tool]
         if not t.registered:
             raise Refused("42704", "the tool is not registered")
-        if t.retired:
+        if t.retired and not retired_too:
             raise Refused("55000", "the tool is retired")
-        t.divergence = setting
+        return t
+
+    def change_divergence(self, tool: str, setting: str) -> None:
+        self._changeable(tool).divergence = setting
 
     def identity(self, tool: str, args: Any) -> Any:
         """The args that identify a call: its tool's key fields, else all of them."""
@@ -571,11 +575,7 @@ class Model:
                           retired_too: bool = False) -> None:
         """change_tool(key_fields => ...): only while no call of the tool is
         recorded under a derived key (its replays would get other keys)."""
-        t = self.tools[tool]
-        if not t.registered:
-            raise Refused("42704", "the tool is not registered")
-        if t.retired and not retired_too:
-            raise Refused("55000", "the tool is retired")
+        t = self._changeable(tool, retired_too)
         if key_fields == t.key_fields:
             return  # no change
         if any(e.tool == tool and not e.business_key for e in self.effects.values()):
@@ -583,12 +583,7 @@ class Model:
         t.key_fields = key_fields
 
     def change_side_effecting(self, tool: str, side_effecting: bool) -> None:
-        t = self.tools[tool]
-        if not t.registered:
-            raise Refused("42704", "the tool is not registered")
-        if t.retired:
-            raise Refused("55000", "the tool is retired")
-        t.side_effecting = side_effecting
+        self._changeable(tool).side_effecting = side_effecting
 
     def retire_tool(self, tool: str) -> None:
         t = self.tools[tool]
