@@ -24,8 +24,8 @@
  * first execute).  A call never scans the run's history.
  *
  * A divergence is keyed by the drifted call's key, and looked up first for
- * every new key of a watched tool, judged or not (a recorded call of a tool
- * nobody registered): once recorded, it waits for its verdict however far
+ * every new key of a later attempt, judged or watched or not: once recorded,
+ * it waits for its verdict while the tool's policy is not off, however far
  * the replay has come since and whichever way its key is called.
  *
  * Policy pause records the divergence (durable_ledger.divergences), naming as
