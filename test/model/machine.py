@@ -19,6 +19,7 @@ import copy
 import itertools
 import json
 import os
+import re
 import time
 from typing import Any, Optional
 
@@ -50,12 +51,26 @@ PREFIX = f"model{os.getpid()}-{int(time.time())}"
 
 # the steps of the last history that failed, for a regression file
 last_failure: dict[str, Any] = {}
+# every finished history as SQL with its names made alike (run.py --twice)
+finished: list[str] = []
+# the steps of the last history begun: the failing one when it raised what
+# no check raises (a driver's error, Hypothesis's Flaky)
+last_begun: dict[str, Any] = {}
 # what the histories made happen, for the summary (run.py)
 seen: dict[str, int] = {}
 
 
 def saw(what: str) -> None:
     seen[what] = seen.get(what, 0) + 1
+
+
+def failed_history() -> dict[str, Any]:
+    """The history that failed: the last one a check failed, else the last begun."""
+    return last_failure or last_begun
+
+
+def failed_history_text() -> str:
+    return "-- the history, as SQL (psql):\n" + "\n".join(failed_history().get("transcript", []))
 
 
 class Mismatch(AssertionError):
@@ -98,8 +113,9 @@ class LedgerMachine(RuleBasedStateMachine):
                          (self.tools[short], t.side_effecting, t.divergence,
                           list(t.key_fields) if t.key_fields else None))
         # the policies for tools nobody registered are the database's: each
-        # history starts from the defaults
-        self.sql(self.admin, "SELECT durable_ledger.set_unregistered_tools('allow', 'model'),"
+        # history starts from the defaults (what the previous one left is no
+        # part of this history: not selected)
+        self.sql(self.admin, "SELECT FROM durable_ledger.set_unregistered_tools('allow', 'model'),"
                  " durable_ledger.set_unregistered_divergence('pause', 'model')")
         self.steps: list[list[Any]] = []
         self.tokens: list[str] = []
@@ -110,6 +126,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.last_report: Optional[tuple] = None
         self.expired = 0
         self.nested = False
+        last_begun.update(steps=self.steps, transcript=self.transcript)
 
     def whose(self, s: int, r: int) -> int:
         """The run a rule's r names: counted from session s's own run."""
@@ -244,7 +261,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def renew(self, t: int) -> None:
         self.step("renew", t)
         token = self.token(t)
-        self.both(lambda: self.sql(self.admin, "SELECT durable_ledger.renew_lease(%s)", (token,)),
+        self.both(lambda: self.sql(self.admin, "SELECT FROM durable_ledger.renew_lease(%s)", (token,)),
                   lambda: self.model.renew_lease(token))
 
     @precondition(lambda self: self.tokens)
@@ -267,7 +284,7 @@ class LedgerMachine(RuleBasedStateMachine):
         if not self.model.token_live(token):
             return
         self.expired += 1
-        self.sql(self.admin, "SELECT durable_ledger.renew_lease(%s, '1 second')", (token,))
+        self.sql(self.admin, "SELECT FROM durable_ledger.renew_lease(%s, '1 second')", (token,))
         while not self.sql(self.admin,
                            "SELECT clock_timestamp() > expires_at FROM durable_ledger.token_leases"
                            " WHERE token_sha256 = sha256(convert_to(%s, 'UTF8'))", (token,), quiet=True)[0][0]:
@@ -784,8 +801,11 @@ class LedgerMachine(RuleBasedStateMachine):
         """A person's verdict on a drifted call: the same as the effect it may
         duplicate (or another earlier effect, or one that is not), or distinct."""
         self.step("resolve_divergence", d, verdict, same_as)
-        keys = sorted(self.model.divergences)
-        div = self.model.divergences[keys[d % len(keys)]]
+        # in the order they were recorded, not by key: a key is a hash of the
+        # history's own prefix, so an order by key would make the same draws
+        # choose another divergence when Hypothesis replays the history
+        divergences = list(self.model.divergences.values())
+        div = divergences[d % len(divergences)]
         earlier = self.model.earlier_effects(div.run, div.epoch, div.tool)
         given = {None: None, "earliest": earlier[0].key if earlier else None,
                  "wrong": div.key}[same_as]
@@ -877,7 +897,20 @@ class LedgerMachine(RuleBasedStateMachine):
         if got != want:
             self.fail(f"unresolved lists {sorted(got)}, the model {sorted(want)}")
 
+    def alike(self) -> str:
+        """The history as SQL with what differs from one run of the same
+        draws to the next named by order of appearance: its prefix, the keys
+        (hashes of the prefix), the tokens and backend pids the server chose."""
+        text = "\n".join(self.transcript).replace(self.prefix, "<history>-")
+        for i, token in enumerate(self.tokens):
+            text = text.replace(token, f"<token {i}>")
+        text = re.sub(r"pg_terminate_backend\(\d+\)", "pg_terminate_backend(<pid>)", text)
+        names: dict[str, str] = {}
+        return re.sub(r"\b[0-9a-f]{64}\b",
+                      lambda m: names.setdefault(m.group(0), f"<key {len(names)}>"), text)
+
     def teardown(self) -> None:
+        finished.append(self.alike())
         try:
             problems = self.sql(self.admin, "SELECT * FROM durable_ledger.verify_audit()")
             if problems:

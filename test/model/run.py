@@ -8,6 +8,9 @@
       history, shrunk, is written to DIR as a regression file
   run.py --dsn DSN --regressions DIR
       replays every kept history in DIR (each must now agree)
+  run.py --dsn DSN --twice [--seed N] [--examples N] [--steps N]
+      the budget twice: the same draws must make the same histories (the
+      check's premise: Hypothesis replays a history to shrink it)
 
 Prints one "ok N - ..." / "not ok N - ..." line per check (TAP), the
 failing history as SQL under a failure.
@@ -16,6 +19,7 @@ failing history as SQL under a failure.
 from __future__ import annotations
 
 import argparse
+import difflib
 import glob
 import json
 import os
@@ -26,6 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hypothesis import HealthCheck, Phase, seed, settings  # noqa: E402
+from hypothesis.errors import Flaky  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
 import machine  # noqa: E402
@@ -34,6 +39,7 @@ import machine  # noqa: E402
 def check(n_seed: int, examples: int, steps: int) -> tuple[bool, str]:
     """One budget of histories from one seed; (passed, what failed)."""
     machine.last_failure.clear()
+    machine.last_begun.clear()
     chosen = settings(max_examples=examples, stateful_step_count=steps, deadline=None,
                       database=None, print_blob=False,
                       phases=[Phase.generate, Phase.shrink],
@@ -43,6 +49,13 @@ def check(n_seed: int, examples: int, steps: int) -> tuple[bool, str]:
         run_state_machine_as_test(machine.LedgerMachine, settings=chosen)
     except AssertionError as e:
         return False, str(e)
+    except Flaky as e:
+        # the same draws made another history on replay: the machine is not
+        # deterministic, a defect of the check itself; the history that
+        # failed first is still kept (machine.last_failure)
+        return False, f"the check is not deterministic ({e})\n{machine.failed_history_text()}"
+    except Exception as e:  # a server or driver error the machine did not expect
+        return False, f"{type(e).__name__}: {e}\n{machine.failed_history_text()}"
     return True, ""
 
 
@@ -50,7 +63,7 @@ def keep(directory: str, n_seed: int, failure: str) -> str:
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"seed-{n_seed}.json")
     with open(path, "w") as f:
-        json.dump({"seed": n_seed, "steps": machine.last_failure.get("steps", []),
+        json.dump({"seed": n_seed, "steps": machine.failed_history().get("steps", []),
                    "failure": failure.splitlines()[0] if failure else ""}, f, indent=1)
         f.write("\n")
     return path
@@ -65,6 +78,8 @@ def main() -> int:
     p.add_argument("--minutes", type=float)
     p.add_argument("--keep")
     p.add_argument("--regressions")
+    p.add_argument("--twice", action="store_true",
+                   help="the budget twice from the seed: the same histories both times")
     a = p.parse_args()
     machine.DSN = a.dsn
     n = 0
@@ -96,6 +111,30 @@ def main() -> int:
             if not ok and a.keep:
                 detail = f"kept as {keep(a.keep, n_seed, failure)}\n{failure}"
             report(ok, f"seed {n_seed}: {a.examples} histories of up to {a.steps} steps", detail)
+    elif a.twice:
+        # the check's own premise: the same draws make the same histories
+        # (else Hypothesis cannot replay or shrink what failed)
+        runs = []
+        for _ in range(2):
+            machine.finished.clear()
+            ok, failure = check(a.seed, a.examples, a.steps)
+            if not ok:
+                report(False, f"seed {a.seed}: histories agree with the model", failure)
+                break
+            runs.append(list(machine.finished))
+        else:
+            first, second = runs
+            differ = next((i for i, (x, y) in enumerate(zip(first, second)) if x != y), None)
+            if differ is None and len(first) != len(second):
+                differ = min(len(first), len(second))
+            detail = ""
+            if differ is not None:
+                x = first[differ].splitlines() if differ < len(first) else []
+                y = second[differ].splitlines() if differ < len(second) else []
+                detail = f"history {differ + 1} differs:\n" + "\n".join(
+                    list(difflib.unified_diff(x, y, "first run", "second run", lineterm=""))[:80])
+            report(differ is None, f"seed {a.seed} twice: the same {len(first)} histories",
+                   detail)
     else:
         ok, failure = check(a.seed, a.examples, a.steps)
         report(ok, f"seed {a.seed}: {a.examples} histories of up to {a.steps} steps agree "

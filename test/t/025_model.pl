@@ -46,6 +46,12 @@ my $out = run_model(
 	'--examples', $ENV{MODEL_EXAMPLES} // 120,
 	'--steps', $ENV{MODEL_STEPS} // 40);
 
+# the check's premise: the same draws make the same histories (names, keys,
+# tokens and pids aside), or Hypothesis could neither replay nor shrink a
+# failing one
+run_model('the same seed makes the same histories twice',
+	'--twice', '--seed', $ENV{MODEL_SEED} // 20261202, '--examples', 20, '--steps', 40);
+
 # the histories reached what they are for (a generator that only ever hit
 # errors would pass without testing anything)
 for my $seen ('begin execute', 'begin replay', 'begin pause', 'begin in_progress business key',
