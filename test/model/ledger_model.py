@@ -130,6 +130,7 @@ class Model:
         self.heard: set[str] = set()  # runs whose lock ended without an epoch: in the audit log
         self.leases: dict[str, Lease] = {}  # run -> its live lease
         self.held: dict[int, dict[str, int]] = {}  # session -> run -> epoch it holds
+        self.lost: dict[int, set[str]] = {}  # session -> runs whose lock it lost behind the ledger's back
         self.tokens: dict[str, Lease] = {}  # every token taken, live or not
         self.counters: dict[tuple, int] = {}  # (run, epoch, tool, canon) -> calls
         self.effects: dict[str, Effect] = {}  # key -> effect
@@ -158,13 +159,20 @@ class Model:
         if lease is not None and lease.session is not None:
             self.held.get(lease.session, {}).pop(run, None)
 
-    def acquire_run(self, session: int, run: str) -> bool:
-        """acquire_run(run, wait => false)."""
+    def acquire_run(self, session: int, run: str, wait: bool = False) -> bool:
+        """acquire_run(run, wait): a new attempt, in a lease this session
+        holds or takes (also of a run whose lock it lost: the new attempt the
+        loss asks for).  Another session's lease or a token lease: false at
+        once without wait; with it, 55P03 (the wait outlasts lock_timeout;
+        a token lease's at once)."""
         if run in self.abandoned:
             raise Refused("55L02", "the run was abandoned")
         lease = self.leases.get(run)
         if lease is not None and lease.session != session:
-            return False  # another session's lease or a token lease: false at once
+            if wait:
+                raise Refused("55P03", "the run's lease was not granted in time")
+            return False
+        self.lost.get(session, set()).discard(run)
         epoch = self._new_epoch(run)
         self.leases[run] = Lease(run, epoch, session=session)
         self.held.setdefault(session, {})[run] = epoch
@@ -176,6 +184,13 @@ class Model:
         return run in self.epochs or run in self.heard
 
     def release_run(self, session: int, run: str) -> bool:
+        """False when the session does not hold run, also when it lost its
+        lock (then the lost epoch is recorded as ended: the session's next
+        call of run takes a new lease)."""
+        if run in self.lost.get(session, set()):
+            self.lost[session].discard(run)
+            self.heard.add(run)
+            return False
         if run not in self.held.get(session, {}):
             return False
         self.heard.add(run)
@@ -187,6 +202,15 @@ class Model:
         for run in list(self.held.get(session, {})):
             self._end(run)
         self.held.pop(session, None)
+        self.lost.pop(session, None)
+
+    def locks_lost(self, session: int) -> None:
+        """pg_advisory_unlock_all() in the session: every run's lock it held
+        is gone behind the ledger's back (the run is free for others), and
+        the session remembers each (its next call of it: 55000)."""
+        for run in list(self.held.get(session, {})):
+            self._end(run)
+            self.lost.setdefault(session, set()).add(run)
 
     def session_epoch(self, session: int, run: str) -> Optional[int]:
         return self.held.get(session, {}).get(run)
@@ -344,6 +368,8 @@ class Model:
             if lease is None or not self.token_live(token):
                 raise Refused("55L01", "the token lease is lost")
             return lease.epoch
+        if run in self.lost.get(session, set()):
+            raise Refused("55000", "the lease on the run was lost")
         held = self.held.get(session, {})
         if run not in held and run in self.abandoned:
             raise Refused("55L02", "the run was abandoned (before waiting for its lease)")

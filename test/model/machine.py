@@ -191,14 +191,16 @@ class LedgerMachine(RuleBasedStateMachine):
 
     # ---------- leases ----------
 
-    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN)
-    def acquire(self, s: int, r: int) -> None:
-        self.step("acquire", s, r)
+    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN, wait=st.sampled_from([False, False, True]))
+    def acquire(self, s: int, r: int, wait: bool = False) -> None:
+        """acquire_run, mostly without waiting (a wait for another holder
+        outlasts the sessions' lock_timeout: 55P03)."""
+        self.step("acquire", s, r, wait)
         r = self.whose(s, r)
         out = self.both(
-            lambda: self.sql(self.sessions[s], "SELECT durable_ledger.acquire_run(%s, false)",
-                             (self.runs[r],))[0][0],
-            lambda: self.model.acquire_run(s, self.runs[r]))
+            lambda: self.sql(self.sessions[s], "SELECT durable_ledger.acquire_run(%s, %s)",
+                             (self.runs[r], wait))[0][0],
+            lambda: self.model.acquire_run(s, self.runs[r], wait))
         if out and out[0] != out[1]:
             self.fail(f"acquire_run answered {out[0]}, the model {out[1]}")
 
@@ -297,6 +299,15 @@ class LedgerMachine(RuleBasedStateMachine):
         self.step("kill", s)
         self.end_backend(self.sessions[s])
         self.model.session_ended(s)
+
+    @rule(s=st.integers(0, SESSIONS - 1))
+    def lose_locks(self, s: int) -> None:
+        """A worker's locks are dropped behind the ledger's back
+        (pg_advisory_unlock_all, as DISCARD ALL or a pooler's reset does)."""
+        self.step("lose_locks", s)
+        self.sql(self.sessions[s], "SELECT FROM pg_advisory_unlock_all()")
+        self.model.locks_lost(s)
+        saw("locks lost")
 
     def end_backend(self, session: Session) -> None:
         self.sql(self.admin, "SELECT pg_terminate_backend(%s)", (session.pid,))

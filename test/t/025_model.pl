@@ -2,8 +2,8 @@
 # histories of calls from several sessions -- begins and recorded calls under
 # session and token leases, business keys, a tool with key fields, reports
 # naming their attempt or not, resolutions, leases taken, renewed, released,
-# expired by the server's clock, broken, ended by release_attempt, sessions
-# killed, a run abandoned, runs forked (and their first attempts), runs
+# expired by the server's clock, broken, ended by release_attempt, lost
+# behind the ledger's back, waited for; sessions killed, a run abandoned, runs forked (and their first attempts), runs
 # purged, histories and leases read, retries
 # that reword a call (divergence, its verdicts), tools registered, changed
 # and retired, the policies for tools nobody registered -- each answer and,
