@@ -163,7 +163,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def fail(self, what: str) -> None:
         last_failure["steps"] = self.steps
         last_failure["transcript"] = self.transcript
-        raise Mismatch(what + "\n\n-- the history, as SQL (psql):\n" + "\n".join(self.transcript))
+        raise Mismatch(what + "\n\n" + failed_history_text())
 
     def both(self, server, model) -> Any:
         """Runs the server's call and the model's; their refusals must agree."""

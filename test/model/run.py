@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import glob
+import itertools
 import json
 import os
 import random
@@ -51,8 +52,8 @@ def check(n_seed: int, examples: int, steps: int) -> tuple[bool, str]:
         return False, str(e)
     except Flaky as e:
         # the same draws made another history on replay: the machine is not
-        # deterministic, a defect of the check itself; the history that
-        # failed first is still kept (machine.last_failure)
+        # deterministic, a defect of the check itself; the last history that
+        # failed is still kept (machine.failed_history)
         return False, f"the check is not deterministic ({e})\n{machine.failed_history_text()}"
     except Exception as e:  # a server or driver error the machine did not expect
         return False, f"{type(e).__name__}: {e}\n{machine.failed_history_text()}"
@@ -124,13 +125,11 @@ def main() -> int:
             runs.append(list(machine.finished))
         else:
             first, second = runs
-            differ = next((i for i, (x, y) in enumerate(zip(first, second)) if x != y), None)
-            if differ is None and len(first) != len(second):
-                differ = min(len(first), len(second))
+            pairs = list(itertools.zip_longest(first, second, fillvalue=""))
+            differ = next((i for i, (x, y) in enumerate(pairs) if x != y), None)
             detail = ""
             if differ is not None:
-                x = first[differ].splitlines() if differ < len(first) else []
-                y = second[differ].splitlines() if differ < len(second) else []
+                x, y = (h.splitlines() for h in pairs[differ])
                 detail = f"history {differ + 1} differs:\n" + "\n".join(
                     list(difflib.unified_diff(x, y, "first run", "second run", lineterm=""))[:80])
             report(differ is None, f"seed {a.seed} twice: the same {len(first)} histories",
