@@ -47,6 +47,25 @@ SELECT c.relname
 SELECT has_type_privilege('public', 'durable_ledger.decision', 'USAGE') AS public_decision_usage;
 SELECT has_schema_privilege('public', 'durable_ledger', 'USAGE') AS public_schema_usage;
 
+-- every table, view and column says what it holds (COMMENT ON): a person
+-- answering "why was this paid?" with \d+ reads it there; none lacks one
+SELECT c.relname AS uncommented
+  FROM pg_class c
+ WHERE c.relnamespace = 'durable_ledger'::regnamespace
+   AND c.relkind IN ('r', 'v')
+   AND obj_description(c.oid, 'pg_class') IS NULL;
+SELECT c.relname, a.attname AS uncommented_column
+  FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+ WHERE c.relnamespace = 'durable_ledger'::regnamespace
+   AND c.relkind IN ('r', 'v')
+   AND a.attnum > 0 AND NOT a.attisdropped
+   AND col_description(c.oid, a.attnum) IS NULL;
+SELECT p.proname AS uncommented_function
+  FROM pg_proc p
+ WHERE p.pronamespace = 'durable_ledger'::regnamespace
+   AND obj_description(p.oid, 'pg_proc') IS NULL
+ ORDER BY 1;
+
 -- the ledger tables are dumped by pg_dump
 SELECT unnest(extconfig)::regclass AS dumped
   FROM pg_extension WHERE extname = 'durable_ledger' ORDER BY 1;

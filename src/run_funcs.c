@@ -80,6 +80,68 @@ check_same_as(const LockedDivergence *locked, const char *same_as)
 }
 
 /*
+ * Locks key's divergence, which must wait for a verdict.  The run is closed
+ * for calls until the verdict commits (the lock abandon_run takes): a call of
+ * the drifted key in progress is waited for, so that check_not_executed sees
+ * it if it executed, and a later one reads the verdict.  Otherwise a call
+ * could execute (its policy turned off) beside a "same" that then commits.
+ * Taken before the divergence's row, as a call takes it before anything of
+ * the run: a session whose own call holds it shared goes first, and a
+ * person's second verdict waits without holding the row.
+ */
+static void
+lock_undecided_divergence(const char *key, LockedDivergence *locked)
+{
+	DivergenceRow unlocked;
+	bool		run_closed;
+
+	run_closed = dl_read_divergence(key, &unlocked);
+	if (run_closed)
+		dl_run_lock_closing(dl_run_lock_key(unlocked.run));
+	if (!dl_lock_divergence(key, locked))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("no divergence is recorded for key \"%s\"", key),
+				 errhint("Look for divergences waiting for a person in durable_ledger.unresolved.")));
+	if (!run_closed)			/* its pause committed between the two reads */
+		dl_run_lock_closing(dl_run_lock_key(locked->row.run));
+	if (locked->row.verdict != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the divergence of key \"%s\" was decided already: %s",
+						key, locked->row.verdict)));
+}
+
+/* A verdict cannot undo a drifted call that executed since it paused. */
+static void
+check_not_executed(const char *key)
+{
+	EffectRow	executed;
+
+	if (dl_read_key(key, &executed) != KEY_ABSENT)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the drifted call of key \"%s\" was executed since", key),
+				 errdetail("Its tool's divergence policy no longer paused it; a verdict cannot undo it."),
+				 errhint("Look at the effect itself: durable_ledger.effect_status(key).")));
+}
+
+static void
+audit_verdict(const char *key, const LockedDivergence *locked, const char *verdict,
+			  const char *same_as, const char *resolved_by, const char *note)
+{
+	DetailBuilder detail;
+
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "verdict", verdict);
+	dl_detail_text(&detail, "same_as", same_as);
+	dl_detail_text(&detail, "resolved_by", resolved_by);
+	dl_detail_text(&detail, "note", note);
+	dl_write_audit(locked->row.run, key, AUDIT_DIVERGENCE_RESOLVED,
+				   dl_detail_finish(&detail), locked->row.lease_epoch, 0);
+}
+
+/*
  * resolve_divergence(key text, verdict text, resolved_by text, note text,
  *                    same_as text) RETURNS durable_ledger.divergences
  *
@@ -99,10 +161,7 @@ dl_resolve_divergence_1_3(PG_FUNCTION_ARGS)
 	char	   *same_as = dl_optional_text_arg(fcinfo, 4);
 	MemoryContext call_cxt = CurrentMemoryContext;
 	TupleDesc	desc = dl_result_desc(fcinfo);
-	DivergenceRow unlocked;
-	bool		run_closed;
 	LockedDivergence locked;
-	DetailBuilder detail;
 	HeapTuple	tuple;
 	Datum		result;
 
@@ -117,42 +176,8 @@ dl_resolve_divergence_1_3(PG_FUNCTION_ARGS)
 	dl_check_writable("resolve_divergence()");
 
 	dl_spi_connect();
-
-	/*
-	 * The run is closed for calls until the verdict commits (the lock
-	 * abandon_run takes): a call of the drifted key in progress is waited
-	 * for, so that the check below sees it if it executed, and a later one
-	 * reads the verdict.  Otherwise a call could execute (its policy turned
-	 * off) beside a "same" that then commits.  Taken before the divergence's
-	 * row, as a call takes it before anything of the run: a session whose
-	 * own call holds it shared goes first, and a person's second verdict
-	 * waits without holding the row.
-	 */
-	run_closed = dl_read_divergence(key, &unlocked);
-	if (run_closed)
-		dl_run_lock_closing(dl_run_lock_key(unlocked.run));
-	if (!dl_lock_divergence(key, &locked))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("no divergence is recorded for key \"%s\"", key),
-				 errhint("Look for divergences waiting for a person in durable_ledger.unresolved.")));
-	if (!run_closed)			/* its pause committed between the two reads */
-		dl_run_lock_closing(dl_run_lock_key(locked.row.run));
-	if (locked.row.verdict != NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("the divergence of key \"%s\" was decided already: %s",
-						key, locked.row.verdict)));
-	{
-		EffectRow	executed;
-
-		if (dl_read_key(key, &executed) != KEY_ABSENT)
-			ereport(ERROR,
-					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("the drifted call of key \"%s\" was executed since", key),
-					 errdetail("Its tool's divergence policy no longer paused it; a verdict cannot undo it."),
-					 errhint("Look at the effect itself: durable_ledger.effect_status(key).")));
-	}
+	lock_undecided_divergence(key, &locked);
+	check_not_executed(key);
 	if (strcmp(verdict, "same") == 0)
 	{
 		if (same_as == NULL)
@@ -160,14 +185,7 @@ dl_resolve_divergence_1_3(PG_FUNCTION_ARGS)
 		check_same_as(&locked, same_as);
 	}
 	dl_write_divergence_verdict(&locked, verdict, same_as, resolved_by, note);
-
-	dl_detail_init(&detail);
-	dl_detail_text(&detail, "verdict", verdict);
-	dl_detail_text(&detail, "same_as", same_as);
-	dl_detail_text(&detail, "resolved_by", resolved_by);
-	dl_detail_text(&detail, "note", note);
-	dl_write_audit(locked.row.run, key, AUDIT_DIVERGENCE_RESOLVED, dl_detail_finish(&detail),
-				   locked.row.lease_epoch, 0);
+	audit_verdict(key, &locked, verdict, same_as, resolved_by, note);
 	dl_note_durable_write();
 
 	tuple = dl_read_divergence_tuple(key);
