@@ -15,6 +15,7 @@ so histories share one database without resetting it.
 
 from __future__ import annotations
 
+import collections
 import copy
 import itertools
 import json
@@ -117,6 +118,13 @@ class LedgerMachine(RuleBasedStateMachine):
         # part of this history: not selected)
         self.sql(self.admin, "SELECT FROM durable_ledger.set_unregistered_tools('allow', 'model'),"
                  " durable_ledger.set_unregistered_divergence('pause', 'model')")
+        # metrics_events() counts what committed transactions logged: from
+        # here on, each count grows by the rows the history adds to the audit
+        # log (and purge_audit takes), none of a rolled-back call's
+        self.events_before = self.event_totals()
+        self.audit_from = self.sql(self.admin, "SELECT coalesce(max(id), 0)"
+                                   " FROM durable_ledger.audit_log", quiet=True)[0][0]
+        self.audit_purged: collections.Counter[str] = collections.Counter()
         self.steps: list[list[Any]] = []
         self.tokens: list[str] = []
         self.run_tokens: dict[int, list[str]] = {}
@@ -437,7 +445,10 @@ class LedgerMachine(RuleBasedStateMachine):
         verifies.  Which rows of runs without effects go depends on where each
         chain's prefix stops: the model reads back which runs it still heard of."""
         self.step("purge_audit")
+        before = self.audit_rows()
         self.sql(self.admin, "SELECT FROM durable_ledger.purge_audit('0', 'model', dry_run => false)")
+        after = self.audit_rows()
+        self.audit_purged.update(event for id, event in before.items() if id not in after)
         problems = self.sql(self.admin, "SELECT * FROM durable_ledger.verify_audit()", quiet=True)
         if problems:
             self.fail(f"verify_audit after purge_audit found {problems!r}")
@@ -474,6 +485,36 @@ class LedgerMachine(RuleBasedStateMachine):
         if not self.sql(self.admin, "SELECT (SELECT unresolved FROM durable_ledger.metrics)"
                         " = (SELECT count(*) FROM durable_ledger.unresolved)", quiet=True)[0][0]:
             self.fail("durable_ledger.metrics counts another number of unresolved than the view lists")
+
+    def event_totals(self) -> Optional[dict[str, int]]:
+        """metrics_events(): None when the library is not preloaded (NULL totals)."""
+        rows = self.sql(self.admin, "SELECT event, total FROM durable_ledger.metrics_events()",
+                        quiet=True)
+        if not rows or any(total is None for _, total in rows):
+            return None
+        return dict(rows)
+
+    def audit_rows(self) -> dict[int, str]:
+        """The audit rows the history logged: id -> event."""
+        return dict(self.sql(self.admin, "SELECT id, event::text FROM durable_ledger.audit_log"
+                             " WHERE id > %s", (self.audit_from,), quiet=True))
+
+    @invariant()
+    def events_counted(self) -> None:
+        """metrics_events() counted every event the history's committed
+        transactions logged, each once (the database's: one check at a time)."""
+        if self.events_before is None:
+            return
+        now = self.event_totals()
+        if now is None:
+            self.fail("metrics_events() stopped counting")
+        logged = collections.Counter(self.audit_rows().values()) + self.audit_purged
+        counted = {e: n - self.events_before.get(e, 0) for e, n in now.items()
+                   if n != self.events_before.get(e, 0)}
+        if counted != dict(logged):
+            self.fail(f"metrics_events() counted {counted!r} since the history began;"
+                      f" the audit log has {dict(logged)!r}")
+        saw("metrics_events checked")
 
     @precondition(lambda self: len(self.steps) > 15 and not self.model.abandoned)
     @rule()
@@ -944,6 +985,7 @@ def replay(steps: list[list[Any]]) -> None:
             machine.past_attempts_agree()
             machine.keys_check_out()
             machine.metrics_agree()
+            machine.events_counted()
             machine.leases_listed()
     finally:
         machine.teardown()

@@ -7,7 +7,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 . "$top/test/throwaway-cluster.sh"
 install_extension "$top"
-start_throwaway_cluster model_soak $((30000 + RANDOM % 10000)) "max_connections = 50"
+start_throwaway_cluster model_soak $((30000 + RANDOM % 10000)) "max_connections = 50" "shared_preload_libraries = 'durable_ledger'"
 set +e
 /usr/bin/python3 "$top/test/model/run.py" --dsn "$dsn" --minutes "${SOAK_MINUTES:-60}" \
 	--examples "${SOAK_EXAMPLES:-200}" --steps "${SOAK_STEPS:-50}" \

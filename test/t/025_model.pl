@@ -9,7 +9,8 @@
 # and retired, the policies for tools nobody registered -- each answer and,
 # after every step, every effect row, every divergence, every session's
 # epoch, the runs' epochs and what `unresolved` lists compared with the
-# model, every derived key with keys.md's derivation; no key and attempt
+# model, every derived key with keys.md's derivation, metrics_events() against
+# the audit rows committed; no key and attempt
 # answered `execute` twice; the audit chain verifies.  A fixed seed and
 # budget (the same histories every run); MODEL_SEED / MODEL_EXAMPLES /
 # MODEL_STEPS for others, `make soak` for fresh seeds.  Kept failing
@@ -21,7 +22,8 @@ use DurableLedger::TestNode;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $node = ledger_node('model');
+# preloaded, as in production: metrics_events() counts, and is checked
+my $node = ledger_node('model', "shared_preload_libraries = 'durable_ledger'");
 my $run = "$ENV{TESTDIR}/test/model/run.py";
 my $dsn = $node->connstr('postgres');
 
@@ -57,7 +59,7 @@ run_model('the same seed makes the same histories twice',
 for my $seen ('begin execute', 'begin replay', 'begin pause', 'begin in_progress business key',
 	'begin execute business key', 'begin_recorded execute', 'complete_effect applied',
 	'complete_effect conflict', 'fail_effect noop', 'begin pause divergence',
-	'fork_run carried', 'purge_settled purged')
+	'fork_run carried', 'purge_settled purged', 'metrics_events checked')
 {
 	like($out, qr/^#\s+\d+\s+\Q$seen\E$/m, "the histories made \"$seen\" happen");
 }
