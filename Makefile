@@ -88,7 +88,8 @@ REGRESS = \
 	unsettled \
 	recorded \
 	warnings \
-	drop_guard
+	drop_guard \
+	retry
 REGRESS_OPTS = --encoding=UTF8 --load-extension=pgcrypto --load-extension=dblink
 
 # isolation specs: one named permutation per interleaving (test/specs, test/expected)
@@ -118,7 +119,8 @@ ISOLATION = \
 	purge_audit_race \
 	attention \
 	unnamed_report_two_runs \
-	verdict_race
+	verdict_race \
+	retry_race
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 
 # TAP tests (test/t/), each with clusters of its own: make prove_installcheck

@@ -133,7 +133,7 @@ ALTER DOMAIN durable_ledger.audit_event ADD CONSTRAINT audit_event_check
                      'tool_registered', 'tool_changed', 'tool_retired',
                      'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
                      'carried', 'policy_changed', 'purged', 'audit_purged',
-                     'superseded_report', 'history_chained'));
+                     'superseded_report', 'history_chained', 'retry_allowed'));
 ALTER TABLE durable_ledger.audit_log DISABLE TRIGGER audit_log_append_only;
 DO $chain_history$
 DECLARE
@@ -506,8 +506,10 @@ SELECT e.key,
        e.lease_epoch,
        NULL::text                                   AS may_duplicate,
        ab.abandoned_at                              AS run_abandoned_at,
-       -- the key the provider was given: a business key's names its attempt
-       CASE WHEN e.business_key THEN pg_catalog.concat(e.key, '#', e.attempt)
+       -- the key the provider was given: a business key's, and any attempt
+       -- after the first, names its attempt
+       CASE WHEN e.business_key OR e.attempt OPERATOR(pg_catalog.>) 1
+            THEN pg_catalog.concat(e.key, '#', e.attempt)
             ELSE e.key END                          AS downstream_key
   FROM durable_ledger.unsettled u
   JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) u.key
@@ -634,9 +636,9 @@ COMMENT ON COLUMN durable_ledger.effects.created_at IS
 COMMENT ON COLUMN durable_ledger.effects.completed_at IS
     'when its outcome was reported or resolved; NULL while it has none';
 COMMENT ON COLUMN durable_ledger.effects.resolved_by IS
-    'who decided the outcome (resolve_effect); NULL unless a person did';
+    'who decided the outcome, or that it is made again (resolve_effect, retry_effect); NULL unless a person did';
 COMMENT ON COLUMN durable_ledger.effects.resolution_note IS
-    'resolve_effect''s note';
+    'the note of resolve_effect or retry_effect';
 COMMENT ON COLUMN durable_ledger.effects.conflict IS
     'true while a report that contradicts the recorded outcome, or names no attempt where that is ambiguous, waits for a person (resolve_effect clears it)';
 COMMENT ON COLUMN durable_ledger.effects.forked_from IS
@@ -672,9 +674,9 @@ COMMENT ON COLUMN durable_ledger.past_attempts.created_at IS
 COMMENT ON COLUMN durable_ledger.past_attempts.completed_at IS
     'when its outcome was reported or resolved';
 COMMENT ON COLUMN durable_ledger.past_attempts.resolved_by IS
-    'who decided its outcome (resolve_effect); NULL unless a person did';
+    'who decided its outcome, or that it is made again (resolve_effect, retry_effect); NULL unless a person did';
 COMMENT ON COLUMN durable_ledger.past_attempts.resolution_note IS
-    'resolve_effect''s note';
+    'the note of resolve_effect or retry_effect';
 COMMENT ON COLUMN durable_ledger.past_attempts.replaced_at IS
     'when the next attempt started';
 COMMENT ON SEQUENCE durable_ledger.audit_log_id_seq IS
@@ -894,7 +896,7 @@ COMMENT ON COLUMN durable_ledger.unresolved.may_duplicate IS
 COMMENT ON COLUMN durable_ledger.unresolved.run_abandoned_at IS
     'when a person abandoned the run; NULL: not abandoned';
 COMMENT ON COLUMN durable_ledger.unresolved.downstream_key IS
-    'the key the provider was given (what a reconciler asks it about): key, or key#attempt for a business key; NULL for a drifted call';
+    'the key the provider was given (what a reconciler asks it about): key for the first attempt of a derived key, else key#attempt; NULL for a drifted call';
 COMMENT ON COLUMN durable_ledger.metrics.session_leases IS
     'session leases held in this database (lease_locks)';
 COMMENT ON COLUMN durable_ledger.metrics.token_leases IS
@@ -907,3 +909,35 @@ COMMENT ON COLUMN durable_ledger.metrics.unresolved_oldest_seconds IS
     'the age of the oldest of them, in seconds; 0 when there is none';
 COMMENT ON COLUMN durable_ledger.metrics.counters_kept IS
     'whether metrics_events() counts events (durable_ledger is in shared_preload_libraries)';
+
+-- ---------------------------------------------------------------------------
+-- "It did not happen: do it again."  A person who checked and found that an
+-- effect's attempt did not happen says so by name with retry_effect(), bound
+-- to that attempt; the next call of the key executes the next attempt, under
+-- a new provider key (key#attempt), for a derived key as for a business key
+-- (a derived key's failure is otherwise replayed for ever).  The column
+-- comes last, as a fresh install has it.
+-- ---------------------------------------------------------------------------
+ALTER TABLE durable_ledger.effects
+    ADD COLUMN execute_again boolean NOT NULL DEFAULT false;
+COMMENT ON COLUMN durable_ledger.effects.execute_again IS
+    'true when a person found that the failed current attempt did not happen and asked for it to be made again (retry_effect): the next call executes the next attempt';
+
+-- the people's decisions, by kind and time, include the new one
+DROP INDEX durable_ledger.audit_log_events_idx;
+CREATE INDEX audit_log_events_idx ON durable_ledger.audit_log (event, logged_at)
+    WHERE event IN ('resolved', 'lease_broken', 'divergence_resolved', 'run_abandoned',
+                    'run_forked', 'tool_registered', 'tool_changed', 'tool_retired',
+                    'policy_changed', 'purged', 'audit_purged', 'replay', 'retry_allowed');
+
+CREATE FUNCTION durable_ledger.retry_effect(key text, attempt integer, resolved_by text,
+                                            note text DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_retry_effect_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.retry_effect(text, integer, text, text) IS
+    'a named person''s finding that the given attempt of an effect did not happen, and that it is to be made again: the next call executes the next attempt under a new provider key';
+REVOKE ALL ON FUNCTION durable_ledger.retry_effect(text, integer, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION durable_ledger.retry_effect(text, integer, text, text)
+    TO durable_ledger_admin;

@@ -74,7 +74,7 @@ CREATE DOMAIN durable_ledger.audit_event AS text
                      'tool_registered', 'tool_changed', 'tool_retired',
                      'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
                      'carried', 'policy_changed', 'purged', 'audit_purged',
-                     'superseded_report', 'history_chained'));
+                     'superseded_report', 'history_chained', 'retry_allowed'));
 -- the kind of lease that holds an epoch
 CREATE DOMAIN durable_ledger.lease_kind AS text
     CHECK (VALUE IN ('session', 'token'));
@@ -171,7 +171,8 @@ CREATE TABLE durable_ledger.effects (
     resolution_note text,
     conflict        boolean NOT NULL DEFAULT false,
     forked_from     text,
-    safe_to_redo    boolean NOT NULL DEFAULT false
+    safe_to_redo    boolean NOT NULL DEFAULT false,
+    execute_again   boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 85);   -- room for the HOT update that completes an effect
 -- the effects of a run by tool: the earlier effects a later attempt of the run
 -- is compared with (divergence), counted once per attempt and tool
@@ -209,15 +210,17 @@ COMMENT ON COLUMN durable_ledger.effects.created_at IS
 COMMENT ON COLUMN durable_ledger.effects.completed_at IS
     'when its outcome was reported or resolved; NULL while it has none';
 COMMENT ON COLUMN durable_ledger.effects.resolved_by IS
-    'who decided the outcome (resolve_effect); NULL unless a person did';
+    'who decided the outcome, or that it is made again (resolve_effect, retry_effect); NULL unless a person did';
 COMMENT ON COLUMN durable_ledger.effects.resolution_note IS
-    'resolve_effect''s note';
+    'the note of resolve_effect or retry_effect';
 COMMENT ON COLUMN durable_ledger.effects.conflict IS
     'true while a report that contradicts the recorded outcome, or names no attempt where that is ambiguous, waits for a person (resolve_effect clears it)';
 COMMENT ON COLUMN durable_ledger.effects.forked_from IS
     'in a forked run: the effect of the source run it carries';
 COMMENT ON COLUMN durable_ledger.effects.safe_to_redo IS
     'begun by begin_recorded: a call safe to make again, executed again when its lease ended without a report';
+COMMENT ON COLUMN durable_ledger.effects.execute_again IS
+    'true when a person found that the failed current attempt did not happen and asked for it to be made again (retry_effect): the next call executes the next attempt';
 
 -- The effects that are not settled (started, unknown, or flagged by a
 -- contradicting report), by when their attempt began and their key, kept by
@@ -278,9 +281,9 @@ COMMENT ON COLUMN durable_ledger.past_attempts.created_at IS
 COMMENT ON COLUMN durable_ledger.past_attempts.completed_at IS
     'when its outcome was reported or resolved';
 COMMENT ON COLUMN durable_ledger.past_attempts.resolved_by IS
-    'who decided its outcome (resolve_effect); NULL unless a person did';
+    'who decided its outcome, or that it is made again (resolve_effect, retry_effect); NULL unless a person did';
 COMMENT ON COLUMN durable_ledger.past_attempts.resolution_note IS
-    'resolve_effect''s note';
+    'the note of resolve_effect or retry_effect';
 COMMENT ON COLUMN durable_ledger.past_attempts.replaced_at IS
     'when the next attempt started';
 
@@ -320,7 +323,7 @@ CREATE INDEX audit_log_logged_at_idx ON durable_ledger.audit_log USING brin (log
 CREATE INDEX audit_log_events_idx ON durable_ledger.audit_log (event, logged_at)
     WHERE event IN ('resolved', 'lease_broken', 'divergence_resolved', 'run_abandoned',
                     'run_forked', 'tool_registered', 'tool_changed', 'tool_retired',
-                    'policy_changed', 'purged', 'audit_purged', 'replay');
+                    'policy_changed', 'purged', 'audit_purged', 'replay', 'retry_allowed');
 COMMENT ON TABLE durable_ledger.audit_log IS
     'append-only, one row per event, each linked into a hash chain (verify_audit); UPDATE, DELETE and TRUNCATE are refused, for its owner too: only purge_audit deletes';
 COMMENT ON COLUMN durable_ledger.audit_log.id IS
@@ -901,8 +904,10 @@ SELECT e.key,
        e.lease_epoch,
        NULL::text                                   AS may_duplicate,
        ab.abandoned_at                              AS run_abandoned_at,
-       -- the key the provider was given: a business key's names its attempt
-       CASE WHEN e.business_key THEN pg_catalog.concat(e.key, '#', e.attempt)
+       -- the key the provider was given: a business key's, and any attempt
+       -- after the first, names its attempt
+       CASE WHEN e.business_key OR e.attempt OPERATOR(pg_catalog.>) 1
+            THEN pg_catalog.concat(e.key, '#', e.attempt)
             ELSE e.key END                          AS downstream_key
   FROM durable_ledger.unsettled u
   JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) u.key
@@ -993,7 +998,7 @@ COMMENT ON COLUMN durable_ledger.unresolved.may_duplicate IS
 COMMENT ON COLUMN durable_ledger.unresolved.run_abandoned_at IS
     'when a person abandoned the run; NULL: not abandoned';
 COMMENT ON COLUMN durable_ledger.unresolved.downstream_key IS
-    'the key the provider was given (what a reconciler asks it about): key, or key#attempt for a business key; NULL for a drifted call';
+    'the key the provider was given (what a reconciler asks it about): key for the first attempt of a derived key, else key#attempt; NULL for a drifted call';
 
 -- ---------------------------------------------------------------------------
 -- Functions.  The writers are SECURITY DEFINER with a pinned search_path; every
@@ -1142,6 +1147,15 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.resolve_effect(text, text, jsonb, text, text, integer) IS
     'a named person''s decision on an effect (the given attempt of it) whose outcome is unknown or contradicted';
+
+CREATE FUNCTION durable_ledger.retry_effect(key text, attempt integer, resolved_by text,
+                                            note text DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_retry_effect_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.retry_effect(text, integer, text, text) IS
+    'a named person''s finding that the given attempt of an effect did not happen, and that it is to be made again: the next call executes the next attempt under a new provider key';
 
 CREATE FUNCTION durable_ledger.break_lease(run text, broken_by text, note text DEFAULT NULL)
 RETURNS boolean
@@ -1405,6 +1419,7 @@ GRANT EXECUTE ON FUNCTION
 -- admins: decisions, the registry, the policy, retention
 GRANT EXECUTE ON FUNCTION
     durable_ledger.resolve_effect(text, text, jsonb, text, text, integer),
+    durable_ledger.retry_effect(text, integer, text, text),
     durable_ledger.break_lease(text, text, text),
     durable_ledger.register_tool(text, text, boolean, text, text[], text),
     durable_ledger.change_tool(text, text, boolean, text, text[], text),

@@ -36,7 +36,9 @@ SELECT count(*) AS unresolved_rows FROM durable_ledger.unresolved WHERE run = 'r
 -- ===================================================================
 SELECT decision, status, attempt, result, reason
   FROM durable_ledger.begin_recorded('rec-1', 'model', '{"messages": ["hi"]}');
-SELECT decision, status, occurrence, attempt, reason, downstream_key = key AS downstream_is_key
+-- (a next attempt reaches the provider under a key of its own, key#2)
+SELECT decision, status, occurrence, attempt, reason,
+       downstream_key = key || '#2' AS downstream_names_attempt
   FROM durable_ledger.begin_recorded('rec-1', 'model', '{"messages": ["hi", "hello", "pay INV-9?"]}');
 SELECT status, attempt, lease_epoch, conflict FROM durable_ledger.effects WHERE key = :'turn2';
 SELECT attempt, status, lease_epoch, error FROM durable_ledger.past_attempts WHERE key = :'turn2';

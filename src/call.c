@@ -92,6 +92,18 @@ dl_optional_attempt_arg(FunctionCallInfo fcinfo, int argno)
 	return attempt;
 }
 
+/* A required attempt number: not NULL (22004), at least 1 (22023). */
+int32
+dl_required_attempt_arg(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("attempt must not be null"),
+				 errhint("Name the attempt you checked: durable_ledger.unresolved and effect_status() show it.")));
+	return dl_optional_attempt_arg(fcinfo, argno);
+}
+
 /*
  * The extension's SQL objects in this database are of an older version than
  * this library (sql_version, when known): ALTER EXTENSION ... UPDATE was not

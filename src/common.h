@@ -146,6 +146,7 @@ typedef enum AuditEvent
 	AUDIT_AUDIT_PURGED,
 	AUDIT_SUPERSEDED_REPORT,
 	AUDIT_HISTORY_CHAINED,
+	AUDIT_RETRY_ALLOWED,
 	DL_NEVENTS
 } AuditEvent;
 
@@ -173,6 +174,7 @@ extern Jsonb *dl_required_jsonb_arg(FunctionCallInfo fcinfo, int argno,
 									const char *argname);
 extern Jsonb *dl_optional_jsonb_arg(FunctionCallInfo fcinfo, int argno);
 extern int32 dl_optional_attempt_arg(FunctionCallInfo fcinfo, int argno);
+extern int32 dl_required_attempt_arg(FunctionCallInfo fcinfo, int argno);
 extern void dl_check_run_and_tool(const char *run, const char *tool);
 extern void dl_check_writable(const char *function);
 extern void dl_refuse_prepare(void);

@@ -42,6 +42,8 @@
 	"a report on this effect was kept for a person: it contradicts the recorded outcome, or names no attempt where that is ambiguous; a person must resolve it with durable_ledger.resolve_effect()"
 #define REASON_REDO \
 	"the outcome of attempt %d is unknown, and this call is recorded as safe to redo: it is executed again as attempt %d"
+#define REASON_RETRY \
+	"a person found that attempt %d of the effect did not happen and asked for it to be made again (retry_effect): it is executed as attempt %d, under a new provider key"
 #define REASON_IN_PROGRESS_MINE \
 	"this lease began this effect and has not reported its outcome yet; report it with complete_effect or fail_effect"
 #define REASON_IN_PROGRESS_OTHER \
@@ -100,7 +102,7 @@ typedef enum Change
 {
 	CHANGE_NOTHING,
 	CHANGE_INTENT,				/* the intent of a new key */
-	CHANGE_NEXT_ATTEMPT,		/* the effect starts again: a failed business key, a redo */
+	CHANGE_NEXT_ATTEMPT,		/* the effect starts again: a failed business key, a redo, a retry */
 	CHANGE_UNKNOWN,				/* its lease ended without a report */
 	CHANGE_DIVERGENCE			/* a new divergence waits for a person */
 } Change;
@@ -110,7 +112,6 @@ typedef struct Decision
 	BeginAnswer answer;
 	Change		change;
 	EffectStatus replaced_as;	/* CHANGE_NEXT_ATTEMPT: how the current attempt is kept */
-	bool		redo;			/* ... a recorded call's, made again */
 	const char *cause;			/* a pause's, for its audit row */
 	const char *divergence;		/* the drifted call's key, when a verdict made it this effect's */
 } Decision;
@@ -409,7 +410,6 @@ judge_started(const Facts *f, Decision *d)
 	if (f->intent->safe_to_redo && row->safe_to_redo)
 	{
 		next_attempt(row, EFFECT_UNKNOWN, d);
-		d->redo = true;
 		d->answer.reason = psprintf(REASON_REDO, row->attempt, row->attempt + 1);
 		return;
 	}
@@ -442,6 +442,13 @@ judge_row(const Facts *f, Decision *d)
 			{
 				/* a failed business key is executed again: its next attempt */
 				next_attempt(row, EFFECT_FAILED, d);
+				return;
+			}
+			if (row->execute_again)
+			{
+				/* a person found it did not happen (retry_effect) */
+				next_attempt(row, EFFECT_FAILED, d);
+				d->answer.reason = psprintf(REASON_RETRY, row->attempt, row->attempt + 1);
 				return;
 			}
 			decide_replay(d, REASON_REPLAY_FAILED);
@@ -485,6 +492,7 @@ lock_as_judged(Call *call, const Facts *f, LockedEffect *locked)
 	return dl_lock_effect(f->intent->key, locked) &&
 		locked->row.status == judged->status &&
 		locked->row.conflict == judged->conflict &&
+		locked->row.execute_again == judged->execute_again &&
 		locked->row.attempt == judged->attempt &&
 		locked->row.lease_epoch == judged->lease_epoch &&
 		strcmp(locked->row.run, judged->run) == 0;
@@ -571,8 +579,8 @@ apply_change(Call *call, const Facts *f, const Decision *d)
 			check_executed(call, f);
 			if (!lock_as_judged(call, f, &locked))
 				return false;
-			if (d->redo)
-				dl_progress_redone(&call->progress, f->intent->key);	/* a watched tool's replay */
+			if (!f->intent->business_key)	/* a watched tool's replay, made again */
+				dl_progress_redone(&call->progress, f->intent->key);
 			dl_write_next_attempt(&locked, f->intent, d->replaced_as);
 			return true;
 		case CHANGE_UNKNOWN:
@@ -670,15 +678,16 @@ apply(Call *call, const Facts *f, const Decision *d)
 }
 
 /*
- * The key to pass downstream (the provider's idempotency key): a derived key
- * itself; a business key with its attempt, "INV-9#2", since a provider that
- * keeps its answers to a key (card processors do, for a day) would answer a
- * business key's next attempt, after a refusal, with the refusal again.
+ * The key to pass downstream (the provider's idempotency key): a derived
+ * key's first attempt, the key itself; a business key, and any next attempt,
+ * the key with its attempt, "INV-9#2", since a provider that keeps its
+ * answers to a key (card processors do, for a day) would answer the next
+ * attempt, after a refusal, with the refusal again.
  */
 static char *
 downstream_key(const char *key, bool business_key, int32 attempt)
 {
-	return business_key ? psprintf("%s#%d", key, attempt) : pstrdup(key);
+	return business_key || attempt > 1 ? psprintf("%s#%d", key, attempt) : pstrdup(key);
 }
 
 /*

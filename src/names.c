@@ -120,6 +120,7 @@ static const struct
 	[AUDIT_AUDIT_PURGED] = {"audit_purged", false},
 	[AUDIT_SUPERSEDED_REPORT] = {"superseded_report", false},
 	[AUDIT_HISTORY_CHAINED] = {"history_chained", false},
+	[AUDIT_RETRY_ALLOWED] = {"retry_allowed", true},
 };
 
 const char *

@@ -51,6 +51,7 @@ typedef struct EffectRow
 	bool		conflict;
 	TimestampTz created_at;		/* when the current attempt began */
 	bool		safe_to_redo;	/* a recorded call (begin_recorded) */
+	bool		execute_again;	/* failed, and a person asked for the next attempt (retry_effect) */
 } EffectRow;
 
 /*
@@ -256,6 +257,7 @@ extern void dl_write_unknown(LockedEffect *locked);
 extern void dl_write_conflict_flag(LockedEffect *locked);
 extern HeapTuple dl_write_resolution(LockedEffect *locked, EffectStatus to, Jsonb *value,
 									 const char *resolved_by, const char *note);
+extern HeapTuple dl_write_retry(LockedEffect *locked, const char *resolved_by, const char *note);
 extern void dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent,
 								  EffectStatus replaced_as);
 extern int64 dl_write_next_epoch(const char *run, uint64 lock_key, bool token);

@@ -123,6 +123,7 @@ set_attempt_started(RowWrite *w, const NewIntent *intent, int32 attempt)
 	dl_row_set_null(w, EFF_COMPLETED_AT);
 	dl_row_set_null(w, EFF_RESOLVED_BY);
 	dl_row_set_null(w, EFF_RESOLUTION_NOTE);
+	dl_row_set(w, EFF_EXECUTE_AGAIN, BoolGetDatum(false));
 }
 
 /*
@@ -334,6 +335,34 @@ dl_write_resolution(LockedEffect *locked, EffectStatus to, Jsonb *value,
 				 note == NULL);
 	dl_row_set(&w, EFF_CONFLICT, BoolGetDatum(false));
 	dl_row_set(&w, EFF_COMPLETED_AT, dl_row_now());
+	dl_row_set(&w, EFF_EXECUTE_AGAIN, BoolGetDatum(false));
+	return end_effect_update(&w, locked);
+}
+
+/*
+ * A person found that the current attempt did not happen and asked for it to
+ * be made again (retry_effect): it is failed -- keeping the error it was
+ * reported with, if it failed already --, any conflict flag is cleared, who
+ * decided is recorded, and the next call executes the next attempt.
+ */
+HeapTuple
+dl_write_retry(LockedEffect *locked, const char *resolved_by, const char *note)
+{
+	RowWrite		w;
+
+	begin_effect_update(&w, locked);
+	if (locked->row.status != EFFECT_FAILED)
+	{
+		dl_row_set(&w, EFF_STATUS, CStringGetTextDatum(dl_status_name(EFFECT_FAILED)));
+		dl_row_set_null(&w, EFF_RESULT);
+		dl_row_set_null(&w, EFF_ERROR);
+		dl_row_set(&w, EFF_COMPLETED_AT, dl_row_now());
+	}
+	dl_row_set(&w, EFF_RESOLVED_BY, CStringGetTextDatum(resolved_by));
+	dl_row_set_optional(&w, EFF_RESOLUTION_NOTE, note ? CStringGetTextDatum(note) : (Datum) 0,
+						note == NULL);
+	dl_row_set(&w, EFF_CONFLICT, BoolGetDatum(false));
+	dl_row_set(&w, EFF_EXECUTE_AGAIN, BoolGetDatum(true));
 	return end_effect_update(&w, locked);
 }
 

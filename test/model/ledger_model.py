@@ -68,6 +68,7 @@ class Effect:
     result: Any = None
     error: Any = None
     conflict: bool = False
+    execute_again: bool = False  # failed, and a person asked for the next attempt (retry_effect)
     past: list[Attempt] = field(default_factory=list)
     forked_from: Optional[str] = None  # the source run's effect it carries
     logged_by: set = field(default_factory=set)  # the runs whose calls of it were logged
@@ -314,7 +315,8 @@ class Model:
             self.effects[key] = Effect(key, e.tool, copy.deepcopy(e.args), False, e.occurrence,
                                        e.safe_to_redo, new, 1, begun=self.clock,
                                        attempt=e.attempt, status=e.status,
-                                       result=e.result, error=e.error, forked_from=e.key)
+                                       result=e.result, error=e.error, forked_from=e.key,
+                                       execute_again=e.execute_again)
             self.derived[(new, e.tool, canonical(self.identity(e.tool, e.args)), e.occurrence)] = key
         self.epochs[new] = 1
         return len(carried)
@@ -633,7 +635,10 @@ class Model:
         if effect.status == "completed":
             return answer("replay", "completed", effect.attempt, result=effect.result)
         if effect.status == "failed":
-            if business_key:
+            if business_key or effect.execute_again:
+                if watched and not business_key:  # counted before its row moves, as a redo
+                    self._earlier_count(run, epoch, tool, progress)
+                    progress.replayed.add(effect.key)
                 self._next_attempt(effect, run, epoch, "failed", recorded)
                 return answer("execute", "started", effect.attempt)
             return answer("replay", "failed", effect.attempt, error=effect.error)
@@ -662,6 +667,7 @@ class Model:
         effect.status = "started"
         effect.result = effect.error = None
         effect.safe_to_redo = recorded
+        effect.execute_again = False
 
     # ---------- reports ----------
 
@@ -747,6 +753,27 @@ class Model:
         else:
             effect.error = value
         effect.conflict = False
+        effect.execute_again = False
+
+    def retry(self, key: str, attempt: int) -> None:
+        """retry_effect: a person found that the attempt did not happen; the
+        next call of the key executes the next attempt (reference.md)."""
+        effect = self._effect(key)
+        if attempt < 1 or attempt > effect.attempt:
+            raise Refused("22023", "the attempt is below 1 or above the current one")
+        if attempt < effect.attempt:
+            raise Refused("55000", "a later attempt replaced that attempt")
+        if effect.status == "started" and self.live(effect.run, effect.epoch):
+            raise Refused("55000", "the effect's lease is live: it may be in flight")
+        if effect.status == "completed" and not effect.conflict:
+            raise Refused("55000", "the effect completed: it would happen twice")
+        if effect.execute_again and not effect.conflict:
+            return  # asked again: no change
+        if effect.status != "failed":
+            effect.status = "failed"
+            effect.result = effect.error = None
+        effect.conflict = False
+        effect.execute_again = True
 
     # ---------- what a person sees ----------
 

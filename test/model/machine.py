@@ -607,7 +607,9 @@ class LedgerMachine(RuleBasedStateMachine):
                     and got.sqlstate == want.sqlstate):
                 self.fail(f"begin: the server answered {g}, the model {w}")
             return
-        downstream = (None if want.status is None else want.key if bk is None
+        # the provider's key: a derived key's first attempt, the key; else key#attempt
+        downstream = (None if want.status is None
+                      else want.key if bk is None and want.attempt == 1
                       else f"{want.key}#{want.attempt}")
         answer = (want.key, want.decision, want.status, want.occurrence, want.attempt,
                   want.result, want.error, downstream)
@@ -743,6 +745,27 @@ class LedgerMachine(RuleBasedStateMachine):
                              " 'model', NULL, %s)",
                              (key, outcome, None if value is None else json.dumps(value), attempt)),
             lambda: self.model.resolve(key, outcome, value, attempt))
+
+    @precondition(lambda self: self.keys)
+    @rule(k=st.integers(0, 7), mode=st.sampled_from(["current", "current", "current", "earlier",
+                                                     "above", "none"]))
+    def retry(self, k: int, mode: str) -> None:
+        """A person found that an attempt did not happen: do it again (retry_effect)."""
+        self.step("retry", k, mode)
+        key = self.key(k)
+        attempt = self.attempt_of(key, mode)
+
+        def model() -> None:
+            if attempt is None:
+                raise Refused("22004", "attempt is required")
+            self.model.retry(key, attempt)
+        got = self.both(
+            lambda: self.sql(self.admin, "SELECT status::text, execute_again"
+                             " FROM durable_ledger.retry_effect(%s, %s, 'model', NULL)",
+                             (key, attempt)),
+            model)
+        if got is not None:
+            saw("retry_effect applied")
 
     @precondition(lambda self: self.keys)
     @rule(k=st.integers(0, 7))
@@ -882,7 +905,8 @@ class LedgerMachine(RuleBasedStateMachine):
         rows = self.sql(
             self.admin,
             "SELECT key, run, tool, status::text, attempt, lease_epoch, conflict, business_key,"
-            " occurrence, safe_to_redo, result, error, args, forked_from FROM durable_ledger.effects"
+            " occurrence, safe_to_redo, result, error, args, forked_from, execute_again"
+            " FROM durable_ledger.effects"
             " WHERE run LIKE %s OR key LIKE %s ORDER BY key",
             (self.prefix + "%", self.prefix + "%"), quiet=True)
         want = []
@@ -890,7 +914,8 @@ class LedgerMachine(RuleBasedStateMachine):
             want.append((e.key, e.run, e.tool, e.status, e.attempt, e.epoch, e.conflict,
                          e.business_key, e.occurrence, e.safe_to_redo,
                          e.result if e.status == "completed" else None,
-                         e.error if e.status == "failed" else None, e.args, e.forked_from))
+                         e.error if e.status == "failed" else None, e.args, e.forked_from,
+                         e.execute_again))
         got = [row[:10] + (row[10] if row[3] == "completed" else None,
                            row[11] if row[3] == "failed" else None) + row[12:] for row in rows]
         if got != want:
