@@ -50,6 +50,7 @@ class Attempt:
     epoch: int
     status: str
     error: Any = None
+    resolved_by: Optional[str] = None
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Effect:
     error: Any = None
     conflict: bool = False
     execute_again: bool = False  # failed, and a person asked for the next attempt (retry_effect)
+    resolved_by: Optional[str] = None  # who resolved it or asked for it again (the machine: 'model')
     past: list[Attempt] = field(default_factory=list)
     forked_from: Optional[str] = None  # the source run's effect it carries
     logged_by: set = field(default_factory=set)  # the runs whose calls of it were logged
@@ -108,6 +110,7 @@ class Divergence:
     tool: str
     occurrence: int
     candidate: str
+    args: Any = None  # the drifted call's, as given
     verdict: Optional[str] = None
     same_as: Optional[str] = None
 
@@ -316,7 +319,7 @@ class Model:
                                        e.safe_to_redo, new, 1, begun=self.clock,
                                        attempt=e.attempt, status=e.status,
                                        result=e.result, error=e.error, forked_from=e.key,
-                                       execute_again=e.execute_again)
+                                       execute_again=e.execute_again, resolved_by=e.resolved_by)
             self.derived[(new, e.tool, canonical(self.identity(e.tool, e.args)), e.occurrence)] = key
         self.epochs[new] = 1
         return len(carried)
@@ -454,7 +457,7 @@ class Model:
             progress, watched = self._progress_start(run, epoch, tool, recorded)
         answer = None
         if effect is None and business_key is None:
-            answer, effect = self._judge_drift(run, epoch, tool, key, occurrence, recorded,
+            answer, effect = self._judge_drift(run, epoch, tool, args, key, occurrence, recorded,
                                                progress, watched)
             if effect is not None:
                 key = effect.key  # a person said it is that earlier effect
@@ -506,7 +509,7 @@ class Model:
             progress.earlier = len(self.earlier_effects(run, epoch, tool))
         return progress.earlier
 
-    def _judge_drift(self, run, epoch, tool, key, occurrence, recorded, progress, watched):
+    def _judge_drift(self, run, epoch, tool, args, key, occurrence, recorded, progress, watched):
         """A new derived key: (a pause answer, or None to decide; the effect a
         verdict of same made it, or None)."""
         if epoch <= 1:
@@ -528,7 +531,8 @@ class Model:
         if self.policy(tool) == "warn":
             self.warned = True
             return None, None
-        self.divergences[key] = Divergence(key, run, epoch, tool, occurrence, candidate)
+        self.divergences[key] = Divergence(key, run, epoch, tool, occurrence, candidate,
+                                           copy.deepcopy(args))
         return Answer(key, "pause", None, occurrence, None), None
 
     def resolve_divergence(self, key: str, verdict: str, same_as: Optional[str]) -> None:
@@ -659,7 +663,7 @@ class Model:
     def _next_attempt(self, effect: Effect, run: str, epoch: int, replaced_as: str,
                       recorded: bool) -> None:
         effect.past.append(Attempt(effect.attempt, effect.run, effect.epoch, replaced_as,
-                                   effect.error))
+                                   effect.error, effect.resolved_by))
         effect.attempt += 1
         self.clock += 1
         effect.begun = self.clock
@@ -668,6 +672,7 @@ class Model:
         effect.result = effect.error = None
         effect.safe_to_redo = recorded
         effect.execute_again = False
+        effect.resolved_by = None
 
     # ---------- reports ----------
 
@@ -748,12 +753,11 @@ class Model:
         if not effect.conflict and effect.status in ("completed", "failed"):
             raise Refused("55000", "the effect is decided already")
         effect.status = outcome
-        if outcome == "completed":
-            effect.result = value
-        else:
-            effect.error = value
+        # the value is the result of a completed effect, the error of a failed one
+        effect.result, effect.error = (value, None) if outcome == "completed" else (None, value)
         effect.conflict = False
         effect.execute_again = False
+        effect.resolved_by = "model"
 
     def retry(self, key: str, attempt: int) -> None:
         """retry_effect: a person found that the attempt did not happen; the
@@ -774,6 +778,7 @@ class Model:
             effect.result = effect.error = None
         effect.conflict = False
         effect.execute_again = True
+        effect.resolved_by = "model"
 
     # ---------- what a person sees ----------
 

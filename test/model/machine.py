@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import re
+import threading
 import time
 from typing import Any, Optional
 
@@ -84,6 +85,7 @@ class Session:
     def __init__(self, label: str):
         self.label = label
         self.notices: list[str] = []
+        self.pids: list[int] = []  # every backend it had (alike names them by order)
         self.connect()
 
     def connect(self) -> None:
@@ -91,6 +93,7 @@ class Session:
         self.conn.add_notice_handler(lambda d: self.notices.append(d.sqlstate or ""))
         self.conn.execute("SET lock_timeout = '100ms'")
         self.pid = self.conn.info.backend_pid
+        self.pids.append(self.pid)
 
     def close(self) -> None:
         self.conn.close()
@@ -101,7 +104,8 @@ class LedgerMachine(RuleBasedStateMachine):
         super().__init__()
         self.prefix = f"{PREFIX}-{next(HISTORY_IDS)}-"
         self.runs = [f"{self.prefix}r{i}" for i in range(RUNS)]
-        self.business_keys = [f"{self.prefix}INV-{i}" for i in range(2)]
+        # INV-0, INV-1; MAIL-2, an order the tool nobody registered sends (report_meanwhile)
+        self.business_keys = [f"{self.prefix}INV-{i}" for i in range(2)] + [f"{self.prefix}MAIL-2"]
         self.tools = {short: f"{self.prefix}{short}" for short in TOOLS}
         self.model = Model({self.tools[short]: copy.copy(t) for short, t in TOOLS.items()})
         self.admin = Session("admin")
@@ -130,6 +134,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.run_tokens: dict[int, list[str]] = {}
         self.keys: list[str] = []
         self.executed: set[tuple[str, int]] = set()
+        self.holders: dict[str, int] = {}  # key -> the pid that started its current attempt
         self.calls: list[tuple[int, tuple]] = []  # the begins of the history: (run, call)
         self.last_report: Optional[tuple] = None
         self.expired = 0
@@ -403,6 +408,8 @@ class LedgerMachine(RuleBasedStateMachine):
         if new not in self.runs:
             self.runs.append(new)
         self.keys.extend(e.key for e in self.model.run_effects(new))
+        for e in self.model.run_effects(new):
+            self.holders[e.key] = self.admin.pid  # the carried rows are fork_run's
         s, n, to = k % SESSIONS, self.runs.index(new), self.runs.index(source)
         self.nested = True
         try:
@@ -557,10 +564,28 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def call_begin(self, s: int, r: int, tool: str, a: int, b: Optional[int], via: str,
                    recorded: bool, rolled_back: bool) -> None:
+        call = self.prepare_begin(s, r, tool, a, b, via, recorded)
+        if rolled_back:
+            self.sql(self.sessions[s], "BEGIN")
+        try:
+            got = self.sql(self.sessions[s], call["query"], call["params"])[0]
+        except Refused as e:
+            got = e
+        notices = list(self.sessions[s].notices)
+        if rolled_back:
+            self.sql(self.sessions[s], "ROLLBACK")
+        self.judge_begin(call, got, notices, rolled_back)
+
+    def prepare_begin(self, s: int, r: int, tool: str, a: int, b: Optional[int], via: str,
+                      recorded: bool) -> dict[str, Any]:
+        """A call of begin_effect or begin_recorded as drawn: its SQL and what
+        the model is asked."""
         r = self.whose(s, r)
         run, args = self.runs[r], {"n": a}
         if tool == "crm":
             args["memo"] = f"m{len(self.steps) % 3}"
+        if recorded and tool in ("pay", "crm") and a == 0:
+            tool = "llm"  # a side-effecting tool's recorded call is refused (55L03): now and then
         tool = self.tools[tool]
         token = self.token_of(r, via)
         bk = self.business_keys[b] if b is not None and not recorded else None
@@ -571,24 +596,20 @@ class LedgerMachine(RuleBasedStateMachine):
             args = {"invoice": b}
         cols = "key, decision::text, status::text, occurrence, attempt, result, error, downstream_key"
         if recorded:
-            server = lambda: self.sql(
-                self.sessions[s],
-                f"SELECT {cols} FROM durable_ledger.begin_recorded(%s, %s, %s::jsonb, NULL, %s)",
-                (run, tool, json.dumps(args), token))[0]
+            query = f"SELECT {cols} FROM durable_ledger.begin_recorded(%s, %s, %s::jsonb, NULL, %s)"
+            params: tuple = (run, tool, json.dumps(args), token)
         else:
-            server = lambda: self.sql(
-                self.sessions[s],
-                f"SELECT {cols} FROM durable_ledger.begin_effect(%s, %s, %s::jsonb, %s, NULL, %s)",
-                (run, tool, json.dumps(args), bk, token))[0]
-        if rolled_back:
-            self.sql(self.sessions[s], "BEGIN")
-        try:
-            got = server()
-        except Refused as e:
-            got = e
-        notices = list(self.sessions[s].notices)
-        if rolled_back:
-            self.sql(self.sessions[s], "ROLLBACK")
+            query = f"SELECT {cols} FROM durable_ledger.begin_effect(%s, %s, %s::jsonb, %s, NULL, %s)"
+            params = (run, tool, json.dumps(args), bk, token)
+        return dict(s=s, run=run, tool=tool, args=args, bk=bk, token=token, recorded=recorded,
+                    query=query, params=params)
+
+    def judge_begin(self, call: dict[str, Any], got: Any, notices: list[str],
+                    rolled_back: bool) -> None:
+        """The server's answer to a begin against the model's."""
+        s, run, tool, args, bk, token, recorded = (call[k] for k in (
+            "s", "run", "tool", "args", "bk", "token", "recorded"))
+
         def derived(occurrence: int) -> str:
             """The key the server derives for that occurrence (effect_key)."""
             return self.sql(self.admin, "SELECT durable_ledger.effect_key(%s, %s, %s::jsonb, %s)",
@@ -628,6 +649,8 @@ class LedgerMachine(RuleBasedStateMachine):
         if self.model.tools[tool].key_fields and got[1] == "replay" and bk is None:
             saw("begin replay by key fields")
         saw(f"begin{'_recorded' if recorded else ''} {got[1]}"
+            + (f" {got[2]}" if got[1] == "replay" else "")
+            + (" again" if got[1] == "execute" and got[4] > 1 else "")
             + (" business key" if bk else "") + (" token" if token else "")
             + (" rolled back" if rolled_back else ""))
         if rolled_back:
@@ -638,6 +661,134 @@ class LedgerMachine(RuleBasedStateMachine):
             if (got[0], got[4]) in self.executed:
                 self.fail(f"effect {got[0]} attempt {got[4]} was answered execute twice")
             self.executed.add((got[0], got[4]))
+            self.holders[got[0]] = self.sessions[s].pid
+
+    @precondition(lambda self: len(self.steps) > 3)
+    @rule(s=st.integers(0, SESSIONS - 1), other=st.integers(1, SESSIONS - 1),
+          completed=st.booleans())
+    def report_meanwhile(self, s: int, other: int, completed: bool) -> None:
+        """A call's effect row changes between its judgement and its write:
+        t calls the order MAIL-2 of the tool nobody registered while an admin's
+        change of the policy for such tools is open, so t, having read and
+        judged the row, waits before it writes (or answered already: a replay,
+        a pause); meanwhile s reports on the order's current attempt; then the
+        admin commits.  t must decide on the row as s left it (a new round),
+        never on the one it judged."""
+        self.step("report_meanwhile", s, other, completed)
+        t = (s + other) % SESSIONS
+        call = self.prepare_begin(t, 0, "mail", 1, 2, "session", False)
+        lease = self.model.leases.get(call["run"])
+        if lease is not None and lease.session != t:
+            return  # t would wait for its run's lease: not this rule's history
+        waiter = self.sessions[t]
+        self.sql(waiter, "SET lock_timeout = '30s'")
+        self.sql(self.admin, "BEGIN")
+        self.sql(self.admin, "SELECT FROM durable_ledger.set_unregistered_tools(%s, 'model')",
+                 (self.model.unregistered_tools,))
+        thread, outcome = self.send_waiting(waiter, call, "the admin's")
+        waited = self.wait_for(thread, waiter)
+        if waited and call["bk"] in self.model.effects:
+            self.nested = True
+            try:
+                self.report_on(s, call["bk"], completed, 0 if completed else 1, "current")
+            finally:
+                self.nested = False
+        self.sql(self.admin, "COMMIT")
+        thread.join()
+        got = self.answer_of(outcome)
+        notices = list(waiter.notices)
+        self.sql(waiter, "SET lock_timeout = '100ms'")
+        saw("report_meanwhile waited" if waited else "report_meanwhile did not wait")
+        self.judge_begin(call, got, notices, rolled_back=False)
+
+    def send_waiting(self, waiter: Session, call: dict[str, Any], whose: str
+                     ) -> tuple[threading.Thread, dict[str, Any]]:
+        """Sends call from waiter in a thread of its own (it may wait for a lock)."""
+        with waiter.conn.cursor() as cur:
+            text = cur.mogrify(call["query"], call["params"])
+        self.transcript.append(f"-- {waiter.label}, in another psql while {whose}"
+                               f" transaction is open\n{text};")
+        outcome: dict[str, Any] = {}
+
+        def send() -> None:
+            waiter.notices.clear()
+            try:
+                with waiter.conn.cursor() as cur:
+                    cur.execute(call["query"], call["params"])
+                    outcome["rows"] = cur.fetchall()
+            except psycopg.Error as e:
+                outcome["error"] = e
+        thread = threading.Thread(target=send)
+        thread.start()
+        return thread, outcome
+
+    def wait_for(self, thread: threading.Thread, waiter: Session) -> bool:
+        """Until waiter's call waits for a lock (True) or has its answer (False)."""
+        while thread.is_alive():
+            if self.sql(self.admin, "SELECT count(*) > 0 FROM pg_stat_activity"
+                        " WHERE pid = %s AND wait_event_type = 'Lock'", (waiter.pid,),
+                        quiet=True)[0][0]:
+                return True
+        return False
+
+    def answer_of(self, outcome: dict[str, Any]) -> Any:
+        """A waiting call's answer, as the transcript tells it."""
+        if "error" in outcome:
+            e = outcome["error"]
+            if e.sqlstate is None:
+                raise e
+            self.transcript.append(f"--   => ERROR {e.sqlstate}")
+            saw(f"begin_effect {e.sqlstate}")
+            return Refused(e.sqlstate, str(e).splitlines()[0])
+        self.transcript.append(f"--   => {outcome['rows']!r}")
+        return outcome["rows"][0]
+
+    @precondition(lambda self: len(self.steps) > 3)
+    @rule(s=st.integers(0, SESSIONS - 1), other=st.integers(1, SESSIONS - 1), b=st.integers(0, 1),
+          commit=st.sampled_from([True, True, False]), failed=st.booleans())
+    def overlap(self, s: int, other: int, b: int, commit: bool, failed: bool = False) -> None:
+        """Two runs call one business key at once (an order redelivered to two
+        workers): s's call is in an open transaction when t's arrives, which
+        waits for s's row or insert where it must, then s commits or rolls back.
+        The answers are those of s's call and then t's (or t's alone): never
+        two execute of one attempt, whichever round t's decision took.  With
+        failed, the key's current attempt is failed first (the provider
+        refused it), so that both calls would execute its next attempt."""
+        self.step("overlap", s, other, b, commit, failed)
+        t = (s + other) % SESSIONS
+        if failed:
+            self.nested = True
+            try:
+                if self.business_keys[b] not in self.model.effects:
+                    self.begin(s, 0, "pay", 0, b, "session", False)
+                if self.business_keys[b] in self.model.effects:
+                    self.report_on(s, self.business_keys[b], False, 1, "current")
+            finally:
+                self.nested = False
+        first = self.prepare_begin(s, 0, "pay", 0, b, "session", False)
+        second = self.prepare_begin(t, 0, "pay", 0, b, "session", False)
+        lease = self.model.leases.get(second["run"])
+        if lease is not None and lease.session != t:
+            return  # t would wait for its run's lease, not for s: not this rule's history
+        waiter = self.sessions[t]
+        self.sql(waiter, "SET lock_timeout = '30s'")
+        self.sql(self.sessions[s], "BEGIN")
+        try:
+            got_first = self.sql(self.sessions[s], first["query"], first["params"])[0]
+        except Refused as e:
+            got_first = e
+        notices_first = list(self.sessions[s].notices)
+        thread, outcome = self.send_waiting(waiter, second, f"{self.sessions[s].label}'s")
+        waited = self.wait_for(thread, waiter)
+        self.sql(self.sessions[s], "COMMIT" if commit else "ROLLBACK")
+        thread.join()
+        got_second = self.answer_of(outcome)
+        notices_second = list(waiter.notices)
+        self.sql(waiter, "SET lock_timeout = '100ms'")
+        saw("overlap waited" if waited else "overlap did not wait")
+        self.judge_begin(first, got_first, notices_first,
+                         rolled_back=not commit or isinstance(got_first, Refused))
+        self.judge_begin(second, got_second, notices_second, rolled_back=False)
 
     @rule(**BEGINS)
     def begin_too(self, **call: Any) -> None:
@@ -702,11 +853,12 @@ class LedgerMachine(RuleBasedStateMachine):
         fn = "complete_effect" if completed else "fail_effect"
         session = self.sessions[s]
         out = self.both(
-            lambda: self.sql(session, f"SELECT status::text FROM durable_ledger.{fn}(%s, %s::jsonb, %s)",
+            lambda: self.sql(session, f"SELECT {self.ROW} FROM durable_ledger.{fn}(%s, %s::jsonb, %s)",
                              (key, None if value is None else json.dumps(value), attempt)),
             lambda: self.model.report(s, key, completed, value, attempt))
         if out is None:
             return
+        self.returned_row_agrees(fn, out[0], key)
         saw(f"{fn} {out[1]}")
         warned = "01L03" in session.notices
         if warned != (out[1] == "conflict"):
@@ -717,17 +869,32 @@ class LedgerMachine(RuleBasedStateMachine):
             self.fail(f"{fn}: the model says {out[1]}, the server "
                       + ("warned of a superseded report" if superseded else "did not warn of one"))
 
-    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN)
-    def finish(self, s: int, r: int) -> None:
-        """A worker reports every effect of the run still started as completed,
-        naming its attempt (then a next attempt has outcomes to replay)."""
-        self.step("finish", s, r)
+    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN, completed=st.sampled_from([True, True, False]))
+    def finish(self, s: int, r: int, completed: bool = True) -> None:
+        """A worker reports every effect of the run still started as completed
+        (or as failed: the provider refused), naming its attempt (then a next
+        attempt has outcomes to replay)."""
+        self.step("finish", s, r, completed)
         run = self.runs[self.whose(s, r)]
         self.nested = True
         try:
             for e in list(self.model.effects.values()):
                 if e.run == run and e.status == "started" and e.key in self.keys:
-                    self.report_on(s, e.key, True, 0, "current")
+                    self.report_on(s, e.key, completed, 0 if completed else 1, "current")
+        finally:
+            self.nested = False
+
+    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN, completed=st.sampled_from([True, True, False]))
+    def rerun(self, s: int, r: int, completed: bool) -> None:
+        """A run's attempt ends with every outcome reported, and the run is
+        delivered again: its next attempt replays each call (completed, failed;
+        a recorded call's answer) -- what the ledger is for."""
+        self.step("rerun", s, r, completed)
+        self.nested = True
+        try:
+            self.finish(s, r, completed)
+            self.nested = True  # (finish ended its own nesting)
+            self.new_attempt(s, r, None)
         finally:
             self.nested = False
 
@@ -739,12 +906,15 @@ class LedgerMachine(RuleBasedStateMachine):
         key, value = self.key(k), VALUES[v]
         attempt = self.attempt_of(key, mode if mode != "none" else "current")
         outcome = "completed" if completed else "failed"
-        self.both(
+        out = self.both(
             lambda: self.sql(self.admin,
-                             "SELECT status::text FROM durable_ledger.resolve_effect(%s, %s, %s::jsonb,"
+                             f"SELECT {self.ROW} FROM durable_ledger.resolve_effect(%s, %s, %s::jsonb,"
                              " 'model', NULL, %s)",
                              (key, outcome, None if value is None else json.dumps(value), attempt)),
             lambda: self.model.resolve(key, outcome, value, attempt))
+        if out is not None:
+            self.returned_row_agrees("resolve_effect", out[0], key)
+            saw(f"resolve_effect {outcome}")
 
     @precondition(lambda self: self.keys)
     @rule(k=st.integers(0, 7), mode=st.sampled_from(["current", "current", "current", "earlier",
@@ -760,11 +930,12 @@ class LedgerMachine(RuleBasedStateMachine):
                 raise Refused("22004", "attempt is required")
             self.model.retry(key, attempt)
         got = self.both(
-            lambda: self.sql(self.admin, "SELECT status::text, execute_again"
+            lambda: self.sql(self.admin, f"SELECT {self.ROW}"
                              " FROM durable_ledger.retry_effect(%s, %s, 'model', NULL)",
                              (key, attempt)),
             model)
         if got is not None:
+            self.returned_row_agrees("retry_effect", got[0], key)
             saw("retry_effect applied")
 
     @precondition(lambda self: self.keys)
@@ -772,11 +943,11 @@ class LedgerMachine(RuleBasedStateMachine):
     def status(self, k: int) -> None:
         self.step("status", k)
         key = self.key(k)
-        got = self.sql(self.admin, "SELECT status::text FROM durable_ledger.effect_status(%s)",
+        got = self.sql(self.admin, f"SELECT {self.ROW} FROM durable_ledger.effect_status(%s)",
                        (key,))
         effect = self.model.effects.get(key)
-        want = self.model.status_now(effect) if effect else None
-        if got != ([(want,)] if effect else []):
+        want = [self.model_row(effect, self.model.status_now(effect))] if effect else []
+        if got != want:
             self.fail(f"effect_status({key}) answered {got!r}, the model {want!r}")
 
     # ---------- the registry, divergence ----------
@@ -884,40 +1055,48 @@ class LedgerMachine(RuleBasedStateMachine):
         earlier = self.model.earlier_effects(div.run, div.epoch, div.tool)
         given = {None: None, "earliest": earlier[0].key if earlier else None,
                  "wrong": div.key}[same_as]
-        self.both(lambda: self.sql(self.admin, "SELECT FROM durable_ledger.resolve_divergence("
-                                   "%s, %s, 'model', NULL, %s)", (div.key, verdict, given)),
-                  lambda: self.model.resolve_divergence(div.key, verdict, given))
+        if self.both(lambda: self.sql(self.admin, "SELECT FROM durable_ledger.resolve_divergence("
+                                      "%s, %s, 'model', NULL, %s)", (div.key, verdict, given)),
+                     lambda: self.model.resolve_divergence(div.key, verdict, given)) is not None:
+            saw(f"resolve_divergence {verdict}")
 
     # ---------- what is recorded, after every step ----------
 
     @invariant()
     def divergences_agree(self) -> None:
         got = self.sql(self.admin, "SELECT key, run, lease_epoch, tool, occurrence, candidate_key,"
-                       " verdict, same_as FROM durable_ledger.divergences WHERE run LIKE %s"
+                       " args, verdict, same_as FROM durable_ledger.divergences WHERE run LIKE %s"
                        " ORDER BY key", (self.prefix + "%",), quiet=True)
-        want = [(d.key, d.run, d.epoch, d.tool, d.occurrence, d.candidate, d.verdict, d.same_as)
+        want = [(d.key, d.run, d.epoch, d.tool, d.occurrence, d.candidate, d.args, d.verdict,
+                 d.same_as)
                 for d in sorted(self.model.divergences.values(), key=lambda d: d.key)]
         if got != want:
             self.fail(f"the divergences differ:\n  server {got!r}\n  model  {want!r}")
 
+    # an effect's row as the model predicts it: every column the calls of a
+    # history set (no call passes meta or a note; resolutions are by "model")
+    ROW = ("key, run, tool, status::text, attempt, lease_epoch, conflict, business_key, occurrence,"
+           " safe_to_redo, result, error, args, forked_from, execute_again, resolved_by,"
+           " resolution_note, meta, holder_pid, completed_at IS NOT NULL")
+
+    def model_row(self, e: Any, status: Optional[str] = None) -> tuple:
+        return (e.key, e.run, e.tool, status or e.status, e.attempt, e.epoch, e.conflict,
+                e.business_key, e.occurrence, e.safe_to_redo, e.result, e.error, e.args,
+                e.forked_from, e.execute_again, e.resolved_by, None, None,
+                self.holders.get(e.key), e.status in ("completed", "failed"))
+
+    def returned_row_agrees(self, what: str, rows: list[tuple], key: str) -> None:
+        """The row a report or a person's decision returned is the effect as the model has it."""
+        want = self.model_row(self.model.effects[key])
+        if rows != [want]:
+            self.fail(f"{what} returned {rows!r}, the model's effect is {want!r}")
+
     @invariant()
     def rows_agree(self) -> None:
-        rows = self.sql(
-            self.admin,
-            "SELECT key, run, tool, status::text, attempt, lease_epoch, conflict, business_key,"
-            " occurrence, safe_to_redo, result, error, args, forked_from, execute_again"
-            " FROM durable_ledger.effects"
-            " WHERE run LIKE %s OR key LIKE %s ORDER BY key",
-            (self.prefix + "%", self.prefix + "%"), quiet=True)
-        want = []
-        for e in sorted(self.model.effects.values(), key=lambda e: e.key):
-            want.append((e.key, e.run, e.tool, e.status, e.attempt, e.epoch, e.conflict,
-                         e.business_key, e.occurrence, e.safe_to_redo,
-                         e.result if e.status == "completed" else None,
-                         e.error if e.status == "failed" else None, e.args, e.forked_from,
-                         e.execute_again))
-        got = [row[:10] + (row[10] if row[3] == "completed" else None,
-                           row[11] if row[3] == "failed" else None) + row[12:] for row in rows]
+        got = self.sql(self.admin, f"SELECT {self.ROW} FROM durable_ledger.effects"
+                       " WHERE run LIKE %s OR key LIKE %s ORDER BY key",
+                       (self.prefix + "%", self.prefix + "%"), quiet=True)
+        want = [self.model_row(e) for e in sorted(self.model.effects.values(), key=lambda e: e.key)]
         if got != want:
             diff = [f"  server {g!r}\n  model  {w!r}" for g, w in itertools.zip_longest(got, want)
                     if g != w]
@@ -941,13 +1120,11 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @invariant()
     def past_attempts_agree(self) -> None:
-        got = self.sql(self.admin, "SELECT key, attempt, run, lease_epoch, status::text, error"
-                       " FROM durable_ledger.past_attempts WHERE run LIKE %s ORDER BY key, attempt",
-                       (self.prefix + "%",), quiet=True)
-        want = sorted((e.key, p.attempt, p.run, p.epoch, p.status,
-                       p.error if p.status == "failed" else None)
+        got = self.sql(self.admin, "SELECT key, attempt, run, lease_epoch, status::text, error,"
+                       " resolved_by FROM durable_ledger.past_attempts WHERE run LIKE %s"
+                       " ORDER BY key, attempt", (self.prefix + "%",), quiet=True)
+        want = sorted((e.key, p.attempt, p.run, p.epoch, p.status, p.error, p.resolved_by)
                       for e in self.model.effects.values() for p in e.past)
-        got = [row[:5] + (row[5] if row[4] == "failed" else None,) for row in got]
         if got != want:
             self.fail(f"the past attempts differ:\n  server {got!r}\n  model  {want!r}")
 
@@ -982,6 +1159,9 @@ class LedgerMachine(RuleBasedStateMachine):
         for i, token in enumerate(self.tokens):
             text = text.replace(token, f"<token {i}>")
         text = re.sub(r"pg_terminate_backend\(\d+\)", "pg_terminate_backend(<pid>)", text)
+        for session in self.sessions + [self.admin]:  # a row's holder_pid
+            for i, pid in enumerate(session.pids):
+                text = re.sub(rf"\b{pid}\b", f"<pid {session.label}.{i}>", text)
         names: dict[str, str] = {}
         return re.sub(r"\b[0-9a-f]{64}\b",
                       lambda m: names.setdefault(m.group(0), f"<key {len(names)}>"), text)

@@ -3,7 +3,9 @@
 # session and token leases, business keys, a tool with key fields, reports
 # naming their attempt or not, resolutions, leases taken, renewed, released,
 # expired by the server's clock, broken, ended by release_attempt, lost
-# behind the ledger's back, waited for; sessions killed, a run abandoned, runs forked (and their first attempts), runs
+# behind the ledger's back, waited for; calls at once (a business key called
+# by two runs while the first call's transaction is open; a call waiting,
+# judged, while its row is reported on); sessions killed, a run abandoned, runs forked (and their first attempts), runs
 # purged, histories and leases read, retries
 # that reword a call (divergence, its verdicts), tools registered, changed
 # and retired, the policies for tools nobody registered -- each answer and,
@@ -59,7 +61,10 @@ run_model('the same seed makes the same histories twice',
 for my $seen ('begin execute', 'begin replay', 'begin pause', 'begin in_progress business key',
 	'begin execute business key', 'begin_recorded execute', 'complete_effect applied',
 	'complete_effect conflict', 'fail_effect noop', 'begin pause divergence',
-	'fork_run carried', 'purge_settled purged', 'metrics_events checked')
+	'fork_run carried', 'purge_settled purged', 'metrics_events checked', 'begin replay failed',
+	'begin_recorded replay completed', 'begin_recorded execute again', 'overlap waited',
+	'report_meanwhile waited', 'retry_effect applied', 'resolve_effect completed',
+	'resolve_effect failed')
 {
 	like($out, qr/^#\s+\d+\s+\Q$seen\E$/m, "the histories made \"$seen\" happen");
 }
