@@ -67,16 +67,20 @@ SELECT durable_ledger.release_run('rt-2');
 
 -- ===================================================================
 -- a contradicted completion (a failure reported for it): the person finds
--- it did not happen; the flag is cleared, the result kept in the audit row
+-- it did not happen, resolves it as failed, and asks for it again
 -- ===================================================================
 SELECT durable_ledger.effect_key('rt-3', 'charge', '{"amount": 50}', 1) AS k3 \gset
 SELECT decision FROM durable_ledger.begin_effect('rt-3', 'charge', '{"amount": 50}');
 SELECT status FROM durable_ledger.complete_effect(:'k3', '{"charge": "ch-3"}', 1);
 SELECT status, conflict FROM durable_ledger.fail_effect(:'k3', '{"code": "reversed"}', 1);
+-- a completion stands until a person resolves it otherwise: a retry of it is
+-- refused, flagged or not (it happened, as far as the ledger knows)
+SELECT regress_sqlstate(format($$SELECT durable_ledger.retry_effect(%L, 1, 'carol')$$, :'k3'));
+SELECT status, error, conflict FROM durable_ledger.resolve_effect(:'k3', 'failed', '{"code": "reversed"}',
+                                                                 'carol', 'the bank reversed it');
 SELECT status, result, error, conflict, execute_again
   FROM durable_ledger.retry_effect(:'k3', 1, 'carol', 'the charge was reversed');
-SELECT detail ->> 'previous_status' AS previous_status, detail -> 'previous_result' AS previous_result,
-       detail -> 'conflict_cleared' AS conflict_cleared
+SELECT detail ->> 'previous_status' AS previous_status, detail -> 'previous_error' AS previous_error
   FROM durable_ledger.audit_log WHERE key = :'k3' AND event = 'retry_allowed';
 SELECT count(*) AS unresolved FROM durable_ledger.unresolved WHERE key = :'k3';
 
@@ -161,3 +165,41 @@ SELECT decision, attempt FROM durable_ledger.begin_effect('rt-7', 'rt_watched', 
 SELECT decision, attempt FROM durable_ledger.begin_effect('rt-7', 'rt_watched', '{"n": 4}');
 SELECT count(*) AS divergences FROM durable_ledger.audit_log WHERE run = 'rt-7' AND event = 'divergence';
 SELECT durable_ledger.release_run('rt-7');
+
+-- ===================================================================
+-- a retry asked for is the run's, and waits for its next call: a fork
+-- carries the failure, not the retry (the new run replays it, the source
+-- run makes it again), and purge_settled keeps the run
+-- ===================================================================
+SELECT durable_ledger.effect_key('rt-8', 'charge', '{"amount": 80}', 1) AS k8 \gset
+SELECT decision FROM durable_ledger.begin_effect('rt-8', 'charge', '{"amount": 80}');
+SELECT status FROM durable_ledger.fail_effect(:'k8', '{"code": "card_declined"}', 1);
+SELECT durable_ledger.release_run('rt-8');
+SELECT status FROM durable_ledger.retry_effect(:'k8', 1, 'hana');
+SELECT durable_ledger.fork_run('rt-8', 'rt-8-fork', :'k8', 'hana');
+SELECT status, attempt, execute_again FROM durable_ledger.effects WHERE run = 'rt-8-fork';
+SELECT decision, status, attempt FROM durable_ledger.begin_effect('rt-8-fork', 'charge', '{"amount": 80}');
+SELECT durable_ledger.release_run('rt-8-fork');
+SELECT run FROM durable_ledger.purge_settled('0', 'hana', dry_run => true) WHERE run LIKE 'rt-8%' ORDER BY run;
+SELECT decision, attempt FROM durable_ledger.begin_effect('rt-8', 'charge', '{"amount": 80}');
+SELECT durable_ledger.release_run('rt-8');
+
+-- ===================================================================
+-- a drifted call that a verdict made the same as a retried effect replays
+-- its failure: executing it would perform its own args under the effect's
+-- record (the retry is of the effect's own call)
+-- ===================================================================
+SELECT tool FROM durable_ledger.register_tool('rt_paused', 'regress', divergence => 'pause');
+SELECT durable_ledger.effect_key('rt-9', 'rt_paused', '{"amount": 30}', 1) AS k9 \gset
+SELECT decision FROM durable_ledger.begin_effect('rt-9', 'rt_paused', '{"amount": 30}');
+SELECT status FROM durable_ledger.fail_effect(:'k9', '{"code": "card_declined"}', 1);
+SELECT status FROM durable_ledger.retry_effect(:'k9', 1, 'ivan');
+SELECT durable_ledger.acquire_run('rt-9');
+SELECT key AS d9, decision, status FROM durable_ledger.begin_effect('rt-9', 'rt_paused', '{"amount": 99}') \gset
+SELECT :'decision' AS decision, :'d9' <> :'k9' AS drifted;
+SELECT verdict FROM durable_ledger.resolve_divergence(:'d9', 'same', 'ivan');
+SELECT key = :'k9' AS is_k9, decision, status, attempt, error
+  FROM durable_ledger.begin_effect('rt-9', 'rt_paused', '{"amount": 99}');
+SELECT key = :'k9' AS is_k9, decision, attempt
+  FROM durable_ledger.begin_effect('rt-9', 'rt_paused', '{"amount": 30}');
+SELECT durable_ledger.release_run('rt-9');

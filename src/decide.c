@@ -444,9 +444,13 @@ judge_row(const Facts *f, Decision *d)
 				next_attempt(row, EFFECT_FAILED, d);
 				return;
 			}
-			if (row->execute_again)
+			if (row->execute_again && f->intent != &f->same)
 			{
-				/* a person found it did not happen (retry_effect) */
+				/*
+				 * a person found it did not happen (retry_effect); not for a
+				 * drifted call a verdict made the same, which would execute
+				 * its own args under the effect's record: it replays
+				 */
 				next_attempt(row, EFFECT_FAILED, d);
 				d->answer.reason = psprintf(REASON_RETRY, row->attempt, row->attempt + 1);
 				return;

@@ -957,13 +957,14 @@ dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit)
 /* the run's effects (RUN_LOGGED_KEYS), what it has to remove and whether it may */
 #define RUN_PURGE_STATE(lock) \
 	"WITH keys AS (SELECT DISTINCT k.key FROM (" RUN_LOGGED_KEYS ") k)," \
-	"     mine AS (SELECT e.key, e.status, e.conflict, e.safe_to_redo FROM durable_ledger.effects e" \
+	"     mine AS (SELECT e.key, e.status, e.conflict, e.safe_to_redo, e.execute_again" \
+	"               FROM durable_ledger.effects e" \
 	"               JOIN keys k ON e.key" EQ "k.key WHERE e.run" EQ "$1" lock ")" \
 	" SELECT (SELECT pg_catalog.count(*) FROM mine)," \
 	"        (SELECT pg_catalog.count(*) FROM mine" \
 	"          WHERE (mine.status OPERATOR(pg_catalog.<>) ALL ('{completed,failed}')" \
 	"                 AND NOT (mine.status OPERATOR(pg_catalog.=) 'started' AND mine.safe_to_redo))" \
-	"             OR mine.conflict)," \
+	"             OR mine.conflict OR mine.execute_again)," \
 	"        (SELECT pg_catalog.count(*) FROM durable_ledger.past_attempts p JOIN mine" \
 	"            ON p.key" EQ "mine.key)," \
 	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d WHERE d.run" EQ "$1)," \

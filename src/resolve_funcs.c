@@ -156,11 +156,12 @@ dl_retry_effect_1_3(PG_FUNCTION_ARGS)
 	lock_attempt(key, attempt, &locked);
 	before = locked.row;
 	check_not_in_flight(key, &before);
-	if (before.status == EFFECT_COMPLETED && !before.conflict)
+	if (before.status == EFFECT_COMPLETED)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("effect \"%s\" completed: making it again would perform it twice", key),
-				 errdetail("Only an attempt that did not happen can be made again: one whose outcome is unknown, that failed, or whose report was contradicted.")));
+				 errdetail("Only an attempt that did not happen can be made again: one whose outcome is unknown, or that failed."),
+				 errhint("If a contradicting report shows that it did not happen after all, resolve it as failed with durable_ledger.resolve_effect() first.")));
 	if (before.execute_again && !before.conflict)
 		row = locked.tuple;		/* asked again: nothing to change */
 	else

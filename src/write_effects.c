@@ -431,6 +431,8 @@ dl_write_forked_effect(const LockedEffect *source, const char *new_run, const ch
 	dl_row_set(&w, EFF_HOLDER_PID, Int32GetDatum(MyProcPid));
 	dl_row_set(&w, EFF_CREATED_AT, dl_row_now());
 	dl_row_set(&w, EFF_CONFLICT, BoolGetDatum(false));
+	/* a person's retry was of the source's effect: the new run replays its failure */
+	dl_row_set(&w, EFF_EXECUTE_AGAIN, BoolGetDatum(false));
 	dl_row_set(&w, EFF_FORKED_FROM, CStringGetTextDatum(source->row.key));
 	dl_row_insert(&w);
 	dl_effect_row_from_slot(w.slot, &carried);

@@ -319,7 +319,7 @@ class Model:
                                        e.safe_to_redo, new, 1, begun=self.clock,
                                        attempt=e.attempt, status=e.status,
                                        result=e.result, error=e.error, forked_from=e.key,
-                                       execute_again=e.execute_again, resolved_by=e.resolved_by)
+                                       resolved_by=e.resolved_by)
             self.derived[(new, e.tool, canonical(self.identity(e.tool, e.args)), e.occurrence)] = key
         self.epochs[new] = 1
         return len(carried)
@@ -334,8 +334,10 @@ class Model:
         purged = {}
         for run in sorted(self.epochs):
             mine = [e for e in self.effects.values() if e.run == run]
-            if not mine or any(e.conflict or (e.status not in ("completed", "failed")
-                                              and not (e.status == "started" and e.safe_to_redo))
+            # a retry a person asked for waits for the run's next call: not settled
+            if not mine or any(e.conflict or e.execute_again
+                               or (e.status not in ("completed", "failed")
+                                   and not (e.status == "started" and e.safe_to_redo))
                                for e in mine):
                 continue
             if any(d.run == run and d.verdict is None for d in self.divergences.values()):
@@ -456,14 +458,16 @@ class Model:
         if business_key is None:
             progress, watched = self._progress_start(run, epoch, tool, recorded)
         answer = None
+        same = False  # decided as a call of the earlier effect a verdict named
         if effect is None and business_key is None:
             answer, effect = self._judge_drift(run, epoch, tool, args, key, occurrence, recorded,
                                                progress, watched)
             if effect is not None:
                 key = effect.key  # a person said it is that earlier effect
+                same = True
         if answer is None:
             answer = self._decide(run, epoch, tool, args, key, business_key is not None,
-                                  occurrence, recorded, effect, progress, watched)
+                                  occurrence, recorded, effect, progress, watched, same)
         if answer.decision == "execute":
             self._may_execute(tool)
         if answer.decision != "pause" and business_key is None:
@@ -624,7 +628,8 @@ class Model:
         t.retired = True
 
     def _decide(self, run, epoch, tool, args, key, business_key, occurrence, recorded,
-                effect: Optional[Effect], progress: Progress, watched: bool) -> Answer:
+                effect: Optional[Effect], progress: Progress, watched: bool,
+                same: bool = False) -> Answer:
         def answer(decision, status, attempt, result=None, error=None):
             return Answer(key, decision, status, occurrence, attempt, result, error)
 
@@ -639,7 +644,9 @@ class Model:
         if effect.status == "completed":
             return answer("replay", "completed", effect.attempt, result=effect.result)
         if effect.status == "failed":
-            if business_key or effect.execute_again:
+            # a retry is of the effect's own call: a drifted one a verdict made
+            # the same replays its failure (it would execute other args)
+            if business_key or (effect.execute_again and not same):
                 if watched and not business_key:  # counted before its row moves, as a redo
                     self._earlier_count(run, epoch, tool, progress)
                     progress.replayed.add(effect.key)
@@ -769,8 +776,8 @@ class Model:
             raise Refused("55000", "a later attempt replaced that attempt")
         if effect.status == "started" and self.live(effect.run, effect.epoch):
             raise Refused("55000", "the effect's lease is live: it may be in flight")
-        if effect.status == "completed" and not effect.conflict:
-            raise Refused("55000", "the effect completed: it would happen twice")
+        if effect.status == "completed":
+            raise Refused("55000", "the effect completed, flagged or not: it would happen twice")
         if effect.execute_again and not effect.conflict:
             return  # asked again: no change
         if effect.status != "failed":

@@ -884,17 +884,26 @@ class LedgerMachine(RuleBasedStateMachine):
         finally:
             self.nested = False
 
-    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN, completed=st.sampled_from([True, True, False]))
-    def rerun(self, s: int, r: int, completed: bool) -> None:
+    @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN, completed=st.sampled_from([True, True, False]),
+          reword=st.sampled_from([None, None, 0, 1]))
+    def rerun(self, s: int, r: int, completed: bool, reword: Optional[int] = None) -> None:
         """A run's attempt ends with every outcome reported, and the run is
         delivered again: its next attempt replays each call (completed, failed;
-        a recorded call's answer) -- what the ledger is for."""
-        self.step("rerun", s, r, completed)
+        a recorded call's answer) -- what the ledger is for -- or rewords one."""
+        self.step("rerun", s, r, completed, reword)
+        mine = self.whose(s, r)
+        if reword is not None and not any(
+                run == mine and call[0] in ("pay", "crm") and call[2] is None and call[3] == "session"
+                and not call[4] for run, call in self.calls):
+            # a reworded call drifts only from an earlier call of a judged tool: make one
+            self.calls.append((mine, ("pay", 0, None, "session", False)))
+            self.call_begin(s, r, "pay", 0, None, "session", False, rolled_back=False)
+            reword = len([c for run, c in self.calls if run == mine and c[3] == "session"]) - 1
         self.nested = True
         try:
             self.finish(s, r, completed)
             self.nested = True  # (finish ended its own nesting)
-            self.new_attempt(s, r, None)
+            self.new_attempt(s, r, reword)
         finally:
             self.nested = False
 

@@ -58,7 +58,7 @@ run_model('the same seed makes the same histories twice',
 
 # the histories reached what they are for (a generator that only ever hit
 # errors would pass without testing anything)
-for my $seen ('begin execute', 'begin replay', 'begin pause', 'begin in_progress business key',
+for my $seen ('begin execute', 'begin replay completed', 'begin pause', 'begin in_progress business key',
 	'begin execute business key', 'begin_recorded execute', 'complete_effect applied',
 	'complete_effect conflict', 'fail_effect noop', 'begin pause divergence',
 	'fork_run carried', 'purge_settled purged', 'metrics_events checked', 'begin replay failed',
