@@ -84,6 +84,7 @@ typedef struct Call
 	ReplayProgress progress;	/* how far the epoch replayed the tool (derived keys) */
 	char		derived_key[DL_KEY_HEX_LEN + 1];
 	bool		waited;			/* it may have waited for a lock since its token lease was checked */
+	bool		unregistered;	/* its tool is nobody's, and policy warn: warned once it executes */
 } Call;
 
 /* The effect a round decides on, read afresh each round. */
@@ -513,13 +514,13 @@ audit_divergence(const Call *call, const Facts *f)
 
 /*
  * Before a call executes: warns of a divergence (policy warn), refuses a
- * call whose tool may not execute (tools.c; nothing is written), warns of a
- * tool nobody registered (policy warn).
+ * call whose tool may not execute (tools.c; nothing is written), and notes
+ * a tool nobody registered (policy warn), whose warning apply gives once the
+ * call executes: the round may start again and decide otherwise.
  */
 static void
 check_executed(Call *call, const Facts *f)
 {
-	bool		unregistered;
 	bool		waited;
 
 	if (f->drift.kind == DRIFT_WARN)
@@ -527,10 +528,8 @@ check_executed(Call *call, const Facts *f)
 		audit_divergence(call, f);
 		dl_warn_divergence(&call->progress, &f->drift);
 	}
-	unregistered = dl_may_execute(call->intent.tool, &call->rules, &waited);
+	call->unregistered = dl_may_execute(call->intent.tool, &call->rules, &waited);
 	call->waited |= waited;
-	if (unregistered)
-		dl_warn_unregistered(call->intent.tool);
 }
 
 /* A new divergence: audited, and recorded to wait for a person's verdict. */
@@ -675,6 +674,8 @@ apply(Call *call, const Facts *f, const Decision *d)
 	{
 		if (call->request->token != NULL && call->waited)
 			(void) dl_token_for_call(call->request->run, call->request->token);
+		if (call->unregistered)
+			dl_warn_unregistered(call->intent.tool);
 		dl_note_durable_write();
 	}
 	count_call(call, d);
