@@ -135,8 +135,8 @@ report_on_past_attempt(LockedEffect *locked, int32 attempt, EffectStatus reporte
 }
 
 /*
- * A report that names no attempt, on an effect (a business key, or a recorded
- * call made again) whose current attempt is not the first and was not
+ * A report that names no attempt, on an effect (a business key, a recorded
+ * call made again, an effect a person retried) whose current attempt is not the first and was not
  * started by the lease this session holds now (alone: a lease that began two
  * attempts cannot tell them apart): it may be a late report on an earlier
  * attempt, so it is never applied.
@@ -187,7 +187,7 @@ unnamed_attempt_is_current(const EffectRow *row)
 	ListCell   *lc;
 
 	if (row->attempt == 1)
-		return true;			/* a derived key's only, unless recorded and redone */
+		return true;			/* a derived key's only, unless redone or retried */
 	if (!dl_lease_is_mine(row->run, row->lease_epoch))
 		return false;
 	foreach(lc, dl_read_past_attempt_runs(row->key))

@@ -49,6 +49,17 @@ check_not_in_flight(const char *key, const EffectRow *row)
 				 errhint("Wait for the worker, or end its lease with durable_ledger.break_lease() first.")));
 }
 
+/* What a person's decision replaced, for its audit row (resolved, retry_allowed). */
+static void
+detail_previous(DetailBuilder *detail, const EffectRow *before)
+{
+	dl_detail_text(detail, "previous_status",
+				   dl_status_name(before->status == EFFECT_STARTED ? EFFECT_UNKNOWN : before->status));
+	dl_detail_jsonb(detail, "previous_result", before->result);
+	dl_detail_jsonb(detail, "previous_error", before->error);
+	dl_detail_bool(detail, "conflict_cleared", before->conflict);
+}
+
 /*
  * resolve_effect(key text, outcome text, result jsonb, resolved_by text,
  *                note text, attempt integer) RETURNS durable_ledger.effects
@@ -98,11 +109,7 @@ dl_resolve_effect_1_3(PG_FUNCTION_ARGS)
 	dl_detail_jsonb(&detail, to == EFFECT_COMPLETED ? "result" : "error", value);
 	dl_detail_text(&detail, "resolved_by", resolved_by);
 	dl_detail_text(&detail, "note", note);
-	dl_detail_text(&detail, "previous_status",
-				   dl_status_name(before.status == EFFECT_STARTED ? EFFECT_UNKNOWN : before.status));
-	dl_detail_jsonb(&detail, "previous_result", before.result);
-	dl_detail_jsonb(&detail, "previous_error", before.error);
-	dl_detail_bool(&detail, "conflict_cleared", before.conflict);
+	detail_previous(&detail, &before);
 	dl_write_audit(before.run, key, AUDIT_RESOLVED, dl_detail_finish(&detail), before.lease_epoch,
 				   before.attempt);
 	dl_note_durable_write();
@@ -120,11 +127,7 @@ audit_retry(const char *key, const EffectRow *before, const char *resolved_by, c
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "resolved_by", resolved_by);
 	dl_detail_text(&detail, "note", note);
-	dl_detail_text(&detail, "previous_status",
-				   dl_status_name(before->status == EFFECT_STARTED ? EFFECT_UNKNOWN : before->status));
-	dl_detail_jsonb(&detail, "previous_result", before->result);
-	dl_detail_jsonb(&detail, "previous_error", before->error);
-	dl_detail_bool(&detail, "conflict_cleared", before->conflict);
+	detail_previous(&detail, before);
 	dl_write_audit(before->run, key, AUDIT_RETRY_ALLOWED, dl_detail_finish(&detail),
 				   before->lease_epoch, before->attempt);
 }
