@@ -29,6 +29,12 @@ mkdir -p "$copy/usr/lib/postgresql" "$copy/usr/share/postgresql" "$copy/usr/incl
 cp -a "$prefix/lib/postgresql/$major" "$copy/usr/lib/postgresql/"
 cp -a "$prefix/share/postgresql/$major" "$copy/usr/share/postgresql/"
 ln -s "$prefix/include/postgresql" "$copy/usr/include/postgresql"
+# the installed extension's files go first: a script of a later version that
+# REV did not have (a fresh durable_ledger--1.3.sql, say) would be chosen by
+# CREATE EXTENSION over REV's own upgrade path
+rm -f "$copy/usr/share/postgresql/$major/extension/durable_ledger"* \
+	"$copy/usr/lib/postgresql/$major/lib/durable_ledger.so"
+rm -rf "$copy/usr/lib/postgresql/$major/lib/bitcode/durable_ledger"*
 git -C "$top" archive "$rev" | tar -x -C "$copy/src"
 export PG_CONFIG=$copy/usr/lib/postgresql/$major/bin/pg_config
 make -s -C "$copy/src" PG_CONFIG="$PG_CONFIG" install >"$copy/build.log" 2>&1 ||
