@@ -36,6 +36,7 @@ OBJS = \
 	src/decide.o \
 	src/begin_funcs.o \
 	src/report_funcs.o \
+	src/report.o \
 	src/resolve_funcs.o \
 	src/status_funcs.o \
 	src/lease_funcs.o \
@@ -89,7 +90,8 @@ REGRESS = \
 	recorded \
 	warnings \
 	drop_guard \
-	retry
+	retry \
+	reconcile
 REGRESS_OPTS = --encoding=UTF8 --load-extension=pgcrypto --load-extension=dblink
 
 # isolation specs: one named permutation per interleaving (test/specs, test/expected)

@@ -133,7 +133,8 @@ ALTER DOMAIN durable_ledger.audit_event ADD CONSTRAINT audit_event_check
                      'tool_registered', 'tool_changed', 'tool_retired',
                      'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
                      'carried', 'policy_changed', 'purged', 'audit_purged',
-                     'superseded_report', 'history_chained', 'retry_allowed'));
+                     'superseded_report', 'history_chained', 'retry_allowed',
+                     'reconciled'));
 ALTER TABLE durable_ledger.audit_log DISABLE TRIGGER audit_log_append_only;
 DO $chain_history$
 DECLARE
@@ -478,8 +479,19 @@ SELECT (SELECT pg_catalog.count(*) FROM durable_ledger.lease_locks l) AS session
           FROM durable_ledger.unresolved x) u;
 
 -- ---------------------------------------------------------------------------
+-- Reconcilers: an admin may let workers settle an unknown outcome of a tool
+-- from the provider's own record (set_reconcile, reconcile_effect, below),
+-- after a grace; unresolved shows it.  The column comes last, as a fresh
+-- install has it.
+-- ---------------------------------------------------------------------------
+ALTER TABLE durable_ledger.tools ADD COLUMN reconcile_grace interval;
+COMMENT ON COLUMN durable_ledger.tools.reconcile_grace IS
+    'NULL: an unknown outcome of the tool waits for a person; else a worker may settle it from the provider''s record (reconcile_effect) this long after the ledger found it unknown (set_reconcile)';
+
+-- ---------------------------------------------------------------------------
 -- unresolved says what a flagged effect's report is: contradicting, or (1.3)
--- naming no attempt where that is ambiguous.
+-- naming no attempt where that is ambiguous; and (1.3) whether a reconciler
+-- may settle it.
 -- ---------------------------------------------------------------------------
 CREATE OR REPLACE VIEW durable_ledger.unresolved AS
 SELECT e.key,
@@ -510,7 +522,12 @@ SELECT e.key,
        -- after the first, names its attempt
        CASE WHEN e.business_key OR e.attempt OPERATOR(pg_catalog.>) 1
             THEN pg_catalog.concat(e.key, '#', e.attempt)
-            ELSE e.key END                          AS downstream_key
+            ELSE e.key END                          AS downstream_key,
+       -- a reconciler may settle an unknown outcome of the tool, this long
+       -- after it was found unknown (a flagged one waits for a person)
+       CASE WHEN NOT e.conflict THEN (
+            SELECT t.reconcile_grace FROM durable_ledger.tools t
+             WHERE t.tool OPERATOR(pg_catalog.=) e.tool) END AS reconcile_grace
   FROM durable_ledger.unsettled u
   JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) u.key
                               AND e.created_at OPERATOR(pg_catalog.=) u.created_at
@@ -559,7 +576,8 @@ SELECT d.key,
        d.lease_epoch,
        d.candidate_key,
        ab.abandoned_at,
-       NULL
+       NULL,
+       NULL::interval
   FROM durable_ledger.divergences d
   LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) d.run
  WHERE d.verdict IS NULL
@@ -897,6 +915,8 @@ COMMENT ON COLUMN durable_ledger.unresolved.run_abandoned_at IS
     'when a person abandoned the run; NULL: not abandoned';
 COMMENT ON COLUMN durable_ledger.unresolved.downstream_key IS
     'the key the provider was given (what a reconciler asks it about): key for the first attempt of a derived key, else key#attempt; NULL for a drifted call';
+COMMENT ON COLUMN durable_ledger.unresolved.reconcile_grace IS
+    'when the tool is reconciled by workers (set_reconcile): how long after an unknown outcome was found unknown a worker may settle it from the provider''s record (reconcile_effect); NULL: a person decides';
 COMMENT ON COLUMN durable_ledger.metrics.session_leases IS
     'session leases held in this database (lease_locks)';
 COMMENT ON COLUMN durable_ledger.metrics.token_leases IS
@@ -928,7 +948,8 @@ DROP INDEX durable_ledger.audit_log_events_idx;
 CREATE INDEX audit_log_events_idx ON durable_ledger.audit_log (event, logged_at)
     WHERE event IN ('resolved', 'lease_broken', 'divergence_resolved', 'run_abandoned',
                     'run_forked', 'tool_registered', 'tool_changed', 'tool_retired',
-                    'policy_changed', 'purged', 'audit_purged', 'replay', 'retry_allowed');
+                    'policy_changed', 'purged', 'audit_purged', 'replay', 'retry_allowed',
+                    'reconciled');
 
 CREATE FUNCTION durable_ledger.retry_effect(key text, attempt integer, resolved_by text,
                                             note text DEFAULT NULL)
@@ -941,3 +962,32 @@ COMMENT ON FUNCTION durable_ledger.retry_effect(text, integer, text, text) IS
 REVOKE ALL ON FUNCTION durable_ledger.retry_effect(text, integer, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION durable_ledger.retry_effect(text, integer, text, text)
     TO durable_ledger_admin;
+
+-- ---------------------------------------------------------------------------
+-- Reconcilers.  A worker's record of what the provider's own record says of
+-- an unknown outcome, for a tool an admin made reconcilable
+-- (docs/reference.md, "Reconcilers").
+-- ---------------------------------------------------------------------------
+CREATE FUNCTION durable_ledger.set_reconcile(tool text, grace interval, changed_by text,
+                                             note text DEFAULT NULL)
+RETURNS durable_ledger.tools
+AS 'MODULE_PATHNAME', 'dl_set_reconcile_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.set_reconcile(text, interval, text, text) IS
+    'whether workers may settle an unknown outcome of a registered tool from the provider''s record, and after what grace (NULL: no, a person decides)';
+
+CREATE FUNCTION durable_ledger.reconcile_effect(key text, attempt integer, happened boolean,
+                                                evidence jsonb)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_reconcile_effect_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.reconcile_effect(text, integer, boolean, jsonb) IS
+    'a worker''s record of what the provider''s lookup by downstream_key said of the given attempt of an unknown effect: it happened (evidence is its result) or it did not (evidence is its error; the next call executes the next attempt under a new provider key)';
+REVOKE ALL ON FUNCTION durable_ledger.set_reconcile(text, interval, text, text),
+                      durable_ledger.reconcile_effect(text, integer, boolean, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION durable_ledger.set_reconcile(text, interval, text, text)
+    TO durable_ledger_admin;
+GRANT EXECUTE ON FUNCTION durable_ledger.reconcile_effect(text, integer, boolean, jsonb)
+    TO durable_ledger_worker;

@@ -74,7 +74,8 @@ CREATE DOMAIN durable_ledger.audit_event AS text
                      'tool_registered', 'tool_changed', 'tool_retired',
                      'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
                      'carried', 'policy_changed', 'purged', 'audit_purged',
-                     'superseded_report', 'history_chained', 'retry_allowed'));
+                     'superseded_report', 'history_chained', 'retry_allowed',
+                     'reconciled'));
 -- the kind of lease that holds an epoch
 CREATE DOMAIN durable_ledger.lease_kind AS text
     CHECK (VALUE IN ('session', 'token'));
@@ -323,7 +324,8 @@ CREATE INDEX audit_log_logged_at_idx ON durable_ledger.audit_log USING brin (log
 CREATE INDEX audit_log_events_idx ON durable_ledger.audit_log (event, logged_at)
     WHERE event IN ('resolved', 'lease_broken', 'divergence_resolved', 'run_abandoned',
                     'run_forked', 'tool_registered', 'tool_changed', 'tool_retired',
-                    'policy_changed', 'purged', 'audit_purged', 'replay', 'retry_allowed');
+                    'policy_changed', 'purged', 'audit_purged', 'replay', 'retry_allowed',
+                    'reconciled');
 COMMENT ON TABLE durable_ledger.audit_log IS
     'append-only, one row per event, each linked into a hash chain (verify_audit); UPDATE, DELETE and TRUNCATE are refused, for its owner too: only purge_audit deletes';
 COMMENT ON COLUMN durable_ledger.audit_log.id IS
@@ -454,7 +456,8 @@ CREATE TABLE durable_ledger.tools (
     changed_by      text,
     changed_at      timestamptz,
     retired_by      text,
-    retired_at      timestamptz
+    retired_at      timestamptz,
+    reconcile_grace interval
 );
 COMMENT ON TABLE durable_ledger.tools IS
     'the tools registry: what admins declared of each tool (register_tool, change_tool, retire_tool), every change audited';
@@ -480,6 +483,8 @@ COMMENT ON COLUMN durable_ledger.tools.retired_by IS
     'who retired it: a retired tool is executed no more; NULL while it is not retired';
 COMMENT ON COLUMN durable_ledger.tools.retired_at IS
     'when it was retired';
+COMMENT ON COLUMN durable_ledger.tools.reconcile_grace IS
+    'NULL: an unknown outcome of the tool waits for a person; else a worker may settle it from the provider''s record (reconcile_effect) this long after the ledger found it unknown (set_reconcile)';
 
 -- What a deployment allows for tools nobody registered.  A row, changed by
 -- admins and audited, not a setting: a setting of a library loaded on first
@@ -908,7 +913,12 @@ SELECT e.key,
        -- after the first, names its attempt
        CASE WHEN e.business_key OR e.attempt OPERATOR(pg_catalog.>) 1
             THEN pg_catalog.concat(e.key, '#', e.attempt)
-            ELSE e.key END                          AS downstream_key
+            ELSE e.key END                          AS downstream_key,
+       -- a reconciler may settle an unknown outcome of the tool, this long
+       -- after it was found unknown (a flagged one waits for a person)
+       CASE WHEN NOT e.conflict THEN (
+            SELECT t.reconcile_grace FROM durable_ledger.tools t
+             WHERE t.tool OPERATOR(pg_catalog.=) e.tool) END AS reconcile_grace
   FROM durable_ledger.unsettled u
   JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) u.key
                               AND e.created_at OPERATOR(pg_catalog.=) u.created_at
@@ -957,7 +967,8 @@ SELECT d.key,
        d.lease_epoch,
        d.candidate_key,
        ab.abandoned_at,
-       NULL
+       NULL,
+       NULL::interval
   FROM durable_ledger.divergences d
   LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) d.run
  WHERE d.verdict IS NULL
@@ -999,6 +1010,8 @@ COMMENT ON COLUMN durable_ledger.unresolved.run_abandoned_at IS
     'when a person abandoned the run; NULL: not abandoned';
 COMMENT ON COLUMN durable_ledger.unresolved.downstream_key IS
     'the key the provider was given (what a reconciler asks it about): key for the first attempt of a derived key, else key#attempt; NULL for a drifted call';
+COMMENT ON COLUMN durable_ledger.unresolved.reconcile_grace IS
+    'when the tool is reconciled by workers (set_reconcile): how long after an unknown outcome was found unknown a worker may settle it from the provider''s record (reconcile_effect); NULL: a person decides';
 
 -- ---------------------------------------------------------------------------
 -- Functions.  The writers are SECURITY DEFINER with a pinned search_path; every
@@ -1156,6 +1169,27 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.retry_effect(text, integer, text, text) IS
     'a named person''s finding that the given attempt of an effect did not happen, and that it is to be made again: the next call executes the next attempt under a new provider key';
+
+-- A worker's record of what the provider's own record says of an unknown
+-- outcome, for a tool an admin made reconcilable (docs/reference.md,
+-- "Reconcilers").
+CREATE FUNCTION durable_ledger.set_reconcile(tool text, grace interval, changed_by text,
+                                             note text DEFAULT NULL)
+RETURNS durable_ledger.tools
+AS 'MODULE_PATHNAME', 'dl_set_reconcile_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.set_reconcile(text, interval, text, text) IS
+    'whether workers may settle an unknown outcome of a registered tool from the provider''s record, and after what grace (NULL: no, a person decides)';
+
+CREATE FUNCTION durable_ledger.reconcile_effect(key text, attempt integer, happened boolean,
+                                                evidence jsonb)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_reconcile_effect_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.reconcile_effect(text, integer, boolean, jsonb) IS
+    'a worker''s record of what the provider''s lookup by downstream_key said of the given attempt of an unknown effect: it happened (evidence is its result) or it did not (evidence is its error; the next call executes the next attempt under a new provider key)';
 
 CREATE FUNCTION durable_ledger.break_lease(run text, broken_by text, note text DEFAULT NULL)
 RETURNS boolean
@@ -1387,6 +1421,7 @@ GRANT EXECUTE ON FUNCTION
     durable_ledger.begin_recorded(text, text, jsonb, jsonb, text),
     durable_ledger.complete_effect(text, jsonb, integer),
     durable_ledger.fail_effect(text, jsonb, integer),
+    durable_ledger.reconcile_effect(text, integer, boolean, jsonb),
     durable_ledger.effect_status(text),
     durable_ledger.effect_key(text, text, jsonb, integer),
     durable_ledger.canonical_args(jsonb),
@@ -1424,6 +1459,7 @@ GRANT EXECUTE ON FUNCTION
     durable_ledger.register_tool(text, text, boolean, text, text[], text),
     durable_ledger.change_tool(text, text, boolean, text, text[], text),
     durable_ledger.retire_tool(text, text, text),
+    durable_ledger.set_reconcile(text, interval, text, text),
     durable_ledger.set_unregistered_tools(text, text, text),
     durable_ledger.set_unregistered_divergence(text, text, text),
     durable_ledger.resolve_divergence(text, text, text, text, text),

@@ -11,7 +11,7 @@
  * layers:
  *   module    module.c
  *   entry     *_funcs.c
- *   decision  decide.c decision.h
+ *   decision  decide.c report.c decision.h
  *   policy    tools.c divergence.c policy.h
  *   lease     lease.c token_lease.c liveness.c runlock.c counters.c lease.h
  *   store     reader.c rows.c write_*.c audit.c audit_chain.c metrics.c cache.c
@@ -147,6 +147,7 @@ typedef enum AuditEvent
 	AUDIT_SUPERSEDED_REPORT,
 	AUDIT_HISTORY_CHAINED,
 	AUDIT_RETRY_ALLOWED,
+	AUDIT_RECONCILED,
 	DL_NEVENTS
 } AuditEvent;
 
@@ -165,6 +166,7 @@ extern void dl_check_business_key(const char *business_key);
 extern void dl_derive_key(const char *run, const char *tool,
 						  const char *canon, int canon_len,
 						  int32 occurrence, char *hex_out);
+extern char *dl_downstream_key(const char *key, bool business_key, int32 attempt);
 
 /* call.c: what every SQL-callable function needs */
 extern char *dl_required_text_arg(FunctionCallInfo fcinfo, int argno,

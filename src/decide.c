@@ -44,6 +44,8 @@
 	"the outcome of attempt %d is unknown, and this call is recorded as safe to redo: it is executed again as attempt %d"
 #define REASON_RETRY \
 	"a person found that attempt %d of the effect did not happen and asked for it to be made again (retry_effect): it is executed as attempt %d, under a new provider key"
+#define REASON_RECONCILED \
+	"a reconciler found from the provider's record that attempt %d of the effect did not happen (reconcile_effect): it is executed as attempt %d, under a new provider key"
 #define REASON_IN_PROGRESS_MINE \
 	"this lease began this effect and has not reported its outcome yet; report it with complete_effect or fail_effect"
 #define REASON_IN_PROGRESS_OTHER \
@@ -448,12 +450,14 @@ judge_row(const Facts *f, Decision *d)
 			if (row->execute_again && f->intent != &f->same)
 			{
 				/*
-				 * a person found it did not happen (retry_effect); not for a
-				 * drifted call a verdict made the same, which would execute
-				 * its own args under the effect's record: it replays
+				 * a person (retry_effect) or a reconciler (reconcile_effect)
+				 * found it did not happen; not for a drifted call a verdict
+				 * made the same, which would execute its own args under the
+				 * effect's record: it replays
 				 */
 				next_attempt(row, EFFECT_FAILED, d);
-				d->answer.reason = psprintf(REASON_RETRY, row->attempt, row->attempt + 1);
+				d->answer.reason = psprintf(row->reconciled ? REASON_RECONCILED : REASON_RETRY,
+											row->attempt, row->attempt + 1);
 				return;
 			}
 			decide_replay(d, REASON_REPLAY_FAILED);
@@ -683,19 +687,6 @@ apply(Call *call, const Facts *f, const Decision *d)
 }
 
 /*
- * The key to pass downstream (the provider's idempotency key): a derived
- * key's first attempt, the key itself; a business key, and any next attempt,
- * the key with its attempt, "INV-9#2", since a provider that keeps its
- * answers to a key (card processors do, for a day) would answer the next
- * attempt, after a refusal, with the refusal again.
- */
-static char *
-downstream_key(const char *key, bool business_key, int32 attempt)
-{
-	return business_key || attempt > 1 ? psprintf("%s#%d", key, attempt) : pstrdup(key);
-}
-
-/*
  * Decides: rounds of read, judge, apply, until a decision is applied to the
  * row it was judged on.
  */
@@ -735,6 +726,6 @@ dl_begin(const BeginRequest *request, BeginAnswer *answer)
 	answer->business_key = call.intent.business_key;
 	answer->occurrence = call.intent.occurrence;
 	if (!answer->no_effect)
-		answer->downstream_key = downstream_key(answer->key, answer->business_key,
+		answer->downstream_key = dl_downstream_key(answer->key, answer->business_key,
 												answer->attempt);
 }

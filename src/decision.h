@@ -1,7 +1,8 @@
 /*
  * decision.h: the decision layer, what a call of begin_effect or
  * begin_recorded decides (decide.c): it reads what it needs once, judges,
- * and one apply writes what the judgement asks.
+ * and one apply writes what the judgement asks; and what a report on an
+ * effect decides (report.c).
  *
  * Uses policy.h and the layers below; the entry points use it.  Needs an
  * open SPI connection.
@@ -49,5 +50,9 @@ typedef struct BeginAnswer
 
 extern const char *dl_decision_name(DecisionKind kind);
 extern void dl_begin(const BeginRequest *request, BeginAnswer *answer);
+
+/* report.c: what a report on an effect decides (returns the row as it is now) */
+extern HeapTuple dl_report(const char *key, int32 attempt, EffectStatus reported, Jsonb *value);
+extern HeapTuple dl_reconcile(const char *key, int32 attempt, bool happened, Jsonb *evidence);
 
 #endif							/* DURABLE_LEDGER_DECISION_H */

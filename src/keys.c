@@ -94,3 +94,16 @@ failed:
 	pg_cryptohash_free(ctx);
 	elog(ERROR, "could not compute SHA-256 of the key material");
 }
+
+/*
+ * The key to pass downstream (the provider's idempotency key): a derived
+ * key's first attempt, the key itself; a business key, and any next attempt,
+ * the key with its attempt, "INV-9#2", since a provider that keeps its
+ * answers to a key (card processors do, for a day) would answer the next
+ * attempt, after a refusal, with the refusal again.
+ */
+char *
+dl_downstream_key(const char *key, bool business_key, int32 attempt)
+{
+	return business_key || attempt > 1 ? psprintf("%s#%d", key, attempt) : pstrdup(key);
+}

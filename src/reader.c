@@ -97,6 +97,16 @@ static Statement past_attempt_runs = {
 	1, {TEXTOID}
 };
 
+static Statement found_unknown = {
+	/* the decision that found an attempt's lease ended without a report */
+	"SELECT logged_at FROM durable_ledger.audit_log"
+	" WHERE key" EQ "$1 AND attempt" EQ "$2"
+	"   AND event" EQ "'pause'"
+	"   AND (detail OPERATOR(pg_catalog.->>) 'cause')" EQ "'lease ended'"
+	" ORDER BY id LIMIT 1",
+	2, {TEXTOID, INT4OID}
+};
+
 static Statement lease_holder = {
 	"SELECT l.pid FROM pg_catalog.pg_locks l"
 	" WHERE l.locktype" EQ "'advisory' AND l.database" EQ "$1"
@@ -251,6 +261,26 @@ dl_read_past_attempt_runs(const char *key)
 	values[0] = dl_text_datum(key);
 	dl_plan_run_now(&past_attempt_runs, values, NULL, SPI_OK_SELECT);
 	return first_column_texts();
+}
+
+/*
+ * When the ledger found that attempt of key's lease had ended without a
+ * report (the effect became unknown), as committed now; false when its log
+ * has no such row.
+ */
+bool
+dl_read_found_unknown_at(const char *key, int32 attempt, TimestampTz *at)
+{
+	Datum		values[2];
+	bool		isnull;
+
+	values[0] = dl_text_datum(key);
+	values[1] = Int32GetDatum(attempt);
+	if (dl_plan_run_now(&found_unknown, values, NULL, SPI_OK_SELECT) == 0)
+		return false;
+	*at = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+											&isnull));
+	return true;
 }
 
 /* ---------- rows found by a unique index, as committed now ---------- */
@@ -642,6 +672,10 @@ dl_tool_row_from_slot(TupleTableSlot *slot, ToolRow *row)
 	row->note = optional_text(t, slot, TOOL_NOTE);
 	(void) column_value(t, slot, TOOL_RETIRED_AT, &isnull);
 	row->retired = !isnull;
+	d = column_value(t, slot, TOOL_RECONCILE_GRACE, &isnull);
+	row->reconcilable = !isnull;
+	if (!isnull)
+		row->reconcile_grace = *DatumGetIntervalP(d);
 }
 
 static bool

@@ -51,7 +51,8 @@ typedef struct EffectRow
 	bool		conflict;
 	TimestampTz created_at;		/* when the current attempt began */
 	bool		safe_to_redo;	/* a recorded call (begin_recorded) */
-	bool		execute_again;	/* failed, and a person asked for the next attempt (retry_effect) */
+	bool		execute_again;	/* failed, and the next call executes the next attempt */
+	bool		reconciled;		/* ... since a reconciler found it did not happen (not a person) */
 } EffectRow;
 
 /*
@@ -158,6 +159,8 @@ typedef struct ToolRow
 	char	  **key_fields;
 	char	   *note;
 	bool		retired;
+	bool		reconcilable;	/* a worker may settle an unknown outcome (reconcile_effect) */
+	Interval	reconcile_grace;	/* ... this long after it was found unknown */
 } ToolRow;
 
 /* A tool's row locked for this transaction. */
@@ -200,6 +203,7 @@ extern KeyLookup dl_read_key(const char *key, EffectRow *row);
 extern HeapTuple dl_read_effect_now(const char *key, TupleDesc desc, EffectRow *row);
 extern bool dl_read_past_attempt(const char *key, int32 attempt, PastAttempt *past);
 extern List *dl_read_past_attempt_runs(const char *key);
+extern bool dl_read_found_unknown_at(const char *key, int32 attempt, TimestampTz *at);
 extern bool dl_read_run_state(const char *run, RunState *state);
 extern bool dl_read_token_lease(bytea *token_sha256, TokenLease *lease);
 extern int32 dl_read_token_calls(const char *run, int64 epoch, bytea *call);
@@ -257,6 +261,7 @@ extern void dl_write_unknown(LockedEffect *locked);
 extern void dl_write_conflict_flag(LockedEffect *locked);
 extern HeapTuple dl_write_resolution(LockedEffect *locked, EffectStatus to, Jsonb *value,
 									 const char *resolved_by, const char *note);
+extern HeapTuple dl_write_reconciled(LockedEffect *locked, bool happened, Jsonb *evidence);
 extern HeapTuple dl_write_retry(LockedEffect *locked, const char *resolved_by, const char *note);
 extern void dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent,
 								  EffectStatus replaced_as);

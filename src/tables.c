@@ -72,7 +72,8 @@ static const Column tools_columns[TOOL_NCOLUMNS] = {
 	{"tool", TEXTOID}, {"side_effecting", BOOLOID}, {"divergence", TEXTOID},
 	{"key_fields", TEXTARRAYOID}, {"note", TEXTOID}, {"registered_by", TEXTOID},
 	{"registered_at", TIMESTAMPTZOID}, {"changed_by", TEXTOID},
-	{"changed_at", TIMESTAMPTZOID}, {"retired_by", TEXTOID}, {"retired_at", TIMESTAMPTZOID}
+	{"changed_at", TIMESTAMPTZOID}, {"retired_by", TEXTOID}, {"retired_at", TIMESTAMPTZOID},
+	{"reconcile_grace", INTERVALOID}
 };
 
 static const Column divergences_columns[DIV_NCOLUMNS] = {
@@ -358,5 +359,7 @@ dl_effect_row_from_slot(TupleTableSlot *slot, EffectRow *row)
 	row->created_at = DatumGetTimestampTz(v[a[EFF_CREATED_AT] - 1]);
 	row->safe_to_redo = !n[a[EFF_SAFE_TO_REDO] - 1] && DatumGetBool(v[a[EFF_SAFE_TO_REDO] - 1]);
 	row->execute_again = !n[a[EFF_EXECUTE_AGAIN] - 1] && DatumGetBool(v[a[EFF_EXECUTE_AGAIN] - 1]);
+	/* a person's retry names them; a reconciler's finding names nobody */
+	row->reconciled = row->execute_again && n[a[EFF_RESOLVED_BY] - 1];
 }
 

@@ -11,12 +11,14 @@
 #include "funcapi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/timestamp.h"
 
 #include "policy.h"
 
 PG_FUNCTION_INFO_V1(dl_register_tool_1_2);
 PG_FUNCTION_INFO_V1(dl_change_tool_1_2);
 PG_FUNCTION_INFO_V1(dl_retire_tool_1_2);
+PG_FUNCTION_INFO_V1(dl_set_reconcile_1_3);
 PG_FUNCTION_INFO_V1(dl_set_unregistered_tools_1_3);
 PG_FUNCTION_INFO_V1(dl_set_unregistered_divergence_1_3);
 
@@ -236,6 +238,23 @@ dl_register_tool_1_2(PG_FUNCTION_ARGS)
 }
 
 /*
+ * Locks a registered tool that is not retired, to change it, once the calls
+ * of it in progress have ended (they hold its lock shared).
+ */
+static void
+lock_tool_to_change(const char *tool, LockedTool *locked)
+{
+	dl_tool_lock(tool, true);
+	if (!dl_lock_tool(tool, locked))
+		error_unknown_tool(tool);
+	if (locked->row.retired)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("tool \"%s\" is retired", tool),
+				 errhint("Register it again with durable_ledger.register_tool().")));
+}
+
+/*
  * change_tool(tool text, changed_by text, side_effecting boolean,
  *             divergence text, key_fields text[], note text)
  *   RETURNS durable_ledger.tools
@@ -254,14 +273,7 @@ dl_change_tool_1_2(PG_FUNCTION_ARGS)
 
 	dl_check_writable("change_tool()");
 	dl_spi_connect();
-	dl_tool_lock(tool, true);	/* waits for the tool's calls in progress */
-	if (!dl_lock_tool(tool, &locked))
-		error_unknown_tool(tool);
-	if (locked.row.retired)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("tool \"%s\" is retired", tool),
-				 errhint("Register it again with durable_ledger.register_tool().")));
+	lock_tool_to_change(tool, &locked);
 	to = locked.row;
 	if (!PG_ARGISNULL(2))
 		to.side_effecting = PG_GETARG_BOOL(2);
@@ -307,6 +319,73 @@ dl_retire_tool_1_2(PG_FUNCTION_ARGS)
 		audit_tool(AUDIT_TOOL_RETIRED, &locked.row, "retired_by", retired_by, note);
 		dl_note_durable_write();
 	}
+	result = tool_result(fcinfo, call_cxt, tool);
+	dl_spi_finish();
+	PG_RETURN_DATUM(result);
+}
+
+static const char *
+grace_text(const ToolRow *row)
+{
+	return row->reconcilable ?
+		DatumGetCString(DirectFunctionCall1(interval_out,
+											IntervalPGetDatum(&row->reconcile_grace))) : NULL;
+}
+
+/*
+ * set_reconcile(tool text, grace interval, changed_by text, note text)
+ *   RETURNS durable_ledger.tools
+ *
+ * Whether a worker may settle an unknown outcome of the tool from the
+ * provider's own record (reconcile_effect): grace NULL, no (a person
+ * resolves it, the default); else yes, once grace has passed since the
+ * ledger found the outcome unknown -- time for a request still in flight
+ * to land.  Audited as tool_changed, with the grace before.
+ */
+Datum
+dl_set_reconcile_1_3(PG_FUNCTION_ARGS)
+{
+	char	   *tool = dl_required_text_arg(fcinfo, 0, "tool", DL_MAX_TOOL_CHARS);
+	char	   *changed_by = dl_required_text_arg(fcinfo, 2, "changed_by", 0);
+	char	   *note = dl_optional_text_arg(fcinfo, 3);
+	MemoryContext call_cxt = CurrentMemoryContext;
+	LockedTool	locked;
+	ToolRow		to;
+	DetailBuilder detail;
+	Datum		result;
+	bool		reconcilable = !PG_ARGISNULL(1);
+	Interval	grace = {0};
+
+	if (reconcilable)
+	{
+		Interval	zero = {0};
+
+		grace = *PG_GETARG_INTERVAL_P(1);
+		if (DatumGetInt32(DirectFunctionCall2(interval_cmp, IntervalPGetDatum(&grace),
+											  IntervalPGetDatum(&zero))) < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("grace must not be negative"),
+					 errdetail("It is how long after an outcome was found unknown a worker may settle it: time for a request still in flight to reach the provider.")));
+	}
+	dl_check_writable("set_reconcile()");
+	dl_spi_connect();
+	lock_tool_to_change(tool, &locked);
+	to = locked.row;
+	to.reconcilable = reconcilable;
+	to.reconcile_grace = grace;
+	if (note != NULL)
+		to.note = note;
+	dl_write_tool_change(&locked, &to, changed_by, false);
+
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "tool", tool);
+	dl_detail_text(&detail, "changed_by", changed_by);
+	dl_detail_text(&detail, "reconcile_grace", grace_text(&to));
+	dl_detail_text(&detail, "previous_reconcile_grace", grace_text(&locked.row));
+	dl_detail_text(&detail, "note", note);
+	dl_write_audit(NULL, NULL, AUDIT_TOOL_CHANGED, dl_detail_finish(&detail), 0, 0);
+	dl_note_durable_write();
 	result = tool_result(fcinfo, call_cxt, tool);
 	dl_spi_finish();
 	PG_RETURN_DATUM(result);

@@ -367,6 +367,28 @@ dl_write_retry(LockedEffect *locked, const char *resolved_by, const char *note)
 }
 
 /*
+ * A reconciler's finding from the provider's record, on an unknown effect:
+ * it happened (completed, with the provider's record as its result) or it
+ * did not (failed, with the provider's answer as its error, and the next
+ * call executes the next attempt).  Nobody is named as resolving it: the
+ * audit row names the worker's role.
+ */
+HeapTuple
+dl_write_reconciled(LockedEffect *locked, bool happened, Jsonb *evidence)
+{
+	RowWrite		w;
+
+	begin_effect_update(&w, locked);
+	dl_row_set(&w, EFF_STATUS,
+			   CStringGetTextDatum(dl_status_name(happened ? EFFECT_COMPLETED : EFFECT_FAILED)));
+	dl_row_set_optional(&w, EFF_RESULT, JsonbPGetDatum(evidence), !happened);
+	dl_row_set_optional(&w, EFF_ERROR, JsonbPGetDatum(evidence), happened);
+	dl_row_set(&w, EFF_COMPLETED_AT, dl_row_now());
+	dl_row_set(&w, EFF_EXECUTE_AGAIN, BoolGetDatum(!happened));
+	return end_effect_update(&w, locked);
+}
+
+/*
  * An effect's next attempt: the current one is kept in past_attempts (with
  * status replaced_as: a failed business key's as failed, a recorded call's
  * whose lease ended without a report as unknown), and the effect starts

@@ -5,6 +5,7 @@
 #include "postgres.h"
 
 #include "utils/builtins.h"
+#include "utils/timestamp.h"
 
 #include "rows.h"
 
@@ -30,6 +31,9 @@ set_tool_rules(RowWrite *w, const ToolRow *row)
 	}
 	dl_row_set_optional(w, TOOL_NOTE, row->note ? CStringGetTextDatum(row->note) : (Datum) 0,
 				 row->note == NULL);
+	dl_row_set_optional(w, TOOL_RECONCILE_GRACE,
+						row->reconcilable ? IntervalPGetDatum(&row->reconcile_grace) : (Datum) 0,
+						!row->reconcilable);
 }
 
 /* Registers a tool that has no row. */
