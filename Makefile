@@ -122,7 +122,8 @@ ISOLATION = \
 	attention \
 	unnamed_report_two_runs \
 	verdict_race \
-	retry_race
+	retry_race \
+	reconcile_race
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 
 # TAP tests (test/t/), each with clusters of its own: make prove_installcheck
