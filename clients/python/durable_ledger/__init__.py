@@ -57,6 +57,7 @@ from .errors import (
 from .aio import (AsyncLedger, AsyncPerform, AsyncTokenLease, AsyncTool, AsyncToolDecorator,
                   AsyncToolFunction)
 from .ledger import Ledger, Perform, TokenLease, Tool, ToolFunction, side_effect
+from .outcomes import AsyncReconcile, Finding, Happened, NotHappened, Reconcile
 
 __version__ = "1.3.0"
 
@@ -99,4 +100,9 @@ __all__ = [
     "TooManyLeases",
     "PermissionDenied",
     "EffectDidNotHappen",
+    "Happened",
+    "NotHappened",
+    "Finding",
+    "Reconcile",
+    "AsyncReconcile",
 ]

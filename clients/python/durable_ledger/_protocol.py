@@ -22,6 +22,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
+from .outcomes import Finding, Happened, NotHappened
 from .errors import (
     AttemptStopped,
     BusinessKeyConflict,
@@ -334,6 +335,45 @@ class Execute(NamedTuple):
 class Replayed(NamedTuple):
     """begin_effect replayed a completed effect: ``result`` is its recorded result."""
     result: Any
+
+
+RECONCILE_EFFECT = "SELECT * FROM durable_ledger.reconcile_effect(%s, %s, %s, %s)"
+
+
+def reconcilable(row: Any) -> bool:
+    """A pause for an effect whose outcome is unknown: what a reconciler may settle."""
+    return (row["decision"] == "pause" and row["status"] == "unknown"
+            and row.get("downstream_key") is not None)
+
+
+def checked_finding(found: Any, run: str, tool: str, key: str) -> Optional[Finding]:
+    """What ``reconcile`` returned, if it is a finding; anything else (None: the provider
+    cannot tell) leaves the pause for a person."""
+    if found is None or isinstance(found, (Happened, NotHappened)):
+        return found
+    log.warning("reconcile of %s (run %s, key %s) returned %r, not Happened, NotHappened or "
+                "None: the pause is left for a person", tool, run, key, found)
+    return None
+
+
+def reconcile_failed(run: str, tool: str, key: str, exc: BaseException) -> None:
+    """``reconcile`` raised: the provider could not be asked; a person decides."""
+    log.warning("reconcile of %s (run %s, key %s) raised %r: the pause is left for a person",
+                tool, run, key, exc)
+
+
+def reconcile_statement(row: Any, found: Finding) -> Tuple[str, Tuple[Any, ...]]:
+    """reconcile_effect of the paused attempt, with what the provider said."""
+    return (RECONCILE_EFFECT,
+            (row["key"], row["attempt"], isinstance(found, Happened), _json(found.evidence)))
+
+
+def reconcile_refused(run: str, tool: str, key: str, exc: WrongState) -> None:
+    """reconcile_effect refused (55000: before the tool's grace, a tool not
+    reconcilable, an effect that changed meanwhile): nothing was written; the pause
+    stands, and the refusal is logged."""
+    log.warning("reconcile of %s (run %s, key %s) not recorded: %s", tool, run, key,
+                exc.reason)
 
 
 class SessionHold(NamedTuple):

@@ -57,6 +57,7 @@ from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
 from psycopg.rows import dict_row
 
 from . import _protocol as p
+from .outcomes import AsyncReconcile
 from ._protocol import (
     LEASE_LOST,
     RUN_ABANDONED,
@@ -70,7 +71,7 @@ from ._protocol import (
     log,
 )
 from .errors import (EffectDidNotHappen, LeaseLost, LedgerError, LedgerRefused, LedgerUsageError,
-                     PermissionDenied, RunBusy)
+                     PermissionDenied, RunBusy, WrongState)
 
 __all__ = ["AsyncLedger", "AsyncTokenLease", "AsyncPerform", "AsyncToolFunction", "AsyncTool",
            "AsyncToolDecorator"]
@@ -317,19 +318,24 @@ class AsyncLedger(p.LedgerCore):
     @overload
     async def guarded(self, run: str, tool: str, args: Any,
                       perform: Callable[[str], Awaitable[R]], *,
-                      business_key: Optional[str] = None, meta: Any = None) -> R: ...
+                      business_key: Optional[str] = None, meta: Any = None,
+                      reconcile: Optional[AsyncReconcile] = None) -> R: ...
 
     @overload
     async def guarded(self, run: str, tool: str, args: Any, perform: Callable[[str], J], *,
-                      business_key: Optional[str] = None, meta: Any = None) -> J: ...
+                      business_key: Optional[str] = None, meta: Any = None,
+                      reconcile: Optional[AsyncReconcile] = None) -> J: ...
 
     async def guarded(self, run: str, tool: str, args: Any, perform: AsyncPerform, *,
-                      business_key: Optional[str] = None, meta: Any = None) -> Any:
+                      business_key: Optional[str] = None, meta: Any = None,
+                      reconcile: Optional[AsyncReconcile] = None) -> Any:
         """Perform one side effect at most once per logical action; return its result.
 
-        `Ledger.guarded`, awaited: ``perform(key)`` may return an awaitable (typed: the
-        result is what ``perform`` returns, or what its awaitable gives)."""
-        return await self._call(run, tool, args, perform, business_key, meta, recorded=False)
+        `Ledger.guarded`, awaited: ``perform(key)`` and ``reconcile(downstream_key, args)``
+        may return an awaitable (typed: the result is what ``perform`` returns, or what its
+        awaitable gives)."""
+        return await self._call(run, tool, args, perform, business_key, meta, recorded=False,
+                                reconcile=reconcile)
 
     @overload
     async def record(self, run: str, tool: str, args: Any, call: Callable[[], Awaitable[R]], *,
@@ -351,20 +357,21 @@ class AsyncLedger(p.LedgerCore):
                                 recorded=True)
 
     async def _call(self, run: str, tool: str, args: Any, perform: AsyncPerform,
-                    business_key: Optional[str], meta: Any, *, recorded: bool) -> Any:
+                    business_key: Optional[str], meta: Any, *, recorded: bool,
+                    reconcile: Optional[AsyncReconcile] = None) -> Any:
         """`guarded` or `record`, in the attempt the call belongs to."""
         lease = p.bound_lease(self, run)
         if lease is not None:
             p.enter_attempt(lease)
             try:
                 return await self._guarded(cast(AsyncTokenLease, lease), run, tool, args,
-                                           perform, business_key, meta, recorded)
+                                           perform, business_key, meta, recorded, reconcile)
             finally:
                 lease._leave()
         session = self._enter_session_call(run, awaited=True)
         try:
             return await self._guarded(None, run, tool, args, perform, business_key, meta,
-                                       recorded)
+                                       recorded, reconcile)
         finally:
             if session is not None:
                 session.leave()
@@ -374,8 +381,39 @@ class AsyncLedger(p.LedgerCore):
 
     async def _guarded(self, lease: Optional[AsyncTokenLease], run: str, tool: str, args: Any,
                        perform: AsyncPerform, business_key: Optional[str], meta: Any,
-                       recorded: bool) -> Any:
+                       recorded: bool, reconcile: Optional[AsyncReconcile] = None) -> Any:
         halt = self._halter(run, lease)
+        row = await self._begin(lease, run, tool, args, business_key, meta, recorded, halt)
+        if reconcile is not None and not recorded and p.reconcilable(row):
+            if await self._reconciled(lease, run, tool, args, row, reconcile):
+                row = await self._begin(lease, run, tool, args, business_key, meta, recorded,
+                                        halt)
+        decision = p.decision_of(row, run, tool, halt)
+        if isinstance(decision, p.Replayed):
+            return decision.result
+        key, attempt, downstream_key = decision
+        try:
+            result = perform(downstream_key)
+            if inspect.isawaitable(result):
+                result = await result
+        except EffectDidNotHappen as refusal:
+            await self._record(run, key, attempt, "fail_effect", "failed", refusal.error, lease,
+                               recorded)
+            raise p.refusal_recorded(key, refusal) from refusal
+        except BaseException as exc:
+            if recorded:  # made again by the next attempt: nothing for a person
+                p.recorded_call_raised(run, tool, key, exc, halt)
+            else:
+                p.outcome_unknown(run, tool, key, exc, halt)
+            raise
+        row = await self._record(run, key, attempt, "complete_effect", "completed", result,
+                                 lease, recorded)
+        return row["result"]
+
+    async def _begin(self, lease: Optional[AsyncTokenLease], run: str, tool: str, args: Any,
+                     business_key: Optional[str], meta: Any, recorded: bool,
+                     halt: p.HaltFn) -> Dict[str, Any]:
+        """begin_effect (begin_recorded) of the call, under the attempt's lease: its row."""
         hold = self._holds.get(run) if lease is None else None
         query, params = p.begin_statement(run, tool, args, business_key, meta,
                                           None if lease is None else lease.token,
@@ -414,27 +452,34 @@ class AsyncLedger(p.LedgerCore):
             raise
         if hold is not None:
             p.check_guard(row, run, hold, halt)  # PoolerDetected, LeaseLost
-        decision = p.decision_of(row, run, tool, halt)
-        if isinstance(decision, p.Replayed):
-            return decision.result
-        key, attempt, downstream_key = decision
+        return row
+
+    async def _reconciled(self, lease: Optional[AsyncTokenLease], run: str, tool: str,
+                          args: Any, row: Dict[str, Any], reconcile: AsyncReconcile) -> bool:
+        """`Ledger._reconciled`, awaited: ``reconcile`` may return an awaitable."""
+        key = row["key"]
         try:
-            result = perform(downstream_key)
-            if inspect.isawaitable(result):
-                result = await result
-        except EffectDidNotHappen as refusal:
-            await self._record(run, key, attempt, "fail_effect", "failed", refusal.error, lease,
-                               recorded)
-            raise p.refusal_recorded(key, refusal) from refusal
-        except BaseException as exc:
-            if recorded:  # made again by the next attempt: nothing for a person
-                p.recorded_call_raised(run, tool, key, exc, halt)
+            found = reconcile(row["downstream_key"], args)
+            if inspect.isawaitable(found):
+                found = await found
+            finding = p.checked_finding(found, run, tool, key)
+        except Exception as exc:
+            p.reconcile_failed(run, tool, key, exc)
+            return False
+        if finding is None:
+            return False
+        query, params = p.reconcile_statement(row, finding)
+        about = p.About(run, tool, key, from_row=True)
+        try:
+            if lease is not None or self.conn is None:
+                await self._pooled_one(query, params, retry=True,
+                                       what=f"reconcile_effect of {key}", about=about)
             else:
-                p.outcome_unknown(run, tool, key, exc, halt)
-            raise
-        row = await self._record(run, key, attempt, "complete_effect", "completed", result,
-                                 lease, recorded)
-        return row["result"]
+                await self._one(query, params, what=f"reconcile_effect of {key}", about=about)
+        except WrongState as exc:
+            p.reconcile_refused(run, tool, key, exc)
+            return False
+        return True
 
     def _begin_cancelled(self, exc: BaseException, lease: Optional[AsyncTokenLease], run: str,
                          tool: str, halt: p.HaltFn, recorded: bool,
@@ -518,7 +563,7 @@ class AsyncLedger(p.LedgerCore):
     # ---------------------------------------------------------------- decorator
 
     def tool(self, name: str, *, business_key: Optional[Callable[[Any], Optional[str]]] = None,
-             ) -> AsyncToolDecorator:
+             reconcile: Optional[AsyncReconcile] = None) -> AsyncToolDecorator:
         """Decorator for a side-effecting tool ``fn(args, idempotency_key) -> result`` (a
         coroutine function or a plain one); the decorated tool is a coroutine function
         ``await fn(run, args, *, business_key=None, meta=None)`` (typed: an `AsyncTool` of
@@ -532,7 +577,8 @@ class AsyncLedger(p.LedgerCore):
                 if business_key is None and key_of is not None:
                     business_key = key_of(args)
                 return await self.guarded(run, name, args, lambda key: fn(args, key),
-                                          business_key=business_key, meta=meta)
+                                          business_key=business_key, meta=meta,
+                                          reconcile=reconcile)
 
             del call.__wrapped__  # type: ignore[attr-defined]  # its signature is not ours
             call.tool = name  # type: ignore[attr-defined]

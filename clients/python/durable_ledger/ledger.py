@@ -37,6 +37,7 @@ from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
 from psycopg.rows import dict_row
 
 from . import _protocol as p
+from .outcomes import Reconcile
 from ._protocol import (
     LEASE_LOST,
     RUN_ABANDONED,
@@ -55,6 +56,7 @@ from .errors import (
     LedgerUsageError,
     PermissionDenied,
     RunBusy,
+    WrongState,
 )
 
 __all__ = ["Ledger", "TokenLease", "side_effect", "Perform", "ToolFunction", "Tool"]
@@ -214,6 +216,7 @@ class Ledger(p.LedgerCore):
         *,
         business_key: Optional[str] = None,
         meta: Any = None,
+        reconcile: Optional[Reconcile] = None,
     ) -> R:
         """Perform one side effect at most once per logical action; return its result.
 
@@ -247,6 +250,14 @@ class Ledger(p.LedgerCore):
           is returned.
         - ``replay`` of a failed effect: ``perform`` is not called; `EffectFailed` with
           ``replayed=True``.  To try again, call again: that is the next occurrence.
+        - ``pause`` of an effect whose outcome is unknown, given ``reconcile``
+          (``reconcile(downstream_key, args)``, a lookup at the provider by the key the lost
+          attempt gave it; `durable_ledger.outcomes`): its finding is recorded
+          (``reconcile_effect``, for a tool an admin made reconcilable) and the call is
+          asked again: a `Happened` replays its evidence as the result, a `NotHappened`
+          executes the next attempt under a new provider key.  None, an exception of
+          ``reconcile`` or a refusal (before the tool's grace; a tool nobody made
+          reconcilable) leave the pause: `EffectPaused`, logged.
         - ``pause``: `EffectPaused`; a pause with no status (the call diverges from the
           run's earlier attempts, nothing was recorded for it): `DivergencePaused`, an
           `EffectPaused` too.  ``in_progress``: `EffectInProgress`.
@@ -293,7 +304,7 @@ class Ledger(p.LedgerCore):
         count the retried calls as new occurrences and perform them again.)
         """
         return cast(R, self._call(run, tool, args, perform, business_key, meta,
-                                  recorded=False))
+                                  recorded=False, reconcile=reconcile))
 
     def record(self, run: str, tool: str, args: Any, call: Callable[[], R], *,
                meta: Any = None) -> R:
@@ -322,20 +333,21 @@ class Ledger(p.LedgerCore):
                                   recorded=True))
 
     def _call(self, run: str, tool: str, args: Any, perform: Perform,
-              business_key: Optional[str], meta: Any, *, recorded: bool) -> Any:
+              business_key: Optional[str], meta: Any, *, recorded: bool,
+              reconcile: Optional[Reconcile] = None) -> Any:
         """`guarded` or `record`, in the attempt the call belongs to."""
         lease = p.bound_lease(self, run)
         if lease is not None:
             p.enter_attempt(lease)
             try:
                 return self._guarded(lease, run, tool, args, perform, business_key, meta,
-                                     recorded)
+                                     recorded, reconcile)
             finally:
                 lease._leave()
         session = self._enter_session_call(run)
         try:
             return self._guarded(None, run, tool, args, perform, business_key, meta,
-                                 recorded)
+                                 recorded, reconcile)
         finally:
             if session is not None:
                 session.leave()
@@ -358,28 +370,12 @@ class Ledger(p.LedgerCore):
 
     def _guarded(self, lease: Optional[TokenLease], run: str, tool: str, args: Any,
                  perform: Perform, business_key: Optional[str], meta: Any,
-                 recorded: bool) -> Any:
+                 recorded: bool, reconcile: Optional[Reconcile] = None) -> Any:
         halt = self._halter(run, lease)
-        about = p.About(run, tool, from_row=True)
-        if lease is None:
-            hold = self._holds.get(run)
-            try:
-                row = self._one(*p.begin_statement(run, tool, args, business_key, meta,
-                                                   recorded=recorded, hold=hold),
-                                what=f"begin_effect of {tool}", about=about)
-            except LedgerUsageError as exc:
-                if _not_committed(exc):
-                    p.begin_not_committed(run, tool, halt, recorded)
-                raise
-            except psycopg.Error as exc:
-                refused = p.refusal(exc, run, tool, halt)
-                if refused is not None:
-                    raise refused from exc
-                raise
-            if hold is not None:
-                p.check_guard(row, run, hold, halt)  # PoolerDetected, LeaseLost
-        else:
-            row = self._token_begin(lease, tool, args, business_key, meta, recorded)
+        row = self._begin(lease, run, tool, args, business_key, meta, recorded, halt)
+        if reconcile is not None and not recorded and p.reconcilable(row):
+            if self._reconciled(lease, run, tool, args, row, reconcile):
+                row = self._begin(lease, run, tool, args, business_key, meta, recorded, halt)
         decision = p.decision_of(row, run, tool, halt)
         if isinstance(decision, p.Replayed):
             return decision.result
@@ -398,6 +394,58 @@ class Ledger(p.LedgerCore):
             raise
         return self._record(run, key, attempt, "complete_effect", "completed", result,
                             lease, recorded)["result"]
+
+    def _begin(self, lease: Optional[TokenLease], run: str, tool: str, args: Any,
+               business_key: Optional[str], meta: Any, recorded: bool,
+               halt: p.HaltFn) -> Dict[str, Any]:
+        """begin_effect (begin_recorded) of the call, under the attempt's lease: its row."""
+        about = p.About(run, tool, from_row=True)
+        if lease is None:
+            hold = self._holds.get(run)
+            try:
+                row = self._one(*p.begin_statement(run, tool, args, business_key, meta,
+                                                   recorded=recorded, hold=hold),
+                                what=f"begin_effect of {tool}", about=about)
+            except LedgerUsageError as exc:
+                if _not_committed(exc):
+                    p.begin_not_committed(run, tool, halt, recorded)
+                raise
+            except psycopg.Error as exc:
+                refused = p.refusal(exc, run, tool, halt)
+                if refused is not None:
+                    raise refused from exc
+                raise
+            if hold is not None:
+                p.check_guard(row, run, hold, halt)  # PoolerDetected, LeaseLost
+            return row
+        return self._token_begin(lease, tool, args, business_key, meta, recorded)
+
+    def _reconciled(self, lease: Optional[TokenLease], run: str, tool: str, args: Any,
+                    row: Dict[str, Any], reconcile: Reconcile) -> bool:
+        """Asks the provider about a paused effect whose outcome is unknown
+        (``reconcile``) and records its finding (``reconcile_effect``, idempotent: sent
+        again on a fresh connection if the reply is lost); True when it was recorded, and
+        the call is to be asked again."""
+        key = row["key"]
+        try:
+            found = p.checked_finding(reconcile(row["downstream_key"], args), run, tool, key)
+        except Exception as exc:
+            p.reconcile_failed(run, tool, key, exc)
+            return False
+        if found is None:
+            return False
+        query, params = p.reconcile_statement(row, found)
+        about = p.About(run, tool, key, from_row=True)
+        try:
+            if lease is not None or self.conn is None:
+                self._pooled_one(query, params, retry=True, what=f"reconcile_effect of {key}",
+                                 about=about)
+            else:
+                self._one(query, params, what=f"reconcile_effect of {key}", about=about)
+        except WrongState as exc:
+            p.reconcile_refused(run, tool, key, exc)
+            return False
+        return True
 
     def _token_begin(self, lease: TokenLease, tool: str, args: Any,
                      business_key: Optional[str], meta: Any, recorded: bool) -> Dict[str, Any]:
@@ -460,6 +508,7 @@ class Ledger(p.LedgerCore):
         name: str,
         *,
         business_key: Optional[Callable[[Any], Optional[str]]] = None,
+        reconcile: Optional[Reconcile] = None,
     ) -> Callable[[Callable[[Any, str], R]], Tool[R]]:
         """Decorator for a side-effecting tool ``fn(args, idempotency_key) -> result``.
 
@@ -473,7 +522,9 @@ class Ledger(p.LedgerCore):
         in an agent loop does) or decides which effects are made, record it with `record`:
         a replay must see what the first attempt saw, or a changed answer leads to other,
         reworded calls with new keys.  Only a read whose result decides nothing may stay
-        unrecorded.
+        unrecorded.  ``reconcile(downstream_key, args)``, if given, is asked about an
+        effect of the tool whose outcome is unknown before `EffectPaused` is raised (see
+        `guarded`; `durable_ledger.outcomes`).
         """
         key_of = business_key  # the parameter name is reused by the decorated function
 
@@ -484,7 +535,7 @@ class Ledger(p.LedgerCore):
                 if business_key is None and key_of is not None:
                     business_key = key_of(args)
                 return self.guarded(run, name, args, lambda key: fn(args, key),
-                                    business_key=business_key, meta=meta)
+                                    business_key=business_key, meta=meta, reconcile=reconcile)
 
             del call.__wrapped__  # type: ignore[attr-defined]  # its signature is not ours
             call.tool = name  # type: ignore[attr-defined]
