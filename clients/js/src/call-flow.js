@@ -8,6 +8,7 @@
 import { attemptContext, boundAttempt, sessionContext } from './attempts.js';
 import { notCommitted } from './connection.js';
 import { judge, refusedReport } from './decisions.js';
+import { RECONCILE_EFFECT, askProvider, reconcilable, reconcileParams } from './reconcile.js';
 import { EffectDidNotHappen, EffectFailed, LeaseLost, LedgerError, RunAbandoned } from './errors.js';
 import { guardedBegin } from './session-guard.js';
 import { LEASE_LOST, RUN_ABANDONED, TOOL_REFUSED, abandoned, refused } from './sqlstates.js';
@@ -30,16 +31,19 @@ export class CallFlow {
    * @param {Stops} stops
    * @param {SessionAttempts} sessions
    * @param {TokenAttempts} tokens
+   * @param {(notice: import('./notices.js').LedgerNotice) => void} notify  the Ledger's 'notice'
    */
-  constructor(ledger, connection, stops, sessions, tokens) {
+  constructor(ledger, connection, stops, sessions, tokens, notify) {
     this.#ledger = ledger;
     this.#connection = connection;
     this.#stops = stops;
     this.#sessions = sessions;
     this.#tokens = tokens;
+    this.#notify = notify;
   }
 
   #ledger;
+  #notify;
   #connection;
   #stops;
   #sessions;
@@ -49,10 +53,11 @@ export class CallFlow {
    * guarded() or record(), in the attempt the call belongs to.
    * @param {string} what
    * @param {{run: string, tool: string, args: unknown, perform: (key: string) => unknown,
-   *          businessKey: string|null, meta: unknown, recorded: boolean}} call
+   *          businessKey: string|null, meta: unknown, recorded: boolean,
+   *          reconcile?: import('./reconcile.js').Reconcile | null}} call
    * @returns {Promise<any>}
    */
-  async call(what, { run, tool, args, perform, businessKey, meta, recorded }) {
+  async call(what, { run, tool, args, perform, businessKey, meta, recorded, reconcile = null }) {
     const attempt = boundAttempt(attemptContext, this.#ledger, run);
     let session = null;
     if (attempt) {
@@ -99,7 +104,7 @@ export class CallFlow {
     const calls = attempt ?? session;
     calls?.enter();
     try {
-      return await this.#guarded(attempt, run, tool, args, perform, businessKey, meta, recorded);
+      return await this.#guarded(attempt, run, tool, args, perform, businessKey, meta, recorded, reconcile);
     } finally {
       calls?.leave();
     }
@@ -116,10 +121,14 @@ export class CallFlow {
    * @param {string|null} businessKey
    * @param {unknown} meta
    * @param {boolean} recorded
+   * @param {import('./reconcile.js').Reconcile | null} reconcile
    */
-  async #guarded(attempt, run, tool, args, perform, businessKey, meta, recorded) {
+  async #guarded(attempt, run, tool, args, perform, businessKey, meta, recorded, reconcile) {
     await this.#connection.assertNoOpenTransaction();
-    const d = await this.#begin(attempt, run, tool, args, businessKey, meta, recorded);
+    let d = await this.#begin(attempt, run, tool, args, businessKey, meta, recorded);
+    if (reconcile && !recorded && reconcilable(d) && await this.#reconciled(run, tool, args, d, reconcile)) {
+      d = await this.#begin(attempt, run, tool, args, businessKey, meta, recorded);  // replays, or executes again
+    }
     const where = `${tool} (key ${d.key})`;
     const decided = judge(d, { run, tool, where, stop: (key, reason) => this.#stops.stop(run, key, reason, attempt) });
     if (!decided.execute) return decided.result;
@@ -174,6 +183,40 @@ export class CallFlow {
     const row = await this.#report(attempt, run, 'complete_effect', d.key, d.attempt, resultJson, where,
       recorded, tool);
     return row.result;
+  }
+
+  /**
+   * Asks the provider about a paused effect whose outcome is unknown
+   * (`reconcile`) and records its finding (reconcile_effect, which needs no
+   * lease); true when it was recorded, and the call is to be asked again.  A
+   * refusal (55000: before the tool's grace, a tool nobody made reconcilable)
+   * leaves the pause, as does a provider that cannot tell: both are told as a
+   * 'notice'.
+   * @param {string} run
+   * @param {string} tool
+   * @param {unknown} args
+   * @param {Decision} d
+   * @param {import('./reconcile.js').Reconcile} reconcile
+   */
+  async #reconciled(run, tool, args, d, reconcile) {
+    /** @param {string} message  @param {string|null} [code] */
+    const warn = (message, code = null) => this.#notify({
+      origin: 'client', severity: 'WARNING', code, message: `${tool} (key ${d.key}): ${message}`,
+      detail: null, hint: null, statement: 'reconcile_effect', run, tool, key: d.key,
+    });
+    const found = await askProvider(reconcile, d, args, warn);
+    if (!found) return false;
+    try {
+      await this.#connection.statement(`reconcile_effect of ${tool} (key ${d.key})`, RECONCILE_EFFECT,
+        reconcileParams(d, found), { statement: 'reconcile_effect', run, tool, key: d.key });
+    } catch (e) {
+      const err = /** @type {any} */ (e);
+      if (err?.sqlstate !== '55000') throw err;
+      warn(`the provider's finding was not recorded (${describe(err.reason ?? err.message)}): the pause ` +
+        'stands', '55000');
+      return false;
+    }
+    return true;
   }
 
   /**

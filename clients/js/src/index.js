@@ -12,6 +12,7 @@
 //   renewal.js           a token lease's renewal timer
 //   session-attempts.js  attempt(), acquireRun(), releaseRun(): session leases
 //   session-guard.js     the statements that check a session lease where they run
+//   reconcile.js         a paused unknown outcome settled from the provider's record
 //   decisions.js         begin_effect's decisions and the reports' answers as control flow
 //   stops.js             attempts stopped after a pause, an unknown outcome, a lost lease
 //   attempts.js          which attempt a call belongs to (its async context)
@@ -31,6 +32,7 @@
 export { Ledger } from './ledger.js';
 export { TokenLease } from './token-lease.js';
 export { NOTICE_CODES } from './notices.js';
+export { Happened, NotHappened } from './reconcile.js';
 export { LEASE_LOST, RUN_ABANDONED, TOOL_REFUSED } from './sqlstates.js';
 export {
   LedgerError, EffectFailed, EffectPaused, DivergencePaused, EffectInProgress, RunStopped, RunAbandoned, ToolRefused,
@@ -50,6 +52,8 @@ export {
 /** @typedef {import('./types.js').EffectRow} EffectRow */
 /** @typedef {import('./types.js').HistoryRow} HistoryRow */
 /** @typedef {import('./types.js').CallOptions} CallOptions */
+/** @typedef {import('./types.js').ToolOptions} ToolOptions */
+/** @typedef {import('./reconcile.js').Reconcile} Reconcile */
 /** @typedef {import('./types.js').BeginEffectOptions} BeginEffectOptions */
 /** @typedef {import('./types.js').TokenAttemptOptions} TokenAttemptOptions */
 /** @typedef {import('./types.js').LedgerOptions} LedgerOptions */

@@ -29,6 +29,7 @@ import { TokenAttempts } from './token-attempts.js';
 /** @typedef {import('./token-lease.js').TokenLease} TokenLease */
 /** @typedef {import('./types.js').BeginEffectOptions} BeginEffectOptions */
 /** @typedef {import('./types.js').CallOptions} CallOptions */
+/** @typedef {import('./types.js').ToolOptions} ToolOptions */
 /** @typedef {import('./types.js').EffectRow} EffectRow */
 /** @typedef {import('./types.js').HistoryRow} HistoryRow */
 /** @typedef {import('./types.js').LedgerOptions} LedgerOptions */
@@ -94,7 +95,7 @@ export class Ledger extends EventEmitter {
     this.#stops = new Stops(client);
     this.#sessions = new SessionAttempts(this.#connection, this.#stops, notify);
     this.#tokens = new TokenAttempts(this.#connection);
-    this.#calls = new CallFlow(this, this.#connection, this.#stops, this.#sessions, this.#tokens);
+    this.#calls = new CallFlow(this, this.#connection, this.#stops, this.#sessions, this.#tokens, notify);
   }
 
   #consoleWarn;
@@ -172,11 +173,15 @@ export class Ledger extends EventEmitter {
    *   tool stop the attempt: its further calls throw RunStopped (RunAbandoned
    *   again for an abandoned run).
    */
-  async guarded({ run, tool, args, perform, businessKey = null, meta }) {
+  async guarded({ run, tool, args, perform, businessKey = null, meta, reconcile = null }) {
     if (typeof perform !== 'function') {
       throw new TypeError('guarded(): perform must be a function (key) => result');
     }
-    return this.#calls.call('guarded()', { run, tool, args, perform, businessKey, meta, recorded: false });
+    if (reconcile != null && typeof reconcile !== 'function') {
+      throw new TypeError('guarded(): reconcile must be a function (downstreamKey, args) => finding');
+    }
+    return this.#calls.call('guarded()', { run, tool, args, perform, businessKey, meta, recorded: false,
+      reconcile });
   }
 
   /**
@@ -216,12 +221,18 @@ export class Ledger extends EventEmitter {
    * @template [A=unknown], [R=unknown]
    * @param {string} name  the tool name recorded in the ledger
    * @param {(args: A, idempotencyKey: string) => R | Promise<R>} fn
+   * @param {ToolOptions} [options]  reconcile(downstreamKey, args): the provider's lookup,
+   *   asked about an effect of the tool whose outcome is unknown before EffectPaused is
+   *   thrown (see guarded())
    * @returns {(run: string, args: A, options?: CallOptions) => Promise<Recorded<Awaited<R>>>}
    */
-  tool(name, fn) {
+  tool(name, fn, { reconcile = null } = {}) {
     if (typeof fn !== 'function') throw new TypeError('tool(name, fn): fn must be a function');
+    if (reconcile != null && typeof reconcile !== 'function') {
+      throw new TypeError('tool(name, fn, {reconcile}): reconcile must be a function (downstreamKey, args) => finding');
+    }
     return (run, args, { businessKey = null, meta } = {}) =>
-      this.guarded({ run, tool: name, args, businessKey, meta, perform: (key) => fn(args, key) });
+      this.guarded({ run, tool: name, args, businessKey, meta, reconcile, perform: (key) => fn(args, key) });
   }
 
   /**

@@ -115,6 +115,16 @@
  * @property {string | null} [businessKey]  an operation identity shared across runs (invoice
  *   number, order id)
  * @property {unknown} [meta]  free JSON stored with the intent (model, prompt version, trace id...)
+ * @property {import('./reconcile.js').Reconcile | null} [reconcile]  the provider's lookup by the
+ *   key a lost attempt gave it: for a pause of an unknown outcome, its finding (Happened,
+ *   NotHappened) is recorded (reconcile_effect) and the call asked again; null, a throw or a
+ *   refusal leave the EffectPaused
+ */
+
+/**
+ * The options of tool().
+ * @typedef {object} ToolOptions
+ * @property {import('./reconcile.js').Reconcile | null} [reconcile]  as guarded()'s
  */
 
 /**
