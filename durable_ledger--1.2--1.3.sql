@@ -985,9 +985,19 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.reconcile_effect(text, integer, boolean, jsonb) IS
     'a worker''s record of what the provider''s lookup by downstream_key said of the given attempt of an unknown effect: it happened (evidence is its result) or it did not (evidence is its error; the next call executes the next attempt under a new provider key)';
+
+CREATE FUNCTION durable_ledger.reconcilable_from(key text, attempt integer)
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'dl_reconcilable_from_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.reconcilable_from(text, integer) IS
+    'from when a worker may reconcile the given attempt of an unknown effect (ask the provider after it, then reconcile_effect); NULL: it may not (not unknown, flagged, another attempt, a tool not reconcilable)';
 REVOKE ALL ON FUNCTION durable_ledger.set_reconcile(text, interval, text, text),
-                      durable_ledger.reconcile_effect(text, integer, boolean, jsonb) FROM PUBLIC;
+                      durable_ledger.reconcile_effect(text, integer, boolean, jsonb),
+                      durable_ledger.reconcilable_from(text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION durable_ledger.set_reconcile(text, interval, text, text)
     TO durable_ledger_admin;
-GRANT EXECUTE ON FUNCTION durable_ledger.reconcile_effect(text, integer, boolean, jsonb)
+GRANT EXECUTE ON FUNCTION durable_ledger.reconcile_effect(text, integer, boolean, jsonb),
+                          durable_ledger.reconcilable_from(text, integer)
     TO durable_ledger_worker;

@@ -1191,6 +1191,14 @@ SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.reconcile_effect(text, integer, boolean, jsonb) IS
     'a worker''s record of what the provider''s lookup by downstream_key said of the given attempt of an unknown effect: it happened (evidence is its result) or it did not (evidence is its error; the next call executes the next attempt under a new provider key)';
 
+CREATE FUNCTION durable_ledger.reconcilable_from(key text, attempt integer)
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'dl_reconcilable_from_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.reconcilable_from(text, integer) IS
+    'from when a worker may reconcile the given attempt of an unknown effect (ask the provider after it, then reconcile_effect); NULL: it may not (not unknown, flagged, another attempt, a tool not reconcilable)';
+
 CREATE FUNCTION durable_ledger.break_lease(run text, broken_by text, note text DEFAULT NULL)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'dl_break_lease_1_1'
@@ -1422,6 +1430,7 @@ GRANT EXECUTE ON FUNCTION
     durable_ledger.complete_effect(text, jsonb, integer),
     durable_ledger.fail_effect(text, jsonb, integer),
     durable_ledger.reconcile_effect(text, integer, boolean, jsonb),
+    durable_ledger.reconcilable_from(text, integer),
     durable_ledger.effect_status(text),
     durable_ledger.effect_key(text, text, jsonb, integer),
     durable_ledger.canonical_args(jsonb),

@@ -49,6 +49,12 @@ SELECT durable_ledger.release_run('rc-1');
 SELECT key = :'k1' AS listed, status, reconcile_grace, downstream_key = key AS provider_key
   FROM durable_ledger.unresolved WHERE run = 'rc-1';
 
+-- reconcilable_from says when (a worker asks the provider after it): the
+-- moment the outcome was found unknown, plus the grace
+SELECT durable_ledger.reconcilable_from(:'k1', 1)
+       = (SELECT logged_at + interval '1 hour' FROM durable_ledger.audit_log
+           WHERE key = :'k1' AND event = 'pause') AS found_plus_grace,
+       durable_ledger.reconcilable_from(:'k1', 2) IS NULL AS not_for_another_attempt;
 -- too early: the grace counts from when the outcome was found unknown
 SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
 SELECT regexp_replace(regress_sqlstate(format($$SELECT durable_ledger.reconcile_effect(%L, 1, false, '{"found": false}')$$, :'k1')),
@@ -76,6 +82,7 @@ SELECT status, result, error, execute_again, resolved_by, conflict, completed_at
 SELECT event, attempt, detail, role_name = current_user AS by_current_user
   FROM durable_ledger.audit_log WHERE key = :'k1' AND event = 'reconciled';
 SELECT count(*) AS unresolved FROM durable_ledger.unresolved WHERE run = 'rc-1';
+SELECT durable_ledger.reconcilable_from(:'k1', 1) IS NULL AS settled_not_reconcilable;
 SELECT count(*) AS unsettled FROM durable_ledger.unsettled WHERE key = :'k1';
 -- the same finding again (a second reconciler, a retry): no change, no row
 SELECT status, result FROM durable_ledger.reconcile_effect(:'k1', 1, true, '{"payment": "pay-1", "seen": 2}');
@@ -140,6 +147,7 @@ SELECT status FROM durable_ledger.resolve_effect(:'k4', 'completed', '{"payment"
 SELECT status, conflict FROM durable_ledger.reconcile_effect(:'k4', 1, false, '{"lookup": "none"}');
 SELECT reason FROM durable_ledger.unresolved WHERE key = :'k4';
 -- flagged, it waits for a person: reconcilers are refused
+SELECT durable_ledger.reconcilable_from(:'k4', 1) IS NULL AS flagged_not_reconcilable;
 SELECT regress_sqlstate(format($$SELECT durable_ledger.reconcile_effect(%L, 1, true, '{"payment": "pay-4"}')$$, :'k4'));
 
 -- ===================================================================
@@ -150,6 +158,7 @@ SELECT durable_ledger.effect_key('rc-7', 'rc_pay', '{"amount": 70}', 1) AS k7 \g
 SELECT decision FROM durable_ledger.begin_effect('rc-7', 'rc_pay', '{"amount": 70}');
 SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
 SELECT regress_sqlstate(format($$SELECT durable_ledger.reconcile_effect(%L, 1, true, '{}')$$, :'k7'));
+SELECT durable_ledger.reconcilable_from(:'k7', 1) IS NULL AS started_not_reconcilable;
 -- ended, but not yet found unknown: a call finds it so first
 SELECT durable_ledger.release_run('rc-7');
 SELECT regress_sqlstate(format($$SELECT durable_ledger.reconcile_effect(%L, 1, true, '{}')$$, :'k7'));
@@ -161,6 +170,7 @@ SELECT durable_ledger.release_run('rc-5');
 SELECT decision FROM durable_ledger.begin_effect('rc-5', 'rc_manual', '{"n": 5}');
 SELECT durable_ledger.release_run('rc-5');
 SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
+SELECT durable_ledger.reconcilable_from(:'k5', 1) IS NULL AS tool_not_reconcilable;
 SELECT regress_sqlstate(format($$SELECT durable_ledger.reconcile_effect(%L, 1, true, '{}')$$, :'k5'));
 -- and once the tool is no longer reconcilable
 SELECT tool, reconcile_grace FROM durable_ledger.set_reconcile('rc_pay', NULL, 'ops', 'the lookup API is down');
@@ -182,6 +192,10 @@ SELECT regress_sqlstate(format($$SELECT durable_ledger.reconcile_effect(%L, 1, N
 SELECT regress_sqlstate(format($$SELECT durable_ledger.reconcile_effect(%L, 1, true, NULL)$$, :'k6'));
 SELECT regress_sqlstate($$SELECT durable_ledger.reconcile_effect(NULL, 1, true, '{}')$$);
 SELECT regress_sqlstate($$SELECT durable_ledger.reconcile_effect('no-such-key', 1, true, '{}')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.reconcilable_from(NULL, 1)$$);
+SELECT regress_sqlstate(format($$SELECT durable_ledger.reconcilable_from(%L, NULL)$$, :'k6'));
+SELECT durable_ledger.reconcilable_from('no-such-key', 1) IS NULL AS unknown_key_not_reconcilable;
+SELECT durable_ledger.reconcilable_from(:'k6', 1) <= clock_timestamp() AS k6_due;
 SELECT count(*) - :audit_rows AS audit_rows_written FROM durable_ledger.audit_log;
 
 -- rolled back, a reconcile leaves nothing

@@ -54,5 +54,6 @@ extern void dl_begin(const BeginRequest *request, BeginAnswer *answer);
 /* report.c: what a report on an effect decides (returns the row as it is now) */
 extern HeapTuple dl_report(const char *key, int32 attempt, EffectStatus reported, Jsonb *value);
 extern HeapTuple dl_reconcile(const char *key, int32 attempt, bool happened, Jsonb *evidence);
+extern bool dl_reconcilable_from(const char *key, int32 attempt, TimestampTz *from);
 
 #endif							/* DURABLE_LEDGER_DECISION_H */

@@ -330,23 +330,34 @@ finding_on_past_attempt(LockedEffect *locked, int32 attempt, bool happened, Json
  * An unknown outcome is reconciled once the tool's grace has passed since
  * the ledger found it unknown: a request its worker sent just before it was
  * lost may still reach the provider, after a lookup that did not find it.
+ * *from is that moment; false when the audit log does not say when the
+ * outcome was found unknown.
  */
+static bool
+reconcile_from(const EffectRow *row, const ToolRules *rules, TimestampTz *found_at,
+			   TimestampTz *from)
+{
+	if (!dl_read_found_unknown_at(row->key, row->attempt, found_at))
+		return false;
+	*from = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+													TimestampTzGetDatum(*found_at),
+													IntervalPGetDatum(&rules->row.reconcile_grace)));
+	return true;
+}
+
 static void
 check_grace_passed(const EffectRow *row, const ToolRules *rules)
 {
 	TimestampTz found_at;
 	TimestampTz from;
 
-	if (!dl_read_found_unknown_at(row->key, row->attempt, &found_at))
+	if (!reconcile_from(row, rules, &found_at, &from))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("the audit log does not say when the outcome of effect \"%s\" was found unknown",
 						row->key),
 				 errdetail("The grace a reconciler must wait is counted from that moment."),
 				 errhint("A person resolves it with durable_ledger.resolve_effect().")));
-	from = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-												   TimestampTzGetDatum(found_at),
-												   IntervalPGetDatum(&rules->row.reconcile_grace)));
 	if (GetCurrentTimestamp() < from)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -355,7 +366,7 @@ check_grace_passed(const EffectRow *row, const ToolRules *rules)
 						   timestamptz_to_str(found_at), row->tool,
 						   DatumGetCString(DirectFunctionCall1(interval_out,
 															   IntervalPGetDatum(&rules->row.reconcile_grace)))),
-				 errhint("Ask the provider again after that time; until then the effect stays paused.")));
+				 errhint("Ask the provider after that time (reconcilable_from() says when); until then the effect stays paused.")));
 }
 
 /* Only an unknown outcome of a tool an admin made reconcilable (set_reconcile). */
@@ -461,4 +472,28 @@ dl_reconcile(const char *key, int32 attempt, bool happened, Jsonb *evidence)
 								   happened, evidence, before.status, before.result,
 								   before.error);
 	return heap_copytuple(locked.tuple);
+}
+
+/*
+ * From when attempt of key may be reconciled: false when it may not be at
+ * all (no such effect, another attempt, not unknown, flagged, a tool not
+ * reconcilable, no record of when it was found unknown).  Reads the row and
+ * the registry as committed now, and writes nothing: a reconciler asks it
+ * before it asks the provider, so that its lookup is made after the grace
+ * (a lookup made earlier may miss a request still in flight).
+ */
+bool
+dl_reconcilable_from(const char *key, int32 attempt, TimestampTz *from)
+{
+	EffectRow	row;
+	ToolRules	rules;
+	TimestampTz found_at;
+
+	if (dl_read_key(key, &row) != KEY_FOUND || row.attempt != attempt ||
+		row.status != EFFECT_UNKNOWN || row.conflict)
+		return false;
+	dl_tool_rules_now(row.tool, &rules);
+	if (!rules.registered || !rules.row.reconcilable)
+		return false;
+	return reconcile_from(&row, &rules, &found_at, from);
 }

@@ -2,17 +2,20 @@
  * report_funcs.c: complete_effect() and fail_effect(), a worker's report that
  * an attempt of an effect happened or definitively did not, and
  * reconcile_effect(), a reconciler's of what the provider's own record says
- * of an attempt whose outcome is unknown (report.c judges them).
+ * of an attempt whose outcome is unknown, and reconcilable_from(), when it
+ * may be made (report.c judges them).
  */
 #include "postgres.h"
 
 #include "funcapi.h"
+#include "utils/timestamp.h"
 
 #include "decision.h"
 
 PG_FUNCTION_INFO_V1(dl_complete_effect_1_3);
 PG_FUNCTION_INFO_V1(dl_fail_effect_1_3);
 PG_FUNCTION_INFO_V1(dl_reconcile_effect_1_3);
+PG_FUNCTION_INFO_V1(dl_reconcilable_from_1_3);
 
 /* The effect's row as the function's result. */
 static Datum
@@ -74,4 +77,25 @@ dl_reconcile_effect_1_3(PG_FUNCTION_ARGS)
 	dl_check_writable("reconcile_effect()");
 	dl_spi_connect();
 	PG_RETURN_DATUM(effect_result(desc, dl_reconcile(key, attempt, happened, evidence)));
+}
+
+/*
+ * reconcilable_from(key text, attempt integer) RETURNS timestamptz
+ *
+ * NULL when the attempt may not be reconciled (report.c says when).
+ */
+Datum
+dl_reconcilable_from_1_3(PG_FUNCTION_ARGS)
+{
+	char	   *key = dl_required_text_arg(fcinfo, 0, "key", 0);
+	int32		attempt = dl_required_attempt_arg(fcinfo, 1);
+	TimestampTz from;
+	bool		found;
+
+	dl_spi_connect();
+	found = dl_reconcilable_from(key, attempt, &from);
+	dl_spi_finish();
+	if (!found)
+		PG_RETURN_NULL();
+	PG_RETURN_TIMESTAMPTZ(from);
 }

@@ -8,7 +8,7 @@
 import { attemptContext, boundAttempt, sessionContext } from './attempts.js';
 import { notCommitted } from './connection.js';
 import { judge, refusedReport } from './decisions.js';
-import { RECONCILE_EFFECT, askProvider, reconcilable, reconcileParams } from './reconcile.js';
+import { RECONCILE_DUE, RECONCILE_EFFECT, askProvider, reconcilable, reconcileParams } from './reconcile.js';
 import { EffectDidNotHappen, EffectFailed, LeaseLost, LedgerError, RunAbandoned } from './errors.js';
 import { guardedBegin } from './session-guard.js';
 import { LEASE_LOST, RUN_ABANDONED, TOOL_REFUSED, abandoned, refused } from './sqlstates.js';
@@ -187,7 +187,8 @@ export class CallFlow {
 
   /**
    * Asks the provider about a paused effect whose outcome is unknown
-   * (`reconcile`) and records its finding (reconcile_effect, which needs no
+   * (`reconcile`), once reconcilable_from says the tool's grace has passed,
+   * and records its finding (reconcile_effect, which needs no
    * lease); true when it was recorded, and the call is to be asked again.  A
    * refusal (55000: before the tool's grace, a tool nobody made reconcilable)
    * leaves the pause, as does a provider that cannot tell: both are told as a
@@ -204,6 +205,19 @@ export class CallFlow {
       origin: 'client', severity: 'WARNING', code, message: `${tool} (key ${d.key}): ${message}`,
       detail: null, hint: null, statement: 'reconcile_effect', run, tool, key: d.key,
     });
+    // the lookup comes after the tool's grace: one made earlier may miss a request still in flight
+    const [due] = await this.#connection.statement(`reconcilable_from of ${tool} (key ${d.key})`, RECONCILE_DUE,
+      [d.key, d.attempt], { statement: 'reconcilable_from', run, tool, key: d.key });
+    if (due.reconcilable_from === null) {
+      warn('it is not reconciled by workers (its tool is not reconcilable, or the effect changed): the pause is ' +
+        'left for a person');
+      return false;
+    }
+    if (!due.due) {
+      warn(`it may be reconciled from ${due.reconcilable_from.toISOString()} (its tool's grace): the pause ` +
+        'stands until a later attempt');
+      return false;
+    }
     const found = await askProvider(reconcile, d, args, warn);
     if (!found) return false;
     try {

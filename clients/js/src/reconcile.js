@@ -37,6 +37,11 @@ export class NotHappened {
  *   Happened | NotHappened | null | undefined | Promise<Happened | NotHappened | null | undefined>} Reconcile
  */
 
+/** Whether the tool's grace has passed, by the server's clock: the lookup must come after it. */
+export const RECONCILE_DUE =
+  'SELECT f AS reconcilable_from, f <= pg_catalog.clock_timestamp() AS due ' +
+  'FROM durable_ledger.reconcilable_from($1::text, $2::integer) f';
+
 export const RECONCILE_EFFECT =
   'SELECT * FROM durable_ledger.reconcile_effect($1::text, $2::integer, $3::boolean, $4::jsonb)';
 

@@ -143,6 +143,8 @@ test('a provider that cannot tell, a lookup that throws, a grace not passed, a t
     assert.equal(notices.some((n) => n.origin === 'client' && n.statement === 'reconcile_effect'), told,
       'the client says why it did not settle it');
   }
+  // before the grace, or for a tool nobody made reconcilable, the provider is not even asked
+  assert.equal(bank.lookups.length, 2);
 });
 
 test('a token attempt on a pool reconciles', async () => {

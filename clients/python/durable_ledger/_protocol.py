@@ -338,6 +338,24 @@ class Replayed(NamedTuple):
 
 
 RECONCILE_EFFECT = "SELECT * FROM durable_ledger.reconcile_effect(%s, %s, %s, %s)"
+# whether the grace has passed, by the server's clock: the lookup must come after it
+RECONCILE_DUE = ("SELECT f AS reconcilable_from, f <= pg_catalog.clock_timestamp() AS due"
+                 "  FROM durable_ledger.reconcilable_from(%s::text, %s::integer) f")
+
+
+def reconcile_due(row: Any, due: Any, run: str, tool: str) -> bool:
+    """Whether reconcilable_from says the provider may be asked now; logged when not."""
+    if due["reconcilable_from"] is None:
+        log.warning("%s (run %s, key %s) is not reconciled by workers (its tool is not "
+                    "reconcilable, or the effect changed): the pause is left for a person",
+                    tool, run, row["key"])
+        return False
+    if not due["due"]:
+        log.warning("%s (run %s, key %s) may be reconciled from %s (its tool's grace): the "
+                    "pause stands until a later attempt", tool, run, row["key"],
+                    due["reconcilable_from"])
+        return False
+    return True
 
 
 def reconcilable(row: Any) -> bool:

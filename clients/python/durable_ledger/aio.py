@@ -458,6 +458,15 @@ class AsyncLedger(p.LedgerCore):
                           args: Any, row: Dict[str, Any], reconcile: AsyncReconcile) -> bool:
         """`Ledger._reconciled`, awaited: ``reconcile`` may return an awaitable."""
         key = row["key"]
+        about = p.About(run, tool, key, from_row=True)
+        if lease is not None or self.conn is None:
+            due = await self._pooled_one(p.RECONCILE_DUE, (key, row["attempt"]), retry=True,
+                                         what=f"reconcilable_from of {key}", about=about)
+        else:
+            due = await self._one(p.RECONCILE_DUE, (key, row["attempt"]),
+                                  what=f"reconcilable_from of {key}", about=about)
+        if not p.reconcile_due(row, due, run, tool):
+            return False
         try:
             found = reconcile(row["downstream_key"], args)
             if inspect.isawaitable(found):
@@ -469,7 +478,6 @@ class AsyncLedger(p.LedgerCore):
         if finding is None:
             return False
         query, params = p.reconcile_statement(row, finding)
-        about = p.About(run, tool, key, from_row=True)
         try:
             if lease is not None or self.conn is None:
                 await self._pooled_one(query, params, retry=True,

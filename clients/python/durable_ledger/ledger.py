@@ -423,10 +423,20 @@ class Ledger(p.LedgerCore):
     def _reconciled(self, lease: Optional[TokenLease], run: str, tool: str, args: Any,
                     row: Dict[str, Any], reconcile: Reconcile) -> bool:
         """Asks the provider about a paused effect whose outcome is unknown
-        (``reconcile``) and records its finding (``reconcile_effect``, idempotent: sent
-        again on a fresh connection if the reply is lost); True when it was recorded, and
-        the call is to be asked again."""
+        (``reconcile``), once ``reconcilable_from`` says the tool's grace has passed (a
+        lookup made earlier may miss a request still in flight), and records its finding
+        (``reconcile_effect``, idempotent: sent again on a fresh connection if the reply is
+        lost); True when it was recorded, and the call is to be asked again."""
         key = row["key"]
+        about = p.About(run, tool, key, from_row=True)
+        if lease is not None or self.conn is None:
+            due = self._pooled_one(p.RECONCILE_DUE, (key, row["attempt"]), retry=True,
+                                   what=f"reconcilable_from of {key}", about=about)
+        else:
+            due = self._one(p.RECONCILE_DUE, (key, row["attempt"]),
+                            what=f"reconcilable_from of {key}", about=about)
+        if not p.reconcile_due(row, due, run, tool):
+            return False
         try:
             found = p.checked_finding(reconcile(row["downstream_key"], args), run, tool, key)
         except Exception as exc:
@@ -435,7 +445,6 @@ class Ledger(p.LedgerCore):
         if found is None:
             return False
         query, params = p.reconcile_statement(row, found)
-        about = p.About(run, tool, key, from_row=True)
         try:
             if lease is not None or self.conn is None:
                 self._pooled_one(query, params, retry=True, what=f"reconcile_effect of {key}",
