@@ -28,6 +28,16 @@ attempt), and names that attempt.  Workers are forked from the orchestrator
 (one process and one connection each), which spares an interpreter start-up
 per worker.
 
+With --reconcilers nobody is paged: bank.pay is reconcilable (set_reconcile;
+a grace of 0 with session leases, whose lost worker's try is committed before
+its lease ends, and well past a frozen worker's resumption with token
+leases), the bank has a lookup API by the provider key it was given, and a
+worker whose call pauses for an unknown outcome waits for reconcilable_from,
+asks the bank and records what it says (reconcile_effect), then calls again:
+a payment found replays, none found pays as the next attempt under a new
+provider key.  The orchestrator's person then judges only drifted calls, and
+the checks add that no unknown outcome was left for a person.
+
 Agents drift, as models do: with --drift-chance (default 0.3) a worker's
 model words the memo of its payments anew (a "memo" arg outside the
 business keys), so a replay makes calls its run's earlier attempts did not
@@ -215,7 +225,38 @@ def lease_lost(e):
     sys.exit(LOST)
 
 
-def worker(dsn, run, plan, seed, lease="session", ttl=2.0, drift_chance=0.0):
+def reconcile_at_bank(conn, key, attempt, provider_key, patience=60):
+    """A worker's reconciler (--reconcilers): once the tool's grace has passed by
+    the server's clock (reconcilable_from; waited for, never guessed), asks the
+    bank's lookup API by the provider key the lost attempt gave it, and records
+    what the bank says (reconcile_effect).  False when the effect may not be
+    reconciled (the pause is then left for the person, the orchestrator's
+    reconciler)."""
+    deadline = time.monotonic() + patience
+    while True:
+        known, due = conn.execute(
+            "SELECT f IS NOT NULL, f <= clock_timestamp()"
+            "  FROM durable_ledger.reconcilable_from(%s, %s) f", (key, attempt)).fetchone()
+        if not known or time.monotonic() > deadline:
+            return False
+        if due:
+            break
+        time.sleep(0.05)  # the grace: a request still in flight may yet land
+    tried = conn.execute("SELECT id, status FROM bank_payments WHERE provider_key = %s ORDER BY id",
+                         (provider_key,)).fetchall()
+    paid = [bank_id for bank_id, status in tried if status == "paid"]
+    if paid:
+        happened, evidence = True, payment(paid[0])
+    elif tried:
+        happened, evidence = False, decline(tried[0][0])
+    else:
+        happened, evidence = False, NOT_AT_THE_BANK
+    conn.execute("SELECT durable_ledger.reconcile_effect(%s, %s, %s, %s)",
+                 (key, attempt, happened, Jsonb(evidence)))
+    return True
+
+
+def worker(dsn, run, plan, seed, lease="session", ttl=2.0, drift_chance=0.0, reconcilers=False):
     rng = random.Random(seed)
     # the memo this worker's model writes into its payments: as planned, or
     # worded anew (a separate random stream: the rest of the chaos is as ever)
@@ -268,14 +309,14 @@ def worker(dsn, run, plan, seed, lease="session", ttl=2.0, drift_chance=0.0):
             args["memo"] = memo  # a business key names its operation: its args never drift
         while True:
             if token is None:
-                key, decision, status, attempt = conn.execute(
-                    "SELECT key, decision, status, attempt"
+                key, decision, status, attempt, provider_key = conn.execute(
+                    "SELECT key, decision, status, attempt, downstream_key"
                     "  FROM durable_ledger.begin_effect(%s, 'bank.pay', %s, %s)",
                     (run, Jsonb(args), step.get("business_key"))).fetchone()
             else:
                 try:
-                    key, decision, status, attempt = conn.execute(
-                        "SELECT key, decision, status, attempt"
+                    key, decision, status, attempt, provider_key = conn.execute(
+                        "SELECT key, decision, status, attempt, downstream_key"
                         "  FROM durable_ledger.begin_effect(%s, 'bank.pay', %s, %s, lease => %s)",
                         (run, Jsonb(args), step.get("business_key"), token)).fetchone()
                 except psycopg.Error as e:
@@ -302,15 +343,16 @@ def worker(dsn, run, plan, seed, lease="session", ttl=2.0, drift_chance=0.0):
                 # The bank: declines the first tries of a key it was told to
                 # decline, pays the others, deduplicates nothing.
                 bank_id, bank_status = conn.execute(
-                    "INSERT INTO bank_payments (invoice, amount, idempotency_key, attempt, run, status)"
+                    "INSERT INTO bank_payments (invoice, amount, idempotency_key, attempt, run, status,"
+                    "                           provider_key)"
                     " SELECT %(invoice)s, %(amount)s, %(key)s, %(attempt)s, %(run)s,"
                     "        CASE WHEN (SELECT count(*) FROM bank_payments WHERE idempotency_key = %(key)s)"
                     "                < COALESCE((SELECT declines FROM bank_declines"
                     "                             WHERE idempotency_key = %(key)s), 0)"
-                    "             THEN 'declined' ELSE 'paid' END"
+                    "             THEN 'declined' ELSE 'paid' END, %(provider_key)s"
                     " RETURNING id, status",
                     {"invoice": step["invoice"], "amount": step["amount"], "key": key,
-                     "attempt": attempt, "run": run}).fetchone()
+                     "attempt": attempt, "run": run, "provider_key": provider_key}).fetchone()
                 phase(rng, f"{bank_status} at the bank")
                 accepted, row = truthful_report(conn, key, attempt, bank_id, bank_status)
                 if not accepted:
@@ -324,6 +366,10 @@ def worker(dsn, run, plan, seed, lease="session", ttl=2.0, drift_chance=0.0):
                 break
             if decision == "replay":
                 continue  # it failed (never reached the bank): call again, the next occurrence
+            if decision == "pause" and status == "unknown" and reconcilers \
+                    and reconcile_at_bank(conn, key, attempt, provider_key):
+                phase(rng, "reconciled from the bank")
+                continue  # the call again: it replays the payment, or pays as the next attempt
             if decision == "pause":
                 if token is not None:
                     end_attempt()
@@ -428,13 +474,15 @@ def with_user(dsn, user):
     return psycopg.conninfo.make_conninfo(dsn, user=user)
 
 
-def setup(admin_dsn, declines):
+def setup(admin_dsn, declines, reconcile_grace=None):
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute("""
             DROP TABLE IF EXISTS bank_payments, bank_declines;
             CREATE TABLE bank_payments (      -- a downstream API: no unique constraint
                 id bigserial, invoice text, amount integer, idempotency_key text,
-                attempt integer, run text, status text NOT NULL);
+                attempt integer, run text, status text NOT NULL,
+                provider_key text);               -- the key it was given: what its lookup API takes
+            CREATE INDEX ON bank_payments (provider_key);
             CREATE TABLE bank_declines (      -- the bank declines the first tries of these
                 idempotency_key text PRIMARY KEY, declines integer NOT NULL);
             DO $$ BEGIN
@@ -451,8 +499,10 @@ def setup(admin_dsn, declines):
             GRANT SELECT ON bank_payments TO chaos_reconciler;
         """)
         # bank.pay changes the world: reviewed, with the default divergence policy (pause)
-        if not conn.execute("SELECT FROM durable_ledger.tools WHERE tool = 'bank.pay'").fetchone():
+        if not conn.execute("SELECT 1 FROM durable_ledger.tools WHERE tool = 'bank.pay'").fetchone():
             conn.execute("SELECT durable_ledger.register_tool('bank.pay', 'fleet-chaos', note => 'the bank')")
+        # with --reconcilers the workers settle unknown outcomes from the bank's lookup API
+        conn.execute("SELECT durable_ledger.set_reconcile('bank.pay', %s, 'fleet-chaos')", (reconcile_grace,))
         with conn.cursor() as cur:
             cur.executemany("INSERT INTO bank_declines VALUES (%s, %s)", sorted(declines.items()))
 
@@ -534,9 +584,12 @@ def resolve_drift(conn, key, args, may_duplicate, stats):
         print(f"# divergence not resolved, {key[:12]}: {e.diag.message_primary}")
 
 
-def reconcile(reconciler_dsn, stats):
+def reconcile(reconciler_dsn, stats, unknown_outcomes=True):
     """Ask the bank about the attempt of every effect that needs a person, and
-    resolve that attempt -- never another one; judge every drifted call."""
+    resolve that attempt -- never another one; judge every drifted call.  With
+    unknown_outcomes False (--reconcilers: the workers settle those), only the
+    drifted calls: an unknown outcome left here stays unresolved, and the final
+    check says so."""
     with connect(reconciler_dsn, application_name="chaos-reconciler") as conn:
         for key, attempt, conflict, args, may_duplicate in conn.execute(
                 "SELECT key, attempt, conflict, args, may_duplicate FROM durable_ledger.unresolved"
@@ -544,7 +597,7 @@ def reconcile(reconciler_dsn, stats):
             if may_duplicate is not None:
                 resolve_drift(conn, key, args, may_duplicate, stats)
                 continue
-            if conflict:
+            if conflict or not unknown_outcomes:
                 continue  # a contradiction is a bug here; the final check reports it
             # the lease of this attempt has ended, so its try at the bank, if any, is committed
             tried = conn.execute("SELECT id, status FROM bank_payments"
@@ -585,7 +638,14 @@ def orchestrate(args):
     worker_dsn = with_user(fleet_dsn, "chaos_worker")
     reconciler_dsn = with_user(fleet_dsn, "chaos_reconciler")
     plans, expected, declines = make_plans(rng, args.runs)
-    setup(admin_dsn, declines)
+    # The grace: with session leases a lost worker's try at the bank is committed
+    # before its lease ends (one connection for both), so none is needed; with
+    # token leases a frozen worker may make its try once resumed, up to ttl * 1.5
+    # + 0.5 s after it was frozen (while its lease was live): wait well past that.
+    grace = None
+    if args.reconcilers:
+        grace = "0" if args.lease == "session" else f"{args.ttl * 3 + 2} seconds"
+    setup(admin_dsn, declines, grace)
 
     pending = sorted(plans)           # runs to (re)deliver
     done = set()
@@ -631,7 +691,7 @@ def orchestrate(args):
 
     def start(run):
         proc = Forked(worker, worker_dsn, run, plans[run], rng.randrange(2**32), args.lease, args.ttl,
-                      args.drift_chance)
+                      args.drift_chance, args.reconcilers)
         live.append((proc, run))
         selector.register(proc.stdout, selectors.EVENT_READ, proc)
         stats["workers started"] += 1
@@ -657,6 +717,7 @@ def orchestrate(args):
             stats["earlier reports retried with the next attempt in flight"] += \
                 heard.count(b"earlier report retried")
             stats["workers whose memo drifted"] += heard.count(b"memo reworded")
+            stats["unknown outcomes reconciled by workers"] += heard.count(b"reconciled from the bank")
             for _ in range(heard.count(b"\n")):
                 if kills_left > 0 and rng.random() < args.kill_chance and proc.poll() is None:
                     proc.send_signal(signal.SIGKILL)  # the pod is evicted
@@ -716,7 +777,7 @@ def orchestrate(args):
                 (parked if code == PAUSED and zombies else pending).append(run)
         reconcile_due = reconcile_due or need_reconcile
         if reconcile_due and not zombies:
-            reconcile(reconciler_dsn, stats)
+            reconcile(reconciler_dsn, stats, not args.reconcilers)
             reconcile_due = False
             pending += [run for run in parked if all(r != run for _, r in live)]
             parked = []
@@ -730,13 +791,13 @@ def orchestrate(args):
         stats["errors"] += 1
         print(f"# the late reporter exited with {reporter.returncode}")
     late = collections.Counter(json.loads(out.strip().splitlines()[-1]) if out.strip() else {})
-    reconcile(reconciler_dsn, stats)
+    reconcile(reconciler_dsn, stats, not args.reconcilers)
     if sampler is not None:
         sampler.close()
     return plans, expected, done, stats, late, pooling
 
 
-def check(dsn, plans, expected, done, stats, late, lease="session", pooling=None):
+def check(dsn, plans, expected, done, stats, late, lease="session", pooling=None, reconcilers=False):
     failures, checks = 0, 0
 
     def report(ok, what):
@@ -865,7 +926,7 @@ def check(dsn, plans, expected, done, stats, late, lease="session", pooling=None
                 sequence.append((key[:16], f"attempt {attempt} executed", f"attempt {cur} was {st}"))
             state[key] = (attempt, "started")
             continue
-        if event not in ("completed", "late_completion", "failed", "late_failure", "resolved"):
+        if event not in ("completed", "late_completion", "failed", "late_failure", "resolved", "reconciled"):
             continue
         if attempt is None or intents.get((key, attempt)) != (run, epoch):
             misfiled.append((key[:16], event, attempt, run, epoch, intents.get((key, attempt))))
@@ -875,6 +936,8 @@ def check(dsn, plans, expected, done, stats, late, lease="session", pooling=None
         outcome, value = expected_outcome(key, attempt)
         if event == "resolved":
             said = (detail.get("outcome"), detail.get("result" if detail.get("outcome") == "completed" else "error"))
+        elif event == "reconciled":
+            said = ("completed" if detail.get("happened") else "failed", detail.get("evidence"))
         elif event in ("completed", "late_completion"):
             said = ("completed", value if outcome == "completed" else "a completion")
         else:
@@ -892,7 +955,13 @@ def check(dsn, plans, expected, done, stats, late, lease="session", pooling=None
     report(conflicts == 0, f"no contradicting reports ({conflicts})")
     report(late["rejected"] == 0, f"every truthful late report was accepted ({late['rejected']} rejected)")
     report(leases == 0, f"no lease left held ({leases})")
-    report(stats["killed"] > 0 and stats["paused"] > 0
+    if reconcilers:
+        reconciled = sum(1 for a in audit if a[2] == "reconciled")
+        report(reconciled > 0 and stats["resolved by the reconciler"] == 0,
+               f"every unknown outcome settled by the workers' reconcilers from the bank's lookup API, "
+               f"none left for a person ({reconciled} reconciled, "
+               f"{stats['resolved by the reconciler']} resolved by a person)")
+    report(stats["killed"] > 0 and (stats["paused"] > 0 or stats["unknown outcomes reconciled by workers"] > 0)
            and (stats["frozen past their ttl"] == 0 or stats["attempts ended by a lost lease"] > 0),
            "the chaos happened: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
     declined_tries = sum(1 for row in bank if row[4] == "declined")
@@ -953,6 +1022,9 @@ def main():
     parser.add_argument("--drift-chance", type=float,
                         help="chance that a worker's model rewords its payments' memo "
                              "(default 0.3; 0 for a worker started on its own)")
+    parser.add_argument("--reconcilers", action="store_true",
+                        help="the workers settle unknown outcomes themselves from the bank's lookup API "
+                             "(bank.pay reconcilable: set_reconcile), instead of leaving them for a person")
     parser.add_argument("--run")
     parser.add_argument("--plan")
     args = parser.parse_args()
@@ -981,7 +1053,7 @@ def main():
         print("0 passed, 1 failed")
         raise
     sys.exit(1 if check(args.dsn, plans, expected, done, stats, late, args.lease,
-                        pooling if args.pooler_dsn else None) else 0)
+                        pooling if args.pooler_dsn else None, args.reconcilers) else 0)
 
 
 if __name__ == "__main__":
