@@ -520,13 +520,21 @@ audit_divergence(const Call *call, const Facts *f)
  * Before a call executes: warns of a divergence (policy warn), refuses a
  * call whose tool may not execute (tools.c; nothing is written), and notes
  * a tool nobody registered (policy warn), whose warning apply gives once the
- * call executes: the round may start again and decide otherwise.
+ * call executes: the round may start again and decide otherwise.  A call of
+ * a tool nobody registered that had to wait for a change of their policy
+ * decides again first (false), on its row as it is now: meanwhile a report
+ * may have flagged it, and a flagged effect pauses, whatever the policy.
  */
-static void
+static bool
 check_executed(Call *call, const Facts *f)
 {
 	bool		waited;
 
+	if (!call->rules.registered && dl_policy_lock(false))
+	{
+		call->waited = true;
+		return false;
+	}
 	if (f->drift.kind == DRIFT_WARN)
 	{
 		audit_divergence(call, f);
@@ -534,6 +542,7 @@ check_executed(Call *call, const Facts *f)
 	}
 	call->unregistered = dl_may_execute(call->intent.tool, &call->rules, &waited);
 	call->waited |= waited;
+	return true;
 }
 
 /* A new divergence: audited, and recorded to wait for a person's verdict. */
@@ -574,7 +583,8 @@ apply_change(Call *call, const Facts *f, const Decision *d)
 			record_divergence(call, f);
 			return true;
 		case CHANGE_INTENT:
-			check_executed(call, f);
+			if (!check_executed(call, f))
+				return false;
 			if (!f->intent->business_key)
 			{
 				dl_write_new_intent(f->intent);
@@ -583,7 +593,8 @@ apply_change(Call *call, const Facts *f, const Decision *d)
 			call->waited = true;	/* the insert may wait for another run's */
 			return dl_write_intent_unless_exists(f->intent);
 		case CHANGE_NEXT_ATTEMPT:
-			check_executed(call, f);
+			if (!check_executed(call, f))
+				return false;
 			if (!lock_as_judged(call, f, &locked))
 				return false;
 			if (!f->intent->business_key)	/* a watched tool's replay, made again */

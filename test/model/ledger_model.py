@@ -98,6 +98,7 @@ class Tool:
     registered: bool = True
     retired: bool = False
     key_fields: Optional[tuple] = None  # the fields of args that make a call's identity
+    reconcile_grace: Optional[str] = None  # set_reconcile's grace ('0', '1 hour'); None: a person
 
 
 @dataclass
@@ -571,6 +572,9 @@ class Model:
     def change_divergence(self, tool: str, setting: str) -> None:
         self._changeable(tool).divergence = setting
 
+    def set_reconcile(self, tool: str, grace: Optional[str]) -> None:
+        self._changeable(tool).reconcile_grace = grace
+
     def identity(self, tool: str, args: Any) -> Any:
         """The args that identify a call: its tool's key fields, else all of them."""
         t = self.tools[tool]
@@ -605,6 +609,7 @@ class Model:
         if t.registered:  # anew, with no key fields: as change_tool would change them
             self.change_key_fields(tool, None, retired_too=True)
         t.registered, t.retired, t.side_effecting = True, False, side_effecting
+        t.reconcile_grace = None  # (anew too: register_tool gives the rules it is given)
         t.divergence = divergence or ("pause" if side_effecting else "off")
 
     def change_key_fields(self, tool: str, key_fields: Optional[tuple],
@@ -786,6 +791,54 @@ class Model:
         effect.conflict = False
         effect.execute_again = True
         effect.resolved_by = "model"
+
+    # ---------- reconcilers ----------
+
+    def reconcilable_from(self, key: str, attempt: int) -> Optional[bool]:
+        """reconcilable_from: None when the attempt may not be reconciled; else
+        whether its grace has passed (the machine's graces: '0', passed at once,
+        and '1 hour', never within a history).  An unknown outcome was always
+        found unknown by a call whose pause logged it (reference.md)."""
+        effect = self.effects.get(key)
+        if effect is None or effect.attempt != attempt or effect.status != "unknown" \
+                or effect.conflict:
+            return None
+        t = self.tools[effect.tool]
+        if not t.registered or t.reconcile_grace is None:
+            return None
+        return t.reconcile_grace == "0"
+
+    def reconcile(self, key: str, attempt: int, happened: bool, evidence: Any) -> str:
+        """reconcile_effect: what the provider's record said of attempt (reference.md,
+        "Reconcilers"): 'applied', 'noop' or 'conflict'."""
+        effect = self._effect(key)
+        if attempt < 1 or attempt > effect.attempt:
+            raise Refused("22023", "the attempt is below 1 or above the current one")
+        t = self.tools[effect.tool]
+        if not t.registered or t.reconcile_grace is None:
+            raise Refused("55000", "the tool is not reconciled by workers")
+        if effect.conflict:
+            raise Refused("55000", "a flagged effect waits for a person")
+        if effect.status == "started":
+            raise Refused("55000", "a started effect is not unknown")
+        if attempt < effect.attempt:
+            if not happened:
+                return "noop"  # the ledger went on from that
+            effect.conflict = True  # it may have happened twice
+            return "conflict"
+        if effect.status == "unknown":
+            if t.reconcile_grace != "0":
+                raise Refused("55000", "the grace has not passed")
+            if happened:
+                effect.status, effect.result, effect.error = "completed", evidence, None
+            else:
+                effect.status, effect.result, effect.error = "failed", None, evidence
+                effect.execute_again = True
+            return "applied"
+        if (effect.status == "completed") == happened:
+            return "noop"
+        effect.conflict = True
+        return "conflict"
 
     # ---------- what a person sees ----------
 

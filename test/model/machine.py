@@ -948,6 +948,49 @@ class LedgerMachine(RuleBasedStateMachine):
             saw("retry_effect applied")
 
     @precondition(lambda self: self.keys)
+    @rule(k=st.integers(0, 7), happened=st.booleans(), v=st.integers(0, len(VALUES) - 1),
+          mode=st.sampled_from(["current", "current", "current", "earlier", "above"]))
+    def reconcile(self, k: int, happened: bool, v: int, mode: str) -> None:
+        """A worker settles an unknown outcome from the provider's record:
+        reconcilable_from, then reconcile_effect (reference.md, "Reconcilers")."""
+        self.step("reconcile", k, happened, v, mode)
+        # mostly an effect a reconciler would be asked about: one found unknown
+        unknown = [key for key in self.keys if key in self.model.effects
+                   and self.model.effects[key].status == "unknown"]
+        key = unknown[k % len(unknown)] if unknown and k < 6 else self.key(k)
+        evidence = VALUES[v]
+        attempt = self.attempt_of(key, mode)
+        got = self.sql(self.admin, "SELECT f IS NOT NULL, f <= clock_timestamp()"
+                       " FROM durable_ledger.reconcilable_from(%s, %s) f", (key, attempt))[0]
+        want = self.model.reconcilable_from(key, attempt)
+        if got != (want is not None, want):
+            self.fail(f"reconcilable_from({key}, {attempt}) answered {got!r}, the model {want!r}")
+        evidence = {"lookup": evidence}  # evidence is required: never NULL
+        out = self.both(
+            lambda: self.sql(self.admin, f"SELECT {self.ROW} FROM durable_ledger.reconcile_effect("
+                             "%s, %s, %s, %s::jsonb)", (key, attempt, happened, json.dumps(evidence))),
+            lambda: self.model.reconcile(key, attempt, happened, evidence))
+        if out is None:
+            return
+        self.returned_row_agrees("reconcile_effect", out[0], key)
+        saw(f"reconcile_effect {out[1]}")
+        warned = "01L03" in self.admin.notices
+        if warned != (out[1] == "conflict"):
+            self.fail(f"reconcile_effect: the model says {out[1]}, the server "
+                      + ("warned of a conflict" if warned else "did not warn of one"))
+
+    @precondition(lambda self: len(self.steps) > 2)
+    @rule(grace=st.sampled_from(["0", "0", "0", "1 hour", None]),
+          short=st.sampled_from(["pay", "pay", "pay", "crm", "mail"]))
+    def set_reconcile(self, grace: Optional[str], short: str) -> None:
+        """An admin lets workers reconcile a tool's unknown outcomes, or not."""
+        self.step("set_reconcile", grace, short)
+        tool = self.tools[short]
+        self.both(lambda: self.sql(self.admin, "SELECT FROM durable_ledger.set_reconcile(%s, %s,"
+                                   " 'model')", (tool, grace)),
+                  lambda: self.model.set_reconcile(tool, grace))
+
+    @precondition(lambda self: self.keys)
     @rule(k=st.integers(0, 7))
     def status(self, k: int) -> None:
         self.step("status", k)
