@@ -125,6 +125,21 @@ SELECT d.decision, d.status, d.attempt, e.conflict
 SELECT durable_ledger.release_run('rc-2');
 
 -- ===================================================================
+-- evidence that an earlier attempt happened after all is kept whatever the
+-- effect is doing now: here attempt 2 is in flight, under a live lease
+-- ===================================================================
+SELECT durable_ledger.effect_key('rc-10', 'rc_pay', '{"amount": 100}', 1) AS k10 \gset
+SELECT decision FROM durable_ledger.begin_effect('rc-10', 'rc_pay', '{"amount": 100}');
+SELECT durable_ledger.release_run('rc-10');
+SELECT decision FROM durable_ledger.begin_effect('rc-10', 'rc_pay', '{"amount": 100}');
+SELECT durable_ledger.release_run('rc-10');
+SELECT status FROM durable_ledger.reconcile_effect(:'k10', 1, false, '{"lookup": "none"}');
+SELECT decision, attempt FROM durable_ledger.begin_effect('rc-10', 'rc_pay', '{"amount": 100}');
+SELECT status, attempt, conflict FROM durable_ledger.reconcile_effect(:'k10', 1, true, '{"payment": "pay-10-late"}');
+SELECT detail -> 'result' AS kept FROM durable_ledger.audit_log WHERE key = :'k10' AND event = 'conflict';
+SELECT durable_ledger.release_run('rc-10');
+
+-- ===================================================================
 -- a business key: its next attempt is key#2 as after any failure
 -- ===================================================================
 SELECT decision, attempt, downstream_key FROM durable_ledger.begin_effect('rc-3', 'rc_pay', '{"invoice": 3}', 'RC-INV-3');
@@ -132,7 +147,7 @@ SELECT durable_ledger.release_run('rc-3');
 SELECT decision, status FROM durable_ledger.begin_effect('rc-3', 'rc_pay', '{"invoice": 3}', 'RC-INV-3');
 SELECT downstream_key FROM durable_ledger.unresolved WHERE key = 'RC-INV-3';
 SELECT status FROM durable_ledger.reconcile_effect('RC-INV-3', 1, false, '{"lookup": "none"}');
-SELECT decision, attempt, downstream_key FROM durable_ledger.begin_effect('rc-3', 'rc_pay', '{"invoice": 3}', 'RC-INV-3');
+SELECT decision, attempt, downstream_key, reason FROM durable_ledger.begin_effect('rc-3', 'rc_pay', '{"invoice": 3}', 'RC-INV-3');
 SELECT durable_ledger.release_run('rc-3');
 
 -- ===================================================================
@@ -146,9 +161,57 @@ SELECT durable_ledger.release_run('rc-4');
 SELECT status FROM durable_ledger.resolve_effect(:'k4', 'completed', '{"payment": "pay-4"}', 'alice', 'seen at the bank', 1);
 SELECT status, conflict FROM durable_ledger.reconcile_effect(:'k4', 1, false, '{"lookup": "none"}');
 SELECT reason FROM durable_ledger.unresolved WHERE key = :'k4';
--- flagged, it waits for a person: reconcilers are refused
+-- flagged, it waits for a person: no reconciler may settle it; a finding
+-- that agrees with the recorded completion changes nothing
 SELECT durable_ledger.reconcilable_from(:'k4', 1) IS NULL AS flagged_not_reconcilable;
-SELECT regress_sqlstate(format($$SELECT durable_ledger.reconcile_effect(%L, 1, true, '{"payment": "pay-4"}')$$, :'k4'));
+SELECT status, conflict FROM durable_ledger.reconcile_effect(:'k4', 1, true, '{"payment": "pay-4"}');
+SELECT count(*) AS conflict_rows FROM durable_ledger.audit_log WHERE key = :'k4' AND event = 'conflict';
+
+-- ===================================================================
+-- the grace is a fixed length, whatever the session's time zone: days of
+-- 24 hours (200 days cross a change of daylight saving time in New York)
+-- ===================================================================
+SELECT tool FROM durable_ledger.set_reconcile('rc_pay', '200 days', 'ops');
+SELECT durable_ledger.effect_key('rc-11', 'rc_pay', '{"amount": 110}', 1) AS k11 \gset
+SELECT decision FROM durable_ledger.begin_effect('rc-11', 'rc_pay', '{"amount": 110}');
+SELECT durable_ledger.release_run('rc-11');
+SELECT decision FROM durable_ledger.begin_effect('rc-11', 'rc_pay', '{"amount": 110}');
+SELECT durable_ledger.release_run('rc-11');
+SET TimeZone = 'America/New_York';
+SELECT extract(epoch FROM durable_ledger.reconcilable_from(:'k11', 1)
+               - (SELECT logged_at FROM durable_ledger.audit_log WHERE key = :'k11' AND event = 'pause'))
+       = 200 * 86400 AS two_hundred_days_of_24_hours;
+RESET TimeZone;
+-- and in range: at most a year; a grace that counts to nothing is none
+SELECT regress_sqlstate($$SELECT durable_ledger.set_reconcile('rc_pay', '1000000 years', 'ops')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.set_reconcile('rc_pay', '367 days', 'ops')$$);
+SELECT reconcile_grace FROM durable_ledger.set_reconcile('rc_pay', '1 day -24 hours', 'ops');
+SELECT tool FROM durable_ledger.set_reconcile('rc_pay', '0', 'ops');
+
+-- ===================================================================
+-- a business key used again after purge_settled removed its first life:
+-- the grace counts from when its new life was found unknown, not from the
+-- earlier life's pause still in the audit log
+-- ===================================================================
+SELECT tool FROM durable_ledger.set_reconcile('rc_pay', '1 hour', 'ops');
+SELECT decision FROM durable_ledger.begin_effect('rc-12', 'rc_pay', '{"invoice": 12}', 'RC-INV-12');
+SELECT durable_ledger.release_run('rc-12');
+SELECT decision FROM durable_ledger.begin_effect('rc-12', 'rc_pay', '{"invoice": 12}', 'RC-INV-12');
+SELECT durable_ledger.release_run('rc-12');
+SELECT status FROM durable_ledger.resolve_effect('RC-INV-12', 'completed', '{"payment": "p12"}', 'alice', NULL, 1);
+SELECT run, effects FROM durable_ledger.purge_settled('0', 'ops', dry_run => false) WHERE run = 'rc-12';
+SELECT count(*) AS earlier_life_pauses FROM durable_ledger.audit_log
+ WHERE key = 'RC-INV-12' AND event = 'pause';
+SELECT decision, attempt FROM durable_ledger.begin_effect('rc-13', 'rc_pay', '{"invoice": 12}', 'RC-INV-12');
+SELECT durable_ledger.release_run('rc-13');
+SELECT decision, status FROM durable_ledger.begin_effect('rc-13', 'rc_pay', '{"invoice": 12}', 'RC-INV-12');
+SELECT durable_ledger.release_run('rc-13');
+SELECT durable_ledger.reconcilable_from('RC-INV-12', 1)
+       = (SELECT max(logged_at) + interval '1 hour' FROM durable_ledger.audit_log
+           WHERE key = 'RC-INV-12' AND event = 'pause') AS from_the_new_life;
+SELECT left(regress_sqlstate($$SELECT durable_ledger.reconcile_effect('RC-INV-12', 1, false, '{}')$$), 5)
+       AS too_early;
+SELECT tool FROM durable_ledger.set_reconcile('rc_pay', '0', 'ops');
 
 -- ===================================================================
 -- refusals: each writes nothing

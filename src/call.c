@@ -12,6 +12,8 @@
 #include "mb/pg_wchar.h"
 #include "utils/builtins.h"
 #include "utils/inet.h"
+#include "common/int.h"
+#include "datatype/timestamp.h"
 #include "utils/jsonb.h"
 
 #include "common.h"
@@ -228,6 +230,26 @@ dl_error_no_such_attempt(const char *key, int32 attempt, int32 current_attempt)
 			 errmsg("effect \"%s\" has no attempt %d", key, attempt),
 			 errdetail("Its current attempt is %d.", current_attempt),
 			 errhint("Name the attempt that begin_effect() returned.")));
+}
+
+/*
+ * An interval as a fixed number of microseconds, days of 24 hours and months
+ * of 30 days (as EXTRACT(epoch FROM interval) counts them), whatever the
+ * session's time zone; false when it does not fit in 64 bits.
+ */
+bool
+dl_interval_usecs(const Interval *span, int64 *usecs)
+{
+	int64		days;
+	int64		total;
+
+	if (pg_mul_s64_overflow((int64) span->month, DAYS_PER_MONTH, &days) ||
+		pg_add_s64_overflow(days, (int64) span->day, &days) ||
+		pg_mul_s64_overflow(days, USECS_PER_DAY, &total) ||
+		pg_add_s64_overflow(total, span->time, &total))
+		return false;
+	*usecs = total;
+	return true;
 }
 
 /* Equal JSON values, or both SQL NULL. */

@@ -30,6 +30,7 @@
 
 #include "fmgr.h"
 #include "access/tupdesc.h"
+#include "datatype/timestamp.h"
 #include "lib/stringinfo.h"
 #include "utils/jsonb.h"
 
@@ -186,6 +187,7 @@ extern void dl_spi_connect(void);
 extern void dl_spi_finish(void);
 extern void dl_error_no_such_attempt(const char *key, int32 attempt,
 									 int32 current_attempt);
+extern bool dl_interval_usecs(const Interval *span, int64 *usecs);
 extern bool dl_jsonb_equal(Jsonb *a, Jsonb *b);
 extern bool dl_client_addr(Datum *addr);
 

@@ -445,6 +445,9 @@ judge_row(const Facts *f, Decision *d)
 			{
 				/* a failed business key is executed again: its next attempt */
 				next_attempt(row, EFFECT_FAILED, d);
+				if (row->execute_again)
+					d->answer.reason = psprintf(row->reconciled ? REASON_RECONCILED : REASON_RETRY,
+												row->attempt, row->attempt + 1);
 				return;
 			}
 			if (row->execute_again && f->intent != &f->same)

@@ -121,7 +121,7 @@ static const struct
 	[AUDIT_SUPERSEDED_REPORT] = {"superseded_report", false},
 	[AUDIT_HISTORY_CHAINED] = {"history_chained", false},
 	[AUDIT_RETRY_ALLOWED] = {"retry_allowed", true},
-	[AUDIT_RECONCILED] = {"reconciled", false},
+	[AUDIT_RECONCILED] = {"reconciled", true},	/* a pause a person was told of is settled */
 };
 
 const char *

@@ -98,13 +98,18 @@ static Statement past_attempt_runs = {
 };
 
 static Statement found_unknown = {
-	/* the decision that found an attempt's lease ended without a report */
+	/*
+	 * The decision that found an attempt's lease ended without a report, in
+	 * the attempt's own life: a key purged and begun again (purge_settled),
+	 * or a business key used again, has rows of an earlier life too.
+	 */
 	"SELECT logged_at FROM durable_ledger.audit_log"
 	" WHERE key" EQ "$1 AND attempt" EQ "$2"
 	"   AND event" EQ "'pause'"
 	"   AND (detail OPERATOR(pg_catalog.->>) 'cause')" EQ "'lease ended'"
+	"   AND logged_at OPERATOR(pg_catalog.>=) $3"
 	" ORDER BY id LIMIT 1",
-	2, {TEXTOID, INT4OID}
+	3, {TEXTOID, INT4OID, TIMESTAMPTZOID}
 };
 
 static Statement lease_holder = {
@@ -265,17 +270,18 @@ dl_read_past_attempt_runs(const char *key)
 
 /*
  * When the ledger found that attempt of key's lease had ended without a
- * report (the effect became unknown), as committed now; false when its log
- * has no such row.
+ * report (the effect became unknown), the attempt having begun at begun_at;
+ * as committed now; false when its log has no such row.
  */
 bool
-dl_read_found_unknown_at(const char *key, int32 attempt, TimestampTz *at)
+dl_read_found_unknown_at(const char *key, int32 attempt, TimestampTz begun_at, TimestampTz *at)
 {
-	Datum		values[2];
+	Datum		values[3];
 	bool		isnull;
 
 	values[0] = dl_text_datum(key);
 	values[1] = Int32GetDatum(attempt);
+	values[2] = TimestampTzGetDatum(begun_at);
 	if (dl_plan_run_now(&found_unknown, values, NULL, SPI_OK_SELECT) == 0)
 		return false;
 	*at = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,

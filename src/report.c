@@ -322,6 +322,13 @@ finding_on_past_attempt(LockedEffect *locked, int32 attempt, bool happened, Json
 		past.status = locked->row.safe_to_redo ? EFFECT_UNKNOWN : EFFECT_FAILED;
 		past.error = NULL;
 	}
+	if (locked->row.safe_to_redo && past.status == EFFECT_UNKNOWN)
+	{
+		/* a recorded call made twice, which its caller said is harmless */
+		keep_superseded_report(locked, past.run, past.lease_epoch, attempt, EFFECT_COMPLETED,
+							   evidence);
+		return;
+	}
 	keep_contradicting_finding(locked, past.run, past.lease_epoch, attempt, happened, evidence,
 							   past.status, NULL, past.error);
 }
@@ -337,11 +344,18 @@ static bool
 reconcile_from(const EffectRow *row, const ToolRules *rules, TimestampTz *found_at,
 			   TimestampTz *from)
 {
-	if (!dl_read_found_unknown_at(row->key, row->attempt, found_at))
+	int64		grace;
+
+	if (!dl_read_found_unknown_at(row->key, row->attempt, row->created_at, found_at))
 		return false;
-	*from = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-													TimestampTzGetDatum(*found_at),
-													IntervalPGetDatum(&rules->row.reconcile_grace)));
+	/*
+	 * A fixed length (days of 24 hours): added in the session's time zone, a
+	 * grace of days would shrink across a change of daylight saving time, or
+	 * to nothing in a zone made for it.  set_reconcile keeps it in range.
+	 */
+	if (!dl_interval_usecs(&rules->row.reconcile_grace, &grace))
+		elog(ERROR, "the reconcile grace of tool \"%s\" is out of range", row->tool);
+	*from = *found_at + grace;
 	return true;
 }
 
@@ -366,7 +380,7 @@ check_grace_passed(const EffectRow *row, const ToolRules *rules)
 						   timestamptz_to_str(found_at), row->tool,
 						   DatumGetCString(DirectFunctionCall1(interval_out,
 															   IntervalPGetDatum(&rules->row.reconcile_grace)))),
-				 errhint("Ask the provider after that time (reconcilable_from() says when); until then the effect stays paused.")));
+				 errhint("Look the effect up at the provider again after that time (reconcilable_from() says when): a lookup made before it may miss a request still in flight. Until then the effect stays paused.")));
 }
 
 /* Only an unknown outcome of a tool an admin made reconcilable (set_reconcile). */
@@ -415,13 +429,17 @@ audit_reconciled(const EffectRow *before, bool happened, Jsonb *evidence)
  * its result, or it did not, with evidence as its error -- then the next
  * call executes the next attempt, under a new provider key.  The tool's
  * lock is taken first (shared, as a call's: fixed until the transaction
- * ends), then the row is locked and judged:
+ * ends), then the row is locked and judged; evidence of an outcome the
+ * ledger has recorded otherwise is kept whatever the tool's setting, as a
+ * report's is:
  *   - an attempt above the current one: an error, nothing written;
- *   - an earlier attempt: did not happen, no change; happened, a conflict;
- *   - a tool not reconcilable, a flagged or a started effect: an error;
- *   - unknown: applied once the tool's grace has passed (else an error);
+ *   - an earlier attempt: did not happen, no change; happened, a conflict
+ *     (a recorded call's lost attempt: superseded);
  *   - completed or failed already (another reconciler, or a person, was
- *     first): the same finding, no change; the other one, a conflict.
+ *     first): the same finding, no change; the other one, a conflict;
+ *   - started or unknown: a tool not reconcilable, a flagged or a started
+ *     effect are errors; unknown, applied once the tool's grace has passed
+ *     (else an error).
  * Returns the effect's row as it is now.
  */
 HeapTuple
@@ -458,19 +476,22 @@ dl_reconcile(const char *key, int32 attempt, bool happened, Jsonb *evidence)
 
 	if (attempt > before.attempt)
 		dl_error_no_such_attempt(key, attempt, before.attempt);
-	check_reconcilable(&before, &rules);
 	if (attempt < before.attempt)
 		finding_on_past_attempt(&locked, attempt, happened, evidence);
-	else if (before.status == EFFECT_UNKNOWN)
+	else if (before.status == EFFECT_COMPLETED || before.status == EFFECT_FAILED)
 	{
+		if (before.status != found)
+			keep_contradicting_finding(&locked, before.run, before.lease_epoch, before.attempt,
+									   happened, evidence, before.status, before.result,
+									   before.error);
+	}
+	else
+	{
+		check_reconcilable(&before, &rules);
 		check_grace_passed(&before, &rules);
 		(void) dl_write_reconciled(&locked, happened, evidence);
 		audit_reconciled(&before, happened, evidence);
 	}
-	else if (before.status != found)
-		keep_contradicting_finding(&locked, before.run, before.lease_epoch, before.attempt,
-								   happened, evidence, before.status, before.result,
-								   before.error);
 	return heap_copytuple(locked.tuple);
 }
 

@@ -203,7 +203,8 @@ extern KeyLookup dl_read_key(const char *key, EffectRow *row);
 extern HeapTuple dl_read_effect_now(const char *key, TupleDesc desc, EffectRow *row);
 extern bool dl_read_past_attempt(const char *key, int32 attempt, PastAttempt *past);
 extern List *dl_read_past_attempt_runs(const char *key);
-extern bool dl_read_found_unknown_at(const char *key, int32 attempt, TimestampTz *at);
+extern bool dl_read_found_unknown_at(const char *key, int32 attempt, TimestampTz begun_at,
+									 TimestampTz *at);
 extern bool dl_read_run_state(const char *run, RunState *state);
 extern bool dl_read_token_lease(bytea *token_sha256, TokenLease *lease);
 extern int32 dl_read_token_calls(const char *run, int64 epoch, bytea *call);

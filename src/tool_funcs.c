@@ -324,6 +324,9 @@ dl_retire_tool_1_2(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(result);
 }
 
+/* A grace longer than a year is a person's matter, not a request in flight. */
+#define MAX_RECONCILE_GRACE_DAYS 366
+
 static const char *
 grace_text(const ToolRow *row)
 {
@@ -358,14 +361,15 @@ dl_set_reconcile_1_3(PG_FUNCTION_ARGS)
 
 	if (reconcilable)
 	{
-		Interval	zero = {0};
+		int64		usecs;
 
 		grace = *PG_GETARG_INTERVAL_P(1);
-		if (DatumGetInt32(DirectFunctionCall2(interval_cmp, IntervalPGetDatum(&grace),
-											  IntervalPGetDatum(&zero))) < 0)
+		/* counted with days of 24 hours, whatever the time zone (report.c) */
+		if (!dl_interval_usecs(&grace, &usecs) || usecs < 0 ||
+			usecs > (int64) MAX_RECONCILE_GRACE_DAYS * USECS_PER_DAY)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("grace must not be negative"),
+					 errmsg("grace must be between 0 and %d days", MAX_RECONCILE_GRACE_DAYS),
 					 errdetail("It is how long after an outcome was found unknown a worker may settle it: time for a request still in flight to reach the provider.")));
 	}
 	dl_check_writable("set_reconcile()");

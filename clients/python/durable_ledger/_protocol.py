@@ -383,7 +383,8 @@ def reconcile_failed(run: str, tool: str, key: str, exc: BaseException) -> None:
 def reconcile_statement(row: Any, found: Finding) -> Tuple[str, Tuple[Any, ...]]:
     """reconcile_effect of the paused attempt, with what the provider said."""
     return (RECONCILE_EFFECT,
-            (row["key"], row["attempt"], isinstance(found, Happened), _json(found.evidence)))
+            # evidence None is JSON null: the provider's answer, never "no answer"
+            (row["key"], row["attempt"], isinstance(found, Happened), Jsonb(found.evidence)))
 
 
 def reconcile_refused(run: str, tool: str, key: str, exc: WrongState) -> None:
