@@ -810,10 +810,24 @@ class Model:
 
     def reconcile(self, key: str, attempt: int, happened: bool, evidence: Any) -> str:
         """reconcile_effect: what the provider's record said of attempt (reference.md,
-        "Reconcilers"): 'applied', 'noop' or 'conflict'."""
+        "Reconcilers"): 'applied', 'noop', 'superseded' or 'conflict'.  Evidence of an
+        outcome recorded otherwise is kept whatever the tool's setting."""
         effect = self._effect(key)
         if attempt < 1 or attempt > effect.attempt:
             raise Refused("22023", "the attempt is below 1 or above the current one")
+        if attempt < effect.attempt:
+            if not happened:
+                return "noop"  # the ledger went on from that
+            past = effect.past[attempt - 1] if attempt <= len(effect.past) else None
+            if effect.safe_to_redo and (past is None or past.status == "unknown"):
+                return "superseded"  # a recorded call made twice: harmless
+            effect.conflict = True  # it may have happened twice
+            return "conflict"
+        if effect.status in ("completed", "failed"):
+            if (effect.status == "completed") == happened:
+                return "noop"
+            effect.conflict = True
+            return "conflict"
         t = self.tools[effect.tool]
         if not t.registered or t.reconcile_grace is None:
             raise Refused("55000", "the tool is not reconciled by workers")
@@ -821,24 +835,14 @@ class Model:
             raise Refused("55000", "a flagged effect waits for a person")
         if effect.status == "started":
             raise Refused("55000", "a started effect is not unknown")
-        if attempt < effect.attempt:
-            if not happened:
-                return "noop"  # the ledger went on from that
-            effect.conflict = True  # it may have happened twice
-            return "conflict"
-        if effect.status == "unknown":
-            if t.reconcile_grace != "0":
-                raise Refused("55000", "the grace has not passed")
-            if happened:
-                effect.status, effect.result, effect.error = "completed", evidence, None
-            else:
-                effect.status, effect.result, effect.error = "failed", None, evidence
-                effect.execute_again = True
-            return "applied"
-        if (effect.status == "completed") == happened:
-            return "noop"
-        effect.conflict = True
-        return "conflict"
+        if t.reconcile_grace != "0":
+            raise Refused("55000", "the grace has not passed")
+        if happened:
+            effect.status, effect.result, effect.error = "completed", evidence, None
+        else:
+            effect.status, effect.result, effect.error = "failed", None, evidence
+            effect.execute_again = True
+        return "applied"
 
     # ---------- what a person sees ----------
 

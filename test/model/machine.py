@@ -40,7 +40,7 @@ WHOSE_RUN = st.sampled_from([0, 0, 0, 0, 0, 0, 1, 2])
 # side-effecting one judged for divergence, a read-only one, one nobody
 # registered (until a rule registers it), and one keyed by a key field (its
 # memo changes from call to call, as a model rewords free text)
-TOOLS = {"pay": Tool(side_effecting=True, divergence="pause"),
+TOOLS = {"pay": Tool(side_effecting=True, divergence="pause", reconcile_grace="0"),
          "llm": Tool(side_effecting=False, divergence="off"),
          "mail": Tool(registered=False),
          "crm": Tool(side_effecting=True, divergence="pause", key_fields=("n",))}
@@ -117,6 +117,9 @@ class LedgerMachine(RuleBasedStateMachine):
                          " side_effecting => %s, divergence => %s, key_fields => %s)",
                          (self.tools[short], t.side_effecting, t.divergence,
                           list(t.key_fields) if t.key_fields else None))
+                if t.reconcile_grace is not None:
+                    self.sql(self.admin, "SELECT FROM durable_ledger.set_reconcile(%s, %s, 'model')",
+                             (self.tools[short], t.reconcile_grace))
         # the policies for tools nobody registered are the database's: each
         # history starts from the defaults (what the previous one left is no
         # part of this history: not selected)
@@ -885,13 +888,20 @@ class LedgerMachine(RuleBasedStateMachine):
             self.nested = False
 
     @rule(s=st.integers(0, SESSIONS - 1), r=WHOSE_RUN, completed=st.sampled_from([True, True, False]),
-          reword=st.sampled_from([None, None, 0, 1]))
-    def rerun(self, s: int, r: int, completed: bool, reword: Optional[int] = None) -> None:
+          reword=st.sampled_from([None, None, 0, 1]), model_call=st.booleans())
+    def rerun(self, s: int, r: int, completed: bool, reword: Optional[int] = None,
+              model_call: bool = False) -> None:
         """A run's attempt ends with every outcome reported, and the run is
         delivered again: its next attempt replays each call (completed, failed;
-        a recorded call's answer) -- what the ledger is for -- or rewords one."""
-        self.step("rerun", s, r, completed, reword)
+        a recorded call's answer) -- what the ledger is for -- or rewords one.
+        With model_call, the attempt asked the model first (a recorded call),
+        whose answer the next attempt replays."""
+        self.step("rerun", s, r, completed, reword, model_call)
         mine = self.whose(s, r)
+        if model_call and not any(run == mine and call[4] and call[3] == "session"
+                                  for run, call in self.calls):
+            self.calls.append((mine, ("llm", 0, None, "session", True)))
+            self.call_begin(s, r, "llm", 0, None, "session", True, rolled_back=False)
         if reword is not None and not any(
                 run == mine and call[0] in ("pay", "crm") and call[2] is None and call[3] == "session"
                 and not call[4] for run, call in self.calls):

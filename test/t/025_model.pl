@@ -64,6 +64,7 @@ for my $seen ('begin execute', 'begin replay completed', 'begin pause', 'begin i
 	'fork_run carried', 'purge_settled purged', 'metrics_events checked', 'begin replay failed',
 	'begin_recorded replay completed', 'begin_recorded execute again', 'overlap waited',
 	'report_meanwhile waited', 'retry_effect applied', 'resolve_effect completed',
+	'reconcile_effect applied', 'reconcile_effect noop', 'reconcile_effect conflict',
 	'resolve_effect failed')
 {
 	like($out, qr/^#\s+\d+\s+\Q$seen\E$/m, "the histories made \"$seen\" happen");
