@@ -46,20 +46,49 @@ def naive_worker(dsn, run):
         time.sleep(30)  # the orchestrator kills us here
 
 
-def ledger_worker(dsn, run, calls, die_after, memo=None):
+def reconcile_from_bank(conn, key, attempt, provider_key):
+    """A reconciler: once the tool's grace has passed (reconcilable_from, by the
+    server's clock), ask the bank by the key it was given and record its answer."""
+    while True:
+        when, due = conn.execute("SELECT f, f <= clock_timestamp()"
+                                 "  FROM durable_ledger.reconcilable_from(%s, %s) f",
+                                 (key, attempt)).fetchone()
+        if when is None:
+            return False  # not the workers' to settle: a person decides
+        if due:
+            break
+        time.sleep(0.1)  # the grace: a request still in flight may yet land
+    payment = conn.execute("SELECT id FROM bank_payments WHERE idempotency_key = %s",
+                           (provider_key,)).fetchone()
+    found = {"payment_id": payment[0]} if payment else {"lookup": "no payment with that key"}
+    say(f"the bank's lookup by the key: {found}; reconcile_effect(..., happened => {payment is not None})")
+    conn.execute("SELECT durable_ledger.reconcile_effect(%s, %s, %s, %s)",
+                 (key, attempt, payment is not None, Jsonb(found)))
+    return True
+
+
+def ledger_worker(dsn, run, calls, die_after, memo=None, reconcile=False):
     """Pays through the ledger.  calls: how many identical payments the run makes.
     die_after: 'paid' (killed after recording the result), 'intent' (killed
     between intent and completion), or 'never'.  memo: the free text a model
-    writes into the payment (worded anew on every replay)."""
+    writes into the payment (worded anew on every replay).  reconcile: an
+    unknown outcome is settled from the bank's record, not left for a person."""
     args = dict(PAY_ARGS, **({"memo": memo} if memo else {}))
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(calls):
             if memo:
                 say(f"the model asks to pay INV-9 $4,200 with memo {memo!r}")
-            key, decision, status, occurrence, result, reason = conn.execute(
-                "SELECT key, decision, status, occurrence, result, reason"
+            key, decision, status, occurrence, result, reason, attempt, provider_key = conn.execute(
+                "SELECT key, decision, status, occurrence, result, reason, attempt, downstream_key"
                 "  FROM durable_ledger.begin_effect(%s, 'bank.pay', %s)",
                 (run, Jsonb(args))).fetchone()
+            if decision == "pause" and status == "unknown" and reconcile:
+                say("PAUSE: the outcome is unknown; asking the bank instead of a person ...")
+                if reconcile_from_bank(conn, key, attempt, provider_key):
+                    key, decision, status, occurrence, result, reason = conn.execute(
+                        "SELECT key, decision, status, occurrence, result, reason"
+                        "  FROM durable_ledger.begin_effect(%s, 'bank.pay', %s)",
+                        (run, Jsonb(args))).fetchone()
             say(f"begin_effect -> {decision} (occurrence {occurrence}, key {key[:12]}…)")
             if decision == "execute":
                 if die_after == "intent":
@@ -236,7 +265,25 @@ def story(dsn):
         print("      (registered with key_fields => '{invoice,amount,currency}', bank.pay would have"
               " taken the reworded memo for the same call at once)")
 
-        heading(7, "The audit trail of INV-9 in run ap-3, read with plain SQL")
+        heading(7, "The bank answers lookups: a worker lost mid-payment is settled with no person")
+        print("      [Maria Lopez] lets workers settle bank.pay's unknown outcomes from the bank's record,"
+              " a second after they are found: set_reconcile('bank.pay', '1 second', 'maria.lopez')")
+        conn.execute("SELECT durable_ledger.set_reconcile('bank.pay', '1 second', 'maria.lopez',"
+                     " 'the bank answers lookups by idempotency key')")
+        w = spawn(worker_dsn, "ledger", "--run", "ap-7", "--die-after", "intent")
+        follow(w, until="calling the bank")
+        deadline = time.monotonic() + 60  # the bank has the payment: then the pod is evicted
+        while bank_count(conn, "ap-7") == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        evict(w)
+        print("      [orchestrator] retrying the job on a new worker, which reconciles")
+        follow(spawn(worker_dsn, "ledger", "--run", "ap-7", "--reconcile"))
+        waiting = conn.execute("SELECT count(*) FROM durable_ledger.unresolved WHERE run = 'ap-7'").fetchone()[0]
+        print(f"      [orchestrator] unresolved for ap-7: {waiting}; nobody was paged")
+        ok &= waiting == 0
+        ok &= verdict(conn, "ap-7", 1, "paid once, settled from the bank's record, then replayed")
+
+        heading(8, "The audit trail of INV-9 in run ap-3, read with plain SQL")
         query = textwrap.dedent("""\
             SELECT a.id, a.event, a.role_name, a.application_name,
                    coalesce(a.detail ->> 'resolved_by', '') AS resolved_by,
@@ -265,11 +312,13 @@ def main():
     parser.add_argument("--calls", type=int, default=1)
     parser.add_argument("--die-after", default="never", choices=["never", "paid", "intent"])
     parser.add_argument("--memo")
+    parser.add_argument("--reconcile", action="store_true",
+                        help="settle an unknown outcome from the bank's record, not by a person")
     args = parser.parse_args()
     if args.role == "naive":
         naive_worker(args.dsn, args.run)
     elif args.role == "ledger":
-        ledger_worker(args.dsn, args.run, args.calls, args.die_after, args.memo)
+        ledger_worker(args.dsn, args.run, args.calls, args.die_after, args.memo, args.reconcile)
     else:
         sys.exit(0 if story(args.dsn) else 1)
 

@@ -26,6 +26,9 @@ like($stdout, qr/OK the bank shows 2 payments for ap-5/, '"again" pays twice, it
 like($stdout, qr/begin_effect -> pause.*was not made by the run's earlier attempts/s,
 	'a replay that rewords the memo is paused as a divergence');
 like($stdout, qr/OK the bank shows 1 payment for ap-6/, '... resolved by a person as the same payment, it pays nothing');
+like($stdout, qr/reconcile_effect\(\.\.\., happened => True\)/,
+	'a worker lost mid-payment is settled from the bank\'s record');
+like($stdout, qr/OK the bank shows 1 payment for ap-7/, '... paid once, nobody paged');
 like($stdout, qr/Every story ended as told\./, 'every story ended as told');
 
 $node->stop;
