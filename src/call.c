@@ -234,8 +234,9 @@ dl_error_no_such_attempt(const char *key, int32 attempt, int32 current_attempt)
 
 /*
  * An interval as a fixed number of microseconds, days of 24 hours and months
- * of 30 days (as EXTRACT(epoch FROM interval) counts them), whatever the
- * session's time zone; false when it does not fit in 64 bits.
+ * of 30 days (a year is 360 days here; EXTRACT(epoch FROM interval) counts
+ * 365.25), whatever the session's time zone; false when it does not fit in
+ * 64 bits.
  */
 bool
 dl_interval_usecs(const Interval *span, int64 *usecs)

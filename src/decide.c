@@ -390,6 +390,14 @@ judge_new(const Call *call, const Facts *f, Decision *d)
 	elog(ERROR, "a new key cannot be the same as an earlier effect");
 }
 
+/* Why a failed effect a person retried, or a reconciler found did not happen, executes again. */
+static const char *
+reason_again(const EffectRow *row)
+{
+	return psprintf(row->reconciled ? REASON_RECONCILED : REASON_RETRY, row->attempt,
+					row->attempt + 1);
+}
+
 /*
  * A started effect: in progress under a live lease; else its lease ended
  * without a report, and it is unknown -- made again when both it and this
@@ -446,8 +454,7 @@ judge_row(const Facts *f, Decision *d)
 				/* a failed business key is executed again: its next attempt */
 				next_attempt(row, EFFECT_FAILED, d);
 				if (row->execute_again)
-					d->answer.reason = psprintf(row->reconciled ? REASON_RECONCILED : REASON_RETRY,
-												row->attempt, row->attempt + 1);
+					d->answer.reason = reason_again(row);
 				return;
 			}
 			if (row->execute_again && f->intent != &f->same)
@@ -459,8 +466,7 @@ judge_row(const Facts *f, Decision *d)
 				 * effect's record: it replays
 				 */
 				next_attempt(row, EFFECT_FAILED, d);
-				d->answer.reason = psprintf(row->reconciled ? REASON_RECONCILED : REASON_RETRY,
-											row->attempt, row->attempt + 1);
+				d->answer.reason = reason_again(row);
 				return;
 			}
 			decide_replay(d, REASON_REPLAY_FAILED);
@@ -531,9 +537,7 @@ audit_divergence(const Call *call, const Facts *f)
 static bool
 check_executed(Call *call, const Facts *f)
 {
-	bool		waited;
-
-	if (!call->rules.registered && dl_policy_lock(false))
+	if (dl_policy_changed_meanwhile(&call->rules))
 	{
 		call->waited = true;
 		return false;
@@ -543,8 +547,7 @@ check_executed(Call *call, const Facts *f)
 		audit_divergence(call, f);
 		dl_warn_divergence(&call->progress, &f->drift);
 	}
-	call->unregistered = dl_may_execute(call->intent.tool, &call->rules, &waited);
-	call->waited |= waited;
+	call->unregistered = dl_may_execute(call->intent.tool, &call->rules);
 	return true;
 }
 

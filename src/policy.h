@@ -20,7 +20,8 @@ typedef struct ToolRules
 
 extern bool dl_tool_rules(const char *tool, ToolRules *rules);
 extern Jsonb *dl_identity_of_call(const ToolRules *rules, Jsonb *args, bool *complete);
-extern bool dl_may_execute(const char *tool, const ToolRules *rules, bool *waited);
+extern bool dl_policy_changed_meanwhile(const ToolRules *rules);
+extern bool dl_may_execute(const char *tool, const ToolRules *rules);
 extern void dl_warn_unregistered(const char *tool);
 extern void dl_check_may_redo(const char *tool, const ToolRules *rules);
 extern DivergencePolicy dl_divergence_policy(const ToolRules *rules, bool *waited);

@@ -56,13 +56,26 @@ dl_identity_of_call(const ToolRules *rules, Jsonb *args, bool *complete)
 }
 
 /*
- * Refuses, before anything is written, a call that may not execute; true
- * when it executes with a warning (dl_warn_unregistered), a tool nobody
- * registered under policy warn.  *waited: it waited for a change of the
- * policy.
+ * A call of a tool nobody registered that would execute holds their
+ * policy's lock shared until its transaction ends, so that
+ * set_unregistered_tools waits for it; true when it had to wait for a change
+ * of the policy: the call then decides again, on its row as it is now.
+ * Taken before dl_may_execute reads the policy.
  */
 bool
-dl_may_execute(const char *tool, const ToolRules *rules, bool *waited)
+dl_policy_changed_meanwhile(const ToolRules *rules)
+{
+	return !rules->registered && dl_policy_lock(false);
+}
+
+/*
+ * Refuses, before anything is written, a call that may not execute; true
+ * when it executes with a warning (dl_warn_unregistered), a tool nobody
+ * registered under policy warn.  For such a tool, the caller holds the
+ * policy's lock (dl_policy_changed_meanwhile).
+ */
+bool
+dl_may_execute(const char *tool, const ToolRules *rules)
 {
 	if (rules->registered && rules->row.retired)
 		ereport(ERROR,
@@ -70,10 +83,8 @@ dl_may_execute(const char *tool, const ToolRules *rules, bool *waited)
 				 errmsg("tool \"%s\" is retired", tool),
 				 errdetail("A retired tool is executed no more; nothing was recorded."),
 				 errhint("An admin registers it again with durable_ledger.register_tool().")));
-	*waited = false;
 	if (rules->registered)
 		return false;
-	*waited = dl_policy_lock(false);	/* set_unregistered_tools waits for this call */
 	switch (dl_read_unregistered_policy_remembered().may_execute)
 	{
 		case UNREGISTERED_ALLOW:

@@ -137,6 +137,17 @@ def decline(bank_id):
     return {"declined": "insufficient_funds", "bank_id": bank_id}
 
 
+def bank_outcome(tried):
+    """What the bank's tries of one attempt ((id, status) in id order) say of it:
+    (outcome, value, note), as a person and a reconciler record it."""
+    paid = [bank_id for bank_id, status in tried if status == "paid"]
+    if paid:
+        return "completed", payment(paid[0]), "paid at the bank"
+    if tried:
+        return "failed", decline(tried[0][0]), "declined by the bank"
+    return "failed", NOT_AT_THE_BANK, "not at the bank"
+
+
 def truthful_report(conn, key, attempt, bank_id, bank_status):
     """Reports what the bank did with (key, attempt), naming the attempt.
 
@@ -242,17 +253,11 @@ def reconcile_at_bank(conn, key, attempt, provider_key, patience=60):
         if due:
             break
         time.sleep(0.05)  # the grace: a request still in flight may yet land
-    tried = conn.execute("SELECT id, status FROM bank_payments WHERE provider_key = %s ORDER BY id",
-                         (provider_key,)).fetchall()
-    paid = [bank_id for bank_id, status in tried if status == "paid"]
-    if paid:
-        happened, evidence = True, payment(paid[0])
-    elif tried:
-        happened, evidence = False, decline(tried[0][0])
-    else:
-        happened, evidence = False, NOT_AT_THE_BANK
+    outcome, evidence, _ = bank_outcome(conn.execute(
+        "SELECT id, status FROM bank_payments WHERE provider_key = %s ORDER BY id",
+        (provider_key,)).fetchall())
     conn.execute("SELECT durable_ledger.reconcile_effect(%s, %s, %s, %s)",
-                 (key, attempt, happened, Jsonb(evidence)))
+                 (key, attempt, outcome == "completed", Jsonb(evidence)))
     return True
 
 
@@ -600,16 +605,9 @@ def reconcile(reconciler_dsn, stats, unknown_outcomes=True):
             if conflict or not unknown_outcomes:
                 continue  # a contradiction is a bug here; the final check reports it
             # the lease of this attempt has ended, so its try at the bank, if any, is committed
-            tried = conn.execute("SELECT id, status FROM bank_payments"
-                                 " WHERE idempotency_key = %s AND attempt = %s ORDER BY id",
-                                 (key, attempt)).fetchall()
-            paid = [bank_id for bank_id, status in tried if status == "paid"]
-            if paid:
-                outcome, value, note = "completed", payment(paid[0]), "paid at the bank"
-            elif tried:
-                outcome, value, note = "failed", decline(tried[0][0]), "declined by the bank"
-            else:
-                outcome, value, note = "failed", NOT_AT_THE_BANK, "not at the bank"
+            outcome, value, note = bank_outcome(conn.execute(
+                "SELECT id, status FROM bank_payments"
+                " WHERE idempotency_key = %s AND attempt = %s ORDER BY id", (key, attempt)).fetchall())
             # resolve_effect decides the key's current attempt: a view read is not a
             # lock, and meanwhile a late report may have settled this attempt and a
             # later one begun.  The resolution is kept only if it decided the attempt

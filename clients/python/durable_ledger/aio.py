@@ -459,12 +459,8 @@ class AsyncLedger(p.LedgerCore):
         """`Ledger._reconciled`, awaited: ``reconcile`` may return an awaitable."""
         key = row["key"]
         about = p.About(run, tool, key, from_row=True)
-        if lease is not None or self.conn is None:
-            due = await self._pooled_one(p.RECONCILE_DUE, (key, row["attempt"]), retry=True,
-                                         what=f"reconcilable_from of {key}", about=about)
-        else:
-            due = await self._one(p.RECONCILE_DUE, (key, row["attempt"]),
-                                  what=f"reconcilable_from of {key}", about=about)
+        due = await self._leaseless_one(lease, p.RECONCILE_DUE, (key, row["attempt"]),
+                                    what=f"reconcilable_from of {key}", about=about)
         if not p.reconcile_due(row, due, run, tool):
             return False
         try:
@@ -479,11 +475,8 @@ class AsyncLedger(p.LedgerCore):
             return False
         query, params = p.reconcile_statement(row, finding)
         try:
-            if lease is not None or self.conn is None:
-                await self._pooled_one(query, params, retry=True,
-                                       what=f"reconcile_effect of {key}", about=about)
-            else:
-                await self._one(query, params, what=f"reconcile_effect of {key}", about=about)
+            await self._leaseless_one(lease, query, params, what=f"reconcile_effect of {key}",
+                                      about=about)
         except WrongState as exc:
             p.reconcile_refused(run, tool, key, exc)
             return False
@@ -523,6 +516,15 @@ class AsyncLedger(p.LedgerCore):
                 return
         p.begin_uncertain(run, tool, exc, halt, recorded)
 
+    async def _leaseless_one(self, lease: Optional[TokenLease], query: str, params: Tuple[Any, ...], *, what: str,
+                        about: p.About) -> Dict[str, Any]:
+        """A statement that needs no lease (a report, a reconciler's finding): for a token
+        attempt or a pool on a connection of its own, sent once more on a fresh one if
+        its answer is lost (each is idempotent), else on the session's connection."""
+        if lease is not None or self.conn is None:
+            return await self._pooled_one(query, params, retry=True, what=what, about=about)
+        return await self._one(query, params, what=what, about=about)
+
     async def _record(self, run: str, key: str, attempt: int, function: str, expected: str,
                       payload: Any, lease: Optional[TokenLease],
                       recorded: bool) -> Dict[str, Any]:
@@ -553,11 +555,8 @@ class AsyncLedger(p.LedgerCore):
         query, params = p.report_statement(function, key, payload, attempt)
         about = p.About(run, None, key, from_row=True)
         try:
-            if lease is not None or self.conn is None:
-                row = await self._pooled_one(query, params, retry=True,
-                                             what=f"{function} of {key}", about=about)
-            else:
-                row = await self._one(query, params, what=f"{function} of {key}", about=about)
+            row = await self._leaseless_one(lease, query, params, what=f"{function} of {key}",
+                                            about=about)
         except BaseException as exc:
             failed = p.report_failed(run, key, function, expected, payload, exc, halt,
                                      recorded)

@@ -429,12 +429,8 @@ class Ledger(p.LedgerCore):
         lost); True when it was recorded, and the call is to be asked again."""
         key = row["key"]
         about = p.About(run, tool, key, from_row=True)
-        if lease is not None or self.conn is None:
-            due = self._pooled_one(p.RECONCILE_DUE, (key, row["attempt"]), retry=True,
-                                   what=f"reconcilable_from of {key}", about=about)
-        else:
-            due = self._one(p.RECONCILE_DUE, (key, row["attempt"]),
-                            what=f"reconcilable_from of {key}", about=about)
+        due = self._leaseless_one(lease, p.RECONCILE_DUE, (key, row["attempt"]),
+                                    what=f"reconcilable_from of {key}", about=about)
         if not p.reconcile_due(row, due, run, tool):
             return False
         try:
@@ -446,11 +442,8 @@ class Ledger(p.LedgerCore):
             return False
         query, params = p.reconcile_statement(row, found)
         try:
-            if lease is not None or self.conn is None:
-                self._pooled_one(query, params, retry=True, what=f"reconcile_effect of {key}",
-                                 about=about)
-            else:
-                self._one(query, params, what=f"reconcile_effect of {key}", about=about)
+            self._leaseless_one(lease, query, params, what=f"reconcile_effect of {key}",
+                                about=about)
         except WrongState as exc:
             p.reconcile_refused(run, tool, key, exc)
             return False
@@ -480,6 +473,15 @@ class Ledger(p.LedgerCore):
                 raise refused from exc
             raise
 
+    def _leaseless_one(self, lease: Optional[TokenLease], query: str, params: Tuple[Any, ...], *, what: str,
+                        about: p.About) -> Dict[str, Any]:
+        """A statement that needs no lease (a report, a reconciler's finding): for a token
+        attempt or a pool on a connection of its own, sent once more on a fresh one if
+        its answer is lost (each is idempotent), else on the session's connection."""
+        if lease is not None or self.conn is None:
+            return self._pooled_one(query, params, retry=True, what=what, about=about)
+        return self._one(query, params, what=what, about=about)
+
     def _record(self, run: str, key: str, attempt: int, function: str, expected: str,
                 payload: Any, lease: Optional[TokenLease], recorded: bool) -> Dict[str, Any]:
         """complete_effect / fail_effect on ``attempt`` (see `p.report_statement`);
@@ -495,11 +497,8 @@ class Ledger(p.LedgerCore):
         query, params = p.report_statement(function, key, payload, attempt)
         about = p.About(run, None, key, from_row=True)
         try:
-            if lease is not None or self.conn is None:
-                row = self._pooled_one(query, params, retry=True, what=f"{function} of {key}",
-                                       about=about)
-            else:
-                row = self._one(query, params, what=f"{function} of {key}", about=about)
+            row = self._leaseless_one(lease, query, params, what=f"{function} of {key}",
+                                      about=about)
         except BaseException as exc:
             failed = p.report_failed(run, key, function, expected, payload, exc, halt,
                                      recorded)
