@@ -34,6 +34,7 @@ OBJS = \
 	src/tools.o \
 	src/divergence.o \
 	src/decide.o \
+	src/local.o \
 	src/begin_funcs.o \
 	src/report_funcs.o \
 	src/report.o \
@@ -91,7 +92,8 @@ REGRESS = \
 	warnings \
 	drop_guard \
 	retry \
-	reconcile
+	reconcile \
+	local_effects
 REGRESS_OPTS = --encoding=UTF8 --load-extension=pgcrypto --load-extension=dblink
 
 # isolation specs: one named permutation per interleaving (test/specs, test/expected)
@@ -123,7 +125,8 @@ ISOLATION = \
 	unnamed_report_two_runs \
 	verdict_race \
 	retry_race \
-	reconcile_race
+	reconcile_race \
+	local_race
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 
 # TAP tests (test/t/), each with clusters of its own: make prove_installcheck

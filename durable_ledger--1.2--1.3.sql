@@ -1001,3 +1001,30 @@ GRANT EXECUTE ON FUNCTION durable_ledger.set_reconcile(text, interval, text, tex
 GRANT EXECUTE ON FUNCTION durable_ledger.reconcile_effect(text, integer, boolean, jsonb),
                           durable_ledger.reconcilable_from(text, integer)
     TO durable_ledger_worker;
+
+-- ---------------------------------------------------------------------------
+-- Local effects: an effect that is a write in this very database.  Its
+-- intent, the tool's writes and its outcome commit in one transaction or not
+-- at all, so it is never unknown; a transaction that began one commits only
+-- once it is completed or failed (docs/reference.md, "Local effects").  The
+-- column comes last, as a fresh install has it.
+-- ---------------------------------------------------------------------------
+ALTER TABLE durable_ledger.effects
+    ADD COLUMN local boolean NOT NULL DEFAULT false;
+COMMENT ON COLUMN durable_ledger.effects.local IS
+    'begun by begin_local: the current attempt''s intent, the tool''s writes in this database and its outcome committed in one transaction (never unknown)';
+
+CREATE FUNCTION durable_ledger.begin_local(run text, tool text, args jsonb,
+                                           business_key text DEFAULT NULL,
+                                           meta jsonb DEFAULT NULL,
+                                           lease text DEFAULT NULL)
+RETURNS durable_ledger.decision
+AS 'MODULE_PATHNAME', 'dl_begin_local_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.begin_local(text, text, jsonb, text, jsonb, text) IS
+    'as begin_effect, for an effect that is a write in this database made in the same transaction: the transaction commits only with the effect completed or failed, so its intent, writes and outcome commit together or not at all';
+REVOKE ALL ON FUNCTION durable_ledger.begin_local(text, text, jsonb, text, jsonb, text)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION durable_ledger.begin_local(text, text, jsonb, text, jsonb, text)
+    TO durable_ledger_worker;

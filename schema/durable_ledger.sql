@@ -173,7 +173,8 @@ CREATE TABLE durable_ledger.effects (
     conflict        boolean NOT NULL DEFAULT false,
     forked_from     text,
     safe_to_redo    boolean NOT NULL DEFAULT false,
-    execute_again   boolean NOT NULL DEFAULT false
+    execute_again   boolean NOT NULL DEFAULT false,
+    local           boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 85);   -- room for the HOT update that completes an effect
 -- the effects of a run by tool: the earlier effects a later attempt of the run
 -- is compared with (divergence), counted once per attempt and tool
@@ -222,6 +223,8 @@ COMMENT ON COLUMN durable_ledger.effects.safe_to_redo IS
     'begun by begin_recorded: a call safe to make again, executed again when its lease ended without a report';
 COMMENT ON COLUMN durable_ledger.effects.execute_again IS
     'true when a person found that the failed current attempt did not happen and asked for it to be made again (retry_effect): the next call executes the next attempt';
+COMMENT ON COLUMN durable_ledger.effects.local IS
+    'begun by begin_local: the current attempt''s intent, the tool''s writes in this database and its outcome committed in one transaction (never unknown)';
 
 -- The effects that are not settled (started, unknown, or flagged by a
 -- contradicting report), by when their attempt began and their key, kept by
@@ -1123,6 +1126,21 @@ SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.begin_recorded(text, text, jsonb, jsonb, text) IS
     'records a call that is safe to redo (a model call, a read) before it happens: as begin_effect, but an unknown outcome is executed again, not paused';
 
+-- A local effect: one whose effect is a write in this very database.  Its
+-- intent, the tool's writes and its outcome commit in one transaction or not
+-- at all, so it is never unknown; a transaction that began one commits only
+-- once it is completed or failed (docs/reference.md, "Local effects").
+CREATE FUNCTION durable_ledger.begin_local(run text, tool text, args jsonb,
+                                           business_key text DEFAULT NULL,
+                                           meta jsonb DEFAULT NULL,
+                                           lease text DEFAULT NULL)
+RETURNS durable_ledger.decision
+AS 'MODULE_PATHNAME', 'dl_begin_local_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.begin_local(text, text, jsonb, text, jsonb, text) IS
+    'as begin_effect, for an effect that is a write in this database made in the same transaction: the transaction commits only with the effect completed or failed, so its intent, writes and outcome commit together or not at all';
+
 CREATE FUNCTION durable_ledger.complete_effect(key text, result jsonb,
                                                attempt integer DEFAULT NULL)
 RETURNS durable_ledger.effects
@@ -1427,6 +1445,7 @@ GRANT USAGE ON TYPE durable_ledger.decision, durable_ledger.lease,
 GRANT EXECUTE ON FUNCTION
     durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text),
     durable_ledger.begin_recorded(text, text, jsonb, jsonb, text),
+    durable_ledger.begin_local(text, text, jsonb, text, jsonb, text),
     durable_ledger.complete_effect(text, jsonb, integer),
     durable_ledger.fail_effect(text, jsonb, integer),
     durable_ledger.reconcile_effect(text, integer, boolean, jsonb),

@@ -2,7 +2,9 @@
  * begin_funcs.c: begin_effect(), which records the intent of a side effect before
  * it happens and says whether to execute, replay, pause or wait; and
  * begin_recorded(), the same for a call that is harmless to make again (a
- * model's answer, a read), recorded so that a replay sees what it returned.
+ * model's answer, a read), recorded so that a replay sees what it returned;
+ * and begin_local(), begin_effect() for an effect that is a write in this
+ * database, committed with its outcome (local.c).
  * The decision is decide.c's; this file parses the call and forms the row.
  */
 #include "postgres.h"
@@ -15,6 +17,7 @@
 
 PG_FUNCTION_INFO_V1(dl_begin_effect_1_3);
 PG_FUNCTION_INFO_V1(dl_begin_recorded_1_3);
+PG_FUNCTION_INFO_V1(dl_begin_local_1_3);
 
 /* The columns of durable_ledger.decision. */
 #define DECISION_COLUMNS 9
@@ -24,6 +27,7 @@ typedef struct BeginArgs
 {
 	const char *function;
 	bool		recorded;
+	bool		local;
 	int			business_key;
 	int			meta;
 	int			lease;
@@ -31,6 +35,9 @@ typedef struct BeginArgs
 
 static const BeginArgs begin_effect_args = {
 	.function = "begin_effect()", .recorded = false, .business_key = 3, .meta = 4, .lease = 5
+};
+static const BeginArgs begin_local_args = {
+	.function = "begin_local()", .local = true, .business_key = 3, .meta = 4, .lease = 5
 };
 static const BeginArgs begin_recorded_args = {
 	.function = "begin_recorded()", .recorded = true, .business_key = -1, .meta = 3, .lease = 4
@@ -45,6 +52,7 @@ parse_request(FunctionCallInfo fcinfo, const BeginArgs *kind, BeginRequest *requ
 	request->tool = dl_required_text_arg(fcinfo, 1, "tool", DL_MAX_TOOL_CHARS);
 	request->args = dl_required_jsonb_arg(fcinfo, 2, "args");
 	request->recorded = kind->recorded;
+	request->local = kind->local;
 	dl_check_run_and_tool(request->run, request->tool);
 	if (kind->business_key >= 0 && !PG_ARGISNULL(kind->business_key))
 	{
@@ -144,4 +152,18 @@ Datum
 dl_begin_recorded_1_3(PG_FUNCTION_ARGS)
 {
 	return begin_call(fcinfo, &begin_recorded_args);
+}
+
+/*
+ * begin_local(run text, tool text, args jsonb, business_key text, meta jsonb,
+ *             lease text) RETURNS durable_ledger.decision
+ *
+ * begin_effect for an effect that is a write in this database, made in the
+ * same transaction: that transaction commits only once the effect is
+ * reported, so its intent, writes and outcome commit together or not at all.
+ */
+Datum
+dl_begin_local_1_3(PG_FUNCTION_ARGS)
+{
+	return begin_call(fcinfo, &begin_local_args);
 }

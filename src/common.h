@@ -11,7 +11,7 @@
  * layers:
  *   module    module.c
  *   entry     *_funcs.c
- *   decision  decide.c report.c decision.h
+ *   decision  decide.c report.c local.c decision.h
  *   policy    tools.c divergence.c policy.h
  *   lease     lease.c token_lease.c liveness.c runlock.c counters.c lease.h
  *   store     reader.c rows.c write_*.c audit.c audit_chain.c metrics.c cache.c

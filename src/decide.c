@@ -224,6 +224,7 @@ read_call(const BeginRequest *request, Call *call)
 	intent->meta = request->meta;
 	intent->lease_epoch = call->lease.epoch;
 	intent->safe_to_redo = request->recorded;
+	intent->local = request->local;
 	intent->business_key = request->business_key != NULL;
 	if (intent->business_key)
 	{
@@ -574,7 +575,9 @@ record_divergence(const Call *call, const Facts *f)
  * derived key is only ever written under its run's lease, which this call
  * holds, so a new one is inserted straight away (a duplicate would still be
  * a unique violation); a business key is shared by runs, so its intent is
- * inserted as with ON CONFLICT DO NOTHING.
+ * inserted as with ON CONFLICT DO NOTHING.  (A local effect's derived key
+ * too is written under the lease: no later epoch of the run can start while
+ * the transaction that began it is open, since that holds the run's lock.)
  */
 static bool
 apply_change(Call *call, const Facts *f, const Decision *d)
@@ -697,6 +700,8 @@ apply(Call *call, const Facts *f, const Decision *d)
 			(void) dl_token_for_call(call->request->run, call->request->token);
 		if (call->unregistered)
 			dl_warn_unregistered(call->intent.tool);
+		if (call->request->local)
+			dl_local_begun(d->answer.key);
 		dl_note_durable_write();
 	}
 	count_call(call, d);

@@ -22,6 +22,7 @@ typedef struct BeginRequest
 	Jsonb	   *meta;			/* NULL when not given */
 	const char *token;			/* a token lease; NULL: this session's lease */
 	bool		recorded;		/* begin_recorded: harmless to make again */
+	bool		local;			/* begin_local: a write in this database, in this transaction */
 } BeginRequest;
 
 typedef enum DecisionKind
@@ -55,5 +56,9 @@ extern void dl_begin(const BeginRequest *request, BeginAnswer *answer);
 extern HeapTuple dl_report(const char *key, int32 attempt, EffectStatus reported, Jsonb *value);
 extern HeapTuple dl_reconcile(const char *key, int32 attempt, bool happened, Jsonb *evidence);
 extern bool dl_reconcilable_from(const char *key, int32 attempt, TimestampTz *from);
+
+/* local.c: a transaction that began a local effect commits only with its outcome */
+extern void dl_local_begun(const char *key);
+extern void dl_local_init(void);
 
 #endif							/* DURABLE_LEDGER_DECISION_H */

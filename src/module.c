@@ -7,7 +7,7 @@
 #include "fmgr.h"
 #include "utils/guc.h"
 
-#include "lease.h"
+#include "decision.h"
 
 PG_MODULE_MAGIC;
 
@@ -25,5 +25,6 @@ _PG_init(void)
 	dl_lease_init();
 	dl_runlock_init();
 	dl_drop_guard_init();
+	dl_local_init();
 	MarkGUCPrefixReserved("durable_ledger");
 }

@@ -52,6 +52,7 @@ typedef struct EffectRow
 	TimestampTz created_at;		/* when the current attempt began */
 	bool		safe_to_redo;	/* a recorded call (begin_recorded) */
 	bool		execute_again;	/* failed, and the next call executes the next attempt */
+	bool		local;			/* begun by begin_local: commits with its outcome */
 	bool		reconciled;		/* ... since a reconciler found it did not happen (not a person) */
 } EffectRow;
 
@@ -77,6 +78,7 @@ typedef struct NewIntent
 	Jsonb	   *meta;
 	int64		lease_epoch;
 	bool		safe_to_redo;	/* a recorded call (begin_recorded) */
+	bool		local;			/* begin_local: its transaction commits it with its outcome */
 } NewIntent;
 
 /* An attempt that a later one replaced (a business key's, a recorded call's). */

@@ -31,7 +31,8 @@ static const Column effects_columns[EFF_NCOLUMNS] = {
 	{"lease_epoch", INT8OID}, {"holder_pid", INT4OID}, {"created_at", TIMESTAMPTZOID},
 	{"completed_at", TIMESTAMPTZOID}, {"resolved_by", TEXTOID},
 	{"resolution_note", TEXTOID}, {"conflict", BOOLOID}, {"forked_from", TEXTOID},
-	{"safe_to_redo", BOOLOID}, {"execute_again", BOOLOID}
+	{"safe_to_redo", BOOLOID}, {"execute_again", BOOLOID},
+	{"local", BOOLOID}
 };
 
 static const Column audit_columns[AUD_NCOLUMNS] = {
@@ -359,6 +360,7 @@ dl_effect_row_from_slot(TupleTableSlot *slot, EffectRow *row)
 	row->created_at = DatumGetTimestampTz(v[a[EFF_CREATED_AT] - 1]);
 	row->safe_to_redo = !n[a[EFF_SAFE_TO_REDO] - 1] && DatumGetBool(v[a[EFF_SAFE_TO_REDO] - 1]);
 	row->execute_again = !n[a[EFF_EXECUTE_AGAIN] - 1] && DatumGetBool(v[a[EFF_EXECUTE_AGAIN] - 1]);
+	row->local = !n[a[EFF_LOCAL] - 1] && DatumGetBool(v[a[EFF_LOCAL] - 1]);
 	/* a person's retry names them; a reconciler's finding names nobody */
 	row->reconciled = row->execute_again && n[a[EFF_RESOLVED_BY] - 1];
 }

@@ -124,6 +124,7 @@ set_attempt_started(RowWrite *w, const NewIntent *intent, int32 attempt)
 	dl_row_set_null(w, EFF_RESOLVED_BY);
 	dl_row_set_null(w, EFF_RESOLUTION_NOTE);
 	dl_row_set(w, EFF_EXECUTE_AGAIN, BoolGetDatum(false));
+	dl_row_set(w, EFF_LOCAL, BoolGetDatum(intent->local));
 }
 
 /*
@@ -159,11 +160,11 @@ dl_write_new_intent(const NewIntent *intent)
 static Statement insert_intent_unless_exists = {
 	"INSERT INTO durable_ledger.effects"
 	" (key, run, tool, args, business_key, occurrence, attempt, status, meta,"
-	"  lease_epoch, holder_pid, created_at)"
+	"  lease_epoch, holder_pid, created_at, local)"
 	" VALUES ($1, $2, $3, $4, $5, $6, 1, 'started', $7, $8,"
-	"  pg_catalog.pg_backend_pid(), pg_catalog.clock_timestamp())"
+	"  pg_catalog.pg_backend_pid(), pg_catalog.clock_timestamp(), $9)"
 	" ON CONFLICT (key) DO NOTHING RETURNING created_at, key",
-	8, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, BOOLOID, INT4OID, JSONBOID, INT8OID}
+	9, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, BOOLOID, INT4OID, JSONBOID, INT8OID, BOOLOID}
 };
 
 /*
@@ -191,8 +192,8 @@ insert_was_skipped(const char *key)
 bool
 dl_write_intent_unless_exists(const NewIntent *intent)
 {
-	Datum		values[8];
-	char		nulls[8] = "        ";
+	Datum		values[9];
+	char		nulls[9] = "         ";
 
 	values[0] = dl_text_datum(intent->key);
 	values[1] = dl_text_datum(intent->run);
@@ -206,6 +207,7 @@ dl_write_intent_unless_exists(const NewIntent *intent)
 	if (intent->meta == NULL)
 		nulls[6] = 'n';
 	values[7] = Int64GetDatum(intent->lease_epoch);
+	values[8] = BoolGetDatum(intent->local);
 	dl_note_ledger_write();
 	if (dl_plan_run(&insert_intent_unless_exists, values, nulls, SPI_OK_INSERT_RETURNING) == 1)
 	{
