@@ -126,8 +126,16 @@ export class CallFlow {
   async #guarded(attempt, run, tool, args, perform, businessKey, meta, recorded, reconcile) {
     await this.#connection.assertNoOpenTransaction();
     let d = await this.#begin(attempt, run, tool, args, businessKey, meta, recorded);
-    if (reconcile && !recorded && reconcilable(d) && await this.#reconciled(run, tool, args, d, reconcile)) {
-      d = await this.#begin(attempt, run, tool, args, businessKey, meta, recorded);  // replays, or executes again
+    if (reconcile && !recorded && reconcilable(d)) {
+      let settled;
+      try {
+        settled = await this.#reconciled(run, tool, args, d, reconcile);
+      } catch (err) {
+        // the pause stands (a lost connection, an error of reconcile_effect): the attempt stops at it
+        this.#stops.stop(run, d.key, `${tool} (key ${d.key}) is paused.`, attempt);
+        throw err;
+      }
+      if (settled) d = await this.#begin(attempt, run, tool, args, businessKey, meta, recorded);  // replays, or executes again
     }
     const where = `${tool} (key ${d.key})`;
     const decided = judge(d, { run, tool, where, stop: (key, reason) => this.#stops.stop(run, key, reason, attempt) });

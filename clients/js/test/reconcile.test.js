@@ -165,3 +165,27 @@ test('a token attempt on a pool reconciles', async () => {
   assert.equal(bank.payments.size, 1);
   assert.deepEqual((await events(key)).slice(-2), ['reconciled', 'replay']);
 });
+
+test('a finding the ledger cannot record stops the attempt at the pause', async () => {
+  // reconcile_effect fails (evidence PostgreSQL cannot store, 22P05; a lost connection is
+  // the same): the pause stands, and the attempt goes no further
+  const run = unique('unstorable');
+  const tool = await reconcilableTool();
+  const bank = new Bank();
+  const key = await lostMidPayment(run, tool, bank, { amount: 60 }, { paid: true });
+  const mails = [];
+  const [first, second] = await withClient(async (_c, ledger) => ledger.attempt(run, async () => {
+    const failed = await ledger.guarded({ run, tool, args: { amount: 60 },
+      perform: (k) => bank.pay({ amount: 60 }, k),
+      reconcile: async () => new Happened({ memo: 'paid\u0000' }) }).then(() => null, (e) => e);
+    const next = await ledger.guarded({ run, tool: 'mail.send', args: { to: 'customer' },
+      perform: async () => { mails.push('sent'); } }).then(() => null, (e) => e);
+    return [failed, next];
+  }).catch((e) => [e, null]));
+  assert.ok(first instanceof Error && first.code === '22P05', `got ${first}`);
+  assert.ok(second instanceof Error, 'the attempt went on past the pause');
+  assert.match(second.message, new RegExp(key));
+  assert.deepEqual(mails, []);
+  assert.equal(bank.payments.size, 1);
+  assert.equal((await effect(run)).status, 'unknown');
+});

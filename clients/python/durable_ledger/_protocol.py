@@ -660,8 +660,7 @@ def decision_of(row: Any, run: str, tool: str, halt: HaltFn) -> Union[Execute, R
                       f"{key}) diverges from the run's earlier attempts and was paused: "
                       f"{reason}", None)
             raise DivergencePaused(key, reason, run=run, tool=tool)
-        halt(key, f"run {run!r} is stopped in this attempt: effect {key} ({tool}) was "
-                  f"paused: {reason}", None)
+        halt_at_pause(row, run, tool, halt)
         paused = EffectPaused(key, decision, reason)
         paused.downstream_key = row.get("downstream_key")  # what to ask the provider about
         raise paused
@@ -669,6 +668,16 @@ def decision_of(row: Any, run: str, tool: str, halt: HaltFn) -> Union[Execute, R
         raise EffectInProgress(key, decision, reason)
     raise LedgerError(key, decision, f"unexpected answer from begin_effect: decision "
                                      f"{decision!r}, status {row['status']!r}")
+
+
+def halt_at_pause(row: Any, run: str, tool: str, halt: HaltFn) -> None:
+    """Stops the attempt at a pause of an effect (``row``, begin_effect's): also when the
+    pause is not raised as `EffectPaused` because asking a reconciler about it failed
+    (a lost connection, an error of ``reconcile_effect``), so that the attempt's next
+    call does not go on past it."""
+    key = row["key"]
+    halt(key, f"run {run!r} is stopped in this attempt: effect {key} ({tool}) was "
+              f"paused: {row['reason'] or ''}", None)
 
 
 def stop(halt: HaltFn, key: Optional[str], reason: str, recorded: bool) -> None:

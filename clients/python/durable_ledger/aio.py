@@ -385,7 +385,12 @@ class AsyncLedger(p.LedgerCore):
         halt = self._halter(run, lease)
         row = await self._begin(lease, run, tool, args, business_key, meta, recorded, halt)
         if reconcile is not None and not recorded and p.reconcilable(row):
-            if await self._reconciled(lease, run, tool, args, row, reconcile):
+            try:
+                settled = await self._reconciled(lease, run, tool, args, row, reconcile)
+            except BaseException:  # the pause stands: the attempt stops at it
+                p.halt_at_pause(row, run, tool, halt)
+                raise
+            if settled:
                 row = await self._begin(lease, run, tool, args, business_key, meta, recorded,
                                         halt)
         decision = p.decision_of(row, run, tool, halt)

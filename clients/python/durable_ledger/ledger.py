@@ -374,7 +374,12 @@ class Ledger(p.LedgerCore):
         halt = self._halter(run, lease)
         row = self._begin(lease, run, tool, args, business_key, meta, recorded, halt)
         if reconcile is not None and not recorded and p.reconcilable(row):
-            if self._reconciled(lease, run, tool, args, row, reconcile):
+            try:
+                settled = self._reconciled(lease, run, tool, args, row, reconcile)
+            except BaseException:  # the pause stands: the attempt stops at it
+                p.halt_at_pause(row, run, tool, halt)
+                raise
+            if settled:
                 row = self._begin(lease, run, tool, args, business_key, meta, recorded, halt)
         decision = p.decision_of(row, run, tool, halt)
         if isinstance(decision, p.Replayed):

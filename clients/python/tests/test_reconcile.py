@@ -204,6 +204,26 @@ class ReconcileTest(Base, unittest.TestCase):
         # still in flight
         self.assertEqual(bank.lookups, [])
 
+    def test_a_finding_the_ledger_cannot_record_stops_the_attempt(self) -> None:
+        # reconcile_effect fails (here: evidence PostgreSQL cannot store, 22P05; a lost
+        # connection is the same): the pause stands, and the attempt goes no further
+        tool, bank = self.tool(), Bank()
+        key = self.lost_mid_payment(tool, bank, {"amount": 60}, paid=True)
+        ledger = self.worker()
+        mails: List[str] = []
+
+        def unstorable(k: str, args: Any) -> Optional[Finding]:
+            return Happened({"memo": "paid\u0000"})
+
+        with ledger.attempt(self.run_id):
+            with self.assertRaises(psycopg.Error):
+                ledger.guarded(self.run_id, tool, {"amount": 60}, bank.pay, reconcile=unstorable)
+            with self.assertRaises(EffectPaused) as stopped:
+                ledger.guarded(self.run_id, "mail.send", {"to": "customer"}, mails.append)
+        self.assertEqual(stopped.exception.key, key)
+        self.assertEqual(mails, [])
+        self.assertEqual(self.effect(self.run_id)["status"], "unknown")
+
     def test_a_token_attempt_reconciles_on_a_pool(self) -> None:
         from psycopg_pool import ConnectionPool
         tool, bank = self.tool(), Bank()
@@ -268,6 +288,38 @@ class AsyncReconcileTest(Base, unittest.IsolatedAsyncioTestCase):
                 self.assertEqual(self.effect(self.run_id)["attempt"], 2)
             self.assertEqual(self.effect(self.run_id)["status"], "completed")
             self.assertIn("reconciled", self.events(started[0]))
+
+    async def test_a_finding_the_ledger_cannot_record_stops_the_attempt(self) -> None:
+        pool = AsyncConnectionPool(DSN, min_size=1, max_size=2, kwargs={"autocommit": True})
+        self.addAsyncCleanup(pool.close)
+        await pool.wait(timeout=PATIENCE)
+        ledger = AsyncLedger(pool)
+        tool = self.tool()
+        started: List[str] = []
+
+        async def hangs(key: str) -> Any:
+            started.append(key)
+            await asyncio.sleep(PATIENCE)
+
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            call = asyncio.create_task(ledger.guarded(self.run_id, tool, {"n": 2}, hangs))
+            while not started:
+                await asyncio.sleep(0.01)
+            call.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await call
+
+        async def unstorable(key: str, args: Any) -> Optional[Finding]:
+            return Happened({"memo": "paid\u0000"})
+
+        mails: List[str] = []
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            with self.assertRaises(psycopg.Error):
+                await ledger.guarded(self.run_id, tool, {"n": 2}, hangs, reconcile=unstorable)
+            with self.assertRaises(EffectPaused):
+                await ledger.guarded(self.run_id, "mail.send", {"to": "customer"}, mails.append)
+        self.assertEqual(mails, [])
+        self.assertEqual(self.effect(self.run_id)["status"], "unknown")
 
 
 if __name__ == "__main__":
