@@ -524,8 +524,10 @@ class AsyncLedger(p.LedgerCore):
     async def _leaseless_one(self, lease: Optional[TokenLease], query: str, params: Tuple[Any, ...], *, what: str,
                         about: p.About) -> Dict[str, Any]:
         """A statement that needs no lease (a report, a reconciler's finding): for a token
-        attempt or a pool on a connection of its own, sent once more on a fresh one if
-        its answer is lost (each is idempotent), else on the session's connection."""
+        attempt or a pool, in a transaction of its own; for a session attempt, on the
+        session's connection.  Through a pool or a factory it is sent once more on a fresh
+        connection if its answer is lost or no connection could be had (each is
+        idempotent); a single connection is never replaced."""
         if lease is not None or self.conn is None:
             return await self._pooled_one(query, params, retry=True, what=what, about=about)
         return await self._one(query, params, what=what, about=about)
@@ -918,14 +920,7 @@ class AsyncLedger(p.LedgerCore):
             size = getattr(self._source, "max_size", None)
             tries = size + 1 if isinstance(size, int) and size > 0 else 5
         for _ in range(tries):
-            source = self._borrow()
-            if inspect.isawaitable(source):
-                source = await source
-            if not hasattr(source, "__aenter__"):
-                raise TypeError("the connection source must hand out psycopg AsyncConnections "
-                                "(a psycopg_pool.AsyncConnectionPool, or a function returning "
-                                "an AsyncConnection)")
-            async with source as conn:
+            async with _handed_out(self._borrow) as conn:
                 if not isinstance(conn, psycopg.AsyncConnection):
                     raise TypeError(f"the connection source handed out {type(conn).__name__}, "
                                     f"not a psycopg.AsyncConnection")
@@ -1006,6 +1001,31 @@ class AsyncLedger(p.LedgerCore):
 #: How long a pooled connection may take to answer an empty query before it counts as dead.
 PROBE_TIMEOUT = 5.0
 
+
+
+@asynccontextmanager
+async def _handed_out(borrow: Callable[[], Any]) -> AsyncIterator[Any]:
+    """A connection of the connection source, given back at the end (`ledger._handed_out`:
+    one that cannot be had raises `_NotSent`)."""
+    try:
+        source = borrow()
+        if inspect.isawaitable(source):
+            source = await source
+    except psycopg.OperationalError as exc:
+        raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
+    if not hasattr(source, "__aenter__"):
+        raise TypeError("the connection source must hand out psycopg AsyncConnections "
+                        "(a psycopg_pool.AsyncConnectionPool, or a function returning "
+                        "an AsyncConnection)")
+    handed_out = False
+    try:
+        async with source as conn:
+            handed_out = True
+            yield conn
+    except psycopg.OperationalError as exc:
+        if handed_out:
+            raise
+        raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
 
 async def _answers(conn: "psycopg.AsyncConnection[Any]") -> bool:
     """Whether the connection answers an empty query (nothing of the ledger is sent) within

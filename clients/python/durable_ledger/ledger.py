@@ -481,8 +481,10 @@ class Ledger(p.LedgerCore):
     def _leaseless_one(self, lease: Optional[TokenLease], query: str, params: Tuple[Any, ...], *, what: str,
                         about: p.About) -> Dict[str, Any]:
         """A statement that needs no lease (a report, a reconciler's finding): for a token
-        attempt or a pool on a connection of its own, sent once more on a fresh one if
-        its answer is lost (each is idempotent), else on the session's connection."""
+        attempt or a pool, in a transaction of its own; for a session attempt, on the
+        session's connection.  Through a pool or a factory it is sent once more on a fresh
+        connection if its answer is lost or no connection could be had (each is
+        idempotent); a single connection is never replaced."""
         if lease is not None or self.conn is None:
             return self._pooled_one(query, params, retry=True, what=what, about=about)
         return self._one(query, params, what=what, about=about)
@@ -943,12 +945,7 @@ class Ledger(p.LedgerCore):
             size = getattr(self._source, "max_size", None)
             tries = size + 1 if isinstance(size, int) and size > 0 else 5
         for _ in range(tries):
-            source = self._borrow()
-            if not hasattr(source, "__enter__"):
-                raise TypeError("the connection source must hand out synchronous psycopg "
-                                "connections (a psycopg_pool.ConnectionPool, or a function "
-                                "returning a psycopg.Connection)")
-            with source as conn:
+            with _handed_out(self._borrow) as conn:
                 if not isinstance(conn, psycopg.Connection):
                     raise TypeError(f"the connection source handed out {type(conn).__name__}, "
                                     f"not a psycopg.Connection")
@@ -1027,6 +1024,30 @@ class Ledger(p.LedgerCore):
                                 what=what, about=about)
         assert len(rows) == 1, query
         return rows[0]
+
+
+@contextmanager
+def _handed_out(borrow: Callable[[], ContextManager[Any]]) -> Iterator[Any]:
+    """A connection of the connection source, given back at the end.  A source that cannot
+    hand one out (it cannot connect; a pool's PoolTimeout) raises `_NotSent`: nothing was
+    sent, so an idempotent statement may be sent on the next one."""
+    try:
+        source = borrow()
+    except psycopg.OperationalError as exc:
+        raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
+    if not hasattr(source, "__enter__"):
+        raise TypeError("the connection source must hand out synchronous psycopg "
+                        "connections (a psycopg_pool.ConnectionPool, or a function "
+                        "returning a psycopg.Connection)")
+    handed_out = False
+    try:
+        with source as conn:
+            handed_out = True
+            yield conn
+    except psycopg.OperationalError as exc:
+        if handed_out:
+            raise
+        raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
 
 
 def _answers(conn: "psycopg.Connection[Any]") -> bool:

@@ -330,6 +330,32 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
             async with ledger.token_attempt(self.run_id, ttl=30):
                 pass
 
+    async def test_a_report_whose_connection_could_not_be_had_is_sent_on_the_next(self) -> None:
+        # the factory cannot connect once, just when the completion needs a connection (a
+        # pool's PoolTimeout is the same): nothing was sent, so it is sent on the next one
+        refuse = []
+
+        def factory() -> Any:
+            if refuse:
+                refuse.pop()
+                raise psycopg.OperationalError("connection refused (test)")
+            return psycopg.AsyncConnection.connect(DSN, autocommit=True)
+
+        ledger = AsyncLedger(factory)
+
+        async def pay(key: str) -> Any:
+            refuse.append(True)
+            return {"payment_id": "p1"}
+
+        with self.assertLogs("durable_ledger", "WARNING") as logs:
+            async with ledger.token_attempt(self.run_id, ttl=30):
+                self.assertEqual(await ledger.guarded(self.run_id, "bank.pay", {"n": 1}, pay),
+                                 {"payment_id": "p1"})
+        self.assertEqual(refuse, [])
+        self.assertEqual(self.effects(self.run_id), [("bank.pay", 1, "completed", 1)])
+        self.assertTrue([line for line in logs.output
+                         if "complete_effect" in line and "once more" in line], logs.output)
+
     # -------------------------------------------------- unknown and lost
 
     async def test_a_cancelled_tool_leaves_its_outcome_unknown_and_stops_the_attempt(self) -> None:

@@ -95,12 +95,16 @@ class Connections:
             self.free.put(conn)
         self.uses: List[Tuple[str, int]] = []  # (thread name, backend pid)
         self.refuse_renewals = False
+        self.refuse_next = 0  # borrowings (not the renewal thread's) to refuse, from now on
 
     @contextmanager
     def __call__(self) -> Iterator["psycopg.Connection[Any]"]:
         thread = threading.current_thread().name
         if self.refuse_renewals and "renewal" in thread:
             raise psycopg.OperationalError("the database cannot be reached (test)")
+        if self.refuse_next and "renewal" not in thread:
+            self.refuse_next -= 1
+            raise psycopg.OperationalError("connection refused (test)")
         conn = self.free.get(timeout=30)
         try:
             self.uses.append((thread, conn.info.backend_pid))
@@ -740,6 +744,23 @@ class TokenLeaseTest(unittest.TestCase):
         resent = [line for line in logs.output if "once more on a fresh connection" in line]
         self.assertEqual([line.split(":")[2].split(" of ")[0] for line in resent],
                          ["complete_effect", "release_lease", "take_lease"], logs.output)
+
+    def test_a_report_whose_connection_could_not_be_had_is_sent_on_the_next(self) -> None:
+        # the factory cannot connect once, just when the completion needs a connection
+        # (a pool's PoolTimeout is the same): nothing was sent, so it is sent on the next
+        factory = self.factory()
+        ledger = Ledger(factory)
+        with self.assertLogs("durable_ledger", "WARNING") as logs:
+            with ledger.token_attempt(self.run_id, ttl=30) as lease:
+                paid = ledger.guarded(self.run_id, "bank.pay", {"n": 1},
+                                      Tool({"payment_id": "p1"},
+                                           during=lambda key: setattr(factory, "refuse_next", 1)))
+                self.assertEqual(paid, {"payment_id": "p1"})
+        self.assertIsNone(lease.lost)
+        self.assertEqual(factory.refuse_next, 0)
+        self.assertEqual([status for _, _, status, *_ in self.effects(self.run_id)], ["completed"])
+        self.assertTrue([line for line in logs.output
+                         if "complete_effect" in line and "once more" in line], logs.output)
 
     def test_a_renewal_on_a_dead_pooled_connection_is_sent_again_at_once(self) -> None:
         pool, kill_idle = self.stale_pool()
