@@ -96,12 +96,14 @@ my $counts_sql = q{
 	         WHERE event::text <> 'history_chained') || ' audit rows, '
 	    || (SELECT count(*) FROM durable_ledger.effects e
 	         WHERE to_jsonb(e) @> '{"safe_to_redo": true}') || ' recorded calls, '
+	    || (SELECT count(*) FROM durable_ledger.effects e
+	         WHERE to_jsonb(e) @> '{"local": true}') || ' local, '
 	    || (SELECT md5(string_agg((jsonb_strip_nulls(to_jsonb(e)) - 'safe_to_redo'
-	                               - 'execute_again')::text, ',' ORDER BY key))
+	                               - 'execute_again' - 'local')::text, ',' ORDER BY key))
 	          FROM durable_ledger.effects e)};
 # (an effect's columns with a value: a column a version adds is NULL in the rows it
-# finds, or false: safe_to_redo, 1.2's, and execute_again, 1.3's, which no effect of
-# an earlier version is)
+# finds, or false: safe_to_redo, 1.2's, and execute_again and local, 1.3's, which no
+# effect of an earlier version is)
 
 for my $from (@sources)
 {
