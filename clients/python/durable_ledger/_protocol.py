@@ -922,14 +922,20 @@ def unwritable(conn: Any) -> Optional[LedgerUsageError]:
     return None
 
 
-def in_foreign_transaction(what: str, status: int) -> LedgerUsageError:
-    """A statement on the Ledger's single connection ended inside someone else's
-    transaction: it is not committed (`_not_committed`)."""
+def in_foreign_transaction(what: str, status: int, *, sent: bool = True) -> LedgerUsageError:
+    """A statement on the Ledger's single connection found (``sent=False``: it was not
+    sent) or ended inside someone else's transaction: it is not committed
+    (`_not_committed`)."""
+    if sent:
+        happened = "ran inside a transaction that something else opened"
+        fate = "it is not committed, it goes with that transaction"
+    else:
+        happened = "was not sent: it would have run inside a transaction that something else opened"
+        fate = "nothing of it reached the ledger"
     refused = LedgerUsageError(
         None, None,
-        f"{what} ran inside a transaction that something else opened on the Ledger's "
-        f"connection (transaction status {TransactionStatus(status).name}): it is not "
-        f"committed, it goes with that transaction.  The connection given to a Ledger must "
+        f"{what} {happened} on the Ledger's "
+        f"connection (transaction status {TransactionStatus(status).name}): {fate}.  The connection given to a Ledger must "
         f"be dedicated to it: tools must not run their own transactions on it (give the "
         f"Ledger a pool, or the tools a connection of their own)")
     refused._not_committed = True  # type: ignore[attr-defined]

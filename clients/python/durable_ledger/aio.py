@@ -1027,6 +1027,13 @@ async def _handed_out(borrow: Callable[[], Any]) -> AsyncIterator[Any]:
             raise
         raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
 
+def _refuse_if_in_transaction(status: int, what: str) -> None:
+    """The statement is not sent on a connection inside someone else's transaction (a
+    lost connection is left to the send, which reports it as such)."""
+    if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        raise p.in_foreign_transaction(what, status, sent=False)
+
+
 async def _answers(conn: "psycopg.AsyncConnection[Any]") -> bool:
     """Whether the connection answers an empty query (nothing of the ledger is sent) within
     PROBE_TIMEOUT seconds, waiting without blocking the event loop.  One that does not is
@@ -1065,7 +1072,7 @@ async def _execute_raw(conn: "psycopg.AsyncConnection[Any]", query: str,
     (see the synchronous `_execute_on`)."""
     async with conn.cursor(row_factory=dict_row) as cur:
         if shared:
-            status = await _execute_and_status(conn, cur, query, params)
+            status = await _execute_and_status(conn, cur, query, params, what)
             if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
                 raise p.in_foreign_transaction(what, status)
             return await cur.fetchall()
@@ -1079,16 +1086,20 @@ async def _execute_raw(conn: "psycopg.AsyncConnection[Any]", query: str,
 
 
 async def _execute_and_status(conn: "psycopg.AsyncConnection[Any]", cur: Any, query: str,
-                              params: Tuple[Any, ...]) -> int:
+                              params: Tuple[Any, ...], what: str) -> int:
     """``await cur.execute(query, params)`` and the transaction status right after its
-    reply, under the connection's lock so that no other task's statement comes between."""
+    reply, under the connection's lock so that no other task's statement comes between;
+    not sent at all if the connection is in a transaction already (see the synchronous
+    `_execute_and_status`)."""
     execute_gen = getattr(cur, "_execute_gen", None)
     lock = getattr(conn, "lock", None)
     if execute_gen is None or lock is None:  # not psycopg 3.1/3.2: no atomic read
+        _refuse_if_in_transaction(conn.info.transaction_status, what)
         await cur.execute(query, params, prepare=False)
         return conn.info.transaction_status
     try:
         async with lock:
+            _refuse_if_in_transaction(conn.pgconn.transaction_status, what)
             await conn.wait(execute_gen(query, params, prepare=False))
             return conn.pgconn.transaction_status
     except psycopg.Error as exc:

@@ -1087,7 +1087,7 @@ def _execute_raw(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any,
     """
     with conn.cursor(row_factory=dict_row) as cur:
         if shared:
-            status = _execute_and_status(conn, cur, query, params)
+            status = _execute_and_status(conn, cur, query, params, what)
             if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
                 raise p.in_foreign_transaction(what, status)
             return cur.fetchall()
@@ -1101,19 +1101,31 @@ def _execute_raw(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any,
 
 
 def _execute_and_status(conn: "psycopg.Connection[Any]", cur: Any, query: str,
-                        params: Tuple[Any, ...]) -> int:
-    """``cur.execute(query, params)`` and the transaction status right after its reply."""
+                        params: Tuple[Any, ...], what: str) -> int:
+    """``cur.execute(query, params)`` and the transaction status right after its reply.
+    A connection already in a transaction (another thread's BEGIN) gets nothing: the
+    statement would go with that transaction, so it is refused unsent (`_not_committed`
+    still, for the callers' sake)."""
     execute_gen = getattr(cur, "_execute_gen", None)
     lock = getattr(conn, "lock", None)
     if execute_gen is None or lock is None:  # not psycopg 3.1/3.2: no atomic read
+        _refuse_if_in_transaction(conn.info.transaction_status, what)
         cur.execute(query, params, prepare=False)
         return conn.info.transaction_status
     try:
         with lock:
+            _refuse_if_in_transaction(conn.pgconn.transaction_status, what)
             conn.wait(execute_gen(query, params, prepare=False))
             return conn.pgconn.transaction_status
     except psycopg.Error as exc:
         raise exc.with_traceback(None)
+
+
+def _refuse_if_in_transaction(status: int, what: str) -> None:
+    """The statement is not sent on a connection inside someone else's transaction (a
+    lost connection is left to the send, which reports it as such)."""
+    if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        raise p.in_foreign_transaction(what, status, sent=False)
 
 
 def side_effect(

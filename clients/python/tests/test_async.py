@@ -310,6 +310,39 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
                 sent = await ledger.guarded(run, "mail.send", {"to": "ap"}, pay)
                 self.assertIn("ok", sent)
 
+    async def test_a_begin_inside_a_tasks_transaction_is_not_sent(self) -> None:
+        # AsyncLedger(conn) shared with a task that runs a transaction on it: its BEGIN
+        # lands right after the ledger checked that the connection is idle.  begin_effect
+        # is not sent, so the task's COMMIT commits no intent that nothing would complete.
+        conn = await self.connect()
+        ledger = AsyncLedger(conn)
+        checked = ledger._check_writable
+        state = {"begin": False}
+
+        def idle_then_begin() -> None:
+            checked()
+            if state["begin"]:
+                state["begin"] = False
+                conn.pgconn.exec_(b"BEGIN")  # the task's transaction starts
+
+        ledger._check_writable = idle_then_begin  # type: ignore[method-assign]
+        performed = []
+
+        async def send(key: str) -> Any:
+            performed.append(key)
+            return {"message_id": "m1"}
+
+        with self.assertRaises(LedgerUsageError) as caught:
+            async with ledger.token_attempt(self.run_id, ttl=30):
+                state["begin"] = True
+                try:
+                    await ledger.guarded(self.run_id, "mail.send", {"to": "a"}, send)
+                finally:
+                    await conn.execute("COMMIT")  # the task's transaction commits
+        self.assertIn("was not sent", str(caught.exception))
+        self.assertEqual(performed, [])
+        self.assertEqual(self.effects(self.run_id), [], "an intent went with the COMMIT")
+
     async def test_a_factory_of_connections_and_what_is_refused(self) -> None:
         ledger = AsyncLedger(lambda: psycopg.AsyncConnection.connect(DSN, autocommit=True))  # type: ignore[arg-type]
         d = Downstream(ledger)

@@ -593,7 +593,7 @@ class ClientTest(unittest.TestCase):
         # A tool opens a transaction on the Ledger's connection while the effect is
         # performed (a parallel tool call, say): the completion then runs inside that
         # transaction, and would vanish with its ROLLBACK although the call had returned
-        # the result as recorded.
+        # the result as recorded.  It is not sent at all.
         ledger = self.ledger()
 
         def send(key: str) -> Any:
@@ -604,7 +604,7 @@ class ClientTest(unittest.TestCase):
             ledger.guarded(self.run_id, "mail.send", {"to": "a"}, send)
         ledger.conn.execute("ROLLBACK")
         self.assertEqual(caught.exception.result, {"message_id": "m1"})
-        self.assertIn("ran inside a transaction", str(caught.exception))
+        self.assertIn("was not sent", str(caught.exception))
         self.assertEqual(self.row(caught.exception.key)["status"], "started")
         never = Recorder({"x": 1})
         with self.assertRaises(EffectPaused):  # the run stops in this attempt

@@ -659,11 +659,11 @@ class TokenLeaseTest(unittest.TestCase):
 
     # -------------------------------------- one connection shared with a tool
 
-    def test_a_begin_that_ran_inside_a_tools_transaction_is_not_performed(self) -> None:
+    def _begin_inside_a_tools_transaction(self, end: str) -> None:
         # Ledger(conn) shared with a tool that runs a transaction on it from another
         # thread: the tool's BEGIN may land right after the ledger checked that the
-        # connection is idle, and begin_effect then runs inside the tool's transaction
-        # (the review saw it in 2 of 15 runs).  Here the BEGIN is put exactly there.
+        # connection is idle (the review saw it in 2 of 15 runs).  Here the BEGIN is put
+        # exactly there; the tool's transaction then ends with ``end``.
         conn = self.connect()
         ledger = Ledger(conn)
         checked = ledger._check_writable
@@ -681,14 +681,16 @@ class TokenLeaseTest(unittest.TestCase):
             state["begin"] = True
             with self.assertRaises(LedgerUsageError) as caught:
                 ledger.guarded(self.run_id, "mail.send", {"to": "a"}, never)
-            conn.execute("ROLLBACK")  # the tool's transaction fails
-            self.assertIn("ran inside a transaction", str(caught.exception))
+            conn.execute(end)  # the tool's transaction ends
+            self.assertIn("was not sent", str(caught.exception))
             self.assertIn("dedicated", str(caught.exception))
-            # the attempt stops: the intent's fate was that transaction's
+            # the attempt stops, as after any begin whose commit it did not see
             with self.assertRaises(EffectPaused):
                 ledger.guarded(self.run_id, "mail.send", {"to": "a"}, never)
         self.assertEqual(never.keys, [])
-        self.assertEqual(self.effects(self.run_id), [], "the intent went with the rollback")
+        # begin_effect was never sent: the tool's COMMIT committed no intent of it (it
+        # did when the statement was sent first and its status read after the reply)
+        self.assertEqual(self.effects(self.run_id), [], f"an intent went with the {end}")
         once = Tool({"message_id": "m1"})
         with ledger.token_attempt(self.run_id, ttl=30):
             self.assertEqual(ledger.guarded(self.run_id, "mail.send", {"to": "a"}, once),
@@ -696,6 +698,12 @@ class TokenLeaseTest(unittest.TestCase):
         self.assertEqual(len(once.keys), 1)
         self.assertEqual([(occ, status, epoch) for _, occ, status, epoch, _ in self.effects(self.run_id)],
                          [(1, "completed", 2)])
+
+    def test_a_begin_inside_a_tools_transaction_that_rolls_back_is_not_sent(self) -> None:
+        self._begin_inside_a_tools_transaction("ROLLBACK")
+
+    def test_a_begin_inside_a_tools_transaction_that_commits_is_not_sent(self) -> None:
+        self._begin_inside_a_tools_transaction("COMMIT")
 
     # ------------------------------------------- stale pooled connections
 
