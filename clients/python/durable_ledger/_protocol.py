@@ -418,9 +418,11 @@ def session_hold(row: Any, run: str) -> Optional[SessionHold]:
 
 def begin_statement(run: str, tool: str, args: Any, business_key: Optional[str], meta: Any,
                     token: Optional[str] = None, *, recorded: bool = False,
-                    hold: Optional[SessionHold] = None) -> Tuple[str, Tuple[Any, ...]]:
-    """The statement that begins a call: ``begin_effect``, or for a call recorded as safe
-    to redo (`Ledger.record`, never with a business key) ``begin_recorded``; with the
+                    hold: Optional[SessionHold] = None,
+                    local: bool = False) -> Tuple[str, Tuple[Any, ...]]:
+    """The statement that begins a call: ``begin_effect``, for a call recorded as safe
+    to redo (`Ledger.record`, never with a business key) ``begin_recorded``, for a local
+    effect (`Ledger.local`) ``begin_local``; with the
     token of a token lease, or, for a session attempt (``hold``), guarded: the call is
     made only where the statement reached the session that holds the attempt's epoch, and
     the row says which server process and epoch it reached (`check_guard`)."""
@@ -428,7 +430,7 @@ def begin_statement(run: str, tool: str, args: Any, business_key: Optional[str],
         function = "begin_recorded"
         params: Tuple[Any, ...] = (run, tool, Jsonb(args), _json(meta))
     else:
-        function = "begin_effect"
+        function = "begin_local" if local else "begin_effect"
         params = (run, tool, Jsonb(args), business_key, _json(meta))
     if token is not None:
         params += (token,)
@@ -749,6 +751,20 @@ def recorded_call_raised(run: str, tool: str, key: str, exc: BaseException,
     log.info("recorded call %s %s raised %s", tool, key, type(exc).__name__)
     stop(halt, key, f"run {run!r} is stopped in this attempt: the recorded call {key} ({tool}) "
                     f"raised {type(exc).__name__} and nothing was recorded", True)
+
+
+def local_commit_unknown(run: str, tool: str, key: str, exc: BaseException,
+                         halt: HaltFn) -> None:
+    """The COMMIT of a local effect's transaction went out and its answer was lost: the
+    effect, its writes and its outcome committed together or not at all, and which one only
+    the ledger knows.  Not for a person: the next attempt replays it or executes it.  This
+    attempt stops (the same call again in it would be the next occurrence)."""
+    log.warning("local effect %s %s: the commit's answer was lost (%s)", tool, key,
+                type(exc).__name__)
+    stop(halt, key, f"run {run!r} is stopped in this attempt: the commit of local effect "
+                    f"{key} ({tool}) was sent and its answer lost ({type(exc).__name__}); it "
+                    f"committed whole or not at all, and the next attempt replays or "
+                    f"executes it", True)
 
 
 def refusal_recorded(key: str, refusal: EffectDidNotHappen) -> EffectFailed:

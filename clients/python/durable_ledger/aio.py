@@ -356,6 +356,115 @@ class AsyncLedger(p.LedgerCore):
         return await self._call(run, tool, args, lambda _key: call(), None, meta,
                                 recorded=True)
 
+    async def local(self, run: str, tool: str, args: Any,
+                    write: Callable[["psycopg.AsyncConnection[Any]", str], Any], *,
+                    business_key: Optional[str] = None, meta: Any = None) -> Any:
+        """Perform a local effect -- a write in the ledger's own database -- at most once per
+        logical action, in one transaction with its intent and its outcome; its result.
+
+        `Ledger.local`, awaited: ``write(conn, key)`` makes the effect on the
+        ``psycopg.AsyncConnection`` and may return an awaitable.  Cancelled while ``write``
+        runs, the transaction is rolled back and nothing is recorded; cancelled while the
+        COMMIT is out, the attempt stops as when its answer is lost."""
+        lease = p.bound_lease(self, run)
+        if lease is not None:
+            p.enter_attempt(lease)
+            try:
+                return await self._local(cast(AsyncTokenLease, lease), run, tool, args, write,
+                                         business_key, meta)
+            finally:
+                lease._leave()
+        session = self._enter_session_call(run, awaited=True)
+        try:
+            return await self._local(None, run, tool, args, write, business_key, meta)
+        finally:
+            if session is not None:
+                session.leave()
+
+    async def _local(self, lease: Optional[AsyncTokenLease], run: str, tool: str, args: Any,
+                     write: Callable[["psycopg.AsyncConnection[Any]", str], Any],
+                     business_key: Optional[str], meta: Any) -> Any:
+        """`local` in the attempt ``lease`` (None: the session's), on one connection (see
+        `Ledger._local`)."""
+        halt = self._halter(run, lease)
+        hold = self._holds.get(run) if lease is None else None
+        query, params = p.begin_statement(run, tool, args, business_key, meta,
+                                          lease.token if lease is not None else None,
+                                          hold=hold, local=True)
+        about = p.About(run, tool, from_row=True)
+        answer: Optional[BaseException] = None  # raised once the transaction committed
+        key: Optional[str] = None
+        result: Any = None
+        async with self._connection(fresh=True) as conn:
+            committing = False
+            try:
+                async with conn.transaction():
+                    row = await self._local_begin(conn, lease, run, tool, query, params, halt,
+                                                  about)
+                    key = row["key"]
+                    if hold is not None:
+                        p.check_guard(row, run, hold, halt)
+                    try:
+                        decision = p.decision_of(row, run, tool, halt)
+                    except LedgerError as exc:  # what begin_local wrote commits (a pause)
+                        answer, decision = exc, None
+                    if isinstance(decision, p.Replayed):
+                        result = decision.result
+                    elif decision is not None:
+                        _, attempt, downstream_key = decision
+                        result, answer = await self._local_write(
+                            conn, run, key, attempt, write, downstream_key, halt, about)
+                    committing = True
+            except BaseException as exc:
+                if committing and key is not None and not _refused_cleanly(exc, conn):
+                    p.local_commit_unknown(run, tool, key, exc, halt)
+                raise
+        if answer is not None:
+            raise answer
+        return result
+
+    async def _local_begin(self, conn: "psycopg.AsyncConnection[Any]",
+                           lease: Optional[AsyncTokenLease], run: str, tool: str, query: str,
+                           params: Tuple[Any, ...], halt: p.HaltFn,
+                           about: p.About) -> Dict[str, Any]:
+        """begin_local in the open transaction: its row, or the refusal as `guarded`'s."""
+        try:
+            rows = await _execute_on(conn, query, params, shared=False,
+                                     what=f"begin_local of {tool}", about=about)
+        except psycopg.Error as exc:
+            if lease is not None and exc.sqlstate == LEASE_LOST:
+                raise lease._lose(exc) from exc
+            refused = p.refusal(exc, run, tool, halt)
+            if refused is not None:
+                raise refused from exc
+            raise
+        return rows[0]
+
+    async def _local_write(self, conn: "psycopg.AsyncConnection[Any]", run: str, key: str,
+                           attempt: int,
+                           write: Callable[["psycopg.AsyncConnection[Any]", str], Any],
+                           downstream_key: str, halt: p.HaltFn,
+                           about: p.About) -> Tuple[Any, Optional[BaseException]]:
+        """``write`` in a savepoint, then its report (see `Ledger._local_write`)."""
+        refusal: Optional[EffectDidNotHappen] = None
+        result: Any = None
+        try:
+            async with conn.transaction():
+                result = write(conn, downstream_key)
+                if inspect.isawaitable(result):
+                    result = await result
+        except EffectDidNotHappen as exc:
+            refusal = exc
+        function, expected, payload = (("fail_effect", "failed", refusal.error) if refusal
+                                       else ("complete_effect", "completed", result))
+        query, params = p.report_statement(function, key, payload, attempt)
+        row = (await _execute_on(conn, query, params, shared=False,
+                                 what=f"{function} of {key}", about=about))[0]
+        p.judge_report(row, run, key, attempt, function, expected, payload, halt)
+        if refusal is not None:
+            return None, p.refusal_recorded(key, refusal)
+        return row["result"], None
+
     async def _call(self, run: str, tool: str, args: Any, perform: AsyncPerform,
                     business_key: Optional[str], meta: Any, *, recorded: bool,
                     reconcile: Optional[AsyncReconcile] = None) -> Any:

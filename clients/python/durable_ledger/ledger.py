@@ -53,6 +53,7 @@ from ._protocol import (
 from .errors import (
     EffectDidNotHappen,
     LeaseLost,
+    LedgerError,
     LedgerUsageError,
     PermissionDenied,
     RunBusy,
@@ -331,6 +332,128 @@ class Ledger(p.LedgerCore):
         """
         return cast(R, self._call(run, tool, args, lambda _key: call(), None, meta,
                                   recorded=True))
+
+    def local(self, run: str, tool: str, args: Any,
+              write: Callable[["psycopg.Connection[Any]", str], R], *,
+              business_key: Optional[str] = None, meta: Any = None) -> R:
+        """Perform a local effect -- a write in the ledger's own database -- at most once per
+        logical action, in one transaction with its intent and its outcome; its result.
+
+        ``write(conn, key)`` makes the effect with SQL on ``conn`` (an order row, a balance
+        moved) and returns a JSON-serialisable result; ``run``, ``tool``, ``args``,
+        ``business_key`` and ``meta`` are `guarded`'s.  The call runs ``begin_local`` (the
+        same decisions as ``begin_effect``), ``write`` in a savepoint, and the report in one
+        transaction, committed at the end: the intent, the writes and the outcome are
+        recorded together or not at all, so the effect is never unknown and never needs a
+        person (docs/reference.md in the repository, "Local effects").
+
+        - ``execute``: ``write`` runs; its result is recorded and returned (as recorded).
+          ``write`` raises `EffectDidNotHappen`: its writes are rolled back to the
+          savepoint, the failure is recorded and committed, `EffectFailed` is raised.
+          ``write`` raises anything else: the whole transaction is rolled back, nothing is
+          recorded, the exception propagates, and the attempt goes on (the same call
+          again executes it again: nothing of it happened).
+        - ``replay``, ``pause``, ``in_progress``: as `guarded` (``write`` is not called).
+        - the COMMIT's answer is lost (the connection broke): it committed whole or not at
+          all; the attempt stops (`AttemptStopped`: no person is needed) and the next one
+          replays it or executes it.
+
+        ``write`` must do nothing outside ``conn``'s transaction (no HTTP call, no other
+        connection): only what commits with it is covered.  On a single connection the
+        `Ledger` keeps it for the whole transaction; through a pool or a factory the
+        transaction has a connection of its own.  Called inside an attempt, as `guarded` is.
+        """
+        lease = p.bound_lease(self, run)
+        if lease is not None:
+            p.enter_attempt(lease)
+            try:
+                return self._local(lease, run, tool, args, write, business_key, meta)
+            finally:
+                lease._leave()
+        session = self._enter_session_call(run)
+        try:
+            return self._local(None, run, tool, args, write, business_key, meta)
+        finally:
+            if session is not None:
+                session.leave()
+
+    def _local(self, lease: Optional[TokenLease], run: str, tool: str, args: Any,
+               write: Callable[["psycopg.Connection[Any]", str], R],
+               business_key: Optional[str], meta: Any) -> R:
+        """`local` in the attempt ``lease`` (None: the session's), on one connection."""
+        halt = self._halter(run, lease)
+        hold = self._holds.get(run) if lease is None else None
+        query, params = p.begin_statement(run, tool, args, business_key, meta,
+                                          lease.token if lease is not None else None,
+                                          hold=hold, local=True)
+        about = p.About(run, tool, from_row=True)
+        answer: Optional[BaseException] = None  # raised once the transaction committed
+        key: Optional[str] = None
+        result: Any = None
+        with self._connection(fresh=True) as conn:
+            committing = False
+            try:
+                with conn.transaction():
+                    row = self._local_begin(conn, lease, run, tool, query, params, halt, about)
+                    key = row["key"]
+                    if hold is not None:
+                        p.check_guard(row, run, hold, halt)
+                    try:
+                        decision = p.decision_of(row, run, tool, halt)
+                    except LedgerError as exc:  # what begin_local wrote commits (a pause)
+                        answer, decision = exc, None
+                    if isinstance(decision, p.Replayed):
+                        result = decision.result
+                    elif decision is not None:
+                        _, attempt, downstream_key = decision
+                        result, answer = self._local_write(conn, run, key, attempt, write,
+                                                           downstream_key, halt, about)
+                    committing = True
+            except BaseException as exc:
+                if committing and key is not None and not _refused_cleanly(exc, conn):
+                    p.local_commit_unknown(run, tool, key, exc, halt)
+                raise
+        if answer is not None:
+            raise answer
+        return cast(R, result)
+
+    def _local_begin(self, conn: "psycopg.Connection[Any]", lease: Optional[TokenLease],
+                     run: str, tool: str, query: str, params: Tuple[Any, ...],
+                     halt: p.HaltFn, about: p.About) -> Dict[str, Any]:
+        """begin_local in the open transaction: its row, or the refusal as `guarded`'s."""
+        try:
+            rows = _execute_on(conn, query, params, shared=False,
+                               what=f"begin_local of {tool}", about=about)
+        except psycopg.Error as exc:
+            if lease is not None and exc.sqlstate == LEASE_LOST:
+                raise lease._lose(exc) from exc
+            refused = p.refusal(exc, run, tool, halt)
+            if refused is not None:
+                raise refused from exc
+            raise
+        return rows[0]
+
+    def _local_write(self, conn: "psycopg.Connection[Any]", run: str, key: str, attempt: int,
+                     write: Callable[["psycopg.Connection[Any]", str], Any],
+                     downstream_key: str, halt: p.HaltFn,
+                     about: p.About) -> Tuple[Any, Optional[BaseException]]:
+        """``write`` in a savepoint, then its report, in the open transaction: the result as
+        recorded, and the `EffectFailed` to raise after the COMMIT when it refused."""
+        refusal: Optional[EffectDidNotHappen] = None
+        try:
+            with conn.transaction():
+                result = write(conn, downstream_key)
+        except EffectDidNotHappen as exc:
+            refusal = exc
+        function, expected, payload = (("fail_effect", "failed", refusal.error) if refusal
+                                       else ("complete_effect", "completed", result))
+        query, params = p.report_statement(function, key, payload, attempt)
+        row = _execute_on(conn, query, params, shared=False, what=f"{function} of {key}",
+                          about=about)[0]
+        p.judge_report(row, run, key, attempt, function, expected, payload, halt)
+        if refusal is not None:
+            return None, p.refusal_recorded(key, refusal)
+        return row["result"], None
 
     def _call(self, run: str, tool: str, args: Any, perform: Perform,
               business_key: Optional[str], meta: Any, *, recorded: bool,
