@@ -6,7 +6,7 @@
 // attempt pauses until a person resolves it (durable_ledger.resolve_effect).
 
 import { attemptContext, boundAttempt, sessionContext } from './attempts.js';
-import { notCommitted } from './connection.js';
+import { commitSent, notCommitted } from './connection.js';
 import { judge, refusedReport } from './decisions.js';
 import { RECONCILE_DUE, RECONCILE_EFFECT, askProvider, reconcilable, reconcileParams } from './reconcile.js';
 import { EffectDidNotHappen, EffectFailed, LeaseLost, LedgerError, RunAbandoned } from './errors.js';
@@ -58,6 +58,38 @@ export class CallFlow {
    * @returns {Promise<any>}
    */
   async call(what, { run, tool, args, perform, businessKey, meta, recorded, reconcile = null }) {
+    const { attempt, calls } = this.#enter(what, run);
+    try {
+      return await this.#guarded(attempt, run, tool, args, perform, businessKey, meta, recorded, reconcile);
+    } finally {
+      calls?.leave();
+    }
+  }
+
+  /**
+   * local(), in the attempt the call belongs to.
+   * @param {{run: string, tool: string, args: unknown, write: (client: any, key: string) => unknown,
+   *          businessKey: string|null, meta: unknown}} call
+   * @returns {Promise<any>}
+   */
+  async local({ run, tool, args, write, businessKey, meta }) {
+    const { attempt, calls } = this.#enter('local()', run);
+    try {
+      return await this.#local(attempt, run, tool, args, write, businessKey, meta);
+    } finally {
+      calls?.leave();
+    }
+  }
+
+  /**
+   * The checks of a call's attempt: the token attempt it belongs to (checked live), or
+   * the session's; refused outside any attempt, or from outside the one that holds the
+   * run, or once the attempt has stopped.  The attempt is entered: leave() `calls` after.
+   * @param {string} what
+   * @param {string} run
+   * @returns {{attempt: Attempt|null, calls: {leave(): void}|null}}
+   */
+  #enter(what, run) {
     const attempt = boundAttempt(attemptContext, this.#ledger, run);
     let session = null;
     if (attempt) {
@@ -103,11 +135,106 @@ export class CallFlow {
     this.#stops.check(run, attempt);
     const calls = attempt ?? session;
     calls?.enter();
+    return { attempt, calls: calls ?? null };
+  }
+
+  /**
+   * One local effect in its attempt: begin_local, the write (in a savepoint)
+   * and its report in one transaction, committed at the end, so they are
+   * recorded together or not at all.  What begin_local found for a pause is
+   * committed before the pause is thrown.  A write that throws (other than
+   * EffectDidNotHappen) rolls everything back: nothing happened, and the
+   * attempt goes on.  A COMMIT whose answer was lost stops the attempt (no
+   * person is needed: the next attempt replays or executes the effect).
+   * @param {Attempt|null} attempt
+   * @param {string} run
+   * @param {string} tool
+   * @param {unknown} args
+   * @param {(client: any, key: string) => unknown} write
+   * @param {string|null} businessKey
+   * @param {unknown} meta
+   */
+  async #local(attempt, run, tool, args, write, businessKey, meta) {
+    await this.#connection.assertNoOpenTransaction();
+    const [text, params, lease] = this.#beginText(attempt, run, tool, args, businessKey, meta, false, true);
+    /** @type {string|null} */
+    let key = null;
+    /** @type {{result?: unknown, answer?: unknown}} */
+    let after;
     try {
-      return await this.#guarded(attempt, run, tool, args, perform, businessKey, meta, recorded, reconcile);
-    } finally {
-      calls?.leave();
+      after = await this.#connection.transaction(async (tx, client) => {
+        let d;
+        try {
+          [d] = await tx(text, params, { statement: 'begin_local', run, tool });
+        } catch (err) {
+          throw this.#beginRefused(err, attempt, run, tool, false, true);
+        }
+        if (lease && d.key === null) throw this.#sessions.missedLease(run, lease, d.guard_pid, d.guard_epoch, tool);
+        key = d.key;
+        const where = `${tool} (key ${d.key})`;
+        let decided;
+        try {
+          decided = judge(d, { run, tool, where, stop: (k, reason) => this.#stops.stop(run, k, reason, attempt) });
+        } catch (answer) {
+          return { answer };  // what begin_local wrote (an effect found unknown) commits
+        }
+        if (!decided.execute) return { result: decided.result };
+        return this.#localWrite(tx, client, attempt, run, tool, d, write, where);
+      });
+    } catch (e) {
+      const err = /** @type {any} */ (e);
+      // (a COMMIT the server answered with ROLLBACK, or with an ERROR, committed nothing)
+      const answered = err?.[commitSent] === 'rolled back' ||
+        (err?.sqlstate && err?.cause ? err.cause : err)?.severity === 'ERROR';
+      if (err?.[commitSent] && key !== null && !answered) {
+        this.#stops.stopCall(true, run, key, `the commit of local effect ${tool} (key ${key}) was sent and its ` +
+          `answer lost (${describe(err?.message ?? err)}); it committed whole or not at all.`, attempt);
+      }
+      throw err;
     }
+    if ('answer' in after) throw after.answer;
+    return after.result;
+  }
+
+  /**
+   * The write of a local effect in a savepoint, then its report, in the open
+   * transaction: the result as recorded, or the EffectFailed to throw once the
+   * failure is committed.
+   * @param {import('./connection.js').InTransaction} tx
+   * @param {any} client
+   * @param {Attempt|null} attempt
+   * @param {string} run
+   * @param {string} tool
+   * @param {Decision} d
+   * @param {(client: any, key: string) => unknown} write
+   * @param {string} where
+   * @returns {Promise<{result?: unknown, answer?: unknown}>}
+   */
+  async #localWrite(tx, client, attempt, run, tool, d, write, where) {
+    await tx('SAVEPOINT durable_ledger_local');
+    let result;
+    /** @type {EffectDidNotHappen|null} */
+    let refusal = null;
+    try {
+      result = await write(client, d.downstream_key ?? d.key);
+      await tx('RELEASE SAVEPOINT durable_ledger_local');
+    } catch (err) {
+      if (!(err instanceof EffectDidNotHappen)) throw err;
+      refusal = err;
+      await tx('ROLLBACK TO SAVEPOINT durable_ledger_local');
+    }
+    const fn = refusal ? 'fail_effect' : 'complete_effect';
+    const json = refusal ? errorParam(refusal.error) : jsonParam(result);
+    const [row] = await tx(reportStatement(fn), [d.key, json, d.attempt], { statement: fn, run, tool, key: d.key });
+    const refused = refusedReport(row, { fn, key: d.key, attempt: d.attempt, where, recorded: false });
+    if (refused) throw refused.error;
+    if (!refusal) return { result: row.result };
+    return {
+      answer: new EffectFailed(`${where} did not happen: ${refusal.message}`, {
+        key: d.key, decision: d.decision, reason: refusal.message, error: row.error, replayed: false,
+        cause: refusal,
+      }),
+    };
   }
 
   /**
@@ -260,52 +387,83 @@ export class CallFlow {
    */
   async #begin(attempt, run, tool, args, businessKey, meta, recorded) {
     const statement = recorded ? 'begin_recorded' : 'begin_effect';
-    const call = beginCall(run, tool, args, businessKey, meta, attempt ? attempt.lease.token : null, recorded);
-    // A session attempt's call is made only where its lease is (session-guard.js).
-    const lease = attempt ? null : this.#sessions.lease(run);
-    let text;
-    let params;
-    if (lease) {
-      params = [...call[1], lease.epoch];
-      text = guardedBegin(call[0], params.length);
-    } else {
-      [text, params] = [`SELECT * FROM ${call[0]}`, call[1]];
-    }
+    const [text, params, lease] = this.#beginText(attempt, run, tool, args, businessKey, meta, recorded, false);
     try {
       const [row] = await this.#connection.statement(`${statement} of ${tool}`, text, params,
         { statement, run, tool });
       if (lease && row.key === null) throw this.#sessions.missedLease(run, lease, row.guard_pid, row.guard_epoch, tool);
       return row;
     } catch (e) {
-      const err = /** @type {any} */ (e);
-      if (err instanceof LeaseLost) throw err;
-      if (attempt && err?.code === LEASE_LOST) throw loseLease(attempt.lease, err);
-      if (err?.code === RUN_ABANDONED) {
-        // Nothing was written; the run is stopped for good.
-        const stopped = abandoned(run, err);
-        this.#stops.stop(run, null, stopped.reason, attempt,
-          () => new RunAbandoned(stopped.message, { run, reason: stopped.reason, cause: err }));
-        throw stopped;
-      }
-      if (err?.code === TOOL_REFUSED) {
-        // Nothing was recorded; the run cannot make this call, so the attempt stops.
-        const refusal = refused(run, tool, err);
-        this.#stops.stop(run, null, `the ledger refused tool ${tool} (${refusal.reason}); nothing was performed.`,
-          attempt);
-        throw refusal;
-      }
-      if (err?.[notCommitted]) {
-        this.#stops.stopCall(recorded, run, null, `begin_effect of ${tool} ran inside another transaction on ` +
-          "the Ledger's connection; whether its intent is recorded depends on that transaction, and " +
-          'the effect was not performed.', attempt);
-      } else if (attempt && (err?.sqlstate && err?.cause ? err.cause : err)?.severity !== 'ERROR') {
-        // (a named refusal -- named() -- carries the server's error as its cause)
-        this.#stops.stopCall(recorded, run, null, `begin_effect of ${tool} failed with the outcome of the ` +
-          `statement unknown (${describe(err?.message ?? err)}); a new attempt finds out whether its intent ` +
-          'was recorded.', attempt);
-      }
-      throw err;
+      throw this.#beginRefused(e, attempt, run, tool, recorded);
     }
+  }
+
+  /**
+   * The statement that begins a call, and the session lease it is guarded by: in
+   * the token attempt's epoch when there is one, else made only where the
+   * session's lease is (session-guard.js).
+   * @param {Attempt|null} attempt
+   * @param {string} run
+   * @param {string} tool
+   * @param {unknown} args
+   * @param {string|null} businessKey
+   * @param {unknown} meta
+   * @param {boolean} recorded
+   * @param {boolean} local
+   * @returns {[string, unknown[], any]}
+   */
+  #beginText(attempt, run, tool, args, businessKey, meta, recorded, local) {
+    const call = beginCall(run, tool, args, businessKey, meta, attempt ? attempt.lease.token : null, recorded, local);
+    const lease = attempt ? null : this.#sessions.lease(run);
+    if (lease) {
+      const params = [...call[1], lease.epoch];
+      return [guardedBegin(call[0], params.length), params, lease];
+    }
+    return [`SELECT * FROM ${call[0]}`, call[1], null];
+  }
+
+  /**
+   * What a begin's error means for the attempt (see #begin): the error to throw.
+   * `local`: begin_local, inside a transaction that has not committed, so a
+   * lost connection left nothing recorded and stops nothing.
+   * @param {unknown} e
+   * @param {Attempt|null} attempt
+   * @param {string} run
+   * @param {string} tool
+   * @param {boolean} recorded
+   * @param {boolean} [local]
+   * @returns {unknown}
+   */
+  #beginRefused(e, attempt, run, tool, recorded, local = false) {
+    const err = /** @type {any} */ (e);
+    if (err instanceof LeaseLost) return err;
+    if (attempt && err?.code === LEASE_LOST) return loseLease(attempt.lease, err);
+    if (err?.code === RUN_ABANDONED) {
+      // Nothing was written; the run is stopped for good.
+      const stopped = abandoned(run, err);
+      this.#stops.stop(run, null, stopped.reason, attempt,
+        () => new RunAbandoned(stopped.message, { run, reason: stopped.reason, cause: err }));
+      return stopped;
+    }
+    if (err?.code === TOOL_REFUSED) {
+      // Nothing was recorded; the run cannot make this call, so the attempt stops.
+      const refusal = refused(run, tool, err);
+      this.#stops.stop(run, null, `the ledger refused tool ${tool} (${refusal.reason}); nothing was performed.`,
+        attempt);
+      return refusal;
+    }
+    if (local) return err;
+    if (err?.[notCommitted]) {
+      this.#stops.stopCall(recorded, run, null, `begin_effect of ${tool} ran inside another transaction on ` +
+        "the Ledger's connection; whether its intent is recorded depends on that transaction, and " +
+        'the effect was not performed.', attempt);
+    } else if (attempt && (err?.sqlstate && err?.cause ? err.cause : err)?.severity !== 'ERROR') {
+      // (a named refusal -- named() -- carries the server's error as its cause)
+      this.#stops.stopCall(recorded, run, null, `begin_effect of ${tool} failed with the outcome of the ` +
+        `statement unknown (${describe(err?.message ?? err)}); a new attempt finds out whether its intent ` +
+        'was recorded.', attempt);
+    }
+    return err;
   }
 
   /**

@@ -29,6 +29,17 @@ import { named } from './sqlstates.js';
 export const notCommitted = Symbol('notCommitted');
 
 /**
+ * Marks an error of the COMMIT of a transaction(): true, or 'rolled back' when the
+ * server answered the COMMIT with ROLLBACK (the transaction had failed).
+ */
+export const commitSent = Symbol('commitSent');
+
+/**
+ * A statement inside a transaction(): its rows.
+ * @typedef {(text: string, values?: unknown[], call?: CallInfo) => Promise<any[]>} InTransaction
+ */
+
+/**
  * A pg.Pool: each query() may run on another connection.
  * @param {any} q
  * @returns {boolean}
@@ -72,6 +83,14 @@ export class Connection {
   }
 
   /**
+   * @type {Promise<void>|null} the end of a transaction() that holds the single client.
+   * Waited for in a loop written out where it is needed (`while (this.#held) await
+   * this.#held`): with no transaction, that goes on without yielding, so that the
+   * statement is queued on the client before anything else can claim it.
+   */
+  #held = null;
+
+  /**
    * One statement of the ledger, and the transaction status of its connection
    * right after its own reply ('I' idle, 'T' inside a transaction, 'E' inside
    * a failed one; null when the connection cannot tell).  On a pg.Pool the
@@ -108,6 +127,7 @@ export class Connection {
       this.#notices(heard.notices, call, res.rows[0]);
       return { rows: res.rows, status };
     }
+    while (this.#held) await this.#held;
     const heard = collectNotices(q, values);
     let res;
     try {
@@ -121,6 +141,83 @@ export class Connection {
     heard.close();
     this.#notices(heard.notices, call, res.rows[0]);
     return { rows: res.rows, status };
+  }
+
+  /**
+   * fn(tx, client) in one transaction on one connection: committed when fn
+   * resolves, rolled back when it throws.  tx(text, values, call) runs a
+   * statement in it (its rows, its errors named); `client` is the connection,
+   * for the caller's own SQL.  On a pg.Pool the transaction has a client
+   * checked out for it (one that broke is not reused); on a single client the
+   * Ledger's other statements wait for its end.  An error of the COMMIT is
+   * marked [commitSent]; so is a COMMIT the server answered with ROLLBACK (the
+   * transaction had failed).
+   * @template T
+   * @param {(tx: InTransaction, client: any) => Promise<T>} fn
+   * @returns {Promise<T>}
+   */
+  async transaction(fn) {
+    const q = /** @type {any} */ (this.client);
+    /** @type {any} */
+    let c;
+    /** @type {(err?: unknown) => void} */
+    let release;
+    if (isPool(q)) {
+      c = await q.connect();
+      release = (err) => c.release(err);
+    } else {
+      while (this.#held) await this.#held;
+      c = q;
+      /** @type {() => void} */
+      let end = () => {};
+      this.#held = new Promise((resolve) => { end = resolve; });
+      release = () => {
+        this.#held = null;
+        end();
+      };
+    }
+    /** @type {InTransaction} */
+    const tx = async (text, values = [], call = {}) => {
+      const heard = collectNotices(c, values);
+      let res;
+      try {
+        res = await ledgerQuery(c, text, values);
+      } finally {
+        heard.close();
+        this.#notices(heard.notices, call, res?.rows[0] ?? null);
+      }
+      return res.rows;
+    };
+    /** @type {unknown} */
+    let broke;
+    try {
+      await ledgerQuery(c, 'BEGIN', []);
+      let value;
+      try {
+        value = await fn(tx, c);
+      } catch (err) {
+        await c.query('ROLLBACK').catch((/** @type {unknown} */ e) => { broke = e; });
+        throw err;
+      }
+      let res;
+      try {
+        res = await c.query('COMMIT');
+      } catch (err) {
+        broke = err;
+        const e = /** @type {any} */ (named(err));
+        e[commitSent] = true;
+        throw e;
+      }
+      if (res.command === 'ROLLBACK') {
+        const e = new LedgerError('the transaction had failed: its COMMIT rolled it back, and nothing of it ' +
+          'was recorded', { reason: 'the COMMIT rolled the transaction back' });
+        /** @type {any} */ (e)[commitSent] = 'rolled back';
+        throw e;
+      }
+      return value;
+    } finally {
+      release(broke);
+    }
   }
 
   /**

@@ -69,3 +69,7 @@ export {
  * @template T
  * @typedef {import('./types.js').RecordedCall<T>} RecordedCall
  */
+/**
+ * @template T
+ * @typedef {import('./types.js').LocalCall<T>} LocalCall
+ */

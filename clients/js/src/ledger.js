@@ -46,6 +46,10 @@ import { TokenAttempts } from './token-attempts.js';
  * @template T
  * @typedef {import('./types.js').RecordedCall<T>} RecordedCall
  */
+/**
+ * @template T
+ * @typedef {import('./types.js').LocalCall<T>} LocalCall
+ */
 
 /**
  * The events of a Ledger, for its EventEmitter methods (on, once, off, emit, ...): 'notice',
@@ -212,6 +216,38 @@ export class Ledger extends EventEmitter {
     return this.#calls.call('record()', {
       run, tool, args, perform: () => call(), businessKey: null, meta, recorded: true,
     });
+  }
+
+  /**
+   * Performs a local effect -- a write in the ledger's own database -- at most
+   * once per logical action, in one transaction with its intent and its
+   * outcome (begin_local, extension 1.3): begin_local, write(client, key) in a
+   * savepoint and the report are committed together or not at all, so the
+   * effect is never unknown and never needs a person.  write returns: its
+   * result is recorded and returned (as recorded); a later attempt replays it
+   * without calling write.  write throws EffectDidNotHappen: its writes are
+   * rolled back to the savepoint, the failure is committed, EffectFailed is
+   * thrown.  write throws anything else: everything is rolled back, nothing is
+   * recorded, the error is thrown and the attempt goes on (the same call again
+   * executes it again: nothing of it happened).  The COMMIT's answer is lost:
+   * it committed whole or not at all, and the attempt stops (RunStopped: no
+   * person is needed; the next attempt replays or executes it).  A replayed
+   * failure, a pause and work in progress are as in guarded().  write must do
+   * nothing but SQL on `client`.  On a pg.Pool the transaction has a client of
+   * its own; on a single client the Ledger's other statements wait for it.
+   * Called inside an attempt, as guarded() is.
+   * @template [T=unknown]
+   * @param {LocalCall<T>} call
+   * @returns {Promise<Recorded<Awaited<T>>>} the result as recorded in the ledger
+   * @throws EffectFailed, EffectPaused, EffectInProgress, RunAbandoned,
+   *   ToolRefused, RunStopped, LeaseLost, LedgerError, or write's own error
+   *   (nothing recorded)
+   */
+  async local({ run, tool, args, write, businessKey = null, meta }) {
+    if (typeof write !== 'function') {
+      throw new TypeError('local(): write must be a function (client, key) => result');
+    }
+    return this.#calls.local({ run, tool, args, write, businessKey, meta });
   }
 
   /**

@@ -28,8 +28,8 @@ export function errorParam(value) {
 
 /**
  * The call that begins a call and its parameters (the run is $1):
- * begin_effect, or for a call recorded as safe to redo (record(), never with a
- * business key) begin_recorded; with a token lease's token, or none (the
+ * begin_effect, for a call recorded as safe to redo (record(), never with a
+ * business key) begin_recorded, for a local effect (local()) begin_local; with a token lease's token, or none (the
  * session's lease).
  * @param {string} run
  * @param {string} tool
@@ -38,9 +38,10 @@ export function errorParam(value) {
  * @param {unknown} meta
  * @param {string|null} token
  * @param {boolean} recorded
+ * @param {boolean} [local]  begin_local: a local effect (local()), in the caller's transaction
  * @returns {[string, unknown[]]} the function call (no SELECT) and its parameters
  */
-export function beginCall(run, tool, args, businessKey, meta, token, recorded) {
+export function beginCall(run, tool, args, businessKey, meta, token, recorded, local = false) {
   /** @type {unknown[]} */
   const params = recorded
     ? [run, tool, jsonParam(args), jsonParam(meta)]
@@ -51,7 +52,8 @@ export function beginCall(run, tool, args, businessKey, meta, token, recorded) {
     types.push('text');
   }
   const placeholders = types.map((type, i) => `$${i + 1}::${type}`).join(', ');
-  return [`durable_ledger.${recorded ? 'begin_recorded' : 'begin_effect'}(${placeholders})`, params];
+  const fn = recorded ? 'begin_recorded' : local ? 'begin_local' : 'begin_effect';
+  return [`durable_ledger.${fn}(${placeholders})`, params];
 }
 
 /**

@@ -122,6 +122,21 @@
  */
 
 /**
+ * A local effect for local(): a write in the ledger's own database, made in one
+ * transaction with its intent and its outcome (begin_local).
+ * @template T
+ * @typedef {object} LocalCall
+ * @property {string} run
+ * @property {string} tool
+ * @property {unknown} args  any JSON value, as guarded()'s
+ * @property {(client: import('pg').ClientBase, key: string) => T | Promise<T>} write  makes
+ *   the effect with SQL on `client`, inside the ledger's transaction (nothing else: only what
+ *   commits with it is covered); its result is recorded with it
+ * @property {string | null} [businessKey]  as guarded()'s
+ * @property {unknown} [meta]  as guarded()'s
+ */
+
+/**
  * The options of tool().
  * @typedef {object} ToolOptions
  * @property {import('./reconcile.js').Reconcile | null} [reconcile]  as guarded()'s
