@@ -443,7 +443,8 @@ def populate(conn, target):
     conn.execute("CHECKPOINT")
 
 
-SECTIONS = ("pairs", "registered", "unregistered", "batch", "replay", "handoff", "pooler", "access", "growth", "audit")
+SECTIONS = ("pairs", "registered", "unregistered", "local", "batch", "replay", "handoff", "pooler", "access", "growth",
+            "audit")
 
 
 def main():
@@ -516,6 +517,27 @@ def main():
                          med(led, 0) / med(flo, 0), "≥ 0.95",
                          f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "
                          f"floor {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms)"))
+            say("  ", rows[-1])
+
+    if "local" in only:
+        # what the ledger adds to a write in its own database: the intent, the outcome and
+        # their audit rows in the write's transaction (one commit either way)
+        say("local effects (begin_local, the write, complete_effect) against the write alone ...")
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_orders (id bigserial PRIMARY KEY, run text, "
+                     "item bigint, ledger_key text)")
+        # new calls in every attempt, as bank.pay's (register_bench_tool)
+        conn.execute("""SELECT durable_ledger.register_tool('shop.order', 'bench', divergence => 'off',
+                                                         note => 'make bench: new calls in every attempt')
+                         WHERE NOT EXISTS (SELECT FROM durable_ledger.tools WHERE tool = 'shop.order')""")
+        for c in clients:
+            settle(conn, floor=("floor_effects", "floor_audit", "bench_orders"))
+            led, flo = interleaved(args.rounds,
+                                   lambda: pgbench(args, "local_pair.sql", c, args.seconds, logdir, f"lo{c}"),
+                                   lambda: pgbench(args, "local_floor.sql", c, args.seconds, logdir, f"lof{c}"))
+            rows.append((f"local effect vs its write alone, {c} client{'s' if c > 1 else ''}",
+                         med(led, 0) / med(flo, 0), "(context)",
+                         f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "
+                         f"write alone {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms)"))
             say("  ", rows[-1])
 
     # the single-transaction measures take well under a second a round: more rounds
