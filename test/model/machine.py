@@ -565,6 +565,55 @@ class LedgerMachine(RuleBasedStateMachine):
         self.call_begin(s, r, tool, a, b, via, recorded, rolled_back=True)
         self.call_begin(s, r, tool, a, b, via, recorded, rolled_back=False)
 
+    LOCALS = {k: v for k, v in BEGINS.items() if k != "recorded"}
+
+    @rule(**LOCALS, outcome=st.sampled_from(["completed", "completed", "failed", "none"]),
+          v=st.integers(0, len(VALUES) - 1))
+    def local(self, s: int, r: int, tool: str, a: int, b: Optional[int], via: str,
+              outcome: str, v: int) -> None:
+        """A local effect (begin_local): its begin and, on execute, its report
+        (or none) in one transaction.  It commits whole -- as begin and report
+        would -- or, without an outcome, its COMMIT fails (25000) and it leaves
+        what a begin rolled back leaves; any other decision commits as begin's."""
+        self.step("local", s, r, tool, a, b, via, outcome, v)
+        call = self.prepare_begin(s, r, tool, a, b, via, False)
+        call["query"] = call["query"].replace("durable_ledger.begin_effect(", "durable_ledger.begin_local(")
+        session = self.sessions[s]
+        self.sql(session, "BEGIN")
+        try:
+            got = self.sql(session, call["query"], call["params"])[0]
+        except Refused as e:
+            self.sql(session, "ROLLBACK")
+            self.judge_begin(call, e, list(session.notices), rolled_back=True)
+            return
+        notices = list(session.notices)
+        executes = got[1] == "execute"
+        value = VALUES[v]
+        report = None
+        if executes and outcome != "none":
+            fn = "complete_effect" if outcome == "completed" else "fail_effect"
+            report = self.sql(session, f"SELECT {self.ROW} FROM durable_ledger.{fn}(%s, %s::jsonb, %s)",
+                              (got[0], None if value is None else json.dumps(value), got[4]))
+        try:
+            self.sql(session, "COMMIT")
+            refused = None
+        except Refused as e:
+            refused = e
+        if (refused is not None) != (executes and outcome == "none"):
+            self.fail(f"local: COMMIT {'failed: ' + refused.sqlstate if refused else 'succeeded'} after "
+                      f"{got[1]} with outcome {outcome}")
+        if refused is not None and refused.sqlstate != "25000":
+            self.fail(f"local: COMMIT without an outcome failed with {refused.sqlstate}, not 25000")
+        self.judge_begin(call, got, notices, rolled_back=refused is not None)
+        if report is not None:
+            applied = self.model.report(s, got[0], outcome == "completed", value, got[4])
+            if applied != "applied":
+                self.fail(f"local: the report in the effect's transaction was {applied} in the model")
+            self.returned_row_agrees("local's report", report, got[0])
+            saw(f"local {outcome}")
+        elif refused is not None:
+            saw("local without an outcome, refused")
+
     def call_begin(self, s: int, r: int, tool: str, a: int, b: Optional[int], via: str,
                    recorded: bool, rolled_back: bool) -> None:
         call = self.prepare_begin(s, r, tool, a, b, via, recorded)
