@@ -733,6 +733,15 @@ def refusal(exc: BaseException, run: str, tool: str, halt: HaltFn) -> Optional[L
                                   f"attempt may go on")
 
 
+def begin_refused(exc: BaseException, lease: Optional[TokenLease], run: str, tool: str,
+                  halt: HaltFn) -> Optional[BaseException]:
+    """What to raise for a begin the ledger refused: `LeaseLost` for a token lease's lost
+    lease (55L01: it is lost from now on), else `refusal`'s; None for any other error."""
+    if lease is not None and isinstance(exc, psycopg.Error) and exc.sqlstate == LEASE_LOST:
+        return lease._lose(exc)
+    return refusal(exc, run, tool, halt)
+
+
 def outcome_unknown(run: str, tool: str, key: str, exc: BaseException, halt: HaltFn) -> None:
     """``perform`` raised something that does not say the effect did not happen: nothing is
     recorded, the attempt stops, a person resolves the effect."""

@@ -432,9 +432,7 @@ class AsyncLedger(p.LedgerCore):
             rows = await _execute_on(conn, query, params, shared=False,
                                      what=f"begin_local of {tool}", about=about)
         except psycopg.Error as exc:
-            if lease is not None and exc.sqlstate == LEASE_LOST:
-                raise lease._lose(exc) from exc
-            refused = p.refusal(exc, run, tool, halt)
+            refused = p.begin_refused(exc, lease, run, tool, halt)
             if refused is not None:
                 raise refused from exc
             raise
@@ -550,9 +548,7 @@ class AsyncLedger(p.LedgerCore):
                 p.begin_not_committed(run, tool, halt, recorded)
             raise
         except psycopg.Error as exc:
-            if lease is not None and exc.sqlstate == LEASE_LOST:
-                raise lease._lose(exc) from exc
-            refused = p.refusal(exc, run, tool, halt)
+            refused = p.begin_refused(exc, lease, run, tool, halt)
             if refused is not None:
                 raise refused from exc
             if lease is None and self.conn is not None and not _refused_cleanly(exc, self.conn):

@@ -425,9 +425,7 @@ class Ledger(p.LedgerCore):
             rows = _execute_on(conn, query, params, shared=False,
                                what=f"begin_local of {tool}", about=about)
         except psycopg.Error as exc:
-            if lease is not None and exc.sqlstate == LEASE_LOST:
-                raise lease._lose(exc) from exc
-            refused = p.refusal(exc, run, tool, halt)
+            refused = p.begin_refused(exc, lease, run, tool, halt)
             if refused is not None:
                 raise refused from exc
             raise
@@ -594,9 +592,7 @@ class Ledger(p.LedgerCore):
                 p.begin_not_committed(run, tool, halt, recorded)
             raise
         except psycopg.Error as exc:
-            if exc.sqlstate == LEASE_LOST:
-                raise lease._lose(exc) from exc
-            refused = p.refusal(exc, run, tool, halt)
+            refused = p.begin_refused(exc, lease, run, tool, halt)
             if refused is not None:
                 raise refused from exc
             raise
