@@ -65,7 +65,7 @@ for my $seen ('begin execute', 'begin replay completed', 'begin pause', 'begin i
 	'begin_recorded replay completed', 'begin_recorded execute again', 'overlap waited',
 	'report_meanwhile waited', 'retry_effect applied', 'resolve_effect completed',
 	'reconcile_effect applied', 'reconcile_effect noop', 'reconcile_effect conflict',
-	'resolve_effect failed')
+	'resolve_effect failed', 'local completed', 'local failed', 'local without an outcome, refused')
 {
 	like($out, qr/^#\s+\d+\s+\Q$seen\E$/m, "the histories made \"$seen\" happen");
 }

@@ -401,7 +401,7 @@ class AsyncLedger(p.LedgerCore):
                 async with conn.transaction():
                     row = await self._local_begin(conn, lease, run, tool, query, params, halt,
                                                   about)
-                    key = row["key"]
+                    key = begun = row["key"]
                     if hold is not None:
                         p.check_guard(row, run, hold, halt)
                     try:
@@ -413,7 +413,7 @@ class AsyncLedger(p.LedgerCore):
                     elif decision is not None:
                         _, attempt, downstream_key = decision
                         result, answer = await self._local_write(
-                            conn, run, key, attempt, write, downstream_key, halt, about)
+                            conn, run, begun, attempt, write, downstream_key, halt, about)
                     committing = True
             except BaseException as exc:
                 if committing and key is not None and not _refused_cleanly(exc, conn):

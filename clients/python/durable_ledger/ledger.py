@@ -395,7 +395,7 @@ class Ledger(p.LedgerCore):
             try:
                 with conn.transaction():
                     row = self._local_begin(conn, lease, run, tool, query, params, halt, about)
-                    key = row["key"]
+                    key = begun = row["key"]
                     if hold is not None:
                         p.check_guard(row, run, hold, halt)
                     try:
@@ -406,7 +406,7 @@ class Ledger(p.LedgerCore):
                         result = decision.result
                     elif decision is not None:
                         _, attempt, downstream_key = decision
-                        result, answer = self._local_write(conn, run, key, attempt, write,
+                        result, answer = self._local_write(conn, run, begun, attempt, write,
                                                            downstream_key, halt, about)
                     committing = True
             except BaseException as exc:
