@@ -178,6 +178,34 @@ ROLLBACK;
 SELECT durable_ledger.release_lease(:'tok');
 
 -- ===================================================================
+-- reports of this transaction that contradict each other are no outcome
+-- ===================================================================
+BEGIN;
+SELECT key AS k12 FROM durable_ledger.begin_local('lo-12', 'shop.order', '{"item": "mug"}') \gset
+SELECT status, conflict FROM durable_ledger.complete_effect(:'k12', '{"order": "mug"}', 1);
+SELECT status, conflict FROM durable_ledger.fail_effect(:'k12', '{"out_of_stock": true}', 1);
+COMMIT;
+-- nothing was recorded, nothing waits for a person
+SELECT count(*) AS effects, (SELECT count(*) FROM durable_ledger.unsettled WHERE key = :'k12') AS unsettled
+  FROM durable_ledger.effects WHERE key = :'k12';
+SELECT durable_ledger.release_run('lo-12');
+
+-- ===================================================================
+-- that an attempt was local stays in the audit log after the next one
+-- ===================================================================
+BEGIN;
+SELECT decision, attempt FROM durable_ledger.begin_local('lo-13', 'shop.refund', '{"order": 13}', 'REFUND-13');
+SELECT status FROM durable_ledger.fail_effect('REFUND-13', '{"declined": true}', 1);
+COMMIT;
+SELECT decision, attempt FROM durable_ledger.begin_effect('lo-14', 'shop.refund', '{"order": 13}', 'REFUND-13');
+SELECT attempt, local FROM durable_ledger.effects WHERE key = 'REFUND-13';
+SELECT event, attempt, detail FROM durable_ledger.audit_log
+ WHERE key = 'REFUND-13' AND event = 'intent' ORDER BY id;
+SELECT status FROM durable_ledger.complete_effect('REFUND-13', '{"refunded": 13}', 2);
+SELECT durable_ledger.release_run('lo-13');
+SELECT durable_ledger.release_run('lo-14');
+
+-- ===================================================================
 -- bad input writes nothing, as begin_effect's
 -- ===================================================================
 SELECT count(*) AS before FROM durable_ledger.effects \gset

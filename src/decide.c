@@ -200,6 +200,16 @@ read_call(const BeginRequest *request, Call *call)
 	{
 		call->lease.held = dl_lease_for_call(request->run);
 		call->lease.epoch = dl_lease_epoch(call->lease.held);
+
+		/*
+		 * A local effect under a session lease holds the run's call lock
+		 * until its transaction ends, as a token call does: a next epoch
+		 * waits for it (take_session_lock, take_lease) even when this
+		 * session's lock is dropped meanwhile (pg_advisory_unlock_all), and
+		 * then judges what it committed.
+		 */
+		if (request->local)
+			(void) dl_run_lock_xact(dl_run_lock_key(request->run), DL_CALL_LOCK_CLASS, true);
 	}
 	waited = dl_check_run_open(request->run);
 	waited |= dl_tool_rules(request->tool, &call->rules);
@@ -634,15 +644,23 @@ audit_decision(const Facts *f, const Decision *d)
 	switch (d->answer.decision)
 	{
 		case DECIDE_EXECUTE:
-			if (d->change != CHANGE_NEXT_ATTEMPT)
+			/*
+			 * a new key's intent: its row says it all -- but that it is a
+			 * local effect, which a next attempt's row no longer says
+			 */
+			if (d->change != CHANGE_NEXT_ATTEMPT && !f->intent->local)
 			{
-				/* a new key's intent: its row says it all */
 				dl_write_audit(f->intent->run, f->intent->key, event, NULL,
 							   f->intent->lease_epoch, d->answer.attempt);
 				return;
 			}
-			dl_detail_text(&detail, "after", dl_status_name(d->replaced_as));
-			dl_detail_int(&detail, "attempt", d->answer.attempt);
+			if (d->change == CHANGE_NEXT_ATTEMPT)
+			{
+				dl_detail_text(&detail, "after", dl_status_name(d->replaced_as));
+				dl_detail_int(&detail, "attempt", d->answer.attempt);
+			}
+			if (f->intent->local)
+				dl_detail_bool(&detail, "local", true);
 			break;
 		case DECIDE_REPLAY:
 			dl_detail_text(&detail, "status", dl_status_name(d->answer.status));

@@ -31,7 +31,12 @@ dl_local_begun(const char *key)
 	MemoryContextSwitchTo(old);
 }
 
-/* Whether key is a local effect still waiting for its outcome, as the row says now. */
+/*
+ * Whether key is a local effect still waiting for its outcome, as the row
+ * says now.  A flagged one has none either: a report contradicted another,
+ * and both came from this transaction (no one else can report on the row
+ * while it holds it), which knows the truth and must say it once.
+ */
 static bool
 awaits_outcome(const char *key)
 {
@@ -39,7 +44,7 @@ awaits_outcome(const char *key)
 
 	if (dl_read_key(key, &row) != KEY_FOUND || !row.local)
 		return false;			/* its begin was rolled back with a savepoint */
-	return row.status != EFFECT_COMPLETED && row.status != EFFECT_FAILED;
+	return row.conflict || (row.status != EFFECT_COMPLETED && row.status != EFFECT_FAILED);
 }
 
 static void
@@ -56,7 +61,7 @@ check_outcomes(void)
 					(errcode(ERRCODE_INVALID_TRANSACTION_STATE),
 					 errmsg("local effect \"%s\" has no outcome", key),
 					 errdetail("begin_local() began it in this transaction, and its intent, the tool's writes and its outcome commit together or not at all. The transaction is rolled back: nothing of it is recorded."),
-					 errhint("Report it with complete_effect() or fail_effect() before COMMIT, in the same transaction block (BEGIN ... COMMIT).")));
+					 errhint("Report its one outcome with complete_effect() or fail_effect() before COMMIT, in the same transaction block (BEGIN ... COMMIT); reports that contradict each other are no outcome.")));
 	}
 }
 
