@@ -647,6 +647,7 @@ static bool
 take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 {
 	RunState	state;
+	bool		calls_locked_before = dl_run_lock_xact_held(lock_key, DL_CALL_LOCK_CLASS);
 
 	if (!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, false))
 	{
@@ -672,6 +673,14 @@ take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 	if (dl_read_run_state(run, &state) && (state.abandoned || (state.token && state.token_live)))
 	{
 		dl_run_unlock_session(lock_key);
+		/*
+		 * and the calls' lock: the error below reaches the client before the
+		 * abort releases the transaction's locks, and a take_lease sent at
+		 * once (the run is free once its token lease is released) would
+		 * find it and be told that the run is busy
+		 */
+		if (!calls_locked_before)
+			dl_run_unlock_xact(lock_key, DL_CALL_LOCK_CLASS);
 		if (state.abandoned)
 			dl_refuse_if_abandoned(run);
 		if (!wait)

@@ -94,6 +94,8 @@ extern void dl_run_unlock_session(uint64 lock_key);
 extern bool dl_run_exclude_sessions(uint64 lock_key);
 extern bool dl_run_when_calls_idle(uint64 lock_key, void (*judge_now) (void *), void *arg);
 extern bool dl_run_lock_xact(uint64 lock_key, uint16 lock_class, bool wait);
+extern bool dl_run_lock_xact_held(uint64 lock_key, uint16 lock_class);
+extern void dl_run_unlock_xact(uint64 lock_key, uint16 lock_class);
 extern bool dl_run_lock_open(uint64 lock_key);
 extern void dl_run_lock_closing(uint64 lock_key);
 extern bool dl_tool_lock(const char *tool, bool exclusive);

@@ -257,6 +257,33 @@ dl_run_lock_xact(uint64 lock_key, uint16 lock_class, bool wait)
 		LOCKACQUIRE_NOT_AVAIL;
 }
 
+/* Does this transaction hold the run's lock of lock_class (dl_run_lock_xact)? */
+bool
+dl_run_lock_xact_held(uint64 lock_key, uint16 lock_class)
+{
+	LOCKTAG		tag;
+
+	set_lock_tag(&tag, lock_key, lock_class);
+	return LockHeldByMe(&tag, ExclusiveLock);
+}
+
+/*
+ * Gives back, before the transaction ends, a lock of lock_class that this
+ * statement took with dl_run_lock_xact (not one the transaction held before
+ * it): a refusal that raises an error must not keep it.  The client hears an
+ * error as soon as it is raised, before the transaction's abort lets go of
+ * its locks, and may act on it at once: a take_lease or acquire_run(wait =>
+ * false) of the run meanwhile would be refused for a call "under way".
+ */
+void
+dl_run_unlock_xact(uint64 lock_key, uint16 lock_class)
+{
+	LOCKTAG		tag;
+
+	set_lock_tag(&tag, lock_key, lock_class);
+	LockRelease(&tag, ExclusiveLock, false);
+}
+
 /*
  * A call of the run, for this transaction: abandon_run waits for it to end.
  * True when it had to wait (for an abandon_run under way).
