@@ -166,9 +166,9 @@ class Ledger(p.LedgerCore):
     transaction mode only token leases).  It must be **dedicated** to the `Ledger`: a tool
     that runs its own transaction on it (``with conn.transaction():`` in another thread)
     would pull the ledger's statements into that transaction.  The `Ledger` runs its
-    statements one at a time on it and checks after each that it committed on its own;
-    one that ran inside another transaction is refused (`LedgerUsageError`): no effect is
-    performed on such an intent, and no report in one counts as recorded.  A pool is the
+    statements one at a time on it; one that would run inside another transaction is
+    not sent (and one that ended inside one is refused after the fact): it raises
+    `LedgerUsageError`, no effect is performed, and no report counts as recorded.  A pool is the
     recommended shape.  One `Ledger` may serve several threads, each with attempts at runs
     of its own.
     """
