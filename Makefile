@@ -39,6 +39,7 @@ OBJS = \
 	src/report_funcs.o \
 	src/report.o \
 	src/resolve_funcs.o \
+	src/approval_funcs.o \
 	src/status_funcs.o \
 	src/lease_funcs.o \
 	src/token_funcs.o \

@@ -1028,3 +1028,207 @@ REVOKE ALL ON FUNCTION durable_ledger.begin_local(text, text, jsonb, text, jsonb
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION durable_ledger.begin_local(text, text, jsonb, text, jsonb, text)
     TO durable_ledger_worker;
+
+-- ---------------------------------------------------------------------------
+-- Approvals bound to the call: an admin says which calls of a registered
+-- tool need a person's approval (a jsonpath predicate on their args); such a
+-- call is recorded awaiting_approval and pauses; an approver -- a role of its
+-- own, not an admin -- approves it (the next call of its key executes it,
+-- once) or rejects it (it is failed and replays as failed).  The columns
+-- come last, as a fresh install has them.
+-- ---------------------------------------------------------------------------
+DO $roles$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'durable_ledger_approver') THEN
+        CREATE ROLE durable_ledger_approver NOLOGIN;
+    END IF;
+END
+$roles$;
+ALTER DOMAIN durable_ledger.effect_state DROP CONSTRAINT effect_state_check;
+ALTER DOMAIN durable_ledger.effect_state ADD CONSTRAINT effect_state_check
+    CHECK (VALUE IN ('started', 'completed', 'failed', 'unknown',
+                     'awaiting_approval', 'approved'));
+ALTER DOMAIN durable_ledger.audit_event DROP CONSTRAINT audit_event_check;
+ALTER DOMAIN durable_ledger.audit_event ADD CONSTRAINT audit_event_check
+    CHECK (VALUE IN ('lease_acquired', 'lease_released', 'lease_broken',
+                     'intent', 'replay', 'pause', 'in_progress',
+                     'completed', 'late_completion', 'failed', 'late_failure',
+                     'resolved', 'conflict',
+                     'tool_registered', 'tool_changed', 'tool_retired',
+                     'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
+                     'carried', 'policy_changed', 'purged', 'audit_purged',
+                     'superseded_report', 'history_chained', 'retry_allowed',
+                     'reconciled', 'approval_requested', 'approved', 'rejected'));
+CREATE DOMAIN durable_ledger.approval_state AS text
+    CHECK (VALUE IN ('requested', 'approved', 'rejected'));
+REVOKE ALL ON TYPE durable_ledger.approval_state FROM PUBLIC;
+
+ALTER TABLE durable_ledger.effects
+    ADD COLUMN approval durable_ledger.approval_state,
+    ADD COLUMN approver text,
+    ADD COLUMN approval_note text;
+COMMENT ON COLUMN durable_ledger.effects.status IS
+    'started, completed, failed or unknown (effect_status shows a started effect whose lease has ended as unknown); awaiting_approval or approved for a call that needs approval and has not executed';
+COMMENT ON COLUMN durable_ledger.effects.approval IS
+    'for a call of a tool that needs approval (set_approval): requested, approved or rejected, for the current attempt; NULL: none needed';
+COMMENT ON COLUMN durable_ledger.effects.approver IS
+    'who approved or rejected the current attempt (approve_effect, reject_effect), as they named themselves';
+COMMENT ON COLUMN durable_ledger.effects.approval_note IS
+    'the note of approve_effect or reject_effect';
+ALTER TABLE durable_ledger.tools ADD COLUMN approval jsonpath;
+COMMENT ON COLUMN durable_ledger.tools.approval IS
+    'NULL: the tool''s calls execute without approval; else a jsonpath predicate on a call''s args: where it is true (or not a boolean), the call waits for an approver (set_approval, approve_effect)';
+
+-- the approvers' verdicts are people's decisions, asked for by kind and time
+DROP INDEX durable_ledger.audit_log_events_idx;
+CREATE INDEX audit_log_events_idx ON durable_ledger.audit_log (event, logged_at)
+    WHERE event IN ('resolved', 'lease_broken', 'divergence_resolved', 'run_abandoned',
+                    'run_forked', 'tool_registered', 'tool_changed', 'tool_retired',
+                    'policy_changed', 'purged', 'audit_purged', 'replay', 'retry_allowed',
+                    'reconciled', 'approved', 'rejected');
+
+-- what waits for an approver is listed with what waits for other people
+CREATE OR REPLACE VIEW durable_ledger.unresolved AS
+SELECT e.key,
+       e.run,
+       e.tool,
+       CASE WHEN j.ended THEN 'unknown'
+            ELSE e.status END::durable_ledger.effect_state AS status,
+       e.conflict,
+       CASE
+           WHEN e.conflict THEN
+               'a report was kept for a person: it contradicts the recorded outcome, or names no attempt where that is ambiguous; a person must decide which is true'
+           WHEN e.status OPERATOR(pg_catalog.=) 'awaiting_approval' THEN
+               'awaiting approval: the call of a tool that needs approval was recorded and has not executed; an approver decides with durable_ledger.approve_effect() or durable_ledger.reject_effect()'
+           WHEN j.not_judged THEN
+               'read on a hot standby, which cannot see the primary''s leases: whether this effect is still in flight cannot be judged here; ask the primary'
+           ELSE
+               'intent recorded, no completion, and the lease that started it has ended: nobody knows whether the effect happened'
+       END                                          AS reason,
+       e.created_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) e.created_at AS age,
+       e.args,
+       e.meta,
+       e.business_key,
+       e.occurrence,
+       e.attempt,
+       e.lease_epoch,
+       NULL::text                                   AS may_duplicate,
+       ab.abandoned_at                              AS run_abandoned_at,
+       -- the key the provider was given: a business key's, and any attempt
+       -- after the first, names its attempt
+       CASE WHEN e.business_key OR e.attempt OPERATOR(pg_catalog.>) 1
+            THEN pg_catalog.concat(e.key, '#', e.attempt)
+            ELSE e.key END                          AS downstream_key,
+       -- a reconciler may settle an unknown outcome of the tool, this long
+       -- after it was found unknown (a flagged one waits for a person)
+       CASE WHEN NOT e.conflict THEN (
+            SELECT t.reconcile_grace FROM durable_ledger.tools t
+             WHERE t.tool OPERATOR(pg_catalog.=) e.tool) END AS reconcile_grace
+  FROM durable_ledger.unsettled u
+  JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) u.key
+                              AND e.created_at OPERATOR(pg_catalog.=) u.created_at
+  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) e.run
+ CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
+  LEFT JOIN LATERAL (
+        SELECT r.lease_kind, r.lock_key, r.holder_pid
+          FROM durable_ledger.runs r
+         WHERE r.run OPERATOR(pg_catalog.=) e.run
+           AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
+           AND r.released_at IS NULL) cur ON e.status OPERATOR(pg_catalog.=) 'started'
+ CROSS JOIN LATERAL (
+        SELECT e.status OPERATOR(pg_catalog.=) 'started' AND s.standby AS not_judged,
+               e.status OPERATOR(pg_catalog.=) 'started' AND CASE
+                   WHEN s.standby THEN false
+                   WHEN cur.lease_kind OPERATOR(pg_catalog.=) 'token' THEN NOT EXISTS (
+                       SELECT 1 FROM durable_ledger.token_leases t
+                        WHERE t.run OPERATOR(pg_catalog.=) e.run
+                          AND t.epoch OPERATOR(pg_catalog.=) e.lease_epoch
+                          AND t.released_at IS NULL
+                          AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
+                   WHEN cur.lease_kind IS NULL THEN true
+                   ELSE NOT EXISTS (
+                       SELECT 1 FROM durable_ledger.lease_locks l
+                        WHERE l.pid OPERATOR(pg_catalog.=) cur.holder_pid
+                          AND l.lock_key OPERATOR(pg_catalog.=) cur.lock_key)
+               END AS ended) j
+ WHERE e.conflict
+    OR e.status OPERATOR(pg_catalog.=) 'unknown'
+    OR e.status OPERATOR(pg_catalog.=) 'awaiting_approval'
+    OR j.ended
+    OR j.not_judged
+UNION ALL
+SELECT d.key,
+       d.run,
+       d.tool,
+       NULL::durable_ledger.effect_state,
+       false,
+       'a later attempt made a call of this tool that the run''s earlier attempts did not make, while an earlier effect of the tool (may_duplicate) was not replayed yet: a person must say whether it is the same operation (durable_ledger.resolve_divergence(key, ''same'', ...): its outcome is replayed) or distinct (''distinct'': it is executed)',
+       d.detected_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) d.detected_at,
+       d.args,
+       NULL,
+       false,
+       d.occurrence,
+       NULL,
+       d.lease_epoch,
+       d.candidate_key,
+       ab.abandoned_at,
+       NULL,
+       NULL::interval
+  FROM durable_ledger.divergences d
+  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) d.run
+ WHERE d.verdict IS NULL
+   AND NOT EXISTS (SELECT FROM durable_ledger.effects x
+                    WHERE x.key OPERATOR(pg_catalog.=) d.key);  -- executed meanwhile (policy off)
+COMMENT ON VIEW durable_ledger.unresolved IS
+    'what needs a person: effects unknown, started under a lease that is no longer live, or flagged by a report, and drifted calls without a verdict; read through unsettled, so it costs what waits, not what the ledger holds';
+
+
+-- Approvals (docs/reference.md, "Approvals"): an admin says which calls of
+-- a tool need a person's approval; an approver approves or rejects the very
+-- call recorded.
+CREATE FUNCTION durable_ledger.set_approval(tool text, condition jsonpath, changed_by text,
+                                            note text DEFAULT NULL)
+RETURNS durable_ledger.tools
+AS 'MODULE_PATHNAME', 'dl_set_approval_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.set_approval(text, jsonpath, text, text) IS
+    'which calls of a registered tool wait for an approver before they execute: those whose args match condition, a jsonpath predicate (''true'': every call); NULL: none; audited as tool_changed';
+
+CREATE FUNCTION durable_ledger.approve_effect(key text, approved_by text, note text DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_approve_effect_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.approve_effect(text, text, text) IS
+    'a named approver''s approval of the call recorded under key: the next call of the key executes it, once; refused to the role that made the call';
+
+CREATE FUNCTION durable_ledger.reject_effect(key text, rejected_by text, note text DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_reject_effect_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.reject_effect(text, text, text) IS
+    'a named approver''s refusal of the call recorded under key: it is failed, and replays as failed';
+REVOKE ALL ON FUNCTION durable_ledger.set_approval(text, jsonpath, text, text),
+                      durable_ledger.approve_effect(text, text, text),
+                      durable_ledger.reject_effect(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION durable_ledger.set_approval(text, jsonpath, text, text)
+    TO durable_ledger_admin;
+GRANT USAGE ON SCHEMA durable_ledger TO durable_ledger_approver;
+GRANT USAGE ON TYPE durable_ledger.decision, durable_ledger.lease,
+                    durable_ledger.effect_state, durable_ledger.audit_event,
+                    durable_ledger.lease_kind, durable_ledger.divergence_policy,
+                    durable_ledger.divergence_verdict,
+                    durable_ledger.unregistered_tools_policy
+    TO durable_ledger_approver;
+GRANT USAGE ON TYPE durable_ledger.approval_state
+    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin,
+       durable_ledger_approver;
+GRANT SELECT ON durable_ledger.effects, durable_ledger.unresolved TO durable_ledger_approver;
+GRANT EXECUTE ON FUNCTION
+    durable_ledger.approve_effect(text, text, text),
+    durable_ledger.reject_effect(text, text, text)
+    TO durable_ledger_approver;

@@ -24,6 +24,10 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'durable_ledger_admin') THEN
         CREATE ROLE durable_ledger_admin NOLOGIN;
     END IF;
+    -- approves the calls of tools that need a person's approval: not an admin (1.3)
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'durable_ledger_approver') THEN
+        CREATE ROLE durable_ledger_approver NOLOGIN;
+    END IF;
     IF NOT pg_catalog.pg_has_role('durable_ledger_admin', 'durable_ledger_worker', 'MEMBER') THEN
         GRANT durable_ledger_worker TO durable_ledger_admin;
     END IF;
@@ -65,7 +69,8 @@ CREATE TYPE durable_ledger.lease AS (
 );
 
 CREATE DOMAIN durable_ledger.effect_state AS text
-    CHECK (VALUE IN ('started', 'completed', 'failed', 'unknown'));
+    CHECK (VALUE IN ('started', 'completed', 'failed', 'unknown',
+                     'awaiting_approval', 'approved'));
 CREATE DOMAIN durable_ledger.audit_event AS text
     CHECK (VALUE IN ('lease_acquired', 'lease_released', 'lease_broken',
                      'intent', 'replay', 'pause', 'in_progress',
@@ -75,7 +80,7 @@ CREATE DOMAIN durable_ledger.audit_event AS text
                      'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
                      'carried', 'policy_changed', 'purged', 'audit_purged',
                      'superseded_report', 'history_chained', 'retry_allowed',
-                     'reconciled'));
+                     'reconciled', 'approval_requested', 'approved', 'rejected'));
 -- the kind of lease that holds an epoch
 CREATE DOMAIN durable_ledger.lease_kind AS text
     CHECK (VALUE IN ('session', 'token'));
@@ -85,6 +90,9 @@ CREATE DOMAIN durable_ledger.divergence_policy AS text
 -- a person's verdict on a drifted call
 CREATE DOMAIN durable_ledger.divergence_verdict AS text
     CHECK (VALUE IN ('distinct', 'same'));
+-- a call's approval (1.3): asked for, given, or refused
+CREATE DOMAIN durable_ledger.approval_state AS text
+    CHECK (VALUE IN ('requested', 'approved', 'rejected'));
 -- whether a tool nobody registered may execute
 CREATE DOMAIN durable_ledger.unregistered_tools_policy AS text
     CHECK (VALUE IN ('allow', 'warn', 'refuse'));
@@ -174,7 +182,10 @@ CREATE TABLE durable_ledger.effects (
     forked_from     text,
     safe_to_redo    boolean NOT NULL DEFAULT false,
     execute_again   boolean NOT NULL DEFAULT false,
-    local           boolean NOT NULL DEFAULT false
+    local           boolean NOT NULL DEFAULT false,
+    approval        durable_ledger.approval_state,
+    approver        text,
+    approval_note   text
 ) WITH (fillfactor = 85);   -- room for the HOT update that completes an effect
 -- the effects of a run by tool: the earlier effects a later attempt of the run
 -- is compared with (divergence), counted once per attempt and tool
@@ -196,7 +207,7 @@ COMMENT ON COLUMN durable_ledger.effects.occurrence IS
 COMMENT ON COLUMN durable_ledger.effects.attempt IS
     'the current attempt: 1, or n+1 after n failures of a business key or n attempts of a recorded call lost with their lease';
 COMMENT ON COLUMN durable_ledger.effects.status IS
-    'started, completed, failed or unknown (effect_status shows a started effect whose lease has ended as unknown)';
+    'started, completed, failed or unknown (effect_status shows a started effect whose lease has ended as unknown); awaiting_approval or approved for a call that needs approval and has not executed';
 COMMENT ON COLUMN durable_ledger.effects.result IS
     'what a completed effect returned';
 COMMENT ON COLUMN durable_ledger.effects.error IS
@@ -225,6 +236,12 @@ COMMENT ON COLUMN durable_ledger.effects.execute_again IS
     'true when a person found that the failed current attempt did not happen and asked for it to be made again (retry_effect): the next call executes the next attempt';
 COMMENT ON COLUMN durable_ledger.effects.local IS
     'begun by begin_local: the current attempt''s intent, the tool''s writes in this database and its outcome committed in one transaction (never unknown)';
+COMMENT ON COLUMN durable_ledger.effects.approval IS
+    'for a call of a tool that needs approval (set_approval): requested, approved or rejected, for the current attempt; NULL: none needed';
+COMMENT ON COLUMN durable_ledger.effects.approver IS
+    'who approved or rejected the current attempt (approve_effect, reject_effect), as they named themselves';
+COMMENT ON COLUMN durable_ledger.effects.approval_note IS
+    'the note of approve_effect or reject_effect';
 
 -- The effects that are not settled (started, unknown, or flagged by a
 -- contradicting report), by when their attempt began and their key, kept by
@@ -328,7 +345,7 @@ CREATE INDEX audit_log_events_idx ON durable_ledger.audit_log (event, logged_at)
     WHERE event IN ('resolved', 'lease_broken', 'divergence_resolved', 'run_abandoned',
                     'run_forked', 'tool_registered', 'tool_changed', 'tool_retired',
                     'policy_changed', 'purged', 'audit_purged', 'replay', 'retry_allowed',
-                    'reconciled');
+                    'reconciled', 'approved', 'rejected');
 COMMENT ON TABLE durable_ledger.audit_log IS
     'append-only, one row per event, each linked into a hash chain (verify_audit); UPDATE, DELETE and TRUNCATE are refused, for its owner too: only purge_audit deletes';
 COMMENT ON COLUMN durable_ledger.audit_log.id IS
@@ -460,7 +477,8 @@ CREATE TABLE durable_ledger.tools (
     changed_at      timestamptz,
     retired_by      text,
     retired_at      timestamptz,
-    reconcile_grace interval
+    reconcile_grace interval,
+    approval        jsonpath
 );
 COMMENT ON TABLE durable_ledger.tools IS
     'the tools registry: what admins declared of each tool (register_tool, change_tool, retire_tool), every change audited';
@@ -488,6 +506,8 @@ COMMENT ON COLUMN durable_ledger.tools.retired_at IS
     'when it was retired';
 COMMENT ON COLUMN durable_ledger.tools.reconcile_grace IS
     'NULL: an unknown outcome of the tool waits for a person; else a worker may settle it from the provider''s record (reconcile_effect) this long after the ledger found it unknown (set_reconcile)';
+COMMENT ON COLUMN durable_ledger.tools.approval IS
+    'NULL: the tool''s calls execute without approval; else a jsonpath predicate on a call''s args: where it is true (or not a boolean), the call waits for an approver (set_approval, approve_effect)';
 
 -- What a deployment allows for tools nobody registered.  A row, changed by
 -- admins and audited, not a setting: a setting of a library loaded on first
@@ -897,6 +917,8 @@ SELECT e.key,
        CASE
            WHEN e.conflict THEN
                'a report was kept for a person: it contradicts the recorded outcome, or names no attempt where that is ambiguous; a person must decide which is true'
+           WHEN e.status OPERATOR(pg_catalog.=) 'awaiting_approval' THEN
+               'awaiting approval: the call of a tool that needs approval was recorded and has not executed; an approver decides with durable_ledger.approve_effect() or durable_ledger.reject_effect()'
            WHEN j.not_judged THEN
                'read on a hot standby, which cannot see the primary''s leases: whether this effect is still in flight cannot be judged here; ask the primary'
            ELSE
@@ -951,6 +973,7 @@ SELECT e.key,
                END AS ended) j
  WHERE e.conflict
     OR e.status OPERATOR(pg_catalog.=) 'unknown'
+    OR e.status OPERATOR(pg_catalog.=) 'awaiting_approval'
     OR j.ended
     OR j.not_judged
 UNION ALL
@@ -1187,6 +1210,34 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.retry_effect(text, integer, text, text) IS
     'a named person''s finding that the given attempt of an effect did not happen, and that it is to be made again: the next call executes the next attempt under a new provider key';
+
+-- Approvals (docs/reference.md, "Approvals"): an admin says which calls of
+-- a tool need a person's approval; an approver approves or rejects the very
+-- call recorded.
+CREATE FUNCTION durable_ledger.set_approval(tool text, condition jsonpath, changed_by text,
+                                            note text DEFAULT NULL)
+RETURNS durable_ledger.tools
+AS 'MODULE_PATHNAME', 'dl_set_approval_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.set_approval(text, jsonpath, text, text) IS
+    'which calls of a registered tool wait for an approver before they execute: those whose args match condition, a jsonpath predicate (''true'': every call); NULL: none; audited as tool_changed';
+
+CREATE FUNCTION durable_ledger.approve_effect(key text, approved_by text, note text DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_approve_effect_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.approve_effect(text, text, text) IS
+    'a named approver''s approval of the call recorded under key: the next call of the key executes it, once; refused to the role that made the call';
+
+CREATE FUNCTION durable_ledger.reject_effect(key text, rejected_by text, note text DEFAULT NULL)
+RETURNS durable_ledger.effects
+AS 'MODULE_PATHNAME', 'dl_reject_effect_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.reject_effect(text, text, text) IS
+    'a named approver''s refusal of the call recorded under key: it is failed, and replays as failed';
 
 -- A worker's record of what the provider's own record says of an unknown
 -- outcome, for a tool an admin made reconcilable (docs/reference.md,
@@ -1430,16 +1481,20 @@ REVOKE ALL ON TYPE durable_ledger.decision, durable_ledger.lease,
                    durable_ledger.effect_state, durable_ledger.audit_event,
                    durable_ledger.lease_kind, durable_ledger.divergence_policy,
                    durable_ledger.divergence_verdict,
-                   durable_ledger.unregistered_tools_policy FROM PUBLIC;
+                   durable_ledger.unregistered_tools_policy,
+                   durable_ledger.approval_state FROM PUBLIC;
 
 GRANT USAGE ON SCHEMA durable_ledger
-    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin;
+    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin,
+       durable_ledger_approver;
 GRANT USAGE ON TYPE durable_ledger.decision, durable_ledger.lease,
                     durable_ledger.effect_state, durable_ledger.audit_event,
                     durable_ledger.lease_kind, durable_ledger.divergence_policy,
                     durable_ledger.divergence_verdict,
-                    durable_ledger.unregistered_tools_policy
-    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin;
+                    durable_ledger.unregistered_tools_policy,
+                    durable_ledger.approval_state
+    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin,
+       durable_ledger_approver;
 
 -- workers: calls and leases
 GRANT EXECUTE ON FUNCTION
@@ -1488,6 +1543,7 @@ GRANT EXECUTE ON FUNCTION
     durable_ledger.change_tool(text, text, boolean, text, text[], text),
     durable_ledger.retire_tool(text, text, text),
     durable_ledger.set_reconcile(text, interval, text, text),
+    durable_ledger.set_approval(text, jsonpath, text, text),
     durable_ledger.set_unregistered_tools(text, text, text),
     durable_ledger.set_unregistered_divergence(text, text, text),
     durable_ledger.resolve_divergence(text, text, text, text, text),
@@ -1496,3 +1552,10 @@ GRANT EXECUTE ON FUNCTION
     durable_ledger.purge_settled(interval, text, boolean, integer),
     durable_ledger.purge_audit(interval, text, boolean)
     TO durable_ledger_admin;
+
+-- approvers: what waits for them, and their verdicts
+GRANT SELECT ON durable_ledger.effects, durable_ledger.unresolved TO durable_ledger_approver;
+GRANT EXECUTE ON FUNCTION
+    durable_ledger.approve_effect(text, text, text),
+    durable_ledger.reject_effect(text, text, text)
+    TO durable_ledger_approver;

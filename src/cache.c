@@ -177,6 +177,11 @@ copy_tool_row(ToolRow *to, const ToolRow *from, MemoryContext cxt)
 		for (i = 0; i < from->nkey_fields; i++)
 			to->key_fields[i] = pstrdup(from->key_fields[i]);
 	}
+	if (from->approval != NULL)
+	{
+		to->approval = palloc(VARSIZE(from->approval));
+		memcpy(to->approval, from->approval, VARSIZE(from->approval));
+	}
 	MemoryContextSwitchTo(old);
 }
 

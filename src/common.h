@@ -91,7 +91,9 @@ typedef enum EffectStatus
 	EFFECT_STARTED,
 	EFFECT_COMPLETED,
 	EFFECT_FAILED,
-	EFFECT_UNKNOWN
+	EFFECT_UNKNOWN,
+	EFFECT_AWAITING_APPROVAL,	/* a call that needs approval, recorded, not executed */
+	EFFECT_APPROVED				/* ... approved: the next call of its key executes it */
 } EffectStatus;
 
 extern const char *dl_status_name(EffectStatus status);
@@ -149,6 +151,9 @@ typedef enum AuditEvent
 	AUDIT_HISTORY_CHAINED,
 	AUDIT_RETRY_ALLOWED,
 	AUDIT_RECONCILED,
+	AUDIT_APPROVAL_REQUESTED,
+	AUDIT_APPROVED,
+	AUDIT_REJECTED,
 	DL_NEVENTS
 } AuditEvent;
 

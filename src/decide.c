@@ -7,7 +7,9 @@
  * the row.  The lease only serialises the occurrence counting of one run.  An
  * outcome that nobody knows is never guessed: it pauses the run until a
  * person resolves it -- unless the call was recorded as safe to redo, and is
- * again: then it is executed again, as the effect's next attempt.
+ * again: then it is executed again, as the effect's next attempt.  A call
+ * that needs an approval (set_approval) is recorded awaiting it and pauses
+ * instead of executing; once approved, the next call of its key executes it.
  *
  * A decision is made in three steps:
  *
@@ -46,6 +48,14 @@
 	"a person found that attempt %d of the effect did not happen and asked for it to be made again (retry_effect): it is executed as attempt %d, under a new provider key"
 #define REASON_RECONCILED \
 	"a reconciler found from the provider's record that attempt %d of the effect did not happen (reconcile_effect): it is executed as attempt %d, under a new provider key"
+#define REASON_AWAITING_APPROVAL \
+	"awaiting approval: this call needs an approver's approval before it executes (set_approval); its intent is recorded and nothing was performed; an approver decides with durable_ledger.approve_effect() or durable_ledger.reject_effect()"
+#define REASON_APPROVED \
+	"an approver approved this call (approve_effect): it is executed, once"
+#define REASON_REPLAY_REJECTED \
+	"an approver rejected this call (reject_effect): the rejection is returned as its error and it must not be performed"
+#define REASON_APPROVAL_OTHER_ARGS \
+	"a person said this call is the same as effect \"%s\", which was approved for the args it was recorded with, not for this call's: it is not executed; an approval binds to the call approved"
 #define REASON_IN_PROGRESS_MINE \
 	"this lease began this effect and has not reported its outcome yet; report it with complete_effect or fail_effect"
 #define REASON_IN_PROGRESS_OTHER \
@@ -87,6 +97,7 @@ typedef struct Call
 	char		derived_key[DL_KEY_HEX_LEN + 1];
 	bool		waited;			/* it may have waited for a lock since its token lease was checked */
 	bool		unregistered;	/* its tool is nobody's, and policy warn: warned once it executes */
+	bool		needs_approval; /* its tool's condition (set_approval) matches its args */
 } Call;
 
 /* The effect a round decides on, read afresh each round. */
@@ -106,6 +117,7 @@ typedef enum Change
 	CHANGE_NOTHING,
 	CHANGE_INTENT,				/* the intent of a new key */
 	CHANGE_NEXT_ATTEMPT,		/* the effect starts again: a failed business key, a redo, a retry */
+	CHANGE_START_APPROVED,		/* an approved call starts */
 	CHANGE_UNKNOWN,				/* its lease ended without a report */
 	CHANGE_DIVERGENCE			/* a new divergence waits for a person */
 } Change;
@@ -117,6 +129,7 @@ typedef struct Decision
 	EffectStatus replaced_as;	/* CHANGE_NEXT_ATTEMPT: how the current attempt is kept */
 	const char *cause;			/* a pause's, for its audit row */
 	const char *divergence;		/* the drifted call's key, when a verdict made it this effect's */
+	bool		request_approval;	/* the intent (or next attempt) is recorded awaiting approval */
 } Decision;
 
 #define HINT_BUSINESS_KEY_OTHER_OPERATION \
@@ -215,6 +228,7 @@ read_call(const BeginRequest *request, Call *call)
 	waited |= dl_tool_rules(request->tool, &call->rules);
 	if (request->recorded)
 		dl_check_may_redo(request->tool, &call->rules);
+	call->needs_approval = dl_needs_approval(&call->rules, request->args);
 
 	/*
 	 * A token lease was checked before those locks: after waiting for an
@@ -298,9 +312,13 @@ read_row_facts(const Call *call, Facts *f)
  * how the call relates to the run's earlier attempts (divergence.c), and the
  * effect a person said it is the same as.  False: look again.
  *
- * In a run's first epoch a derived key is not even looked up: epoch 1 is
- * given only to a run whose audit log names no epoch at all (write_runs.c), and
- * every intent is logged with its epoch, so no key of the run can exist.
+ * In a run's first epoch a derived key of a tool nobody registered is not
+ * even looked up: epoch 1 is given only to a run whose audit log names no
+ * epoch at all (write_runs.c), and every intent is logged with its epoch and
+ * uses up its occurrence, so no key of the run can exist -- but the intent of
+ * a call that waits for an approval, which pauses and uses up nothing
+ * (count_call): that is a registered tool's (set_approval), whose condition
+ * may have been removed since, so a registered tool's key is looked up.
  */
 static bool
 read_effect(Call *call, Facts *f)
@@ -311,7 +329,7 @@ read_effect(Call *call, Facts *f)
 	f->found = false;
 	f->lease_live = false;
 	f->drift.kind = DRIFT_NONE;
-	if (!intent->business_key && intent->lease_epoch == 1)
+	if (!intent->business_key && intent->lease_epoch == 1 && !call->rules.registered)
 		return true;
 	if (!read_row(call, intent->key, f))
 		return false;
@@ -362,15 +380,33 @@ decide_replay(Decision *d, const char *reason)
 }
 
 /*
- * The effect starts again as its next attempt: its current one is kept in
- * past_attempts with status replaced_as.
+ * A call that would execute and needs an approval first: it is recorded
+ * (as the given attempt) awaiting it, and pauses; nothing is performed.
  */
 static void
-next_attempt(const EffectRow *row, EffectStatus replaced_as, Decision *d)
+request_approval(Decision *d, int32 attempt)
+{
+	decide_pause(d, REASON_AWAITING_APPROVAL, "approval requested");
+	d->answer.status = EFFECT_AWAITING_APPROVAL;
+	d->answer.attempt = attempt;
+	d->request_approval = true;
+}
+
+/*
+ * The effect starts again as its next attempt, for reason: its current one
+ * is kept in past_attempts with status replaced_as.  A call that needs an
+ * approval asks for it again: an approval is of one execution.
+ */
+static void
+next_attempt(const Call *call, const EffectRow *row, EffectStatus replaced_as,
+			 const char *reason, Decision *d)
 {
 	decide_execute(d, row->attempt + 1);
+	d->answer.reason = reason;
 	d->change = CHANGE_NEXT_ATTEMPT;
 	d->replaced_as = replaced_as;
+	if (call->needs_approval)
+		request_approval(d, row->attempt + 1);
 }
 
 /*
@@ -394,6 +430,8 @@ judge_new(const Call *call, const Facts *f, Decision *d)
 		case DRIFT_WARN:
 			decide_execute(d, 1);
 			d->change = CHANGE_INTENT;
+			if (call->needs_approval)
+				request_approval(d, 1);
 			return;
 		case DRIFT_SAME:
 			break;				/* read_effect read that effect */
@@ -416,7 +454,7 @@ reason_again(const EffectRow *row)
  * person whatever asks.
  */
 static void
-judge_started(const Facts *f, Decision *d)
+judge_started(const Call *call, const Facts *f, Decision *d)
 {
 	const EffectRow *row = &f->row;
 
@@ -431,8 +469,8 @@ judge_started(const Facts *f, Decision *d)
 	}
 	if (f->intent->safe_to_redo && row->safe_to_redo)
 	{
-		next_attempt(row, EFFECT_UNKNOWN, d);
-		d->answer.reason = psprintf(REASON_REDO, row->attempt, row->attempt + 1);
+		next_attempt(call, row, EFFECT_UNKNOWN,
+					 psprintf(REASON_REDO, row->attempt, row->attempt + 1), d);
 		return;
 	}
 	decide_pause(d, REASON_PAUSE_UNKNOWN, "lease ended");
@@ -440,9 +478,27 @@ judge_started(const Facts *f, Decision *d)
 	d->change = CHANGE_UNKNOWN;
 }
 
+/*
+ * An approved call executes, as the attempt approved; not a drifted call a
+ * verdict made the same, whose own args nobody approved: it pauses.
+ */
+static void
+judge_approved(const Facts *f, Decision *d)
+{
+	if (f->intent == &f->same)
+	{
+		decide_pause(d, psprintf(REASON_APPROVAL_OTHER_ARGS, f->row.key),
+					 "approved for other args");
+		return;
+	}
+	decide_execute(d, f->row.attempt);
+	d->answer.reason = REASON_APPROVED;
+	d->change = CHANGE_START_APPROVED;
+}
+
 /* The effect is in the ledger: decide from its row, one judgement per state. */
 static void
-judge_row(const Facts *f, Decision *d)
+judge_row(const Call *call, const Facts *f, Decision *d)
 {
 	const EffectRow *row = &f->row;
 
@@ -460,12 +516,18 @@ judge_row(const Facts *f, Decision *d)
 			d->answer.result = row->result;
 			return;
 		case EFFECT_FAILED:
+			if (row->approval == APPROVAL_REJECTED)
+			{
+				/* an approver said no: never executed, not even as a next attempt */
+				decide_replay(d, REASON_REPLAY_REJECTED);
+				d->answer.error = row->error;
+				return;
+			}
 			if (f->intent->business_key)
 			{
 				/* a failed business key is executed again: its next attempt */
-				next_attempt(row, EFFECT_FAILED, d);
-				if (row->execute_again)
-					d->answer.reason = reason_again(row);
+				next_attempt(call, row, EFFECT_FAILED,
+							 row->execute_again ? reason_again(row) : NULL, d);
 				return;
 			}
 			if (row->execute_again && f->intent != &f->same)
@@ -476,8 +538,7 @@ judge_row(const Facts *f, Decision *d)
 				 * made the same, which would execute its own args under the
 				 * effect's record: it replays
 				 */
-				next_attempt(row, EFFECT_FAILED, d);
-				d->answer.reason = reason_again(row);
+				next_attempt(call, row, EFFECT_FAILED, reason_again(row), d);
 				return;
 			}
 			decide_replay(d, REASON_REPLAY_FAILED);
@@ -488,7 +549,13 @@ judge_row(const Facts *f, Decision *d)
 			decide_pause(d, REASON_PAUSE_UNKNOWN, "unknown");
 			return;
 		case EFFECT_STARTED:
-			judge_started(f, d);
+			judge_started(call, f, d);
+			return;
+		case EFFECT_AWAITING_APPROVAL:
+			decide_pause(d, REASON_AWAITING_APPROVAL, "awaiting approval");
+			return;
+		case EFFECT_APPROVED:
+			judge_approved(f, d);
 			return;
 	}
 }
@@ -501,7 +568,7 @@ judge(const Call *call, const Facts *f, Decision *d)
 	if (f->intent != &call->intent)
 		d->divergence = call->intent.key;
 	if (f->found)
-		judge_row(f, d);
+		judge_row(call, f, d);
 	else
 		judge_new(call, f, d);
 }
@@ -593,6 +660,9 @@ static bool
 apply_change(Call *call, const Facts *f, const Decision *d)
 {
 	LockedEffect locked;
+	NewIntent	intent = *f->intent;
+
+	intent.awaiting_approval = d->request_approval;
 
 	switch (d->change)
 	{
@@ -604,13 +674,13 @@ apply_change(Call *call, const Facts *f, const Decision *d)
 		case CHANGE_INTENT:
 			if (!check_executed(call, f))
 				return false;
-			if (!f->intent->business_key)
+			if (!intent.business_key)
 			{
-				dl_write_new_intent(f->intent);
+				dl_write_new_intent(&intent);
 				return true;
 			}
 			call->waited = true;	/* the insert may wait for another run's */
-			return dl_write_intent_unless_exists(f->intent);
+			return dl_write_intent_unless_exists(&intent);
 		case CHANGE_NEXT_ATTEMPT:
 			if (!check_executed(call, f))
 				return false;
@@ -618,7 +688,14 @@ apply_change(Call *call, const Facts *f, const Decision *d)
 				return false;
 			if (!f->intent->business_key)	/* a watched tool's replay, made again */
 				dl_progress_redone(&call->progress, f->intent->key);
-			dl_write_next_attempt(&locked, f->intent, d->replaced_as);
+			dl_write_next_attempt(&locked, &intent, d->replaced_as);
+			return true;
+		case CHANGE_START_APPROVED:
+			if (!check_executed(call, f))
+				return false;
+			if (!lock_as_judged(call, f, &locked))
+				return false;
+			dl_write_approved_start(&locked, &intent);
 			return true;
 		case CHANGE_UNKNOWN:
 			if (!lock_as_judged(call, f, &locked))
@@ -641,6 +718,17 @@ audit_decision(const Facts *f, const Decision *d)
 	DetailBuilder detail;
 
 	dl_detail_init(&detail);
+	if (d->request_approval)
+	{
+		/* who asks is the audit row's role: an approver may not be them */
+		event = AUDIT_APPROVAL_REQUESTED;
+		dl_detail_text(&detail, "tool", f->intent->tool);
+		if (d->change == CHANGE_NEXT_ATTEMPT)
+			dl_detail_text(&detail, "after", dl_status_name(d->replaced_as));
+		dl_write_audit(f->intent->run, f->intent->key, event, dl_detail_finish(&detail),
+					   f->intent->lease_epoch, d->answer.attempt);
+		return;
+	}
 	switch (d->answer.decision)
 	{
 		case DECIDE_EXECUTE:
@@ -648,7 +736,7 @@ audit_decision(const Facts *f, const Decision *d)
 			 * a new key's intent: its row says it all -- but that it is a
 			 * local effect, which a next attempt's row no longer says
 			 */
-			if (d->change != CHANGE_NEXT_ATTEMPT && !f->intent->local)
+			if (d->change == CHANGE_INTENT && !f->intent->local)
 			{
 				dl_write_audit(f->intent->run, f->intent->key, event, NULL,
 							   f->intent->lease_epoch, d->answer.attempt);
@@ -659,6 +747,8 @@ audit_decision(const Facts *f, const Decision *d)
 				dl_detail_text(&detail, "after", dl_status_name(d->replaced_as));
 				dl_detail_int(&detail, "attempt", d->answer.attempt);
 			}
+			if (d->change == CHANGE_START_APPROVED)
+				dl_detail_text(&detail, "after", dl_status_name(EFFECT_APPROVED));
 			if (f->intent->local)
 				dl_detail_bool(&detail, "local", true);
 			break;

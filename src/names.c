@@ -12,6 +12,8 @@ static const char *const status_names[] = {
 	[EFFECT_COMPLETED] = "completed",
 	[EFFECT_FAILED] = "failed",
 	[EFFECT_UNKNOWN] = "unknown",
+	[EFFECT_AWAITING_APPROVAL] = "awaiting_approval",
+	[EFFECT_APPROVED] = "approved",
 };
 
 static const char *const divergence_names[] = {
@@ -122,6 +124,9 @@ static const struct
 	[AUDIT_HISTORY_CHAINED] = {"history_chained", false},
 	[AUDIT_RETRY_ALLOWED] = {"retry_allowed", true},
 	[AUDIT_RECONCILED] = {"reconciled", true},	/* a pause a person was told of is settled */
+	[AUDIT_APPROVAL_REQUESTED] = {"approval_requested", true},
+	[AUDIT_APPROVED] = {"approved", true},	/* the run may go on */
+	[AUDIT_REJECTED] = {"rejected", true},
 };
 
 const char *

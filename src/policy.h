@@ -27,6 +27,7 @@ extern void dl_check_may_redo(const char *tool, const ToolRules *rules);
 extern DivergencePolicy dl_divergence_policy(const ToolRules *rules, bool *waited);
 extern bool dl_divergence_judged(const ToolRules *rules, bool recorded);
 extern void dl_tool_rules_now(const char *tool, ToolRules *rules);
+extern bool dl_needs_approval(const ToolRules *rules, Jsonb *args);
 
 /* divergence.c */
 typedef struct ReplayProgress

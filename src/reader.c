@@ -97,6 +97,16 @@ static Statement past_attempt_runs = {
 	1, {TEXTOID}
 };
 
+static Statement approval_requester = {
+	/* who made the call that asked for the approval, in the attempt's own life */
+	"SELECT role_name, session_user_name FROM durable_ledger.audit_log"
+	" WHERE key" EQ "$1 AND attempt" EQ "$2"
+	"   AND event" EQ "'approval_requested'"
+	"   AND logged_at OPERATOR(pg_catalog.>=) $3"
+	" ORDER BY id LIMIT 1",
+	3, {TEXTOID, INT4OID, TIMESTAMPTZOID}
+};
+
 static Statement found_unknown = {
 	/*
 	 * The decision that found an attempt's lease ended without a report, in
@@ -286,6 +296,27 @@ dl_read_found_unknown_at(const char *key, int32 attempt, TimestampTz begun_at, T
 		return false;
 	*at = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
 											&isnull));
+	return true;
+}
+
+/*
+ * The roles of the call that asked for the approval of that attempt of key,
+ * begun at begun_at (its audit row); as committed now; false when its log
+ * has no such row.
+ */
+bool
+dl_read_approval_requester(const char *key, int32 attempt, TimestampTz begun_at,
+						   char **role_name, char **session_user_name)
+{
+	Datum		values[3];
+
+	values[0] = dl_text_datum(key);
+	values[1] = Int32GetDatum(attempt);
+	values[2] = TimestampTzGetDatum(begun_at);
+	if (dl_plan_run_now(&approval_requester, values, NULL, SPI_OK_SELECT) == 0)
+		return false;
+	*role_name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	*session_user_name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
 	return true;
 }
 
@@ -682,6 +713,8 @@ dl_tool_row_from_slot(TupleTableSlot *slot, ToolRow *row)
 	row->reconcilable = !isnull;
 	if (!isnull)
 		row->reconcile_grace = *DatumGetIntervalP(d);
+	d = column_value(t, slot, TOOL_APPROVAL, &isnull);
+	row->approval = isnull ? NULL : DatumGetJsonPathPCopy(d);
 }
 
 static bool

@@ -165,6 +165,14 @@ dl_retry_effect_1_3(PG_FUNCTION_ARGS)
 				 errmsg("effect \"%s\" completed: making it again would perform it twice", key),
 				 errdetail("Only an attempt that did not happen can be made again: one whose outcome is unknown, or that failed."),
 				 errhint("If a contradicting report shows that it did not happen after all, resolve it as failed with durable_ledger.resolve_effect() first.")));
+	if (before.status == EFFECT_AWAITING_APPROVAL || before.status == EFFECT_APPROVED ||
+		before.approval == APPROVAL_REJECTED)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("effect \"%s\" is %s: it was never executed", key,
+						before.approval == APPROVAL_REJECTED ? "rejected" : dl_status_name(before.status)),
+				 errdetail("A call that needs an approval executes once an approver approved it (durable_ledger.approve_effect()); a rejected one is not made again."),
+				 errhint("For a rejected call, start the operation anew: a new business key, or a new run.")));
 	if (before.execute_again && !before.conflict)
 		row = locked.tuple;		/* asked again: nothing to change */
 	else

@@ -31,8 +31,18 @@
 #include "executor/spi.h"
 #include "nodes/pg_list.h"
 #include "storage/itemptr.h"
+#include "utils/jsonpath.h"
 
 #include "common.h"
+
+/* A call's approval (effects.approval) */
+typedef enum Approval
+{
+	APPROVAL_NONE,				/* none needed (NULL) */
+	APPROVAL_REQUESTED,
+	APPROVAL_APPROVED,
+	APPROVAL_REJECTED
+} Approval;
 
 /* A row of durable_ledger.effects. */
 typedef struct EffectRow
@@ -54,6 +64,7 @@ typedef struct EffectRow
 	bool		execute_again;	/* failed, and the next call executes the next attempt */
 	bool		local;			/* begun by begin_local: commits with its outcome */
 	bool		reconciled;		/* ... since a reconciler found it did not happen (not a person) */
+	Approval	approval;		/* of the current attempt */
 } EffectRow;
 
 /*
@@ -79,6 +90,7 @@ typedef struct NewIntent
 	int64		lease_epoch;
 	bool		safe_to_redo;	/* a recorded call (begin_recorded) */
 	bool		local;			/* begin_local: its transaction commits it with its outcome */
+	bool		awaiting_approval;	/* recorded to wait for an approver, not executed */
 } NewIntent;
 
 /* An attempt that a later one replaced (a business key's, a recorded call's). */
@@ -163,6 +175,7 @@ typedef struct ToolRow
 	bool		retired;
 	bool		reconcilable;	/* a worker may settle an unknown outcome (reconcile_effect) */
 	Interval	reconcile_grace;	/* ... this long after it was found unknown */
+	JsonPath   *approval;		/* NULL: no approval needed; else which calls need one */
 } ToolRow;
 
 /* A tool's row locked for this transaction. */
@@ -268,6 +281,11 @@ extern HeapTuple dl_write_reconciled(LockedEffect *locked, bool happened, Jsonb 
 extern HeapTuple dl_write_retry(LockedEffect *locked, const char *resolved_by, const char *note);
 extern void dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent,
 								  EffectStatus replaced_as);
+extern void dl_write_approved_start(LockedEffect *locked, const NewIntent *intent);
+extern HeapTuple dl_write_approval(LockedEffect *locked, bool approved, const char *approver,
+								   const char *note);
+extern bool dl_read_approval_requester(const char *key, int32 attempt, TimestampTz begun_at,
+									   char **role_name, char **session_user_name);
 extern int64 dl_write_next_epoch(const char *run, uint64 lock_key, bool token);
 extern void dl_write_token_lease(const char *run, int64 epoch, bytea *token_sha256,
 								 const char *holder, Interval *ttl, TimestampTz taken_at,
@@ -361,7 +379,7 @@ typedef struct Statement
 {
 	const char *sql;
 	int			nargs;
-	Oid			argtypes[9];
+	Oid			argtypes[11];
 	SPIPlanPtr	plan;			/* prepared on first use, kept */
 	bool		replan;			/* planned anew for each run's values (a rare
 								 * question about one run of a table that grows) */

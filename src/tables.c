@@ -32,7 +32,8 @@ static const Column effects_columns[EFF_NCOLUMNS] = {
 	{"completed_at", TIMESTAMPTZOID}, {"resolved_by", TEXTOID},
 	{"resolution_note", TEXTOID}, {"conflict", BOOLOID}, {"forked_from", TEXTOID},
 	{"safe_to_redo", BOOLOID}, {"execute_again", BOOLOID},
-	{"local", BOOLOID}
+	{"local", BOOLOID}, {"approval", TEXTOID}, {"approver", TEXTOID},
+	{"approval_note", TEXTOID}
 };
 
 static const Column audit_columns[AUD_NCOLUMNS] = {
@@ -74,7 +75,7 @@ static const Column tools_columns[TOOL_NCOLUMNS] = {
 	{"key_fields", TEXTARRAYOID}, {"note", TEXTOID}, {"registered_by", TEXTOID},
 	{"registered_at", TIMESTAMPTZOID}, {"changed_by", TEXTOID},
 	{"changed_at", TIMESTAMPTZOID}, {"retired_by", TEXTOID}, {"retired_at", TIMESTAMPTZOID},
-	{"reconcile_grace", INTERVALOID}
+	{"reconcile_grace", INTERVALOID}, {"approval", JSONPATHOID}
 };
 
 static const Column divergences_columns[DIV_NCOLUMNS] = {
@@ -363,5 +364,13 @@ dl_effect_row_from_slot(TupleTableSlot *slot, EffectRow *row)
 	row->local = !n[a[EFF_LOCAL] - 1] && DatumGetBool(v[a[EFF_LOCAL] - 1]);
 	/* a person's retry names them; a reconciler's finding names nobody */
 	row->reconciled = row->execute_again && n[a[EFF_RESOLVED_BY] - 1];
+	row->approval = APPROVAL_NONE;
+	if (!n[a[EFF_APPROVAL] - 1])
+	{
+		char	   *approval = TextDatumGetCString(v[a[EFF_APPROVAL] - 1]);
+
+		row->approval = strcmp(approval, "requested") == 0 ? APPROVAL_REQUESTED :
+			strcmp(approval, "approved") == 0 ? APPROVAL_APPROVED : APPROVAL_REJECTED;
+	}
 }
 

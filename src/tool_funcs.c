@@ -19,6 +19,7 @@ PG_FUNCTION_INFO_V1(dl_register_tool_1_2);
 PG_FUNCTION_INFO_V1(dl_change_tool_1_2);
 PG_FUNCTION_INFO_V1(dl_retire_tool_1_2);
 PG_FUNCTION_INFO_V1(dl_set_reconcile_1_3);
+PG_FUNCTION_INFO_V1(dl_set_approval_1_3);
 PG_FUNCTION_INFO_V1(dl_set_unregistered_tools_1_3);
 PG_FUNCTION_INFO_V1(dl_set_unregistered_divergence_1_3);
 
@@ -387,6 +388,58 @@ dl_set_reconcile_1_3(PG_FUNCTION_ARGS)
 	dl_detail_text(&detail, "changed_by", changed_by);
 	dl_detail_text(&detail, "reconcile_grace", grace_text(&to));
 	dl_detail_text(&detail, "previous_reconcile_grace", grace_text(&locked.row));
+	dl_detail_text(&detail, "note", note);
+	dl_write_audit(NULL, NULL, AUDIT_TOOL_CHANGED, dl_detail_finish(&detail), 0, 0);
+	dl_note_durable_write();
+	result = tool_result(fcinfo, call_cxt, tool);
+	dl_spi_finish();
+	PG_RETURN_DATUM(result);
+}
+
+static const char *
+approval_text(const ToolRow *row)
+{
+	return row->approval == NULL ? NULL :
+		DatumGetCString(DirectFunctionCall1(jsonpath_out, PointerGetDatum(row->approval)));
+}
+
+/*
+ * set_approval(tool text, condition jsonpath, changed_by text, note text)
+ *   RETURNS durable_ledger.tools
+ *
+ * Which calls of the tool wait for an approver before they execute: those
+ * whose args the jsonpath predicate condition matches ('true': every call);
+ * NULL: none.  A predicate, not SQL: evaluating it runs nothing of anyone's
+ * inside a worker's call.  Audited as tool_changed, with the condition before.
+ * The calls in progress finish under the rule they began with (they hold
+ * the tool's lock shared).
+ */
+Datum
+dl_set_approval_1_3(PG_FUNCTION_ARGS)
+{
+	char	   *tool = dl_required_text_arg(fcinfo, 0, "tool", DL_MAX_TOOL_CHARS);
+	char	   *changed_by = dl_required_text_arg(fcinfo, 2, "changed_by", 0);
+	char	   *note = dl_optional_text_arg(fcinfo, 3);
+	MemoryContext call_cxt = CurrentMemoryContext;
+	LockedTool	locked;
+	ToolRow		to;
+	DetailBuilder detail;
+	Datum		result;
+
+	dl_check_writable("set_approval()");
+	dl_spi_connect();
+	lock_tool_to_change(tool, &locked);
+	to = locked.row;
+	to.approval = PG_ARGISNULL(1) ? NULL : PG_GETARG_JSONPATH_P(1);
+	if (note != NULL)
+		to.note = note;
+	dl_write_tool_change(&locked, &to, changed_by, false);
+
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "tool", tool);
+	dl_detail_text(&detail, "changed_by", changed_by);
+	dl_detail_text(&detail, "approval", approval_text(&to));
+	dl_detail_text(&detail, "previous_approval", approval_text(&locked.row));
 	dl_detail_text(&detail, "note", note);
 	dl_write_audit(NULL, NULL, AUDIT_TOOL_CHANGED, dl_detail_finish(&detail), 0, 0);
 	dl_note_durable_write();

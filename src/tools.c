@@ -14,6 +14,9 @@
  */
 #include "postgres.h"
 
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+
 #include "policy.h"
 
 /* The registry's rules for tool, as committed now (effect_key: no lock). */
@@ -155,4 +158,33 @@ bool
 dl_divergence_judged(const ToolRules *rules, bool recorded)
 {
 	return rules->registered || !recorded;
+}
+
+/*
+ * Whether a call with args needs an approver before it executes: its tool
+ * names a condition (set_approval) and args match it.  The condition is a
+ * jsonpath predicate, evaluated silently (a missing field is no error); one
+ * that answers no boolean at all (a path, not a predicate) asks for an
+ * approval: a rule an admin wrote to stop calls never lets one through by
+ * a slip of its spelling.
+ */
+bool
+dl_needs_approval(const ToolRules *rules, Jsonb *args)
+{
+	LOCAL_FCINFO(fcinfo, 4);
+	Datum		matched;
+
+	if (!rules->registered || rules->row.approval == NULL)
+		return false;
+	InitFunctionCallInfoData(*fcinfo, NULL, 4, InvalidOid, NULL, NULL);
+	fcinfo->args[0].value = JsonbPGetDatum(args);
+	fcinfo->args[0].isnull = false;
+	fcinfo->args[1].value = PointerGetDatum(rules->row.approval);
+	fcinfo->args[1].isnull = false;
+	fcinfo->args[2].value = DirectFunctionCall1(jsonb_in, CStringGetDatum("{}"));
+	fcinfo->args[2].isnull = false;
+	fcinfo->args[3].value = BoolGetDatum(true);	/* silent */
+	fcinfo->args[3].isnull = false;
+	matched = jsonb_path_match(fcinfo);
+	return fcinfo->isnull || DatumGetBool(matched);
 }

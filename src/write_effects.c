@@ -33,7 +33,8 @@
 static bool
 is_unsettled(const EffectRow *row)
 {
-	if (row->conflict || row->status == EFFECT_UNKNOWN)
+	if (row->conflict || row->status == EFFECT_UNKNOWN ||
+		row->status == EFFECT_AWAITING_APPROVAL)
 		return true;
 	return row->status == EFFECT_STARTED && !row->safe_to_redo;
 }
@@ -103,17 +104,25 @@ follow_settlement(const EffectRow *before, const EffectRow *after)
 
 /* ---------- effects ---------- */
 
+static EffectStatus
+intent_status(const NewIntent *intent)
+{
+	return intent->awaiting_approval ? EFFECT_AWAITING_APPROVAL : EFFECT_STARTED;
+}
+
 /*
  * The columns an attempt has when it starts: its run and attempt, status
- * started, no outcome, the intent's meta, lease epoch and this backend, begun
- * now, nobody's resolution yet.  Shared by a new intent and a next attempt.
+ * started (or awaiting_approval), no outcome, the intent's meta, lease epoch
+ * and this backend, begun now, nobody's resolution yet.  Shared by a new
+ * intent, a next attempt and an approved call that starts (whose approval
+ * is kept: keep_approval).
  */
 static void
-set_attempt_started(RowWrite *w, const NewIntent *intent, int32 attempt)
+set_attempt_started(RowWrite *w, const NewIntent *intent, int32 attempt, bool keep_approval)
 {
 	dl_row_set(w, EFF_RUN, CStringGetTextDatum(intent->run));
 	dl_row_set(w, EFF_ATTEMPT, Int32GetDatum(attempt));
-	dl_row_set(w, EFF_STATUS, CStringGetTextDatum(dl_status_name(EFFECT_STARTED)));
+	dl_row_set(w, EFF_STATUS, CStringGetTextDatum(dl_status_name(intent_status(intent))));
 	dl_row_set_null(w, EFF_RESULT);
 	dl_row_set_null(w, EFF_ERROR);
 	dl_row_set_optional(w, EFF_META, JsonbPGetDatum(intent->meta), intent->meta == NULL);
@@ -125,6 +134,12 @@ set_attempt_started(RowWrite *w, const NewIntent *intent, int32 attempt)
 	dl_row_set_null(w, EFF_RESOLUTION_NOTE);
 	dl_row_set(w, EFF_EXECUTE_AGAIN, BoolGetDatum(false));
 	dl_row_set(w, EFF_LOCAL, BoolGetDatum(intent->local));
+	if (keep_approval)
+		return;
+	dl_row_set_optional(w, EFF_APPROVAL, CStringGetTextDatum("requested"),
+						!intent->awaiting_approval);
+	dl_row_set_null(w, EFF_APPROVER);
+	dl_row_set_null(w, EFF_APPROVAL_NOTE);
 }
 
 /*
@@ -143,12 +158,12 @@ dl_write_new_intent(const NewIntent *intent)
 	dl_row_set(&w, EFF_ARGS, JsonbPGetDatum(intent->args));
 	dl_row_set(&w, EFF_BUSINESS_KEY, BoolGetDatum(intent->business_key));
 	dl_row_set_optional(&w, EFF_OCCURRENCE, Int32GetDatum(intent->occurrence), intent->business_key);
-	set_attempt_started(&w, intent, 1);
+	set_attempt_started(&w, intent, 1, false);
 	dl_row_set(&w, EFF_CONFLICT, BoolGetDatum(false));
 	dl_row_set(&w, EFF_SAFE_TO_REDO, BoolGetDatum(intent->safe_to_redo));
 	dl_row_insert(&w);
 	/* as stored: a BEFORE ROW trigger may have changed it */
-	stored.status = EFFECT_STARTED;
+	stored.status = intent_status(intent);
 	stored.created_at = DatumGetTimestampTz(dl_row_stored(&w, EFF_CREATED_AT));
 	stored.safe_to_redo = DatumGetBool(dl_row_stored(&w, EFF_SAFE_TO_REDO));
 	dl_row_end(&w);
@@ -160,11 +175,12 @@ dl_write_new_intent(const NewIntent *intent)
 static Statement insert_intent_unless_exists = {
 	"INSERT INTO durable_ledger.effects"
 	" (key, run, tool, args, business_key, occurrence, attempt, status, meta,"
-	"  lease_epoch, holder_pid, created_at, local)"
-	" VALUES ($1, $2, $3, $4, $5, $6, 1, 'started', $7, $8,"
-	"  pg_catalog.pg_backend_pid(), pg_catalog.clock_timestamp(), $9)"
+	"  lease_epoch, holder_pid, created_at, local, approval)"
+	" VALUES ($1, $2, $3, $4, $5, $6, 1, $10, $7, $8,"
+	"  pg_catalog.pg_backend_pid(), pg_catalog.clock_timestamp(), $9, $11)"
 	" ON CONFLICT (key) DO NOTHING RETURNING created_at, key",
-	9, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, BOOLOID, INT4OID, JSONBOID, INT8OID, BOOLOID}
+	11, {TEXTOID, TEXTOID, TEXTOID, JSONBOID, BOOLOID, INT4OID, JSONBOID, INT8OID, BOOLOID,
+	TEXTOID, TEXTOID}
 };
 
 /*
@@ -192,8 +208,8 @@ insert_was_skipped(const char *key)
 bool
 dl_write_intent_unless_exists(const NewIntent *intent)
 {
-	Datum		values[9];
-	char		nulls[9] = "         ";
+	Datum		values[11];
+	char		nulls[11] = "           ";
 
 	values[0] = dl_text_datum(intent->key);
 	values[1] = dl_text_datum(intent->run);
@@ -208,6 +224,10 @@ dl_write_intent_unless_exists(const NewIntent *intent)
 		nulls[6] = 'n';
 	values[7] = Int64GetDatum(intent->lease_epoch);
 	values[8] = BoolGetDatum(intent->local);
+	values[9] = dl_text_datum(dl_status_name(intent_status(intent)));
+	values[10] = dl_text_datum("requested");
+	if (!intent->awaiting_approval)
+		nulls[10] = 'n';
 	dl_note_ledger_write();
 	if (dl_plan_run(&insert_intent_unless_exists, values, nulls, SPI_OK_INSERT_RETURNING) == 1)
 	{
@@ -428,8 +448,53 @@ dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent, EffectStatu
 	dl_row_end(&past);
 
 	/* the next attempt */
-	set_attempt_started(&w, intent, locked->row.attempt + 1);
+	set_attempt_started(&w, intent, locked->row.attempt + 1, false);
 	(void) end_effect_update(&w, locked);
+}
+
+/*
+ * approved -> started: the approved call executes, as the attempt that was
+ * approved, under intent's lease; who approved it is kept.
+ */
+void
+dl_write_approved_start(LockedEffect *locked, const NewIntent *intent)
+{
+	RowWrite		w;
+
+	begin_effect_update(&w, locked);
+	set_attempt_started(&w, intent, locked->row.attempt, true);
+	(void) end_effect_update(&w, locked);
+}
+
+/*
+ * An approver's verdict on a call awaiting approval: approved (the next
+ * call of its key executes it), or rejected (failed, with the verdict as its
+ * error: it replays as failed).  Who decided is kept with it.
+ */
+HeapTuple
+dl_write_approval(LockedEffect *locked, bool approved, const char *approver, const char *note)
+{
+	RowWrite		w;
+
+	begin_effect_update(&w, locked);
+	dl_row_set(&w, EFF_APPROVAL, CStringGetTextDatum(approved ? "approved" : "rejected"));
+	dl_row_set(&w, EFF_APPROVER, CStringGetTextDatum(approver));
+	dl_row_set_optional(&w, EFF_APPROVAL_NOTE, note ? CStringGetTextDatum(note) : (Datum) 0,
+						note == NULL);
+	if (approved)
+		dl_row_set(&w, EFF_STATUS, CStringGetTextDatum(dl_status_name(EFFECT_APPROVED)));
+	else
+	{
+		DetailBuilder error;
+
+		dl_detail_init(&error);
+		dl_detail_text(&error, "rejected_by", approver);
+		dl_detail_text(&error, "note", note);
+		dl_row_set(&w, EFF_STATUS, CStringGetTextDatum(dl_status_name(EFFECT_FAILED)));
+		dl_row_set(&w, EFF_ERROR, JsonbPGetDatum(dl_detail_finish(&error)));
+		dl_row_set(&w, EFF_COMPLETED_AT, dl_row_now());
+	}
+	return end_effect_update(&w, locked);
 }
 
 /* ---------- forked effects ---------- */

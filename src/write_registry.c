@@ -34,6 +34,7 @@ set_tool_rules(RowWrite *w, const ToolRow *row)
 	dl_row_set_optional(w, TOOL_RECONCILE_GRACE,
 						row->reconcilable ? IntervalPGetDatum(&row->reconcile_grace) : (Datum) 0,
 						!row->reconcilable);
+	dl_row_set_optional(w, TOOL_APPROVAL, PointerGetDatum(row->approval), row->approval == NULL);
 }
 
 /* Registers a tool that has no row. */
