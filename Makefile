@@ -94,6 +94,7 @@ REGRESS = \
 	drop_guard \
 	retry \
 	reconcile \
+	approvals \
 	local_effects
 REGRESS_OPTS = --encoding=UTF8 --load-extension=pgcrypto --load-extension=dblink
 
@@ -127,6 +128,7 @@ ISOLATION = \
 	verdict_race \
 	retry_race \
 	reconcile_race \
+	approval_race \
 	local_race
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 

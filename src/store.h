@@ -396,13 +396,15 @@ extern char *dl_caller_role_name(void);
 
 /*
  * The keys of the effects run $1 began, found through its audit log (indexed
- * by run): every intent is logged under the run that began it, and every
- * effect a fork carried; a query restricts them to effects whose run is
- * still $1 (a business key's next attempt may belong to another run).
+ * by run): every intent is logged under the run that began it (that of a
+ * call awaiting approval as approval_requested), and every effect a fork
+ * carried; a query restricts them to effects whose run is still $1 (a
+ * business key's next attempt may belong to another run).
  */
 #define RUN_LOGGED_KEYS \
 	"SELECT a.key FROM durable_ledger.audit_log a" \
-	" WHERE a.run" EQ "$1 AND a.event OPERATOR(pg_catalog.=) ANY ('{intent,carried}')"
+	" WHERE a.run" EQ "$1" \
+	"   AND a.event OPERATOR(pg_catalog.=) ANY ('{intent,carried,approval_requested}')"
 
 /*
  * An audit row (alias a) that purge_audit may remove: logged before $1, not
