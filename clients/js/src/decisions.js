@@ -6,6 +6,8 @@
 //   pause        -> EffectPaused   (an earlier attempt's outcome is unknown)
 //                   DivergencePaused, an EffectPaused (status null: the
 //                   call diverges from the run's earlier attempts)
+//                   AwaitingApproval, an EffectPaused (status awaiting_approval:
+//                   the call waits for an approver; nothing was performed)
 //   in_progress  -> EffectInProgress (another live lease is performing it)
 //
 // (begin_effect's refusals are errors, not decisions: call-flow.js makes
@@ -17,11 +19,11 @@
 // decide the attempt it is about and no other, whichever session holds the
 // lease by the time it arrives.
 
-import { DivergencePaused, EffectFailed, EffectInProgress, EffectPaused, LedgerError } from './errors.js';
+import { AwaitingApproval, DivergencePaused, EffectFailed, EffectInProgress, EffectPaused, LedgerError } from './errors.js';
 import { describe, sentence } from './text.js';
 
 /** @typedef {'execute' | 'replay' | 'pause' | 'in_progress'} DecisionWord */
-/** @typedef {'started' | 'completed' | 'failed' | 'unknown'} EffectStatusWord */
+/** @typedef {'started' | 'completed' | 'failed' | 'unknown' | 'awaiting_approval' | 'approved'} EffectStatusWord */
 
 /**
  * A row of durable_ledger.decision, as begin_effect returns it.
@@ -74,6 +76,14 @@ export function judge(d, { run, tool, where, stop }) {
           `${where} is paused: ${sentence(d.reason)}  A person must decide with ` +
             'durable_ledger.resolve_divergence (same or distinct) before the run can go on.',
           { key: d.key, run, tool, reason: d.reason });
+      }
+      if (d.status === 'awaiting_approval') {
+        stop(d.key, `${where} awaits an approver.`);
+        throw new AwaitingApproval(
+          `${where} awaits an approver: ${sentence(d.reason)}  It was not performed; an approver ` +
+            '(durable_ledger.approve_effect or reject_effect) decides before the run can go on.',
+          d
+        );
       }
       stop(d.key, `${where} is paused.`);
       throw new EffectPaused(

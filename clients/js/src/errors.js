@@ -96,6 +96,21 @@ export class EffectPaused extends LedgerError {
 }
 
 /**
+ * begin_effect answered `pause` with status `awaiting_approval`: this call
+ * needs an approver's approval before it executes, and was not performed.
+ * An admin made calls like this one (its tool, args matching a condition)
+ * wait for a person (durable_ledger.set_approval).  The intent is recorded;
+ * durable_ledger.unresolved lists it and the ledger notified
+ * durable_ledger_attention.  It is an EffectPaused and stops the attempt like
+ * any pause.  An approver (a member of durable_ledger_approver, never the role
+ * or login that made the call) decides with durable_ledger.approve_effect(key,
+ * approved_by, note): the next attempt's same call executes it, once; or with
+ * reject_effect: the call replays as EffectFailed.  The approval is of exactly
+ * these args: a call with other args asks for its own.
+ */
+export class AwaitingApproval extends EffectPaused {}
+
+/**
  * begin_effect answered `pause` with no status: this call diverges from the
  * run's earlier attempts.  Its tool is registered with the divergence policy
  * `pause`, this is a later attempt, and the call would have executed (its key

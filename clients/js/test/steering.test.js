@@ -17,7 +17,7 @@ import pg from 'pg';
 import {
   Ledger, LedgerError, EffectPaused, EffectFailed, EffectDidNotHappen, RunStopped,
   DivergencePausedError, RunAbandonedError, ToolRefusedError, RUN_ABANDONED, TOOL_REFUSED, PermissionDenied,
-  DivergencePaused,
+  DivergencePaused, AwaitingApproval,
 } from '../src/index.js';
 
 const dsn = process.env.DURABLE_LEDGER_DSN;
@@ -471,6 +471,85 @@ test('history needs the auditor role', async () => {
           (err) => err instanceof PermissionDenied && err.sqlstate === '42501' && err.cause?.code === '42501' &&
             /durable_ledger_auditor \(history/.test(err.message));
       }, dsnAs(worker));
+    } finally {
+      await made.drop();
+    }
+  });
+});
+
+// ------------------------------------------------------------------ approvals (1.3)
+
+test('a call that needs approval throws AwaitingApproval and stops the attempt; approved by another login, the next attempt performs it once; a rejected one replays as EffectFailed', async () => {
+  const run = unique('approve');
+  const rejectedRun = unique('reject');
+  const refundTool = toolName('t.refund');
+  const b = bank();
+  await withClients(5, async (admin, c1, c2, c3, c4) => {
+    const made = roles(admin);
+    try {
+      await register(admin, refundTool);
+      await admin.query("SELECT durable_ledger.set_approval($1, '$.amount > 100', 'test')", [refundTool]);
+
+      const first = new Ledger(c1);
+      const refund = b.tool(first, refundTool);
+      let waiting;
+      await first.attempt(run, async () => {
+        await refund(run, { order: 1, amount: 50 }); // under the limit: performed at once
+        waiting = await refund(run, { order: 2, amount: 500 }).then(
+          () => assert.fail('a call that needs approval was performed'), (err) => err);
+        assert.ok(waiting instanceof AwaitingApproval, `got ${waiting?.stack ?? waiting}`);
+        assert.ok(waiting instanceof EffectPaused); // existing handlers of pauses catch it
+        assert.equal(waiting.name, 'AwaitingApproval');
+        assert.match(waiting.key, /^[0-9a-f]{64}$/);
+        assert.match(waiting.message, /approve_effect/);
+        await assert.rejects(refund(run, { order: 3, amount: 5 }),
+          (err) => err instanceof RunStopped && err.key === waiting.key);
+      });
+      assert.deepEqual(b.calls.map((c) => c.args.order), [1]);
+      assert.deepEqual(await unresolved(admin, run),
+        [{ key: waiting.key, tool: refundTool, status: 'awaiting_approval', may_duplicate: null }]);
+
+      // The role that made the call may not approve it; an approver may.
+      await assert.rejects(admin.query("SELECT durable_ledger.approve_effect($1, 'me')", [waiting.key]),
+        (err) => err.code === '42501');
+      const approver = await made.make(['durable_ledger_approver']);
+      await withClients(1, async (c) => {
+        const { rows: [row] } = await c.query(
+          "SELECT status, approval, approver FROM durable_ledger.approve_effect($1, 'Alice', 'order 2 checked')",
+          [waiting.key]);
+        assert.deepEqual(row, { status: 'approved', approval: 'approved', approver: 'Alice' });
+      }, dsnAs(approver));
+      assert.deepEqual(await unresolved(admin, run), []);
+
+      // The next attempt replays order 1 and performs the approved order 2, once.
+      const second = new Ledger(c2);
+      await second.attempt(run, async () => {
+        await b.tool(second, refundTool)(run, { order: 1, amount: 50 });
+        await b.tool(second, refundTool)(run, { order: 2, amount: 500 });
+      });
+      const third = new Ledger(c3);
+      await third.attempt(run, async () => {
+        await b.tool(third, refundTool)(run, { order: 1, amount: 50 });
+        await b.tool(third, refundTool)(run, { order: 2, amount: 500 });
+      });
+      assert.deepEqual(b.calls.map((c) => c.args.order), [1, 2]);
+
+      // Rejected: the call is never performed; the next attempt gets EffectFailed.
+      let asked;
+      await first.attempt(rejectedRun, async () => {
+        asked = await refund(rejectedRun, { order: 9, amount: 900 }).then(
+          () => assert.fail('performed'), (err) => err);
+        assert.ok(asked instanceof AwaitingApproval, `got ${asked?.stack ?? asked}`);
+      });
+      await withClients(1, async (c) => {
+        await c.query("SELECT durable_ledger.reject_effect($1, 'Bob', 'no such order')", [asked.key]);
+      }, dsnAs(approver));
+      const fourth = new Ledger(c4);
+      await fourth.attempt(rejectedRun, async () => {
+        await assert.rejects(b.tool(fourth, refundTool)(rejectedRun, { order: 9, amount: 900 }),
+          (err) => err instanceof EffectFailed && err.replayed === true);
+      });
+      assert.deepEqual(b.calls.map((c) => c.args.order), [1, 2]);
     } finally {
       await made.drop();
     }

@@ -31,6 +31,7 @@ to this package and the SQL contract of the extension.
 from .errors import (
     AttemptStopped,
     DivergencePaused,
+    AwaitingApproval,
     EffectDidNotHappen,
     EffectFailed,
     EffectInProgress,
@@ -80,6 +81,7 @@ __all__ = [
     "EffectFailed",
     "EffectPaused",
     "DivergencePaused",
+    "AwaitingApproval",
     "AttemptStopped",
     "EffectInProgress",
     "OutcomeNotRecorded",

@@ -28,6 +28,7 @@ from .errors import (
     BusinessKeyConflict,
     ConcurrentChange,
     DivergencePaused,
+    AwaitingApproval,
     EffectDidNotHappen,
     EffectFailed,
     EffectPaused,
@@ -663,6 +664,8 @@ def decision_of(row: Any, run: str, tool: str, halt: HaltFn) -> Union[Execute, R
                       f"{reason}", None)
             raise DivergencePaused(key, reason, run=run, tool=tool)
         halt_at_pause(row, run, tool, halt)
+        if row["status"] == "awaiting_approval":
+            raise AwaitingApproval(key, decision, reason)
         paused = EffectPaused(key, decision, reason)
         paused.downstream_key = row.get("downstream_key")  # what to ask the provider about
         raise paused

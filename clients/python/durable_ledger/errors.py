@@ -17,6 +17,9 @@ exception              did the effect happen?        what to do
 `DivergencePaused`     not performed; it may be an   stop the run; a person decides with
 (an `EffectPaused`)    earlier effect again, with    ``resolve_divergence`` (same or
                        drifted args                  distinct), then start a new attempt
+`AwaitingApproval`     not performed: the call       stop the run; an approver decides
+(an `EffectPaused`)    needs an approver's approval  (``approve_effect`` or
+                       (``set_approval``)            ``reject_effect``), then a new attempt
 `AttemptStopped`       a recorded call (`record`)    end the attempt and start a new
                        of this attempt raised or     one: it makes the call again (no
                        was lost; nothing recorded    person)
@@ -70,6 +73,7 @@ __all__ = [
     "EffectFailed",
     "EffectPaused",
     "DivergencePaused",
+    "AwaitingApproval",
     "AttemptStopped",
     "EffectInProgress",
     "OutcomeNotRecorded",
@@ -150,6 +154,21 @@ class EffectPaused(LedgerError):
     """
 
     downstream_key: Optional[str] = None
+
+
+class AwaitingApproval(EffectPaused):
+    """This call needs an approver's approval before it executes: not performed.
+
+    An admin made calls like this one (its tool, args matching a condition) wait for a
+    person (``durable_ledger.set_approval``).  ``begin_effect`` recorded the call's intent
+    with status ``awaiting_approval`` and answered ``pause``; ``durable_ledger.unresolved``
+    lists it and the ledger notified ``durable_ledger_attention``.  The run stops, as on
+    any pause (it is an `EffectPaused`).  An approver -- a member of
+    ``durable_ledger_approver``, never the role that made the call -- decides with
+    ``durable_ledger.approve_effect(key, approved_by, note)``: the next attempt's same
+    call then executes, once; or with ``reject_effect``: it replays as `EffectFailed`.
+    The approval is of exactly these args: a call with other args asks for its own.
+    """
 
 
 class DivergencePaused(EffectPaused):

@@ -28,6 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # clients/python, if PYTHONPATH lacks it
 
 from durable_ledger import (  # noqa: E402
+    AwaitingApproval,
     DivergencePaused,
     EffectDidNotHappen,
     EffectFailed,
@@ -128,6 +129,62 @@ class SteeringTest(unittest.TestCase):
             self.addCleanup(self.admin.execute, sql.SQL("ALTER ROLE {} RESET {}").format(
                 sql.Identifier(role), sql.SQL(name)))
         return role
+
+    # ------------------------------------------------------------ approvals (1.3)
+
+    def test_a_call_that_needs_approval_waits_for_another_login(self) -> None:
+        refund_tool = self.tool_name("t.refund")
+        self.register(refund_tool)
+        self.admin.execute("SELECT durable_ledger.set_approval(%s, '$.amount > 100', 'test')",
+                           (refund_tool,))
+        bank = Bank()
+        first = self.ledger()
+        refund = bank.tool(first, refund_tool)
+        with first.attempt(self.run_id):
+            refund(self.run_id, {"order": 1, "amount": 50})  # under the limit: at once
+            with self.assertRaises(AwaitingApproval) as caught:
+                refund(self.run_id, {"order": 2, "amount": 500})
+            waiting = caught.exception
+            self.assertIsInstance(waiting, EffectPaused)  # existing handlers of pauses catch it
+            self.assertEqual(waiting.decision, "pause")
+            self.assertRegex(waiting.key, r"^[0-9a-f]{64}$")
+            self.assertIn("approval", waiting.reason)
+            with self.assertRaises(EffectPaused):  # the attempt stops there
+                refund(self.run_id, {"order": 3, "amount": 5})
+        self.assertEqual([c["args"]["order"] for c in bank.calls], [1])
+        self.assertEqual(self.unresolved(), [{"key": waiting.key, "tool": refund_tool,
+                                              "status": "awaiting_approval",
+                                              "may_duplicate": None}])
+
+        # The role that made the call may not approve it; an approver may.
+        with self.assertRaises(psycopg.errors.InsufficientPrivilege):
+            self.admin.execute("SELECT durable_ledger.approve_effect(%s, 'me')", (waiting.key,))
+        approver = self.connect(user=self.login_role("durable_ledger_approver"))
+        row = approver.execute("SELECT status, approver FROM durable_ledger.approve_effect("
+                               "%s, 'Alice', 'order 2 checked')", (waiting.key,)).fetchone()
+        self.assertEqual(row, ("approved", "Alice"))
+        self.assertEqual(self.unresolved(), [])
+
+        # The next attempt replays order 1 and performs the approved order 2, once.
+        for _ in range(2):
+            again = self.ledger()
+            with again.attempt(self.run_id):
+                bank.tool(again, refund_tool)(self.run_id, {"order": 1, "amount": 50})
+                bank.tool(again, refund_tool)(self.run_id, {"order": 2, "amount": 500})
+        self.assertEqual([c["args"]["order"] for c in bank.calls], [1, 2])
+
+        # Rejected: never performed; the next attempt gets EffectFailed.
+        other_run = self.run_id + "-rejected"
+        with first.attempt(other_run):
+            with self.assertRaises(AwaitingApproval) as caught:
+                refund(other_run, {"order": 9, "amount": 900})
+        approver.execute("SELECT durable_ledger.reject_effect(%s, 'Bob', 'no such order')",
+                         (caught.exception.key,))
+        later = self.ledger()
+        with later.attempt(other_run):
+            with self.assertRaises(EffectFailed):
+                bank.tool(later, refund_tool)(other_run, {"order": 9, "amount": 900})
+        self.assertEqual([c["args"]["order"] for c in bank.calls], [1, 2])
 
     # ------------------------------------------------------------ divergence
 
