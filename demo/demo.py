@@ -67,17 +67,19 @@ def reconcile_from_bank(conn, key, attempt, provider_key):
     return True
 
 
-def ledger_worker(dsn, run, calls, die_after, memo=None, reconcile=False):
+def ledger_worker(dsn, run, calls, die_after, memo=None, reconcile=False, invoice=None, amount=None):
     """Pays through the ledger.  calls: how many identical payments the run makes.
     die_after: 'paid' (killed after recording the result), 'intent' (killed
     between intent and completion), or 'never'.  memo: the free text a model
     writes into the payment (worded anew on every replay).  reconcile: an
-    unknown outcome is settled from the bank's record, not left for a person."""
+    unknown outcome is settled from the bank's record, not left for a person.
+    invoice, amount: another payment than INV-9's $4,200."""
     args = dict(PAY_ARGS, **({"memo": memo} if memo else {}))
+    args.update({k: v for k, v in (("invoice", invoice), ("amount", amount)) if v is not None})
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(calls):
             if memo:
-                say(f"the model asks to pay INV-9 $4,200 with memo {memo!r}")
+                say(f"the model asks to pay {args['invoice']} ${args['amount']:,} with memo {memo!r}")
             key, decision, status, occurrence, result, reason, attempt, provider_key = conn.execute(
                 "SELECT key, decision, status, occurrence, result, reason, attempt, downstream_key"
                 "  FROM durable_ledger.begin_effect(%s, 'bank.pay', %s)",
@@ -93,9 +95,9 @@ def ledger_worker(dsn, run, calls, die_after, memo=None, reconcile=False):
             if decision == "execute":
                 if die_after == "intent":
                     say("intent recorded; calling the bank ...")
-                    payment = bank_pay(conn, run, PAY_ARGS["invoice"], PAY_ARGS["amount"], key)
+                    payment = bank_pay(conn, run, args["invoice"], args["amount"], key)
                     time.sleep(30)  # killed before complete_effect: nobody knows the bank answered
-                payment = bank_pay(conn, run, PAY_ARGS["invoice"], PAY_ARGS["amount"], key)
+                payment = bank_pay(conn, run, args["invoice"], args["amount"], key)
                 conn.execute("SELECT durable_ledger.complete_effect(%s, %s)",
                              (key, Jsonb({"payment_id": payment})))
                 say(f"paid (payment {payment}) and recorded it with complete_effect")
@@ -179,20 +181,23 @@ def verdict(conn, run, expected, text):
 def story(dsn):
     ok = True
     with psycopg.connect(dsn, autocommit=True) as admin:
-        # least privilege: workers may use the ledger and pay; Maria may resolve
+        # least privilege: workers may use the ledger and pay; Maria may resolve; Ana approves
         admin.execute("""
             CREATE TABLE bank_payments (id serial, invoice text, amount integer,
                                         idempotency_key text, run text,
                                         paid_at timestamptz DEFAULT now());
             CREATE ROLE ap_worker LOGIN;
             CREATE ROLE maria LOGIN;
+            CREATE ROLE ana LOGIN;
             GRANT durable_ledger_worker TO ap_worker;
             GRANT durable_ledger_admin TO maria;
+            GRANT durable_ledger_approver TO ana;
             GRANT INSERT, SELECT ON bank_payments TO ap_worker;
             GRANT USAGE ON SEQUENCE bank_payments_id_seq TO ap_worker;
             GRANT SELECT ON bank_payments TO maria;""")
     worker_dsn = psycopg.conninfo.make_conninfo(dsn, user="ap_worker", application_name="ap-worker")
     maria_dsn = psycopg.conninfo.make_conninfo(dsn, user="maria", application_name="ledger-console")
+    ana_dsn = psycopg.conninfo.make_conninfo(dsn, user="ana", application_name="ledger-console")
     with psycopg.connect(maria_dsn, autocommit=True) as conn:
 
         heading(1, "WITHOUT the ledger: the worker is evicted after paying; the retry pays again")
@@ -297,7 +302,35 @@ def story(dsn):
         ok &= waiting == 0 and settled == [(True,)]
         ok &= verdict(conn, "ap-7", 1, "paid once, settled from the bank's record, then replayed")
 
-        heading(8, "The audit trail of INV-9 in run ap-3, read with plain SQL")
+        heading(8, "A payment over $10,000 waits for an approver: paid once, after another person said yes")
+        print("      [Maria Lopez] payments over $10,000 need a second person:"
+              " set_approval('bank.pay', '$.amount > 10000', 'maria.lopez')")
+        conn.execute("SELECT durable_ledger.set_approval('bank.pay', '$.amount > 10000', 'maria.lopez',"
+                     " 'payments over $10,000 need an approver')")
+        big = ["--invoice", "INV-10", "--amount", "12000"]
+        follow(spawn(worker_dsn, "ledger", "--run", "ap-8", *big))
+        ok &= verdict(conn, "ap-8", 0, "nothing is paid before the approval")
+        with psycopg.connect(ana_dsn, autocommit=True) as ana:
+            for key, args, reason in ana.execute(
+                    "SELECT key, args, reason FROM durable_ledger.unresolved"
+                    " WHERE run = 'ap-8' AND status = 'awaiting_approval'").fetchall():
+                print(f"      [Ana Kim, approver] sees {key[:12]}…  {args}: {reason[:40]}…")
+                print("      [Ana Kim] checked INV-10 with the supplier:"
+                      " approve_effect(..., 'ana.kim', 'INV-10 checked with the supplier')")
+                ana.execute("SELECT durable_ledger.approve_effect(%s, 'ana.kim',"
+                            " 'INV-10 checked with the supplier')", (key,))
+        print("      [orchestrator] retrying the job; then the queue redelivers it once more")
+        follow(spawn(worker_dsn, "ledger", "--run", "ap-8", *big))
+        follow(spawn(worker_dsn, "ledger", "--run", "ap-8", *big))
+        approved = conn.execute(
+            "SELECT a.role_name, a.detail ->> 'approved_by' FROM durable_ledger.audit_log a"
+            "  JOIN durable_ledger.effects e ON e.key = a.key"
+            " WHERE e.run = 'ap-8' AND a.event = 'approved'").fetchall()
+        print(f"      [orchestrator] the audit log's verdict: {approved}")
+        ok &= approved == [("ana", "ana.kim")]
+        ok &= verdict(conn, "ap-8", 1, "paid once, after an approver of her own role approved it")
+
+        heading(9, "The audit trail of INV-9 in run ap-3, read with plain SQL")
         query = textwrap.dedent("""\
             SELECT a.id, a.event, a.role_name, a.application_name,
                    coalesce(a.detail ->> 'resolved_by', '') AS resolved_by,
@@ -326,13 +359,16 @@ def main():
     parser.add_argument("--calls", type=int, default=1)
     parser.add_argument("--die-after", default="never", choices=["never", "paid", "intent"])
     parser.add_argument("--memo")
+    parser.add_argument("--invoice")
+    parser.add_argument("--amount", type=int)
     parser.add_argument("--reconcile", action="store_true",
                         help="settle an unknown outcome from the bank's record, not by a person")
     args = parser.parse_args()
     if args.role == "naive":
         naive_worker(args.dsn, args.run)
     elif args.role == "ledger":
-        ledger_worker(args.dsn, args.run, args.calls, args.die_after, args.memo, args.reconcile)
+        ledger_worker(args.dsn, args.run, args.calls, args.die_after, args.memo, args.reconcile,
+                      args.invoice, args.amount)
     else:
         sys.exit(0 if story(args.dsn) else 1)
 

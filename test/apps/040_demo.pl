@@ -2,7 +2,9 @@
 # against a real cluster: two payments without the ledger, one with it, a
 # pause resolved by a named person, a lease that serializes two workers,
 # "again" paying twice while its replay pays nothing, and an LLM-style replay
-# that rewords the memo paused instead of paying twice, then resolved.
+# that rewords the memo paused instead of paying twice, then resolved; a
+# worker lost mid-payment settled from the bank's record; a payment over a
+# limit that waits for an approver and is then paid once.
 use strict;
 use warnings;
 use lib "$ENV{TESTDIR}/test/perl";
@@ -29,6 +31,9 @@ like($stdout, qr/OK the bank shows 1 payment for ap-6/, '... resolved by a perso
 like($stdout, qr/reconcile_effect\(\.\.\., happened => True\)/,
 	'a worker lost mid-payment is settled from the bank\'s record');
 like($stdout, qr/OK the bank shows 1 payment for ap-7/, '... paid once, nobody paged');
+like($stdout, qr/begin_effect -> pause.*PAUSE: awaiting approval/s, 'a payment over the limit waits for an approver');
+like($stdout, qr/OK the bank shows 0 payments for ap-8/, '... and nothing is paid before the approval');
+like($stdout, qr/OK the bank shows 1 payment for ap-8/, '... approved by another role, it is paid once, and replayed');
 like($stdout, qr/Every story ended as told\./, 'every story ended as told');
 
 $node->stop;
