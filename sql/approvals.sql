@@ -66,7 +66,6 @@ RESET SESSION AUTHORIZATION;
 -- ===================================================================
 -- the verdict: approved, by someone who did not make the call
 -- ===================================================================
-SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
 SELECT coalesce(max(id), 0) AS audit_mark FROM durable_ledger.audit_log \gset
 SET SESSION AUTHORIZATION regress_ap_alice;
 SELECT regress_sqlstate(format($$SELECT durable_ledger.approve_effect(%L, NULL)$$, :'k_big'));
