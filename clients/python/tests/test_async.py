@@ -38,6 +38,7 @@ from durable_ledger import (  # noqa: E402
     AsyncLedger,
     AttemptStopped,
     AsyncTokenLease,
+    AwaitingApproval,
     BusinessKeyConflict,
     EffectDidNotHappen,
     EffectFailed,
@@ -164,6 +165,45 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(again, [first[i] for i in order])
         self.assertEqual(len(self.audit(self.run_id, "replay")), 5)
         self.assertEqual({status for _, _, status, _ in self.effects(self.run_id)}, {"completed"})
+
+    async def test_parallel_calls_one_of_which_waits_for_an_approver(self) -> None:
+        # Parallel tool calls of one step on a pool, in a token attempt: the refund over
+        # the limit waits for an approver (AwaitingApproval), nothing of it is performed;
+        # approved by another login, the next attempt performs it once and replays the rest.
+        tool = f"t.refund.{uuid.uuid4().hex[:12]}"
+        self.admin.execute("SELECT durable_ledger.register_tool(%s, 'test')", (tool,))
+        self.admin.execute("SELECT durable_ledger.set_approval(%s, '$.amount > 100', 'test')", (tool,))
+        ledger = AsyncLedger(await self.pool(size=3))
+        sent: List[Any] = []
+
+        @ledger.tool(tool)
+        async def refund(args: Any, idempotency_key: str) -> Any:
+            sent.append(args["order"])
+            return {"refunded": args["order"]}
+
+        orders = [{"order": 1, "amount": 20}, {"order": 2, "amount": 500}, {"order": 3, "amount": 30}]
+        with self.assertRaises(AwaitingApproval) as caught:
+            async with ledger.token_attempt(self.run_id, ttl=30):
+                outcomes = await asyncio.gather(*(refund(self.run_id, o) for o in orders),
+                                                return_exceptions=True)
+                for outcome in outcomes:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+        self.assertIsInstance(caught.exception, EffectPaused)
+        self.assertNotIn(2, sent)
+        waiting = caught.exception.key
+
+        role = f"dl_pytest_ap_{uuid.uuid4().hex[:12]}"
+        self.admin.execute(f'CREATE ROLE "{role}" LOGIN IN ROLE durable_ledger_approver')
+        self.addCleanup(self.admin.execute, f'DROP ROLE "{role}"')
+        approver = await self.connect(psycopg.conninfo.make_conninfo(DSN or "", user=role))
+        await approver.execute("SELECT durable_ledger.approve_effect(%s, 'Ana')", (waiting,))
+
+        for _ in range(2):
+            async with ledger.token_attempt(self.run_id, ttl=30):
+                again = await asyncio.gather(*(refund(self.run_id, o) for o in reversed(orders)))
+            self.assertEqual(again, [{"refunded": o["order"]} for o in reversed(orders)])
+        self.assertEqual(sorted(sent), [1, 2, 3])
 
     async def test_tasks_on_one_pool_through_pgbouncer_with_the_lease_renewed(self) -> None:
         if not BOUNCER_DSN:
