@@ -304,8 +304,8 @@ def story(dsn):
 
         heading(8, "A payment over $10,000 waits for an approver: paid once, after another person said yes")
         print("      [Maria Lopez] payments over $10,000 need a second person:"
-              " set_approval('bank.pay', '$.amount > 10000', 'maria.lopez')")
-        conn.execute("SELECT durable_ledger.set_approval('bank.pay', '$.amount > 10000', 'maria.lopez',"
+              " set_approval('bank.pay', 'strict $.amount > 10000', 'maria.lopez')")
+        conn.execute("SELECT durable_ledger.set_approval('bank.pay', 'strict $.amount > 10000', 'maria.lopez',"
                      " 'payments over $10,000 need an approver')")
         big = ["--invoice", "INV-10", "--amount", "12000"]
         follow(spawn(worker_dsn, "ledger", "--run", "ap-8", *big))

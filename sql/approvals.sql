@@ -17,7 +17,7 @@ SELECT tool FROM durable_ledger.register_tool('ap_refund', 'regress');
 -- ===================================================================
 -- the registry: set_approval
 -- ===================================================================
-SELECT tool, approval FROM durable_ledger.set_approval('ap_refund', '$.amount > 100', 'ops', 'refunds over 100');
+SELECT tool, approval FROM durable_ledger.set_approval('ap_refund', 'strict $.amount > 100', 'ops', 'refunds over 100');
 SELECT detail FROM durable_ledger.audit_log WHERE event = 'tool_changed'
  AND detail ->> 'tool' = 'ap_refund' ORDER BY id DESC LIMIT 1;
 -- change_tool keeps it
@@ -26,6 +26,10 @@ SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
 SELECT regress_sqlstate($$SELECT durable_ledger.set_approval('ap_nobody', 'true', 'ops')$$);
 SELECT regress_sqlstate($$SELECT durable_ledger.set_approval('ap_refund', 'true', NULL)$$);
 SELECT regress_sqlstate($$SELECT durable_ledger.set_approval('ap_refund', '$.amount >', 'ops')$$);
+-- lax mode takes a missing (misspelt) field for false: refused; so is what fails on any args
+SELECT regress_sqlstate($$SELECT durable_ledger.set_approval('ap_refund', '$.amout > 100', 'ops')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.set_approval('ap_refund', 'strict $.amount > $limit', 'ops')$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.set_approval('ap_refund', 'strict $.x > 1 && $.items[0 to $n] starts with "a"', 'ops')$$);
 SELECT count(*) - :audit_rows AS audit_rows_written FROM durable_ledger.audit_log;
 -- only admins set it; only approvers give verdicts
 SELECT has_function_privilege('durable_ledger_worker', 'durable_ledger.set_approval(text,jsonpath,text,text)', 'EXECUTE') AS worker_sets,
@@ -57,10 +61,12 @@ SELECT status, left(reason, 18) AS reason, attempt, args FROM durable_ledger.unr
 
 -- a condition that answers no boolean asks for an approval (a slip never lets a call through)
 SELECT tool FROM durable_ledger.register_tool('ap_deploy', 'regress');
-SELECT tool FROM durable_ledger.set_approval('ap_deploy', '$.target', 'ops');
+SELECT tool FROM durable_ledger.set_approval('ap_deploy', 'strict $.target', 'ops');
 SET SESSION AUTHORIZATION regress_ap_worker;
 SELECT decision, status FROM durable_ledger.begin_effect('ap-1', 'ap_deploy', '{"target": "production"}');
 SELECT decision, status FROM durable_ledger.begin_effect('ap-1', 'ap_deploy', '{"other": 1}');
+-- strict: args that lack the field the condition names wait too
+SELECT decision, status FROM durable_ledger.begin_effect('ap-1', 'ap_refund', '{"order": 9, "amout": 5000}');
 RESET SESSION AUTHORIZATION;
 
 -- ===================================================================
@@ -173,9 +179,49 @@ SET SESSION AUTHORIZATION regress_ap_worker;
 SELECT decision, status, left(reason, 30) AS reason FROM durable_ledger.begin_effect('ap-5', 'ap_refund', '{"order": 5, "amount": 1000}');
 SELECT durable_ledger.release_run('ap-5');
 RESET SESSION AUTHORIZATION;
+-- a person who resolves that report settles the request: no verdict is taken after it
+SELECT status, approval FROM durable_ledger.resolve_effect(:'k_wait', 'completed', '{"refund": "re_5"}', 'ops', 'the bank shows it');
+SET SESSION AUTHORIZATION regress_ap_alice;
+SELECT regress_sqlstate(format($$SELECT durable_ledger.approve_effect(%L, 'Alice')$$, :'k_wait'));
+SELECT regress_sqlstate(format($$SELECT durable_ledger.reject_effect(%L, 'Alice')$$, :'k_wait'));
+RESET SESSION AUTHORIZATION;
+SELECT status, result, error FROM durable_ledger.effects WHERE key = :'k_wait';
 -- a call of a tool that needs no approval has none to give
 SELECT regress_sqlstate(format($$SELECT durable_ledger.approve_effect(%L, 'Alice')$$,
        (SELECT key FROM durable_ledger.effects WHERE run = 'ap-1' AND args ->> 'amount' = '50')));
+
+-- ===================================================================
+-- key fields leave the amount out of the key: an approval of one amount
+-- does not execute another
+-- ===================================================================
+SELECT tool FROM durable_ledger.register_tool('ap_pay', 'regress', key_fields => '{order}');
+SELECT tool FROM durable_ledger.set_approval('ap_pay', 'strict $.amount > 100', 'ops');
+SET SESSION AUTHORIZATION regress_ap_worker;
+SELECT durable_ledger.acquire_run('ap-7');
+SELECT key AS k_pay, decision, status FROM durable_ledger.begin_effect('ap-7', 'ap_pay', '{"order": 7, "amount": 150}') \gset
+SELECT decision, status FROM durable_ledger.begin_effect('ap-7', 'ap_pay', '{"order": 70, "amount": 150}', business_key => 'AP-P70');
+RESET SESSION AUTHORIZATION;
+SET SESSION AUTHORIZATION regress_ap_alice;
+SELECT status FROM durable_ledger.approve_effect(:'k_pay', 'Alice', '150 is fine');
+SELECT status FROM durable_ledger.approve_effect('AP-P70', 'Alice', '150 is fine');
+RESET SESSION AUTHORIZATION;
+SET SESSION AUTHORIZATION regress_ap_worker;
+SELECT durable_ledger.release_run('ap-7');
+SELECT durable_ledger.acquire_run('ap-7');
+SELECT key = :'k_pay' AS same_key, decision, status, reason FROM durable_ledger.begin_effect('ap-7', 'ap_pay', '{"order": 7, "amount": 99999}');
+SELECT decision, status FROM durable_ledger.begin_effect('ap-7', 'ap_pay', '{"order": 70, "amount": 99999}', business_key => 'AP-P70');
+SELECT durable_ledger.release_run('ap-7');
+-- another run, the same business key and other args: paused too
+SELECT durable_ledger.acquire_run('ap-8');
+SELECT decision, status FROM durable_ledger.begin_effect('ap-8', 'ap_pay', '{"order": 70, "amount": 99999}', business_key => 'AP-P70');
+-- the args approved execute, once
+SELECT decision, status FROM durable_ledger.begin_effect('ap-8', 'ap_pay', '{"order": 70, "amount": 150}', business_key => 'AP-P70');
+SELECT durable_ledger.release_run('ap-8');
+SELECT durable_ledger.acquire_run('ap-7');
+SELECT decision, status FROM durable_ledger.begin_effect('ap-7', 'ap_pay', '{"order": 7, "amount": 150}');
+SELECT durable_ledger.release_run('ap-7');
+RESET SESSION AUTHORIZATION;
+SELECT args, status FROM durable_ledger.effects WHERE key IN (:'k_pay', 'AP-P70') ORDER BY key;
 
 -- removing the condition: calls execute again without one; what waits still waits
 SELECT tool, approval FROM durable_ledger.set_approval('ap_deploy', NULL, 'ops');

@@ -18,12 +18,18 @@
 PG_FUNCTION_INFO_V1(dl_approve_effect_1_3);
 PG_FUNCTION_INFO_V1(dl_reject_effect_1_3);
 
-/* The verdict on row a verdict already gave, or that none was given (APPROVAL_REQUESTED). */
+/*
+ * The verdict on row a verdict already gave; APPROVAL_REQUESTED: none yet,
+ * the call waits; APPROVAL_NONE: nothing waits for one (a call that needed
+ * none, or whose request a person settled otherwise: resolve_effect).
+ */
 static Approval
 verdict_given(const EffectRow *row)
 {
 	if (row->status == EFFECT_AWAITING_APPROVAL)
 		return APPROVAL_REQUESTED;
+	if (row->approval == APPROVAL_REQUESTED)
+		return APPROVAL_NONE;
 	return row->approval;
 }
 
@@ -103,6 +109,12 @@ give_verdict(FunctionCallInfo fcinfo, bool approved, const char *function)
 				 errmsg("effect \"%s\" waits for a person's resolution", key),
 				 errdetail("A report on it contradicts what was recorded: it says the call was performed."),
 				 errhint("Resolve it with durable_ledger.resolve_effect() instead.")));
+	if (verdict_given(&before) == APPROVAL_NONE)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("effect \"%s\" does not wait for an approval", key),
+				 errdetail("A person settled its request for an approval otherwise: attempt %d is %s.",
+						   before.attempt, dl_status_name(before.status))));
 	if (verdict_given(&before) == wanted)
 		row = locked.tuple;		/* given again: nothing to change */
 	else if (verdict_given(&before) != APPROVAL_REQUESTED)

@@ -56,6 +56,8 @@
 	"an approver rejected this call (reject_effect): the rejection is returned as its error and it must not be performed"
 #define REASON_APPROVAL_OTHER_ARGS \
 	"a person said this call is the same as effect \"%s\", which was approved for the args it was recorded with, not for this call's: it is not executed; an approval binds to the call approved"
+#define REASON_APPROVAL_CHANGED_ARGS \
+	"an approver approved this key for the args it was recorded with, and this call has other args: it is not executed; call it with the args approved, or have an approver reject it"
 #define REASON_IN_PROGRESS_MINE \
 	"this lease began this effect and has not reported its outcome yet; report it with complete_effect or fail_effect"
 #define REASON_IN_PROGRESS_OTHER \
@@ -480,15 +482,22 @@ judge_started(const Call *call, const Facts *f, Decision *d)
 
 /*
  * An approved call executes, as the attempt approved; not a drifted call a
- * verdict made the same, whose own args nobody approved: it pauses.
+ * verdict made the same, whose own args nobody approved, nor a call of the
+ * key with other args (a tool's key fields, or a business key, leave out
+ * what an approver saw, e.g. the amount): it pauses.
  */
 static void
-judge_approved(const Facts *f, Decision *d)
+judge_approved(const Call *call, const Facts *f, Decision *d)
 {
 	if (f->intent == &f->same)
 	{
 		decide_pause(d, psprintf(REASON_APPROVAL_OTHER_ARGS, f->row.key),
 					 "approved for other args");
+		return;
+	}
+	if (!dl_jsonb_equal(call->intent.args, f->row.args))
+	{
+		decide_pause(d, REASON_APPROVAL_CHANGED_ARGS, "approved for other args");
 		return;
 	}
 	decide_execute(d, f->row.attempt);
@@ -555,7 +564,7 @@ judge_row(const Call *call, const Facts *f, Decision *d)
 			decide_pause(d, REASON_AWAITING_APPROVAL, "awaiting approval");
 			return;
 		case EFFECT_APPROVED:
-			judge_approved(f, d);
+			judge_approved(call, f, d);
 			return;
 	}
 }

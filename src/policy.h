@@ -28,6 +28,7 @@ extern DivergencePolicy dl_divergence_policy(const ToolRules *rules, bool *waite
 extern bool dl_divergence_judged(const ToolRules *rules, bool recorded);
 extern void dl_tool_rules_now(const char *tool, ToolRules *rules);
 extern bool dl_needs_approval(const ToolRules *rules, Jsonb *args);
+extern void dl_check_approval_condition(JsonPath *condition);
 
 /* divergence.c */
 typedef struct ReplayProgress

@@ -408,8 +408,8 @@ approval_text(const ToolRow *row)
  *   RETURNS durable_ledger.tools
  *
  * Which calls of the tool wait for an approver before they execute: those
- * whose args the jsonpath predicate condition matches ('true': every call);
- * NULL: none.  A predicate, not SQL: evaluating it runs nothing of anyone's
+ * whose args the strict jsonpath predicate condition matches ('strict true':
+ * every call); NULL: none.  A predicate, not SQL: evaluating it runs nothing of anyone's
  * inside a worker's call.  Audited as tool_changed, with the condition before.
  * The calls in progress finish under the rule they began with (they hold
  * the tool's lock shared).
@@ -431,6 +431,8 @@ dl_set_approval_1_3(PG_FUNCTION_ARGS)
 	lock_tool_to_change(tool, &locked);
 	to = locked.row;
 	to.approval = PG_ARGISNULL(1) ? NULL : PG_GETARG_JSONPATH_P(1);
+	if (to.approval != NULL)
+		dl_check_approval_condition(to.approval);
 	if (note != NULL)
 		to.note = note;
 	dl_write_tool_change(&locked, &to, changed_by, false);

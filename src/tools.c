@@ -14,6 +14,7 @@
  */
 #include "postgres.h"
 
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
 
@@ -161,25 +162,23 @@ dl_divergence_judged(const ToolRules *rules, bool recorded)
 }
 
 /*
- * Whether a call with args needs an approver before it executes: its tool
- * names a condition (set_approval) and args match it.  The condition is a
- * jsonpath predicate, evaluated silently (a missing field is no error); one
- * that answers no boolean at all (a path, not a predicate) asks for an
- * approval: a rule an admin wrote to stop calls never lets one through by
- * a slip of its spelling.
+ * Whether args match an approval condition: a strict jsonpath predicate
+ * (dl_check_approval_condition), evaluated silently.  Strict, a field it
+ * names that args lack is an error, which silent evaluation turns into no
+ * answer; and no answer -- that, or a result that is no boolean (a path, not
+ * a predicate) -- asks for an approval: a rule an admin wrote to stop calls
+ * never lets one through by a slip of its spelling.
  */
-bool
-dl_needs_approval(const ToolRules *rules, Jsonb *args)
+static bool
+condition_matches(JsonPath *condition, Jsonb *args)
 {
 	LOCAL_FCINFO(fcinfo, 4);
 	Datum		matched;
 
-	if (!rules->registered || rules->row.approval == NULL)
-		return false;
 	InitFunctionCallInfoData(*fcinfo, NULL, 4, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = JsonbPGetDatum(args);
 	fcinfo->args[0].isnull = false;
-	fcinfo->args[1].value = PointerGetDatum(rules->row.approval);
+	fcinfo->args[1].value = PointerGetDatum(condition);
 	fcinfo->args[1].isnull = false;
 	fcinfo->args[2].value = DirectFunctionCall1(jsonb_in, CStringGetDatum("{}"));
 	fcinfo->args[2].isnull = false;
@@ -187,4 +186,111 @@ dl_needs_approval(const ToolRules *rules, Jsonb *args)
 	fcinfo->args[3].isnull = false;
 	matched = jsonb_path_match(fcinfo);
 	return fcinfo->isnull || DatumGetBool(matched);
+}
+
+/* Whether a call with args needs an approver before it executes (set_approval). */
+bool
+dl_needs_approval(const ToolRules *rules, Jsonb *args)
+{
+	if (!rules->registered || rules->row.approval == NULL)
+		return false;
+	return condition_matches(rules->row.approval, args);
+}
+
+/* Whether a jsonpath item, or one it contains or is followed by, is a variable. */
+static bool
+names_a_variable(JsonPathItem *item)
+{
+	JsonPathItem arg;
+	JsonPathItem to;
+	int			i;
+
+	check_stack_depth();
+	switch (item->type)
+	{
+		case jpiVariable:
+			return true;
+		case jpiAnd:
+		case jpiOr:
+		case jpiEqual:
+		case jpiNotEqual:
+		case jpiLess:
+		case jpiGreater:
+		case jpiLessOrEqual:
+		case jpiGreaterOrEqual:
+		case jpiAdd:
+		case jpiSub:
+		case jpiMul:
+		case jpiDiv:
+		case jpiMod:
+		case jpiStartsWith:
+			jspGetLeftArg(item, &arg);
+			if (names_a_variable(&arg))
+				return true;
+			jspGetRightArg(item, &arg);
+			if (names_a_variable(&arg))
+				return true;
+			break;
+		case jpiNot:
+		case jpiIsUnknown:
+		case jpiPlus:
+		case jpiMinus:
+		case jpiFilter:
+		case jpiExists:
+			jspGetArg(item, &arg);
+			if (names_a_variable(&arg))
+				return true;
+			break;
+		case jpiDatetime:
+			if (item->content.arg)	/* its template, when it has one */
+			{
+				jspGetArg(item, &arg);
+				if (names_a_variable(&arg))
+					return true;
+			}
+			break;
+		case jpiLikeRegex:
+			jspInitByBuffer(&arg, item->base, item->content.like_regex.expr);
+			if (names_a_variable(&arg))
+				return true;
+			break;
+		case jpiIndexArray:
+			for (i = 0; i < item->content.array.nelems; i++)
+			{
+				bool		range = jspGetArraySubscript(item, &arg, &to, i);
+
+				if (names_a_variable(&arg) || (range && names_a_variable(&to)))
+					return true;
+			}
+			break;
+		default:
+			break;
+	}
+	return jspGetNext(item, &arg) && names_a_variable(&arg);
+}
+
+/*
+ * An approval condition is a strict jsonpath: in lax mode a field it names
+ * that a call's args lack compares as false, so a misspelt field would let
+ * every call through.  It names no variable, which a call cannot pass (every
+ * call would fail).
+ */
+void
+dl_check_approval_condition(JsonPath *condition)
+{
+	JsonPathItem root;
+
+	if (condition->header & JSONPATH_LAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("an approval condition must be a strict jsonpath"),
+				 errdetail("In lax mode a field the condition names that a call's args lack compares as false: a misspelt field would let every call through."),
+				 errhint("Write it in strict mode, e.g. 'strict $.amount > 100': a call whose args lack a field it names then waits for an approver.")));
+	jspInit(&root, condition);
+	if (names_a_variable(&root))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("an approval condition must not name a variable"),
+				 errdetail("A call passes its args alone: the condition is evaluated with no variables."),
+				 errhint("Write the value itself, e.g. 'strict $.amount > 100'.")));
 }

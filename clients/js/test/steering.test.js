@@ -488,7 +488,7 @@ test('a call that needs approval throws AwaitingApproval and stops the attempt; 
     const made = roles(admin);
     try {
       await register(admin, refundTool);
-      await admin.query("SELECT durable_ledger.set_approval($1, '$.amount > 100', 'test')", [refundTool]);
+      await admin.query("SELECT durable_ledger.set_approval($1, 'strict $.amount > 100', 'test')", [refundTool]);
 
       const first = new Ledger(c1);
       const refund = b.tool(first, refundTool);

@@ -172,7 +172,7 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
         # approved by another login, the next attempt performs it once and replays the rest.
         tool = f"t.refund.{uuid.uuid4().hex[:12]}"
         self.admin.execute("SELECT durable_ledger.register_tool(%s, 'test')", (tool,))
-        self.admin.execute("SELECT durable_ledger.set_approval(%s, '$.amount > 100', 'test')", (tool,))
+        self.admin.execute("SELECT durable_ledger.set_approval(%s, 'strict $.amount > 100', 'test')", (tool,))
         ledger = AsyncLedger(await self.pool(size=3))
         sent: List[Any] = []
 

@@ -135,7 +135,7 @@ class SteeringTest(unittest.TestCase):
     def test_a_call_that_needs_approval_waits_for_another_login(self) -> None:
         refund_tool = self.tool_name("t.refund")
         self.register(refund_tool)
-        self.admin.execute("SELECT durable_ledger.set_approval(%s, '$.amount > 100', 'test')",
+        self.admin.execute("SELECT durable_ledger.set_approval(%s, 'strict $.amount > 100', 'test')",
                            (refund_tool,))
         bank = Bank()
         first = self.ledger()
