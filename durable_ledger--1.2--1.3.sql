@@ -1076,6 +1076,14 @@ COMMENT ON COLUMN durable_ledger.effects.approver IS
 COMMENT ON COLUMN durable_ledger.effects.approval_note IS
     'the note of approve_effect or reject_effect';
 ALTER TABLE durable_ledger.tools ADD COLUMN approval jsonpath;
+
+-- a next attempt records its own args (an approver decides on them); the
+-- attempts it replaced keep theirs: until now every attempt had the effect's
+ALTER TABLE durable_ledger.past_attempts ADD COLUMN args jsonb;
+COMMENT ON COLUMN durable_ledger.past_attempts.args IS
+    'the args this attempt was called with (a next attempt records its own in effects: a tool''s key fields leave some out of the key)';
+UPDATE durable_ledger.past_attempts p SET args = e.args
+  FROM durable_ledger.effects e WHERE e.key OPERATOR(pg_catalog.=) p.key;
 COMMENT ON COLUMN durable_ledger.tools.approval IS
     'NULL: the tool''s calls execute without approval; else a jsonpath predicate on a call''s args: where it is true (or not a boolean), the call waits for an approver (set_approval, approve_effect)';
 

@@ -277,6 +277,7 @@ CREATE TABLE durable_ledger.past_attempts (
     resolved_by     text,
     resolution_note text,
     replaced_at     timestamptz NOT NULL,
+    args            jsonb,
     PRIMARY KEY (key, attempt)
 );
 COMMENT ON TABLE durable_ledger.past_attempts IS
@@ -307,6 +308,8 @@ COMMENT ON COLUMN durable_ledger.past_attempts.resolution_note IS
     'the note of resolve_effect or retry_effect';
 COMMENT ON COLUMN durable_ledger.past_attempts.replaced_at IS
     'when the next attempt started';
+COMMENT ON COLUMN durable_ledger.past_attempts.args IS
+    'the args this attempt was called with (a next attempt records its own in effects: a tool''s key fields leave some out of the key)';
 
 -- Append-only: one row per event.
 CREATE SEQUENCE durable_ledger.audit_log_id_seq;

@@ -223,6 +223,37 @@ SELECT durable_ledger.release_run('ap-7');
 RESET SESSION AUTHORIZATION;
 SELECT args, status FROM durable_ledger.effects WHERE key IN (:'k_pay', 'AP-P70') ORDER BY key;
 
+-- a next attempt asks with its own args, and records them (the attempt it
+-- replaces keeps its own): a business key after a failure, a derived key
+-- after retry_effect
+SET SESSION AUTHORIZATION regress_ap_worker;
+SELECT durable_ledger.acquire_run('ap-9');
+SELECT decision, status FROM durable_ledger.begin_effect('ap-9', 'ap_pay', '{"order": 90, "amount": 50}', business_key => 'AP-P90');
+SELECT status FROM durable_ledger.fail_effect('AP-P90', '{"bank": "declined"}', 1);
+SELECT decision, status, attempt FROM durable_ledger.begin_effect('ap-9', 'ap_pay', '{"order": 90, "amount": 50000}', business_key => 'AP-P90');
+SELECT key AS k_retry, decision FROM durable_ledger.begin_effect('ap-9', 'ap_pay', '{"order": 91, "amount": 50}') \gset
+SELECT status FROM durable_ledger.fail_effect(:'k_retry', '{"bank": "declined"}', 1);
+SELECT durable_ledger.release_run('ap-9');
+RESET SESSION AUTHORIZATION;
+SELECT status FROM durable_ledger.retry_effect(:'k_retry', 1, 'ops', 'the card was replaced');
+SET SESSION AUTHORIZATION regress_ap_worker;
+SELECT durable_ledger.acquire_run('ap-9');
+SELECT decision, status, attempt FROM durable_ledger.begin_effect('ap-9', 'ap_pay', '{"order": 91, "amount": 90000}');
+RESET SESSION AUTHORIZATION;
+SELECT key = :'k_retry' AS retried, attempt, status, args FROM durable_ledger.unresolved WHERE run = 'ap-9' ORDER BY 1;
+SELECT key = :'k_retry' AS retried, attempt, args FROM durable_ledger.past_attempts WHERE key IN ('AP-P90', :'k_retry') ORDER BY 1;
+SELECT detail -> 'args' AS asked FROM durable_ledger.audit_log
+ WHERE event = 'approval_requested' AND key IN ('AP-P90', :'k_retry') ORDER BY id;
+SET SESSION AUTHORIZATION regress_ap_alice;
+SELECT status, attempt FROM durable_ledger.approve_effect('AP-P90', 'Alice');
+SELECT status, attempt FROM durable_ledger.approve_effect(:'k_retry', 'Alice');
+RESET SESSION AUTHORIZATION;
+SET SESSION AUTHORIZATION regress_ap_worker;
+SELECT decision, status, attempt FROM durable_ledger.begin_effect('ap-9', 'ap_pay', '{"order": 90, "amount": 50000}', business_key => 'AP-P90');
+SELECT decision, status, attempt FROM durable_ledger.begin_effect('ap-9', 'ap_pay', '{"order": 91, "amount": 90000}');
+SELECT durable_ledger.release_run('ap-9');
+RESET SESSION AUTHORIZATION;
+
 -- removing the condition: calls execute again without one; what waits still waits
 SELECT tool, approval FROM durable_ledger.set_approval('ap_deploy', NULL, 'ops');
 SET SESSION AUTHORIZATION regress_ap_worker;

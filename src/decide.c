@@ -732,6 +732,7 @@ audit_decision(const Facts *f, const Decision *d)
 		/* who asks is the audit row's role: an approver may not be them */
 		event = AUDIT_APPROVAL_REQUESTED;
 		dl_detail_text(&detail, "tool", f->intent->tool);
+		dl_detail_jsonb(&detail, "args", f->intent->args);	/* what asks: an attempt's own */
 		if (d->change == CHANGE_NEXT_ATTEMPT)
 			dl_detail_text(&detail, "after", dl_status_name(d->replaced_as));
 		dl_write_audit(f->intent->run, f->intent->key, event, dl_detail_finish(&detail),

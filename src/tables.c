@@ -67,7 +67,8 @@ static const Column past_columns[PAST_NCOLUMNS] = {
 	{"key", TEXTOID}, {"attempt", INT4OID}, {"run", TEXTOID}, {"lease_epoch", INT8OID},
 	{"holder_pid", INT4OID}, {"status", TEXTOID}, {"error", JSONBOID}, {"meta", JSONBOID},
 	{"created_at", TIMESTAMPTZOID}, {"completed_at", TIMESTAMPTZOID},
-	{"resolved_by", TEXTOID}, {"resolution_note", TEXTOID}, {"replaced_at", TIMESTAMPTZOID}
+	{"resolved_by", TEXTOID}, {"resolution_note", TEXTOID}, {"replaced_at", TIMESTAMPTZOID},
+	{"args", JSONBOID}
 };
 
 static const Column tools_columns[TOOL_NCOLUMNS] = {

@@ -413,8 +413,8 @@ dl_write_reconciled(LockedEffect *locked, bool happened, Jsonb *evidence)
 /*
  * An effect's next attempt: the current one is kept in past_attempts (with
  * status replaced_as: a failed business key's as failed, a recorded call's
- * whose lease ended without a report as unknown), and the effect starts
- * again under intent's lease.
+ * whose lease ended without a report as unknown; and its args), and the
+ * effect starts again under intent's lease, with intent's args.
  */
 void
 dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent, EffectStatus replaced_as)
@@ -442,13 +442,18 @@ dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent, EffectStatu
 	COPY(PAST_COMPLETED_AT, EFF_COMPLETED_AT);
 	COPY(PAST_RESOLVED_BY, EFF_RESOLVED_BY);
 	COPY(PAST_RESOLUTION_NOTE, EFF_RESOLUTION_NOTE);
+	COPY(PAST_ARGS, EFF_ARGS);
 #undef COPY
 	dl_row_set(&past, PAST_REPLACED_AT, dl_row_now());
 	dl_row_insert(&past);
 	dl_row_end(&past);
 
-	/* the next attempt */
+	/*
+	 * the next attempt, with its own args: a tool's key fields leave some out
+	 * of the key, and what an approver decides on is what this attempt executes
+	 */
 	set_attempt_started(&w, intent, locked->row.attempt + 1, false);
+	dl_row_set(&w, EFF_ARGS, JsonbPGetDatum(intent->args));
 	(void) end_effect_update(&w, locked);
 }
 
