@@ -1082,8 +1082,47 @@ ALTER TABLE durable_ledger.tools ADD COLUMN approval jsonpath;
 ALTER TABLE durable_ledger.past_attempts ADD COLUMN args jsonb;
 COMMENT ON COLUMN durable_ledger.past_attempts.args IS
     'the args this attempt was called with (a next attempt records its own in effects: a tool''s key fields leave some out of the key)';
+-- Every attempt had the effect's args, but a tool's with key fields, whose
+-- later attempts may have been called with others: nobody recorded those.
 UPDATE durable_ledger.past_attempts p SET args = e.args
-  FROM durable_ledger.effects e WHERE e.key OPERATOR(pg_catalog.=) p.key;
+  FROM durable_ledger.effects e
+ WHERE e.key OPERATOR(pg_catalog.=) p.key
+   AND NOT EXISTS (SELECT FROM durable_ledger.tools t
+                    WHERE t.tool OPERATOR(pg_catalog.=) e.tool AND t.key_fields IS NOT NULL);
+
+-- history shows each attempt's own args
+CREATE OR REPLACE FUNCTION durable_ledger.history(run text)
+RETURNS TABLE (id bigint, logged_at timestamptz, lease_epoch bigint, event text, key text,
+               tool text, args jsonb, attempt integer, outcome jsonb, detail jsonb,
+               role_name text, application_name text)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF history.run IS NULL THEN
+        RAISE EXCEPTION 'run must not be null' USING ERRCODE = '22004';
+    END IF;
+    RETURN QUERY
+    SELECT a.id, a.logged_at, a.lease_epoch, a.event::text, a.key,
+           COALESCE(e.tool, d.tool, a.detail OPERATOR(pg_catalog.->>) 'tool'),
+           CASE WHEN p.key IS NOT NULL THEN p.args ELSE COALESCE(e.args, d.args) END,
+           a.attempt,
+           COALESCE(a.detail OPERATOR(pg_catalog.->) 'result',
+                    a.detail OPERATOR(pg_catalog.->) 'error',
+                    CASE WHEN a.event OPERATOR(pg_catalog.=) ANY ('{completed,late_completion}')
+                          AND a.attempt IS NOT DISTINCT FROM e.attempt THEN e.result
+                         WHEN a.event OPERATOR(pg_catalog.=) ANY ('{replay,carried}')
+                         THEN COALESCE(e.result, e.error) END),
+           a.detail, a.role_name, a.application_name
+      FROM durable_ledger.audit_log a
+      LEFT JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) a.key
+      LEFT JOIN durable_ledger.divergences d ON d.key OPERATOR(pg_catalog.=) a.key
+      LEFT JOIN durable_ledger.past_attempts p ON p.key OPERATOR(pg_catalog.=) a.key
+                                               AND p.attempt OPERATOR(pg_catalog.=) a.attempt
+     WHERE a.run OPERATOR(pg_catalog.=) history.run
+     ORDER BY a.id;
+END
+$fn$;
 COMMENT ON COLUMN durable_ledger.tools.approval IS
     'NULL: the tool''s calls execute without approval; else a jsonpath predicate on a call''s args: where it is true (or not a boolean), the call waits for an approver (set_approval, approve_effect)';
 

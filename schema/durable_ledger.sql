@@ -1373,7 +1373,7 @@ BEGIN
     RETURN QUERY
     SELECT a.id, a.logged_at, a.lease_epoch, a.event::text, a.key,
            COALESCE(e.tool, d.tool, a.detail OPERATOR(pg_catalog.->>) 'tool'),
-           COALESCE(e.args, d.args),
+           CASE WHEN p.key IS NOT NULL THEN p.args ELSE COALESCE(e.args, d.args) END,
            a.attempt,
            COALESCE(a.detail OPERATOR(pg_catalog.->) 'result',
                     a.detail OPERATOR(pg_catalog.->) 'error',
@@ -1385,6 +1385,8 @@ BEGIN
       FROM durable_ledger.audit_log a
       LEFT JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) a.key
       LEFT JOIN durable_ledger.divergences d ON d.key OPERATOR(pg_catalog.=) a.key
+      LEFT JOIN durable_ledger.past_attempts p ON p.key OPERATOR(pg_catalog.=) a.key
+                                               AND p.attempt OPERATOR(pg_catalog.=) a.attempt
      WHERE a.run OPERATOR(pg_catalog.=) history.run
      ORDER BY a.id;
 END

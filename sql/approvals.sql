@@ -253,6 +253,9 @@ SELECT decision, status, attempt FROM durable_ledger.begin_effect('ap-9', 'ap_pa
 SELECT decision, status, attempt FROM durable_ledger.begin_effect('ap-9', 'ap_pay', '{"order": 91, "amount": 90000}');
 SELECT durable_ledger.release_run('ap-9');
 RESET SESSION AUTHORIZATION;
+-- history shows each attempt with the args it was called with
+SELECT event, attempt, args FROM durable_ledger.history('ap-9')
+ WHERE key = 'AP-P90' AND event IN ('intent', 'failed', 'approval_requested') ORDER BY id;
 
 -- removing the condition: calls execute again without one; what waits still waits
 SELECT tool, approval FROM durable_ledger.set_approval('ap_deploy', NULL, 'ops');

@@ -190,6 +190,29 @@ SELECT verdict, same_as = :'cand_a2' AS same_as_the_candidate
   FROM durable_ledger.resolve_divergence(:'cand_x', 'same', 'regress');
 SELECT tool FROM durable_ledger.retire_tool('model_paused', 'regress');
 
+-- a lost recorded call made again for a drifted call a person said is the
+-- same keeps its own args (its key is of them): history and a fork see them
+SELECT tool FROM durable_ledger.register_tool('model_same', 'regress', side_effecting => false,
+                                              divergence => 'pause');
+SELECT key AS same_x FROM durable_ledger.begin_recorded('rec-same', 'model_same', '{"p": "A"}') \gset
+SELECT durable_ledger.release_run('rec-same');
+SELECT key AS same_y1, decision FROM durable_ledger.begin_recorded('rec-same', 'model_same', '{"p": "B"}') \gset
+SELECT durable_ledger.release_run('rec-same');
+SELECT verdict FROM durable_ledger.resolve_divergence(:'same_y1', 'distinct', 'regress');
+SELECT decision FROM durable_ledger.begin_recorded('rec-same', 'model_same', '{"p": "B"}');
+SELECT status FROM durable_ledger.complete_effect(:'same_y1', '"b"', 1);
+SELECT key AS same_y2, decision FROM durable_ledger.begin_recorded('rec-same', 'model_same', '{"p": "B"}') \gset
+SELECT durable_ledger.release_run('rec-same');
+SELECT verdict, same_as = :'same_x' AS same_as_x FROM durable_ledger.resolve_divergence(:'same_y2', 'same', 'regress');
+SELECT decision, attempt FROM durable_ledger.begin_recorded('rec-same', 'model_same', '{"p": "B"}');
+SELECT key = :'same_x' AS is_x, decision, attempt FROM durable_ledger.begin_recorded('rec-same', 'model_same', '{"p": "B"}');
+SELECT status FROM durable_ledger.complete_effect(:'same_x', '"redone"', 2);
+SELECT durable_ledger.release_run('rec-same');
+SELECT key = :'same_x' AS is_x, args FROM durable_ledger.effects WHERE run = 'rec-same' ORDER BY 1;
+SELECT attempt, args FROM durable_ledger.past_attempts WHERE key = :'same_x';
+SELECT durable_ledger.fork_run('rec-same', 'rec-same-fork', :'same_x', 'regress') AS carried;
+SELECT tool FROM durable_ledger.retire_tool('model_same', 'regress');
+
 -- ===================================================================
 -- a run whose last recorded call was lost is settled for purge_settled and
 -- fork_run: nobody has anything to decide; a fork does not carry the call

@@ -697,6 +697,8 @@ apply_change(Call *call, const Facts *f, const Decision *d)
 				return false;
 			if (!f->intent->business_key)	/* a watched tool's replay, made again */
 				dl_progress_redone(&call->progress, f->intent->key);
+			if (f->intent == &f->same)
+				intent.args = f->row.args;	/* the effect's, which its key is of: not the drifted call's */
 			dl_write_next_attempt(&locked, &intent, d->replaced_as);
 			return true;
 		case CHANGE_START_APPROVED:
