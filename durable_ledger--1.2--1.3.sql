@@ -1082,13 +1082,21 @@ ALTER TABLE durable_ledger.tools ADD COLUMN approval jsonpath;
 ALTER TABLE durable_ledger.past_attempts ADD COLUMN args jsonb;
 COMMENT ON COLUMN durable_ledger.past_attempts.args IS
     'the args this attempt was called with (a next attempt records its own in effects: a tool''s key fields leave some out of the key)';
--- Every attempt had the effect's args, but a tool's with key fields, whose
--- later attempts may have been called with others: nobody recorded those.
+-- The first attempt had the effect's args (1.2 wrote them once), and so had
+-- every later one, but of a tool that has or had key fields (the registry's
+-- audit rows say so): its later attempts may have been called with others,
+-- which nobody recorded.
 UPDATE durable_ledger.past_attempts p SET args = e.args
   FROM durable_ledger.effects e
  WHERE e.key OPERATOR(pg_catalog.=) p.key
-   AND NOT EXISTS (SELECT FROM durable_ledger.tools t
-                    WHERE t.tool OPERATOR(pg_catalog.=) e.tool AND t.key_fields IS NOT NULL);
+   AND (p.attempt OPERATOR(pg_catalog.=) 1
+        OR (NOT EXISTS (SELECT FROM durable_ledger.tools t
+                         WHERE t.tool OPERATOR(pg_catalog.=) e.tool AND t.key_fields IS NOT NULL)
+            AND NOT EXISTS (SELECT FROM durable_ledger.audit_log a
+                             WHERE a.event OPERATOR(pg_catalog.=) ANY ('{tool_registered,tool_changed}')
+                               AND a.detail OPERATOR(pg_catalog.->>) 'tool' OPERATOR(pg_catalog.=) e.tool
+                               AND pg_catalog.jsonb_typeof(a.detail OPERATOR(pg_catalog.->) 'key_fields')
+                                   OPERATOR(pg_catalog.=) 'array')));
 
 -- history shows each attempt's own args
 CREATE OR REPLACE FUNCTION durable_ledger.history(run text)

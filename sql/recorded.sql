@@ -212,6 +212,20 @@ SELECT key = :'same_x' AS is_x, args FROM durable_ledger.effects WHERE run = 're
 SELECT attempt, args FROM durable_ledger.past_attempts WHERE key = :'same_x';
 SELECT durable_ledger.fork_run('rec-same', 'rec-same-fork', :'same_x', 'regress') AS carried;
 SELECT tool FROM durable_ledger.retire_tool('model_same', 'regress');
+-- ... and is judged for an approval on those args: the record says what was approved
+SELECT tool FROM durable_ledger.register_tool('model_ap', 'regress', side_effecting => false,
+                                              divergence => 'pause');
+SELECT key AS ap_x FROM durable_ledger.begin_recorded('rec-ap', 'model_ap', '{"p": "A"}') \gset
+SELECT durable_ledger.release_run('rec-ap');
+SELECT tool FROM durable_ledger.set_approval('model_ap', 'strict $.p == "A"', 'regress');
+SELECT key AS ap_y, decision FROM durable_ledger.begin_recorded('rec-ap', 'model_ap', '{"p": "B"}') \gset
+SELECT durable_ledger.release_run('rec-ap');
+SELECT verdict FROM durable_ledger.resolve_divergence(:'ap_y', 'same', 'regress');
+SELECT key = :'ap_x' AS is_x, decision, status, attempt FROM durable_ledger.begin_recorded('rec-ap', 'model_ap', '{"p": "B"}');
+SELECT durable_ledger.release_run('rec-ap');
+SELECT status, args FROM durable_ledger.effects WHERE key = :'ap_x';
+SELECT detail -> 'args' AS asked FROM durable_ledger.audit_log WHERE key = :'ap_x' AND event = 'approval_requested';
+SELECT tool FROM durable_ledger.retire_tool('model_ap', 'regress');
 
 -- ===================================================================
 -- a run whose last recorded call was lost is settled for purge_settled and

@@ -57,7 +57,7 @@
 #define REASON_APPROVAL_OTHER_ARGS \
 	"a person said this call is the same as effect \"%s\", which was approved for the args it was recorded with, not for this call's: it is not executed; an approval binds to the call approved"
 #define REASON_APPROVAL_CHANGED_ARGS \
-	"an approver approved this key for the args it was recorded with, and this call has other args: it is not executed; call it with the args approved, or have an approver reject it"
+	"an approver approved this key for the args it was recorded with, and this call has other args: it is not executed; the run must make the call with the args approved (or a person abandons the run)"
 #define REASON_IN_PROGRESS_MINE \
 	"this lease began this effect and has not reported its outcome yet; report it with complete_effect or fail_effect"
 #define REASON_IN_PROGRESS_OTHER \
@@ -395,20 +395,32 @@ request_approval(Decision *d, int32 attempt)
 }
 
 /*
+ * The args a next attempt of the effect is recorded with: the call's; but a
+ * drifted call a verdict made the same starts the effect's own again, whose
+ * key is of the effect's args (apply_change keeps them).
+ */
+static Jsonb *
+next_attempt_args(const Facts *f)
+{
+	return f->intent == &f->same ? f->row.args : f->intent->args;
+}
+
+/*
  * The effect starts again as its next attempt, for reason: its current one
  * is kept in past_attempts with status replaced_as.  A call that needs an
- * approval asks for it again: an approval is of one execution.
+ * approval asks for it again (an approval is of one execution), judged on
+ * the args the attempt is recorded with.
  */
 static void
-next_attempt(const Call *call, const EffectRow *row, EffectStatus replaced_as,
+next_attempt(const Call *call, const Facts *f, EffectStatus replaced_as,
 			 const char *reason, Decision *d)
 {
-	decide_execute(d, row->attempt + 1);
+	decide_execute(d, f->row.attempt + 1);
 	d->answer.reason = reason;
 	d->change = CHANGE_NEXT_ATTEMPT;
 	d->replaced_as = replaced_as;
-	if (call->needs_approval)
-		request_approval(d, row->attempt + 1);
+	if (dl_needs_approval(&call->rules, next_attempt_args(f)))
+		request_approval(d, f->row.attempt + 1);
 }
 
 /*
@@ -471,7 +483,7 @@ judge_started(const Call *call, const Facts *f, Decision *d)
 	}
 	if (f->intent->safe_to_redo && row->safe_to_redo)
 	{
-		next_attempt(call, row, EFFECT_UNKNOWN,
+		next_attempt(call, f, EFFECT_UNKNOWN,
 					 psprintf(REASON_REDO, row->attempt, row->attempt + 1), d);
 		return;
 	}
@@ -535,7 +547,7 @@ judge_row(const Call *call, const Facts *f, Decision *d)
 			if (f->intent->business_key)
 			{
 				/* a failed business key is executed again: its next attempt */
-				next_attempt(call, row, EFFECT_FAILED,
+				next_attempt(call, f, EFFECT_FAILED,
 							 row->execute_again ? reason_again(row) : NULL, d);
 				return;
 			}
@@ -547,7 +559,7 @@ judge_row(const Call *call, const Facts *f, Decision *d)
 				 * made the same, which would execute its own args under the
 				 * effect's record: it replays
 				 */
-				next_attempt(call, row, EFFECT_FAILED, reason_again(row), d);
+				next_attempt(call, f, EFFECT_FAILED, reason_again(row), d);
 				return;
 			}
 			decide_replay(d, REASON_REPLAY_FAILED);
@@ -697,8 +709,7 @@ apply_change(Call *call, const Facts *f, const Decision *d)
 				return false;
 			if (!f->intent->business_key)	/* a watched tool's replay, made again */
 				dl_progress_redone(&call->progress, f->intent->key);
-			if (f->intent == &f->same)
-				intent.args = f->row.args;	/* the effect's, which its key is of: not the drifted call's */
+			intent.args = next_attempt_args(f);
 			dl_write_next_attempt(&locked, &intent, d->replaced_as);
 			return true;
 		case CHANGE_START_APPROVED:
@@ -734,7 +745,8 @@ audit_decision(const Facts *f, const Decision *d)
 		/* who asks is the audit row's role: an approver may not be them */
 		event = AUDIT_APPROVAL_REQUESTED;
 		dl_detail_text(&detail, "tool", f->intent->tool);
-		dl_detail_jsonb(&detail, "args", f->intent->args);	/* what asks: an attempt's own */
+		dl_detail_jsonb(&detail, "args", d->change == CHANGE_NEXT_ATTEMPT ?
+						next_attempt_args(f) : f->intent->args);	/* what asks */
 		if (d->change == CHANGE_NEXT_ATTEMPT)
 			dl_detail_text(&detail, "after", dl_status_name(d->replaced_as));
 		dl_write_audit(f->intent->run, f->intent->key, event, dl_detail_finish(&detail),
