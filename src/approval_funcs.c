@@ -49,7 +49,7 @@ check_not_requester(const EffectRow *row)
 				 errmsg("the request for the approval of effect \"%s\" is not in the audit log",
 						row->key),
 				 errdetail("Who asked for it cannot be told apart from who approves it."),
-				 errhint("Reject it, or have the run call it again once it is rejected.")));
+				 errhint("The ledger keeps that row while the call waits: it was removed by hand. No verdict can be given; a person may abandon the run (abandon_run).")));
 	if (strcmp(role_name, my_role) == 0 || strcmp(session_user_name, my_role) == 0 ||
 		strcmp(role_name, my_login) == 0 || strcmp(session_user_name, my_login) == 0)
 		ereport(ERROR,
@@ -97,13 +97,7 @@ give_verdict(FunctionCallInfo fcinfo, bool approved, const char *function)
 	if (!dl_lock_effect(key, &locked))
 		dl_error_unknown_key(key);
 	before = locked.row;
-	if (before.approval == APPROVAL_NONE)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("effect \"%s\" does not wait for an approval", key),
-				 errdetail("Its current attempt (%d) is %s and was not recorded as needing an approval.",
-						   before.attempt, dl_status_name(before.status))));
-	if (before.conflict)
+	if (before.conflict && before.approval != APPROVAL_NONE)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("effect \"%s\" waits for a person's resolution", key),
@@ -113,6 +107,9 @@ give_verdict(FunctionCallInfo fcinfo, bool approved, const char *function)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("effect \"%s\" does not wait for an approval", key),
+				 before.approval == APPROVAL_NONE ?
+				 errdetail("Its current attempt (%d) is %s and was not recorded as needing an approval.",
+						   before.attempt, dl_status_name(before.status)) :
 				 errdetail("A person settled its request for an approval otherwise: attempt %d is %s.",
 						   before.attempt, dl_status_name(before.status))));
 	if (verdict_given(&before) == wanted)

@@ -99,7 +99,6 @@ typedef struct Call
 	char		derived_key[DL_KEY_HEX_LEN + 1];
 	bool		waited;			/* it may have waited for a lock since its token lease was checked */
 	bool		unregistered;	/* its tool is nobody's, and policy warn: warned once it executes */
-	bool		needs_approval; /* its tool's condition (set_approval) matches its args */
 } Call;
 
 /* The effect a round decides on, read afresh each round. */
@@ -230,7 +229,6 @@ read_call(const BeginRequest *request, Call *call)
 	waited |= dl_tool_rules(request->tool, &call->rules);
 	if (request->recorded)
 		dl_check_may_redo(request->tool, &call->rules);
-	call->needs_approval = dl_needs_approval(&call->rules, request->args);
 
 	/*
 	 * A token lease was checked before those locks: after waiting for an
@@ -395,12 +393,14 @@ request_approval(Decision *d, int32 attempt)
 }
 
 /*
- * The args a next attempt of the effect is recorded with: the call's; but a
- * drifted call a verdict made the same starts the effect's own again, whose
- * key is of the effect's args (apply_change keeps them).
+ * The args an attempt this call starts is recorded with, and judged on for
+ * an approval (set_approval): the call's; but a drifted call a verdict made
+ * the same starts the effect's own again, whose key is of the effect's args.
+ * Judged only where the call would execute: a replay or a pause never
+ * evaluates the condition.
  */
 static Jsonb *
-next_attempt_args(const Facts *f)
+attempt_args(const Facts *f)
 {
 	return f->intent == &f->same ? f->row.args : f->intent->args;
 }
@@ -419,7 +419,7 @@ next_attempt(const Call *call, const Facts *f, EffectStatus replaced_as,
 	d->answer.reason = reason;
 	d->change = CHANGE_NEXT_ATTEMPT;
 	d->replaced_as = replaced_as;
-	if (dl_needs_approval(&call->rules, next_attempt_args(f)))
+	if (dl_needs_approval(&call->rules, attempt_args(f)))
 		request_approval(d, f->row.attempt + 1);
 }
 
@@ -444,7 +444,7 @@ judge_new(const Call *call, const Facts *f, Decision *d)
 		case DRIFT_WARN:
 			decide_execute(d, 1);
 			d->change = CHANGE_INTENT;
-			if (call->needs_approval)
+			if (dl_needs_approval(&call->rules, attempt_args(f)))
 				request_approval(d, 1);
 			return;
 		case DRIFT_SAME:
@@ -709,7 +709,7 @@ apply_change(Call *call, const Facts *f, const Decision *d)
 				return false;
 			if (!f->intent->business_key)	/* a watched tool's replay, made again */
 				dl_progress_redone(&call->progress, f->intent->key);
-			intent.args = next_attempt_args(f);
+			intent.args = attempt_args(f);
 			dl_write_next_attempt(&locked, &intent, d->replaced_as);
 			return true;
 		case CHANGE_START_APPROVED:
@@ -745,8 +745,7 @@ audit_decision(const Facts *f, const Decision *d)
 		/* who asks is the audit row's role: an approver may not be them */
 		event = AUDIT_APPROVAL_REQUESTED;
 		dl_detail_text(&detail, "tool", f->intent->tool);
-		dl_detail_jsonb(&detail, "args", d->change == CHANGE_NEXT_ATTEMPT ?
-						next_attempt_args(f) : f->intent->args);	/* what asks */
+		dl_detail_jsonb(&detail, "args", attempt_args(f));	/* what asks */
 		if (d->change == CHANGE_NEXT_ATTEMPT)
 			dl_detail_text(&detail, "after", dl_status_name(d->replaced_as));
 		dl_write_audit(f->intent->run, f->intent->key, event, dl_detail_finish(&detail),

@@ -17,6 +17,7 @@
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
+#include "utils/memutils.h"
 
 #include "policy.h"
 
@@ -172,15 +173,23 @@ dl_divergence_judged(const ToolRules *rules, bool recorded)
 static bool
 condition_matches(JsonPath *condition, Jsonb *args)
 {
+	static Jsonb *no_variables = NULL;	/* '{}', made once: a condition names none */
 	LOCAL_FCINFO(fcinfo, 4);
 	Datum		matched;
 
+	if (no_variables == NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		no_variables = DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum("{}")));
+		MemoryContextSwitchTo(old);
+	}
 	InitFunctionCallInfoData(*fcinfo, NULL, 4, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = JsonbPGetDatum(args);
 	fcinfo->args[0].isnull = false;
 	fcinfo->args[1].value = PointerGetDatum(condition);
 	fcinfo->args[1].isnull = false;
-	fcinfo->args[2].value = DirectFunctionCall1(jsonb_in, CStringGetDatum("{}"));
+	fcinfo->args[2].value = JsonbPGetDatum(no_variables);
 	fcinfo->args[2].isnull = false;
 	fcinfo->args[3].value = BoolGetDatum(true);	/* silent */
 	fcinfo->args[3].isnull = false;

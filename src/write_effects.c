@@ -111,15 +111,19 @@ intent_status(const NewIntent *intent)
 }
 
 /*
- * The columns an attempt has when it starts: its run and attempt, status
- * started (or awaiting_approval), no outcome, the intent's meta, lease epoch
- * and this backend, begun now, nobody's resolution yet.  Shared by a new
- * intent, a next attempt and an approved call that starts (whose approval
- * is kept: keep_approval).
+ * The columns an attempt has when it starts: its run and attempt, its args
+ * (a tool's key fields leave some out of the key, and what an approver
+ * decides on is what the attempt executes), status started (or
+ * awaiting_approval), no outcome, the intent's meta, lease epoch and this
+ * backend, begun now, nobody's resolution yet.  Shared by a new intent, a
+ * next attempt and an approved call that starts, which keeps its approval
+ * and the args approved (keep_approval).
  */
 static void
 set_attempt_started(RowWrite *w, const NewIntent *intent, int32 attempt, bool keep_approval)
 {
+	if (!keep_approval)
+		dl_row_set(w, EFF_ARGS, JsonbPGetDatum(intent->args));
 	dl_row_set(w, EFF_RUN, CStringGetTextDatum(intent->run));
 	dl_row_set(w, EFF_ATTEMPT, Int32GetDatum(attempt));
 	dl_row_set(w, EFF_STATUS, CStringGetTextDatum(dl_status_name(intent_status(intent))));
@@ -155,7 +159,6 @@ dl_write_new_intent(const NewIntent *intent)
 	dl_row_begin(&w, &dl_effects_table);
 	dl_row_set(&w, EFF_KEY, CStringGetTextDatum(intent->key));
 	dl_row_set(&w, EFF_TOOL, CStringGetTextDatum(intent->tool));
-	dl_row_set(&w, EFF_ARGS, JsonbPGetDatum(intent->args));
 	dl_row_set(&w, EFF_BUSINESS_KEY, BoolGetDatum(intent->business_key));
 	dl_row_set_optional(&w, EFF_OCCURRENCE, Int32GetDatum(intent->occurrence), intent->business_key);
 	set_attempt_started(&w, intent, 1, false);
@@ -448,12 +451,8 @@ dl_write_next_attempt(LockedEffect *locked, const NewIntent *intent, EffectStatu
 	dl_row_insert(&past);
 	dl_row_end(&past);
 
-	/*
-	 * the next attempt, with its own args: a tool's key fields leave some out
-	 * of the key, and what an approver decides on is what this attempt executes
-	 */
+	/* the next attempt, with its own args */
 	set_attempt_started(&w, intent, locked->row.attempt + 1, false);
-	dl_row_set(&w, EFF_ARGS, JsonbPGetDatum(intent->args));
 	(void) end_effect_update(&w, locked);
 }
 
