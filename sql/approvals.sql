@@ -266,6 +266,14 @@ SELECT durable_ledger.release_run('ap-6');
 RESET SESSION AUTHORIZATION;
 SELECT status, count(*) FROM durable_ledger.effects WHERE tool = 'ap_deploy' GROUP BY 1 ORDER BY 1;
 
+-- a row set to wait by hand, with no request recorded, takes no verdict
+SELECT key AS k_hand FROM durable_ledger.effects WHERE run = 'ap-6' AND tool = 'ap_deploy' LIMIT 1 \gset
+UPDATE durable_ledger.effects SET status = 'awaiting_approval', approval = NULL WHERE key = :'k_hand';
+SET SESSION AUTHORIZATION regress_ap_alice;
+SELECT regress_sqlstate(format($$SELECT durable_ledger.approve_effect(%L, 'Alice')$$, :'k_hand'));
+RESET SESSION AUTHORIZATION;
+SELECT status, approval, approver FROM durable_ledger.effects WHERE key = :'k_hand';
+
 DROP OWNED BY regress_ap_worker, regress_ap_alice, regress_ap_both;
 DROP ROLE regress_ap_worker;
 DROP ROLE regress_ap_alice;

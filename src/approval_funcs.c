@@ -26,6 +26,9 @@ PG_FUNCTION_INFO_V1(dl_reject_effect_1_3);
 static Approval
 verdict_given(const EffectRow *row)
 {
+	/* a row nobody asked an approval for (one set by hand) takes no verdict */
+	if (row->approval == APPROVAL_NONE)
+		return APPROVAL_NONE;
 	if (row->status == EFFECT_AWAITING_APPROVAL)
 		return APPROVAL_REQUESTED;
 	if (row->approval == APPROVAL_REQUESTED)
