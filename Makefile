@@ -24,6 +24,7 @@ OBJS = \
 	src/write_registry.o \
 	src/write_retention.o \
 	src/write_divergences.o \
+	src/write_budgets.o \
 	src/audit.o \
 	src/durability.o \
 	src/runlock.o \
@@ -33,6 +34,8 @@ OBJS = \
 	src/counters.o \
 	src/tools.o \
 	src/divergence.o \
+	src/budgets.o \
+	src/models.o \
 	src/decide.o \
 	src/local.o \
 	src/begin_funcs.o \
@@ -40,6 +43,7 @@ OBJS = \
 	src/report.o \
 	src/resolve_funcs.o \
 	src/approval_funcs.o \
+	src/budget_funcs.o \
 	src/status_funcs.o \
 	src/lease_funcs.o \
 	src/token_funcs.o \
@@ -95,6 +99,7 @@ REGRESS = \
 	retry \
 	reconcile \
 	approvals \
+	budgets \
 	local_effects
 REGRESS_OPTS = --encoding=UTF8 --load-extension=pgcrypto --load-extension=dblink
 

@@ -1287,3 +1287,275 @@ GRANT EXECUTE ON FUNCTION
     durable_ledger.approve_effect(text, text, text),
     durable_ledger.reject_effect(text, text, text)
     TO durable_ledger_approver;
+
+-- ---------------------------------------------------------------------------
+-- Budgets and the model of each attempt (docs/reference.md, "Budgets" and
+-- "The model that answered"): a registered tool's executions per run (and
+-- in a window), every run's attempts, each run's own where an admin raised
+-- them; a call that would pass one pauses, listed in unresolved.  Each
+-- attempt's model (meta.model) is recorded, and a change audited.
+-- ---------------------------------------------------------------------------
+ALTER DOMAIN durable_ledger.audit_event DROP CONSTRAINT audit_event_check;
+ALTER DOMAIN durable_ledger.audit_event ADD CONSTRAINT audit_event_check
+    CHECK (VALUE IN ('lease_acquired', 'lease_released', 'lease_broken',
+                     'intent', 'replay', 'pause', 'in_progress',
+                     'completed', 'late_completion', 'failed', 'late_failure',
+                     'resolved', 'conflict',
+                     'tool_registered', 'tool_changed', 'tool_retired',
+                     'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
+                     'carried', 'policy_changed', 'purged', 'audit_purged',
+                     'superseded_report', 'history_chained', 'retry_allowed',
+                     'reconciled', 'approval_requested', 'approved', 'rejected',
+                     'budget_changed', 'model_changed'));
+ALTER TABLE durable_ledger.runs ADD COLUMN max_attempts integer;
+COMMENT ON COLUMN durable_ledger.runs.max_attempts IS
+    'this run''s budget of attempts (set_run_budget); NULL: the deployment''s (policy.max_run_attempts)';
+ALTER TABLE durable_ledger.tools
+    ADD COLUMN max_executions integer,
+    ADD COLUMN max_in_window integer,
+    ADD COLUMN budget_window interval;
+COMMENT ON COLUMN durable_ledger.tools.max_executions IS
+    'the budget of executions of the tool per run (set_budget): the call that would pass it pauses; NULL: none';
+COMMENT ON COLUMN durable_ledger.tools.max_in_window IS
+    'at most this many executions per run within budget_window (set_budget); NULL: no window';
+COMMENT ON COLUMN durable_ledger.tools.budget_window IS
+    'the window of max_in_window';
+ALTER TABLE durable_ledger.policy ADD COLUMN max_run_attempts integer;
+COMMENT ON COLUMN durable_ledger.policy.max_run_attempts IS
+    'the budget of attempts (lease epochs) of every run, unless an admin set a run''s own (set_attempts_budget, set_run_budget): a call that would execute in a later attempt pauses; NULL: none';
+
+-- Budgets (1.3; docs/reference.md, "Budgets"): each run's count of the
+-- executions of each budgeted tool, kept by the call that executes (so a
+-- rolled-back call counts nothing, and no history is scanned), with the
+-- run's own budget where an admin set one, and the call a budget paused.
+CREATE TABLE durable_ledger.run_budgets (
+    run             text NOT NULL,
+    tool            text NOT NULL,
+    executions      integer NOT NULL,
+    recent          timestamptz[] NOT NULL,
+    max_executions  integer,
+    max_in_window   integer,
+    paused_at       timestamptz,
+    paused_key      text,
+    paused_args     jsonb,
+    paused_epoch    bigint,
+    paused_reason   text,
+    PRIMARY KEY (run, tool)
+);
+-- the budgets that pause a call, found without reading the others
+CREATE INDEX run_budgets_paused_idx ON durable_ledger.run_budgets (paused_at)
+    WHERE paused_at IS NOT NULL;
+COMMENT ON TABLE durable_ledger.run_budgets IS
+    'per run and budgeted tool: how many times the tool executed in the run, the run''s own budget where an admin set one (set_run_budget), and the call a budget paused';
+COMMENT ON COLUMN durable_ledger.run_budgets.run IS
+    'the run';
+COMMENT ON COLUMN durable_ledger.run_budgets.tool IS
+    'the tool';
+COMMENT ON COLUMN durable_ledger.run_budgets.executions IS
+    'how many calls of the tool executed in the run while it had a budget (a replay or a pause is no execution)';
+COMMENT ON COLUMN durable_ledger.run_budgets.recent IS
+    'when the latest executions began, at most max_in_window of them: what the window counts';
+COMMENT ON COLUMN durable_ledger.run_budgets.max_executions IS
+    'this run''s budget of executions of the tool (set_run_budget); NULL: the tool''s';
+COMMENT ON COLUMN durable_ledger.run_budgets.max_in_window IS
+    'this run''s budget of executions within the tool''s window; NULL: the tool''s';
+COMMENT ON COLUMN durable_ledger.run_budgets.paused_at IS
+    'when a budget last paused a call of the tool in the run; NULL once a call executes or an admin sets the run''s budget';
+COMMENT ON COLUMN durable_ledger.run_budgets.paused_key IS
+    'the paused call''s key (nothing is recorded under it)';
+COMMENT ON COLUMN durable_ledger.run_budgets.paused_args IS
+    'the paused call''s arguments';
+COMMENT ON COLUMN durable_ledger.run_budgets.paused_epoch IS
+    'the attempt (lease epoch) that made it';
+COMMENT ON COLUMN durable_ledger.run_budgets.paused_reason IS
+    'the budget that paused it, and the count';
+
+-- The model each attempt of a run called with (meta.model of its first call
+-- that names one), and the earlier attempts' when it changed.
+CREATE TABLE durable_ledger.run_models (
+    run             text NOT NULL,
+    lease_epoch     bigint NOT NULL,
+    model           text NOT NULL,
+    changed_from    text,
+    recorded_at     timestamptz NOT NULL,
+    PRIMARY KEY (run, lease_epoch)
+);
+COMMENT ON TABLE durable_ledger.run_models IS
+    'per attempt of a run: the model its calls named (meta.model), recorded by its first call that named one';
+COMMENT ON COLUMN durable_ledger.run_models.run IS
+    'the run';
+COMMENT ON COLUMN durable_ledger.run_models.lease_epoch IS
+    'the attempt (lease epoch)';
+COMMENT ON COLUMN durable_ledger.run_models.model IS
+    'the model, as meta.model names it';
+COMMENT ON COLUMN durable_ledger.run_models.changed_from IS
+    'the model of the run''s latest earlier attempt that named one, when it was another (model_changed); NULL: the same, or none';
+COMMENT ON COLUMN durable_ledger.run_models.recorded_at IS
+    'when';
+
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.run_budgets', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.run_models', '');
+REVOKE ALL ON durable_ledger.run_budgets, durable_ledger.run_models FROM PUBLIC;
+GRANT SELECT ON durable_ledger.run_budgets, durable_ledger.run_models TO durable_ledger_auditor;
+
+CREATE OR REPLACE VIEW durable_ledger.unresolved AS
+SELECT e.key,
+       e.run,
+       e.tool,
+       CASE WHEN j.ended THEN 'unknown'
+            ELSE e.status END::durable_ledger.effect_state AS status,
+       e.conflict,
+       CASE
+           WHEN e.conflict THEN
+               'a report was kept for a person: it contradicts the recorded outcome, or names no attempt where that is ambiguous; a person must decide which is true'
+           WHEN e.status OPERATOR(pg_catalog.=) 'awaiting_approval' THEN
+               'awaiting approval: the call of a tool that needs approval was recorded and has not executed; an approver decides with durable_ledger.approve_effect() or durable_ledger.reject_effect()'
+           WHEN j.not_judged THEN
+               'read on a hot standby, which cannot see the primary''s leases: whether this effect is still in flight cannot be judged here; ask the primary'
+           ELSE
+               'intent recorded, no completion, and the lease that started it has ended: nobody knows whether the effect happened'
+       END                                          AS reason,
+       e.created_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) e.created_at AS age,
+       e.args,
+       e.meta,
+       e.business_key,
+       e.occurrence,
+       e.attempt,
+       e.lease_epoch,
+       NULL::text                                   AS may_duplicate,
+       ab.abandoned_at                              AS run_abandoned_at,
+       -- the key the provider was given: a business key's, and any attempt
+       -- after the first, names its attempt
+       CASE WHEN e.business_key OR e.attempt OPERATOR(pg_catalog.>) 1
+            THEN pg_catalog.concat(e.key, '#', e.attempt)
+            ELSE e.key END                          AS downstream_key,
+       -- a reconciler may settle an unknown outcome of the tool, this long
+       -- after it was found unknown (a flagged one waits for a person)
+       CASE WHEN NOT e.conflict THEN (
+            SELECT t.reconcile_grace FROM durable_ledger.tools t
+             WHERE t.tool OPERATOR(pg_catalog.=) e.tool) END AS reconcile_grace
+  FROM durable_ledger.unsettled u
+  JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) u.key
+                              AND e.created_at OPERATOR(pg_catalog.=) u.created_at
+  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) e.run
+ CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
+  LEFT JOIN LATERAL (
+        SELECT r.lease_kind, r.lock_key, r.holder_pid
+          FROM durable_ledger.runs r
+         WHERE r.run OPERATOR(pg_catalog.=) e.run
+           AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
+           AND r.released_at IS NULL) cur ON e.status OPERATOR(pg_catalog.=) 'started'
+ CROSS JOIN LATERAL (
+        SELECT e.status OPERATOR(pg_catalog.=) 'started' AND s.standby AS not_judged,
+               e.status OPERATOR(pg_catalog.=) 'started' AND CASE
+                   WHEN s.standby THEN false
+                   WHEN cur.lease_kind OPERATOR(pg_catalog.=) 'token' THEN NOT EXISTS (
+                       SELECT 1 FROM durable_ledger.token_leases t
+                        WHERE t.run OPERATOR(pg_catalog.=) e.run
+                          AND t.epoch OPERATOR(pg_catalog.=) e.lease_epoch
+                          AND t.released_at IS NULL
+                          AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
+                   WHEN cur.lease_kind IS NULL THEN true
+                   ELSE NOT EXISTS (
+                       SELECT 1 FROM durable_ledger.lease_locks l
+                        WHERE l.pid OPERATOR(pg_catalog.=) cur.holder_pid
+                          AND l.lock_key OPERATOR(pg_catalog.=) cur.lock_key)
+               END AS ended) j
+ WHERE e.conflict
+    OR e.status OPERATOR(pg_catalog.=) 'unknown'
+    OR e.status OPERATOR(pg_catalog.=) 'awaiting_approval'
+    OR j.ended
+    OR j.not_judged
+UNION ALL
+SELECT d.key,
+       d.run,
+       d.tool,
+       NULL::durable_ledger.effect_state,
+       false,
+       'a later attempt made a call of this tool that the run''s earlier attempts did not make, while an earlier effect of the tool (may_duplicate) was not replayed yet: a person must say whether it is the same operation (durable_ledger.resolve_divergence(key, ''same'', ...): its outcome is replayed) or distinct (''distinct'': it is executed)',
+       d.detected_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) d.detected_at,
+       d.args,
+       NULL,
+       false,
+       d.occurrence,
+       NULL,
+       d.lease_epoch,
+       d.candidate_key,
+       ab.abandoned_at,
+       NULL,
+       NULL::interval
+  FROM durable_ledger.divergences d
+  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) d.run
+ WHERE d.verdict IS NULL
+   AND NOT EXISTS (SELECT FROM durable_ledger.effects x
+                    WHERE x.key OPERATOR(pg_catalog.=) d.key)  -- executed meanwhile (policy off)
+UNION ALL
+SELECT b.paused_key,
+       b.run,
+       b.tool,
+       NULL::durable_ledger.effect_state,
+       false,
+       b.paused_reason,
+       b.paused_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) b.paused_at,
+       b.paused_args,
+       NULL,
+       false,
+       NULL,
+       NULL,
+       b.paused_epoch,
+       NULL,
+       ab.abandoned_at,
+       NULL,
+       NULL::interval
+  FROM durable_ledger.run_budgets b
+  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) b.run
+ WHERE b.paused_at IS NOT NULL;
+COMMENT ON VIEW durable_ledger.unresolved IS
+    'what needs a person: effects unknown, started under a lease that is no longer live, flagged by a report or awaiting approval, drifted calls without a verdict, and calls a budget paused; read through unsettled, so it costs what waits, not what the ledger holds';
+COMMENT ON COLUMN durable_ledger.unresolved.status IS
+    'the effect''s status (unknown for a started effect whose lease has ended); NULL for a drifted call or a call a budget paused, for which nothing was recorded';
+
+-- Budgets (docs/reference.md, "Budgets").
+CREATE FUNCTION durable_ledger.set_budget(tool text, max_executions integer, changed_by text,
+                                          note text DEFAULT NULL,
+                                          max_in_window integer DEFAULT NULL,
+                                          budget_window interval DEFAULT NULL)
+RETURNS durable_ledger.tools
+AS 'MODULE_PATHNAME', 'dl_set_budget_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.set_budget(text, integer, text, text, integer, interval) IS
+    'a registered tool''s budget per run: at most max_executions executions (NULL: no limit), and at most max_in_window within budget_window; the call that would pass it pauses; audited as tool_changed';
+
+CREATE FUNCTION durable_ledger.set_attempts_budget(max_attempts integer, changed_by text,
+                                                   note text DEFAULT NULL)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'dl_set_attempts_budget_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.set_attempts_budget(integer, text, text) IS
+    'every run''s budget of attempts (lease epochs), unless it has its own: a call that would execute in a later attempt pauses; NULL: none; returns the budget it replaces; audited as policy_changed';
+
+CREATE FUNCTION durable_ledger.set_run_budget(run text, changed_by text, note text DEFAULT NULL,
+                                              tool text DEFAULT NULL,
+                                              max_executions integer DEFAULT NULL,
+                                              max_in_window integer DEFAULT NULL,
+                                              max_attempts integer DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'dl_set_run_budget_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.set_run_budget(text, text, text, text, integer, integer, integer) IS
+    'one run''s own budgets, where a person raises (or lowers) what paused it: of a budgeted tool''s executions, in its window, of attempts; what is NULL is kept; the pauses it answers are listed no more; audited as budget_changed';
+REVOKE ALL ON FUNCTION
+    durable_ledger.set_budget(text, integer, text, text, integer, interval),
+    durable_ledger.set_attempts_budget(integer, text, text),
+    durable_ledger.set_run_budget(text, text, text, text, integer, integer, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    durable_ledger.set_budget(text, integer, text, text, integer, interval),
+    durable_ledger.set_attempts_budget(integer, text, text),
+    durable_ledger.set_run_budget(text, text, text, text, integer, integer, integer)
+    TO durable_ledger_admin;

@@ -80,7 +80,8 @@ CREATE DOMAIN durable_ledger.audit_event AS text
                      'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
                      'carried', 'policy_changed', 'purged', 'audit_purged',
                      'superseded_report', 'history_chained', 'retry_allowed',
-                     'reconciled', 'approval_requested', 'approved', 'rejected'));
+                     'reconciled', 'approval_requested', 'approved', 'rejected',
+                     'budget_changed', 'model_changed'));
 -- the kind of lease that holds an epoch
 CREATE DOMAIN durable_ledger.lease_kind AS text
     CHECK (VALUE IN ('session', 'token'));
@@ -122,7 +123,8 @@ CREATE TABLE durable_ledger.runs (
     abandoned_by            text,
     abandon_note            text,
     forked_from             text,
-    forked_up_to            text
+    forked_up_to            text,
+    max_attempts            integer
 );
 CREATE INDEX runs_lock_key_idx ON durable_ledger.runs (lock_key);
 COMMENT ON TABLE durable_ledger.runs IS
@@ -159,6 +161,8 @@ COMMENT ON COLUMN durable_ledger.runs.forked_from IS
     'a forked run''s source run (fork_run); NULL for a run that was not forked';
 COMMENT ON COLUMN durable_ledger.runs.forked_up_to IS
     'the last effect of the source run that the fork carries';
+COMMENT ON COLUMN durable_ledger.runs.max_attempts IS
+    'this run''s budget of attempts (set_run_budget); NULL: the deployment''s (policy.max_run_attempts)';
 
 CREATE TABLE durable_ledger.effects (
     key             text PRIMARY KEY,
@@ -481,7 +485,10 @@ CREATE TABLE durable_ledger.tools (
     retired_by      text,
     retired_at      timestamptz,
     reconcile_grace interval,
-    approval        jsonpath
+    approval        jsonpath,
+    max_executions  integer,
+    max_in_window   integer,
+    budget_window   interval
 );
 COMMENT ON TABLE durable_ledger.tools IS
     'the tools registry: what admins declared of each tool (register_tool, change_tool, retire_tool), every change audited';
@@ -511,6 +518,12 @@ COMMENT ON COLUMN durable_ledger.tools.reconcile_grace IS
     'NULL: an unknown outcome of the tool waits for a person; else a worker may settle it from the provider''s record (reconcile_effect) this long after the ledger found it unknown (set_reconcile)';
 COMMENT ON COLUMN durable_ledger.tools.approval IS
     'NULL: the tool''s calls execute without approval; else a jsonpath predicate on a call''s args: where it is true (or not a boolean), the call waits for an approver (set_approval, approve_effect)';
+COMMENT ON COLUMN durable_ledger.tools.max_executions IS
+    'the budget of executions of the tool per run (set_budget): the call that would pass it pauses; NULL: none';
+COMMENT ON COLUMN durable_ledger.tools.max_in_window IS
+    'at most this many executions per run within budget_window (set_budget); NULL: no window';
+COMMENT ON COLUMN durable_ledger.tools.budget_window IS
+    'the window of max_in_window';
 
 -- What a deployment allows for tools nobody registered.  A row, changed by
 -- admins and audited, not a setting: a setting of a library loaded on first
@@ -521,7 +534,8 @@ CREATE TABLE durable_ledger.policy (
     changed_by              text NOT NULL,
     changed_at              timestamptz NOT NULL,
     note                    text,
-    unregistered_divergence durable_ledger.divergence_policy NOT NULL DEFAULT 'pause'
+    unregistered_divergence durable_ledger.divergence_policy NOT NULL DEFAULT 'pause',
+    max_run_attempts        integer
 );
 COMMENT ON TABLE durable_ledger.policy IS
     'what a deployment allows for tools nobody registered: at most one row, changed by admins with set_unregistered_tools and set_unregistered_divergence and audited; no row: allow and pause';
@@ -537,6 +551,8 @@ COMMENT ON COLUMN durable_ledger.policy.note IS
     'the note of the latest change';
 COMMENT ON COLUMN durable_ledger.policy.unregistered_divergence IS
     'pause, warn or off: how a later attempt''s drifted call of a tool nobody registered is handled';
+COMMENT ON COLUMN durable_ledger.policy.max_run_attempts IS
+    'the budget of attempts (lease epochs) of every run, unless an admin set a run''s own (set_attempts_budget, set_run_budget): a call that would execute in a later attempt pauses; NULL: none';
 
 -- Divergence: a later attempt's call that its run's earlier attempts did not
 -- make, while they made calls of the same tool that it has not replayed yet.
@@ -589,6 +605,75 @@ COMMENT ON COLUMN durable_ledger.divergences.resolved_at IS
 COMMENT ON COLUMN durable_ledger.divergences.resolution_note IS
     'resolve_divergence''s note';
 
+-- Budgets (1.3; docs/reference.md, "Budgets"): each run's count of the
+-- executions of each budgeted tool, kept by the call that executes (so a
+-- rolled-back call counts nothing, and no history is scanned), with the
+-- run's own budget where an admin set one, and the call a budget paused.
+CREATE TABLE durable_ledger.run_budgets (
+    run             text NOT NULL,
+    tool            text NOT NULL,
+    executions      integer NOT NULL,
+    recent          timestamptz[] NOT NULL,
+    max_executions  integer,
+    max_in_window   integer,
+    paused_at       timestamptz,
+    paused_key      text,
+    paused_args     jsonb,
+    paused_epoch    bigint,
+    paused_reason   text,
+    PRIMARY KEY (run, tool)
+);
+-- the budgets that pause a call, found without reading the others
+CREATE INDEX run_budgets_paused_idx ON durable_ledger.run_budgets (paused_at)
+    WHERE paused_at IS NOT NULL;
+COMMENT ON TABLE durable_ledger.run_budgets IS
+    'per run and budgeted tool: how many times the tool executed in the run, the run''s own budget where an admin set one (set_run_budget), and the call a budget paused';
+COMMENT ON COLUMN durable_ledger.run_budgets.run IS
+    'the run';
+COMMENT ON COLUMN durable_ledger.run_budgets.tool IS
+    'the tool';
+COMMENT ON COLUMN durable_ledger.run_budgets.executions IS
+    'how many calls of the tool executed in the run while it had a budget (a replay or a pause is no execution)';
+COMMENT ON COLUMN durable_ledger.run_budgets.recent IS
+    'when the latest executions began, at most max_in_window of them: what the window counts';
+COMMENT ON COLUMN durable_ledger.run_budgets.max_executions IS
+    'this run''s budget of executions of the tool (set_run_budget); NULL: the tool''s';
+COMMENT ON COLUMN durable_ledger.run_budgets.max_in_window IS
+    'this run''s budget of executions within the tool''s window; NULL: the tool''s';
+COMMENT ON COLUMN durable_ledger.run_budgets.paused_at IS
+    'when a budget last paused a call of the tool in the run; NULL once a call executes or an admin sets the run''s budget';
+COMMENT ON COLUMN durable_ledger.run_budgets.paused_key IS
+    'the paused call''s key (nothing is recorded under it)';
+COMMENT ON COLUMN durable_ledger.run_budgets.paused_args IS
+    'the paused call''s arguments';
+COMMENT ON COLUMN durable_ledger.run_budgets.paused_epoch IS
+    'the attempt (lease epoch) that made it';
+COMMENT ON COLUMN durable_ledger.run_budgets.paused_reason IS
+    'the budget that paused it, and the count';
+
+-- The model each attempt of a run called with (meta.model of its first call
+-- that names one), and the earlier attempts' when it changed.
+CREATE TABLE durable_ledger.run_models (
+    run             text NOT NULL,
+    lease_epoch     bigint NOT NULL,
+    model           text NOT NULL,
+    changed_from    text,
+    recorded_at     timestamptz NOT NULL,
+    PRIMARY KEY (run, lease_epoch)
+);
+COMMENT ON TABLE durable_ledger.run_models IS
+    'per attempt of a run: the model its calls named (meta.model), recorded by its first call that named one';
+COMMENT ON COLUMN durable_ledger.run_models.run IS
+    'the run';
+COMMENT ON COLUMN durable_ledger.run_models.lease_epoch IS
+    'the attempt (lease epoch)';
+COMMENT ON COLUMN durable_ledger.run_models.model IS
+    'the model, as meta.model names it';
+COMMENT ON COLUMN durable_ledger.run_models.changed_from IS
+    'the model of the run''s latest earlier attempt that named one, when it was another (model_changed); NULL: the same, or none';
+COMMENT ON COLUMN durable_ledger.run_models.recorded_at IS
+    'when';
+
 -- pg_dump keeps the ledger's rows (and the sequences' positions).
 SELECT pg_catalog.pg_extension_config_dump('durable_ledger.runs', '');
 SELECT pg_catalog.pg_extension_config_dump('durable_ledger.effects', '');
@@ -603,6 +688,8 @@ SELECT pg_catalog.pg_extension_config_dump('durable_ledger.token_lease_calls', '
 SELECT pg_catalog.pg_extension_config_dump('durable_ledger.tools', '');
 SELECT pg_catalog.pg_extension_config_dump('durable_ledger.policy', '');
 SELECT pg_catalog.pg_extension_config_dump('durable_ledger.divergences', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.run_budgets', '');
+SELECT pg_catalog.pg_extension_config_dump('durable_ledger.run_models', '');
 
 -- ---------------------------------------------------------------------------
 -- The audit log is append-only, and its rows are chained (src/audit_chain.c;
@@ -1002,9 +1089,31 @@ SELECT d.key,
   LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) d.run
  WHERE d.verdict IS NULL
    AND NOT EXISTS (SELECT FROM durable_ledger.effects x
-                    WHERE x.key OPERATOR(pg_catalog.=) d.key);  -- executed meanwhile (policy off)
+                    WHERE x.key OPERATOR(pg_catalog.=) d.key)  -- executed meanwhile (policy off)
+UNION ALL
+SELECT b.paused_key,
+       b.run,
+       b.tool,
+       NULL::durable_ledger.effect_state,
+       false,
+       b.paused_reason,
+       b.paused_at,
+       pg_catalog.now() OPERATOR(pg_catalog.-) b.paused_at,
+       b.paused_args,
+       NULL,
+       false,
+       NULL,
+       NULL,
+       b.paused_epoch,
+       NULL,
+       ab.abandoned_at,
+       NULL,
+       NULL::interval
+  FROM durable_ledger.run_budgets b
+  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) b.run
+ WHERE b.paused_at IS NOT NULL;
 COMMENT ON VIEW durable_ledger.unresolved IS
-    'what needs a person: effects unknown, started under a lease that is no longer live, or flagged by a report, and drifted calls without a verdict; read through unsettled, so it costs what waits, not what the ledger holds';
+    'what needs a person: effects unknown, started under a lease that is no longer live, flagged by a report or awaiting approval, drifted calls without a verdict, and calls a budget paused; read through unsettled, so it costs what waits, not what the ledger holds';
 COMMENT ON COLUMN durable_ledger.unresolved.key IS
     'the effect''s key, or the drifted call''s';
 COMMENT ON COLUMN durable_ledger.unresolved.run IS
@@ -1012,7 +1121,7 @@ COMMENT ON COLUMN durable_ledger.unresolved.run IS
 COMMENT ON COLUMN durable_ledger.unresolved.tool IS
     'the tool called';
 COMMENT ON COLUMN durable_ledger.unresolved.status IS
-    'the effect''s status (unknown for a started effect whose lease has ended); NULL for a drifted call, for which nothing was recorded';
+    'the effect''s status (unknown for a started effect whose lease has ended); NULL for a drifted call or a call a budget paused, for which nothing was recorded';
 COMMENT ON COLUMN durable_ledger.unresolved.conflict IS
     'true: flagged by a report that contradicts the recorded outcome, or names no attempt where that is ambiguous';
 COMMENT ON COLUMN durable_ledger.unresolved.reason IS
@@ -1213,6 +1322,39 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION durable_ledger.retry_effect(text, integer, text, text) IS
     'a named person''s finding that the given attempt of an effect did not happen, and that it is to be made again: the next call executes the next attempt under a new provider key';
+
+-- Budgets (docs/reference.md, "Budgets").
+CREATE FUNCTION durable_ledger.set_budget(tool text, max_executions integer, changed_by text,
+                                          note text DEFAULT NULL,
+                                          max_in_window integer DEFAULT NULL,
+                                          budget_window interval DEFAULT NULL)
+RETURNS durable_ledger.tools
+AS 'MODULE_PATHNAME', 'dl_set_budget_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.set_budget(text, integer, text, text, integer, interval) IS
+    'a registered tool''s budget per run: at most max_executions executions (NULL: no limit), and at most max_in_window within budget_window; the call that would pass it pauses; audited as tool_changed';
+
+CREATE FUNCTION durable_ledger.set_attempts_budget(max_attempts integer, changed_by text,
+                                                   note text DEFAULT NULL)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'dl_set_attempts_budget_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.set_attempts_budget(integer, text, text) IS
+    'every run''s budget of attempts (lease epochs), unless it has its own: a call that would execute in a later attempt pauses; NULL: none; returns the budget it replaces; audited as policy_changed';
+
+CREATE FUNCTION durable_ledger.set_run_budget(run text, changed_by text, note text DEFAULT NULL,
+                                              tool text DEFAULT NULL,
+                                              max_executions integer DEFAULT NULL,
+                                              max_in_window integer DEFAULT NULL,
+                                              max_attempts integer DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'dl_set_run_budget_1_3'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.set_run_budget(text, text, text, text, integer, integer, integer) IS
+    'one run''s own budgets, where a person raises (or lowers) what paused it: of a budgeted tool''s executions, in its window, of attempts; what is NULL is kept; the pauses it answers are listed no more; audited as budget_changed';
 
 -- Approvals (docs/reference.md, "Approvals"): an admin says which calls of
 -- a tool need a person's approval; an approver approves or rejects the very
@@ -1528,6 +1670,7 @@ GRANT SELECT ON
     durable_ledger.audit_log, durable_ledger.past_attempts, durable_ledger.token_leases,
     durable_ledger.token_lease_calls, durable_ledger.tools, durable_ledger.divergences,
     durable_ledger.policy, durable_ledger.audit_anchors, durable_ledger.leases,
+    durable_ledger.run_budgets, durable_ledger.run_models,
     durable_ledger.unresolved, durable_ledger.audit_heads, durable_ledger.metrics
     TO durable_ledger_auditor;
 GRANT SELECT ON SEQUENCE durable_ledger.audit_chain_seq TO durable_ledger_auditor;
@@ -1549,6 +1692,9 @@ GRANT EXECUTE ON FUNCTION
     durable_ledger.retire_tool(text, text, text),
     durable_ledger.set_reconcile(text, interval, text, text),
     durable_ledger.set_approval(text, jsonpath, text, text),
+    durable_ledger.set_budget(text, integer, text, text, integer, interval),
+    durable_ledger.set_attempts_budget(integer, text, text),
+    durable_ledger.set_run_budget(text, text, text, text, integer, integer, integer),
     durable_ledger.set_unregistered_tools(text, text, text),
     durable_ledger.set_unregistered_divergence(text, text, text),
     durable_ledger.resolve_divergence(text, text, text, text, text),

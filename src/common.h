@@ -12,7 +12,7 @@
  *   module    module.c
  *   entry     *_funcs.c
  *   decision  decide.c report.c local.c decision.h
- *   policy    tools.c divergence.c policy.h
+ *   policy    tools.c divergence.c budgets.c models.c policy.h
  *   lease     lease.c token_lease.c liveness.c runlock.c counters.c lease.h
  *   store     reader.c rows.c write_*.c audit.c audit_chain.c metrics.c cache.c
  *   store     tables.c plans.c durability.c store.h rows.h tables.h
@@ -154,6 +154,8 @@ typedef enum AuditEvent
 	AUDIT_APPROVAL_REQUESTED,
 	AUDIT_APPROVED,
 	AUDIT_REJECTED,
+	AUDIT_BUDGET_CHANGED,
+	AUDIT_MODEL_CHANGED,
 	DL_NEVENTS
 } AuditEvent;
 

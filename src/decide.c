@@ -65,6 +65,9 @@
 #define REASON_PAUSE_DIVERGENCE \
 	"this attempt's call of tool \"%s\" was not made by the run's earlier attempts, which recorded effect \"%s\" of the tool that this attempt has not replayed: the call may be that effect again with drifted arguments; a person must decide with durable_ledger.resolve_divergence() whether it is the same (its outcome is replayed) or distinct (it is executed)"
 
+#define REASON_MODEL_CHANGED \
+	"the model changed in this attempt, from \"%s\" to \"%s\" (model_changed): the drift may be the new model's"
+
 /* Each decision's audit event (a new divergence's row is the divergence's own). */
 static const AuditEvent decision_events[] = {
 	[DECIDE_EXECUTE] = AUDIT_INTENT,
@@ -99,6 +102,7 @@ typedef struct Call
 	char		derived_key[DL_KEY_HEX_LEN + 1];
 	bool		waited;			/* it may have waited for a lock since its token lease was checked */
 	bool		unregistered;	/* its tool is nobody's, and policy warn: warned once it executes */
+	BudgetCheck budget;			/* judged where the call would execute (budgets.c) */
 } Call;
 
 /* The effect a round decides on, read afresh each round. */
@@ -110,6 +114,8 @@ typedef struct Facts
 	EffectRow	row;
 	bool		lease_live;		/* a started effect's lease is live */
 	Drift		drift;			/* a new derived key: how it relates to the earlier attempts */
+	char	   *model;			/* a divergence's: its attempt's model, */
+	char	   *model_from;		/* ... and the earlier attempts' when it changed */
 } Facts;
 
 /* What a decision changes besides writing its audit row. */
@@ -120,7 +126,8 @@ typedef enum Change
 	CHANGE_NEXT_ATTEMPT,		/* the effect starts again: a failed business key, a redo, a retry */
 	CHANGE_START_APPROVED,		/* an approved call starts */
 	CHANGE_UNKNOWN,				/* its lease ended without a report */
-	CHANGE_DIVERGENCE			/* a new divergence waits for a person */
+	CHANGE_DIVERGENCE,			/* a new divergence waits for a person */
+	CHANGE_BUDGET				/* a budget stops a call that would execute */
 } Change;
 
 typedef struct Decision
@@ -131,6 +138,7 @@ typedef struct Decision
 	const char *cause;			/* a pause's, for its audit row */
 	const char *divergence;		/* the drifted call's key, when a verdict made it this effect's */
 	bool		request_approval;	/* the intent (or next attempt) is recorded awaiting approval */
+	const BudgetCheck *budget;	/* CHANGE_BUDGET: what stopped the call */
 } Decision;
 
 #define HINT_BUSINESS_KEY_OTHER_OPERATION \
@@ -238,6 +246,7 @@ read_call(const BeginRequest *request, Call *call)
 	 */
 	if (waited && request->token != NULL)
 		(void) dl_token_for_call(request->run, request->token);
+	dl_note_attempt_model(&call->lease, request->meta);
 	initStringInfo(&call->canon);
 	dl_append_canonical_args(&call->canon,
 							 dl_identity_of_call(&call->rules, request->args, NULL));
@@ -329,6 +338,8 @@ read_effect(Call *call, Facts *f)
 	f->found = false;
 	f->lease_live = false;
 	f->drift.kind = DRIFT_NONE;
+	f->model = NULL;
+	f->model_from = NULL;
 	if (!intent->business_key && intent->lease_epoch == 1 && !call->rules.registered)
 		return true;
 	if (!read_row(call, intent->key, f))
@@ -338,6 +349,8 @@ read_effect(Call *call, Facts *f)
 	if (f->found || intent->business_key)
 		return true;
 	dl_judge_drift(&call->progress, intent->key, &f->drift);
+	if (f->drift.kind == DRIFT_NEW || f->drift.kind == DRIFT_WAITING)
+		f->model = dl_read_attempt_model(intent->run, intent->lease_epoch, &f->model_from);
 	if (f->drift.kind != DRIFT_SAME)
 		return true;
 
@@ -436,6 +449,9 @@ judge_new(const Call *call, const Facts *f, Decision *d)
 		case DRIFT_WAITING:
 			decide_pause(d, psprintf(REASON_PAUSE_DIVERGENCE, call->intent.tool, f->drift.candidate_key),
 				  "divergence");
+			if (f->model_from != NULL)
+				d->answer.reason = psprintf("%s; " REASON_MODEL_CHANGED, d->answer.reason,
+											f->model_from, f->model);
 			d->answer.no_effect = true;
 			if (f->drift.kind == DRIFT_NEW)
 				d->change = CHANGE_DIVERGENCE;
@@ -594,6 +610,33 @@ judge(const Call *call, const Facts *f, Decision *d)
 		judge_new(call, f, d);
 }
 
+/*
+ * A call that would execute and that a budget stops (budgets.c) pauses
+ * instead: nothing is performed, nor recorded but the pause.  Judged last,
+ * on what the run has executed as committed now (its lease serialises its
+ * calls), and only where the call would execute.
+ */
+static void
+judge_budget(Call *call, const Facts *f, Decision *d)
+{
+	if (d->answer.decision != DECIDE_EXECUTE ||
+		!dl_budget_stops(&call->lease, call->intent.tool, &call->rules, &call->budget))
+		return;
+	decide_pause(d, call->budget.reason, "budget");
+	d->change = CHANGE_BUDGET;
+	d->budget = &call->budget;
+	if (f->found)
+	{
+		d->answer.status = f->row.status;
+		d->answer.attempt = f->row.attempt;
+	}
+	else
+	{
+		d->answer.no_effect = true;
+		d->answer.attempt = 0;
+	}
+}
+
 /* ---------- apply ---------- */
 
 /*
@@ -692,6 +735,10 @@ apply_change(Call *call, const Facts *f, const Decision *d)
 		case CHANGE_DIVERGENCE:
 			record_divergence(call, f);
 			return true;
+		case CHANGE_BUDGET:
+			dl_budget_pause(&call->lease, call->intent.tool, call->intent.key, attempt_args(f),
+							&call->budget);
+			return true;
 		case CHANGE_INTENT:
 			if (!check_executed(call, f))
 				return false;
@@ -781,6 +828,13 @@ audit_decision(const Facts *f, const Decision *d)
 			break;
 		case DECIDE_PAUSE:
 			dl_detail_text(&detail, "cause", d->cause);
+			if (d->budget != NULL)
+			{
+				dl_detail_text(&detail, "tool", f->intent->tool);
+				dl_detail_text(&detail, "budget", d->budget->budget);
+				dl_detail_int(&detail, "limit", d->budget->limit);
+				dl_detail_int(&detail, "count", d->budget->count);
+			}
 			break;
 		case DECIDE_IN_PROGRESS:
 			dl_detail_text(&detail, "holder_run", f->row.run);
@@ -833,6 +887,7 @@ apply(Call *call, const Facts *f, const Decision *d)
 			dl_warn_unregistered(call->intent.tool);
 		if (call->request->local)
 			dl_local_begun(d->answer.key);
+		dl_budget_count(&call->lease, call->intent.tool, &call->budget);
 		dl_note_durable_write();
 	}
 	count_call(call, d);
@@ -856,6 +911,7 @@ decide(Call *call, BeginAnswer *answer)
 		if (!read_effect(call, &facts))
 			continue;
 		judge(call, &facts, &d);
+		judge_budget(call, &facts, &d);
 		if (!apply(call, &facts, &d))
 			continue;
 		*answer = d.answer;

@@ -127,6 +127,8 @@ static const struct
 	[AUDIT_APPROVAL_REQUESTED] = {"approval_requested", true},
 	[AUDIT_APPROVED] = {"approved", true},	/* the run may go on */
 	[AUDIT_REJECTED] = {"rejected", true},
+	[AUDIT_BUDGET_CHANGED] = {"budget_changed", true},
+	[AUDIT_MODEL_CHANGED] = {"model_changed", false},
 };
 
 const char *

@@ -30,6 +30,31 @@ extern void dl_tool_rules_now(const char *tool, ToolRules *rules);
 extern bool dl_needs_approval(const ToolRules *rules, Jsonb *args);
 extern void dl_check_approval_condition(JsonPath *condition);
 
+/* budgets.c */
+typedef struct BudgetCheck
+{
+	bool		counted;		/* the tool has a budget: an execution is counted */
+	bool		stopped;		/* a budget stops the call */
+	const char *budget;			/* which: executions, window, attempts */
+	int32		limit;			/* ... its limit */
+	int32		count;			/* ... and how far the run is */
+	char	   *reason;			/* the pause's */
+	TimestampTz now;
+	RunBudgetRow row;			/* the run's counter of the tool (counted) */
+	int32		max_executions; /* what applies to the run: 0, none */
+	int32		max_in_window;
+	Interval	window;
+} BudgetCheck;
+
+extern bool dl_budget_stops(const CallLease *lease, const char *tool, const ToolRules *rules,
+							BudgetCheck *check);
+extern void dl_budget_count(const CallLease *lease, const char *tool, const BudgetCheck *check);
+extern void dl_budget_pause(const CallLease *lease, const char *tool, const char *key,
+							Jsonb *args, const BudgetCheck *check);
+
+/* models.c */
+extern void dl_note_attempt_model(const CallLease *lease, Jsonb *meta);
+
 /* divergence.c */
 typedef struct ReplayProgress
 {

@@ -715,6 +715,14 @@ dl_tool_row_from_slot(TupleTableSlot *slot, ToolRow *row)
 		row->reconcile_grace = *DatumGetIntervalP(d);
 	d = column_value(t, slot, TOOL_APPROVAL, &isnull);
 	row->approval = isnull ? NULL : DatumGetJsonPathPCopy(d);
+	d = column_value(t, slot, TOOL_MAX_EXECUTIONS, &isnull);
+	row->max_executions = isnull ? 0 : DatumGetInt32(d);
+	d = column_value(t, slot, TOOL_MAX_IN_WINDOW, &isnull);
+	row->max_in_window = isnull ? 0 : DatumGetInt32(d);
+	memset(&row->budget_window, 0, sizeof(Interval));
+	d = column_value(t, slot, TOOL_BUDGET_WINDOW, &isnull);
+	if (!isnull)
+		row->budget_window = *DatumGetIntervalP(d);
 }
 
 static bool
@@ -1164,3 +1172,135 @@ dl_read_audit_purge_plan(TimestampTz cutoff)
 	return plan;
 }
 
+
+/* ---------- budgets and the models of attempts ---------- */
+
+static bool
+take_budget(TupleTableSlot *slot, void *arg)
+{
+	RunBudgetRow *row = arg;
+	LedgerTable *t = &dl_budgets_table;
+	bool		isnull;
+	Datum		d;
+
+	row->found = true;
+	row->executions = DatumGetInt32(column_value(t, slot, BUD_EXECUTIONS, &isnull));
+	d = column_value(t, slot, BUD_RECENT, &isnull);
+	row->nrecent = 0;
+	row->recent = NULL;
+	if (!isnull)
+	{
+		Datum	   *elems;
+		bool	   *nulls;
+		int			i;
+
+		deconstruct_array(DatumGetArrayTypeP(d), TIMESTAMPTZOID, sizeof(TimestampTz), true,
+						  TYPALIGN_DOUBLE, &elems, &nulls, &row->nrecent);
+		row->recent = palloc(sizeof(TimestampTz) * Max(row->nrecent, 1));
+		for (i = 0; i < row->nrecent; i++)
+			row->recent[i] = DatumGetTimestampTz(elems[i]);
+	}
+	d = column_value(t, slot, BUD_MAX_EXECUTIONS, &isnull);
+	row->max_executions = isnull ? 0 : DatumGetInt32(d);
+	d = column_value(t, slot, BUD_MAX_IN_WINDOW, &isnull);
+	row->max_in_window = isnull ? 0 : DatumGetInt32(d);
+	(void) column_value(t, slot, BUD_PAUSED_AT, &isnull);
+	row->paused = !isnull;
+	return false;
+}
+
+/*
+ * The run's counter and own budgets of tool, as committed now; row->found
+ * false (and zeros) when there is none.
+ */
+void
+dl_read_run_budget(const char *run, const char *tool, RunBudgetRow *row)
+{
+	static LookupIndex budgets_by_tool;
+	static const int budget_key[] = {BUD_RUN, BUD_TOOL};
+	Datum		values[2];
+
+	memset(row, 0, sizeof(RunBudgetRow));
+	values[0] = CStringGetTextDatum(run);
+	values[1] = CStringGetTextDatum(tool);
+	(void) find_row_now(&dl_budgets_table, &budgets_by_tool, 2, budget_key, values,
+						take_budget, row);
+}
+
+static Statement attempts_budget = {
+	"SELECT COALESCE(r.max_attempts, (SELECT p.max_run_attempts FROM durable_ledger.policy p))"
+	"  FROM durable_ledger.runs r WHERE r.run" EQ "$1",
+	1, {TEXTOID}
+};
+
+/* The run's budget of attempts, its own or the deployment's, as committed now; 0: none. */
+int32
+dl_read_attempts_budget(const char *run)
+{
+	Datum		values[1];
+	bool		isnull;
+	Datum		d;
+
+	values[0] = CStringGetTextDatum(run);
+	if (dl_plan_run_now(&attempts_budget, values, NULL, SPI_OK_SELECT) == 0)
+		return 0;
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	return isnull ? 0 : DatumGetInt32(d);
+}
+
+typedef struct ModelRead
+{
+	char	   *model;
+	char	   *changed_from;
+} ModelRead;
+
+static bool
+take_model(TupleTableSlot *slot, void *arg)
+{
+	ModelRead  *read = arg;
+
+	read->model = optional_text(&dl_models_table, slot, MOD_MODEL);
+	read->changed_from = optional_text(&dl_models_table, slot, MOD_CHANGED_FROM);
+	return false;
+}
+
+/*
+ * The model recorded for the run's attempt (lease epoch), as committed now;
+ * NULL when none was.  *changed_from: the earlier attempts', when it differed.
+ */
+char *
+dl_read_attempt_model(const char *run, int64 epoch, char **changed_from)
+{
+	static LookupIndex models_by_epoch;
+	static const int model_key[] = {MOD_RUN, MOD_LEASE_EPOCH};
+	Datum		values[2];
+	ModelRead	read = {NULL, NULL};
+
+	values[0] = CStringGetTextDatum(run);
+	values[1] = Int64GetDatum(epoch);
+	(void) find_row_now(&dl_models_table, &models_by_epoch, 2, model_key, values, take_model,
+						&read);
+	if (changed_from != NULL)
+		*changed_from = read.changed_from;
+	return read.model;
+}
+
+static Statement earlier_model = {
+	"SELECT model FROM durable_ledger.run_models"
+	" WHERE run" EQ "$1 AND lease_epoch OPERATOR(pg_catalog.<) $2"
+	" ORDER BY lease_epoch DESC LIMIT 1",
+	2, {TEXTOID, INT8OID}
+};
+
+/* The model of the run's latest attempt before epoch that recorded one; NULL: none. */
+char *
+dl_read_earlier_model(const char *run, int64 epoch)
+{
+	Datum		values[2];
+
+	values[0] = CStringGetTextDatum(run);
+	values[1] = Int64GetDatum(epoch);
+	if (dl_plan_run_now(&earlier_model, values, NULL, SPI_OK_SELECT) == 0)
+		return NULL;
+	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+}

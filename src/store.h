@@ -176,6 +176,9 @@ typedef struct ToolRow
 	bool		reconcilable;	/* a worker may settle an unknown outcome (reconcile_effect) */
 	Interval	reconcile_grace;	/* ... this long after it was found unknown */
 	JsonPath   *approval;		/* NULL: no approval needed; else which calls need one */
+	int32		max_executions; /* per run; 0: no budget */
+	int32		max_in_window;	/* per run within budget_window; 0: no window */
+	Interval	budget_window;
 } ToolRow;
 
 /* A tool's row locked for this transaction. */
@@ -184,6 +187,18 @@ typedef struct LockedTool
 	ToolRow		row;
 	HeapTuple	tuple;
 } LockedTool;
+
+/* A run's counter of a budgeted tool, and its own budgets (0: the tool's). */
+typedef struct RunBudgetRow
+{
+	bool		found;
+	int32		executions;
+	int			nrecent;
+	TimestampTz *recent;		/* when the latest executions began, oldest first */
+	int32		max_executions;
+	int32		max_in_window;
+	bool		paused;
+} RunBudgetRow;
 
 /* A row of durable_ledger.divergences: a later attempt's drifted call. */
 typedef struct DivergenceRow
@@ -226,6 +241,10 @@ extern int32 dl_read_token_calls(const char *run, int64 epoch, bytea *call);
 extern int	dl_read_lease_holder_pid(uint64 lock_key);
 extern void dl_read_lease_holder(const char *run, LeaseHolder *holder);
 extern bool dl_read_tool(const char *tool, ToolRow *row);
+extern void dl_read_run_budget(const char *run, const char *tool, RunBudgetRow *row);
+extern int32 dl_read_attempts_budget(const char *run);
+extern char *dl_read_attempt_model(const char *run, int64 epoch, char **changed_from);
+extern char *dl_read_earlier_model(const char *run, int64 epoch);
 extern UnregisteredPolicy dl_read_unregistered_policy(void);
 extern bool dl_read_tool_has_derived_effects(const char *tool);
 extern bool dl_read_divergence(const char *key, DivergenceRow *row);
@@ -310,6 +329,20 @@ extern void dl_write_tool_change(LockedTool *locked, const ToolRow *to,
 extern void dl_write_tool_retired(LockedTool *locked, const char *retired_by,
 								  const char *note);
 extern void dl_write_divergence(const DivergenceRow *row);
+
+/* write_budgets.c */
+extern void dl_write_budget_count(const char *run, const char *tool, int32 executions,
+								  const TimestampTz *recent, int nrecent);
+extern void dl_write_budget_pause(const char *run, const char *tool, const char *key,
+								  Jsonb *args, int64 epoch, const char *reason);
+extern void dl_write_run_budget(const char *run, const char *tool, const int32 *max_executions,
+								const int32 *max_in_window);
+extern bool dl_write_run_attempts(const char *run, int32 max_attempts, int32 *before);
+extern int64 dl_write_budget_pauses_answered(const char *run);
+extern int32 dl_write_policy_attempts(int32 max_attempts, const char *changed_by,
+									  const char *note);
+extern void dl_write_attempt_model(const char *run, int64 epoch, const char *model,
+								   const char *changed_from);
 extern void dl_write_forked_effect(const LockedEffect *source, const char *new_run,
 								   const char *new_key, int64 lease_epoch);
 extern void dl_write_forked_run(const char *new_run, uint64 lock_key, const char *source_run,

@@ -50,7 +50,8 @@ static const Column runs_columns[RUN_NCOLUMNS] = {
 	{"holder_client_addr", INETOID}, {"acquired_at", TIMESTAMPTZOID},
 	{"released_at", TIMESTAMPTZOID}, {"created_at", TIMESTAMPTZOID},
 	{"lease_kind", TEXTOID}, {"abandoned_at", TIMESTAMPTZOID}, {"abandoned_by", TEXTOID},
-	{"abandon_note", TEXTOID}, {"forked_from", TEXTOID}, {"forked_up_to", TEXTOID}
+	{"abandon_note", TEXTOID}, {"forked_from", TEXTOID}, {"forked_up_to", TEXTOID},
+	{"max_attempts", INT4OID}
 };
 
 static const Column token_columns[TOK_NCOLUMNS] = {
@@ -76,7 +77,8 @@ static const Column tools_columns[TOOL_NCOLUMNS] = {
 	{"key_fields", TEXTARRAYOID}, {"note", TEXTOID}, {"registered_by", TEXTOID},
 	{"registered_at", TIMESTAMPTZOID}, {"changed_by", TEXTOID},
 	{"changed_at", TIMESTAMPTZOID}, {"retired_by", TEXTOID}, {"retired_at", TIMESTAMPTZOID},
-	{"reconcile_grace", INTERVALOID}, {"approval", JSONPATHOID}
+	{"reconcile_grace", INTERVALOID}, {"approval", JSONPATHOID},
+	{"max_executions", INT4OID}, {"max_in_window", INT4OID}, {"budget_window", INTERVALOID}
 };
 
 static const Column divergences_columns[DIV_NCOLUMNS] = {
@@ -89,7 +91,20 @@ static const Column divergences_columns[DIV_NCOLUMNS] = {
 
 static const Column policy_columns[POL_NCOLUMNS] = {
 	{"singleton", BOOLOID}, {"unregistered_tools", TEXTOID}, {"changed_by", TEXTOID},
-	{"changed_at", TIMESTAMPTZOID}, {"note", TEXTOID}, {"unregistered_divergence", TEXTOID}
+	{"changed_at", TIMESTAMPTZOID}, {"note", TEXTOID}, {"unregistered_divergence", TEXTOID},
+	{"max_run_attempts", INT4OID}
+};
+
+static const Column budgets_columns[BUD_NCOLUMNS] = {
+	{"run", TEXTOID}, {"tool", TEXTOID}, {"executions", INT4OID},
+	{"recent", TIMESTAMPTZARRAYOID}, {"max_executions", INT4OID}, {"max_in_window", INT4OID},
+	{"paused_at", TIMESTAMPTZOID}, {"paused_key", TEXTOID}, {"paused_args", JSONBOID},
+	{"paused_epoch", INT8OID}, {"paused_reason", TEXTOID}
+};
+
+static const Column models_columns[MOD_NCOLUMNS] = {
+	{"run", TEXTOID}, {"lease_epoch", INT8OID}, {"model", TEXTOID},
+	{"changed_from", TEXTOID}, {"recorded_at", TIMESTAMPTZOID}
 };
 
 static const Column unsettled_columns[UNS_NCOLUMNS] = {
@@ -106,6 +121,8 @@ LedgerTable dl_calls_table = {"token_lease_calls", calls_columns, CALLS_NCOLUMNS
 LedgerTable dl_tools_table = {"tools", tools_columns, TOOL_NCOLUMNS};
 LedgerTable dl_divergences_table = {"divergences", divergences_columns, DIV_NCOLUMNS};
 LedgerTable dl_policy_table = {"policy", policy_columns, POL_NCOLUMNS};
+LedgerTable dl_budgets_table = {"run_budgets", budgets_columns, BUD_NCOLUMNS};
+LedgerTable dl_models_table = {"run_models", models_columns, MOD_NCOLUMNS};
 
 /* A table (or one of its indexes) changed: look it up again before writing. */
 static void
@@ -113,7 +130,7 @@ relcache_changed(Datum arg, Oid relid)
 {
 	LedgerTable *tables[] = {&dl_effects_table, &dl_unsettled_table, &dl_audit_table, &dl_runs_table,
 	&dl_past_table, &dl_token_table, &dl_calls_table, &dl_tools_table,
-	&dl_divergences_table, &dl_policy_table};
+	&dl_divergences_table, &dl_policy_table, &dl_budgets_table, &dl_models_table};
 	int			i;
 
 	for (i = 0; i < lengthof(tables); i++)

@@ -20,6 +20,7 @@ PG_FUNCTION_INFO_V1(dl_change_tool_1_2);
 PG_FUNCTION_INFO_V1(dl_retire_tool_1_2);
 PG_FUNCTION_INFO_V1(dl_set_reconcile_1_3);
 PG_FUNCTION_INFO_V1(dl_set_approval_1_3);
+PG_FUNCTION_INFO_V1(dl_set_budget_1_3);
 PG_FUNCTION_INFO_V1(dl_set_unregistered_tools_1_3);
 PG_FUNCTION_INFO_V1(dl_set_unregistered_divergence_1_3);
 
@@ -442,6 +443,110 @@ dl_set_approval_1_3(PG_FUNCTION_ARGS)
 	dl_detail_text(&detail, "changed_by", changed_by);
 	dl_detail_text(&detail, "approval", approval_text(&to));
 	dl_detail_text(&detail, "previous_approval", approval_text(&locked.row));
+	dl_detail_text(&detail, "note", note);
+	dl_write_audit(NULL, NULL, AUDIT_TOOL_CHANGED, dl_detail_finish(&detail), 0, 0);
+	dl_note_durable_write();
+	result = tool_result(fcinfo, call_cxt, tool);
+	dl_spi_finish();
+	PG_RETURN_DATUM(result);
+}
+
+#define MAX_BUDGET_WINDOW_DAYS 366
+
+static void
+detail_budget(DetailBuilder *detail, const char *name, int32 value)
+{
+	if (value > 0)
+		dl_detail_int(detail, name, value);
+	else
+		dl_detail_text(detail, name, NULL);
+}
+
+static const char *
+window_text(const ToolRow *row)
+{
+	return row->max_in_window == 0 ? NULL :
+		DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(&row->budget_window)));
+}
+
+static int32
+budget_arg(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	int32		value;
+
+	if (PG_ARGISNULL(argno))
+		return 0;
+	value = PG_GETARG_INT32(argno);
+	if (value < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be at least 1, not %d", name, value),
+				 errhint("A budget of none is NULL; a tool that must not execute is retired (retire_tool).")));
+	return value;
+}
+
+/*
+ * set_budget(tool text, max_executions integer, changed_by text, note text,
+ *            max_in_window integer, budget_window interval)
+ *   RETURNS durable_ledger.tools
+ *
+ * A registered tool's budget per run (budgets.c): at most max_executions
+ * executions (NULL: no limit), and at most max_in_window of them within
+ * budget_window (both NULL: no window).  Counted from the change on: what
+ * executed before is not counted.  Audited as tool_changed, with the budget
+ * before.  The calls in progress finish under the rule they began with.
+ */
+Datum
+dl_set_budget_1_3(PG_FUNCTION_ARGS)
+{
+	char	   *tool = dl_required_text_arg(fcinfo, 0, "tool", DL_MAX_TOOL_CHARS);
+	int32		max_executions = budget_arg(fcinfo, 1, "max_executions");
+	char	   *changed_by = dl_required_text_arg(fcinfo, 2, "changed_by", 0);
+	char	   *note = dl_optional_text_arg(fcinfo, 3);
+	int32		max_in_window = budget_arg(fcinfo, 4, "max_in_window");
+	MemoryContext call_cxt = CurrentMemoryContext;
+	LockedTool	locked;
+	ToolRow		to;
+	DetailBuilder detail;
+	Datum		result;
+	Interval	window = {0};
+
+	if ((max_in_window > 0) != !PG_ARGISNULL(5))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_in_window and budget_window are given together, or neither")));
+	if (max_in_window > 0)
+	{
+		int64		usecs;
+
+		window = *PG_GETARG_INTERVAL_P(5);
+		if (!dl_interval_usecs(&window, &usecs) || usecs <= 0 ||
+			usecs > (int64) MAX_BUDGET_WINDOW_DAYS * USECS_PER_DAY)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("budget_window must be longer than 0 and at most %d days",
+							MAX_BUDGET_WINDOW_DAYS)));
+	}
+	dl_check_writable("set_budget()");
+	dl_spi_connect();
+	lock_tool_to_change(tool, &locked);
+	to = locked.row;
+	to.max_executions = max_executions;
+	to.max_in_window = max_in_window;
+	to.budget_window = window;
+	if (note != NULL)
+		to.note = note;
+	dl_write_tool_change(&locked, &to, changed_by, false);
+
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "tool", tool);
+	dl_detail_text(&detail, "changed_by", changed_by);
+	detail_budget(&detail, "max_executions", to.max_executions);
+	detail_budget(&detail, "max_in_window", to.max_in_window);
+	dl_detail_text(&detail, "budget_window", window_text(&to));
+	detail_budget(&detail, "previous_max_executions", locked.row.max_executions);
+	detail_budget(&detail, "previous_max_in_window", locked.row.max_in_window);
+	dl_detail_text(&detail, "previous_budget_window", window_text(&locked.row));
 	dl_detail_text(&detail, "note", note);
 	dl_write_audit(NULL, NULL, AUDIT_TOOL_CHANGED, dl_detail_finish(&detail), 0, 0);
 	dl_note_durable_write();

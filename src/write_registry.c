@@ -35,6 +35,12 @@ set_tool_rules(RowWrite *w, const ToolRow *row)
 						row->reconcilable ? IntervalPGetDatum(&row->reconcile_grace) : (Datum) 0,
 						!row->reconcilable);
 	dl_row_set_optional(w, TOOL_APPROVAL, PointerGetDatum(row->approval), row->approval == NULL);
+	dl_row_set_optional(w, TOOL_MAX_EXECUTIONS, Int32GetDatum(row->max_executions),
+						row->max_executions == 0);
+	dl_row_set_optional(w, TOOL_MAX_IN_WINDOW, Int32GetDatum(row->max_in_window),
+						row->max_in_window == 0);
+	dl_row_set_optional(w, TOOL_BUDGET_WINDOW, IntervalPGetDatum(&row->budget_window),
+						row->max_in_window == 0);
 }
 
 /* Registers a tool that has no row. */

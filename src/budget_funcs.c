@@ -1,0 +1,163 @@
+/*
+ * budget_funcs.c: set_attempts_budget() and set_run_budget(), the admin
+ * functions of the budgets a person raises when a runaway loop was stopped
+ * (budgets.c says what they mean for a call; set_budget(), of a tool's, is
+ * in tool_funcs.c with the registry).  Every change is audited by name.
+ */
+#include "postgres.h"
+
+#include "utils/builtins.h"
+
+#include "store.h"
+
+PG_FUNCTION_INFO_V1(dl_set_attempts_budget_1_3);
+PG_FUNCTION_INFO_V1(dl_set_run_budget_1_3);
+
+/* A budget argument: NULL (*given false), or at least 1. */
+static int32
+budget_arg(FunctionCallInfo fcinfo, int argno, const char *name, bool *given)
+{
+	int32		value;
+
+	*given = !PG_ARGISNULL(argno);
+	if (!*given)
+		return 0;
+	value = PG_GETARG_INT32(argno);
+	if (value < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be at least 1, not %d", name, value),
+				 errhint("A budget of none is NULL; a tool that must not execute is retired (retire_tool).")));
+	return value;
+}
+
+/* A budget in an audit row's detail: its number, or null for none. */
+static void
+detail_budget(DetailBuilder *detail, const char *name, int32 value)
+{
+	if (value > 0)
+		dl_detail_int(detail, name, value);
+	else
+		dl_detail_text(detail, name, NULL);
+}
+
+/*
+ * set_attempts_budget(max_attempts integer, changed_by text, note text)
+ *   RETURNS integer
+ *
+ * Every run's budget of attempts (lease epochs) that has none of its own; a
+ * call that would execute in a later attempt pauses.  NULL: none.  Returns
+ * the budget it replaces.  Audited as policy_changed.
+ */
+Datum
+dl_set_attempts_budget_1_3(PG_FUNCTION_ARGS)
+{
+	bool		given;
+	int32		max_attempts = budget_arg(fcinfo, 0, "max_attempts", &given);
+	char	   *changed_by = dl_required_text_arg(fcinfo, 1, "changed_by", 0);
+	char	   *note = dl_optional_text_arg(fcinfo, 2);
+	DetailBuilder detail;
+	int32		before;
+
+	dl_check_writable("set_attempts_budget()");
+	dl_spi_connect();
+	before = dl_write_policy_attempts(max_attempts, changed_by, note);
+	dl_detail_init(&detail);
+	detail_budget(&detail, "max_run_attempts", max_attempts);
+	detail_budget(&detail, "previous", before);
+	dl_detail_text(&detail, "set_by", changed_by);
+	dl_detail_text(&detail, "note", note);
+	dl_write_audit(NULL, NULL, AUDIT_POLICY_CHANGED, dl_detail_finish(&detail), 0, 0);
+	dl_note_durable_write();
+	dl_spi_finish();
+	if (before == 0)
+		PG_RETURN_NULL();
+	PG_RETURN_INT32(before);
+}
+
+/*
+ * set_run_budget(run text, changed_by text, note text, tool text,
+ *                max_executions integer, max_in_window integer,
+ *                max_attempts integer) RETURNS void
+ *
+ * One run's own budgets, set by the person who answers a pause: of a
+ * budgeted tool's executions (max_executions) and of those in its window
+ * (max_in_window), and of attempts (max_attempts).  What is NULL is kept; at
+ * least one is given.  The run's pauses are listed no more: a call that a
+ * budget still stops pauses again.  Audited as budget_changed.
+ */
+Datum
+dl_set_run_budget_1_3(PG_FUNCTION_ARGS)
+{
+	char	   *run = dl_required_text_arg(fcinfo, 0, "run", DL_MAX_RUN_CHARS);
+	char	   *changed_by = dl_required_text_arg(fcinfo, 1, "changed_by", 0);
+	char	   *note = dl_optional_text_arg(fcinfo, 2);
+	char	   *tool = PG_ARGISNULL(3) ? NULL : dl_required_text_arg(fcinfo, 3, "tool", DL_MAX_TOOL_CHARS);
+	bool		executions_given;
+	bool		window_given;
+	bool		attempts_given;
+	int32		max_executions = budget_arg(fcinfo, 4, "max_executions", &executions_given);
+	int32		max_in_window = budget_arg(fcinfo, 5, "max_in_window", &window_given);
+	int32		max_attempts = budget_arg(fcinfo, 6, "max_attempts", &attempts_given);
+	DetailBuilder detail;
+	int32		attempts_before = 0;
+	int64		answered;
+
+	if (!executions_given && !window_given && !attempts_given)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("set_run_budget() needs a budget to set"),
+				 errhint("Give max_executions or max_in_window (with tool), or max_attempts.")));
+	if ((executions_given || window_given) != (tool != NULL))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg(tool == NULL ? "max_executions and max_in_window are budgets of a tool: name it" :
+						"tool is given without a budget of it"),
+				 errhint("max_attempts is the run's own; max_executions and max_in_window are of the tool named.")));
+	dl_check_writable("set_run_budget()");
+	dl_spi_connect();
+	if (tool != NULL)
+	{
+		ToolRow		row;
+
+		if (!dl_read_tool(tool, &row) || row.retired ||
+			(row.max_executions == 0 && row.max_in_window == 0))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("tool \"%s\" has no budget", tool),
+					 errdetail("Only the executions of a tool with a budget are counted."),
+					 errhint("An admin gives it one with durable_ledger.set_budget().")));
+		if (window_given && row.max_in_window == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("tool \"%s\" has no window", tool),
+					 errhint("An admin gives it one with durable_ledger.set_budget(..., max_in_window => ..., budget_window => ...).")));
+		dl_write_run_budget(run, tool, executions_given ? &max_executions : NULL,
+							window_given ? &max_in_window : NULL);
+	}
+	if (attempts_given && !dl_write_run_attempts(run, max_attempts, &attempts_before))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("run \"%s\" is not in the ledger", run),
+				 errdetail("A run's own budget of attempts is set once it has begun.")));
+	answered = dl_write_budget_pauses_answered(run);
+
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "tool", tool);
+	if (executions_given)
+		dl_detail_int(&detail, "max_executions", max_executions);
+	if (window_given)
+		dl_detail_int(&detail, "max_in_window", max_in_window);
+	if (attempts_given)
+	{
+		dl_detail_int(&detail, "max_attempts", max_attempts);
+		detail_budget(&detail, "previous_max_attempts", attempts_before);
+	}
+	dl_detail_int(&detail, "pauses_answered", answered);
+	dl_detail_text(&detail, "changed_by", changed_by);
+	dl_detail_text(&detail, "note", note);
+	dl_write_audit(run, NULL, AUDIT_BUDGET_CHANGED, dl_detail_finish(&detail), 0, 0);
+	dl_note_durable_write();
+	dl_spi_finish();
+	PG_RETURN_VOID();
+}

@@ -1,0 +1,161 @@
+/*
+ * budgets.c: what stops a runaway loop.  Each call is one the ledger must
+ * execute when it is new (new args, a new occurrence: "again" is not
+ * "twice"), so a loop that rewords its call would execute forever.  A budget
+ * the database holds stops it: per registered tool, at most N executions per
+ * run, and at most M per run within a window (set_budget); per run, at most K
+ * attempts (set_attempts_budget, or the run's own: set_run_budget).
+ *
+ * Only a call that would execute is judged, and only an execution is
+ * counted: a replay, a pause or an approval request never are.  The count is
+ * a counter row per run and tool (run_budgets), written in the call's
+ * transaction (a rolled-back call counts nothing) and changed only under the
+ * run's lease, which serialises the run's calls, so two workers sharing a
+ * token lease never count past a budget; nothing reads the run's history.
+ * The call a budget stops pauses: nothing is performed or recorded but the
+ * pause, listed in unresolved until a person changes the run's budget (or
+ * the tool executes again, once a window has room).
+ */
+#include "postgres.h"
+
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/timestamp.h"
+
+#include "policy.h"
+
+static const char *
+interval_text(const Interval *interval)
+{
+	return DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(interval)));
+}
+
+static void
+stopped_by(BudgetCheck *check, const char *budget, int32 limit, int32 count, char *reason)
+{
+	check->stopped = true;
+	check->budget = budget;
+	check->limit = limit;
+	check->count = count;
+	check->reason = reason;
+}
+
+#define BUDGET_HINT \
+	"nothing was performed; a person raises the run's budget (durable_ledger.set_run_budget()) or abandons the run (abandon_run)"
+
+/*
+ * The window's executions that began after now - window, the oldest first
+ * in row->recent: how many there are, and where they start.
+ */
+static int
+in_window(const BudgetCheck *check, int *first)
+{
+	TimestampTz since = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_mi_interval,
+																TimestampTzGetDatum(check->now),
+																IntervalPGetDatum(&check->window)));
+	int			i;
+
+	for (i = 0; i < check->row.nrecent && check->row.recent[i] <= since; i++)
+		;
+	*first = i;
+	return check->row.nrecent - i;
+}
+
+/* The tool's budget in the run: its counter is read, and judged. */
+static void
+judge_tool_budget(const CallLease *lease, const char *tool, const ToolRow *tool_row,
+				  BudgetCheck *check)
+{
+	int			first;
+	int			n;
+
+	check->counted = true;
+	dl_read_run_budget(lease->run, tool, &check->row);
+	check->max_executions = check->row.max_executions > 0 ? check->row.max_executions :
+		tool_row->max_executions;
+	check->max_in_window = tool_row->max_in_window > 0 ?
+		(check->row.max_in_window > 0 ? check->row.max_in_window : tool_row->max_in_window) : 0;
+	check->window = tool_row->budget_window;
+	if (check->max_executions > 0 && check->row.executions >= check->max_executions)
+	{
+		stopped_by(check, "executions", check->max_executions, check->row.executions,
+				   psprintf("budget: tool \"%s\" executed %d times in this run, its budget of %d executions per run; " BUDGET_HINT,
+							tool, check->row.executions, check->max_executions));
+		return;
+	}
+	if (check->max_in_window == 0)
+		return;
+	n = in_window(check, &first);
+	if (n >= check->max_in_window)
+		stopped_by(check, "window", check->max_in_window, n,
+				   psprintf("budget: tool \"%s\" executed %d times in this run within %s, its budget of %d per %s; the next call executes once the window has room, or " BUDGET_HINT,
+							tool, n, interval_text(&check->window), check->max_in_window,
+							interval_text(&check->window)));
+}
+
+/*
+ * Whether a budget stops the call of tool that would execute in the lease's
+ * epoch: check says which, and what the call counts once it executes.
+ */
+bool
+dl_budget_stops(const CallLease *lease, const char *tool, const ToolRules *rules,
+				BudgetCheck *check)
+{
+	memset(check, 0, sizeof(BudgetCheck));
+	check->now = GetCurrentTimestamp();
+	if (lease->epoch > 1)
+	{
+		int32		max_attempts = dl_read_attempts_budget(lease->run);
+
+		if (max_attempts > 0 && lease->epoch > max_attempts)
+		{
+			stopped_by(check, "attempts", max_attempts, (int32) lease->epoch,
+					   psprintf("budget: this is attempt " INT64_FORMAT " of the run, past its budget of %d attempts; " BUDGET_HINT,
+								lease->epoch, max_attempts));
+			return true;
+		}
+	}
+	if (rules->registered && (rules->row.max_executions > 0 || rules->row.max_in_window > 0))
+		judge_tool_budget(lease, tool, &rules->row, check);
+	return check->stopped;
+}
+
+/* The call check judged executed: counted, with the window's latest times. */
+void
+dl_budget_count(const CallLease *lease, const char *tool, const BudgetCheck *check)
+{
+	TimestampTz *recent;
+	int			first = 0;
+	int			n = 0;
+
+	if (!check->counted)
+		return;
+	if (check->row.executions == PG_INT32_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("too many executions of tool \"%s\" in run \"%s\"", tool, lease->run)));
+	recent = palloc(sizeof(TimestampTz) * (check->max_in_window + 1));
+	if (check->max_in_window > 0)
+	{
+		int			kept = in_window(check, &first);
+
+		/* the latest max_in_window, this one included */
+		if (kept >= check->max_in_window)
+		{
+			first += kept - check->max_in_window + 1;
+			kept = check->max_in_window - 1;
+		}
+		memcpy(recent, check->row.recent + first, sizeof(TimestampTz) * kept);
+		recent[kept] = check->now;
+		n = kept + 1;
+	}
+	dl_write_budget_count(lease->run, tool, check->row.executions + 1, recent, n);
+}
+
+/* The call check stopped is recorded paused (key, args): unresolved lists it. */
+void
+dl_budget_pause(const CallLease *lease, const char *tool, const char *key, Jsonb *args,
+				const BudgetCheck *check)
+{
+	dl_write_budget_pause(lease->run, tool, key, args, lease->epoch, check->reason);
+}

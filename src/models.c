@@ -1,0 +1,59 @@
+/*
+ * models.c: the model that answered each attempt of a run.  A caller names it
+ * in meta ({"model": "..."}; the clients put an attempt's model on its every
+ * call).  The first call of an attempt that names one records it
+ * (run_models); when a later attempt's model is not the one the run's
+ * latest earlier attempt recorded, that is audited once (model_changed) and
+ * a divergence pause of the attempt says so (decide.c): the only thing that
+ * tells a run broke because the model shifted under it.
+ */
+#include "postgres.h"
+
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+
+#include "policy.h"
+
+#define MAX_MODEL_CHARS 200
+
+/* meta.model when it is a string, else NULL. */
+static char *
+meta_model(Jsonb *meta)
+{
+	JsonbValue *value;
+
+	if (meta == NULL || !JB_ROOT_IS_OBJECT(meta))
+		return NULL;
+	value = getKeyJsonValueFromContainer(&meta->root, "model", 5, NULL);
+	if (value == NULL || value->type != jbvString || value->val.string.len == 0)
+		return NULL;
+	if (value->val.string.len > MAX_MODEL_CHARS)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("meta.model is longer than %d bytes", MAX_MODEL_CHARS),
+				 errdetail("It names the model that answered, e.g. \"claude-sonnet-4-5\".")));
+	return pnstrdup(value->val.string.val, value->val.string.len);
+}
+
+/* The call's meta may name its attempt's model: recorded once per attempt. */
+void
+dl_note_attempt_model(const CallLease *lease, Jsonb *meta)
+{
+	char	   *model = meta_model(meta);
+	char	   *earlier;
+	DetailBuilder detail;
+
+	if (model == NULL || dl_read_attempt_model(lease->run, lease->epoch, NULL) != NULL)
+		return;
+	earlier = lease->epoch > 1 ? dl_read_earlier_model(lease->run, lease->epoch) : NULL;
+	if (earlier != NULL && strcmp(earlier, model) == 0)
+		earlier = NULL;
+	dl_write_attempt_model(lease->run, lease->epoch, model, earlier);
+	if (earlier == NULL)
+		return;
+	dl_detail_init(&detail);
+	dl_detail_text(&detail, "from", earlier);
+	dl_detail_text(&detail, "to", model);
+	dl_write_audit(lease->run, NULL, AUDIT_MODEL_CHANGED, dl_detail_finish(&detail),
+				   lease->epoch, 0);
+}

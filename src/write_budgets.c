@@ -1,0 +1,236 @@
+/*
+ * write_budgets.c: the rows of durable_ledger.run_budgets (a run's counter of
+ * a budgeted tool, its own budgets, the call a budget paused), a run's and
+ * the deployment's budget of attempts, and run_models (each attempt's model).
+ *
+ * A run's calls are serialised by its lease (a session's, or a token call's
+ * hold on the run's call lock), so a counter is changed in place, its latest
+ * version whatever the transaction's snapshot, or added: like a token lease's
+ * counters (write_tokens.c).
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/timestamp.h"
+
+#include "rows.h"
+
+static const int budget_key[] = {BUD_RUN, BUD_TOOL};
+
+/*
+ * Begins the write of run's row of tool: *locked is its latest version, and
+ * the write starts from it, or NULL and a new row is set up (no execution,
+ * no window, no budget of its own, nothing paused).
+ */
+static void
+begin_budget_write(RowWrite *w, const char *run, const char *tool, HeapTuple *locked)
+{
+	Datum		values[2];
+
+	values[0] = CStringGetTextDatum(run);
+	values[1] = CStringGetTextDatum(tool);
+	dl_row_begin(w, &dl_budgets_table);
+	if (dl_row_lock_by(w, 2, budget_key, values, locked))
+	{
+		dl_row_start_from(w, *locked);
+		return;
+	}
+	*locked = NULL;
+	dl_row_set(w, BUD_RUN, values[0]);
+	dl_row_set(w, BUD_TOOL, values[1]);
+	dl_row_set(w, BUD_EXECUTIONS, Int32GetDatum(0));
+	dl_row_set(w, BUD_RECENT, PointerGetDatum(construct_empty_array(TIMESTAMPTZOID)));
+	dl_row_set_null(w, BUD_MAX_EXECUTIONS);
+	dl_row_set_null(w, BUD_MAX_IN_WINDOW);
+}
+
+static void
+set_not_paused(RowWrite *w)
+{
+	dl_row_set_null(w, BUD_PAUSED_AT);
+	dl_row_set_null(w, BUD_PAUSED_KEY);
+	dl_row_set_null(w, BUD_PAUSED_ARGS);
+	dl_row_set_null(w, BUD_PAUSED_EPOCH);
+	dl_row_set_null(w, BUD_PAUSED_REASON);
+}
+
+static void
+end_budget_write(RowWrite *w, HeapTuple locked)
+{
+	if (locked != NULL)
+		dl_row_update(w, locked);
+	else
+		dl_row_insert(w);
+	dl_row_end(w);
+}
+
+/*
+ * A call of tool executed in run: its count is executions now, and recent
+ * the times of the latest executions its window counts.  A pause of the
+ * tool in the run is answered by it.
+ */
+void
+dl_write_budget_count(const char *run, const char *tool, int32 executions,
+					  const TimestampTz *recent, int nrecent)
+{
+	RowWrite	w;
+	HeapTuple	locked;
+	Datum	   *elems = palloc(sizeof(Datum) * Max(nrecent, 1));
+	int			i;
+
+	for (i = 0; i < nrecent; i++)
+		elems[i] = TimestampTzGetDatum(recent[i]);
+	begin_budget_write(&w, run, tool, &locked);
+	dl_row_set(&w, BUD_EXECUTIONS, Int32GetDatum(executions));
+	dl_row_set(&w, BUD_RECENT,
+			   PointerGetDatum(construct_array(elems, nrecent, TIMESTAMPTZOID, sizeof(TimestampTz),
+											   true, TYPALIGN_DOUBLE)));
+	set_not_paused(&w);
+	end_budget_write(&w, locked);
+}
+
+/* A budget paused a call of tool in run (key, args, from epoch), for reason. */
+void
+dl_write_budget_pause(const char *run, const char *tool, const char *key, Jsonb *args,
+					  int64 epoch, const char *reason)
+{
+	RowWrite	w;
+	HeapTuple	locked;
+
+	begin_budget_write(&w, run, tool, &locked);
+	dl_row_set(&w, BUD_PAUSED_AT, dl_row_now());
+	dl_row_set(&w, BUD_PAUSED_KEY, CStringGetTextDatum(key));
+	dl_row_set(&w, BUD_PAUSED_ARGS, JsonbPGetDatum(args));
+	dl_row_set(&w, BUD_PAUSED_EPOCH, Int64GetDatum(epoch));
+	dl_row_set(&w, BUD_PAUSED_REASON, CStringGetTextDatum(reason));
+	end_budget_write(&w, locked);
+}
+
+/* run's own budgets of tool: those given (NULL: kept). */
+void
+dl_write_run_budget(const char *run, const char *tool, const int32 *max_executions,
+					const int32 *max_in_window)
+{
+	RowWrite	w;
+	HeapTuple	locked;
+
+	begin_budget_write(&w, run, tool, &locked);
+	if (max_executions != NULL)
+		dl_row_set(&w, BUD_MAX_EXECUTIONS, Int32GetDatum(*max_executions));
+	if (max_in_window != NULL)
+		dl_row_set(&w, BUD_MAX_IN_WINDOW, Int32GetDatum(*max_in_window));
+	end_budget_write(&w, locked);
+}
+
+/*
+ * run's own budget of attempts; *before its earlier one (0: none).  False
+ * when the run has no row.
+ */
+bool
+dl_write_run_attempts(const char *run, int32 max_attempts, int32 *before)
+{
+	RowWrite	w;
+	HeapTuple	locked;
+	bool		isnull;
+	Datum		d;
+
+	dl_row_begin(&w, &dl_runs_table);
+	if (!dl_row_lock(&w, CStringGetTextDatum(run), RUN_RUN, &locked))
+	{
+		dl_row_end(&w);
+		return false;
+	}
+	d = heap_getattr(locked, dl_runs_table.attnums[RUN_MAX_ATTEMPTS], RelationGetDescr(w.rel),
+					 &isnull);
+	*before = isnull ? 0 : DatumGetInt32(d);
+	dl_row_start_from(&w, locked);
+	dl_row_set(&w, RUN_MAX_ATTEMPTS, Int32GetDatum(max_attempts));
+	dl_row_update(&w, locked);
+	dl_row_end(&w);
+	return true;
+}
+
+static Statement answer_pauses = {
+	"UPDATE durable_ledger.run_budgets"
+	"   SET paused_at = NULL, paused_key = NULL, paused_args = NULL,"
+	"       paused_epoch = NULL, paused_reason = NULL"
+	" WHERE run" EQ "$1 AND paused_at IS NOT NULL",
+	1, {TEXTOID}
+};
+
+/*
+ * A person changed run's budgets: the calls they paused are listed no more
+ * (one that a budget still stops pauses again).  Returns how many.
+ */
+int64
+dl_write_budget_pauses_answered(const char *run)
+{
+	Datum		values[1];
+
+	values[0] = CStringGetTextDatum(run);
+	return (int64) dl_plan_run(&answer_pauses, values, NULL, SPI_OK_UPDATE);
+}
+
+/*
+ * Every run's budget of attempts (0: none), in the policy's row (added with
+ * the defaults of the other settings when there is none); returns the
+ * earlier one.
+ */
+int32
+dl_write_policy_attempts(int32 max_attempts, const char *changed_by, const char *note)
+{
+	RowWrite	w;
+	HeapTuple	current;
+	int32		before = 0;
+
+	dl_row_begin(&w, &dl_policy_table);
+	if (dl_row_lock(&w, BoolGetDatum(true), POL_SINGLETON, &current))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(current, dl_policy_table.attnums[POL_MAX_RUN_ATTEMPTS],
+									 RelationGetDescr(w.rel), &isnull);
+
+		before = isnull ? 0 : DatumGetInt32(d);
+		dl_row_start_from(&w, current);
+	}
+	else
+	{
+		dl_row_set(&w, POL_SINGLETON, BoolGetDatum(true));
+		dl_row_set(&w, POL_UNREGISTERED_TOOLS,
+				   CStringGetTextDatum(dl_unregistered_name(DL_UNREGISTERED_DEFAULT.may_execute)));
+		dl_row_set(&w, POL_UNREGISTERED_DIVERGENCE,
+				   CStringGetTextDatum(dl_divergence_name(DL_UNREGISTERED_DEFAULT.divergence)));
+	}
+	dl_row_set_optional(&w, POL_MAX_RUN_ATTEMPTS, Int32GetDatum(max_attempts), max_attempts == 0);
+	dl_row_set(&w, POL_CHANGED_BY, CStringGetTextDatum(changed_by));
+	dl_row_set(&w, POL_CHANGED_AT, dl_row_now());
+	dl_row_set_optional(&w, POL_NOTE, note ? CStringGetTextDatum(note) : (Datum) 0, note == NULL);
+	if (w.updating)
+		dl_row_update(&w, current);
+	else
+		dl_row_insert(&w);
+	dl_row_announce_change(&w);
+	dl_row_end(&w);
+	return before;
+}
+
+/* The model of run's attempt epoch, and the earlier attempts' when it changed. */
+void
+dl_write_attempt_model(const char *run, int64 epoch, const char *model, const char *changed_from)
+{
+	RowWrite	w;
+
+	dl_row_begin(&w, &dl_models_table);
+	dl_row_set(&w, MOD_RUN, CStringGetTextDatum(run));
+	dl_row_set(&w, MOD_LEASE_EPOCH, Int64GetDatum(epoch));
+	dl_row_set(&w, MOD_MODEL, CStringGetTextDatum(model));
+	dl_row_set_optional(&w, MOD_CHANGED_FROM,
+						changed_from ? CStringGetTextDatum(changed_from) : (Datum) 0,
+						changed_from == NULL);
+	dl_row_set(&w, MOD_RECORDED_AT, dl_row_now());
+	dl_row_insert(&w);
+	dl_row_end(&w);
+}
