@@ -134,6 +134,7 @@ ISOLATION = \
 	retry_race \
 	reconcile_race \
 	approval_race \
+	budget_race \
 	local_race
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 
