@@ -31,6 +31,8 @@ export class Calls {
     this.inflight = 0;
     /** @type {Array<() => void>} */
     this.waiters = [];
+    /** @type {string|null} the model that answers the attempt: meta.model of its calls (1.3) */
+    this.model = null;
   }
 
   enter() {

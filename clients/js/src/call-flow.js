@@ -12,7 +12,7 @@ import { RECONCILE_DUE, RECONCILE_EFFECT, askProvider, reconcilable, reconcilePa
 import { EffectDidNotHappen, EffectFailed, LeaseLost, LedgerError, RunAbandoned } from './errors.js';
 import { guardedBegin } from './session-guard.js';
 import { LEASE_LOST, RUN_ABANDONED, TOOL_REFUSED, abandoned, refused } from './sqlstates.js';
-import { beginCall, errorParam, jsonParam, reportStatement } from './statements.js';
+import { beginCall, errorParam, jsonParam, reportStatement, withModel } from './statements.js';
 import { describe } from './text.js';
 import { loseLease } from './token-lease.js';
 
@@ -413,7 +413,9 @@ export class CallFlow {
    * @returns {[string, unknown[], any]}
    */
   #beginText(attempt, run, tool, args, businessKey, meta, recorded, local) {
-    const call = beginCall(run, tool, args, businessKey, meta, attempt ? attempt.lease.token : null, recorded, local);
+    const model = attempt ? attempt.model : this.#sessions.modelOf(run);
+    const call = beginCall(run, tool, args, businessKey, withModel(meta, model),
+      attempt ? attempt.lease.token : null, recorded, local);
     const lease = attempt ? null : this.#sessions.lease(run);
     if (lease) {
       const params = [...call[1], lease.epoch];

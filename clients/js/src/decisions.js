@@ -19,7 +19,10 @@
 // decide the attempt it is about and no other, whichever session holds the
 // lease by the time it arrives.
 
-import { AwaitingApproval, DivergencePaused, EffectFailed, EffectInProgress, EffectPaused, LedgerError } from './errors.js';
+import { AwaitingApproval, BudgetExhausted, DivergencePaused, EffectFailed, EffectInProgress, EffectPaused, LedgerError } from './errors.js';
+
+// A budget's pause says so first (docs/reference.md, "Budgets").
+const BUDGET_REASON = 'budget:';
 import { describe, sentence } from './text.js';
 
 /** @typedef {'execute' | 'replay' | 'pause' | 'in_progress'} DecisionWord */
@@ -68,6 +71,14 @@ export function judge(d, { run, tool, where, stop }) {
       }
       throw new LedgerError(`${where}: replay with unexpected status ${d.status}`, d);
     case 'pause':
+      if ((d.reason ?? '').startsWith(BUDGET_REASON)) {
+        // a budget stops the call (extension 1.3): nothing was performed
+        stop(d.key, `${where} is paused by a budget.`);
+        throw new BudgetExhausted(
+          `${where} is paused: ${sentence(d.reason)}  It was not performed; a person raises the ` +
+            'run\'s budget (durable_ledger.set_run_budget) or abandons the run.',
+          { key: d.key, run, tool, reason: d.reason });
+      }
       if (d.status === null) {
         // Nothing was recorded for the call: it diverges from the run's earlier
         // attempts and waits for resolve_divergence.  It stops the attempt like any pause.

@@ -111,6 +111,33 @@ export class EffectPaused extends LedgerError {
 export class AwaitingApproval extends EffectPaused {}
 
 /**
+ * A budget the ledger holds stops this call (extension 1.3): not performed,
+ * and nothing recorded for it but the pause.  An admin gave the call's tool a
+ * budget per run (durable_ledger.set_budget: at most N executions, or M within
+ * a window), or every run a budget of attempts (set_attempts_budget), and this
+ * call would pass it: a loop that calls again and again, each call reworded
+ * and so new to the ledger, stops here.  begin_effect answered `pause` with a
+ * reason that begins "budget:"; durable_ledger.unresolved lists it and the
+ * ledger notified durable_ledger_attention.  It is an EffectPaused and stops
+ * the attempt like any pause.  A person raises the run's budget
+ * (durable_ledger.set_run_budget): the next attempt's call then executes; or
+ * abandons the run.  `run` and `tool` name the call.
+ */
+export class BudgetExhausted extends EffectPaused {
+  /**
+   * @param {string} message
+   * @param {{key: string, run: string, tool: string, reason?: string|null, cause?: unknown}} fields
+   */
+  constructor(message, { key, run, tool, reason = null, cause }) {
+    super(message, { key, decision: 'pause', reason, cause });
+    /** @type {string} */
+    this.run = run;
+    /** @type {string} */
+    this.tool = tool;
+  }
+}
+
+/**
  * begin_effect answered `pause` with no status: this call diverges from the
  * run's earlier attempts.  Its tool is registered with the divergence policy
  * `pause`, this is a later attempt, and the call would have executed (its key

@@ -35,7 +35,7 @@ export { NOTICE_CODES } from './notices.js';
 export { Happened, NotHappened } from './reconcile.js';
 export { LEASE_LOST, RUN_ABANDONED, TOOL_REFUSED } from './sqlstates.js';
 export {
-  LedgerError, EffectFailed, EffectPaused, DivergencePaused, AwaitingApproval, EffectInProgress, RunStopped, RunAbandoned, ToolRefused,
+  LedgerError, EffectFailed, EffectPaused, DivergencePaused, AwaitingApproval, BudgetExhausted, EffectInProgress, RunStopped, RunAbandoned, ToolRefused,
   RunBusy, LeaseLost, PoolerDetected, LedgerRefused, InvalidArgument, BusinessKeyConflict, NotFound, RunExists,
   WrongState, ConcurrentChange, ReadOnlyLedger, TooManyLeases, PermissionDenied, EffectDidNotHappen,
   // deprecated: the names of durable-ledger 1.2, the same classes

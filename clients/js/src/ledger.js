@@ -18,7 +18,7 @@ import { Connection } from './connection.js';
 import { formatNotice } from './notices.js';
 import { warnRenewalError } from './renewal.js';
 import { SessionAttempts } from './session-attempts.js';
-import { EFFECT_STATUS, HISTORY, beginStatement } from './statements.js';
+import { EFFECT_STATUS, HISTORY, beginStatement, checkModel } from './statements.js';
 import { Stops } from './stops.js';
 import { describe } from './text.js';
 import { TokenAttempts } from './token-attempts.js';
@@ -34,6 +34,7 @@ import { TokenAttempts } from './token-attempts.js';
 /** @typedef {import('./types.js').HistoryRow} HistoryRow */
 /** @typedef {import('./types.js').LedgerOptions} LedgerOptions */
 /** @typedef {import('./types.js').TokenAttemptOptions} TokenAttemptOptions */
+/** @typedef {import('./types.js').AttemptOptions} AttemptOptions */
 /**
  * @template T
  * @typedef {import('./types.js').Recorded<T>} Recorded
@@ -331,13 +332,33 @@ export class Ledger extends EventEmitter {
    * to it, releaseRun(run) in finally once they have ended.  A run this Ledger
    * already holds is refused.
    * @template T
+   * @overload
    * @param {string} run
    * @param {(run: string) => T | Promise<T>} fn
    * @returns {Promise<T>}
+   */
+  /**
+   * @template T
+   * @overload
+   * @param {string} run
+   * @param {AttemptOptions} options  model: the model that answers the attempt,
+   *   put on every call as meta.model (extension 1.3)
+   * @param {(run: string) => T | Promise<T>} fn
+   * @returns {Promise<T>}
+   */
+  /**
+   * @template T
+   * @param {string} run
+   * @param {AttemptOptions | ((run: string) => T | Promise<T>)} options
+   * @param {(run: string) => T | Promise<T>} [fn]
+   * @returns {Promise<T>}
    * @throws RunAbandoned when a person abandoned the run
    */
-  async attempt(run, fn) {
-    return this.#sessions.attempt(this, run, fn);
+  async attempt(run, options, fn) {
+    if (typeof options === 'function') [options, fn] = [{}, options];
+    if (typeof fn !== 'function') throw new TypeError('attempt(run, [options,] fn): fn must be a function');
+    const model = checkModel(options?.model);
+    return this.#sessions.attempt(this, run, fn, model);
   }
 
   /**
@@ -393,9 +414,10 @@ export class Ledger extends EventEmitter {
     if (typeof options === 'function') [options, fn] = [{}, options];
     if (typeof fn !== 'function') throw new TypeError('tokenAttempt(run, [options,] fn): fn must be a function');
     const { ttl = 300, holder = null, onRenewalError = warnRenewalError } = options ?? {};
+    const model = checkModel(options?.model);
     if (typeof ttl !== 'number' || !Number.isFinite(ttl)) {
       throw new TypeError('tokenAttempt(): ttl must be a number of seconds');
     }
-    return this.#tokens.run(this, run, { ttl, holder, onRenewalError }, fn);
+    return this.#tokens.run(this, run, { ttl, holder, onRenewalError, model }, fn);
   }
 }

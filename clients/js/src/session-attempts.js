@@ -70,6 +70,15 @@ export class SessionAttempts {
   }
 
   /**
+   * The model of the attempt() open at `run`, or null.
+   * @param {string} run
+   * @returns {string|null}
+   */
+  modelOf(run) {
+    return this.#sessions.get(run)?.model ?? null;
+  }
+
+  /**
    * Whether an attempt() at `run` is open.
    * @param {string} run
    */
@@ -152,12 +161,14 @@ export class SessionAttempts {
    * @param {{releaseRun(run: string): Promise<boolean>}} ledger  the Ledger of the attempt
    * @param {string} run
    * @param {(run: string) => T | Promise<T>} fn
+   * @param {string|null} [model]  the attempt's model (meta.model of its calls)
    * @returns {Promise<T>}
    */
-  async attempt(ledger, run, fn) {
+  async attempt(ledger, run, fn, model = null) {
     this.sessionOnly('attempt()');
     this.#reserve(run);
     const session = new Calls(ledger, run);
+    session.model = model;
     this.#sessions.set(run, session);
     try {
       await this.#acquire(run, true);

@@ -27,6 +27,36 @@ export function errorParam(value) {
 }
 
 /**
+ * meta with the attempt's model as meta.model (extension 1.3); a call's own
+ * model in meta is kept.
+ * @param {unknown} meta
+ * @param {string|null} model
+ * @returns {unknown}
+ */
+export function withModel(meta, model) {
+  if (model === null || model === undefined) return meta;
+  if (meta === null || meta === undefined) return { model };
+  if (typeof meta !== 'object' || Array.isArray(meta)) {
+    throw new TypeError('meta must be a JSON object to carry the attempt\'s model');
+  }
+  if (Object.prototype.hasOwnProperty.call(meta, 'model')) return meta;
+  return { .../** @type {object} */ (meta), model };
+}
+
+/**
+ * An attempt's model: a non-empty string, or null.
+ * @param {unknown} model
+ * @returns {string|null}
+ */
+export function checkModel(model) {
+  if (model === null || model === undefined) return null;
+  if (typeof model !== 'string' || model === '') {
+    throw new TypeError('model must be a non-empty string naming the model that answers the attempt');
+  }
+  return model;
+}
+
+/**
  * The call that begins a call and its parameters (the run is $1):
  * begin_effect, for a call recorded as safe to redo (record(), never with a
  * business key) begin_recorded, for a local effect (local()) begin_local; with a token lease's token, or none (the

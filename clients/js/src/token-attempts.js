@@ -43,11 +43,11 @@ export class TokenAttempts {
    * @template T
    * @param {object} ledger  the Ledger of the attempt
    * @param {string} run
-   * @param {{ttl: number, holder: string|null, onRenewalError: (err: unknown, lease: TokenLease) => void}} options
+   * @param {{ttl: number, holder: string|null, onRenewalError: (err: unknown, lease: TokenLease) => void, model?: string|null}} options
    * @param {(lease: TokenLease) => T | Promise<T>} fn
    * @returns {Promise<T>}
    */
-  async run(ledger, run, { ttl, holder, onRenewalError }, fn) {
+  async run(ledger, run, { ttl, holder, onRenewalError, model = null }, fn) {
     if (this.#attempts.has(run) || this.#opening.has(run)) throw attemptAlreadyOpen(run);
     this.#opening.add(run);
     /** @type {Attempt} */
@@ -68,6 +68,7 @@ export class TokenAttempts {
         run, token: r.token, epoch: Number(r.epoch), expiresAt: r.expires_at, holder: r.holder, ttl,
       });
       attempt = new Attempt(ledger, lease);
+      attempt.model = model;
       this.#attempts.set(run, attempt);
     } finally {
       this.#opening.delete(run);

@@ -93,7 +93,15 @@
 
 /**
  * The options of tokenAttempt().
+ * @typedef {object} AttemptOptions
+ * @property {string | null} [model]  the model that answers the attempt: put on every call
+ *   as meta.model (a call's own meta.model is kept); a later attempt with another model is
+ *   audited as model_changed (extension 1.3)
+ */
+
+/**
  * @typedef {object} TokenAttemptOptions
+ * @property {string | null} [model]  as in AttemptOptions
  * @property {number} [ttl]  seconds the lease lives without renewal: 1 to 86400 (the server
  *   checks). Default 300.
  * @property {string | null} [holder]  the worker's name, shown in durable_ledger.leases

@@ -17,7 +17,7 @@ import pg from 'pg';
 import {
   Ledger, LedgerError, EffectPaused, EffectFailed, EffectDidNotHappen, RunStopped,
   DivergencePausedError, RunAbandonedError, ToolRefusedError, RUN_ABANDONED, TOOL_REFUSED, PermissionDenied,
-  DivergencePaused, AwaitingApproval,
+  DivergencePaused, AwaitingApproval, BudgetExhausted,
 } from '../src/index.js';
 
 const dsn = process.env.DURABLE_LEDGER_DSN;
@@ -478,6 +478,58 @@ test('history needs the auditor role', async () => {
 });
 
 // ------------------------------------------------------------------ approvals (1.3)
+
+test('a loop that rewords its email is stopped at the budget (BudgetExhausted), not at the fifteenth email; raised for the run, the next attempt sends one more; each call carries the attempt\'s model', async () => {
+  const run = unique('budget');
+  const emailTool = toolName('t.email');
+  const b = bank();
+  await withClients(2, async (admin, c1) => {
+    await register(admin, emailTool);
+    await admin.query("SELECT durable_ledger.set_budget($1, 3, 'test')", [emailTool]);
+    const ledger = new Ledger(c1);
+    const send = b.tool(ledger, emailTool);
+    let stopped = null;
+    await ledger.attempt(run, { model: 'model-a' }, async () => {
+      for (let n = 1; n < 15; n += 1) {
+        try {
+          await send(run, { to: 'ann@example.com', body: `Welcome aboard! (try ${n})` });
+        } catch (err) {
+          stopped = err;
+          break;
+        }
+      }
+    });
+    assert.equal(b.calls.length, 3);
+    assert.ok(stopped instanceof BudgetExhausted, `got ${stopped?.stack ?? stopped}`);
+    assert.ok(stopped instanceof EffectPaused);
+    assert.equal(stopped.name, 'BudgetExhausted');
+    assert.equal(stopped.tool, emailTool);
+    assert.match(stopped.message, /its budget of 3 executions per run/);
+    assert.deepEqual((await unresolved(admin, run)).map((r) => [r.tool, r.status]), [[emailTool, null]]);
+    const { rows: models } = await admin.query(
+      "SELECT meta ->> 'model' AS model FROM durable_ledger.effects WHERE run = $1", [run]);
+    assert.deepEqual(models.map((r) => r.model), ['model-a', 'model-a', 'model-a']);
+
+    await admin.query("SELECT durable_ledger.set_run_budget($1, 'ops', 'one more', tool => $2, max_executions => 4)",
+      [run, emailTool]);
+    await withPool(async (pool) => {
+      const pooled = new Ledger(pool);
+      const sendPooled = b.tool(pooled, emailTool);
+      await pooled.tokenAttempt(run, { ttl: 60, model: 'model-b' }, async () => {
+        for (let n = 1; n < 5; n += 1) {
+          await sendPooled(run, { to: 'ann@example.com', body: `Welcome aboard! (try ${n})` });
+        }
+        await assert.rejects(sendPooled(run, { to: 'ann@example.com', body: 'Welcome! (5)' }),
+          (err) => err instanceof BudgetExhausted);
+      });
+    });
+    assert.equal(b.calls.length, 4);
+    const { rows: changes } = await admin.query(
+      "SELECT detail FROM durable_ledger.audit_log WHERE run = $1 AND event = 'model_changed'", [run]);
+    assert.deepEqual(changes.map((r) => r.detail), [{ from: 'model-a', to: 'model-b' }]);
+    await assert.rejects(ledger.attempt(run, { model: '' }, async () => {}), TypeError);
+  });
+});
 
 test('a call that needs approval throws AwaitingApproval and stops the attempt; approved by another login, the next attempt performs it once; a rejected one replays as EffectFailed', async () => {
   const run = unique('approve');

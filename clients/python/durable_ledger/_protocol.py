@@ -29,6 +29,7 @@ from .errors import (
     ConcurrentChange,
     DivergencePaused,
     AwaitingApproval,
+    BudgetExhausted,
     EffectDidNotHappen,
     EffectFailed,
     EffectPaused,
@@ -417,16 +418,40 @@ def session_hold(row: Any, run: str) -> Optional[SessionHold]:
     return SessionHold(int(row["epoch"]), int(row["pid"]))
 
 
+def with_model(meta: Any, model: Optional[str]) -> Any:
+    """meta with the attempt's model as ``meta.model`` (extension 1.3): a call's own
+    ``model`` in meta is kept."""
+    if model is None:
+        return meta
+    if meta is None:
+        return {"model": model}
+    if not isinstance(meta, dict):
+        raise TypeError(f"meta must be a JSON object to carry the attempt's model, not "
+                        f"{type(meta).__name__}")
+    if "model" in meta:
+        return meta
+    return {**meta, "model": model}
+
+
+def check_model(model: Optional[str]) -> None:
+    """An attempt's model: a non-empty name (or None)."""
+    if model is not None and (not isinstance(model, str) or not model):
+        raise TypeError("model must be a non-empty str naming the model that answers the "
+                        "attempt")
+
+
 def begin_statement(run: str, tool: str, args: Any, business_key: Optional[str], meta: Any,
                     token: Optional[str] = None, *, recorded: bool = False,
                     hold: Optional[SessionHold] = None,
-                    local: bool = False) -> Tuple[str, Tuple[Any, ...]]:
+                    local: bool = False, model: Optional[str] = None) -> Tuple[str, Tuple[Any, ...]]:
     """The statement that begins a call: ``begin_effect``, for a call recorded as safe
     to redo (`Ledger.record`, never with a business key) ``begin_recorded``, for a local
     effect (`Ledger.local`) ``begin_local``; with the
     token of a token lease, or, for a session attempt (``hold``), guarded: the call is
     made only where the statement reached the session that holds the attempt's epoch, and
-    the row says which server process and epoch it reached (`check_guard`)."""
+    the row says which server process and epoch it reached (`check_guard`).  ``model``,
+    the attempt's, goes into meta (`with_model`)."""
+    meta = with_model(meta, model)
     if recorded:
         function = "begin_recorded"
         params: Tuple[Any, ...] = (run, tool, Jsonb(args), _json(meta))
@@ -639,6 +664,10 @@ def log_notices(notices: Sequence[Any], about: About, rows: Optional[Sequence[An
                 extra={"durable_ledger": record})
 
 
+# A budget's pause says so first (docs/reference.md, "Budgets").
+BUDGET_REASON = "budget:"
+
+
 def decision_of(row: Any, run: str, tool: str, halt: HaltFn) -> Union[Execute, Replayed]:
     """What begin_effect's row tells the caller: `Execute`, `Replayed`, or an exception
     (a replayed failure, a pause -- which stops the attempt --, work in progress)."""
@@ -655,6 +684,11 @@ def decision_of(row: Any, run: str, tool: str, halt: HaltFn) -> Union[Execute, R
             raise EffectFailed(key, decision, reason, row["error"], replayed=True)
     elif decision == "pause":
         log.warning("run %s paused at %s %s: %s", run, tool, key, reason)
+        if reason.startswith(BUDGET_REASON):
+            # a budget stops the call (extension 1.3): nothing was performed
+            halt(key, f"run {run!r} is stopped in this attempt: the call of {tool} (key "
+                      f"{key}) was paused by a budget: {reason}", None)
+            raise BudgetExhausted(key, reason, run=run, tool=tool)
         if row["status"] is None:
             # Nothing was recorded for the call: it diverges from the run's earlier
             # attempts, and waits for resolve_divergence.  It stops the attempt like any

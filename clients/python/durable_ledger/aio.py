@@ -290,6 +290,7 @@ class AsyncLedger(p.LedgerCore):
 
     def __init__(self, conn: Any) -> None:
         self._halted: Dict[str, _Halt] = {}
+        self._models: Dict[str, str] = {}  # the model of each attempt open, by run
         self._leases: Dict[str, AsyncTokenLease] = {}
         self._opening: set[str] = set()
         self._session_held: set[str] = set()
@@ -390,7 +391,7 @@ class AsyncLedger(p.LedgerCore):
         hold = self._holds.get(run) if lease is None else None
         query, params = p.begin_statement(run, tool, args, business_key, meta,
                                           lease.token if lease is not None else None,
-                                          hold=hold, local=True)
+                                          hold=hold, local=True, model=self._models.get(run))
         about = p.About(run, tool, from_row=True)
         answer: Optional[BaseException] = None  # raised once the transaction committed
         key: Optional[str] = None
@@ -529,7 +530,8 @@ class AsyncLedger(p.LedgerCore):
         hold = self._holds.get(run) if lease is None else None
         query, params = p.begin_statement(run, tool, args, business_key, meta,
                                           None if lease is None else lease.token,
-                                          recorded=recorded, hold=hold)
+                                          recorded=recorded, hold=hold,
+                                          model=self._models.get(run))
         about = p.About(run, tool, from_row=True)
 
         def uncertain(exc: BaseException) -> None:
@@ -789,7 +791,8 @@ class AsyncLedger(p.LedgerCore):
         return bool(ended)
 
     @asynccontextmanager
-    async def attempt(self, run: str, *, wait: bool = True) -> AsyncIterator[str]:
+    async def attempt(self, run: str, *, wait: bool = True,
+                      model: Optional[str] = None) -> AsyncIterator[str]:
         """``async with ledger.attempt(run):`` -- one attempt under a session lease on the
         AsyncLedger's connection.  See `Ledger.attempt`.
 
@@ -802,6 +805,7 @@ class AsyncLedger(p.LedgerCore):
         and would not keep the two apart.
         """
         self._session_only("attempt()")
+        p.check_model(model)
         if (run in self._sessions or run in self._session_held or run in self._acquiring
                 or run in self._leases or run in self._opening):
             raise p.attempt_already_open(run)
@@ -814,6 +818,8 @@ class AsyncLedger(p.LedgerCore):
             self._sessions.pop(run, None)
             raise
         bound = _SESSIONS.set(_SESSIONS.get() + (session,))
+        if model is not None:
+            self._models[run] = model
         try:
             yield run
         except BaseException:
@@ -841,6 +847,7 @@ class AsyncLedger(p.LedgerCore):
             self._sessions.pop(run, None)
             self._session_held.discard(run)
             self._halted.pop(run, None)
+            self._models.pop(run, None)
         assert self.conn is not None
         if self.conn.closed or self.conn.broken:
             self._holds.pop(run, None)
@@ -856,12 +863,14 @@ class AsyncLedger(p.LedgerCore):
 
     @asynccontextmanager
     async def token_attempt(self, run: str, *, ttl: Union[float, timedelta] = timedelta(minutes=5),
-                            holder: Optional[str] = None) -> AsyncIterator[AsyncTokenLease]:
+                            holder: Optional[str] = None,
+                            model: Optional[str] = None) -> AsyncIterator[AsyncTokenLease]:
         """``async with ledger.token_attempt(run, ttl=60) as lease:`` -- one attempt at a
         run under a token lease.  See `Ledger.token_attempt`; here the renewal is a task of
         the event loop (every ``ttl / 3``), and the tasks started in the block carry the
         attempt."""
         ttl = p.as_ttl(ttl)
+        p.check_model(model)
         if run in self._leases or run in self._opening:
             raise p.attempt_already_open(run)
         self._opening.add(run)
@@ -885,6 +894,8 @@ class AsyncLedger(p.LedgerCore):
             lease = cast(AsyncTokenLease, p.new_lease(row, run, ttl, self, AsyncTokenLease))
             self._halted.pop(run, None)
             self._leases[run] = lease
+            if model is not None:
+                self._models[run] = model
         finally:
             self._opening.discard(run)
         stop = asyncio.Event()
@@ -942,6 +953,7 @@ class AsyncLedger(p.LedgerCore):
             await asyncio.wait([renewer], timeout=30)  # a renewal in flight finishes first
             self._leases.pop(lease.run, None)
             self._halted.pop(lease.run, None)
+            self._models.pop(lease.run, None)
         if lease.lost is not None:
             return  # nothing to release
         try:

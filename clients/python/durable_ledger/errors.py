@@ -74,6 +74,7 @@ __all__ = [
     "EffectPaused",
     "DivergencePaused",
     "AwaitingApproval",
+    "BudgetExhausted",
     "AttemptStopped",
     "EffectInProgress",
     "OutcomeNotRecorded",
@@ -169,6 +170,28 @@ class AwaitingApproval(EffectPaused):
     call then executes, once; or with ``reject_effect``: it replays as `EffectFailed`.
     The approval is of exactly these args: a call with other args asks for its own.
     """
+
+
+class BudgetExhausted(EffectPaused):
+    """A budget the ledger holds stops this call: not performed, and nothing recorded
+    for it but the pause (extension 1.3).
+
+    An admin gave the call's tool a budget per run (``durable_ledger.set_budget``: at
+    most N executions, or M within a window), or every run a budget of attempts
+    (``set_attempts_budget``), and this call would pass it: a loop that calls again and
+    again -- each call reworded, so each one new to the ledger -- stops here.
+    ``begin_effect`` answered ``pause`` with a reason that begins ``budget:`` and names
+    the budget and the count; ``durable_ledger.unresolved`` lists it and the ledger
+    notified ``durable_ledger_attention``.  The run stops, as on any pause (it is an
+    `EffectPaused`).  A person raises the run's budget
+    (``durable_ledger.set_run_budget``) -- the next attempt's call then executes -- or
+    abandons the run.  ``run`` and ``tool`` name the call.
+    """
+
+    def __init__(self, key: str, reason: str, *, run: str, tool: str) -> None:
+        self.run = run
+        self.tool = tool
+        super().__init__(key, "pause", reason)
 
 
 class DivergencePaused(EffectPaused):

@@ -177,6 +177,7 @@ class Ledger(p.LedgerCore):
         # Runs that must not go on in their session-lease attempt: run -> (key, reason,
         # error).  A token attempt keeps its own (TokenLease._halted).  See guarded().
         self._halted: Dict[str, _Halt] = {}
+        self._models: Dict[str, str] = {}  # the model of each attempt open, by run
         # The open token attempts of this Ledger: run -> its lease.  See token_attempt().
         self._leases: Dict[str, TokenLease] = {}
         self._opening: set[str] = set()  # runs whose token_attempt is taking its lease
@@ -385,7 +386,7 @@ class Ledger(p.LedgerCore):
         hold = self._holds.get(run) if lease is None else None
         query, params = p.begin_statement(run, tool, args, business_key, meta,
                                           lease.token if lease is not None else None,
-                                          hold=hold, local=True)
+                                          hold=hold, local=True, model=self._models.get(run))
         about = p.About(run, tool, from_row=True)
         answer: Optional[BaseException] = None  # raised once the transaction committed
         key: Optional[str] = None
@@ -530,7 +531,8 @@ class Ledger(p.LedgerCore):
             hold = self._holds.get(run)
             try:
                 row = self._one(*p.begin_statement(run, tool, args, business_key, meta,
-                                                   recorded=recorded, hold=hold),
+                                                   recorded=recorded, hold=hold,
+                                                   model=self._models.get(run)),
                                 what=f"begin_effect of {tool}", about=about)
             except LedgerUsageError as exc:
                 if _not_committed(exc):
@@ -584,7 +586,7 @@ class Ledger(p.LedgerCore):
         try:
             return self._pooled_one(
                 *p.begin_statement(run, tool, args, business_key, meta, lease.token,
-                                   recorded=recorded),
+                                   recorded=recorded, model=self._models.get(run)),
                 on_uncertain=lambda exc: p.begin_uncertain(run, tool, exc, halt, recorded),
                 what=f"begin_effect of {tool}", about=p.About(run, tool, from_row=True))
         except LedgerUsageError as exc:
@@ -774,7 +776,8 @@ class Ledger(p.LedgerCore):
         return bool(ended)
 
     @contextmanager
-    def attempt(self, run: str, *, wait: bool = True) -> Iterator[str]:
+    def attempt(self, run: str, *, wait: bool = True,
+                model: Optional[str] = None) -> Iterator[str]:
         """``with ledger.attempt(run):`` -- one attempt at a run on a pooled connection.
 
         Acquires the lease (a new epoch) at entry and releases it at exit, also when the
@@ -794,6 +797,7 @@ class Ledger(p.LedgerCore):
         where the lease stays and until when).
         """
         self._session_only("attempt()")
+        p.check_model(model)
         self._reserve(run)
         session = _SessionAttempt(run, self)
         self._sessions[run] = session
@@ -807,6 +811,8 @@ class Ledger(p.LedgerCore):
             self._acquiring.discard(run)
         assert self.conn is not None
         bound = _SESSIONS.set(_SESSIONS.get() + (session,))
+        if model is not None:
+            self._models[run] = model
         body_failed = False
         try:
             yield run
@@ -847,6 +853,7 @@ class Ledger(p.LedgerCore):
             self._sessions.pop(session.run, None)
             self._session_held.discard(session.run)
             self._halted.pop(session.run, None)
+            self._models.pop(session.run, None)
 
     # ------------------------------------------------------------ token leases
 
@@ -857,6 +864,7 @@ class Ledger(p.LedgerCore):
         *,
         ttl: Union[float, timedelta] = timedelta(minutes=5),
         holder: Optional[str] = None,
+        model: Optional[str] = None,
     ) -> Iterator[TokenLease]:
         """``with ledger.token_attempt(run, ttl=60) as lease:`` -- one attempt at a run
         under a token lease, on a pool of connections or a pooled one.
@@ -918,6 +926,8 @@ class Ledger(p.LedgerCore):
             lease = p.new_lease(row, run, ttl, self, TokenLease)
             self._halted.pop(run, None)  # a new attempt
             self._leases[run] = lease
+            if model is not None:
+                self._models[run] = model
         finally:
             self._opening.discard(run)
         stop = threading.Event()
@@ -969,6 +979,7 @@ class Ledger(p.LedgerCore):
         renewer.join(timeout=30)  # a renewal in flight finishes first
         self._leases.pop(lease.run, None)
         self._halted.pop(lease.run, None)
+        self._models.pop(lease.run, None)
         if lease.lost is not None:
             return  # nothing to release
         try:

@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # clients/python, if PYTHONPATH lacks
 
 from durable_ledger import (  # noqa: E402
     AwaitingApproval,
+    BudgetExhausted,
     DivergencePaused,
     EffectDidNotHappen,
     EffectFailed,
@@ -129,6 +130,63 @@ class SteeringTest(unittest.TestCase):
             self.addCleanup(self.admin.execute, sql.SQL("ALTER ROLE {} RESET {}").format(
                 sql.Identifier(role), sql.SQL(name)))
         return role
+
+    # ------------------------------------------------------------ budgets (1.3)
+
+    def test_a_loop_that_rewords_its_email_is_stopped_at_the_budget(self) -> None:
+        # The seeds' onboarding agent: a retry loop sent the same email fourteen times,
+        # reworded each time -- each a new call to the ledger, which executes it.  A
+        # budget of three emails a run stops the loop at the fourth, not the fifteenth.
+        email_tool = self.tool_name("t.email")
+        self.register(email_tool)
+        self.admin.execute("SELECT durable_ledger.set_budget(%s, 3, 'test')", (email_tool,))
+        bank = Bank()
+        ledger = self.ledger()
+        send = bank.tool(ledger, email_tool)
+        stopped: Optional[BudgetExhausted] = None
+        with ledger.attempt(self.run_id, model="model-a"):
+            for n in range(1, 15):
+                try:
+                    send(self.run_id, {"to": "ann@example.com",
+                                       "body": f"Welcome aboard! (try {n})"})
+                except BudgetExhausted as exc:
+                    stopped = exc
+                    break
+        self.assertEqual(len(bank.calls), 3)
+        assert stopped is not None
+        self.assertIsInstance(stopped, EffectPaused)
+        self.assertEqual(stopped.tool, email_tool)
+        self.assertIn("its budget of 3 executions per run", stopped.reason)
+        waiting = self.unresolved()
+        self.assertEqual([(w["tool"], w["status"]) for w in waiting], [(email_tool, None)])
+        # each call carried the attempt's model
+        models = [r[0] for r in self.admin.execute(
+            "SELECT meta ->> 'model' FROM durable_ledger.effects WHERE run = %s",
+            (self.run_id,))]
+        self.assertEqual(models, ["model-a"] * 3)
+
+        # a person raises the run's budget: the next attempt replays the three emails
+        # and sends the fourth, once, under another model (audited once)
+        self.admin.execute("SELECT durable_ledger.set_run_budget(%s, 'ops', 'one more is fine', "
+                           "tool => %s, max_executions => 4)", (self.run_id, email_tool))
+        self.assertEqual(self.unresolved(), [])
+        pool = self.pool()
+        pooled = Ledger(pool)
+        send_pooled = bank.tool(pooled, email_tool)
+        with pooled.token_attempt(self.run_id, ttl=60, model="model-b"):
+            for n in range(1, 5):
+                send_pooled(self.run_id, {"to": "ann@example.com",
+                                          "body": f"Welcome aboard! (try {n})"})
+            with self.assertRaises(BudgetExhausted):
+                send_pooled(self.run_id, {"to": "ann@example.com", "body": "Welcome! (5)"})
+        self.assertEqual(len(bank.calls), 4)
+        changes = [r[0] for r in self.admin.execute(
+            "SELECT detail FROM durable_ledger.audit_log WHERE run = %s "
+            "AND event = 'model_changed'", (self.run_id,))]
+        self.assertEqual(changes, [{"from": "model-a", "to": "model-b"}])
+        with self.assertRaises(TypeError):
+            with ledger.attempt(self.run_id, model=""):
+                pass
 
     # ------------------------------------------------------------ approvals (1.3)
 
