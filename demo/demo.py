@@ -116,6 +116,25 @@ def ledger_worker(dsn, run, calls, die_after, memo=None, reconcile=False, invoic
         say("done; lease released")
 
 
+def email_loop_worker(dsn, run, tries):
+    """The seeds' onboarding agent: a retry loop that fires on a network partition and
+    has the model word the welcome email anew each time.  Each try is a new call to the
+    ledger (new args): only a budget stops the loop."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for n in range(1, tries + 1):
+            args = {"to": "ann@example.com", "body": f"Welcome aboard, Ann! (worded anew, try {n})"}
+            key, decision, reason = conn.execute(
+                "SELECT key, decision, reason FROM durable_ledger.begin_effect(%s, 'mail.send', %s)",
+                (run, Jsonb(args))).fetchone()
+            if decision != "execute":
+                say(f"begin_effect -> {decision}: {reason}")
+                sys.exit(3)
+            conn.execute("INSERT INTO mailbox (run, body) VALUES (%s, %s)", (run, args["body"]))
+            conn.execute("SELECT durable_ledger.complete_effect(%s, '{\"sent\": true}')", (key,))
+            say(f"sent email {n}; the network times out before the answer: the loop tries again")
+        say("done")
+
+
 # --------------------------------------------------------------------------
 # The orchestrator and the story
 # --------------------------------------------------------------------------
@@ -194,7 +213,11 @@ def story(dsn):
             GRANT durable_ledger_approver TO ana;
             GRANT INSERT, SELECT ON bank_payments TO ap_worker;
             GRANT USAGE ON SEQUENCE bank_payments_id_seq TO ap_worker;
-            GRANT SELECT ON bank_payments TO maria;""")
+            GRANT SELECT ON bank_payments TO maria;
+            CREATE TABLE mailbox (id serial, run text, body text);
+            GRANT INSERT, SELECT ON mailbox TO ap_worker;
+            GRANT USAGE ON SEQUENCE mailbox_id_seq TO ap_worker;
+            GRANT SELECT ON mailbox TO maria;""")
     worker_dsn = psycopg.conninfo.make_conninfo(dsn, user="ap_worker", application_name="ap-worker")
     maria_dsn = psycopg.conninfo.make_conninfo(dsn, user="maria", application_name="ledger-console")
     ana_dsn = psycopg.conninfo.make_conninfo(dsn, user="ana", application_name="ledger-console")
@@ -330,7 +353,26 @@ def story(dsn):
         ok &= approved == [("ana", "ana.kim")]
         ok &= verdict(conn, "ap-8", 1, "paid once, after an approver of her own role approved it")
 
-        heading(9, "The audit trail of INV-9 in run ap-3, read with plain SQL")
+        heading(9, "A runaway loop stopped at its budget: three emails, not fourteen")
+        print("      [Maria Lopez] registers mail.send with a budget of three emails a run:"
+              " set_budget('mail.send', 3, 'maria.lopez')")
+        conn.execute("SELECT durable_ledger.register_tool('mail.send', 'maria.lopez')")
+        conn.execute("SELECT durable_ledger.set_budget('mail.send', 3, 'maria.lopez',"
+                     " 'onboarding sends three emails at most')")
+        follow(spawn(worker_dsn, "emails", "--run", "ob-9", "--calls", "14"))
+        sent = conn.execute("SELECT count(*) FROM mailbox WHERE run = 'ob-9'").fetchone()[0]
+        for run, reason in conn.execute(
+                "SELECT run, reason FROM durable_ledger.unresolved WHERE run = 'ob-9'").fetchall():
+            print(f"      [orchestrator] listed for a person: {run}: {reason[:72]}…")
+        print("      [Maria Lopez] three welcome emails are plenty; the loop is a bug:"
+              " abandon_run('ob-9', 'maria.lopez', 'retry loop on a network partition')")
+        conn.execute("SELECT durable_ledger.abandon_run('ob-9', 'maria.lopez',"
+                     " 'retry loop on a network partition')")
+        mark = "OK " if sent == 3 else "!! "
+        print(f"   {mark}the mailbox shows {sent} emails for ob-9: the budget stopped the loop at the fourth")
+        ok &= sent == 3
+
+        heading(10, "The audit trail of INV-9 in run ap-3, read with plain SQL")
         query = textwrap.dedent("""\
             SELECT a.id, a.event, a.role_name, a.application_name,
                    coalesce(a.detail ->> 'resolved_by', '') AS resolved_by,
@@ -353,7 +395,7 @@ def story(dsn):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("role", nargs="?", default="story", choices=["story", "naive", "ledger"])
+    parser.add_argument("role", nargs="?", default="story", choices=["story", "naive", "ledger", "emails"])
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--run")
     parser.add_argument("--calls", type=int, default=1)
@@ -366,6 +408,8 @@ def main():
     args = parser.parse_args()
     if args.role == "naive":
         naive_worker(args.dsn, args.run)
+    elif args.role == "emails":
+        email_loop_worker(args.dsn, args.run, args.calls)
     elif args.role == "ledger":
         ledger_worker(args.dsn, args.run, args.calls, args.die_after, args.memo, args.reconcile,
                       args.invoice, args.amount)

@@ -4,7 +4,8 @@
 # "again" paying twice while its replay pays nothing, and an LLM-style replay
 # that rewords the memo paused instead of paying twice, then resolved; a
 # worker lost mid-payment settled from the bank's record; a payment over a
-# limit that waits for an approver and is then paid once.
+# limit that waits for an approver and is then paid once; a runaway email loop
+# stopped at its budget.
 use strict;
 use warnings;
 use lib "$ENV{TESTDIR}/test/perl";
@@ -34,6 +35,9 @@ like($stdout, qr/OK the bank shows 1 payment for ap-7/, '... paid once, nobody p
 like($stdout, qr/begin_effect -> pause.*PAUSE: awaiting approval/s, 'a payment over the limit waits for an approver');
 like($stdout, qr/OK the bank shows 0 payments for ap-8/, '... and nothing is paid before the approval');
 like($stdout, qr/OK the bank shows 1 payment for ap-8/, '... approved by another role, it is paid once, and replayed');
+like($stdout, qr/begin_effect -> pause: budget: tool "mail\.send" executed 3 times/,
+	'a runaway loop that rewords its email is paused at its budget');
+like($stdout, qr/OK the mailbox shows 3 emails for ob-9/, '... three emails sent, not fourteen');
 like($stdout, qr/Every story ended as told\./, 'every story ended as told');
 
 $node->stop;
