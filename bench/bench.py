@@ -5,7 +5,7 @@ The floor is the same writes done by hand, one round trip each (bench/floor_pair
 Every comparison runs interleaved in one cluster (A B A B ...) and reports the
 median of its rounds as a ratio; absolute numbers are context only.  Run by
 bench/run.sh against a throwaway cluster.  --only runs some sections:
-pairs, registered, unregistered, batch, replay, handoff, pooler, access, growth, audit.
+pairs, registered, unregistered, budgeted, batch, replay, handoff, pooler, access, growth, audit.
 
 The access section measures begin+complete against the minimal floor (an intent
 row and its audit row, then the completion and its audit row, a primary key
@@ -26,7 +26,10 @@ The registered section measures begin+complete of a registered tool (divergence
 policy pause) in a later attempt of each client's run, where divergence is
 checked on every call (bench/ledger_registered_pair.sql), against the same
 floor; the unregistered section the same for a tool nobody registered, which
-1.3 judges with the policy row's pause.
+1.3 judges with the policy row's pause.  The budgeted section measures
+begin+complete of a registered tool with a budget per run (1.3; never
+reached), whose every execution reads and writes its run's counter of the
+tool (bench/ledger_budgeted_pair.sql), against the same floor.
 
 The pooler section starts Debian's PgBouncer (pool_mode = transaction) in front
 of the cluster and sends both sides through it: begin+complete under token
@@ -191,7 +194,8 @@ def settle(conn, floor=("floor_effects", "floor_audit")):
     previous section wrote vacuumed (so that autovacuum does not wake up in the
     middle of a measurement) and a checkpoint behind us."""
     for table in ("durable_ledger.effects", "durable_ledger.audit_log", "durable_ledger.runs",
-                  "durable_ledger.token_leases", "durable_ledger.token_lease_calls") + floor:
+                  "durable_ledger.token_leases", "durable_ledger.token_lease_calls",
+                  "durable_ledger.run_budgets") + floor:
         conn.execute(f"VACUUM (ANALYZE) {table}")
     conn.execute("CHECKPOINT")
 
@@ -443,7 +447,7 @@ def populate(conn, target):
     conn.execute("CHECKPOINT")
 
 
-SECTIONS = ("pairs", "registered", "unregistered", "local", "batch", "replay", "handoff", "pooler", "access", "growth",
+SECTIONS = ("pairs", "registered", "unregistered", "budgeted", "local", "batch", "replay", "handoff", "pooler", "access", "growth",
             "audit")
 
 
@@ -514,6 +518,25 @@ def main():
                                                                          "tool": tool}),
                                    lambda: pgbench(args, "floor_pair.sql", c, args.seconds, logdir, f"{tag}f{c}"))
             rows.append((f"begin+complete, {what.split(' ', 1)[1]}, divergence checked, {c} client{'s' if c > 1 else ''}",
+                         med(led, 0) / med(flo, 0), "≥ 0.95",
+                         f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "
+                         f"floor {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms)"))
+            say("  ", rows[-1])
+
+    if "budgeted" in only:
+        # a tool with a budget per run (1.3): every execution reads and writes the run's
+        # counter of the tool; the budget is never reached
+        say("begin+complete of a tool with a budget, against the floor ...")
+        conn.execute("""SELECT durable_ledger.register_tool('bench.mail', 'bench', note => 'make bench')
+                         WHERE NOT EXISTS (SELECT FROM durable_ledger.tools WHERE tool = 'bench.mail')""")
+        conn.execute("SELECT durable_ledger.set_budget('bench.mail', 2000000000, 'bench', 'never reached')")
+        for c in clients:
+            settle(conn)
+            led, flo = interleaved(args.rounds,
+                                   lambda: pgbench(args, "ledger_budgeted_pair.sql", c, args.seconds, logdir,
+                                                   f"b{c}", defines={"round": next(rounds)}),
+                                   lambda: pgbench(args, "floor_pair.sql", c, args.seconds, logdir, f"bf{c}"))
+            rows.append((f"begin+complete, a tool with a budget, {c} client{'s' if c > 1 else ''}",
                          med(led, 0) / med(flo, 0), "≥ 0.95",
                          f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "
                          f"floor {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms)"))

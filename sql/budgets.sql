@@ -113,6 +113,17 @@ SELECT durable_ledger.set_run_budget('bu-4', 'ops', 'a third try', max_attempts 
 SELECT max_attempts FROM durable_ledger.runs WHERE run = 'bu-4';
 SELECT decision FROM durable_ledger.begin_effect('bu-4', 'bu_pay', '{"n": 3}');
 SELECT durable_ledger.release_run('bu-4');
+-- a budgeted tool's call past the attempts: its counter row is the one paused
+SELECT durable_ledger.acquire_run('bu-6');
+SELECT decision FROM durable_ledger.begin_effect('bu-6', 'bu_email', '{"to": "user1@example.com", "body": "Hi"}');
+SELECT status FROM durable_ledger.complete_effect(durable_ledger.effect_key('bu-6', 'bu_email', '{"to": "user1@example.com"}', 1), '{}');
+SELECT durable_ledger.release_run('bu-6');
+SELECT durable_ledger.acquire_run('bu-6'), durable_ledger.release_run('bu-6');
+SELECT durable_ledger.acquire_run('bu-6');
+SELECT decision FROM durable_ledger.begin_effect('bu-6', 'bu_email', '{"to": "user1@example.com", "body": "Hi"}');
+SELECT decision, left(reason, 40) AS reason FROM durable_ledger.begin_effect('bu-6', 'bu_email', '{"to": "user2@example.com", "body": "Hi"}');
+SELECT executions, paused_args, left(paused_reason, 40) AS paused_reason FROM durable_ledger.run_budgets WHERE run = 'bu-6';
+SELECT durable_ledger.release_run('bu-6');
 SELECT durable_ledger.set_attempts_budget(NULL, 'ops') AS replaced;
 
 -- ===================================================================

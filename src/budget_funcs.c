@@ -8,7 +8,7 @@
 
 #include "utils/builtins.h"
 
-#include "store.h"
+#include "lease.h"
 
 PG_FUNCTION_INFO_V1(dl_set_attempts_budget_1_3);
 PG_FUNCTION_INFO_V1(dl_set_run_budget_1_3);
@@ -116,6 +116,12 @@ dl_set_run_budget_1_3(PG_FUNCTION_ARGS)
 				 errhint("max_attempts is the run's own; max_executions and max_in_window are of the tool named.")));
 	dl_check_writable("set_run_budget()");
 	dl_spi_connect();
+	/*
+	 * Waits for the run's calls in progress and keeps new ones out until
+	 * this commits, as abandon_run does: a call reads the run's counter and
+	 * writes it back, and must not miss a change of its budget between.
+	 */
+	dl_run_lock_closing(dl_run_lock_key(run));
 	if (tool != NULL)
 	{
 		ToolRow		row;

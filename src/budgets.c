@@ -55,13 +55,17 @@ in_window(const BudgetCheck *check, int *first)
 																IntervalPGetDatum(&check->window)));
 	int			i;
 
-	for (i = 0; i < check->row.nrecent && check->row.recent[i] <= since; i++)
+	for (i = 0; i < check->counter.row.nrecent && check->counter.row.recent[i] <= since; i++)
 		;
 	*first = i;
-	return check->row.nrecent - i;
+	return check->counter.row.nrecent - i;
 }
 
-/* The tool's budget in the run: its counter is read, and judged. */
+/*
+ * The tool's budget in the run: its counter is read, as committed now, and
+ * judged.  Nothing else writes it meanwhile: the run's calls are serialised
+ * by its lease, and set_run_budget waits for the call (it closes the run).
+ */
 static void
 judge_tool_budget(const CallLease *lease, const char *tool, const ToolRow *tool_row,
 				  BudgetCheck *check)
@@ -70,17 +74,17 @@ judge_tool_budget(const CallLease *lease, const char *tool, const ToolRow *tool_
 	int			n;
 
 	check->counted = true;
-	dl_read_run_budget(lease->run, tool, &check->row);
-	check->max_executions = check->row.max_executions > 0 ? check->row.max_executions :
+	dl_read_run_budget(lease->run, tool, &check->counter);
+	check->max_executions = check->counter.row.max_executions > 0 ? check->counter.row.max_executions :
 		tool_row->max_executions;
 	check->max_in_window = tool_row->max_in_window > 0 ?
-		(check->row.max_in_window > 0 ? check->row.max_in_window : tool_row->max_in_window) : 0;
+		(check->counter.row.max_in_window > 0 ? check->counter.row.max_in_window : tool_row->max_in_window) : 0;
 	check->window = tool_row->budget_window;
-	if (check->max_executions > 0 && check->row.executions >= check->max_executions)
+	if (check->max_executions > 0 && check->counter.row.executions >= check->max_executions)
 	{
-		stopped_by(check, "executions", check->max_executions, check->row.executions,
+		stopped_by(check, "executions", check->max_executions, check->counter.row.executions,
 				   psprintf("budget: tool \"%s\" executed %d times in this run, its budget of %d executions per run; " BUDGET_HINT,
-							tool, check->row.executions, check->max_executions));
+							tool, check->counter.row.executions, check->max_executions));
 		return;
 	}
 	if (check->max_in_window == 0)
@@ -130,7 +134,7 @@ dl_budget_count(const CallLease *lease, const char *tool, const BudgetCheck *che
 
 	if (!check->counted)
 		return;
-	if (check->row.executions == PG_INT32_MAX)
+	if (check->counter.row.executions == PG_INT32_MAX)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("too many executions of tool \"%s\" in run \"%s\"", tool, lease->run)));
@@ -145,11 +149,11 @@ dl_budget_count(const CallLease *lease, const char *tool, const BudgetCheck *che
 			first += kept - check->max_in_window + 1;
 			kept = check->max_in_window - 1;
 		}
-		memcpy(recent, check->row.recent + first, sizeof(TimestampTz) * kept);
+		memcpy(recent, check->counter.row.recent + first, sizeof(TimestampTz) * kept);
 		recent[kept] = check->now;
 		n = kept + 1;
 	}
-	dl_write_budget_count(lease->run, tool, check->row.executions + 1, recent, n);
+	dl_write_budget_count(lease->run, tool, &check->counter, recent, n);
 }
 
 /* The call check stopped is recorded paused (key, args): unresolved lists it. */
@@ -157,5 +161,9 @@ void
 dl_budget_pause(const CallLease *lease, const char *tool, const char *key, Jsonb *args,
 				const BudgetCheck *check)
 {
-	dl_write_budget_pause(lease->run, tool, key, args, lease->epoch, check->reason);
+	BudgetCounter counter = check->counter;
+
+	if (!check->counted)		/* stopped by the attempts: the counter was not read */
+		dl_read_run_budget(lease->run, tool, &counter);
+	dl_write_budget_pause(lease->run, tool, &counter, key, args, lease->epoch, check->reason);
 }

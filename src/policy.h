@@ -40,7 +40,7 @@ typedef struct BudgetCheck
 	int32		count;			/* ... and how far the run is */
 	char	   *reason;			/* the pause's */
 	TimestampTz now;
-	RunBudgetRow row;			/* the run's counter of the tool (counted) */
+	BudgetCounter counter;		/* the run's counter of the tool, as read (counted) */
 	int32		max_executions; /* what applies to the run: 0, none */
 	int32		max_in_window;
 	Interval	window;

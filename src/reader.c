@@ -1178,16 +1178,17 @@ dl_read_audit_purge_plan(TimestampTz cutoff)
 static bool
 take_budget(TupleTableSlot *slot, void *arg)
 {
-	RunBudgetRow *row = arg;
+	BudgetCounter *counter = arg;
+	RunBudgetRow *row = &counter->row;
 	LedgerTable *t = &dl_budgets_table;
 	bool		isnull;
 	Datum		d;
 
+	counter->tuple = ExecCopySlotHeapTuple(slot);
+	counter->tuple->t_self = slot->tts_tid;
 	row->found = true;
 	row->executions = DatumGetInt32(column_value(t, slot, BUD_EXECUTIONS, &isnull));
 	d = column_value(t, slot, BUD_RECENT, &isnull);
-	row->nrecent = 0;
-	row->recent = NULL;
 	if (!isnull)
 	{
 		Datum	   *elems;
@@ -1210,21 +1211,22 @@ take_budget(TupleTableSlot *slot, void *arg)
 }
 
 /*
- * The run's counter and own budgets of tool, as committed now; row->found
- * false (and zeros) when there is none.
+ * The run's counter and own budgets of tool, as committed now (whatever the
+ * transaction's snapshot: the run's previous call committed before this one
+ * could begin); counter->tuple NULL (and zeros) when there is none.
  */
 void
-dl_read_run_budget(const char *run, const char *tool, RunBudgetRow *row)
+dl_read_run_budget(const char *run, const char *tool, BudgetCounter *counter)
 {
 	static LookupIndex budgets_by_tool;
 	static const int budget_key[] = {BUD_RUN, BUD_TOOL};
 	Datum		values[2];
 
-	memset(row, 0, sizeof(RunBudgetRow));
+	memset(counter, 0, sizeof(BudgetCounter));
 	values[0] = CStringGetTextDatum(run);
 	values[1] = CStringGetTextDatum(tool);
 	(void) find_row_now(&dl_budgets_table, &budgets_by_tool, 2, budget_key, values,
-						take_budget, row);
+						take_budget, counter);
 }
 
 static Statement attempts_budget = {

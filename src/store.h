@@ -200,6 +200,17 @@ typedef struct RunBudgetRow
 	bool		paused;
 } RunBudgetRow;
 
+/*
+ * A run's counter of a tool as read, to be written from (tuple: its version,
+ * NULL when the run has no row yet).  Only the run's calls, which its lease
+ * serialises, and set_run_budget, which closes the run meanwhile, write it.
+ */
+typedef struct BudgetCounter
+{
+	RunBudgetRow row;
+	HeapTuple	tuple;
+} BudgetCounter;
+
 /* A row of durable_ledger.divergences: a later attempt's drifted call. */
 typedef struct DivergenceRow
 {
@@ -241,7 +252,7 @@ extern int32 dl_read_token_calls(const char *run, int64 epoch, bytea *call);
 extern int	dl_read_lease_holder_pid(uint64 lock_key);
 extern void dl_read_lease_holder(const char *run, LeaseHolder *holder);
 extern bool dl_read_tool(const char *tool, ToolRow *row);
-extern void dl_read_run_budget(const char *run, const char *tool, RunBudgetRow *row);
+extern void dl_read_run_budget(const char *run, const char *tool, BudgetCounter *counter);
 extern int32 dl_read_attempts_budget(const char *run);
 extern char *dl_read_attempt_model(const char *run, int64 epoch, char **changed_from);
 extern char *dl_read_earlier_model(const char *run, int64 epoch);
@@ -331,10 +342,10 @@ extern void dl_write_tool_retired(LockedTool *locked, const char *retired_by,
 extern void dl_write_divergence(const DivergenceRow *row);
 
 /* write_budgets.c */
-extern void dl_write_budget_count(const char *run, const char *tool, int32 executions,
+extern void dl_write_budget_count(const char *run, const char *tool, const BudgetCounter *counter,
 								  const TimestampTz *recent, int nrecent);
-extern void dl_write_budget_pause(const char *run, const char *tool, const char *key,
-								  Jsonb *args, int64 epoch, const char *reason);
+extern void dl_write_budget_pause(const char *run, const char *tool, const BudgetCounter *counter,
+								  const char *key, Jsonb *args, int64 epoch, const char *reason);
 extern void dl_write_run_budget(const char *run, const char *tool, const int32 *max_executions,
 								const int32 *max_in_window);
 extern bool dl_write_run_attempts(const char *run, int32 max_attempts, int32 *before);

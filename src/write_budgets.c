@@ -3,10 +3,11 @@
  * a budgeted tool, its own budgets, the call a budget paused), a run's and
  * the deployment's budget of attempts, and run_models (each attempt's model).
  *
- * A run's calls are serialised by its lease (a session's, or a token call's
- * hold on the run's call lock), so a counter is changed in place, its latest
- * version whatever the transaction's snapshot, or added: like a token lease's
- * counters (write_tokens.c).
+ * A run's counter is written by the run's calls, which its lease serialises
+ * (a session's, or a token call's hold on the run's call lock), and by
+ * set_run_budget, which closes the run for calls meanwhile (the lock
+ * abandon_run takes): so a call writes the version it read, as committed
+ * now, with no row lock.
  */
 #include "postgres.h"
 
@@ -18,29 +19,22 @@
 
 #include "rows.h"
 
-static const int budget_key[] = {BUD_RUN, BUD_TOOL};
 
 /*
- * Begins the write of run's row of tool: *locked is its latest version, and
- * the write starts from it, or NULL and a new row is set up (no execution,
- * no window, no budget of its own, nothing paused).
+ * Begins the write of run's row of tool: from the version read, or a new
+ * row (no execution, no window, no budget of its own, nothing paused).
  */
 static void
-begin_budget_write(RowWrite *w, const char *run, const char *tool, HeapTuple *locked)
+begin_budget_write(RowWrite *w, const char *run, const char *tool, HeapTuple read)
 {
-	Datum		values[2];
-
-	values[0] = CStringGetTextDatum(run);
-	values[1] = CStringGetTextDatum(tool);
 	dl_row_begin(w, &dl_budgets_table);
-	if (dl_row_lock_by(w, 2, budget_key, values, locked))
+	if (read != NULL)
 	{
-		dl_row_start_from(w, *locked);
+		dl_row_start_from(w, read);
 		return;
 	}
-	*locked = NULL;
-	dl_row_set(w, BUD_RUN, values[0]);
-	dl_row_set(w, BUD_TOOL, values[1]);
+	dl_row_set(w, BUD_RUN, CStringGetTextDatum(run));
+	dl_row_set(w, BUD_TOOL, CStringGetTextDatum(tool));
 	dl_row_set(w, BUD_EXECUTIONS, Int32GetDatum(0));
 	dl_row_set(w, BUD_RECENT, PointerGetDatum(construct_empty_array(TIMESTAMPTZOID)));
 	dl_row_set_null(w, BUD_MAX_EXECUTIONS);
@@ -58,71 +52,75 @@ set_not_paused(RowWrite *w)
 }
 
 static void
-end_budget_write(RowWrite *w, HeapTuple locked)
+end_budget_write(RowWrite *w, HeapTuple read)
 {
-	if (locked != NULL)
-		dl_row_update(w, locked);
+	if (read != NULL)
+		dl_row_update(w, read);
 	else
 		dl_row_insert(w);
 	dl_row_end(w);
 }
 
 /*
- * A call of tool executed in run: its count is executions now, and recent
- * the times of the latest executions its window counts.  A pause of the
- * tool in the run is answered by it.
+ * A call of tool executed in run: counted, one more than read, with the
+ * times of the latest executions its window counts.  A pause of the tool in
+ * the run is answered by it.
  */
 void
-dl_write_budget_count(const char *run, const char *tool, int32 executions,
+dl_write_budget_count(const char *run, const char *tool, const BudgetCounter *counter,
 					  const TimestampTz *recent, int nrecent)
 {
 	RowWrite	w;
-	HeapTuple	locked;
 	Datum	   *elems = palloc(sizeof(Datum) * Max(nrecent, 1));
 	int			i;
 
 	for (i = 0; i < nrecent; i++)
 		elems[i] = TimestampTzGetDatum(recent[i]);
-	begin_budget_write(&w, run, tool, &locked);
-	dl_row_set(&w, BUD_EXECUTIONS, Int32GetDatum(executions));
-	dl_row_set(&w, BUD_RECENT,
-			   PointerGetDatum(construct_array(elems, nrecent, TIMESTAMPTZOID, sizeof(TimestampTz),
-											   true, TYPALIGN_DOUBLE)));
-	set_not_paused(&w);
-	end_budget_write(&w, locked);
+	begin_budget_write(&w, run, tool, counter->tuple);
+	dl_row_set(&w, BUD_EXECUTIONS, Int32GetDatum(counter->row.executions + 1));
+	if (nrecent > 0 || counter->row.nrecent > 0)
+		dl_row_set(&w, BUD_RECENT,
+				   PointerGetDatum(construct_array(elems, nrecent, TIMESTAMPTZOID,
+												   sizeof(TimestampTz), true, TYPALIGN_DOUBLE)));
+	if (counter->row.paused)
+		set_not_paused(&w);
+	end_budget_write(&w, counter->tuple);
 }
 
-/* A budget paused a call of tool in run (key, args, from epoch), for reason. */
+/*
+ * A budget paused a call of tool in run (key, args, from epoch), for reason;
+ * counter: as the call judged it.
+ */
 void
-dl_write_budget_pause(const char *run, const char *tool, const char *key, Jsonb *args,
-					  int64 epoch, const char *reason)
+dl_write_budget_pause(const char *run, const char *tool, const BudgetCounter *counter,
+					  const char *key, Jsonb *args, int64 epoch, const char *reason)
 {
 	RowWrite	w;
-	HeapTuple	locked;
 
-	begin_budget_write(&w, run, tool, &locked);
+	begin_budget_write(&w, run, tool, counter->tuple);
 	dl_row_set(&w, BUD_PAUSED_AT, dl_row_now());
 	dl_row_set(&w, BUD_PAUSED_KEY, CStringGetTextDatum(key));
 	dl_row_set(&w, BUD_PAUSED_ARGS, JsonbPGetDatum(args));
 	dl_row_set(&w, BUD_PAUSED_EPOCH, Int64GetDatum(epoch));
 	dl_row_set(&w, BUD_PAUSED_REASON, CStringGetTextDatum(reason));
-	end_budget_write(&w, locked);
+	end_budget_write(&w, counter->tuple);
 }
 
-/* run's own budgets of tool: those given (NULL: kept). */
+/* run's own budgets of tool: those given (NULL: kept); the caller closed the run. */
 void
 dl_write_run_budget(const char *run, const char *tool, const int32 *max_executions,
 					const int32 *max_in_window)
 {
+	BudgetCounter counter;
 	RowWrite	w;
-	HeapTuple	locked;
 
-	begin_budget_write(&w, run, tool, &locked);
+	dl_read_run_budget(run, tool, &counter);
+	begin_budget_write(&w, run, tool, counter.tuple);
 	if (max_executions != NULL)
 		dl_row_set(&w, BUD_MAX_EXECUTIONS, Int32GetDatum(*max_executions));
 	if (max_in_window != NULL)
 		dl_row_set(&w, BUD_MAX_IN_WINDOW, Int32GetDatum(*max_in_window));
-	end_budget_write(&w, locked);
+	end_budget_write(&w, counter.tuple);
 }
 
 /*
