@@ -39,6 +39,7 @@ from durable_ledger import (  # noqa: E402
     AttemptStopped,
     AsyncTokenLease,
     AwaitingApproval,
+    BudgetExhausted,
     BusinessKeyConflict,
     EffectDidNotHappen,
     EffectFailed,
@@ -204,6 +205,41 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
                 again = await asyncio.gather(*(refund(self.run_id, o) for o in reversed(orders)))
             self.assertEqual(again, [{"refunded": o["order"]} for o in reversed(orders)])
         self.assertEqual(sorted(sent), [1, 2, 3])
+
+    async def test_parallel_calls_past_a_budget_and_the_model_of_each_attempt(self) -> None:
+        # Five parallel emails of one step on a pool, in a token attempt, against a budget
+        # of two per run: two are sent, the others stop at the budget (BudgetExhausted);
+        # every call carries the attempt's model, and a session attempt of the run under
+        # another model is audited once as model_changed.
+        tool = f"t.email.{uuid.uuid4().hex[:12]}"
+        self.admin.execute("SELECT durable_ledger.register_tool(%s, 'test')", (tool,))
+        self.admin.execute("SELECT durable_ledger.set_budget(%s, 2, 'test')", (tool,))
+        sent: List[Any] = []
+
+        def email_tool(ledger: AsyncLedger) -> Any:
+            @ledger.tool(tool)
+            async def email(args: Any, idempotency_key: str) -> Any:
+                sent.append(args["n"])
+                return {"sent": args["n"]}
+            return email
+
+        ledger = AsyncLedger(await self.pool(size=3))
+        email = email_tool(ledger)
+        async with ledger.token_attempt(self.run_id, ttl=30, model="model-a"):
+            outcomes = await asyncio.gather(*(email(self.run_id, {"n": n}) for n in range(5)),
+                                            return_exceptions=True)
+        self.assertEqual(len(sent), 2)
+        self.assertTrue(any(isinstance(o, BudgetExhausted) for o in outcomes), outcomes)
+        self.assertEqual({r[0] for r in self.admin.execute(
+            "SELECT meta ->> 'model' FROM durable_ledger.effects WHERE run = %s",
+            (self.run_id,))}, {"model-a"})
+        session = AsyncLedger(await self.connect())
+        email_in_session = email_tool(session)
+        async with session.attempt(self.run_id, model="model-b"):
+            for n in sorted(sent):
+                await email_in_session(self.run_id, {"n": n})   # replays: no budget is used
+        self.assertEqual(len(sent), 2)
+        self.assertEqual(len(self.audit(self.run_id, "model_changed")), 1)
 
     async def test_tasks_on_one_pool_through_pgbouncer_with_the_lease_renewed(self) -> None:
         if not BOUNCER_DSN:
