@@ -135,6 +135,7 @@ ISOLATION = \
 	reconcile_race \
 	approval_race \
 	budget_race \
+	budget_attempts \
 	local_race
 ISOLATION_OPTS = --inputdir=$(srcdir)/test --encoding=UTF8 --load-extension=durable_ledger
 

@@ -109,7 +109,7 @@ dl_budget_stops(const CallLease *lease, const char *tool, const ToolRules *rules
 	check->now = GetCurrentTimestamp();
 	if (lease->epoch > 1)
 	{
-		int32		max_attempts = dl_read_attempts_budget(lease->run);
+		int32		max_attempts = dl_read_attempts_budget_remembered(lease->run);
 
 		if (max_attempts > 0 && lease->epoch > max_attempts)
 		{

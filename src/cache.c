@@ -2,7 +2,8 @@
  * cache.c: what a backend remembers between calls, so that a call does not
  * read again what rarely changes: a tool's row of the registry (or that it
  * has none), what is done with a tool nobody registered, that a run is not
- * abandoned, that a run has no recorded divergence.
+ * abandoned, that a run has no recorded divergence, a run's budget of
+ * attempts.
  *
  * Each fact is read as committed now (reader.c) and forgotten when a
  * relcache invalidation of its table arrives, the mechanism PostgreSQL's own
@@ -43,6 +44,8 @@ typedef struct RememberedRun
 	const char *run;			/* hash key: a copy owned by the cache */
 	bool		known_open;		/* read not abandoned */
 	bool		no_divergences; /* read without a recorded divergence */
+	bool		attempts_known; /* max_attempts was read */
+	int32		max_attempts;	/* the run's budget of attempts, its own or every run's; 0: none */
 } RememberedRun;
 
 static MemoryContext remembered_cxt = NULL;
@@ -290,4 +293,32 @@ dl_run_may_have_divergences(const char *run)
 	if (!any && before == forgotten)
 		run_entry(run)->no_divergences = true;
 	return any;
+}
+
+/*
+ * dl_read_attempts_budget, remembered.  Its writers (set_run_budget, which
+ * closes the run, and set_attempts_budget) announce the change; a call reads
+ * it once it holds the run's open lock.
+ */
+int32
+dl_read_attempts_budget_remembered(const char *run)
+{
+	RememberedRun *entry;
+	uint64		before;
+	int32		max_attempts;
+
+	AcceptInvalidationMessages();
+	entry = remembered(runs_remembered, run);
+	if (entry != NULL && entry->attempts_known)
+		return entry->max_attempts;
+	before = watch_table(&dl_runs_table, &runs_relid);
+	(void) watch_table(&dl_policy_table, &policy_relid);
+	max_attempts = dl_read_attempts_budget(run);
+	if (before == forgotten)
+	{
+		entry = run_entry(run);
+		entry->attempts_known = true;
+		entry->max_attempts = max_attempts;
+	}
+	return max_attempts;
 }

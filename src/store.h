@@ -406,6 +406,7 @@ extern void dl_cache_init(void);
 extern void dl_forget_remembered(void);
 extern bool dl_read_tool_remembered(const char *tool, ToolRow *row);
 extern UnregisteredPolicy dl_read_unregistered_policy_remembered(void);
+extern int32 dl_read_attempts_budget_remembered(const char *run);
 extern bool dl_run_remembered_open(const char *run, uint64 *generation);
 extern void dl_remember_run_open(const char *run, uint64 generation);
 extern bool dl_run_may_have_divergences(const char *run);

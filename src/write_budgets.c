@@ -147,6 +147,7 @@ dl_write_run_attempts(const char *run, int32 max_attempts, int32 *before)
 	dl_row_start_from(&w, locked);
 	dl_row_set(&w, RUN_MAX_ATTEMPTS, Int32GetDatum(max_attempts));
 	dl_row_update(&w, locked);
+	dl_row_announce_change(&w);	/* calls remember a run's budget of attempts */
 	dl_row_end(&w);
 	return true;
 }
