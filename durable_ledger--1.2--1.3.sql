@@ -1340,6 +1340,7 @@ CREATE TABLE durable_ledger.run_budgets (
     paused_args     jsonb,
     paused_epoch    bigint,
     paused_reason   text,
+    paused_budget   text,
     PRIMARY KEY (run, tool)
 );
 -- the budgets that pause a call, found without reading the others
@@ -1360,7 +1361,7 @@ COMMENT ON COLUMN durable_ledger.run_budgets.max_executions IS
 COMMENT ON COLUMN durable_ledger.run_budgets.max_in_window IS
     'this run''s budget of executions within the tool''s window; NULL: the tool''s';
 COMMENT ON COLUMN durable_ledger.run_budgets.paused_at IS
-    'when a budget last paused a call of the tool in the run; NULL once a call executes or an admin sets the run''s budget';
+    'when a budget last paused a call of the tool in the run; NULL once a call of the tool in the run executes, or an admin changes the budget that paused it (set_run_budget, set_budget, set_attempts_budget)';
 COMMENT ON COLUMN durable_ledger.run_budgets.paused_key IS
     'the paused call''s key (nothing is recorded under it)';
 COMMENT ON COLUMN durable_ledger.run_budgets.paused_args IS
@@ -1369,6 +1370,8 @@ COMMENT ON COLUMN durable_ledger.run_budgets.paused_epoch IS
     'the attempt (lease epoch) that made it';
 COMMENT ON COLUMN durable_ledger.run_budgets.paused_reason IS
     'the budget that paused it, and the count';
+COMMENT ON COLUMN durable_ledger.run_budgets.paused_budget IS
+    'which budget paused it: executions, window or attempts';
 
 -- The model each attempt of a run called with (meta.model of its first call
 -- that names one), and the earlier attempts' when it changed.
@@ -1512,7 +1515,11 @@ SELECT b.paused_key,
        NULL::interval
   FROM durable_ledger.run_budgets b
   LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) b.run
- WHERE b.paused_at IS NOT NULL;
+ WHERE b.paused_at IS NOT NULL
+   AND NOT EXISTS (SELECT FROM durable_ledger.effects x   -- the paused call executed since
+                    WHERE x.key OPERATOR(pg_catalog.=) b.paused_key
+                      AND x.created_at OPERATOR(pg_catalog.>) b.paused_at
+                      AND x.status OPERATOR(pg_catalog.<>) ALL ('{awaiting_approval,approved}'));
 COMMENT ON VIEW durable_ledger.unresolved IS
     'what needs a person: effects unknown, started under a lease that is no longer live, flagged by a report or awaiting approval, drifted calls without a verdict, and calls a budget paused; read through unsettled, so it costs what waits, not what the ledger holds';
 COMMENT ON COLUMN durable_ledger.unresolved.status IS

@@ -148,3 +148,84 @@ SELECT decision FROM durable_ledger.begin_effect('bu-5', 'bu_book', '{"flight": 
 SELECT durable_ledger.release_run('bu-5');
 SELECT count(*) AS model_changes FROM durable_ledger.audit_log WHERE run = 'bu-5' AND event = 'model_changed';
 SELECT lease_epoch, model, changed_from FROM durable_ledger.run_models WHERE run = 'bu-5' ORDER BY lease_epoch;
+
+-- ===================================================================
+-- what else answers a pause, a fork, a recorded call, retention
+-- ===================================================================
+SELECT tool FROM durable_ledger.register_tool('bu_ping', 'regress');
+SELECT tool FROM durable_ledger.set_budget('bu_ping', 1, 'ops');
+SELECT durable_ledger.acquire_run('bu-7');
+SELECT decision FROM durable_ledger.begin_effect('bu-7', 'bu_ping', '{"n": 1}');
+SELECT key AS k_ping2, decision FROM durable_ledger.begin_effect('bu-7', 'bu_ping', '{"n": 2}') \gset
+SELECT count(*) AS listed FROM durable_ledger.unresolved WHERE run = 'bu-7';
+-- the tool's budget removed: its pauses are answered (audited), and the call executes
+SELECT tool, max_executions FROM durable_ledger.set_budget('bu_ping', NULL, 'ops', 'no limit after all');
+SELECT detail ->> 'pauses_answered' AS answered FROM durable_ledger.audit_log
+ WHERE event = 'tool_changed' AND detail ->> 'tool' = 'bu_ping' ORDER BY id DESC LIMIT 1;
+SELECT decision FROM durable_ledger.begin_effect('bu-7', 'bu_ping', '{"n": 2}');
+SELECT count(*) AS listed FROM durable_ledger.unresolved WHERE run = 'bu-7';
+-- an execution of the tool in the run answers its pause
+SELECT tool FROM durable_ledger.set_budget('bu_ping', 2, 'ops');
+SELECT decision FROM durable_ledger.begin_effect('bu-7', 'bu_ping', '{"n": 3}');
+SELECT decision FROM durable_ledger.begin_effect('bu-7', 'bu_ping', '{"n": 4}');
+UPDATE durable_ledger.run_budgets SET max_executions = 3 WHERE run = 'bu-7';   -- by hand: nothing answered
+SELECT decision FROM durable_ledger.begin_effect('bu-7', 'bu_ping', '{"n": 4}');
+SELECT count(*) AS listed, (SELECT paused_at IS NULL FROM durable_ledger.run_budgets WHERE run = 'bu-7') AS answered
+  FROM durable_ledger.unresolved WHERE run = 'bu-7';
+-- a pause whose call executed since it was recorded is not listed, whatever left it
+UPDATE durable_ledger.run_budgets b SET paused_at = e.created_at - interval '1 second', paused_key = e.key,
+       paused_args = e.args, paused_epoch = e.lease_epoch, paused_reason = 'budget: by hand', paused_budget = 'executions'
+  FROM durable_ledger.effects e WHERE b.run = 'bu-7' AND e.key = durable_ledger.effect_key('bu-7', 'bu_ping', '{"n": 4}', 1);
+SELECT count(*) AS listed FROM durable_ledger.unresolved WHERE run = 'bu-7';
+UPDATE durable_ledger.run_budgets SET paused_at = paused_at + interval '1 hour' WHERE run = 'bu-7';
+SELECT count(*) AS listed_if_before FROM durable_ledger.unresolved WHERE run = 'bu-7';
+UPDATE durable_ledger.run_budgets SET paused_at = NULL WHERE run = 'bu-7';
+SELECT count(*) FROM durable_ledger.effects e, LATERAL durable_ledger.complete_effect(e.key, '{}') c
+ WHERE e.run = 'bu-7' AND e.status = 'started';
+SELECT durable_ledger.release_run('bu-7');
+-- a fork starts counting at what it carries: no way around the budget
+SELECT durable_ledger.fork_run('bu-7', 'bu-7g', durable_ledger.effect_key('bu-7', 'bu_ping', '{"n": 2}', 1), 'ops');
+SELECT run, executions FROM durable_ledger.run_budgets WHERE run = 'bu-7g';
+SELECT durable_ledger.acquire_run('bu-7g');
+SELECT n, d.decision FROM generate_series(1, 4) n,
+       durable_ledger.begin_effect('bu-7g', 'bu_ping', jsonb_build_object('n', n)) d ORDER BY n;
+SELECT durable_ledger.release_run('bu-7g');
+-- a forked run's first attempt is attempt 1 of its budget of attempts
+SELECT durable_ledger.set_attempts_budget(1, 'ops');
+SELECT durable_ledger.fork_run('bu-7', 'bu-7h', durable_ledger.effect_key('bu-7', 'bu_ping', '{"n": 1}', 1), 'ops');
+SELECT durable_ledger.acquire_run('bu-7h');
+SELECT decision FROM durable_ledger.begin_effect('bu-7h', 'bu_other', '{"n": 1}');
+SELECT status FROM durable_ledger.complete_effect(durable_ledger.effect_key('bu-7h', 'bu_other', '{"n": 1}', 1), '{}');
+SELECT durable_ledger.release_run('bu-7h');
+SELECT durable_ledger.acquire_run('bu-7h');
+SELECT decision FROM durable_ledger.begin_effect('bu-7h', 'bu_other', '{"n": 1}');
+SELECT decision, reason FROM durable_ledger.begin_effect('bu-7h', 'bu_other', '{"n": 2}');
+SELECT durable_ledger.release_run('bu-7h');
+-- every run's budget removed: its pauses are answered
+SELECT durable_ledger.set_attempts_budget(NULL, 'ops');
+SELECT count(*) AS listed FROM durable_ledger.unresolved WHERE run = 'bu-7h';
+-- a recorded call made again past a budget: the pause says its attempt is unknown
+SELECT tool FROM durable_ledger.register_tool('bu_lookup', 'regress', side_effecting => false);
+SELECT tool FROM durable_ledger.set_budget('bu_lookup', 1, 'ops');
+SELECT durable_ledger.acquire_run('bu-8');
+SELECT decision FROM durable_ledger.begin_recorded('bu-8', 'bu_lookup', '{"q": 1}');
+SELECT durable_ledger.release_run('bu-8');
+SELECT durable_ledger.acquire_run('bu-8');
+SELECT decision, status, attempt FROM durable_ledger.begin_recorded('bu-8', 'bu_lookup', '{"q": 1}');
+SELECT durable_ledger.release_run('bu-8');
+-- retention: a run a budget paused is not settled
+SELECT durable_ledger.acquire_run('bu-9');
+SELECT status FROM durable_ledger.complete_effect(
+  (SELECT key FROM durable_ledger.begin_effect('bu-9', 'bu_ping', '{"n": 1}')), '{}');
+SELECT status FROM durable_ledger.complete_effect(
+  (SELECT key FROM durable_ledger.begin_effect('bu-9', 'bu_ping', '{"n": 2}')), '{}');
+SELECT status FROM durable_ledger.complete_effect(
+  (SELECT key FROM durable_ledger.begin_effect('bu-9', 'bu_ping', '{"n": 3}')), '{}');
+SELECT decision FROM durable_ledger.begin_effect('bu-9', 'bu_ping', '{"n": 4}');
+SELECT durable_ledger.release_run('bu-9');
+SELECT count(*) AS purged FROM durable_ledger.purge_settled('0 seconds', 'ops', dry_run => false) WHERE run = 'bu-9';
+SELECT count(*) AS effects_kept FROM durable_ledger.effects WHERE run = 'bu-9';
+-- bad input: a run never seen, a window of months
+SELECT regress_sqlstate($$SELECT durable_ledger.set_run_budget('bu-nobody', 'ops', tool => 'bu_ping', max_executions => 5)$$);
+SELECT regress_sqlstate($$SELECT durable_ledger.set_budget('bu_ping', 3, 'ops', max_in_window => 2, budget_window => '1 month')$$);
+SELECT count(*) AS rows_for_nobody FROM durable_ledger.run_budgets WHERE run = 'bu-nobody';

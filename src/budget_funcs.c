@@ -47,7 +47,8 @@ detail_budget(DetailBuilder *detail, const char *name, int32 value)
  *
  * Every run's budget of attempts (lease epochs) that has none of its own; a
  * call that would execute in a later attempt pauses.  NULL: none.  Returns
- * the budget it replaces.  Audited as policy_changed.
+ * the budget it replaces.  The calls a budget of attempts paused are listed
+ * no more (one still stopped pauses again).  Audited as policy_changed.
  */
 Datum
 dl_set_attempts_budget_1_3(PG_FUNCTION_ARGS)
@@ -58,13 +59,16 @@ dl_set_attempts_budget_1_3(PG_FUNCTION_ARGS)
 	char	   *note = dl_optional_text_arg(fcinfo, 2);
 	DetailBuilder detail;
 	int32		before;
+	int64		answered;
 
 	dl_check_writable("set_attempts_budget()");
 	dl_spi_connect();
 	before = dl_write_policy_attempts(max_attempts, changed_by, note);
+	answered = dl_write_budget_pauses_answered(NULL, NULL);
 	dl_detail_init(&detail);
 	detail_budget(&detail, "max_run_attempts", max_attempts);
 	detail_budget(&detail, "previous", before);
+	dl_detail_int(&detail, "pauses_answered", answered);
 	dl_detail_text(&detail, "set_by", changed_by);
 	dl_detail_text(&detail, "note", note);
 	dl_write_audit(NULL, NULL, AUDIT_POLICY_CHANGED, dl_detail_finish(&detail), 0, 0);
@@ -122,11 +126,16 @@ dl_set_run_budget_1_3(PG_FUNCTION_ARGS)
 	 * writes it back, and must not miss a change of its budget between.
 	 */
 	dl_run_lock_closing(dl_run_lock_key(run));
+	if (!dl_read_run_known(run))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("run \"%s\" is not in the ledger", run),
+				 errdetail("A run's own budget is set once it has begun.")));
 	if (tool != NULL)
 	{
 		ToolRow		row;
 
-		if (!dl_read_tool(tool, &row) || row.retired ||
+		if (!dl_read_tool(tool, &row) ||
 			(row.max_executions == 0 && row.max_in_window == 0))
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -144,9 +153,9 @@ dl_set_run_budget_1_3(PG_FUNCTION_ARGS)
 	if (attempts_given && !dl_write_run_attempts(run, max_attempts, &attempts_before))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("run \"%s\" is not in the ledger", run),
-				 errdetail("A run's own budget of attempts is set once it has begun.")));
-	answered = dl_write_budget_pauses_answered(run);
+				 errmsg("run \"%s\" has no row in durable_ledger.runs", run),
+				 errdetail("A run's own budget of attempts is set once a lease of it began an attempt.")));
+	answered = dl_write_budget_pauses_answered(run, NULL);
 
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "tool", tool);

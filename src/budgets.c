@@ -8,10 +8,10 @@
  *
  * Only a call that would execute is judged, and only an execution is
  * counted: a replay, a pause or an approval request never are.  The count is
- * a counter row per run and tool (run_budgets), written in the call's
- * transaction (a rolled-back call counts nothing) and changed only under the
- * run's lease, which serialises the run's calls, so two workers sharing a
- * token lease never count past a budget; nothing reads the run's history.
+ * a counter row per run and tool (run_budgets), locked and written in the
+ * call's transaction (a rolled-back call counts nothing) under the run's
+ * lease, which serialises the run's calls, so two workers sharing a token
+ * lease never count past a budget; nothing reads the run's history.
  * The call a budget stops pauses: nothing is performed or recorded but the
  * pause, listed in unresolved until a person changes the run's budget (or
  * the tool executes again, once a window has room).
@@ -42,6 +42,14 @@ stopped_by(BudgetCheck *check, const char *budget, int32 limit, int32 count, cha
 
 #define BUDGET_HINT \
 	"nothing was performed; a person raises the run's budget (durable_ledger.set_run_budget()) or abandons the run (abandon_run)"
+#define BUDGET_WINDOW_HINT \
+	"nothing was performed; the next call executes once the window has room, or a person raises the run's budget (durable_ledger.set_run_budget()) or abandons the run (abandon_run)"
+
+static const char *
+times(int32 n)
+{
+	return n == 1 ? "once" : psprintf("%d times", n);
+}
 
 /*
  * The window's executions that began after now - window, the oldest first
@@ -62,9 +70,8 @@ in_window(const BudgetCheck *check, int *first)
 }
 
 /*
- * The tool's budget in the run: its counter is read, as committed now, and
- * judged.  Nothing else writes it meanwhile: the run's calls are serialised
- * by its lease, and set_run_budget waits for the call (it closes the run).
+ * The tool's budget in the run: its counter is locked, its latest version
+ * (write_budgets.c says why a lock, under the run's lease), and judged.
  */
 static void
 judge_tool_budget(const CallLease *lease, const char *tool, const ToolRow *tool_row,
@@ -74,7 +81,7 @@ judge_tool_budget(const CallLease *lease, const char *tool, const ToolRow *tool_
 	int			n;
 
 	check->counted = true;
-	dl_read_run_budget(lease->run, tool, &check->counter);
+	dl_lock_run_budget(lease->run, tool, &check->counter);
 	check->max_executions = check->counter.row.max_executions > 0 ? check->counter.row.max_executions :
 		tool_row->max_executions;
 	check->max_in_window = tool_row->max_in_window > 0 ?
@@ -83,8 +90,8 @@ judge_tool_budget(const CallLease *lease, const char *tool, const ToolRow *tool_
 	if (check->max_executions > 0 && check->counter.row.executions >= check->max_executions)
 	{
 		stopped_by(check, "executions", check->max_executions, check->counter.row.executions,
-				   psprintf("budget: tool \"%s\" executed %d times in this run, its budget of %d executions per run; " BUDGET_HINT,
-							tool, check->counter.row.executions, check->max_executions));
+				   psprintf("budget: tool \"%s\" executed %s in this run, its budget of %d per run; " BUDGET_HINT,
+							tool, times(check->counter.row.executions), check->max_executions));
 		return;
 	}
 	if (check->max_in_window == 0)
@@ -92,8 +99,8 @@ judge_tool_budget(const CallLease *lease, const char *tool, const ToolRow *tool_
 	n = in_window(check, &first);
 	if (n >= check->max_in_window)
 		stopped_by(check, "window", check->max_in_window, n,
-				   psprintf("budget: tool \"%s\" executed %d times in this run within %s, its budget of %d per %s; the next call executes once the window has room, or " BUDGET_HINT,
-							tool, n, interval_text(&check->window), check->max_in_window,
+				   psprintf("budget: tool \"%s\" executed %s in this run within %s, its budget of %d per %s; " BUDGET_WINDOW_HINT,
+							tool, times(n), interval_text(&check->window), check->max_in_window,
 							interval_text(&check->window)));
 }
 
@@ -109,13 +116,16 @@ dl_budget_stops(const CallLease *lease, const char *tool, const ToolRules *rules
 	check->now = GetCurrentTimestamp();
 	if (lease->epoch > 1)
 	{
-		int32		max_attempts = dl_read_attempts_budget_remembered(lease->run);
+		bool		forked;
+		int32		max_attempts = dl_read_attempts_budget_remembered(lease->run, &forked);
+		/* a forked run's epoch 1 is the fork's: its first attempt is epoch 2 */
+		int64		attempt = forked ? lease->epoch - 1 : lease->epoch;
 
-		if (max_attempts > 0 && lease->epoch > max_attempts)
+		if (max_attempts > 0 && attempt > max_attempts)
 		{
-			stopped_by(check, "attempts", max_attempts, (int32) lease->epoch,
-					   psprintf("budget: this is attempt " INT64_FORMAT " of the run, past its budget of %d attempts; " BUDGET_HINT,
-								lease->epoch, max_attempts));
+			stopped_by(check, "attempts", max_attempts, (int32) attempt,
+					   psprintf("budget: this is attempt " INT64_FORMAT " of the run, past its budget of %d attempt%s; " BUDGET_HINT,
+								attempt, max_attempts, max_attempts == 1 ? "" : "s"));
 			return true;
 		}
 	}
@@ -164,6 +174,7 @@ dl_budget_pause(const CallLease *lease, const char *tool, const char *key, Jsonb
 	BudgetCounter counter = check->counter;
 
 	if (!check->counted)		/* stopped by the attempts: the counter was not read */
-		dl_read_run_budget(lease->run, tool, &counter);
-	dl_write_budget_pause(lease->run, tool, &counter, key, args, lease->epoch, check->reason);
+		dl_lock_run_budget(lease->run, tool, &counter);
+	dl_write_budget_pause(lease->run, tool, &counter, key, args, lease->epoch, check->budget,
+						  check->reason);
 }

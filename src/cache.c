@@ -46,6 +46,7 @@ typedef struct RememberedRun
 	bool		no_divergences; /* read without a recorded divergence */
 	bool		attempts_known; /* max_attempts was read */
 	int32		max_attempts;	/* the run's budget of attempts, its own or every run's; 0: none */
+	bool		forked;			/* ... and the run was forked */
 } RememberedRun;
 
 static MemoryContext remembered_cxt = NULL;
@@ -301,7 +302,7 @@ dl_run_may_have_divergences(const char *run)
  * it once it holds the run's open lock.
  */
 int32
-dl_read_attempts_budget_remembered(const char *run)
+dl_read_attempts_budget_remembered(const char *run, bool *forked)
 {
 	RememberedRun *entry;
 	uint64		before;
@@ -310,15 +311,19 @@ dl_read_attempts_budget_remembered(const char *run)
 	AcceptInvalidationMessages();
 	entry = remembered(runs_remembered, run);
 	if (entry != NULL && entry->attempts_known)
+	{
+		*forked = entry->forked;
 		return entry->max_attempts;
+	}
 	before = watch_table(&dl_runs_table, &runs_relid);
 	(void) watch_table(&dl_policy_table, &policy_relid);
-	max_attempts = dl_read_attempts_budget(run);
+	max_attempts = dl_read_attempts_budget(run, forked);
 	if (before == forgotten)
 	{
 		entry = run_entry(run);
 		entry->attempts_known = true;
 		entry->max_attempts = max_attempts;
+		entry->forked = *forked;
 	}
 	return max_attempts;
 }

@@ -613,8 +613,8 @@ judge(const Call *call, const Facts *f, Decision *d)
 /*
  * A call that would execute and that a budget stops (budgets.c) pauses
  * instead: nothing is performed, nor recorded but the pause.  Judged last,
- * on what the run has executed as committed now (its lease serialises its
- * calls), and only where the call would execute.
+ * on what the run has executed (its counter, locked), and only where the
+ * call would execute.
  */
 static void
 judge_budget(Call *call, const Facts *f, Decision *d)
@@ -622,12 +622,10 @@ judge_budget(Call *call, const Facts *f, Decision *d)
 	if (d->answer.decision != DECIDE_EXECUTE ||
 		!dl_budget_stops(&call->lease, call->intent.tool, &call->rules, &call->budget))
 		return;
-	decide_pause(d, call->budget.reason, "budget");
-	d->change = CHANGE_BUDGET;
-	d->budget = &call->budget;
 	if (f->found)
 	{
-		d->answer.status = f->row.status;
+		/* the effect as it stands: a next attempt's current one is failed, or unknown */
+		d->answer.status = d->change == CHANGE_NEXT_ATTEMPT ? d->replaced_as : f->row.status;
 		d->answer.attempt = f->row.attempt;
 	}
 	else
@@ -635,6 +633,9 @@ judge_budget(Call *call, const Facts *f, Decision *d)
 		d->answer.no_effect = true;
 		d->answer.attempt = 0;
 	}
+	decide_pause(d, call->budget.reason, "budget");
+	d->change = CHANGE_BUDGET;
+	d->budget = &call->budget;
 }
 
 /* ---------- apply ---------- */

@@ -14,8 +14,6 @@
 
 #include "policy.h"
 
-#define MAX_MODEL_CHARS 200
-
 /* meta.model when it is a string, else NULL. */
 static char *
 meta_model(Jsonb *meta)
@@ -27,11 +25,6 @@ meta_model(Jsonb *meta)
 	value = getKeyJsonValueFromContainer(&meta->root, "model", 5, NULL);
 	if (value == NULL || value->type != jbvString || value->val.string.len == 0)
 		return NULL;
-	if (value->val.string.len > MAX_MODEL_CHARS)
-		ereport(ERROR,
-				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
-				 errmsg("meta.model is longer than %d bytes", MAX_MODEL_CHARS),
-				 errdetail("It names the model that answered, e.g. \"claude-sonnet-4-5\".")));
 	return pnstrdup(value->val.string.val, value->val.string.len);
 }
 

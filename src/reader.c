@@ -1050,7 +1050,9 @@ dl_read_purge_candidates(TimestampTz cutoff, const char *after_run, int limit)
 	"            ON p.key" EQ "mine.key)," \
 	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d WHERE d.run" EQ "$1)," \
 	"        (SELECT pg_catalog.count(*) FROM durable_ledger.divergences d" \
-	"          WHERE d.run" EQ "$1 AND d.verdict IS NULL)," \
+	"          WHERE d.run" EQ "$1 AND d.verdict IS NULL)" \
+	"        OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM durable_ledger.run_budgets b" \
+	"          WHERE b.run" EQ "$1 AND b.paused_at IS NOT NULL)," \
 	"        GREATEST(" \
 	"          (SELECT pg_catalog.max(a.logged_at) FROM durable_ledger.audit_log a WHERE a.run" EQ "$1)," \
 	"          (SELECT pg_catalog.max(a.logged_at) FROM durable_ledger.audit_log a" \
@@ -1175,77 +1177,29 @@ dl_read_audit_purge_plan(TimestampTz cutoff)
 
 /* ---------- budgets and the models of attempts ---------- */
 
-static bool
-take_budget(TupleTableSlot *slot, void *arg)
-{
-	BudgetCounter *counter = arg;
-	RunBudgetRow *row = &counter->row;
-	LedgerTable *t = &dl_budgets_table;
-	bool		isnull;
-	Datum		d;
-
-	counter->tuple = ExecCopySlotHeapTuple(slot);
-	counter->tuple->t_self = slot->tts_tid;
-	row->found = true;
-	row->executions = DatumGetInt32(column_value(t, slot, BUD_EXECUTIONS, &isnull));
-	d = column_value(t, slot, BUD_RECENT, &isnull);
-	if (!isnull)
-	{
-		Datum	   *elems;
-		bool	   *nulls;
-		int			i;
-
-		deconstruct_array(DatumGetArrayTypeP(d), TIMESTAMPTZOID, sizeof(TimestampTz), true,
-						  TYPALIGN_DOUBLE, &elems, &nulls, &row->nrecent);
-		row->recent = palloc(sizeof(TimestampTz) * Max(row->nrecent, 1));
-		for (i = 0; i < row->nrecent; i++)
-			row->recent[i] = DatumGetTimestampTz(elems[i]);
-	}
-	d = column_value(t, slot, BUD_MAX_EXECUTIONS, &isnull);
-	row->max_executions = isnull ? 0 : DatumGetInt32(d);
-	d = column_value(t, slot, BUD_MAX_IN_WINDOW, &isnull);
-	row->max_in_window = isnull ? 0 : DatumGetInt32(d);
-	(void) column_value(t, slot, BUD_PAUSED_AT, &isnull);
-	row->paused = !isnull;
-	return false;
-}
-
-/*
- * The run's counter and own budgets of tool, as committed now (whatever the
- * transaction's snapshot: the run's previous call committed before this one
- * could begin); counter->tuple NULL (and zeros) when there is none.
- */
-void
-dl_read_run_budget(const char *run, const char *tool, BudgetCounter *counter)
-{
-	static LookupIndex budgets_by_tool;
-	static const int budget_key[] = {BUD_RUN, BUD_TOOL};
-	Datum		values[2];
-
-	memset(counter, 0, sizeof(BudgetCounter));
-	values[0] = CStringGetTextDatum(run);
-	values[1] = CStringGetTextDatum(tool);
-	(void) find_row_now(&dl_budgets_table, &budgets_by_tool, 2, budget_key, values,
-						take_budget, counter);
-}
-
 static Statement attempts_budget = {
-	"SELECT COALESCE(r.max_attempts, (SELECT p.max_run_attempts FROM durable_ledger.policy p))"
+	"SELECT COALESCE(r.max_attempts, (SELECT p.max_run_attempts FROM durable_ledger.policy p)),"
+	"       r.forked_from IS NOT NULL"
 	"  FROM durable_ledger.runs r WHERE r.run" EQ "$1",
 	1, {TEXTOID}
 };
 
-/* The run's budget of attempts, its own or the deployment's, as committed now; 0: none. */
+/*
+ * The run's budget of attempts, its own or the deployment's, as committed
+ * now; 0: none.  *forked: the run was forked (its epoch 1 is the fork's).
+ */
 int32
-dl_read_attempts_budget(const char *run)
+dl_read_attempts_budget(const char *run, bool *forked)
 {
 	Datum		values[1];
 	bool		isnull;
 	Datum		d;
 
+	*forked = false;
 	values[0] = CStringGetTextDatum(run);
 	if (dl_plan_run_now(&attempts_budget, values, NULL, SPI_OK_SELECT) == 0)
 		return 0;
+	*forked = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	return isnull ? 0 : DatumGetInt32(d);
 }

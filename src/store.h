@@ -201,9 +201,8 @@ typedef struct RunBudgetRow
 } RunBudgetRow;
 
 /*
- * A run's counter of a tool as read, to be written from (tuple: its version,
- * NULL when the run has no row yet).  Only the run's calls, which its lease
- * serialises, and set_run_budget, which closes the run meanwhile, write it.
+ * A run's counter of a tool, locked for this transaction, to be written from
+ * (tuple: its version, NULL when the run has no row yet).
  */
 typedef struct BudgetCounter
 {
@@ -252,8 +251,7 @@ extern int32 dl_read_token_calls(const char *run, int64 epoch, bytea *call);
 extern int	dl_read_lease_holder_pid(uint64 lock_key);
 extern void dl_read_lease_holder(const char *run, LeaseHolder *holder);
 extern bool dl_read_tool(const char *tool, ToolRow *row);
-extern void dl_read_run_budget(const char *run, const char *tool, BudgetCounter *counter);
-extern int32 dl_read_attempts_budget(const char *run);
+extern int32 dl_read_attempts_budget(const char *run, bool *forked);
 extern char *dl_read_attempt_model(const char *run, int64 epoch, char **changed_from);
 extern char *dl_read_earlier_model(const char *run, int64 epoch);
 extern UnregisteredPolicy dl_read_unregistered_policy(void);
@@ -342,14 +340,17 @@ extern void dl_write_tool_retired(LockedTool *locked, const char *retired_by,
 extern void dl_write_divergence(const DivergenceRow *row);
 
 /* write_budgets.c */
+extern void dl_lock_run_budget(const char *run, const char *tool, BudgetCounter *counter);
 extern void dl_write_budget_count(const char *run, const char *tool, const BudgetCounter *counter,
 								  const TimestampTz *recent, int nrecent);
 extern void dl_write_budget_pause(const char *run, const char *tool, const BudgetCounter *counter,
-								  const char *key, Jsonb *args, int64 epoch, const char *reason);
+								  const char *key, Jsonb *args, int64 epoch, const char *budget,
+								  const char *reason);
 extern void dl_write_run_budget(const char *run, const char *tool, const int32 *max_executions,
 								const int32 *max_in_window);
 extern bool dl_write_run_attempts(const char *run, int32 max_attempts, int32 *before);
-extern int64 dl_write_budget_pauses_answered(const char *run);
+extern int64 dl_write_budget_pauses_answered(const char *run, const char *tool);
+extern void dl_write_fork_counters(const char *new_run);
 extern int32 dl_write_policy_attempts(int32 max_attempts, const char *changed_by,
 									  const char *note);
 extern void dl_write_attempt_model(const char *run, int64 epoch, const char *model,
@@ -406,7 +407,7 @@ extern void dl_cache_init(void);
 extern void dl_forget_remembered(void);
 extern bool dl_read_tool_remembered(const char *tool, ToolRow *row);
 extern UnregisteredPolicy dl_read_unregistered_policy_remembered(void);
-extern int32 dl_read_attempts_budget_remembered(const char *run);
+extern int32 dl_read_attempts_budget_remembered(const char *run, bool *forked);
 extern bool dl_run_remembered_open(const char *run, uint64 *generation);
 extern void dl_remember_run_open(const char *run, uint64 generation);
 extern bool dl_run_may_have_divergences(const char *run);

@@ -99,7 +99,7 @@ static const Column budgets_columns[BUD_NCOLUMNS] = {
 	{"run", TEXTOID}, {"tool", TEXTOID}, {"executions", INT4OID},
 	{"recent", TIMESTAMPTZARRAYOID}, {"max_executions", INT4OID}, {"max_in_window", INT4OID},
 	{"paused_at", TIMESTAMPTZOID}, {"paused_key", TEXTOID}, {"paused_args", JSONBOID},
-	{"paused_epoch", INT8OID}, {"paused_reason", TEXTOID}
+	{"paused_epoch", INT8OID}, {"paused_reason", TEXTOID}, {"paused_budget", TEXTOID}
 };
 
 static const Column models_columns[MOD_NCOLUMNS] = {

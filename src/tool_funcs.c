@@ -493,8 +493,10 @@ budget_arg(FunctionCallInfo fcinfo, int argno, const char *name)
  * A registered tool's budget per run (budgets.c): at most max_executions
  * executions (NULL: no limit), and at most max_in_window of them within
  * budget_window (both NULL: no window).  Counted from the change on: what
- * executed before is not counted.  Audited as tool_changed, with the budget
- * before.  The calls in progress finish under the rule they began with.
+ * executed before is not counted.  The calls its budget paused are listed no
+ * more (one still stopped pauses again).  Audited as tool_changed, with the
+ * budget before.  The calls in progress finish under the rule they began
+ * with.
  */
 Datum
 dl_set_budget_1_3(PG_FUNCTION_ARGS)
@@ -510,6 +512,7 @@ dl_set_budget_1_3(PG_FUNCTION_ARGS)
 	DetailBuilder detail;
 	Datum		result;
 	Interval	window = {0};
+	int64		answered;
 
 	if ((max_in_window > 0) != !PG_ARGISNULL(5))
 		ereport(ERROR,
@@ -520,11 +523,12 @@ dl_set_budget_1_3(PG_FUNCTION_ARGS)
 		int64		usecs;
 
 		window = *PG_GETARG_INTERVAL_P(5);
-		if (!dl_interval_usecs(&window, &usecs) || usecs <= 0 ||
+		/* no months: a month's length is the calendar's, a window's must not be */
+		if (window.month != 0 || !dl_interval_usecs(&window, &usecs) || usecs <= 0 ||
 			usecs > (int64) MAX_BUDGET_WINDOW_DAYS * USECS_PER_DAY)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("budget_window must be longer than 0 and at most %d days",
+					 errmsg("budget_window must be longer than 0 and at most %d days, in days, hours, minutes or seconds",
 							MAX_BUDGET_WINDOW_DAYS)));
 	}
 	dl_check_writable("set_budget()");
@@ -537,10 +541,12 @@ dl_set_budget_1_3(PG_FUNCTION_ARGS)
 	if (note != NULL)
 		to.note = note;
 	dl_write_tool_change(&locked, &to, changed_by, false);
+	answered = dl_write_budget_pauses_answered(NULL, tool);
 
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "tool", tool);
 	dl_detail_text(&detail, "changed_by", changed_by);
+	dl_detail_int(&detail, "pauses_answered", answered);
 	detail_budget(&detail, "max_executions", to.max_executions);
 	detail_budget(&detail, "max_in_window", to.max_in_window);
 	dl_detail_text(&detail, "budget_window", window_text(&to));

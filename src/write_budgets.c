@@ -6,8 +6,11 @@
  * A run's counter is written by the run's calls, which its lease serialises
  * (a session's, or a token call's hold on the run's call lock), and by
  * set_run_budget, which closes the run for calls meanwhile (the lock
- * abandon_run takes): so a call writes the version it read, as committed
- * now, with no row lock.
+ * abandon_run takes).  A call still locks the counter before it judges it,
+ * and writes the version it locked: a session that dropped its lease lock
+ * behind the extension's back (pg_advisory_unlock_all) in a transaction
+ * still open lets another lease of the run call meanwhile, which then waits
+ * for that transaction and counts after it.
  */
 #include "postgres.h"
 
@@ -19,6 +22,62 @@
 
 #include "rows.h"
 
+static const int budget_key[] = {BUD_RUN, BUD_TOOL};
+
+/* The counter row's columns, as locked. */
+static void
+budget_from_tuple(RowWrite *w, HeapTuple tuple, RunBudgetRow *row)
+{
+	TupleDesc	desc = RelationGetDescr(w->rel);
+	AttrNumber *a = dl_budgets_table.attnums;
+	bool		isnull;
+	Datum		d;
+
+	row->found = true;
+	row->executions = DatumGetInt32(heap_getattr(tuple, a[BUD_EXECUTIONS], desc, &isnull));
+	d = heap_getattr(tuple, a[BUD_RECENT], desc, &isnull);
+	if (!isnull)
+	{
+		Datum	   *elems;
+		bool	   *nulls;
+		int			i;
+
+		deconstruct_array(DatumGetArrayTypeP(d), TIMESTAMPTZOID, sizeof(TimestampTz), true,
+						  TYPALIGN_DOUBLE, &elems, &nulls, &row->nrecent);
+		row->recent = palloc(sizeof(TimestampTz) * Max(row->nrecent, 1));
+		for (i = 0; i < row->nrecent; i++)
+			row->recent[i] = DatumGetTimestampTz(elems[i]);
+	}
+	d = heap_getattr(tuple, a[BUD_MAX_EXECUTIONS], desc, &isnull);
+	row->max_executions = isnull ? 0 : DatumGetInt32(d);
+	d = heap_getattr(tuple, a[BUD_MAX_IN_WINDOW], desc, &isnull);
+	row->max_in_window = isnull ? 0 : DatumGetInt32(d);
+	(void) heap_getattr(tuple, a[BUD_PAUSED_AT], desc, &isnull);
+	row->paused = !isnull;
+}
+
+/*
+ * Locks run's counter of tool for this transaction, its latest version
+ * (whatever the snapshot; waiting for a transaction that is writing it, also
+ * one inserting it), and reads it; counter->tuple NULL (and zeros) when the
+ * run has none yet.
+ */
+void
+dl_lock_run_budget(const char *run, const char *tool, BudgetCounter *counter)
+{
+	Datum		values[2];
+	RowWrite	w;
+
+	memset(counter, 0, sizeof(BudgetCounter));
+	values[0] = CStringGetTextDatum(run);
+	values[1] = CStringGetTextDatum(tool);
+	dl_row_lookup(&w, &dl_budgets_table);
+	if (dl_row_lock_by(&w, 2, budget_key, values, &counter->tuple))
+		budget_from_tuple(&w, counter->tuple, &counter->row);
+	else
+		counter->tuple = NULL;
+	dl_row_end(&w);
+}
 
 /*
  * Begins the write of run's row of tool: from the version read, or a new
@@ -49,6 +108,7 @@ set_not_paused(RowWrite *w)
 	dl_row_set_null(w, BUD_PAUSED_ARGS);
 	dl_row_set_null(w, BUD_PAUSED_EPOCH);
 	dl_row_set_null(w, BUD_PAUSED_REASON);
+	dl_row_set_null(w, BUD_PAUSED_BUDGET);
 }
 
 static void
@@ -93,7 +153,8 @@ dl_write_budget_count(const char *run, const char *tool, const BudgetCounter *co
  */
 void
 dl_write_budget_pause(const char *run, const char *tool, const BudgetCounter *counter,
-					  const char *key, Jsonb *args, int64 epoch, const char *reason)
+					  const char *key, Jsonb *args, int64 epoch, const char *budget,
+					  const char *reason)
 {
 	RowWrite	w;
 
@@ -103,6 +164,7 @@ dl_write_budget_pause(const char *run, const char *tool, const BudgetCounter *co
 	dl_row_set(&w, BUD_PAUSED_ARGS, JsonbPGetDatum(args));
 	dl_row_set(&w, BUD_PAUSED_EPOCH, Int64GetDatum(epoch));
 	dl_row_set(&w, BUD_PAUSED_REASON, CStringGetTextDatum(reason));
+	dl_row_set(&w, BUD_PAUSED_BUDGET, CStringGetTextDatum(budget));
 	end_budget_write(&w, counter->tuple);
 }
 
@@ -114,7 +176,7 @@ dl_write_run_budget(const char *run, const char *tool, const int32 *max_executio
 	BudgetCounter counter;
 	RowWrite	w;
 
-	dl_read_run_budget(run, tool, &counter);
+	dl_lock_run_budget(run, tool, &counter);
 	begin_budget_write(&w, run, tool, counter.tuple);
 	if (max_executions != NULL)
 		dl_row_set(&w, BUD_MAX_EXECUTIONS, Int32GetDatum(*max_executions));
@@ -152,25 +214,61 @@ dl_write_run_attempts(const char *run, int32 max_attempts, int32 *before)
 	return true;
 }
 
-static Statement answer_pauses = {
-	"UPDATE durable_ledger.run_budgets"
-	"   SET paused_at = NULL, paused_key = NULL, paused_args = NULL,"
-	"       paused_epoch = NULL, paused_reason = NULL"
-	" WHERE run" EQ "$1 AND paused_at IS NOT NULL",
+#define NOT_PAUSED \
+	"UPDATE durable_ledger.run_budgets" \
+	"   SET paused_at = NULL, paused_key = NULL, paused_args = NULL," \
+	"       paused_epoch = NULL, paused_reason = NULL, paused_budget = NULL" \
+	" WHERE paused_at IS NOT NULL AND "
+
+static Statement answer_run_pauses = {NOT_PAUSED "run" EQ "$1", 1, {TEXTOID}};
+static Statement answer_tool_pauses = {
+	NOT_PAUSED "tool" EQ "$1 AND paused_budget OPERATOR(pg_catalog.<>) 'attempts'", 1, {TEXTOID}
+};
+static Statement answer_attempts_pauses = {NOT_PAUSED "paused_budget" EQ "'attempts'", 0, {0}};
+
+/*
+ * A person changed a budget: the calls it paused are listed no more (one
+ * that a budget still stops pauses again): run's (NULL: every run's) of tool
+ * (NULL: of attempts).  Returns how many.
+ */
+int64
+dl_write_budget_pauses_answered(const char *run, const char *tool)
+{
+	Datum		values[1];
+
+	if (run != NULL)
+	{
+		values[0] = CStringGetTextDatum(run);
+		return (int64) dl_plan_run(&answer_run_pauses, values, NULL, SPI_OK_UPDATE);
+	}
+	if (tool != NULL)
+	{
+		values[0] = CStringGetTextDatum(tool);
+		return (int64) dl_plan_run(&answer_tool_pauses, values, NULL, SPI_OK_UPDATE);
+	}
+	return (int64) dl_plan_run(&answer_attempts_pauses, NULL, NULL, SPI_OK_UPDATE);
+}
+
+static Statement fork_counters = {
+	"INSERT INTO durable_ledger.run_budgets (run, tool, executions, recent)"
+	" SELECT e.run, e.tool, pg_catalog.count(*), '{}'"
+	"   FROM durable_ledger.effects e JOIN durable_ledger.tools t ON t.tool" EQ "e.tool"
+	"  WHERE e.run" EQ "$1 AND (t.max_executions IS NOT NULL OR t.max_in_window IS NOT NULL)"
+	"  GROUP BY e.run, e.tool",
 	1, {TEXTOID}
 };
 
 /*
- * A person changed run's budgets: the calls they paused are listed no more
- * (one that a budget still stops pauses again).  Returns how many.
+ * A forked run starts counting its budgeted tools' executions at what it
+ * carries of them, one each: a fork is no way around a budget.
  */
-int64
-dl_write_budget_pauses_answered(const char *run)
+void
+dl_write_fork_counters(const char *new_run)
 {
 	Datum		values[1];
 
-	values[0] = CStringGetTextDatum(run);
-	return (int64) dl_plan_run(&answer_pauses, values, NULL, SPI_OK_UPDATE);
+	values[0] = CStringGetTextDatum(new_run);
+	(void) dl_plan_run(&fork_counters, values, NULL, SPI_OK_INSERT);
 }
 
 /*
