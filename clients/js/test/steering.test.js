@@ -504,7 +504,7 @@ test('a loop that rewords its email is stopped at the budget (BudgetExhausted), 
     assert.ok(stopped instanceof EffectPaused);
     assert.equal(stopped.name, 'BudgetExhausted');
     assert.equal(stopped.tool, emailTool);
-    assert.match(stopped.message, /its budget of 3 executions per run/);
+    assert.match(stopped.message, /its budget of 3 per run/);
     assert.deepEqual((await unresolved(admin, run)).map((r) => [r.tool, r.status]), [[emailTool, null]]);
     const { rows: models } = await admin.query(
       "SELECT meta ->> 'model' AS model FROM durable_ledger.effects WHERE run = $1", [run]);

@@ -156,7 +156,7 @@ class SteeringTest(unittest.TestCase):
         assert stopped is not None
         self.assertIsInstance(stopped, EffectPaused)
         self.assertEqual(stopped.tool, email_tool)
-        self.assertIn("its budget of 3 executions per run", stopped.reason)
+        self.assertIn("its budget of 3 per run", stopped.reason)
         waiting = self.unresolved()
         self.assertEqual([(w["tool"], w["status"]) for w in waiting], [(email_tool, None)])
         # each call carried the attempt's model
