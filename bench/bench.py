@@ -29,7 +29,9 @@ floor; the unregistered section the same for a tool nobody registered, which
 1.3 judges with the policy row's pause.  The budgeted section measures
 begin+complete of a registered tool with a budget per run (1.3; never
 reached), whose every execution reads and writes its run's counter of the
-tool (bench/ledger_budgeted_pair.sql), against the same floor.
+tool (bench/ledger_budgeted_pair.sql), against the floor of the same rows:
+floor_pair.sql's writes and the bump of a counter row per run and tool
+(bench/floor_budgeted_pair.sql).
 
 The pooler section starts Debian's PgBouncer (pool_mode = transaction) in front
 of the cluster and sends both sides through it: begin+complete under token
@@ -526,16 +528,17 @@ def main():
     if "budgeted" in only:
         # a tool with a budget per run (1.3): every execution reads and writes the run's
         # counter of the tool; the budget is never reached
-        say("begin+complete of a tool with a budget, against the floor ...")
+        say("begin+complete of a tool with a budget, against the floor of the same rows ...")
         conn.execute("""SELECT durable_ledger.register_tool('bench.mail', 'bench', note => 'make bench')
                          WHERE NOT EXISTS (SELECT FROM durable_ledger.tools WHERE tool = 'bench.mail')""")
         conn.execute("SELECT durable_ledger.set_budget('bench.mail', 2000000000, 'bench', 'never reached')")
         for c in clients:
-            settle(conn)
+            settle(conn, floor=("floor_effects", "floor_audit", "floor_run_budgets"))
             led, flo = interleaved(args.rounds,
                                    lambda: pgbench(args, "ledger_budgeted_pair.sql", c, args.seconds, logdir,
                                                    f"b{c}", defines={"round": next(rounds)}),
-                                   lambda: pgbench(args, "floor_pair.sql", c, args.seconds, logdir, f"bf{c}"))
+                                   lambda: pgbench(args, "floor_budgeted_pair.sql", c, args.seconds, logdir,
+                                                   f"bf{c}"))
             rows.append((f"begin+complete, a tool with a budget, {c} client{'s' if c > 1 else ''}",
                          med(led, 0) / med(flo, 0), "≥ 0.95",
                          f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "

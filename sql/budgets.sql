@@ -229,3 +229,22 @@ SELECT count(*) AS effects_kept FROM durable_ledger.effects WHERE run = 'bu-9';
 SELECT regress_sqlstate($$SELECT durable_ledger.set_run_budget('bu-nobody', 'ops', tool => 'bu_ping', max_executions => 5)$$);
 SELECT regress_sqlstate($$SELECT durable_ledger.set_budget('bu_ping', 3, 'ops', max_in_window => 2, budget_window => '1 month')$$);
 SELECT count(*) AS rows_for_nobody FROM durable_ledger.run_budgets WHERE run = 'bu-nobody';
+-- many executions in one transaction: each counted from the version it wrote
+-- last, also past a rolled-back savepoint and a person's change in between
+SELECT tool FROM durable_ledger.set_budget('bu_ping', 6, 'ops');
+SELECT durable_ledger.acquire_run('bu-10');
+BEGIN;
+SELECT count(*) FROM generate_series(1, 2) n, durable_ledger.begin_effect('bu-10', 'bu_ping', jsonb_build_object('n', n)) d
+ WHERE d.decision = 'execute';
+SAVEPOINT s;
+SELECT decision FROM durable_ledger.begin_effect('bu-10', 'bu_ping', '{"n": 3}');
+ROLLBACK TO SAVEPOINT s;
+SELECT decision FROM durable_ledger.begin_effect('bu-10', 'bu_ping', '{"n": 4}');
+SELECT durable_ledger.set_run_budget('bu-10', 'ops', tool => 'bu_ping', max_executions => 5);
+SELECT count(*) FILTER (WHERE d.decision = 'execute') AS executed, count(*) FILTER (WHERE d.decision = 'pause') AS paused
+  FROM generate_series(5, 9) n, durable_ledger.begin_effect('bu-10', 'bu_ping', jsonb_build_object('n', n)) d;
+SELECT executions, max_executions FROM durable_ledger.run_budgets WHERE run = 'bu-10';
+COMMIT;
+SELECT executions, max_executions, paused_args FROM durable_ledger.run_budgets WHERE run = 'bu-10';
+SELECT count(*) AS effects FROM durable_ledger.effects WHERE run = 'bu-10';
+SELECT durable_ledger.release_run('bu-10');

@@ -22,6 +22,7 @@ _PG_init(void)
 	dl_audit_chain_init();
 	dl_metrics_init();
 	dl_durability_init();
+	dl_budgets_init();
 	dl_lease_init();
 	dl_runlock_init();
 	dl_drop_guard_init();

@@ -419,6 +419,7 @@ extern void dl_notify_attention(AuditEvent event, int64 audit_id);
 extern void dl_note_durable_write(void);
 extern void dl_note_ledger_write(void);
 extern void dl_durability_init(void);
+extern void dl_budgets_init(void);
 
 /* plans.c: saved SPI plans (for the store's files) */
 typedef struct Statement

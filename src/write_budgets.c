@@ -11,10 +11,22 @@
  * behind the extension's back (pg_advisory_unlock_all) in a transaction
  * still open lets another lease of the run call meanwhile, which then waits
  * for that transaction and counts after it.
+ *
+ * A transaction that executes a tool many times in a run writes its counter
+ * each time: each write is a new version of the row, which the next lookup
+ * would walk from the index (quadratic in a batch).  So the transaction
+ * remembers the version it wrote last, and writes the next from it, by its
+ * tid: it holds the row's lock, so nobody else wrote it since, and its own
+ * other writers of the row (set_run_budget, the answered pauses, a fork)
+ * forget what it remembers, as a rolled-back subtransaction does.
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/pg_type.h"
+#include "storage/proc.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
@@ -24,11 +36,98 @@
 
 static const int budget_key[] = {BUD_RUN, BUD_TOOL};
 
+/* ---------- the versions this transaction wrote ---------- */
+
+typedef struct WrittenKey
+{
+	char		run[DL_MAX_RUN_CHARS * 4 + 1];	/* (in bytes: up to four a character) */
+	char		tool[DL_MAX_TOOL_CHARS * 4 + 1];
+} WrittenKey;
+
+typedef struct Written
+{
+	WrittenKey	key;
+	HeapTuple	tuple;			/* the version written, with its tid */
+} Written;
+
+static HTAB *written = NULL;	/* in TopTransactionContext, of transaction written_lxid */
+static LocalTransactionId written_lxid = InvalidLocalTransactionId;
+
+static void
+forget_written(void)
+{
+	written = NULL;				/* its memory goes with the transaction's */
+	written_lxid = InvalidLocalTransactionId;
+}
+
+/* A subtransaction rolled back: the versions it wrote are gone. */
+static void
+subxact_changed(SubXactEvent event, SubTransactionId mySubid, SubTransactionId parentSubid,
+				void *arg)
+{
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		forget_written();
+}
+
+void
+dl_budgets_init(void)
+{
+	RegisterSubXactCallback(subxact_changed, NULL);
+}
+
+static void
+written_key(WrittenKey *key, const char *run, const char *tool)
+{
+	memset(key, 0, sizeof(WrittenKey));
+	strlcpy(key->run, run, sizeof(key->run));
+	strlcpy(key->tool, tool, sizeof(key->tool));
+}
+
+/* The version of run's row of tool this transaction wrote last, or NULL. */
+static HeapTuple
+written_version(const char *run, const char *tool)
+{
+	WrittenKey	key;
+	Written    *entry;
+
+	if (written == NULL || written_lxid != MyProc->lxid)
+		return NULL;
+	written_key(&key, run, tool);
+	entry = hash_search(written, &key, HASH_FIND, NULL);
+	return entry == NULL ? NULL : entry->tuple;
+}
+
+/* Remembers the version w wrote of run's row of tool. */
+static void
+remember_written(RowWrite *w, const char *run, const char *tool)
+{
+	MemoryContext old;
+	WrittenKey	key;
+	Written    *entry;
+
+	if (written == NULL || written_lxid != MyProc->lxid)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(WrittenKey);
+		ctl.entrysize = sizeof(Written);
+		ctl.hcxt = TopTransactionContext;
+		written = hash_create("durable_ledger counters written", 16, &ctl,
+							  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+		written_lxid = MyProc->lxid;
+	}
+	written_key(&key, run, tool);
+	entry = hash_search(written, &key, HASH_ENTER, NULL);
+	old = MemoryContextSwitchTo(TopTransactionContext);
+	entry->tuple = ExecCopySlotHeapTuple(w->slot);
+	entry->tuple->t_self = w->slot->tts_tid;
+	MemoryContextSwitchTo(old);
+}
+
 /* The counter row's columns, as locked. */
 static void
-budget_from_tuple(RowWrite *w, HeapTuple tuple, RunBudgetRow *row)
+budget_from_tuple(TupleDesc desc, HeapTuple tuple, RunBudgetRow *row)
 {
-	TupleDesc	desc = RelationGetDescr(w->rel);
 	AttrNumber *a = dl_budgets_table.attnums;
 	bool		isnull;
 	Datum		d;
@@ -67,13 +166,21 @@ dl_lock_run_budget(const char *run, const char *tool, BudgetCounter *counter)
 {
 	Datum		values[2];
 	RowWrite	w;
+	HeapTuple	mine = written_version(run, tool);
 
 	memset(counter, 0, sizeof(BudgetCounter));
+	dl_row_lookup(&w, &dl_budgets_table);
+	if (mine != NULL)
+	{
+		counter->tuple = heap_copytuple(mine);	/* locked by its write */
+		budget_from_tuple(RelationGetDescr(w.rel), counter->tuple, &counter->row);
+		dl_row_end(&w);
+		return;
+	}
 	values[0] = CStringGetTextDatum(run);
 	values[1] = CStringGetTextDatum(tool);
-	dl_row_lookup(&w, &dl_budgets_table);
 	if (dl_row_lock_by(&w, 2, budget_key, values, &counter->tuple))
-		budget_from_tuple(&w, counter->tuple, &counter->row);
+		budget_from_tuple(RelationGetDescr(w.rel), counter->tuple, &counter->row);
 	else
 		counter->tuple = NULL;
 	dl_row_end(&w);
@@ -112,12 +219,13 @@ set_not_paused(RowWrite *w)
 }
 
 static void
-end_budget_write(RowWrite *w, HeapTuple read)
+end_budget_write(RowWrite *w, HeapTuple read, const char *run, const char *tool)
 {
 	if (read != NULL)
 		dl_row_update(w, read);
 	else
 		dl_row_insert(w);
+	remember_written(w, run, tool);
 	dl_row_end(w);
 }
 
@@ -144,7 +252,7 @@ dl_write_budget_count(const char *run, const char *tool, const BudgetCounter *co
 												   sizeof(TimestampTz), true, TYPALIGN_DOUBLE)));
 	if (counter->row.paused)
 		set_not_paused(&w);
-	end_budget_write(&w, counter->tuple);
+	end_budget_write(&w, counter->tuple, run, tool);
 }
 
 /*
@@ -165,7 +273,7 @@ dl_write_budget_pause(const char *run, const char *tool, const BudgetCounter *co
 	dl_row_set(&w, BUD_PAUSED_EPOCH, Int64GetDatum(epoch));
 	dl_row_set(&w, BUD_PAUSED_REASON, CStringGetTextDatum(reason));
 	dl_row_set(&w, BUD_PAUSED_BUDGET, CStringGetTextDatum(budget));
-	end_budget_write(&w, counter->tuple);
+	end_budget_write(&w, counter->tuple, run, tool);
 }
 
 /* run's own budgets of tool: those given (NULL: kept); the caller closed the run. */
@@ -182,7 +290,7 @@ dl_write_run_budget(const char *run, const char *tool, const int32 *max_executio
 		dl_row_set(&w, BUD_MAX_EXECUTIONS, Int32GetDatum(*max_executions));
 	if (max_in_window != NULL)
 		dl_row_set(&w, BUD_MAX_IN_WINDOW, Int32GetDatum(*max_in_window));
-	end_budget_write(&w, counter.tuple);
+	end_budget_write(&w, counter.tuple, run, tool);
 }
 
 /*
@@ -236,6 +344,7 @@ dl_write_budget_pauses_answered(const char *run, const char *tool)
 {
 	Datum		values[1];
 
+	forget_written();			/* it writes rows this transaction may have written */
 	if (run != NULL)
 	{
 		values[0] = CStringGetTextDatum(run);
@@ -267,6 +376,7 @@ dl_write_fork_counters(const char *new_run)
 {
 	Datum		values[1];
 
+	forget_written();
 	values[0] = CStringGetTextDatum(new_run);
 	(void) dl_plan_run(&fork_counters, values, NULL, SPI_OK_INSERT);
 }
