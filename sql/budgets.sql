@@ -248,3 +248,50 @@ COMMIT;
 SELECT executions, max_executions, paused_args FROM durable_ledger.run_budgets WHERE run = 'bu-10';
 SELECT count(*) AS effects FROM durable_ledger.effects WHERE run = 'bu-10';
 SELECT durable_ledger.release_run('bu-10');
+-- ... past a change by hand of the counter, and a TRUNCATE, in the transaction
+BEGIN;
+SELECT durable_ledger.acquire_run('bu-14');
+SELECT decision FROM durable_ledger.begin_effect('bu-14', 'bu_ping', '{"n": 1}');
+UPDATE durable_ledger.run_budgets SET executions = 4 WHERE run = 'bu-14';
+SELECT n, d.decision FROM generate_series(2, 4) n, durable_ledger.begin_effect('bu-14', 'bu_ping', jsonb_build_object('n', n)) d ORDER BY n;
+SELECT executions FROM durable_ledger.run_budgets WHERE run = 'bu-14';
+TRUNCATE durable_ledger.run_budgets;
+SELECT durable_ledger.acquire_run('bu-11');
+SELECT decision FROM durable_ledger.begin_effect('bu-11', 'bu_ping', '{"n": 1}');
+SELECT decision FROM durable_ledger.begin_effect('bu-14', 'bu_ping', '{"n": 5}');
+SELECT run, executions FROM durable_ledger.run_budgets ORDER BY run;
+ROLLBACK;
+
+-- a change of one budget answers only the pauses it no longer holds
+SELECT tool FROM durable_ledger.register_tool('bu_t', 'regress');
+SELECT tool FROM durable_ledger.register_tool('bu_u', 'regress');
+SELECT tool FROM durable_ledger.set_budget('bu_t', 1, 'ops');
+SELECT tool FROM durable_ledger.set_budget('bu_u', 1, 'ops');
+SELECT durable_ledger.acquire_run('bu-12');
+SELECT t, n, d.decision FROM unnest('{bu_t,bu_u}'::text[]) t, generate_series(1, 2) n,
+       durable_ledger.begin_effect('bu-12', t, jsonb_build_object('n', n)) d ORDER BY t, n;
+SELECT count(*) FROM durable_ledger.effects e, LATERAL durable_ledger.complete_effect(e.key, '{}') c
+ WHERE e.run = 'bu-12' AND e.status = 'started';
+SELECT durable_ledger.release_run('bu-12');
+SELECT tool FROM durable_ledger.unresolved WHERE run = 'bu-12' ORDER BY tool;
+SELECT durable_ledger.set_run_budget('bu-12', 'ops', tool => 'bu_u', max_executions => 5);
+SELECT tool FROM durable_ledger.unresolved WHERE run = 'bu-12' ORDER BY tool;
+SELECT tool FROM durable_ledger.set_budget('bu_t', 1, 'ops', 'the same limit');
+SELECT tool FROM durable_ledger.unresolved WHERE run = 'bu-12' ORDER BY tool;
+SELECT tool FROM durable_ledger.set_budget('bu_t', 2, 'ops', 'raised past the count');
+SELECT count(*) AS listed FROM durable_ledger.unresolved WHERE run = 'bu-12';
+
+-- a fork keeps its source's window
+SELECT tool FROM durable_ledger.register_tool('bu_w', 'regress');
+SELECT tool FROM durable_ledger.set_budget('bu_w', NULL, 'ops', max_in_window => 2, budget_window => '1 hour');
+SELECT durable_ledger.acquire_run('bu-13');
+SELECT n, d.decision FROM generate_series(1, 3) n, durable_ledger.begin_effect('bu-13', 'bu_w', jsonb_build_object('n', n)) d ORDER BY n;
+SELECT count(*) FROM durable_ledger.effects e, LATERAL durable_ledger.complete_effect(e.key, '{}') c
+ WHERE e.run = 'bu-13' AND e.status = 'started';
+SELECT durable_ledger.release_run('bu-13');
+SELECT durable_ledger.fork_run('bu-13', 'bu-13f', durable_ledger.effect_key('bu-13', 'bu_w', '{"n": 2}', 1), 'ops');
+SELECT executions, cardinality(recent) AS in_window FROM durable_ledger.run_budgets WHERE run = 'bu-13f';
+SELECT durable_ledger.acquire_run('bu-13f');
+SELECT n, d.decision FROM generate_series(1, 3) n, durable_ledger.begin_effect('bu-13f', 'bu_w', jsonb_build_object('n', n)) d ORDER BY n;
+SELECT durable_ledger.release_run('bu-13f');
+SELECT regress_sqlstate($$SELECT durable_ledger.set_budget('bu_w', NULL, 'ops', max_in_window => 2147483647, budget_window => '1 hour')$$);

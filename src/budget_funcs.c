@@ -47,8 +47,9 @@ detail_budget(DetailBuilder *detail, const char *name, int32 value)
  *
  * Every run's budget of attempts (lease epochs) that has none of its own; a
  * call that would execute in a later attempt pauses.  NULL: none.  Returns
- * the budget it replaces.  The calls a budget of attempts paused are listed
- * no more (one still stopped pauses again).  Audited as policy_changed.
+ * the budget it replaces.  When it removes or raises it, the calls it paused
+ * in runs without a budget of their own are listed no more (one still
+ * stopped pauses again).  Audited as policy_changed.
  */
 Datum
 dl_set_attempts_budget_1_3(PG_FUNCTION_ARGS)
@@ -64,7 +65,7 @@ dl_set_attempts_budget_1_3(PG_FUNCTION_ARGS)
 	dl_check_writable("set_attempts_budget()");
 	dl_spi_connect();
 	before = dl_write_policy_attempts(max_attempts, changed_by, note);
-	answered = dl_write_budget_pauses_answered(NULL, NULL);
+	answered = dl_write_attempts_pauses_answered(max_attempts, before);
 	dl_detail_init(&detail);
 	detail_budget(&detail, "max_run_attempts", max_attempts);
 	detail_budget(&detail, "previous", before);
@@ -87,8 +88,9 @@ dl_set_attempts_budget_1_3(PG_FUNCTION_ARGS)
  * One run's own budgets, set by the person who answers a pause: of a
  * budgeted tool's executions (max_executions) and of those in its window
  * (max_in_window), and of attempts (max_attempts).  What is NULL is kept; at
- * least one is given.  The run's pauses are listed no more: a call that a
- * budget still stops pauses again.  Audited as budget_changed.
+ * least one is given.  The run's pauses of the budgets given are listed no
+ * more: a call that a budget still stops pauses again.  Audited as
+ * budget_changed.
  */
 Datum
 dl_set_run_budget_1_3(PG_FUNCTION_ARGS)
@@ -107,6 +109,11 @@ dl_set_run_budget_1_3(PG_FUNCTION_ARGS)
 	int32		attempts_before = 0;
 	int64		answered;
 
+	if (max_in_window > DL_MAX_IN_WINDOW)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_in_window must be at most %d, not %d", DL_MAX_IN_WINDOW, max_in_window),
+				 errdetail("The times of that many latest executions are kept per run and tool.")));
 	if (!executions_given && !window_given && !attempts_given)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -155,7 +162,8 @@ dl_set_run_budget_1_3(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("run \"%s\" has no row in durable_ledger.runs", run),
 				 errdetail("A run's own budget of attempts is set once a lease of it began an attempt.")));
-	answered = dl_write_budget_pauses_answered(run, NULL);
+	answered = dl_write_run_pauses_answered(run, tool, executions_given, window_given,
+											attempts_given);
 
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "tool", tool);

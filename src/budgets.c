@@ -148,7 +148,7 @@ dl_budget_count(const CallLease *lease, const char *tool, const BudgetCheck *che
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("too many executions of tool \"%s\" in run \"%s\"", tool, lease->run)));
-	recent = palloc(sizeof(TimestampTz) * (check->max_in_window + 1));
+	recent = palloc(sizeof(TimestampTz) * (Min(check->max_in_window, check->counter.row.nrecent) + 1));
 	if (check->max_in_window > 0)
 	{
 		int			kept = in_window(check, &first);

@@ -73,6 +73,8 @@
 /* Limits on names (characters, not bytes); see docs/reference.md. */
 #define DL_MAX_RUN_CHARS 512
 #define DL_MAX_TOOL_CHARS 255
+/* a window's limit: the times of that many latest executions are kept per run */
+#define DL_MAX_IN_WINDOW 10000
 #define DL_MAX_BUSINESS_KEY_CHARS 255
 
 /*

@@ -345,7 +345,7 @@ dl_fork_run_1_3(PG_FUNCTION_ARGS)
 			carried++;
 	}
 	dl_write_forked_run(new_run, new_lock, source_run, up_to);
-	dl_write_fork_counters(new_run);
+	dl_write_fork_counters(new_run, source_run);
 
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "source_run", source_run);

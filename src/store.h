@@ -349,8 +349,12 @@ extern void dl_write_budget_pause(const char *run, const char *tool, const Budge
 extern void dl_write_run_budget(const char *run, const char *tool, const int32 *max_executions,
 								const int32 *max_in_window);
 extern bool dl_write_run_attempts(const char *run, int32 max_attempts, int32 *before);
-extern int64 dl_write_budget_pauses_answered(const char *run, const char *tool);
-extern void dl_write_fork_counters(const char *new_run);
+extern int64 dl_write_run_pauses_answered(const char *run, const char *tool, bool executions,
+										 bool window, bool attempts);
+extern int64 dl_write_tool_pauses_answered(const char *tool, int32 max_executions,
+										   int32 max_in_window, int32 window_before);
+extern int64 dl_write_attempts_pauses_answered(int32 max_attempts, int32 before);
+extern void dl_write_fork_counters(const char *new_run, const char *source_run);
 extern int32 dl_write_policy_attempts(int32 max_attempts, const char *changed_by,
 									  const char *note);
 extern void dl_write_attempt_model(const char *run, int64 epoch, const char *model,

@@ -493,8 +493,9 @@ budget_arg(FunctionCallInfo fcinfo, int argno, const char *name)
  * A registered tool's budget per run (budgets.c): at most max_executions
  * executions (NULL: no limit), and at most max_in_window of them within
  * budget_window (both NULL: no window).  Counted from the change on: what
- * executed before is not counted.  The calls its budget paused are listed no
- * more (one still stopped pauses again).  Audited as tool_changed, with the
+ * executed before is not counted.  The calls its budget paused that it no
+ * longer stops (a limit removed, or raised past the run's count; a window's
+ * removed or raised) are listed no more.  Audited as tool_changed, with the
  * budget before.  The calls in progress finish under the rule they began
  * with.
  */
@@ -514,6 +515,11 @@ dl_set_budget_1_3(PG_FUNCTION_ARGS)
 	Interval	window = {0};
 	int64		answered;
 
+	if (max_in_window > DL_MAX_IN_WINDOW)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_in_window must be at most %d, not %d", DL_MAX_IN_WINDOW, max_in_window),
+				 errdetail("The times of that many latest executions are kept per run and tool.")));
 	if ((max_in_window > 0) != !PG_ARGISNULL(5))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -541,7 +547,8 @@ dl_set_budget_1_3(PG_FUNCTION_ARGS)
 	if (note != NULL)
 		to.note = note;
 	dl_write_tool_change(&locked, &to, changed_by, false);
-	answered = dl_write_budget_pauses_answered(NULL, tool);
+	answered = dl_write_tool_pauses_answered(tool, to.max_executions, to.max_in_window,
+											 locked.row.max_in_window);
 
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "tool", tool);

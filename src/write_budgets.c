@@ -16,17 +16,23 @@
  * each time: each write is a new version of the row, which the next lookup
  * would walk from the index (quadratic in a batch).  So the transaction
  * remembers the version it wrote last, and writes the next from it, by its
- * tid: it holds the row's lock, so nobody else wrote it since, and its own
- * other writers of the row (set_run_budget, the answered pauses, a fork)
- * forget what it remembers, as a rolled-back subtransaction does.
+ * tid: it holds the row's lock, so nobody else wrote it since.  It is used
+ * only while it is the row's latest version as the transaction sees it (not
+ * after a change by hand), and forgotten when a subtransaction rolls back,
+ * the table changes (TRUNCATE, a rewrite), or the extension's other writers
+ * of the row (the answered pauses, a fork) write.
  */
 #include "postgres.h"
 
+#include "access/heapam.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "storage/proc.h"
 #include "utils/hsearch.h"
+#include "storage/bufmgr.h"
+#include "utils/inval.h"
 #include "utils/memutils.h"
+#include "utils/snapmgr.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
@@ -47,11 +53,12 @@ typedef struct WrittenKey
 typedef struct Written
 {
 	WrittenKey	key;
-	HeapTuple	tuple;			/* the version written, with its tid */
+	ItemPointerData tid;		/* the version written */
 } Written;
 
 static HTAB *written = NULL;	/* in TopTransactionContext, of transaction written_lxid */
 static LocalTransactionId written_lxid = InvalidLocalTransactionId;
+static Oid	written_relid = InvalidOid;	/* the table they are versions of */
 
 static void
 forget_written(void)
@@ -69,10 +76,19 @@ subxact_changed(SubXactEvent event, SubTransactionId mySubid, SubTransactionId p
 		forget_written();
 }
 
+/* The table changed (a TRUNCATE, a rewrite): its tids are another table's. */
+static void
+relcache_changed(Datum arg, Oid relid)
+{
+	if (!OidIsValid(relid) || relid == written_relid)
+		forget_written();
+}
+
 void
 dl_budgets_init(void)
 {
 	RegisterSubXactCallback(subxact_changed, NULL);
+	CacheRegisterRelcacheCallback(relcache_changed, (Datum) 0);
 }
 
 static void
@@ -83,25 +99,56 @@ written_key(WrittenKey *key, const char *run, const char *tool)
 	strlcpy(key->tool, tool, sizeof(key->tool));
 }
 
-/* The version of run's row of tool this transaction wrote last, or NULL. */
+static bool
+is_row_of(Relation rel, HeapTuple tuple, const char *run, const char *tool)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	AttrNumber *a = dl_budgets_table.attnums;
+	bool		isnull;
+	Datum		d;
+
+	d = heap_getattr(tuple, a[BUD_RUN], desc, &isnull);
+	if (isnull || strcmp(TextDatumGetCString(d), run) != 0)
+		return false;
+	d = heap_getattr(tuple, a[BUD_TOOL], desc, &isnull);
+	return !isnull && strcmp(TextDatumGetCString(d), tool) == 0;
+}
+
+/*
+ * The version of run's row of tool this transaction wrote last, or NULL: if
+ * it is still the row's latest, as this transaction sees it (one changed by
+ * hand since, in this transaction, is not).
+ */
 static HeapTuple
-written_version(const char *run, const char *tool)
+written_version(Relation rel, const char *run, const char *tool)
 {
 	WrittenKey	key;
 	Written    *entry;
+	HeapTupleData found;
+	Buffer		buffer;
+	HeapTuple	version = NULL;
 
-	if (written == NULL || written_lxid != MyProc->lxid)
+	if (written == NULL || written_lxid != MyProc->lxid || RelationGetRelid(rel) != written_relid)
 		return NULL;
 	written_key(&key, run, tool);
 	entry = hash_search(written, &key, HASH_FIND, NULL);
-	return entry == NULL ? NULL : entry->tuple;
+	if (entry == NULL)
+		return NULL;
+	found.t_self = entry->tid;
+	if (heap_fetch(rel, SnapshotSelf, &found, &buffer, false))
+	{
+		if (TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(found.t_data)) &&
+			is_row_of(rel, &found, run, tool))
+			version = heap_copytuple(&found);
+		ReleaseBuffer(buffer);
+	}
+	return version;
 }
 
 /* Remembers the version w wrote of run's row of tool. */
 static void
 remember_written(RowWrite *w, const char *run, const char *tool)
 {
-	MemoryContext old;
 	WrittenKey	key;
 	Written    *entry;
 
@@ -109,6 +156,7 @@ remember_written(RowWrite *w, const char *run, const char *tool)
 	{
 		HASHCTL		ctl;
 
+		written_relid = RelationGetRelid(w->rel);
 		ctl.keysize = sizeof(WrittenKey);
 		ctl.entrysize = sizeof(Written);
 		ctl.hcxt = TopTransactionContext;
@@ -118,10 +166,7 @@ remember_written(RowWrite *w, const char *run, const char *tool)
 	}
 	written_key(&key, run, tool);
 	entry = hash_search(written, &key, HASH_ENTER, NULL);
-	old = MemoryContextSwitchTo(TopTransactionContext);
-	entry->tuple = ExecCopySlotHeapTuple(w->slot);
-	entry->tuple->t_self = w->slot->tts_tid;
-	MemoryContextSwitchTo(old);
+	entry->tid = w->slot->tts_tid;
 }
 
 /* The counter row's columns, as locked. */
@@ -166,13 +211,14 @@ dl_lock_run_budget(const char *run, const char *tool, BudgetCounter *counter)
 {
 	Datum		values[2];
 	RowWrite	w;
-	HeapTuple	mine = written_version(run, tool);
+	HeapTuple	mine;
 
 	memset(counter, 0, sizeof(BudgetCounter));
 	dl_row_lookup(&w, &dl_budgets_table);
+	mine = written_version(w.rel, run, tool);
 	if (mine != NULL)
 	{
-		counter->tuple = heap_copytuple(mine);	/* locked by its write */
+		counter->tuple = mine;	/* locked by its write */
 		budget_from_tuple(RelationGetDescr(w.rel), counter->tuple, &counter->row);
 		dl_row_end(&w);
 		return;
@@ -323,61 +369,134 @@ dl_write_run_attempts(const char *run, int32 max_attempts, int32 *before)
 }
 
 #define NOT_PAUSED \
-	"UPDATE durable_ledger.run_budgets" \
+	"UPDATE durable_ledger.run_budgets b" \
 	"   SET paused_at = NULL, paused_key = NULL, paused_args = NULL," \
 	"       paused_epoch = NULL, paused_reason = NULL, paused_budget = NULL" \
-	" WHERE paused_at IS NOT NULL AND "
+	" WHERE b.paused_at IS NOT NULL AND "
 
-static Statement answer_run_pauses = {NOT_PAUSED "run" EQ "$1", 1, {TEXTOID}};
-static Statement answer_tool_pauses = {
-	NOT_PAUSED "tool" EQ "$1 AND paused_budget OPERATOR(pg_catalog.<>) 'attempts'", 1, {TEXTOID}
+/* set_run_budget: the run's pauses of the budgets given ($3, $4, $5: given) */
+static Statement answer_run_pauses = {
+	NOT_PAUSED "b.run" EQ "$1 AND ("
+	"   (b.tool" EQ "$2 AND b.paused_budget" EQ "'executions' AND $3)"
+	"   OR (b.tool" EQ "$2 AND b.paused_budget" EQ "'window' AND $4)"
+	"   OR (b.paused_budget" EQ "'attempts' AND $5))",
+	5, {TEXTOID, TEXTOID, BOOLOID, BOOLOID, BOOLOID}
 };
-static Statement answer_attempts_pauses = {NOT_PAUSED "paused_budget" EQ "'attempts'", 0, {0}};
 
 /*
- * A person changed a budget: the calls it paused are listed no more (one
- * that a budget still stops pauses again): run's (NULL: every run's) of tool
- * (NULL: of attempts).  Returns how many.
+ * set_budget: every run's pauses of the tool whose budget it removed or
+ * raised past them: executions ($2 the new limit, NULL: none) where the run
+ * has no limit of its own, windows ($3 the new limit, NULL: none; $4 the one
+ * it replaces) where the run has no window limit of its own
+ */
+static Statement answer_tool_pauses = {
+	NOT_PAUSED "b.tool" EQ "$1 AND ("
+	"   (b.paused_budget" EQ "'executions' AND b.max_executions IS NULL"
+	"    AND ($2::integer IS NULL OR b.executions OPERATOR(pg_catalog.<) $2))"
+	"   OR (b.paused_budget" EQ "'window' AND b.max_in_window IS NULL"
+	"    AND ($3::integer IS NULL OR $3 OPERATOR(pg_catalog.>) $4)))",
+	4, {TEXTOID, INT4OID, INT4OID, INT4OID}
+};
+
+/*
+ * set_attempts_budget: the pauses of attempts of the runs without a budget of
+ * their own, when it removed or raised every run's ($1 the new, NULL: none;
+ * $2 the one it replaces, NULL: none)
+ */
+static Statement answer_attempts_pauses = {
+	NOT_PAUSED "b.paused_budget" EQ "'attempts'"
+	" AND ($1::integer IS NULL OR $1 OPERATOR(pg_catalog.>) $2)"
+	" AND NOT EXISTS (SELECT FROM durable_ledger.runs r"
+	"                  WHERE r.run" EQ "b.run AND r.max_attempts IS NOT NULL)",
+	2, {INT4OID, INT4OID}
+};
+
+static Datum
+optional_int(int32 value, char *null)
+{
+	*null = value > 0 ? ' ' : 'n';
+	return Int32GetDatum(value);
+}
+
+/*
+ * A person set run's own budgets: the calls they paused are listed no more
+ * (one that a budget still stops pauses again): tool's of executions, of its
+ * window, and the run's of attempts, as given.  Returns how many.
  */
 int64
-dl_write_budget_pauses_answered(const char *run, const char *tool)
+dl_write_run_pauses_answered(const char *run, const char *tool, bool executions, bool window,
+							 bool attempts)
 {
-	Datum		values[1];
+	Datum		values[5];
+	char		nulls[6] = "     ";
 
 	forget_written();			/* it writes rows this transaction may have written */
-	if (run != NULL)
-	{
-		values[0] = CStringGetTextDatum(run);
-		return (int64) dl_plan_run(&answer_run_pauses, values, NULL, SPI_OK_UPDATE);
-	}
-	if (tool != NULL)
-	{
-		values[0] = CStringGetTextDatum(tool);
-		return (int64) dl_plan_run(&answer_tool_pauses, values, NULL, SPI_OK_UPDATE);
-	}
-	return (int64) dl_plan_run(&answer_attempts_pauses, NULL, NULL, SPI_OK_UPDATE);
+	values[0] = CStringGetTextDatum(run);
+	values[1] = tool ? CStringGetTextDatum(tool) : (Datum) 0;
+	nulls[1] = tool ? ' ' : 'n';
+	values[2] = BoolGetDatum(executions);
+	values[3] = BoolGetDatum(window);
+	values[4] = BoolGetDatum(attempts);
+	return (int64) dl_plan_run(&answer_run_pauses, values, nulls, SPI_OK_UPDATE);
+}
+
+/*
+ * An admin changed tool's budget (0: none) from one whose window limit was
+ * window_before: the pauses it no longer holds are listed no more.
+ */
+int64
+dl_write_tool_pauses_answered(const char *tool, int32 max_executions, int32 max_in_window,
+							  int32 window_before)
+{
+	Datum		values[4];
+	char		nulls[5] = "    ";
+
+	forget_written();
+	values[0] = CStringGetTextDatum(tool);
+	values[1] = optional_int(max_executions, &nulls[1]);
+	values[2] = optional_int(max_in_window, &nulls[2]);
+	values[3] = Int32GetDatum(window_before);
+	return (int64) dl_plan_run(&answer_tool_pauses, values, nulls, SPI_OK_UPDATE);
+}
+
+/* An admin changed every run's budget of attempts (0: none) from before. */
+int64
+dl_write_attempts_pauses_answered(int32 max_attempts, int32 before)
+{
+	Datum		values[2];
+	char		nulls[3] = "  ";
+
+	forget_written();
+	values[0] = optional_int(max_attempts, &nulls[0]);
+	values[1] = optional_int(before, &nulls[1]);
+	return (int64) dl_plan_run(&answer_attempts_pauses, values, nulls, SPI_OK_UPDATE);
 }
 
 static Statement fork_counters = {
 	"INSERT INTO durable_ledger.run_budgets (run, tool, executions, recent)"
-	" SELECT e.run, e.tool, pg_catalog.count(*), '{}'"
+	" SELECT e.run, e.tool, pg_catalog.count(*),"
+	"        COALESCE((SELECT s.recent FROM durable_ledger.run_budgets s"
+	"                   WHERE s.run" EQ "$2 AND s.tool" EQ "e.tool), '{}')"
 	"   FROM durable_ledger.effects e JOIN durable_ledger.tools t ON t.tool" EQ "e.tool"
 	"  WHERE e.run" EQ "$1 AND (t.max_executions IS NOT NULL OR t.max_in_window IS NOT NULL)"
+	"    AND e.approval IS DISTINCT FROM 'rejected'"	/* never executed */
 	"  GROUP BY e.run, e.tool",
-	1, {TEXTOID}
+	2, {TEXTOID, TEXTOID}
 };
 
 /*
  * A forked run starts counting its budgeted tools' executions at what it
- * carries of them, one each: a fork is no way around a budget.
+ * carries of them, one each, and its windows at the source run's: a fork is
+ * no way around a budget.
  */
 void
-dl_write_fork_counters(const char *new_run)
+dl_write_fork_counters(const char *new_run, const char *source_run)
 {
-	Datum		values[1];
+	Datum		values[2];
 
 	forget_written();
 	values[0] = CStringGetTextDatum(new_run);
+	values[1] = CStringGetTextDatum(source_run);
 	(void) dl_plan_run(&fork_counters, values, NULL, SPI_OK_INSERT);
 }
 
