@@ -1058,7 +1058,8 @@ ALTER DOMAIN durable_ledger.audit_event ADD CONSTRAINT audit_event_check
                      'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
                      'carried', 'policy_changed', 'purged', 'audit_purged',
                      'superseded_report', 'history_chained', 'retry_allowed',
-                     'reconciled', 'approval_requested', 'approved', 'rejected'));
+                     'reconciled', 'approval_requested', 'approved', 'rejected',
+                     'budget_changed', 'model_changed'));
 CREATE DOMAIN durable_ledger.approval_state AS text
     CHECK (VALUE IN ('requested', 'approved', 'rejected'));
 REVOKE ALL ON TYPE durable_ledger.approval_state FROM PUBLIC;
@@ -1142,102 +1143,8 @@ CREATE INDEX audit_log_events_idx ON durable_ledger.audit_log (event, logged_at)
                     'policy_changed', 'purged', 'audit_purged', 'replay', 'retry_allowed',
                     'reconciled', 'approved', 'rejected');
 
--- what waits for an approver is listed with what waits for other people
-CREATE OR REPLACE VIEW durable_ledger.unresolved AS
-SELECT e.key,
-       e.run,
-       e.tool,
-       CASE WHEN j.ended THEN 'unknown'
-            ELSE e.status END::durable_ledger.effect_state AS status,
-       e.conflict,
-       CASE
-           WHEN e.conflict THEN
-               'a report was kept for a person: it contradicts the recorded outcome, or names no attempt where that is ambiguous; a person must decide which is true'
-           WHEN e.status OPERATOR(pg_catalog.=) 'awaiting_approval' THEN
-               'awaiting approval: the call of a tool that needs approval was recorded and has not executed; an approver decides with durable_ledger.approve_effect() or durable_ledger.reject_effect()'
-           WHEN j.not_judged THEN
-               'read on a hot standby, which cannot see the primary''s leases: whether this effect is still in flight cannot be judged here; ask the primary'
-           ELSE
-               'intent recorded, no completion, and the lease that started it has ended: nobody knows whether the effect happened'
-       END                                          AS reason,
-       e.created_at,
-       pg_catalog.now() OPERATOR(pg_catalog.-) e.created_at AS age,
-       e.args,
-       e.meta,
-       e.business_key,
-       e.occurrence,
-       e.attempt,
-       e.lease_epoch,
-       NULL::text                                   AS may_duplicate,
-       ab.abandoned_at                              AS run_abandoned_at,
-       -- the key the provider was given: a business key's, and any attempt
-       -- after the first, names its attempt
-       CASE WHEN e.business_key OR e.attempt OPERATOR(pg_catalog.>) 1
-            THEN pg_catalog.concat(e.key, '#', e.attempt)
-            ELSE e.key END                          AS downstream_key,
-       -- a reconciler may settle an unknown outcome of the tool, this long
-       -- after it was found unknown (a flagged one waits for a person)
-       CASE WHEN NOT e.conflict THEN (
-            SELECT t.reconcile_grace FROM durable_ledger.tools t
-             WHERE t.tool OPERATOR(pg_catalog.=) e.tool) END AS reconcile_grace
-  FROM durable_ledger.unsettled u
-  JOIN durable_ledger.effects e ON e.key OPERATOR(pg_catalog.=) u.key
-                              AND e.created_at OPERATOR(pg_catalog.=) u.created_at
-  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) e.run
- CROSS JOIN (SELECT pg_catalog.pg_is_in_recovery() AS standby) s
-  LEFT JOIN LATERAL (
-        SELECT r.lease_kind, r.lock_key, r.holder_pid
-          FROM durable_ledger.runs r
-         WHERE r.run OPERATOR(pg_catalog.=) e.run
-           AND r.epochs OPERATOR(pg_catalog.=) e.lease_epoch
-           AND r.released_at IS NULL) cur ON e.status OPERATOR(pg_catalog.=) 'started'
- CROSS JOIN LATERAL (
-        SELECT e.status OPERATOR(pg_catalog.=) 'started' AND s.standby AS not_judged,
-               e.status OPERATOR(pg_catalog.=) 'started' AND CASE
-                   WHEN s.standby THEN false
-                   WHEN cur.lease_kind OPERATOR(pg_catalog.=) 'token' THEN NOT EXISTS (
-                       SELECT 1 FROM durable_ledger.token_leases t
-                        WHERE t.run OPERATOR(pg_catalog.=) e.run
-                          AND t.epoch OPERATOR(pg_catalog.=) e.lease_epoch
-                          AND t.released_at IS NULL
-                          AND t.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())
-                   WHEN cur.lease_kind IS NULL THEN true
-                   ELSE NOT EXISTS (
-                       SELECT 1 FROM durable_ledger.lease_locks l
-                        WHERE l.pid OPERATOR(pg_catalog.=) cur.holder_pid
-                          AND l.lock_key OPERATOR(pg_catalog.=) cur.lock_key)
-               END AS ended) j
- WHERE e.conflict
-    OR e.status OPERATOR(pg_catalog.=) 'unknown'
-    OR e.status OPERATOR(pg_catalog.=) 'awaiting_approval'
-    OR j.ended
-    OR j.not_judged
-UNION ALL
-SELECT d.key,
-       d.run,
-       d.tool,
-       NULL::durable_ledger.effect_state,
-       false,
-       'a later attempt made a call of this tool that the run''s earlier attempts did not make, while an earlier effect of the tool (may_duplicate) was not replayed yet: a person must say whether it is the same operation (durable_ledger.resolve_divergence(key, ''same'', ...): its outcome is replayed) or distinct (''distinct'': it is executed)',
-       d.detected_at,
-       pg_catalog.now() OPERATOR(pg_catalog.-) d.detected_at,
-       d.args,
-       NULL,
-       false,
-       d.occurrence,
-       NULL,
-       d.lease_epoch,
-       d.candidate_key,
-       ab.abandoned_at,
-       NULL,
-       NULL::interval
-  FROM durable_ledger.divergences d
-  LEFT JOIN durable_ledger.runs ab ON ab.run OPERATOR(pg_catalog.=) d.run
- WHERE d.verdict IS NULL
-   AND NOT EXISTS (SELECT FROM durable_ledger.effects x
-                    WHERE x.key OPERATOR(pg_catalog.=) d.key);  -- executed meanwhile (policy off)
-COMMENT ON VIEW durable_ledger.unresolved IS
-    'what needs a person: effects unknown, started under a lease that is no longer live, or flagged by a report, and drifted calls without a verdict; read through unsettled, so it costs what waits, not what the ledger holds';
+-- what waits for an approver is listed with what waits for other people in
+-- unresolved: its last definition, with the budgets' pauses, is below
 
 
 -- Approvals (docs/reference.md, "Approvals"): an admin says which calls of
@@ -1295,18 +1202,6 @@ GRANT EXECUTE ON FUNCTION
 -- them; a call that would pass one pauses, listed in unresolved.  Each
 -- attempt's model (meta.model) is recorded, and a change audited.
 -- ---------------------------------------------------------------------------
-ALTER DOMAIN durable_ledger.audit_event DROP CONSTRAINT audit_event_check;
-ALTER DOMAIN durable_ledger.audit_event ADD CONSTRAINT audit_event_check
-    CHECK (VALUE IN ('lease_acquired', 'lease_released', 'lease_broken',
-                     'intent', 'replay', 'pause', 'in_progress',
-                     'completed', 'late_completion', 'failed', 'late_failure',
-                     'resolved', 'conflict',
-                     'tool_registered', 'tool_changed', 'tool_retired',
-                     'divergence', 'divergence_resolved', 'run_abandoned', 'run_forked',
-                     'carried', 'policy_changed', 'purged', 'audit_purged',
-                     'superseded_report', 'history_chained', 'retry_allowed',
-                     'reconciled', 'approval_requested', 'approved', 'rejected',
-                     'budget_changed', 'model_changed'));
 ALTER TABLE durable_ledger.runs ADD COLUMN max_attempts integer;
 COMMENT ON COLUMN durable_ledger.runs.max_attempts IS
     'this run''s budget of attempts (set_run_budget); NULL: the deployment''s (policy.max_run_attempts)';

@@ -295,3 +295,13 @@ SELECT durable_ledger.acquire_run('bu-13f');
 SELECT n, d.decision FROM generate_series(1, 3) n, durable_ledger.begin_effect('bu-13f', 'bu_w', jsonb_build_object('n', n)) d ORDER BY n;
 SELECT durable_ledger.release_run('bu-13f');
 SELECT regress_sqlstate($$SELECT durable_ledger.set_budget('bu_w', NULL, 'ops', max_in_window => 2147483647, budget_window => '1 hour')$$);
+
+-- an attempt's model is noted once (an epoch counter), and a rolled-back call notes nothing
+SELECT durable_ledger.acquire_run('bu-15');
+BEGIN;
+SELECT decision FROM durable_ledger.begin_effect('bu-15', 'bu_book', '{"flight": "LH 1"}', meta => '{"model": "model-x"}');
+ROLLBACK;
+SELECT decision FROM durable_ledger.begin_effect('bu-15', 'bu_book', '{"flight": "LH 1"}', meta => '{"model": "model-y"}');
+SELECT decision FROM durable_ledger.begin_effect('bu-15', 'bu_book', '{"flight": "LH 2"}', meta => '{"model": "model-z"}');
+SELECT lease_epoch, model FROM durable_ledger.run_models WHERE run = 'bu-15';
+SELECT durable_ledger.release_run('bu-15');

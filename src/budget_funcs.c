@@ -13,34 +13,6 @@
 PG_FUNCTION_INFO_V1(dl_set_attempts_budget_1_3);
 PG_FUNCTION_INFO_V1(dl_set_run_budget_1_3);
 
-/* A budget argument: NULL (*given false), or at least 1. */
-static int32
-budget_arg(FunctionCallInfo fcinfo, int argno, const char *name, bool *given)
-{
-	int32		value;
-
-	*given = !PG_ARGISNULL(argno);
-	if (!*given)
-		return 0;
-	value = PG_GETARG_INT32(argno);
-	if (value < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must be at least 1, not %d", name, value),
-				 errhint("A budget of none is NULL; a tool that must not execute is retired (retire_tool).")));
-	return value;
-}
-
-/* A budget in an audit row's detail: its number, or null for none. */
-static void
-detail_budget(DetailBuilder *detail, const char *name, int32 value)
-{
-	if (value > 0)
-		dl_detail_int(detail, name, value);
-	else
-		dl_detail_text(detail, name, NULL);
-}
-
 /*
  * set_attempts_budget(max_attempts integer, changed_by text, note text)
  *   RETURNS integer
@@ -54,8 +26,7 @@ detail_budget(DetailBuilder *detail, const char *name, int32 value)
 Datum
 dl_set_attempts_budget_1_3(PG_FUNCTION_ARGS)
 {
-	bool		given;
-	int32		max_attempts = budget_arg(fcinfo, 0, "max_attempts", &given);
+	int32		max_attempts = dl_budget_arg(fcinfo, 0, "max_attempts", 0);
 	char	   *changed_by = dl_required_text_arg(fcinfo, 1, "changed_by", 0);
 	char	   *note = dl_optional_text_arg(fcinfo, 2);
 	DetailBuilder detail;
@@ -67,8 +38,8 @@ dl_set_attempts_budget_1_3(PG_FUNCTION_ARGS)
 	before = dl_write_policy_attempts(max_attempts, changed_by, note);
 	answered = dl_write_attempts_pauses_answered(max_attempts, before);
 	dl_detail_init(&detail);
-	detail_budget(&detail, "max_run_attempts", max_attempts);
-	detail_budget(&detail, "previous", before);
+	dl_detail_count_or_null(&detail, "max_run_attempts", max_attempts);
+	dl_detail_count_or_null(&detail, "previous", before);
 	dl_detail_int(&detail, "pauses_answered", answered);
 	dl_detail_text(&detail, "set_by", changed_by);
 	dl_detail_text(&detail, "note", note);
@@ -99,21 +70,16 @@ dl_set_run_budget_1_3(PG_FUNCTION_ARGS)
 	char	   *changed_by = dl_required_text_arg(fcinfo, 1, "changed_by", 0);
 	char	   *note = dl_optional_text_arg(fcinfo, 2);
 	char	   *tool = PG_ARGISNULL(3) ? NULL : dl_required_text_arg(fcinfo, 3, "tool", DL_MAX_TOOL_CHARS);
-	bool		executions_given;
-	bool		window_given;
-	bool		attempts_given;
-	int32		max_executions = budget_arg(fcinfo, 4, "max_executions", &executions_given);
-	int32		max_in_window = budget_arg(fcinfo, 5, "max_in_window", &window_given);
-	int32		max_attempts = budget_arg(fcinfo, 6, "max_attempts", &attempts_given);
+	int32		max_executions = dl_budget_arg(fcinfo, 4, "max_executions", 0);
+	int32		max_in_window = dl_budget_arg(fcinfo, 5, "max_in_window", DL_MAX_IN_WINDOW);
+	int32		max_attempts = dl_budget_arg(fcinfo, 6, "max_attempts", 0);
+	bool		executions_given = max_executions > 0;
+	bool		window_given = max_in_window > 0;
+	bool		attempts_given = max_attempts > 0;
 	DetailBuilder detail;
 	int32		attempts_before = 0;
 	int64		answered;
 
-	if (max_in_window > DL_MAX_IN_WINDOW)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("max_in_window must be at most %d, not %d", DL_MAX_IN_WINDOW, max_in_window),
-				 errdetail("The times of that many latest executions are kept per run and tool.")));
 	if (!executions_given && !window_given && !attempts_given)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -174,7 +140,7 @@ dl_set_run_budget_1_3(PG_FUNCTION_ARGS)
 	if (attempts_given)
 	{
 		dl_detail_int(&detail, "max_attempts", max_attempts);
-		detail_budget(&detail, "previous_max_attempts", attempts_before);
+		dl_detail_count_or_null(&detail, "previous_max_attempts", attempts_before);
 	}
 	dl_detail_int(&detail, "pauses_answered", answered);
 	dl_detail_text(&detail, "changed_by", changed_by);

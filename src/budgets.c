@@ -13,8 +13,8 @@
  * lease, which serialises the run's calls, so two workers sharing a token
  * lease never count past a budget; nothing reads the run's history.
  * The call a budget stops pauses: nothing is performed or recorded but the
- * pause, listed in unresolved until a person changes the run's budget (or
- * the tool executes again, once a window has room).
+ * pause, listed in unresolved until a person changes the budget that paused
+ * it, or the tool executes again in the run (once a window has room).
  */
 #include "postgres.h"
 

@@ -272,3 +272,29 @@ dl_client_addr(Datum *addr)
 	*addr = inet_client_addr(fcinfo);
 	return !fcinfo->isnull;
 }
+
+/*
+ * A budget argument (set_budget, set_attempts_budget, set_run_budget): NULL
+ * (0: none), or from 1 to max (0: no bound).  A window's limit is bounded:
+ * the times of that many latest executions are kept per run and tool.
+ */
+int32
+dl_budget_arg(FunctionCallInfo fcinfo, int argno, const char *argname, int32 max)
+{
+	int32		value;
+
+	if (PG_ARGISNULL(argno))
+		return 0;
+	value = PG_GETARG_INT32(argno);
+	if (value < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be at least 1, not %d", argname, value),
+				 errhint("A budget of none is NULL; a tool that must not execute is retired (retire_tool).")));
+	if (max > 0 && value > max)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be at most %d, not %d", argname, max, value),
+				 errdetail("The times of that many latest executions are kept per run and tool.")));
+	return value;
+}

@@ -197,6 +197,7 @@ extern void dl_spi_finish(void);
 extern void dl_error_no_such_attempt(const char *key, int32 attempt,
 									 int32 current_attempt);
 extern bool dl_interval_usecs(const Interval *span, int64 *usecs);
+extern int32 dl_budget_arg(FunctionCallInfo fcinfo, int argno, const char *argname, int32 max);
 extern bool dl_jsonb_equal(Jsonb *a, Jsonb *b);
 extern bool dl_client_addr(Datum *addr);
 
@@ -209,6 +210,7 @@ typedef struct DetailBuilder
 extern void dl_detail_init(DetailBuilder *d);
 extern void dl_detail_text(DetailBuilder *d, const char *name, const char *value);
 extern void dl_detail_int(DetailBuilder *d, const char *name, int64 value);
+extern void dl_detail_count_or_null(DetailBuilder *d, const char *name, int64 value);
 extern void dl_detail_bool(DetailBuilder *d, const char *name, bool value);
 extern void dl_detail_jsonb(DetailBuilder *d, const char *name, Jsonb *value);
 extern Jsonb *dl_detail_finish(DetailBuilder *d);

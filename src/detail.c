@@ -55,6 +55,16 @@ dl_detail_int(DetailBuilder *d, const char *name, int64 value)
 	(void) pushJsonbValue(&d->state, WJB_VALUE, &v);
 }
 
+/* A count where 0 means none (a budget): the number, or null. */
+void
+dl_detail_count_or_null(DetailBuilder *d, const char *name, int64 value)
+{
+	if (value > 0)
+		dl_detail_int(d, name, value);
+	else
+		dl_detail_text(d, name, NULL);
+}
+
 void
 dl_detail_bool(DetailBuilder *d, const char *name, bool value)
 {

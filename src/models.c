@@ -6,6 +6,11 @@
  * latest earlier attempt recorded, that is audited once (model_changed) and
  * a divergence pause of the attempt says so (decide.c): the only thing that
  * tells a run broke because the model shifted under it.
+ *
+ * That the attempt's model is recorded is an epoch counter (counters.c, of
+ * no tool: a tool's name is never empty), so the attempt's later calls ask
+ * nothing more: a session lease keeps it in memory, a token lease in its
+ * counters' table; either rolls back with the call that recorded it.
  */
 #include "postgres.h"
 
@@ -13,6 +18,8 @@
 #include "utils/jsonb.h"
 
 #include "policy.h"
+
+static const char MODEL_NOTED[] = "\0model";
 
 /* meta.model when it is a string, else NULL. */
 static char *
@@ -34,9 +41,16 @@ dl_note_attempt_model(const CallLease *lease, Jsonb *meta)
 {
 	char	   *model = meta_model(meta);
 	char	   *earlier;
+	EpochCounter noted;
 	DetailBuilder detail;
 
-	if (model == NULL || dl_read_attempt_model(lease->run, lease->epoch, NULL) != NULL)
+	if (model == NULL)
+		return;
+	dl_epoch_counter(lease, "", MODEL_NOTED, sizeof(MODEL_NOTED) - 1, &noted);
+	if (noted.count > 0)
+		return;
+	dl_epoch_count(lease, &noted, 1);
+	if (dl_read_attempt_model(lease->run, lease->epoch, NULL) != NULL)
 		return;
 	earlier = lease->epoch > 1 ? dl_read_earlier_model(lease->run, lease->epoch) : NULL;
 	if (earlier != NULL && strcmp(earlier, model) == 0)

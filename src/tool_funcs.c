@@ -453,36 +453,11 @@ dl_set_approval_1_3(PG_FUNCTION_ARGS)
 
 #define MAX_BUDGET_WINDOW_DAYS 366
 
-static void
-detail_budget(DetailBuilder *detail, const char *name, int32 value)
-{
-	if (value > 0)
-		dl_detail_int(detail, name, value);
-	else
-		dl_detail_text(detail, name, NULL);
-}
-
 static const char *
 window_text(const ToolRow *row)
 {
 	return row->max_in_window == 0 ? NULL :
 		DatumGetCString(DirectFunctionCall1(interval_out, IntervalPGetDatum(&row->budget_window)));
-}
-
-static int32
-budget_arg(FunctionCallInfo fcinfo, int argno, const char *name)
-{
-	int32		value;
-
-	if (PG_ARGISNULL(argno))
-		return 0;
-	value = PG_GETARG_INT32(argno);
-	if (value < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must be at least 1, not %d", name, value),
-				 errhint("A budget of none is NULL; a tool that must not execute is retired (retire_tool).")));
-	return value;
 }
 
 /*
@@ -503,10 +478,10 @@ Datum
 dl_set_budget_1_3(PG_FUNCTION_ARGS)
 {
 	char	   *tool = dl_required_text_arg(fcinfo, 0, "tool", DL_MAX_TOOL_CHARS);
-	int32		max_executions = budget_arg(fcinfo, 1, "max_executions");
+	int32		max_executions = dl_budget_arg(fcinfo, 1, "max_executions", 0);
 	char	   *changed_by = dl_required_text_arg(fcinfo, 2, "changed_by", 0);
 	char	   *note = dl_optional_text_arg(fcinfo, 3);
-	int32		max_in_window = budget_arg(fcinfo, 4, "max_in_window");
+	int32		max_in_window = dl_budget_arg(fcinfo, 4, "max_in_window", DL_MAX_IN_WINDOW);
 	MemoryContext call_cxt = CurrentMemoryContext;
 	LockedTool	locked;
 	ToolRow		to;
@@ -515,11 +490,6 @@ dl_set_budget_1_3(PG_FUNCTION_ARGS)
 	Interval	window = {0};
 	int64		answered;
 
-	if (max_in_window > DL_MAX_IN_WINDOW)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("max_in_window must be at most %d, not %d", DL_MAX_IN_WINDOW, max_in_window),
-				 errdetail("The times of that many latest executions are kept per run and tool.")));
 	if ((max_in_window > 0) != !PG_ARGISNULL(5))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -554,11 +524,11 @@ dl_set_budget_1_3(PG_FUNCTION_ARGS)
 	dl_detail_text(&detail, "tool", tool);
 	dl_detail_text(&detail, "changed_by", changed_by);
 	dl_detail_int(&detail, "pauses_answered", answered);
-	detail_budget(&detail, "max_executions", to.max_executions);
-	detail_budget(&detail, "max_in_window", to.max_in_window);
+	dl_detail_count_or_null(&detail, "max_executions", to.max_executions);
+	dl_detail_count_or_null(&detail, "max_in_window", to.max_in_window);
 	dl_detail_text(&detail, "budget_window", window_text(&to));
-	detail_budget(&detail, "previous_max_executions", locked.row.max_executions);
-	detail_budget(&detail, "previous_max_in_window", locked.row.max_in_window);
+	dl_detail_count_or_null(&detail, "previous_max_executions", locked.row.max_executions);
+	dl_detail_count_or_null(&detail, "previous_max_in_window", locked.row.max_in_window);
 	dl_detail_text(&detail, "previous_budget_window", window_text(&locked.row));
 	dl_detail_text(&detail, "note", note);
 	dl_write_audit(NULL, NULL, AUDIT_TOOL_CHANGED, dl_detail_finish(&detail), 0, 0);
