@@ -1,0 +1,78 @@
+#!/usr/bin/env node
+// durable-ledger-console: starts the operator console.  It holds no database
+// account: each person logs in with their own PostgreSQL role.
+import { readFileSync } from 'node:fs';
+import { parseArgs } from 'node:util';
+import { buildApp } from '../src/app.js';
+import { parseTarget } from '../src/target.js';
+
+const usage = `usage: durable-ledger-console [options]
+  --database URL     where the ledger is, without a user or password:
+                     postgresql://host:port/dbname, or for a Unix socket
+                     postgresql:///dbname?host=/var/run/postgresql&port=5432
+                     (default: PGHOST, PGPORT, PGDATABASE, as libpq reads them)
+  --listen ADDRESS   the address to serve on (default 127.0.0.1: loopback only)
+  --port N           the port (default 8484; 0: any free one)
+  --tls-cert FILE    serve https with this certificate chain (PEM) ...
+  --tls-key FILE     ... and its key; required for any address but loopback
+  --idle-minutes N   log a person out after N idle minutes (default 15)
+  --login-limit N    login attempts per client address and minute (default 10)
+  --allow-superuser  let superusers log in (by default they may not)`;
+
+let opts;
+try {
+  ({ values: opts } = parseArgs({
+    options: {
+      database: { type: 'string' },
+      listen: { type: 'string', default: '127.0.0.1' },
+      port: { type: 'string', default: '8484' },
+      'tls-cert': { type: 'string' },
+      'tls-key': { type: 'string' },
+      'idle-minutes': { type: 'string', default: '15' },
+      'login-limit': { type: 'string', default: '10' },
+      'allow-superuser': { type: 'boolean', default: false },
+      help: { type: 'boolean', default: false },
+    },
+  }));
+} catch (err) {
+  console.error(`${err.message}\n${usage}`);
+  process.exit(2);
+}
+if (opts.help) {
+  console.log(usage);
+  process.exit(0);
+}
+
+const loopback = ['127.0.0.1', '::1', 'localhost'].includes(opts.listen);
+const tls = opts['tls-cert'] || opts['tls-key'];
+if (tls && !(opts['tls-cert'] && opts['tls-key'])) {
+  console.error('--tls-cert and --tls-key go together');
+  process.exit(2);
+}
+if (!loopback && !tls) {
+  console.error(`refusing to serve ${opts.listen} over plain http: passwords would cross the network in clear.\n` +
+    'Give --tls-cert and --tls-key (or put the console behind a TLS proxy on loopback): see docs/console.md');
+  process.exit(2);
+}
+
+let target;
+try {
+  target = parseTarget(opts.database);
+} catch (err) {
+  console.error(err.message);
+  process.exit(2);
+}
+
+const app = await buildApp({
+  target,
+  idleTimeoutMs: Number(opts['idle-minutes']) * 60 * 1000,
+  loginLimit: Number(opts['login-limit']),
+  allowSuperuser: opts['allow-superuser'],
+  https: tls ? { cert: readFileSync(opts['tls-cert']), key: readFileSync(opts['tls-key']) } : undefined,
+  logger: { level: 'warn' },
+});
+const address = await app.listen({ host: opts.listen, port: Number(opts.port) });
+console.log(`durable_ledger console: ${address}`);
+for (const signal of ['SIGINT', 'SIGTERM']) {
+  process.on(signal, () => app.close().then(() => process.exit(0)));
+}
