@@ -160,7 +160,7 @@ $(EXTENSION)--$(EXTVERSION).sql: schema/$(EXTENSION).sql
 $(OBJS): $(wildcard $(srcdir)/src/*.h)
 
 # Everything, in throwaway clusters (as root too): see CONTRIBUTING.md.
-.PHONY: test prove_installcheck check-clients check-layers deps demo bench soak
+.PHONY: test prove_installcheck check-clients check-layers deps demo console bench soak
 test: all
 	test/run-all.sh
 
@@ -184,6 +184,11 @@ deps:
 # The main job, on a throwaway cluster: see README "Run the demo".
 demo:
 	demo/run.sh
+
+# The operator console on a throwaway cluster holding the demo's story, or
+# against DATABASE (a postgresql:// URL without a user): docs/console.md.
+console:
+	console/run.sh $(if $(DATABASE),--database '$(DATABASE)')
 
 # The model check with fresh seeds for SOAK_MINUTES (default 60): test/model/.
 soak:

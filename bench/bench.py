@@ -5,7 +5,8 @@ The floor is the same writes done by hand, one round trip each (bench/floor_pair
 Every comparison runs interleaved in one cluster (A B A B ...) and reports the
 median of its rounds as a ratio; absolute numbers are context only.  Run by
 bench/run.sh against a throwaway cluster.  --only runs some sections:
-pairs, registered, unregistered, budgeted, batch, replay, handoff, pooler, access, growth, audit.
+pairs, registered, unregistered, budgeted, batch, replay, handoff, pooler, access, growth, audit,
+console.
 
 The access section measures begin+complete against the minimal floor (an intent
 row and its audit row, then the completion and its audit row, a primary key
@@ -20,7 +21,9 @@ disk: each cluster's ratio is the floor's mean latency over the ledger's.
 The audit section ("auditing at scale", bench/audit_scale.py) writes ten million effects
 through the ledger into a database of its own (--audit-effects; the fill took 16 minutes
 on two cores) and times every query of docs/auditing.md's cookbook, unresolved,
-history(run) and the metrics scrape, with their plans.
+history(run) and the metrics scrape, with their plans.  The console section
+(bench/console_scale.py) times the operator console's pages over loopback HTTP in
+that same database (filled once when both sections run).
 
 The registered section measures begin+complete of a registered tool (divergence
 policy pause) in a later attempt of each client's run, where divergence is
@@ -57,6 +60,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from audit_scale import audit_section, audit_dsn
+from console_scale import console_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -450,7 +454,7 @@ def populate(conn, target):
 
 
 SECTIONS = ("pairs", "registered", "unregistered", "budgeted", "local", "batch", "replay", "handoff", "pooler", "access", "growth",
-            "audit")
+            "audit", "console")
 
 
 def main():
@@ -638,6 +642,9 @@ def main():
     if "audit" in only:
         # after growth (if both run): the audit section's database is its own
         rows.extend(audit_section(args, audit_dsn(conn, args.dsn), os.path.join(HERE, "..", "docs", "auditing.md"), say))
+    if "console" in only:
+        # the audit section's database (filled once when both run)
+        rows.extend(console_section(args, audit_dsn(conn, args.dsn), say))
 
     cores = os.cpu_count()
     print()

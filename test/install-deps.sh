@@ -16,6 +16,7 @@ packages=(
 	pgbouncer                      # the tests and bench section through a transaction pooler
 	prometheus-postgres-exporter   # the monitoring test: the ledger's metrics as Prometheus scrapes them
 	prometheus                     # promtool: the alert rules checked and unit-tested
+	chromium                       # the operator console's tests drive it headless (console/test)
 )
 
 missing=()

@@ -5,7 +5,7 @@
 #   make installcheck       regression and isolation, against a throwaway
 #                           cluster this script starts and removes
 #   make prove_installcheck TAP (test/t/): each test makes its own clusters
-#   make check-clients      the clients', demo's and cookbook's tests (test/apps/)
+#   make check-clients      the clients', demo's, cookbook's and console's tests (test/apps/)
 #   test/check-layers.py    src/ calls only downwards
 #   test/check-links.py     every relative link of the Markdown resolves
 #
@@ -20,9 +20,11 @@ PG_CONFIG=${PG_CONFIG:-pg_config}
 bindir=$("$PG_CONFIG" --bindir)
 
 make -s -C "$top" install >/dev/null || { echo "make install failed"; echo "0 passed, 1 failed"; exit 1; }
-# the JavaScript client's one dependency (node-postgres), from the lock file
-(cd "$top/clients/js" && npm ci --no-audit --no-fund --silent) ||
-	{ echo "npm ci in clients/js failed"; echo "0 passed, 1 failed"; exit 1; }
+# the JavaScript client's and the console's dependencies, from their lock files
+for package in clients/js console; do
+	(cd "$top/$package" && npm ci --no-audit --no-fund --silent) ||
+		{ echo "npm ci in $package failed"; echo "0 passed, 1 failed"; exit 1; }
+done
 
 work=$(mktemp -d /tmp/durable_ledger_tests.XXXXXX)
 port=$((20000 + RANDOM % 10000))
@@ -39,7 +41,7 @@ trap 'stop_cluster; rm -rf "$work"' EXIT
 
 tree="$work/tree"
 mkdir "$tree"
-(cd "$top" && cp -r Makefile durable_ledger.control sql expected test demo clients docs monitoring README.md "$tree/")
+(cd "$top" && cp -r Makefile durable_ledger.control sql expected test demo clients console docs monitoring README.md "$tree/")
 [ "$(id -u)" = 0 ] && chown -R postgres: "$work"
 # Every suite runs from the copy, a directory the cluster user can enter:
 # programs the suites start as that user (psql in TAP's poll_query_until)

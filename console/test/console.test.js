@@ -1,0 +1,422 @@
+// The console in headless Chromium, against a cluster whose pg_hba.conf asks
+// every role but the test's superuser for a SCRAM password.  Each test is a
+// person's task; the ledger's tables are the judge (not the page alone).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import pg from 'pg';
+import {
+  env, waitFor, superuser, startConsole, worker, launchBrowser, screenshot, login, submit, flash,
+  consoleBackends,
+} from './support.js';
+
+const PASSWORDS = { maria: 'maria-secret-1', ines: 'ines-secret-1', ap_worker: 'worker-secret-1' };
+let db;
+let console1;
+let browser;
+let admin;   // maria's page
+
+before(async () => {
+  db = await superuser();
+  await db.query(`
+    CREATE TABLE bank_payments (id serial, invoice text, amount integer, idempotency_key text,
+                                run text, paid_at timestamptz DEFAULT now());
+    CREATE ROLE maria LOGIN PASSWORD '${PASSWORDS.maria}';
+    CREATE ROLE ines LOGIN PASSWORD '${PASSWORDS.ines}';
+    CREATE ROLE ap_worker LOGIN PASSWORD '${PASSWORDS.ap_worker}';
+    CREATE ROLE rooty LOGIN SUPERUSER PASSWORD 'rooty-secret-1';
+    GRANT durable_ledger_admin TO maria;
+    GRANT durable_ledger_auditor TO ines;
+    GRANT durable_ledger_worker TO ap_worker;
+    GRANT INSERT, SELECT ON bank_payments TO ap_worker;
+    GRANT USAGE ON SEQUENCE bank_payments_id_seq TO ap_worker;`);
+  console1 = await startConsole();
+  browser = await launchBrowser();
+  admin = await browser.newPage();
+});
+
+after(async () => {
+  await browser?.close();
+  await console1?.app.close();
+  await db?.end();
+});
+
+const bankCount = async (run) =>
+  Number((await db.query('SELECT count(*) FROM bank_payments WHERE run = $1', [run])).rows[0].count);
+const effectOf = async (run) =>
+  (await db.query('SELECT * FROM durable_ledger.effects WHERE run = $1 ORDER BY created_at DESC LIMIT 1', [run])).rows[0];
+
+/** A worker killed between the bank's answer and complete_effect: the payment's outcome is unknown. */
+async function killMidPayment(run, extra = []) {
+  const { child } = await worker(['--run', run, '--die-after', 'intent', ...extra], { until: /calling the bank/ });
+  await waitFor('the bank to have the payment', async () => (await bankCount(run)) > 0);
+  const pid = (await db.query(
+    "SELECT pid FROM pg_stat_activity WHERE usename = 'ap_worker'")).rows.map((r) => r.pid);
+  child.kill('SIGKILL');
+  // the closed backend is gone: its lease ended with it
+  await waitFor('the killed worker\'s backend to end', async () =>
+    (await db.query('SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)', [pid])).rows[0].count === '0');
+}
+
+/** A worker's call that begins an effect and disconnects: the effect is unknown. */
+async function leaveUnknown(run, args, businessKey = null) {
+  const client = new pg.Client({ connectionString: workerUrl() });
+  await client.connect();
+  const { rows } = await client.query(
+    "SELECT key, decision, attempt FROM durable_ledger.begin_effect($1, 'bank.pay', $2, $3)", [run, args, businessKey]);
+  const pid = (await client.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
+  await client.end();
+  await waitFor('the worker\'s backend to end', async () =>
+    (await db.query('SELECT count(*) FROM pg_stat_activity WHERE pid = $1', [pid])).rows[0].count === '0');
+  return rows[0];
+}
+
+function workerUrl() {
+  const u = new URL(env.target.replace(/^postgresql:/, 'http:'));
+  const host = u.searchParams.get('host');
+  const port = u.searchParams.get('port');
+  return `postgresql://ap_worker:${PASSWORDS.ap_worker}@/${u.pathname.slice(1)}?host=${encodeURIComponent(host)}&port=${port}`;
+}
+
+test('an admin logs in with their PostgreSQL role and password, on a connection of their own', async () => {
+  const response = await login(admin, console1.url, 'maria', PASSWORDS.maria);
+  assert.equal(response.status(), 200);
+  assert.equal(await admin.$eval('#role', (el) => el.textContent), 'maria');
+  assert.equal(await consoleBackends(db, 'maria'), 1, 'maria has one backend of the console');
+  const csp = response.headers()['content-security-policy'];
+  assert.match(csp, /default-src 'none'/);
+  assert.match(csp, /script-src 'self'(;|$)/);
+  const cookies = await admin.cookies();
+  const session = cookies.find((c) => c.name === 'dl_console');
+  assert.ok(session, 'a session cookie');
+  assert.equal(session.httpOnly, true);
+  assert.equal(session.sameSite, 'Strict');
+  assert.ok(!cookies.some((c) => c.value.includes(PASSWORDS.maria)), 'no cookie carries the password');
+  await screenshot(admin, 'queue-empty');
+});
+
+test('a worker killed mid-payment appears on the open page without a reload; resolved as completed, the next attempt replays it', async () => {
+  const run = 'console-pay-1';
+  await admin.goto(`${console1.url}/`);
+  await admin.evaluate(() => { window.notReloaded = true; });
+  await killMidPayment(run);
+  const paused = await worker(['--run', run]);
+  assert.equal(paused.code, 3, `the next attempt pauses: ${paused.out}`);
+  const e = await effectOf(run);
+  // the queue re-reads only on a notification here (its timer is an hour)
+  await admin.waitForSelector(`tr.item[data-key="${e.key}"]`, { timeout: 30000 });
+  assert.equal(await admin.evaluate(() => window.notReloaded), true, 'the page was not reloaded');
+  assert.match(await admin.$eval(`tr.item[data-key="${e.key}"] .downstream`, (el) => el.textContent), new RegExp(e.key));
+  await screenshot(admin, 'queue-paused');
+
+  await Promise.all([admin.waitForNavigation(), admin.click(`tr.item[data-key="${e.key}"] a.button`)]);
+  const payment = (await db.query('SELECT id FROM bank_payments WHERE run = $1', [run])).rows[0].id;
+  await admin.click('#resolve-form input[value=completed]');
+  await admin.type('#resolve-form textarea[name=result]', JSON.stringify({ payment_id: payment }));
+  await admin.type('#resolve-form input[name=name]', 'Maria Lopez');
+  await admin.type('#resolve-form input[name=note]', `the bank has payment ${payment} for this key`);
+  await screenshot(admin, 'effect-resolve');
+  await submit(admin, '#resolve-form');
+  assert.match(await flash(admin), /resolved as completed \(attempt 1\)/);
+  await screenshot(admin, 'effect-resolved');
+
+  const resolved = (await db.query('SELECT * FROM durable_ledger.effects WHERE key = $1', [e.key])).rows[0];
+  assert.equal(resolved.status, 'completed');
+  assert.deepEqual(resolved.result, { payment_id: payment });
+  assert.equal(resolved.resolved_by, 'Maria Lopez (maria)');
+  const audit = (await db.query(
+    "SELECT role_name, application_name FROM durable_ledger.audit_log WHERE key = $1 AND event = 'resolved'", [e.key])).rows;
+  assert.deepEqual(audit, [{ role_name: 'maria', application_name: 'durable_ledger_console' }],
+    'the audit log names the logged-in role');
+
+  const replayed = await worker(['--run', run]);
+  assert.equal(replayed.code, 0, replayed.out + replayed.err);
+  assert.match(replayed.out, /not paying again: recorded result \{'payment_id': \d+\}/);
+  assert.equal(await bankCount(run), 1, 'the bank was called once');
+  await waitFor('the item to leave the open queue', async () =>
+    (await admin.goto(`${console1.url}/`), (await admin.$(`tr.item[data-key="${e.key}"]`)) === null));
+});
+
+test('a divergence (a reworded memo) is decided as the same payment: the rerun replays it', async () => {
+  const run = 'console-pay-2';
+  await admin.goto(`${console1.url}/`);
+  const first = await worker(['--run', run, '--memo', 'Invoice INV-9, thanks!', '--die-after', 'paid'],
+    { until: /acknowledging the job/ });
+  first.child.kill('SIGKILL');
+  const drifted = await worker(['--run', run, '--memo', 'Paying INV-9 as agreed']);
+  assert.equal(drifted.code, 3, drifted.out);
+  const d = (await db.query('SELECT * FROM durable_ledger.divergences WHERE run = $1', [run])).rows[0];
+  await admin.waitForSelector(`tr.item.divergence[data-key="${d.key}"]`, { timeout: 30000 });
+  await Promise.all([admin.waitForNavigation(), admin.click(`tr.item[data-key="${d.key}"] a.button`)]);
+  await screenshot(admin, 'divergence');
+  await admin.type('#same-form input[name=note]', 'the model reworded the memo; same invoice and amount');
+  await submit(admin, '#same-form');
+  assert.match(await flash(admin), /Divergence decided: same/);
+  assert.match(await admin.$eval('#verdict', (el) => el.textContent), /same/);
+  const again = await worker(['--run', run, '--memo', 'Paying INV-9 as agreed']);
+  assert.equal(again.code, 0, again.out);
+  assert.match(again.out, /not paying again/);
+  assert.equal(await bankCount(run), 1, 'paid once');
+});
+
+test('an auditor sees no action buttons, and a forged resolve POST is refused by PostgreSQL (42501)', async () => {
+  const waiting = await leaveUnknown('console-audit-1', { invoice: 'INV-31', amount: 310 });
+  const context = await browser.createBrowserContext();
+  const page = await context.newPage();
+  try {
+    await login(page, console1.url, 'ines', PASSWORDS.ines);
+    await page.waitForSelector(`tr.item[data-key="${waiting.key}"]`);
+    await page.goto(`${console1.url}/effect?key=${encodeURIComponent(waiting.key)}`);
+    assert.equal(await page.$('#resolve-form'), null, 'no resolve form');
+    assert.equal(await page.$('#retry-form'), null, 'no retry form');
+    assert.deepEqual(await page.$$eval('main form', (fs) => fs.length), 0, 'no form at all in the page');
+    assert.ok(await page.$('#read-only'));
+    await screenshot(page, 'auditor-effect');
+    for (const where of ['/tools', '/leases', `/run?run=console-audit-1`]) {
+      await page.goto(`${console1.url}${where}`);
+      assert.equal(await page.$$eval('main form', (fs) => fs.length), 0, `no form for an auditor on ${where}`);
+    }
+    await page.goto(`${console1.url}/audit`);
+    assert.deepEqual(await page.$$eval('main form', (fs) => fs.map((f) => f.id)), ['verify-form'],
+      'an auditor may verify the chain');
+
+    // the forged request: the form an admin's page would send, with the auditor's own token
+    await page.goto(`${console1.url}/effect?key=${encodeURIComponent(waiting.key)}`);
+    await Promise.all([page.waitForNavigation(), page.evaluate((key) => {
+      const f = document.createElement('form');
+      f.method = 'post';
+      f.action = '/act/resolve';
+      const fields = {
+        _csrf: document.querySelector('form.logout input[name=_csrf]').value,
+        back: location.pathname + location.search, key, attempt: '1', outcome: 'completed', result: '{}',
+      };
+      for (const [name, value] of Object.entries(fields)) {
+        const input = document.createElement('input');
+        input.name = name;
+        input.value = value;
+        f.append(input);
+      }
+      document.body.append(f);
+      f.submit();
+    }, waiting.key)]);
+    const said = await flash(page);
+    assert.match(said, /SQLSTATE 42501/);
+    assert.match(said, /permission denied for function resolve_effect/);
+    await screenshot(page, 'auditor-forged');
+    const row = (await db.query('SELECT status FROM durable_ledger.effects WHERE key = $1', [waiting.key])).rows[0];
+    assert.equal(row.status, 'started', 'nothing was written');
+    await submit(page, 'form.logout');
+    await waitFor('ines\'s backend to end', async () => (await consoleBackends(db, 'ines')) === 0);
+  } finally {
+    await context.close();
+  }
+});
+
+test('a wrong password, a dropped role and a superuser are refused at login', async () => {
+  const context = await browser.createBrowserContext();
+  const page = await context.newPage();
+  try {
+    let response = await login(page, console1.url, 'maria', 'not-her-password');
+    assert.equal(response.status(), 401);
+    assert.match(await page.$eval('#login-error', (el) => el.textContent), /refused the login/);
+    await screenshot(page, 'login-refused');
+
+    await db.query("CREATE ROLE leaver LOGIN PASSWORD 'leaver-secret-1'; GRANT durable_ledger_auditor TO leaver");
+    await db.query('DROP ROLE leaver');
+    response = await login(page, console1.url, 'leaver', 'leaver-secret-1');
+    assert.equal(response.status(), 401);
+    assert.match(await page.$eval('#login-error', (el) => el.textContent), /refused the login/);
+
+    response = await login(page, console1.url, 'rooty', 'rooty-secret-1');
+    assert.equal(response.status(), 401);
+    assert.match(await page.$eval('#login-error', (el) => el.textContent), /does not log in superusers/);
+    assert.equal(await consoleBackends(db, 'rooty'), 0, 'the superuser\'s connection was closed');
+    assert.equal((await page.cookies()).some((c) => c.name === 'dl_console'), false, 'no session');
+  } finally {
+    await context.close();
+  }
+});
+
+test('args and notes that carry markup render as text and run nothing', async () => {
+  const hostile = {
+    invoice: 'INV-66',
+    amount: 66,
+    memo: '<script>window.pwned = "script"</script>',
+    to: '"><img src=x onerror="window.pwned = \'img\'">',
+  };
+  const waiting = await leaveUnknown('console-xss-1', hostile);
+  const blocked = [];
+  admin.on('console', (m) => { if (/Content Security Policy/.test(m.text())) blocked.push(m.text()); });
+  await admin.goto(`${console1.url}/`);
+  const cell = `tr.item[data-key="${waiting.key}"] pre.args`;
+  await admin.waitForSelector(cell);
+  const shown = await admin.$eval(cell, (el) => el.textContent);
+  // as JSON text: its quotes escaped by JSON, nothing else
+  const asJson = (v) => JSON.stringify(v).slice(1, -1);
+  assert.ok(shown.includes(asJson(hostile.memo)), `the script tag is shown as text: ${shown}`);
+  assert.ok(shown.includes(asJson(hostile.to)), 'the img markup is shown as text');
+  assert.equal(await admin.$$eval('main img, main script', (els) => els.length), 0, 'no element was made of them');
+  assert.equal(await admin.evaluate(() => window.pwned), undefined, 'nothing ran');
+
+  await admin.goto(`${console1.url}/effect?key=${encodeURIComponent(waiting.key)}`);
+  await admin.click('#resolve-form input[value=failed]');
+  await admin.type('#resolve-form textarea[name=result]', JSON.stringify({ said: hostile.memo }));
+  await admin.type('#resolve-form input[name=name]', hostile.to);
+  await admin.type('#resolve-form input[name=note]', hostile.memo);
+  await submit(admin, '#resolve-form');
+  assert.match(await flash(admin), /resolved as failed/);
+  const page = await admin.content();
+  assert.ok(!page.includes('<script>window'), 'the page source has no live script tag');
+  assert.ok(page.includes('&lt;script&gt;window.pwned'), 'escaped');
+  assert.equal(await admin.$$eval('main img, main script', (els) => els.length), 0);
+  assert.equal(await admin.evaluate(() => window.pwned), undefined, 'nothing ran');
+  await screenshot(admin, 'hostile-args');
+  const row = (await db.query('SELECT resolved_by, resolution_note FROM durable_ledger.effects WHERE key = $1', [waiting.key])).rows[0];
+  assert.equal(row.resolved_by, `${hostile.to} (maria)`);
+  assert.equal(row.resolution_note, hostile.memo);
+  assert.deepEqual(blocked, [], 'the page needed nothing the policy blocks');
+});
+
+test('a page left open on attempt 1 cannot resolve attempt 2', async () => {
+  const run = 'console-bk-1';
+  const args = { invoice: 'INV-77', amount: 770 };
+  const first = await leaveUnknown(run, args, 'PAY-INV-77');
+  assert.equal(first.attempt, 1);
+  // maria's page, open on attempt 1
+  await admin.goto(`${console1.url}/effect?key=${encodeURIComponent(first.key)}`);
+  assert.equal(await admin.$eval('#attempt', (el) => el.textContent), '1');
+  // meanwhile someone finds attempt 1 did not happen, and a worker makes attempt 2, and dies
+  await db.query("SELECT durable_ledger.retry_effect($1, 1, 'ops on call', 'the bank has nothing')", [first.key]);
+  const second = await leaveUnknown(run, args, 'PAY-INV-77');
+  assert.equal(second.attempt, 2);
+  assert.equal(second.key, first.key);
+  await admin.click('#resolve-form input[value=completed]');
+  await admin.type('#resolve-form textarea[name=result]', '{"payment_id": 1}');
+  await submit(admin, '#resolve-form');
+  const said = await flash(admin);
+  assert.match(said, /SQLSTATE 55000/, said);
+  assert.match(await admin.$eval('#attempt', (el) => el.textContent), /^2$/, 'the page now shows attempt 2');
+  await screenshot(admin, 'stale-attempt');
+  const row = (await db.query('SELECT status, attempt FROM durable_ledger.effects WHERE key = $1', [first.key])).rows[0];
+  assert.deepEqual(row, { status: 'started', attempt: 2 }, 'attempt 2 was not decided');
+});
+
+test('a POST without the CSRF token is refused and writes nothing', async () => {
+  const waiting = await leaveUnknown('console-csrf-1', { invoice: 'INV-88', amount: 88 });
+  const cookies = (await admin.cookies()).map((c) => `${c.name}=${c.value}`).join('; ');
+  const response = await fetch(`${console1.url}/act/resolve`, {
+    method: 'POST',
+    redirect: 'manual',
+    headers: { cookie: cookies, 'content-type': 'application/x-www-form-urlencoded' },
+    body: new URLSearchParams({ key: waiting.key, attempt: '1', outcome: 'failed' }),
+  });
+  assert.equal(response.status, 403);
+  assert.match(await response.text(), /CSRF/);
+  const row = (await db.query('SELECT status FROM durable_ledger.effects WHERE key = $1', [waiting.key])).rows[0];
+  assert.equal(row.status, 'started');
+});
+
+test('leases: a hung worker\'s lease is broken with a name and a note', async () => {
+  const hung = new pg.Client({ connectionString: workerUrl() });
+  await hung.connect();
+  hung.on('error', () => {});
+  await hung.query("SELECT durable_ledger.acquire_run('console-hung-1')");
+  await admin.goto(`${console1.url}/leases`);
+  const row = await admin.waitForSelector('xpath///tr[td/a[text()="console-hung-1"]]');
+  await screenshot(admin, 'leases');
+  await row.$eval('input[name=note]', (el) => { el.value = 'worker hung on the bank call'; });
+  await Promise.all([admin.waitForNavigation(), row.$eval('form', (f) => f.requestSubmit())]);
+  assert.match(await flash(admin), /The lease of console-hung-1 was broken/);
+  await waitFor('the hung backend to end', async () =>
+    (await db.query("SELECT count(*) FROM durable_ledger.leases WHERE run = 'console-hung-1'")).rows[0].count === '0');
+  const audit = (await db.query(
+    "SELECT role_name, detail FROM durable_ledger.audit_log WHERE run = 'console-hung-1' AND event = 'lease_broken'")).rows[0];
+  assert.equal(audit.role_name, 'maria');
+  assert.equal(audit.detail.note, 'worker hung on the bank call');
+});
+
+test('tools: a tool registered with key fields, and the policy for tools nobody registered', async () => {
+  await admin.goto(`${console1.url}/tools`);
+  await admin.type('#register-form input[name=tool]', 'bank.refund');
+  await admin.type('#register-form input[name=key_fields]', 'invoice, amount');
+  await submit(admin, '#register-form');
+  assert.match(await flash(admin), /Tool bank.refund registered/);
+  const tool = (await db.query("SELECT key_fields, registered_by FROM durable_ledger.tools WHERE tool = 'bank.refund'")).rows[0];
+  assert.deepEqual(tool, { key_fields: ['invoice', 'amount'], registered_by: 'maria' });
+  await admin.select('form[action="/act/unregistered_tools"] select', 'warn');
+  await submit(admin, 'form[action="/act/unregistered_tools"]');
+  assert.match(await flash(admin), /Tools nobody registered: warn \(was allow\)/);
+  assert.equal(await admin.$eval('#unregistered-tools', (el) => el.textContent), 'warn');
+  await screenshot(admin, 'tools');
+  await db.query("SELECT durable_ledger.set_unregistered_tools('allow', 'test', NULL)");
+});
+
+test('a run\'s timeline, the metrics and the audit chain\'s verification', async () => {
+  await admin.goto(`${console1.url}/run?run=console-pay-1`);
+  const events = await admin.$$eval('#timeline tr.event', (rows) => rows.map((r) => r.className.replace('event ', '')));
+  for (const e of ['lease_acquired', 'intent', 'pause', 'resolved', 'replay']) {
+    assert.ok(events.includes(e), `the timeline has ${e}: ${events}`);
+  }
+  await screenshot(admin, 'run');
+  await admin.goto(`${console1.url}/metrics`);
+  const unresolved = (await db.query('SELECT unresolved FROM durable_ledger.metrics')).rows[0].unresolved;
+  assert.equal(await admin.$eval('#m-unresolved', (el) => el.textContent), String(unresolved));
+  await screenshot(admin, 'metrics');
+  await admin.goto(`${console1.url}/audit`);
+  const heads = await admin.$eval('#heads-json', (el) => el.textContent);
+  await admin.type('#verify-form textarea', heads);
+  await submit(admin, '#verify-form');
+  assert.ok(await admin.$('#verify-ok'), 'the chain and the kept heads verify');
+  await screenshot(admin, 'audit');
+});
+
+test('logout closes the person\'s connection', async () => {
+  assert.equal(await consoleBackends(db, 'maria'), 1);
+  await submit(admin, 'form.logout');
+  assert.match(admin.url(), /\/login$/);
+  await waitFor('maria\'s backend to end', async () => (await consoleBackends(db, 'maria')) === 0);
+  const response = await admin.goto(`${console1.url}/`);
+  assert.match(response.url(), /\/login$/, 'logged out');
+});
+
+/** A login by HTTP alone (no browser): the response of the POST and the cookie header. */
+async function httpLogin(url, user, password) {
+  const page = await fetch(`${url}/login`);
+  const jar = page.headers.getSetCookie().map((c) => c.split(';')[0]);
+  const token = (await page.text()).match(/name="_csrf" value="([^"]+)"/)[1];
+  const response = await fetch(`${url}/login`, {
+    method: 'POST',
+    redirect: 'manual',
+    headers: { cookie: jar.join('; '), 'content-type': 'application/x-www-form-urlencoded' },
+    body: new URLSearchParams({ _csrf: token, user, password }),
+  });
+  jar.push(...response.headers.getSetCookie().map((c) => c.split(';')[0]));
+  return { response, cookie: jar.join('; ') };
+}
+
+test('a person idle past the timeout is logged out and their connection closed', async () => {
+  const short = await startConsole({ idleTimeoutMs: 1500 });
+  try {
+    const { response, cookie } = await httpLogin(short.url, 'ines', PASSWORDS.ines);
+    assert.equal(response.status, 303);
+    assert.equal((await fetch(`${short.url}/`, { headers: { cookie }, redirect: 'manual' })).status, 200);
+    await waitFor('ines\'s idle backend to end', async () => (await consoleBackends(db, 'ines')) === 0);
+    const later = await fetch(`${short.url}/`, { headers: { cookie }, redirect: 'manual' });
+    assert.equal(later.status, 303);
+    assert.equal(later.headers.get('location'), '/login');
+  } finally {
+    await short.app.close();
+  }
+});
+
+test('login attempts are rate-limited per client address', async () => {
+  const limited = await startConsole({ loginLimit: 3 });
+  try {
+    const statuses = [];
+    for (let i = 0; i < 4; i += 1) {
+      statuses.push((await httpLogin(limited.url, 'maria', `guess-${i}`)).response.status);
+    }
+    assert.deepEqual(statuses, [401, 401, 401, 429]);
+  } finally {
+    await limited.app.close();
+  }
+});
