@@ -13,6 +13,12 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 port=${CONSOLE_PORT:-8484}
 
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+if [ "$node_major" -lt 20 ]; then
+	echo "the console needs Node.js 20 or later; this machine has $(node --version 2>/dev/null || echo none) (see docs/console.md)" >&2
+	exit 1
+fi
+
 # the console's npm packages, from its lock file, when they are missing or older
 if [ ! -f "$top/console/node_modules/.package-lock.json" ] ||
 	[ "$top/console/package-lock.json" -nt "$top/console/node_modules/.package-lock.json" ]; then
