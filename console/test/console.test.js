@@ -9,7 +9,7 @@ import {
   consoleBackends,
 } from './support.js';
 
-const PASSWORDS = { maria: 'maria-secret-1', ines: 'ines-secret-1', ap_worker: 'worker-secret-1' };
+const PASSWORDS = { maria: 'maria-secret-1', ines: 'ines-secret-1', ana: 'ana-secret-1', ap_worker: 'worker-secret-1' };
 let db;
 let console1;
 let browser;
@@ -22,10 +22,12 @@ before(async () => {
                                 run text, paid_at timestamptz DEFAULT now());
     CREATE ROLE maria LOGIN PASSWORD '${PASSWORDS.maria}';
     CREATE ROLE ines LOGIN PASSWORD '${PASSWORDS.ines}';
+    CREATE ROLE ana LOGIN PASSWORD '${PASSWORDS.ana}';
     CREATE ROLE ap_worker LOGIN PASSWORD '${PASSWORDS.ap_worker}';
     CREATE ROLE rooty LOGIN SUPERUSER PASSWORD 'rooty-secret-1';
     GRANT durable_ledger_admin TO maria;
     GRANT durable_ledger_auditor TO ines;
+    GRANT durable_ledger_approver TO ana;
     GRANT durable_ledger_worker TO ap_worker;
     GRANT INSERT, SELECT ON bank_payments TO ap_worker;
     GRANT USAGE ON SEQUENCE bank_payments_id_seq TO ap_worker;`);
@@ -57,12 +59,12 @@ async function killMidPayment(run, extra = []) {
     (await db.query('SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)', [pid])).rows[0].count === '0');
 }
 
-/** A worker's call that begins an effect and disconnects: the effect is unknown. */
-async function leaveUnknown(run, args, businessKey = null) {
+/** A worker's call that begins an effect and disconnects: the effect is unknown (if it executed). */
+async function leaveUnknown(run, args, businessKey = null, tool = 'bank.pay') {
   const client = new pg.Client({ connectionString: workerUrl() });
   await client.connect();
   const { rows } = await client.query(
-    "SELECT key, decision, attempt FROM durable_ledger.begin_effect($1, 'bank.pay', $2, $3)", [run, args, businessKey]);
+    'SELECT key, decision, attempt, reason FROM durable_ledger.begin_effect($1, $2, $3, $4)', [run, tool, args, businessKey]);
   const pid = (await client.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
   await client.end();
   await waitFor('the worker\'s backend to end', async () =>
@@ -367,6 +369,90 @@ test('a run\'s timeline, the metrics and the audit chain\'s verification', async
   await submit(admin, '#verify-form');
   assert.ok(await admin.$('#verify-ok'), 'the chain and the kept heads verify');
   await screenshot(admin, 'audit');
+});
+
+test('an approver approves a call on its page, which then executes once; she may not resolve', async () => {
+  await db.query(`SELECT durable_ledger.register_tool('shop.refund', 'test', key_fields => '{invoice,amount}');
+                  SELECT durable_ledger.set_approval('shop.refund', 'strict $.amount > 100', 'test')`);
+  const args = { invoice: 'INV-90', amount: 900 };
+  const waiting = await leaveUnknown('console-refund-1', args, null, 'shop.refund');
+  assert.equal(waiting.decision, 'pause');
+  const context = await browser.createBrowserContext();
+  const page = await context.newPage();
+  try {
+    await login(page, console1.url, 'ana', PASSWORDS.ana);
+    await page.waitForSelector(`tr.item.approval[data-key="${waiting.key}"]`);
+    await page.goto(`${console1.url}/effect?key=${encodeURIComponent(waiting.key)}`);
+    assert.equal(await page.$('#resolve-form'), null, 'an approver may not resolve');
+    assert.ok(await page.$('#reject-form'));
+    await page.type('#approve-form input[name=note]', 'refund agreed with the customer');
+    await screenshot(page, 'approval');
+    await submit(page, '#approve-form');
+    assert.match(await flash(page), /Approved/);
+    const row = (await db.query('SELECT approval, approver FROM durable_ledger.effects WHERE key = $1', [waiting.key])).rows[0];
+    assert.deepEqual(row, { approval: 'approved', approver: 'ana' });
+    const executed = await leaveUnknown('console-refund-1', args, null, 'shop.refund');
+    assert.equal(executed.decision, 'execute', 'the approved call executes');
+    await submit(page, 'form.logout');
+  } finally {
+    await context.close();
+  }
+});
+
+test('"make it again": an attempt found not to have happened is executed anew by the next call', async () => {
+  const args = { invoice: 'INV-91', amount: 91 };
+  const first = await leaveUnknown('console-retry-1', args, 'PAY-INV-91');
+  await admin.goto(`${console1.url}/effect?key=${encodeURIComponent(first.key)}`);
+  await admin.type('#retry-form input[name=note]', 'the bank has no payment with this key');
+  await submit(admin, '#retry-form');
+  assert.match(await flash(admin), /Attempt 1 did not happen/);
+  const second = await leaveUnknown('console-retry-1', args, 'PAY-INV-91');
+  assert.deepEqual([second.decision, second.attempt], ['execute', 2]);
+});
+
+test('a run stopped at its budget: the pause is listed, and a person raises the run\'s budget on its page', async () => {
+  await db.query(`SELECT durable_ledger.register_tool('mail.send', 'test');
+                  SELECT durable_ledger.set_budget('mail.send', 2, 'test')`);
+  const client = new pg.Client({ connectionString: workerUrl() });
+  await client.connect();
+  const decisions = [];
+  for (let n = 1; n <= 3; n += 1) {
+    const { rows } = await client.query(
+      "SELECT key, decision FROM durable_ledger.begin_effect('console-mail-1', 'mail.send', $1)", [{ to: 'ann@example.com', try: n }]);
+    decisions.push(rows[0].decision);
+    if (rows[0].decision === 'execute') await client.query("SELECT durable_ledger.complete_effect($1, '{}')", [rows[0].key]);
+  }
+  assert.deepEqual(decisions, ['execute', 'execute', 'pause']);
+  await admin.goto(`${console1.url}/`);
+  await admin.waitForSelector('tr.item.budget');
+  await Promise.all([admin.waitForNavigation(), admin.click('tr.item.budget a.button')]);
+  await admin.type('#budget-form input[name=tool]', 'mail.send');
+  await admin.type('#budget-form input[name=max_executions]', '3');
+  await admin.type('#budget-form input[name=note]', 'one more try is fine');
+  await submit(admin, '#budget-form');
+  assert.match(await flash(admin), /budgets of run console-mail-1 were set/);
+  const { rows } = await client.query(
+    "SELECT decision FROM durable_ledger.begin_effect('console-mail-1', 'mail.send', $1)", [{ to: 'ann@example.com', try: 3 }]);
+  assert.equal(rows[0].decision, 'execute', 'the raised budget lets the call execute');
+  await client.end();
+});
+
+test('a run is forked up to an effect, and a run abandoned, from its page', async () => {
+  await admin.goto(`${console1.url}/run?run=console-pay-1`);
+  await admin.type('#fork-form input[name=new_run]', 'console-pay-1-again');
+  await admin.type('#fork-form input[name=note]', 'start over from the payment');
+  await submit(admin, '#fork-form');
+  assert.match(await flash(admin), /forked from console-pay-1, carrying 1 effects/);
+  assert.equal(await admin.$eval('#run-id', (el) => el.textContent), 'console-pay-1-again');
+  const forked = (await db.query("SELECT forked_from FROM durable_ledger.runs WHERE run = 'console-pay-1-again'")).rows[0];
+  assert.equal(forked.forked_from, 'console-pay-1');
+  await admin.goto(`${console1.url}/run?run=console-pay-2`);
+  await admin.type('#abandon-form input[name=note]', 'the customer cancelled');
+  await submit(admin, '#abandon-form');
+  assert.match(await flash(admin), /Run console-pay-2 abandoned/);
+  assert.ok(await admin.$('#abandoned'));
+  const abandoned = (await db.query("SELECT abandoned_by FROM durable_ledger.runs WHERE run = 'console-pay-2'")).rows[0];
+  assert.equal(abandoned.abandoned_by, 'maria');
 });
 
 test('logout closes the person\'s connection', async () => {
