@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing durable_ledger needs on Debian 12, from
-# Debian's own packages.  Run as root (or with sudo); safe to run again.
+# Debian's own packages, then the npm packages of the JavaScript client and the
+# console from their lock files.  Run as root (or with sudo); safe to run again.
 set -euo pipefail
 
 packages=(
@@ -32,4 +33,13 @@ if ((${#missing[@]})); then
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-echo "dependencies installed: ${packages[*]} nodejs npm"
+# the JavaScript client's and the console's npm packages (the registry is
+# reachable), when they are missing or older than their lock file
+top=$(cd "$(dirname "$0")/.." && pwd)
+for package in clients/js console; do
+	installed="$top/$package/node_modules/.package-lock.json"
+	if [ ! -f "$installed" ] || [ "$top/$package/package-lock.json" -nt "$installed" ]; then
+		(cd "$top/$package" && npm ci --no-audit --no-fund --silent)
+	fi
+done
+echo "dependencies installed: ${packages[*]} nodejs npm; npm packages of clients/js and console"

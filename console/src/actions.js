@@ -111,7 +111,7 @@ export const ACTIONS = {
 // What a refusal means for the person, by SQLSTATE; PostgreSQL's own message follows.
 const HINTS = {
   42501: 'Your role may not do this: PostgreSQL refused it (ask an administrator for the ledger role it needs).',
-  55000: 'The ledger refused it in the state the effect is in now (a later attempt replaced the one shown, it was decided already, or its lease is live). Reload the page to see it as it is.',
+  55000: 'The ledger refused it in the state it is in now (a later attempt replaced the one the page showed, it was decided already, or its lease is live): the page shows it as it is now.',
   '22P02': 'A value is not valid (JSON fields must be JSON).',
   22023: 'A value is not valid.',
   22004: 'A required value is missing.',

@@ -20,6 +20,7 @@ import { addFilters } from './filters.js';
 const here = path.dirname(fileURLToPath(import.meta.url));
 const require = createRequire(import.meta.url);
 const SESSION_COOKIE = 'dl_console';
+const LIVE_ROUTES = new Set(['/events', '/queue/rows']);
 
 /**
  * @param {object} options
@@ -94,11 +95,15 @@ export async function buildApp(options) {
   app.addHook('preHandler', async (req, reply) => {
     const url = req.routeOptions.url ?? '';
     if (url === '/login' || url.startsWith('/static/')) return;
-    const person = sessions.get(req.cookies[SESSION_COOKIE], { touch: url !== '/events' });
+    // the live queue's own requests (its stream, its re-reads) are not the
+    // person's activity: a page left open still logs them out when idle
+    const person = sessions.get(req.cookies[SESSION_COOKIE], { touch: !LIVE_ROUTES.has(url) });
     if (!person) {
       if (req.method === 'GET' && url !== '/events' && !req.headers['hx-request']) {
         return reply.redirect('/login', 303);
       }
+      // an open page's own re-read: htmx takes the page to the login
+      if (req.headers['hx-request']) reply.header('HX-Redirect', '/login');
       return reply.code(401).type('text/plain').send('not logged in (or logged out after being idle): log in again');
     }
     req.person = person;

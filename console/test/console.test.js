@@ -485,10 +485,17 @@ test('a person idle past the timeout is logged out and their connection closed',
     const { response, cookie } = await httpLogin(short.url, 'ines', PASSWORDS.ines);
     assert.equal(response.status, 303);
     assert.equal((await fetch(`${short.url}/`, { headers: { cookie }, redirect: 'manual' })).status, 200);
-    await waitFor('ines\'s idle backend to end', async () => (await consoleBackends(db, 'ines')) === 0);
+    // a page left open re-reads the queue by itself: that is not the person's activity
+    await waitFor('ines\'s idle backend to end', async () => {
+      await fetch(`${short.url}/queue/rows`, { headers: { cookie, 'hx-request': 'true' }, redirect: 'manual' });
+      return (await consoleBackends(db, 'ines')) === 0;
+    });
     const later = await fetch(`${short.url}/`, { headers: { cookie }, redirect: 'manual' });
     assert.equal(later.status, 303);
     assert.equal(later.headers.get('location'), '/login');
+    const reread = await fetch(`${short.url}/queue/rows`, { headers: { cookie, 'hx-request': 'true' } });
+    assert.equal(reread.status, 401);
+    assert.equal(reread.headers.get('hx-redirect'), '/login', 'an open page is taken to the login');
   } finally {
     await short.app.close();
   }
