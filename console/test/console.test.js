@@ -344,6 +344,17 @@ test('tools: a tool registered with key fields, and the policy for tools nobody 
   assert.match(await flash(admin), /Tool bank.refund registered/);
   const tool = (await db.query("SELECT key_fields, registered_by FROM durable_ledger.tools WHERE tool = 'bank.refund'")).rows[0];
   assert.deepEqual(tool, { key_fields: ['invoice', 'amount'], registered_by: 'maria' });
+  await admin.select('#change-form select[name=tool]', 'bank.refund');
+  await admin.select('#change-form select[name=divergence]', 'warn');
+  await submit(admin, '#change-form');
+  assert.match(await flash(admin), /Tool bank.refund changed/);
+  const retire = await admin.waitForSelector('xpath///tr[td/code[text()="bank.refund"]]//form');
+  await Promise.all([admin.waitForNavigation(), retire.evaluate((f) => f.requestSubmit())]);
+  assert.match(await flash(admin), /Tool bank.refund retired/);
+  const changed = (await db.query(
+    "SELECT divergence, key_fields, changed_by, retired_by FROM durable_ledger.tools WHERE tool = 'bank.refund'")).rows[0];
+  assert.deepEqual(changed, { divergence: 'warn', key_fields: ['invoice', 'amount'], changed_by: 'maria', retired_by: 'maria' },
+    'the change kept what it did not name');
   await admin.select('form[action="/act/unregistered_tools"] select', 'warn');
   await submit(admin, 'form[action="/act/unregistered_tools"]');
   assert.match(await flash(admin), /Tools nobody registered: warn \(was allow\)/);
