@@ -2,7 +2,8 @@
 ledger (ten million effects, bench/audit_scale.py's fill, made once for both sections).
 
 A console (console/bin/console.js) is started against that database; a role of its own
-logs in (the bench cluster trusts its socket), and each page is fetched over loopback
+logs in with a SCRAM password (a pg_hba.conf line for it; the console refuses a login
+PostgreSQL did not ask a password of), and each page is fetched over loopback
 HTTP, as a browser would, 7 times after a warm-up: the queue (what waits for a person),
 the page of a run with the story's resolution and lease break (ap-run-42), the page of a
 filled run retried once (100 effects, two attempts: its timeline has ~400 events), an
@@ -13,6 +14,7 @@ the request to the last byte of the page; target < 200 ms.
 import http.cookiejar
 import os
 import re
+import secrets
 import socket
 import statistics
 import subprocess
@@ -21,6 +23,7 @@ import urllib.parse
 import urllib.request
 
 import psycopg
+import psycopg.sql
 
 from audit_scale import STORY, fill
 
@@ -52,12 +55,32 @@ def start_console(dsn):
     return proc, f"http://127.0.0.1:{port}"
 
 
-def login(url, user):
+def scram_login(conn):
+    """A role of the admin group that logs in with a SCRAM password, as the console
+    requires (the bench cluster trusts everyone else on its socket); its password."""
+    password = secrets.token_urlsafe(12)
+    if not conn.execute("SELECT FROM pg_roles WHERE rolname = 'bench_console'").fetchone():
+        conn.execute("CREATE ROLE bench_console LOGIN")
+        conn.execute("GRANT durable_ledger_admin TO bench_console")
+    hashed = conn.pgconn.encrypt_password(password.encode(), b"bench_console", b"scram-sha-256").decode()
+    conn.execute(psycopg.sql.SQL("ALTER ROLE bench_console PASSWORD {}").format(psycopg.sql.Literal(hashed)))
+    hba = conn.execute("SHOW hba_file").fetchone()[0]
+    with open(hba, encoding="utf-8") as f:
+        rules = f.read()
+    line = "local all bench_console scram-sha-256\n"
+    if line not in rules:
+        with open(hba, "w", encoding="utf-8") as f:
+            f.write(line + rules)
+        conn.execute("SELECT pg_reload_conf()")
+    return password
+
+
+def login(url, user, password):
     jar = http.cookiejar.CookieJar()
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
     page = opener.open(f"{url}/login").read().decode()
     token = re.search(r'name="_csrf" value="([^"]+)"', page).group(1)
-    body = urllib.parse.urlencode({"_csrf": token, "user": user, "password": "trusted"}).encode()
+    body = urllib.parse.urlencode({"_csrf": token, "user": user, "password": password}).encode()
     landed = opener.open(f"{url}/login", body)
     if not landed.geturl().endswith("/"):
         raise SystemExit(f"the bench's console login failed: {landed.geturl()}")
@@ -85,12 +108,7 @@ def console_section(args, dsn, say):
     if not conn.execute("SELECT FROM durable_ledger.runs WHERE run = 'ap-run-42'").fetchone():
         for statement in STORY:
             conn.execute(statement)
-    conn.execute("""DO $$ BEGIN
-                      IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'bench_console') THEN
-                        CREATE ROLE bench_console LOGIN;
-                        GRANT durable_ledger_admin TO bench_console;
-                      END IF;
-                    END $$""")
+    password = scram_login(conn)
     retried = conn.execute("SELECT run FROM durable_ledger.runs WHERE run LIKE 'audit-%' AND epochs = 2"
                            " ORDER BY run LIMIT 1").fetchone()[0]
     key = conn.execute("SELECT key FROM durable_ledger.audit_log WHERE run = %s AND key IS NOT NULL"
@@ -98,7 +116,7 @@ def console_section(args, dsn, say):
     waiting = conn.execute("SELECT count(*) FROM durable_ledger.unresolved").fetchone()[0]
     proc, url = start_console(dsn)
     try:
-        opener = login(url, "bench_console")
+        opener = login(url, "bench_console", password)
         pages = [
             ("the queue (what waits for a person)", "/", f"{waiting} waiting"),
             ("a run's page: ap-run-42", "/run?run=ap-run-42", "the story's run: a resolution, a replay"),

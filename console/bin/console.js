@@ -16,7 +16,8 @@ const usage = `usage: durable-ledger-console [options]
   --tls-cert FILE    serve https with this certificate chain (PEM) ...
   --tls-key FILE     ... and its key; required for any address but loopback
   --idle-minutes N   log a person out after N idle minutes (default 15)
-  --login-limit N    login attempts per client address and minute (default 10)
+  --login-limit N    failed logins per client address and user name a minute
+                     (default 10)
   --allow-superuser  let superusers log in (by default they may not)`;
 
 let opts;
@@ -55,6 +56,23 @@ if (!loopback && !tls) {
   process.exit(2);
 }
 
+// a number that is not one would turn a safety off (NaN: no idle timeout, no limit)
+function positive(name, { integer = false } = {}) {
+  const n = Number(opts[name]);
+  if (!(n > 0) || (integer && !Number.isInteger(n))) {
+    console.error(`--${name} must be a positive ${integer ? 'whole ' : ''}number, not "${opts[name]}"`);
+    process.exit(2);
+  }
+  return n;
+}
+const idleMinutes = positive('idle-minutes');
+const loginLimit = positive('login-limit', { integer: true });
+const port = Number(opts.port);
+if (!Number.isInteger(port) || port < 0 || port > 65535) {
+  console.error(`--port must be a port number, not "${opts.port}"`);
+  process.exit(2);
+}
+
 let target;
 try {
   target = parseTarget(opts.database);
@@ -65,13 +83,13 @@ try {
 
 const app = await buildApp({
   target,
-  idleTimeoutMs: Number(opts['idle-minutes']) * 60 * 1000,
-  loginLimit: Number(opts['login-limit']),
+  idleTimeoutMs: idleMinutes * 60 * 1000,
+  loginLimit,
   allowSuperuser: opts['allow-superuser'],
   https: tls ? { cert: readFileSync(opts['tls-cert']), key: readFileSync(opts['tls-key']) } : undefined,
   logger: { level: 'warn' },
 });
-const address = await app.listen({ host: opts.listen, port: Number(opts.port) });
+const address = await app.listen({ host: opts.listen, port });
 console.log(`durable_ledger console: ${address}`);
 for (const signal of ['SIGINT', 'SIGTERM']) {
   process.on(signal, () => app.close().then(() => process.exit(0)));

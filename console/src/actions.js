@@ -5,6 +5,9 @@
 // fields are passed as text and cast by PostgreSQL, so bad input gets
 // PostgreSQL's own error (22P02 for JSON that is not JSON) and writes nothing.
 
+/** The console's own refusal: the page showed another state than the ledger's now. */
+export class StalePage extends Error {}
+
 const text = (v) => (v === undefined || v === null || String(v).trim() === '' ? null : String(v));
 const required = (v) => (v === undefined || v === null ? '' : String(v));
 
@@ -22,6 +25,14 @@ function keyFields(v) {
   if (s === null) return null;
   if (s.trim() === '{}') return [];
   return s.split(',').map((f) => f.trim());
+}
+
+function sameAttempt(f, rows) {
+  const now = rows[0]?.attempt;
+  if (String(now) !== String(f.attempt)) {
+    throw new StalePage(`the page showed attempt ${f.attempt} of this call; the ledger has attempt ${now} now, ` +
+      'which is another call: nothing was decided');
+  }
 }
 
 const bool = (v) => (text(v) === null ? null : v === 'true' || v === 'on');
@@ -47,15 +58,20 @@ export const ACTIONS = {
     args: (f, name) => [required(f.key), required(f.verdict), name, text(f.note), text(f.same_as)],
     done: (f) => `Divergence decided: ${f.verdict}.`,
   },
+  // approve_effect and reject_effect take no attempt: the verdict is kept
+  // only when the call it decided is the attempt the page showed (a business
+  // key's later attempt may ask for other args); else it is rolled back
   approve: {
-    sql: 'SELECT key FROM durable_ledger.approve_effect($1, $2, $3)',
+    sql: 'SELECT key, attempt FROM durable_ledger.approve_effect($1, $2, $3)',
     args: (f, name) => [required(f.key), name, text(f.note)],
-    done: () => 'Approved: the run\'s next call executes it, once.',
+    check: sameAttempt,
+    done: (f) => `Approved attempt ${f.attempt}: the run's next call executes it, once.`,
   },
   reject: {
-    sql: 'SELECT key FROM durable_ledger.reject_effect($1, $2, $3)',
+    sql: 'SELECT key, attempt FROM durable_ledger.reject_effect($1, $2, $3)',
     args: (f, name) => [required(f.key), name, text(f.note)],
-    done: () => 'Rejected: every call of it replays the rejection.',
+    check: sameAttempt,
+    done: (f) => `Rejected attempt ${f.attempt}: every call of it replays the rejection.`,
   },
   break_lease: {
     sql: 'SELECT durable_ledger.break_lease($1, $2, $3) AS broken',
@@ -123,6 +139,9 @@ const HINTS = {
 
 /** The message a person sees for an error of a ledger call. */
 export function refusal(err) {
-  if (!err.code) return { code: null, hint: 'The console could not do it.', message: err.message };
-  return { code: err.code, hint: HINTS[err.code] ?? 'PostgreSQL refused it.', message: err.message };
+  if (err instanceof StalePage) {
+    return { source: 'the console', code: null, hint: 'The page showed another attempt: nothing was done. It shows the call as it is now.', message: err.message };
+  }
+  if (!err.code) return { source: 'the console', code: null, hint: 'The console could not do it.', message: err.message };
+  return { source: 'PostgreSQL', code: err.code, hint: HINTS[err.code] ?? 'PostgreSQL refused it.', message: err.message };
 }

@@ -1,6 +1,7 @@
 // The console's web server: server-rendered pages (nunjucks, escaped by
 // default), forms that POST with a CSRF token, htmx for the live queue, and a
 // server-sent-event stream fed by each person's own LISTEN.
+import { randomBytes } from 'node:crypto';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -13,23 +14,29 @@ import rateLimit from '@fastify/rate-limit';
 import fastifyStatic from '@fastify/static';
 import nunjucks from 'nunjucks';
 import { Sessions, LoginRefused } from './sessions.js';
+import { LoginThrottle } from './throttle.js';
 import * as ledger from './ledger.js';
-import { ACTIONS, recordedName, refusal } from './actions.js';
+import { ACTIONS, recordedName, refusal, StalePage } from './actions.js';
 import { addFilters } from './filters.js';
+import { openStream } from './stream.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const require = createRequire(import.meta.url);
-const SESSION_COOKIE = 'dl_console';
+// the live queue's own requests (its stream, its re-reads) are not the
+// person's activity: a page left open still logs them out when idle
 const LIVE_ROUTES = new Set(['/events', '/queue/rows']);
+const OPEN_ROUTES = new Set(['/login']);
+// what the login form's token is bound to (no session id has this shape)
+const NO_SESSION = 'no session';
 
 /**
  * @param {object} options
  *   target: where PostgreSQL is ({host, port, database}: pg's names)
  *   idleTimeoutMs: a person idle this long is logged out (default 15 minutes)
- *   loginLimit: login attempts per client address and minute (default 10)
+ *   loginLimit: failed logins per client address and user name a minute (default 10)
+ *   maxSessionsPerRole: a role's sessions at once; a new login ends its oldest (default 4)
  *   queueRefreshSeconds: the queue is also re-read this often (default 15), for
  *     what no notification announces (a lease that ended with its worker)
- *   secure: cookies only over TLS (set when the console serves https)
  *   allowSuperuser: let superusers log in (default no)
  *   https: fastify's https options (key, cert), or undefined
  *   logger: fastify's logger option
@@ -39,14 +46,18 @@ export async function buildApp(options) {
     target,
     idleTimeoutMs = 15 * 60 * 1000,
     loginLimit = 10,
+    maxSessionsPerRole = 4,
     queueRefreshSeconds = 15,
     allowSuperuser = false,
     https,
     logger = false,
   } = options;
   const secure = Boolean(https);
+  // under TLS the cookies are __Host-: sent only to this origin, never set by a sibling
+  const SESSION_COOKIE = secure ? '__Host-dl_console' : 'dl_console';
   const app = Fastify({ logger, https, trustProxy: false });
-  const sessions = new Sessions(target, { idleTimeoutMs, allowSuperuser });
+  const sessions = new Sessions(target, { idleTimeoutMs, maxSessionsPerRole, allowSuperuser });
+  const throttle = new LoginThrottle(loginLimit);
   app.addHook('onClose', () => sessions.close());
 
   const views = new nunjucks.Environment(
@@ -72,86 +83,136 @@ export async function buildApp(options) {
       },
     },
     strictTransportSecurity: secure,
-    referrerPolicy: { policy: 'no-referrer' },
+    // same-origin, not no-referrer: under no-referrer a browser sends
+    // "Origin: null" with the console's own forms, which the check below
+    // could not tell from a forged one
+    referrerPolicy: { policy: 'same-origin' },
   });
   await app.register(cookie);
   await app.register(formbody, { bodyLimit: 1024 * 1024 });
+  // The token is bound to a secret cookie and to the session (the login
+  // form's to no session): a token made for another cookie, another session
+  // or none is refused.
   await app.register(csrf, {
+    cookieKey: secure ? '__Host-dl_csrf' : 'dl_csrf',
     cookieOpts: { path: '/', sameSite: 'strict', httpOnly: true, secure },
+    getUserInfo: (req) => req.person?.id ?? NO_SESSION,
+    csrfOpts: { hmacKey: randomBytes(32) },
   });
   await app.register(rateLimit, { global: false });
-  const assets = [
-    ['htmx.min.js', path.dirname(require.resolve('htmx.org/dist/htmx.min.js'))],
-    ['sse.js', path.dirname(require.resolve('htmx-ext-sse/dist/sse.min.js'))],
-  ];
   await app.register(fastifyStatic, { root: path.join(here, '..', 'public'), prefix: '/static/' });
-  for (const [name, dir] of assets) {
+  const vendor = {
+    'htmx.min.js': require.resolve('htmx.org/dist/htmx.min.js'),
+    'sse.js': require.resolve('htmx-ext-sse/dist/sse.min.js'),
+  };
+  for (const [name, file] of Object.entries(vendor)) {
     app.get(`/static/vendor/${name}`, (req, reply) =>
-      reply.sendFile(name === 'sse.js' ? 'sse.min.js' : name, dir, { maxAge: 3600 * 1000 }));
+      reply.sendFile(path.basename(file), path.dirname(file), { maxAge: 3600 * 1000 }));
   }
 
-  // Who is asking: the session of the cookie, or a redirect to the login page.
+  // A form posted from anywhere but this console's own pages is refused,
+  // before anything else: SameSite does not tell another port of this host,
+  // or a sibling name, from this origin; the browser's Origin header does.
+  app.addHook('onRequest', async (req, reply) => {
+    if (req.method !== 'POST') return;
+    const origin = req.headers.origin;
+    const site = req.headers['sec-fetch-site'];
+    const own = `${secure ? 'https' : 'http'}://${req.headers.host}`;
+    if ((origin !== undefined && origin !== own) || (site !== undefined && site !== 'same-origin')) {
+      return reply.code(403).type('text/plain').send('refused: the form was not sent from this console\'s own pages');
+    }
+  });
+
+  // Nothing the console sends is kept by the browser or a proxy (the back
+  // button after logout must not show a page), but its static files.
+  app.addHook('onSend', async (req, reply) => {
+    if (!req.url.startsWith('/static/')) reply.header('cache-control', 'no-store');
+  });
+
+  // Who is asking: the session of the cookie, and what their role may do now
+  // (asked of PostgreSQL on every request: a role whose login was revoked or
+  // that was dropped is logged out); or a redirect to the login page.
   app.decorateRequest('person', null);
+  app.decorateRequest('can', null);
   app.addHook('preHandler', async (req, reply) => {
     const url = req.routeOptions.url ?? '';
-    if (url === '/login' || url.startsWith('/static/')) return;
-    // the live queue's own requests (its stream, its re-reads) are not the
-    // person's activity: a page left open still logs them out when idle
-    const person = sessions.get(req.cookies[SESSION_COOKIE], { touch: !LIVE_ROUTES.has(url) });
+    if (OPEN_ROUTES.has(url) || url.startsWith('/static/')) return;
+    let person = sessions.get(req.cookies[SESSION_COOKIE], { touch: !LIVE_ROUTES.has(url) });
+    if (person) {
+      try {
+        req.can = await ledger.privileges(person);
+      } catch (err) {
+        if (!err.code) throw err;
+        req.can = null;  // the connection failed: logged out below
+      }
+      if (!req.can?.may_log_in) {
+        await sessions.drop(person.id);
+        person = null;
+      }
+    }
     if (!person) {
       if (req.method === 'GET' && url !== '/events' && !req.headers['hx-request']) {
         return reply.redirect('/login', 303);
       }
       // an open page's own re-read: htmx takes the page to the login
       if (req.headers['hx-request']) reply.header('HX-Redirect', '/login');
-      return reply.code(401).type('text/plain').send('not logged in (or logged out after being idle): log in again');
+      return reply.code(401).type('text/plain').send('not logged in (or logged out): log in again');
     }
     req.person = person;
   });
 
-  // A page: its template with what every page shows (the role, the buttons it may see).
-  async function render(req, reply, template, context = {}, can = null) {
+  // A page: its template with what every page shows (the role, the buttons it
+  // may see, what the action that led here said).
+  function render(req, reply, template, context = {}) {
     const person = req.person;
-    const flash = person?.flash ?? null;
-    if (person) person.flash = null;
     const html = views.render(template, {
       ...context,
       role: person?.role ?? null,
-      can: can ?? (person ? await ledger.privileges(person) : {}),
-      csrf: reply.generateCsrf(),
-      flash,
+      can: req.can ?? {},
+      csrf: reply.generateCsrf({ userInfo: person?.id ?? NO_SESSION }),
+      flash: context.flash ?? person?.heard(String(req.query?.done ?? '')) ?? null,
       refreshSeconds: queueRefreshSeconds,
     });
     return reply.type('text/html; charset=utf-8').send(html);
   }
 
-  // A read that failed (a role without the grant it needs): shown on the page.
+  // A page's reads; a read the role may not make (a grant revoked since the
+  // login) is shown on the page, with the way out.
   async function page(req, reply, template, load) {
-    const can = await ledger.privileges(req.person);
     let context;
     try {
-      context = await load(can);
+      context = await load(req.can);
     } catch (err) {
       if (!err.code) throw err;
-      return render(req, reply, 'refused.njk', { error: refusal(err) }, can);
+      return render(req, reply, 'refused.njk', { error: refusal(err) });
     }
-    if (context === null) return reply.code(404).send(views.render('missing.njk', {}));
-    return render(req, reply, template, context, can);
+    if (context === null) return reply.code(404).type('text/html; charset=utf-8').send(views.render('missing.njk', {}));
+    return render(req, reply, template, context);
   }
 
   app.get('/login', (req, reply) => render(req, reply, 'login.njk', { error: null }));
   app.post('/login', {
     preHandler: app.csrfProtection,
-    config: { rateLimit: { max: loginLimit, timeWindow: '1 minute' } },
+    // every login request of an address, good or bad (each opens a connection)
+    config: { rateLimit: { max: Math.max(60, loginLimit * 3), timeWindow: '1 minute' } },
   }, async (req, reply) => {
     const user = String(req.body?.user ?? '');
     const password = String(req.body?.password ?? '');
+    const wait = throttle.wait(req.ip, user);
+    if (wait > 0) {
+      reply.code(429);
+      return render(req, reply, 'login.njk', {
+        error: `too many failed logins for ${user} from your address: try again in ${Math.ceil(wait / 1000)} s`, user,
+      });
+    }
     try {
-      const person = await sessions.login(user, password);
+      const person = await sessions.login(user, password, { replacing: req.cookies[SESSION_COOKIE] });
+      throttle.succeeded(req.ip, user);
       reply.setCookie(SESSION_COOKIE, person.id, { path: '/', httpOnly: true, sameSite: 'strict', secure });
       return reply.redirect('/', 303);
     } catch (err) {
       if (!(err instanceof LoginRefused)) throw err;
+      throttle.failed(req.ip, user);
       reply.code(401);
       return render(req, reply, 'login.njk', { error: err.message, user });
     }
@@ -163,41 +224,21 @@ export async function buildApp(options) {
   });
 
   app.get('/', (req, reply) => page(req, reply, 'queue.njk', async () => ledger.queue(req.person)));
+  // the live queue's re-read: a fragment, which never takes what an action said
   app.get('/queue/rows', (req, reply) =>
-    page(req, reply, 'queue_rows.njk', async () => ledger.queue(req.person)));
+    page(req, reply, 'queue_rows.njk', async () => ({ ...(await ledger.queue(req.person)), flash: false })));
 
   // The live queue: a notification on this person's connection (LISTEN
   // durable_ledger_attention) tells the page to re-read it.  The payload is
   // not passed on: anyone may NOTIFY the channel, so it is only a cue.
   app.get('/events', (req, reply) => {
-    const person = req.person;
+    if (!req.can.read_unresolved) return reply.code(403).type('text/plain').send('your role may not read the queue');
     reply.hijack();
-    const res = reply.raw;
-    res.writeHead(200, {
-      'content-type': 'text/event-stream; charset=utf-8',
-      'cache-control': 'no-store',
-      connection: 'keep-alive',
-    });
-    res.write(': the ledger\'s attention channel\n\n');
-    const stream = (payload) => {
-      if (payload === null) {
-        res.end();
-        return;
-      }
-      res.write('event: attention\ndata: changed\n\n');
-    };
-    const heartbeat = setInterval(() => res.write(': still here\n\n'), 20000);
-    person.streams.add(stream);
-    req.raw.on('close', () => {
-      clearInterval(heartbeat);
-      person.streams.delete(stream);
-    });
+    openStream(req.person, req.raw, reply.raw);
   });
 
-  app.get('/effect', (req, reply) => page(req, reply, 'effect.njk', async (can) => {
-    const found = await ledger.effect(req.person, String(req.query.key ?? ''), can);
-    return found && { ...found, key: String(req.query.key) };
-  }));
+  app.get('/effect', (req, reply) => page(req, reply, 'effect.njk', async (can) =>
+    ledger.effect(req.person, String(req.query.key ?? ''), can)));
   app.get('/divergence', (req, reply) => page(req, reply, 'divergence.njk', async () =>
     ledger.divergence(req.person, String(req.query.key ?? ''))));
   app.get('/run', (req, reply) => page(req, reply, 'run.njk', async (can) => ({
@@ -216,23 +257,30 @@ export async function buildApp(options) {
     return { ...(await ledger.audit(req.person, can, heads)), verified: verify, keptHeads: heads ?? '' };
   }));
 
-  // A button: one ledger call as the person; then back to the page it came
-  // from, which shows what PostgreSQL said.
+  // A button: one ledger call as the person, in a transaction of its own
+  // (an action that must check what the call answered rolls it back when the
+  // page showed something else); then back to the page it came from, which
+  // shows what PostgreSQL said.
   app.post('/act/:action', { preHandler: app.csrfProtection }, async (req, reply) => {
+    if (!Object.hasOwn(ACTIONS, req.params.action)) return reply.code(404).type('text/plain').send('no such action');
     const action = ACTIONS[req.params.action];
     const form = req.body ?? {};
     const person = req.person;
     const back = localPath(form.back);
-    if (!action) return reply.code(404).type('text/plain').send('no such action');
+    let said;
     try {
+      await person.query('BEGIN');
       const { rows } = await person.query(action.sql, action.args(form, recordedName(person.role, form.name)));
-      person.flash = { kind: 'done', message: action.done(form, rows) };
-      return reply.redirect(action.back ? action.back(form) : back, 303);
+      action.check?.(form, rows);
+      await person.query('COMMIT');
+      said = { kind: 'done', message: action.done(form, rows) };
     } catch (err) {
-      if (!err.code) throw err;
-      person.flash = { kind: 'error', ...refusal(err) };
-      return reply.redirect(back, 303);
+      await person.query('ROLLBACK').catch(() => {});
+      if (!err.code && !(err instanceof StalePage)) throw err;
+      said = { kind: 'error', ...refusal(err) };
     }
+    const to = (said.kind === 'done' && action.back ? action.back(form) : back).replace(/([?&])done=[^&]*&?/, '$1').replace(/[?&]$/, '');
+    return reply.redirect(`${to}${to.includes('?') ? '&' : '?'}done=${person.say(said)}`, 303);
   });
 
   app.setErrorHandler((err, req, reply) => {

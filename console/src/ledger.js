@@ -40,21 +40,26 @@ const RELATIONS = {
 };
 
 const privilegeQuery = (() => {
+  // a name in the schema cannot even be looked up without USAGE on it (CASE:
+  // the lookup is not made then; AND would not promise the order)
+  const usage = "pg_catalog.has_schema_privilege('durable_ledger', 'USAGE')";
   const parts = [];
   for (const [name, fn] of Object.entries(FUNCTIONS)) {
-    parts.push(`pg_catalog.has_function_privilege('${fn}', 'EXECUTE') AS "${name}"`);
+    parts.push(`CASE WHEN ${usage} THEN pg_catalog.has_function_privilege('${fn}', 'EXECUTE') ELSE false END AS "${name}"`);
   }
   for (const [name, rel] of Object.entries(RELATIONS)) {
-    parts.push(`pg_catalog.has_table_privilege('${rel}', 'SELECT') AS "read_${name}"`);
+    parts.push(`CASE WHEN ${usage} THEN pg_catalog.has_table_privilege('${rel}', 'SELECT') ELSE false END AS "read_${name}"`);
   }
-  // has_*_privilege fail when the schema is not there: no ledger, no rights
-  return `SELECT ${parts.join(', ')} FROM pg_catalog.pg_namespace WHERE nspname = 'durable_ledger'`;
+  // the role may still log in: not dropped, LOGIN, its password not expired
+  parts.push(`EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolcanlogin
+                       AND (r.rolvaliduntil IS NULL OR r.rolvaliduntil > pg_catalog.now())) AS may_log_in`);
+  return `SELECT ${parts.join(',\n       ')}`;
 })();
 
-/** What this person's role may do and read, as PostgreSQL says now. */
+/** What this person's role may do and read, and whether it may still log in, as PostgreSQL says now. */
 export async function privileges(session) {
   const { rows } = await session.query(privilegeQuery);
-  return rows[0] ?? {};
+  return rows[0];
 }
 
 // What a person must do about a row of `unresolved`.
@@ -134,7 +139,11 @@ export async function run(session, runId, can) {
           -- its own on run alone: it would cost every write)
           AND key IN (SELECT key FROM durable_ledger.audit_log WHERE run = $1 AND key IS NOT NULL)
         ORDER BY created_at, key LIMIT 2000`, [runId]);
-    found.effects = rows;
+    // a started effect whose lease has ended is unknown, as unresolved judges it
+    const judged = can.read_unresolved ? new Map((await session.query(
+      'SELECT key, status FROM durable_ledger.unresolved WHERE run = $1 AND status IS NOT NULL', [runId])).rows
+      .map((r) => [r.key, r.status])) : new Map();
+    found.effects = rows.map((e) => ({ ...e, status: judged.get(e.key) ?? e.status }));
   }
   if (can.read_run_budgets) {
     const { rows } = await session.query(

@@ -25,6 +25,8 @@ before(async () => {
     CREATE ROLE ana LOGIN PASSWORD '${PASSWORDS.ana}';
     CREATE ROLE ap_worker LOGIN PASSWORD '${PASSWORDS.ap_worker}';
     CREATE ROLE rooty LOGIN SUPERUSER PASSWORD 'rooty-secret-1';
+    CREATE ROLE trusted_one LOGIN;
+    GRANT durable_ledger_auditor TO trusted_one;
     GRANT durable_ledger_admin TO maria;
     GRANT durable_ledger_auditor TO ines;
     GRANT durable_ledger_approver TO ana;
@@ -87,6 +89,7 @@ test('an admin logs in with their PostgreSQL role and password, on a connection 
   const csp = response.headers()['content-security-policy'];
   assert.match(csp, /default-src 'none'/);
   assert.match(csp, /script-src 'self'(;|$)/);
+  assert.equal(response.headers()['cache-control'], 'no-store', 'no page is kept by the browser');
   const cookies = await admin.cookies();
   const session = cookies.find((c) => c.name === 'dl_console');
   assert.ok(session, 'a session cookie');
@@ -512,15 +515,117 @@ test('a person idle past the timeout is logged out and their connection closed',
   }
 });
 
-test('login attempts are rate-limited per client address', async () => {
+test('failed logins are limited per client address and user name; a stranger\'s requests lock nobody out', async () => {
   const limited = await startConsole({ loginLimit: 3 });
   try {
+    // requests without a form token are refused before they count
+    for (let i = 0; i < 5; i += 1) {
+      const r = await fetch(`${limited.url}/login`, {
+        method: 'POST', redirect: 'manual', headers: { 'content-type': 'application/x-www-form-urlencoded' },
+        body: new URLSearchParams({ user: 'maria', password: 'x' }),
+      });
+      assert.equal(r.status, 403);
+    }
     const statuses = [];
     for (let i = 0; i < 4; i += 1) {
       statuses.push((await httpLogin(limited.url, 'maria', `guess-${i}`)).response.status);
     }
     assert.deepEqual(statuses, [401, 401, 401, 429]);
+    assert.equal((await httpLogin(limited.url, 'maria', PASSWORDS.maria)).response.status, 429, 'maria waits out the minute');
+    assert.equal((await httpLogin(limited.url, 'ines', PASSWORDS.ines)).response.status, 303, 'ines is not locked out');
   } finally {
     await limited.app.close();
   }
+});
+
+test('what PostgreSQL must check is never taken from elsewhere: empty fields, a NUL, a trusted role, a role without a ledger role', async () => {
+  const refused = async (user, password, why) => {
+    const { response } = await httpLogin(console1.url, user, password);
+    assert.equal(response.status, 401, `${why}: refused`);
+    const page = await response.text();
+    return page.match(/id="login-error">([^<]*)</)[1];
+  };
+  assert.match(await refused('maria', '', 'an empty password'), /give your user name and your password/);
+  assert.match(await refused('', PASSWORDS.maria, 'an empty user'), /give your user name/);
+  assert.match(await refused('rooty\u0000options\u0000-c role=maria', 'rooty-secret-1', 'a NUL in the user name'),
+    /refused the login/);
+  assert.match(await refused('trusted_one', 'anything', 'a role pg_hba.conf trusts'), /did not ask for a password/);
+  assert.equal(await consoleBackends(db, 'trusted_one'), 0);
+  await db.query("CREATE ROLE nobody LOGIN PASSWORD 'nobody-secret-1'");
+  assert.match(await refused('nobody', 'nobody-secret-1', 'a role without a ledger role'), /holds none of durable_ledger_admin/);
+  assert.equal(await consoleBackends(db, 'nobody'), 0);
+});
+
+test('a role whose login is revoked is logged out at its next request; a role has a few sessions at most', async () => {
+  const small = await startConsole({ maxSessionsPerRole: 2 });
+  try {
+    const logins = [];
+    for (let i = 0; i < 4; i += 1) logins.push(await httpLogin(small.url, 'ines', PASSWORDS.ines));
+    await waitFor('ines\'s oldest sessions to end', async () => (await consoleBackends(db, 'ines')) === 2);
+    assert.equal((await fetch(`${small.url}/`, { headers: { cookie: logins[0].cookie }, redirect: 'manual' })).status, 303,
+      'the oldest session ended');
+    assert.equal((await fetch(`${small.url}/`, { headers: { cookie: logins[3].cookie }, redirect: 'manual' })).status, 200);
+    await db.query('ALTER ROLE ines NOLOGIN');
+    try {
+      const after = await fetch(`${small.url}/`, { headers: { cookie: logins[3].cookie }, redirect: 'manual' });
+      assert.equal(after.status, 303, 'logged out');
+      await waitFor('ines\'s backends to end', async () => (await consoleBackends(db, 'ines')) === 1);
+    } finally {
+      await db.query('ALTER ROLE ines LOGIN');
+    }
+  } finally {
+    await small.app.close();
+  }
+});
+
+test('a form posted from another origin, or with a token of another session, is refused', async () => {
+  const waiting = await leaveUnknown('console-origin-1', { invoice: 'INV-92', amount: 92 });
+  const { cookie } = await httpLogin(console1.url, 'maria', PASSWORDS.maria);
+  const page = await (await fetch(`${console1.url}/effect?key=${encodeURIComponent(waiting.key)}`, { headers: { cookie } })).text();
+  const token = page.match(/name="_csrf" value="([^"]+)"/)[1];
+  const post = (headers, csrf) => fetch(`${console1.url}/act/retry`, {
+    method: 'POST', redirect: 'manual',
+    headers: { cookie, 'content-type': 'application/x-www-form-urlencoded', ...headers },
+    body: new URLSearchParams({ _csrf: csrf, key: waiting.key, attempt: '1', back: '/' }),
+  });
+  assert.equal((await post({ origin: 'http://127.0.0.1:9999' }, token)).status, 403, 'another port of this host');
+  assert.equal((await post({ 'sec-fetch-site': 'same-site' }, token)).status, 403, 'a sibling site');
+  // the login page's token is bound to no session
+  const loginPage = await fetch(`${console1.url}/login`, { headers: { cookie } });
+  const loginToken = (await loginPage.text()).match(/name="_csrf" value="([^"]+)"/);
+  if (loginToken) assert.equal((await post({}, loginToken[1])).status, 403, 'a token of no session');
+  const row = (await db.query('SELECT status FROM durable_ledger.effects WHERE key = $1', [waiting.key])).rows[0];
+  assert.equal(row.status, 'started', 'nothing was written');
+  const ok = await post({ origin: console1.url }, token);
+  assert.equal(ok.status, 303, 'the console\'s own form is taken');
+});
+
+test('an approver\'s page left open on attempt 1 approves nothing once attempt 2 (other args) waits', async () => {
+  await db.query(`SELECT durable_ledger.register_tool('shop.credit', 'test', key_fields => '{invoice}');
+                  SELECT durable_ledger.set_approval('shop.credit', 'strict $.amount > 100', 'test')`);
+  const first = await leaveUnknown('console-credit-1', { invoice: 'INV-93', amount: 150 }, 'CREDIT-INV-93', 'shop.credit');
+  assert.equal(first.decision, 'pause');
+  const { cookie } = await httpLogin(console1.url, 'ana', PASSWORDS.ana);
+  const page = await (await fetch(`${console1.url}/effect?key=${encodeURIComponent(first.key)}`, { headers: { cookie } })).text();
+  const token = page.match(/name="_csrf" value="([^"]+)"/)[1];
+  assert.match(page, /id="approve-form"[\s\S]*name="attempt" value="1"/, 'the form names attempt 1');
+  // meanwhile: approved by someone else, executed, failed; attempt 2 asks for 99,999
+  await db.query("SELECT durable_ledger.approve_effect($1, 'ops', 'agreed')", [first.key]);
+  const executed = await leaveUnknown('console-credit-1', { invoice: 'INV-93', amount: 150 }, 'CREDIT-INV-93', 'shop.credit');
+  assert.equal(executed.decision, 'execute');
+  await db.query(`SELECT durable_ledger.fail_effect($1, '{"code": "declined"}', 1)`, [first.key]);
+  const second = await leaveUnknown('console-credit-2', { invoice: 'INV-93', amount: 99999 }, 'CREDIT-INV-93', 'shop.credit');
+  assert.deepEqual([second.decision, second.attempt], ['pause', 2]);
+  const r = await fetch(`${console1.url}/act/approve`, {
+    method: 'POST', redirect: 'manual',
+    headers: { cookie, 'content-type': 'application/x-www-form-urlencoded' },
+    body: new URLSearchParams({ _csrf: token, key: first.key, attempt: '1', back: `/effect?key=${encodeURIComponent(first.key)}` }),
+  });
+  assert.equal(r.status, 303);
+  const shown = await (await fetch(new URL(r.headers.get('location'), console1.url), { headers: { cookie } })).text();
+  assert.match(shown, /the page showed attempt 1 of this call; the ledger has attempt 2 now/);
+  const row = (await db.query('SELECT status, attempt, approval FROM durable_ledger.effects WHERE key = $1', [first.key])).rows[0];
+  assert.deepEqual(row, { status: 'awaiting_approval', attempt: 2, approval: 'requested' }, 'attempt 2 was not approved');
+  const audit = (await db.query("SELECT count(*) FROM durable_ledger.audit_log WHERE key = $1 AND event = 'approved'", [first.key])).rows[0];
+  assert.equal(audit.count, '1', 'no approval of attempt 2 was recorded');
 });
