@@ -29,7 +29,8 @@ my $user = getpwuid($<);
 # the test's superuser sets up and checks by trust; everyone else, the
 # console's people and the demo's workers, by password
 open my $hba, '>', $node->data_dir . '/pg_hba.conf' or die "pg_hba.conf: $!";
-print $hba "local all $user trust\nlocal all all scram-sha-256\n";
+# (trusted_one: a role pg_hba.conf trusts, which the console must refuse)
+print $hba "local all $user trust\nlocal all trusted_one trust\nlocal all all scram-sha-256\n";
 close $hba;
 $node->reload;
 is($node->safe_psql('postgres',
