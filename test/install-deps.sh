@@ -14,6 +14,7 @@ packages=(
 	python3-hypothesis             # the model check (test/model/): generated histories
 	python3-mypy                   # the Python client's type hints, checked --strict
 	python3-venv python3-setuptools  # the Python client installed with pip into a virtual environment
+	postgresql-15-plproxy          # the proxy (proxy/): the ledger sharded on several clusters
 	pgbouncer                      # the tests and bench section through a transaction pooler
 	prometheus-postgres-exporter   # the monitoring test: the ledger's metrics as Prometheus scrapes them
 	prometheus                     # promtool: the alert rules checked and unit-tested

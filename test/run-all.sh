@@ -19,7 +19,8 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 PG_CONFIG=${PG_CONFIG:-pg_config}
 bindir=$("$PG_CONFIG" --bindir)
 
-make -s -C "$top" install >/dev/null || { echo "make install failed"; echo "0 passed, 1 failed"; exit 1; }
+make -s -C "$top" install >/dev/null && make -s -C "$top/proxy" install >/dev/null ||
+	{ echo "make install failed"; echo "0 passed, 1 failed"; exit 1; }
 # the JavaScript client's and the console's dependencies, from their lock files
 for package in clients/js console; do
 	(cd "$top/$package" && npm ci --no-audit --no-fund --silent) ||

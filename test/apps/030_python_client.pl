@@ -15,6 +15,7 @@ use strict;
 use warnings;
 use lib "$ENV{TESTDIR}/test/perl";
 use DurableLedger::PgBouncer;
+use DurableLedger::PythonTests;
 use DurableLedger::TestNode;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -33,54 +34,10 @@ my $bouncer = DurableLedger::PgBouncer->start($node,
 	users => [$user], user => $user, pool_size => 4,
 	settings => { server_round_robin => 1 });
 
-my ($stdout, $stderr);
-my $exit_ok;
-{
-	local $ENV{DURABLE_LEDGER_DSN} = $node->connstr('postgres');
-	local $ENV{DURABLE_LEDGER_PGBOUNCER_DSN} = $bouncer->connstr('postgres');
-	local $ENV{PYTHONPATH} =
-	  join(':', $client, grep { defined && $_ ne '' } $ENV{PYTHONPATH});
-	my @cmd = ('/usr/bin/python3', '-m', 'unittest', 'discover', '-v',
-		'-s', "$client/tests");
-	$exit_ok = IPC::Run::run(\@cmd, '<', \undef, '>', \$stdout, '2>', \$stderr);
-}
-# unittest -v writes its report to stderr: "test_x (module.Class.test_x) ... ok".
-# A test's own output (or a docstring line) may come between the name and the
-# verdict, so a verdict belongs to the last test name seen.
-my $report = $stdout . $stderr;
-my ($current, $results) = (undef, 0);
-for my $line (split /\n/, $report)
-{
-	if ($line =~ /^(test\w*) \(([\w.]+)\)/)
-	{
-		$current = $1;
-	}
-	next unless defined $current;
-	if ($line =~ /(?:^| \.\.\. )(ok|FAIL|ERROR|skipped(?: .*)?|expected failure|unexpected success)$/)
-	{
-		my $verdict = $1;
-		$results++;
-		if ($verdict eq 'ok' || $verdict eq 'expected failure')
-		{
-			pass("python: $current");
-		}
-		elsif ($verdict =~ /^skipped ?(.*)/)
-		{
-		  SKIP: { skip("python: $current: $1", 1); }
-		}
-		else
-		{
-			fail("python: $current ($verdict)");
-		}
-		$current = undef;
-	}
-}
-my ($ran) = $report =~ /^Ran (\d+) tests? in /m;
-ok(defined $ran && $ran > 0 && $ran == $results,
-	'every python test reported a result (' . ($ran // 'none') . " ran, $results read)");
-ok($exit_ok, 'the python client test suite passed');
-unlike($report, qr/ \.\.\. skipped|^OK \(.*skipped/m, 'no python test was skipped');
-diag($report) unless $exit_ok && defined $ran && $ran == $results;
+run_python_tests('python', "$client/tests",
+	{ DURABLE_LEDGER_DSN => $node->connstr('postgres'),
+	  DURABLE_LEDGER_PGBOUNCER_DSN => $bouncer->connstr('postgres') },
+	pythonpath => [$client]);
 
 # nothing the suite did left a session lease behind: not on a server connection
 # of the pooler (a session attempt through it ends its lease where it was taken),
