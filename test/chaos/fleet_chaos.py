@@ -117,6 +117,19 @@ POOLED = False
 # A phase at which a worker waits for a line on stdin ("worker --hold PHASE").
 HOLD_AT = None
 
+# Set when --dsn is a proxy database (durable_ledger_proxy) in front of shards:
+# the workers name the run in every report about a key, so that it goes
+# straight to the run's shard (the late reporter does not, and the proxy finds
+# the one shard that has the key).
+ROUTED = False
+
+
+def routed(call, run):
+    """A call about a key, and its parameters: with the run last through a proxy."""
+    if ROUTED and run is not None:
+        return call[:-1] + ", run => %s)", (run,)
+    return call, ()
+
 
 def connect(dsn, **kwargs):
     if POOLED:
@@ -148,8 +161,9 @@ def bank_outcome(tried):
     return "failed", NOT_AT_THE_BANK, "not at the bank"
 
 
-def truthful_report(conn, key, attempt, bank_id, bank_status):
-    """Reports what the bank did with (key, attempt), naming the attempt.
+def truthful_report(conn, key, attempt, bank_id, bank_status, run=None):
+    """Reports what the bank did with (key, attempt), naming the attempt (and,
+    through a proxy, the run when given).
 
     Returns (accepted, row): accepted when the ledger recorded it, or (a failure on
     an attempt that a later one replaced) already had it; row is the effect's row
@@ -158,9 +172,9 @@ def truthful_report(conn, key, attempt, bank_id, bank_status):
         function, value, expected = "complete_effect", payment(bank_id), "completed"
     else:
         function, value, expected = "fail_effect", decline(bank_id), "failed"
-    row = conn.execute(
-        f"SELECT attempt, status::text, conflict FROM durable_ledger.{function}(%s, %s, %s)",
-        (key, Jsonb(value), attempt)).fetchone()
+    call, more = routed(f"durable_ledger.{function}(%s, %s, %s)", run)
+    row = conn.execute(f"SELECT attempt, status::text, conflict FROM {call}",
+                       (key, Jsonb(value), attempt) + more).fetchone()
     if row[0] == attempt:
         return row[1] == expected and not row[2], row
     return function == "fail_effect" and not row[2], row
@@ -236,7 +250,7 @@ def lease_lost(e):
     sys.exit(LOST)
 
 
-def reconcile_at_bank(conn, key, attempt, provider_key, patience=60):
+def reconcile_at_bank(conn, run, key, attempt, provider_key, patience=60):
     """A worker's reconciler (--reconcilers): once the tool's grace has passed by
     the server's clock (reconcilable_from; waited for, never guessed), asks the
     bank's lookup API by the provider key the lost attempt gave it, and records
@@ -244,10 +258,11 @@ def reconcile_at_bank(conn, key, attempt, provider_key, patience=60):
     reconciled (the pause is then left for the person, the orchestrator's
     reconciler)."""
     deadline = time.monotonic() + patience
+    due_call, due_more = routed("durable_ledger.reconcilable_from(%s, %s)", run)
     while True:
         known, due = conn.execute(
-            "SELECT f IS NOT NULL, f <= clock_timestamp()"
-            "  FROM durable_ledger.reconcilable_from(%s, %s) f", (key, attempt)).fetchone()
+            f"SELECT f IS NOT NULL, f <= clock_timestamp() FROM {due_call} f",
+            (key, attempt) + due_more).fetchone()
         if not known or time.monotonic() > deadline:
             return False
         if due:
@@ -256,8 +271,8 @@ def reconcile_at_bank(conn, key, attempt, provider_key, patience=60):
     outcome, evidence, _ = bank_outcome(conn.execute(
         "SELECT id, status FROM bank_payments WHERE provider_key = %s ORDER BY id",
         (provider_key,)).fetchall())
-    conn.execute("SELECT durable_ledger.reconcile_effect(%s, %s, %s, %s)",
-                 (key, attempt, outcome == "completed", Jsonb(evidence)))
+    call, more = routed("durable_ledger.reconcile_effect(%s, %s, %s, %s)", run)
+    conn.execute(f"SELECT {call}", (key, attempt, outcome == "completed", Jsonb(evidence)) + more)
     return True
 
 
@@ -284,7 +299,7 @@ def worker(dsn, run, plan, seed, lease="session", ttl=2.0, drift_chance=0.0, rec
                          " WHERE run = %s ORDER BY id", (run,)).fetchall()
     rng.shuffle(tries)
     for bank_id, key, attempt, bank_status in tries:
-        accepted, row = truthful_report(conn, key, attempt, bank_id, bank_status)
+        accepted, row = truthful_report(conn, key, attempt, bank_id, bank_status, run)
         if not accepted:
             rejected("a re-sent report", key, attempt, row)
     if tries:
@@ -335,7 +350,7 @@ def worker(dsn, run, plan, seed, lease="session", ttl=2.0, drift_chance=0.0, rec
                     # The answer to its report of the earlier attempt "was lost", so the
                     # worker retries that report now, on the very lease that has just
                     # begun the next attempt: it must leave the next attempt in flight.
-                    accepted, row = truthful_report(conn, key, earlier[1], earlier[0], "declined")
+                    accepted, row = truthful_report(conn, key, earlier[1], earlier[0], "declined", run)
                     if token is not None and accepted and row[0] == attempt and row[1] == "unknown":
                         # the next attempt reads unknown only once its lease has ended: this
                         # worker's token lease expired meanwhile (its heartbeat was late)
@@ -359,7 +374,7 @@ def worker(dsn, run, plan, seed, lease="session", ttl=2.0, drift_chance=0.0, rec
                     {"invoice": step["invoice"], "amount": step["amount"], "key": key,
                      "attempt": attempt, "run": run, "provider_key": provider_key}).fetchone()
                 phase(rng, f"{bank_status} at the bank")
-                accepted, row = truthful_report(conn, key, attempt, bank_id, bank_status)
+                accepted, row = truthful_report(conn, key, attempt, bank_id, bank_status, run)
                 if not accepted:
                     rejected("its own report", key, attempt, row)
                 if bank_status == "paid":
@@ -372,7 +387,7 @@ def worker(dsn, run, plan, seed, lease="session", ttl=2.0, drift_chance=0.0, rec
             if decision == "replay":
                 continue  # it failed (never reached the bank): call again, the next occurrence
             if decision == "pause" and status == "unknown" and reconcilers \
-                    and reconcile_at_bank(conn, key, attempt, provider_key):
+                    and reconcile_at_bank(conn, run, key, attempt, provider_key):
                 phase(rng, "reconciled from the bank")
                 continue  # the call again: it replays the payment, or pays as the next attempt
             if decision == "pause":
@@ -443,14 +458,24 @@ def late_reporter(dsn, seed):
 # The orchestrator.
 # --------------------------------------------------------------------------
 
-def make_plans(rng, runs):
+def make_plans(rng, runs, tenants=None):
     """Per run, a list of payments; how many bank payments each invoice must get;
-    and how many tries the bank declines per business key."""
-    shared = {f"SHARED-{k}": 100 + k for k in range(max(2, runs // 8))}
+    and how many tries the bank declines per business key.
+
+    With tenants (through a proxy), run r belongs to tenant r % len(tenants) and is
+    named "{tenant}chaos-run-r": the tenant is its routing key, and the invoices it
+    shares with other runs through a business key are its tenant's own."""
+    shared = {f"SHARED-{k}": 100 + k for k in range(max(2 if tenants is None else len(tenants), runs // 8))}
     declines = {invoice: rng.choice((0, 1, 1, 2)) for invoice in sorted(shared)}
     plans, expected = {}, {}
     for r in range(runs):
         run = f"chaos-run-{r}"
+        shareable = sorted(shared)
+        if tenants is not None:
+            tenant = r % len(tenants)
+            run = f"{{{tenants[tenant]}}}{run}"
+            shareable = [inv for k, inv in enumerate(sorted(shared, key=lambda i: int(i.split("-")[1])))
+                         if k % len(tenants) == tenant]
         plan = []
         for i in range(rng.randint(2, 4)):
             invoice = f"INV-{r}-{i}"
@@ -461,7 +486,7 @@ def make_plans(rng, runs):
             plan.insert(rng.randint(0, len(plan)), again)
             expected[again["invoice"]] += 1
         if rng.random() < 0.4:  # an invoice shared with other runs: one payment in all
-            invoice = rng.choice(sorted(shared))
+            invoice = rng.choice(shareable)
             plan.insert(rng.randint(0, len(plan)),
                         {"invoice": invoice, "amount": shared[invoice], "business_key": invoice})
             expected[invoice] = 1
@@ -479,7 +504,23 @@ def with_user(dsn, user):
     return psycopg.conninfo.make_conninfo(dsn, user=user)
 
 
-def setup(admin_dsn, declines, reconcile_grace=None):
+def setup(admin_dsn, declines, reconcile_grace=None, shard_dsns=()):
+    """The bank (in --dsn's database) and the roles; through a proxy, the roles on
+    every shard too (PL/Proxy connects to a shard as the calling role)."""
+    for shard_dsn in shard_dsns:
+        with psycopg.connect(shard_dsn, autocommit=True) as conn:
+            conn.execute("""
+                DO $$ BEGIN
+                  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'chaos_worker') THEN
+                    CREATE ROLE chaos_worker LOGIN; END IF;
+                  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'chaos_reconciler') THEN
+                    CREATE ROLE chaos_reconciler LOGIN; END IF;
+                END $$;
+                GRANT durable_ledger_worker TO chaos_worker;
+                GRANT durable_ledger_admin TO chaos_reconciler;""")
+    registered_at = shard_dsns[0] if shard_dsns else admin_dsn
+    with psycopg.connect(registered_at, autocommit=True) as conn:
+        registered = conn.execute("SELECT 1 FROM durable_ledger.tools WHERE tool = 'bank.pay'").fetchone()
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute("""
             DROP TABLE IF EXISTS bank_payments, bank_declines;
@@ -504,7 +545,7 @@ def setup(admin_dsn, declines, reconcile_grace=None):
             GRANT SELECT ON bank_payments TO chaos_reconciler;
         """)
         # bank.pay changes the world: reviewed, with the default divergence policy (pause)
-        if not conn.execute("SELECT 1 FROM durable_ledger.tools WHERE tool = 'bank.pay'").fetchone():
+        if not registered:
             conn.execute("SELECT durable_ledger.register_tool('bank.pay', 'fleet-chaos', note => 'the bank')")
         # with --reconcilers the workers settle unknown outcomes from the bank's lookup API
         conn.execute("SELECT durable_ledger.set_reconcile('bank.pay', %s, 'fleet-chaos')", (reconcile_grace,))
@@ -574,16 +615,17 @@ class AttemptMovedOn(Exception):
     """The effect went on to a later attempt than the one the bank was asked about."""
 
 
-def resolve_drift(conn, key, args, may_duplicate, stats):
+def resolve_drift(conn, run, key, args, may_duplicate, stats):
     """A drifted call: the same payment as the earlier effect it may duplicate
     when it pays the same invoice the same amount (only the memo was reworded)."""
-    earlier = conn.execute("SELECT args FROM durable_ledger.effects WHERE key = %s",
-                           (may_duplicate,)).fetchone()[0]
+    call, more = routed("durable_ledger.effect_status(%s)", run)
+    earlier = conn.execute(f"SELECT args FROM {call}", (may_duplicate,) + more).fetchone()[0]
     same = earlier["invoice"] == args["invoice"] and earlier["amount"] == args["amount"]
     verdict = "same" if same else "distinct"
+    call, more = routed("durable_ledger.resolve_divergence(%s, %s, 'chaos-reconciler', %s)", run)
     try:
-        conn.execute("SELECT durable_ledger.resolve_divergence(%s, %s, 'chaos-reconciler', %s)",
-                     (key, verdict, f"compared with {may_duplicate[:12]}: memo {args.get('memo')!r}"))
+        conn.execute(f"SELECT {call}",
+                     (key, verdict, f"compared with {may_duplicate[:12]}: memo {args.get('memo')!r}") + more)
         stats[f"drifts resolved as {verdict}"] += 1
     except psycopg.errors.ObjectNotInPrerequisiteState as e:
         print(f"# divergence not resolved, {key[:12]}: {e.diag.message_primary}")
@@ -596,11 +638,11 @@ def reconcile(reconciler_dsn, stats, unknown_outcomes=True):
     drifted calls: an unknown outcome left here stays unresolved, and the final
     check says so."""
     with connect(reconciler_dsn, application_name="chaos-reconciler") as conn:
-        for key, attempt, conflict, args, may_duplicate in conn.execute(
-                "SELECT key, attempt, conflict, args, may_duplicate FROM durable_ledger.unresolved"
+        for key, run, attempt, conflict, args, may_duplicate in conn.execute(
+                "SELECT key, run, attempt, conflict, args, may_duplicate FROM durable_ledger.unresolved"
                 " ORDER BY created_at").fetchall():
             if may_duplicate is not None:
-                resolve_drift(conn, key, args, may_duplicate, stats)
+                resolve_drift(conn, run, key, args, may_duplicate, stats)
                 continue
             if conflict or not unknown_outcomes:
                 continue  # a contradiction is a bug here; the final check reports it
@@ -612,11 +654,20 @@ def reconcile(reconciler_dsn, stats, unknown_outcomes=True):
             # lock, and meanwhile a late report may have settled this attempt and a
             # later one begun.  The resolution is kept only if it decided the attempt
             # the bank was asked about (the row stays locked until COMMIT).
+            # (Through a proxy, a call is committed on its shard when it returns, whatever
+            # the transaction does: the resolution names its attempt, and the shard
+            # refuses it for any other, 55000.)
             try:
                 with conn.transaction():
-                    resolved = conn.execute(
-                        "SELECT attempt FROM durable_ledger.resolve_effect(%s, %s, %s, 'chaos-reconciler', %s)",
-                        (key, outcome, Jsonb(value), f"attempt {attempt}: {note}")).fetchone()[0]
+                    if ROUTED:
+                        resolved = conn.execute(
+                            "SELECT attempt FROM durable_ledger.resolve_effect(%s, %s, %s, 'chaos-reconciler', %s,"
+                            "                                                 attempt => %s, run => %s)",
+                            (key, outcome, Jsonb(value), f"attempt {attempt}: {note}", attempt, run)).fetchone()[0]
+                    else:
+                        resolved = conn.execute(
+                            "SELECT attempt FROM durable_ledger.resolve_effect(%s, %s, %s, 'chaos-reconciler', %s)",
+                            (key, outcome, Jsonb(value), f"attempt {attempt}: {note}")).fetchone()[0]
                     if resolved != attempt:
                         raise AttemptMovedOn(resolved)
                 stats["resolved by the reconciler"] += 1
@@ -628,6 +679,21 @@ def reconcile(reconciler_dsn, stats, unknown_outcomes=True):
                 print(f"# not resolved, {key[:12]}: {e.diag.message_primary}")
 
 
+def tenants_over(shard_dsns, proxy_dsn, per_shard=2):
+    """Tenant names (routing keys) that the proxy places on every shard, per_shard each."""
+    tenants, placed = [], collections.Counter()
+    with psycopg.connect(proxy_dsn, autocommit=True) as conn:
+        n = 0
+        while len(tenants) < per_shard * len(shard_dsns):
+            name = f"tenant-{n}"
+            shard = conn.execute("SELECT durable_ledger_proxy.shard_of(%s)", (name,)).fetchone()[0]
+            if placed[shard] < per_shard:
+                placed[shard] += 1
+                tenants.append(name)
+            n += 1
+    return tenants
+
+
 def orchestrate(args):
     rng = random.Random(args.seed)
     admin_dsn = args.dsn
@@ -635,7 +701,8 @@ def orchestrate(args):
     fleet_dsn = args.pooler_dsn or admin_dsn
     worker_dsn = with_user(fleet_dsn, "chaos_worker")
     reconciler_dsn = with_user(fleet_dsn, "chaos_reconciler")
-    plans, expected, declines = make_plans(rng, args.runs)
+    tenants = tenants_over(args.shard_dsn, admin_dsn) if args.shard_dsn else None
+    plans, expected, declines = make_plans(rng, args.runs, tenants)
     # The grace: with session leases a lost worker's try at the bank is committed
     # before its lease ends (one connection for both), so none is needed; with
     # token leases a frozen worker may make its try once resumed, up to ttl * 1.5
@@ -643,7 +710,7 @@ def orchestrate(args):
     grace = None
     if args.reconcilers:
         grace = "0" if args.lease == "session" else f"{args.ttl * 3 + 2} seconds"
-    setup(admin_dsn, declines, grace)
+    setup(admin_dsn, declines, grace, args.shard_dsn or ())
 
     pending = sorted(plans)           # runs to (re)deliver
     done = set()
@@ -795,7 +862,11 @@ def orchestrate(args):
     return plans, expected, done, stats, late, pooling
 
 
-def check(dsn, plans, expected, done, stats, late, lease="session", pooling=None, reconcilers=False):
+def check(dsn, plans, expected, done, stats, late, lease="session", pooling=None, reconcilers=False,
+          shard_dsns=()):
+    """The checks.  The bank is in dsn's database; the ledger too, or, through a
+    proxy, on the shards: its rows are then read from each shard (in shard order,
+    so an audit log stays in each key's own order)."""
     failures, checks = 0, 0
 
     def report(ok, what):
@@ -808,12 +879,21 @@ def check(dsn, plans, expected, done, stats, late, lease="session", pooling=None
         items = sorted(items, key=repr)
         return f": {items[:n]}" + (" ..." if len(items) > n else "") if items else ""
 
+    ledgers = [psycopg.connect(d, autocommit=True) for d in shard_dsns]
+
+    def ledger(sql, params=()):
+        """The rows of a query of the ledger's tables: the shards' together, or dsn's."""
+        return [row for c in (ledgers or [conn]) for row in c.execute(sql, params).fetchall()]
+
+    def ledger_count(sql, params=()):
+        return sum(row[0] for row in ledger(sql, params))
+
     with psycopg.connect(dsn, autocommit=True) as conn:
         # A lease of a worker killed last ends after the kill (a session lease with its
         # backend, a token lease at its expiry): the state is read once every lease has
         # ended, waiting a minute at most (a lease still held then is reported below).
         deadline = time.monotonic() + 60
-        while conn.execute("SELECT count(*) FROM durable_ledger.leases").fetchone()[0] \
+        while ledger_count("SELECT count(*) FROM durable_ledger.leases") \
                 and time.monotonic() < deadline:
             time.sleep(0.05)
         paid = dict(conn.execute(
@@ -821,28 +901,37 @@ def check(dsn, plans, expected, done, stats, late, lease="session", pooling=None
         twice = conn.execute(
             "SELECT count(*) FROM (SELECT idempotency_key FROM bank_payments WHERE status = 'paid'"
             " GROUP BY 1 HAVING count(*) > 1) s").fetchone()[0]
-        unresolved = conn.execute("SELECT count(*) FROM durable_ledger.unresolved").fetchone()[0]
-        conflicts = conn.execute("SELECT count(*) FROM durable_ledger.effects WHERE conflict").fetchone()[0]
-        leases = conn.execute("SELECT count(*) FROM durable_ledger.leases").fetchone()[0]
+        unresolved = ledger_count("SELECT count(*) FROM durable_ledger.unresolved")
+        conflicts = ledger_count("SELECT count(*) FROM durable_ledger.effects WHERE conflict")
+        leases = ledger_count("SELECT count(*) FROM durable_ledger.leases")
         bank = conn.execute("SELECT id, idempotency_key, attempt, run, status FROM bank_payments"
                             " ORDER BY id").fetchall()
-        effects = {row[0]: row[1:] for row in conn.execute(
+        effects = {row[0]: row[1:] for row in ledger(
             "SELECT key, attempt, status::text, result, error, run, business_key"
-            "  FROM durable_ledger.effects").fetchall()}
-        past = {(row[0], row[1]): row[2:] for row in conn.execute(
-            "SELECT key, attempt, status::text, error, run FROM durable_ledger.past_attempts").fetchall()}
-        audit = conn.execute(
+            "  FROM durable_ledger.effects")}
+        past = {(row[0], row[1]): row[2:] for row in ledger(
+            "SELECT key, attempt, status::text, error, run FROM durable_ledger.past_attempts")}
+        audit = ledger(
             "SELECT id, key, event::text, attempt, run, lease_epoch, detail FROM durable_ledger.audit_log"
-            " WHERE key IS NOT NULL ORDER BY id").fetchall()
+            " WHERE key IS NOT NULL ORDER BY id")
         declined_keys = [k for (k,) in conn.execute(
             "SELECT idempotency_key FROM bank_declines WHERE declines > 0").fetchall()]
-        drifts, undecided = conn.execute(
+        counts = ledger(
             "SELECT count(*), count(*) FILTER (WHERE verdict IS NULL) FROM durable_ledger.divergences"
-            " WHERE run = ANY(%s)", (sorted(plans),)).fetchone()
-        lease_kinds = collections.Counter(dict(conn.execute(
-            "SELECT COALESCE(detail->>'kind', 'session'), count(*) FROM durable_ledger.audit_log"
-            " WHERE event = 'lease_acquired' GROUP BY 1").fetchall()))
+            " WHERE run = ANY(%s)", (sorted(plans),))
+        drifts, undecided = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        lease_kinds = collections.Counter()
+        for kind, n in ledger(
+                "SELECT COALESCE(detail->>'kind', 'session'), count(*) FROM durable_ledger.audit_log"
+                " WHERE event = 'lease_acquired' GROUP BY 1"):
+            lease_kinds[kind] += n
+    shards_used = [c.execute("SELECT count(*) FROM durable_ledger.runs WHERE run = ANY(%s)",
+                             (sorted(plans),)).fetchone()[0] for c in ledgers]
+    for c in ledgers:
+        c.close()
 
+    if ledgers:
+        report(all(shards_used), f"the runs were spread over every shard ({shards_used} runs per shard)")
     wrong = {inv: (paid.get(inv, 0), n) for inv, n in expected.items() if paid.get(inv, 0) != n}
     report(done == set(plans), f"every run finished ({len(done)} of {len(plans)})")
     report(not wrong, f"every invoice paid exactly as often as planned ({len(expected)} invoices, "
@@ -987,7 +1076,7 @@ def check(dsn, plans, expected, done, stats, late, lease="session", pooling=None
 
 
 def main():
-    global POOLED, HOLD_AT
+    global POOLED, HOLD_AT, ROUTED
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("role", nargs="?", default="orchestrator",
                         choices=["orchestrator", "setup", "worker", "reporter"])
@@ -1009,6 +1098,8 @@ def main():
     parser.add_argument("--pooled", action="store_true",
                         help="a worker's or reporter's --dsn goes through a transaction pooler")
     parser.add_argument("--hold", help="a worker waits for a line on stdin after printing this phase")
+    parser.add_argument("--routed", action="store_true",
+                        help="a worker's or reporter's --dsn is a proxy database (set by the orchestrator)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--kills", type=int, default=60)
@@ -1023,6 +1114,10 @@ def main():
     parser.add_argument("--reconcilers", action="store_true",
                         help="the workers settle unknown outcomes themselves from the bank's lookup API "
                              "(bank.pay reconcilable: set_reconcile), instead of leaving them for a person")
+    parser.add_argument("--shard-dsn", action="append",
+                        help="through a proxy: --dsn is the proxy's database (durable_ledger_proxy, the bank "
+                             "there too), and this the ledger database of a shard, as a superuser, once per "
+                             "shard in order (roles are created there, the ledger's rows checked there)")
     parser.add_argument("--run")
     parser.add_argument("--plan")
     args = parser.parse_args()
@@ -1035,6 +1130,7 @@ def main():
     if args.drift_chance is None and args.role == "orchestrator":
         args.drift_chance = 0.3
     POOLED = args.pooled or bool(args.pooler_dsn)
+    ROUTED = bool(args.shard_dsn) or args.routed
     HOLD_AT = args.hold
     if args.role == "setup":
         setup(args.dsn, {})
@@ -1051,7 +1147,7 @@ def main():
         print("0 passed, 1 failed")
         raise
     sys.exit(1 if check(args.dsn, plans, expected, done, stats, late, args.lease,
-                        pooling if args.pooler_dsn else None, args.reconcilers) else 0)
+                        pooling if args.pooler_dsn else None, args.reconcilers, args.shard_dsn or ()) else 0)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@
 #   $ledger->shard_dsn(1)               # of a shard's ledger database
 #   $ledger->add_role('agent', 'durable_ledger_worker')   # on every cluster
 #   $ledger->on_shards($sql)            # safe_psql on every shard
+#   $ledger->another('2')               # a second ledger on the same clusters: databases
+#                                       # ledger2 on the shards, proxy2 on the proxy
 #   $ledger->stop
 package DurableLedger::Shards;
 
@@ -35,19 +37,40 @@ sub start
 		$node->init;
 		$node->append_conf('postgresql.conf', join("\n", @conf, @{ $opts{shard_conf} // [] }) . "\n");
 		$node->start;
-		$node->safe_psql('postgres', 'CREATE DATABASE ledger');
-		$node->safe_psql('ledger', 'CREATE EXTENSION durable_ledger');
 		push @shards, $node;
 	}
 	my $proxy = PostgreSQL::Test::Cluster->new("${tag}_proxy");
 	$proxy->init;
 	$proxy->append_conf('postgresql.conf', join("\n", @conf) . "\n");
 	$proxy->start;
-	$proxy->safe_psql('postgres', 'CREATE DATABASE proxy');
-	my $self = bless { proxy => $proxy, shards => \@shards }, $class;
+	my $self = bless { proxy => $proxy, shards => \@shards, suffix => '' }, $class;
+	$self->create;
+	return $self;
+}
+
+sub another
+{
+	my ($self, $suffix) = @_;
+	my $other = bless { %$self, suffix => $suffix }, ref($self);
+	$other->create;
+	return $other;
+}
+
+# The ledger databases on the shards, the proxy database and its server.
+sub create
+{
+	my ($self) = @_;
+	my ($ledger, $proxydb) = map { $_ . $self->{suffix} } qw(ledger proxy);
+	for my $node (@{ $self->{shards} })
+	{
+		$node->safe_psql('postgres', "CREATE DATABASE $ledger");
+		$node->safe_psql($ledger, 'CREATE EXTENSION durable_ledger');
+	}
+	my $proxy = $self->{proxy};
+	$proxy->safe_psql('postgres', "CREATE DATABASE $proxydb");
 	my $partitions = join(",\n", map {
-		"p$_ " . quote_literal($self->shard_dsn($_)) } 0 .. $count - 1);
-	$proxy->safe_psql('proxy', qq{
+		"p$_ " . quote_literal($self->shard_dsn($_)) } 0 .. $#{ $self->{shards} });
+	$proxy->safe_psql($proxydb, qq{
 		CREATE EXTENSION durable_ledger_proxy CASCADE;
 		CREATE SERVER durable_ledger_shards FOREIGN DATA WRAPPER plproxy
 		    OPTIONS (modular_mapping '1', $partitions);
@@ -55,7 +78,6 @@ sub start
 		GRANT USAGE ON FOREIGN SERVER durable_ledger_shards
 		    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin,
 		       durable_ledger_approver;});
-	return $self;
 }
 
 sub quote_literal
@@ -73,7 +95,7 @@ sub shards { return @{ $_[0]{shards} }; }
 sub proxy_dsn
 {
 	my ($self, %opts) = @_;
-	my $dsn = $self->{proxy}->connstr('proxy');
+	my $dsn = $self->{proxy}->connstr('proxy' . $self->{suffix});
 	$dsn .= " user=$opts{user}" if $opts{user};
 	return $dsn;
 }
@@ -82,7 +104,7 @@ sub shard_dsn
 {
 	my ($self, $i, %opts) = @_;
 	my $node = $self->{shards}[$i];
-	my $dsn = 'host=' . $node->host . ' port=' . $node->port . ' dbname=ledger';
+	my $dsn = 'host=' . $node->host . ' port=' . $node->port . ' dbname=ledger' . $self->{suffix};
 	$dsn .= " user=$opts{user}" if $opts{user};
 	return $dsn;
 }
@@ -101,7 +123,7 @@ sub add_role
 sub on_shards
 {
 	my ($self, $sql) = @_;
-	return map { $_->safe_psql('ledger', $sql) } @{ $self->{shards} };
+	return map { $_->safe_psql('ledger' . $self->{suffix}, $sql) } @{ $self->{shards} };
 }
 
 sub stop
