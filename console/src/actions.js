@@ -8,6 +8,9 @@
 /** The console's own refusal: the page showed another state than the ledger's now. */
 export class StalePage extends Error {}
 
+/** The console's own refusal: a field naming a key, run or tool did not decode (ids.js). */
+export class BadForm extends Error {}
+
 const text = (v) => (v === undefined || v === null || String(v).trim() === '' ? null : String(v));
 const required = (v) => (v === undefined || v === null ? '' : String(v));
 
@@ -38,22 +41,26 @@ function sameAttempt(f, rows) {
 const bool = (v) => (text(v) === null ? null : v === 'true' || v === 'on');
 
 /**
- * Each action: the function it calls (FUNCTIONS' name, for the page to ask
- * whether to show it), its SQL, its arguments from the form and the person's
- * name, and what to say when it is done.
+ * Each action: its SQL, its arguments from the form and the person's name,
+ * what to say when it is done, and `ids`: the form fields that name a key, a
+ * run or a tool, which the pages encode (ids.js) and the console decodes
+ * before anything runs.
  */
 export const ACTIONS = {
   resolve: {
+    ids: ['key'],
     sql: 'SELECT key, status, attempt FROM durable_ledger.resolve_effect($1, $2, $3::jsonb, $4, $5, $6::integer)',
     args: (f, name) => [required(f.key), required(f.outcome), text(f.result), name, text(f.note), text(f.attempt)],
     done: (f) => `Effect resolved as ${f.outcome} (attempt ${f.attempt}).`,
   },
   retry: {
+    ids: ['key'],
     sql: 'SELECT key FROM durable_ledger.retry_effect($1, $2::integer, $3, $4)',
     args: (f, name) => [required(f.key), text(f.attempt), name, text(f.note)],
     done: (f) => `Attempt ${f.attempt} did not happen: the next call executes the next attempt.`,
   },
   divergence: {
+    ids: ['key', 'same_as'],
     sql: 'SELECT key FROM durable_ledger.resolve_divergence($1, $2, $3, $4, $5)',
     args: (f, name) => [required(f.key), required(f.verdict), name, text(f.note), text(f.same_as)],
     done: (f) => `Divergence decided: ${f.verdict}.`,
@@ -62,34 +69,40 @@ export const ACTIONS = {
   // only when the call it decided is the attempt the page showed (a business
   // key's later attempt may ask for other args); else it is rolled back
   approve: {
+    ids: ['key'],
     sql: 'SELECT key, attempt FROM durable_ledger.approve_effect($1, $2, $3)',
     args: (f, name) => [required(f.key), name, text(f.note)],
     check: sameAttempt,
     done: (f) => `Approved attempt ${f.attempt}: the run's next call executes it, once.`,
   },
   reject: {
+    ids: ['key'],
     sql: 'SELECT key, attempt FROM durable_ledger.reject_effect($1, $2, $3)',
     args: (f, name) => [required(f.key), name, text(f.note)],
     check: sameAttempt,
     done: (f) => `Rejected attempt ${f.attempt}: every call of it replays the rejection.`,
   },
   break_lease: {
+    ids: ['run'],
     sql: 'SELECT durable_ledger.break_lease($1, $2, $3) AS broken',
     args: (f, name) => [required(f.run), name, text(f.note)],
     done: (f, rows) => (rows[0]?.broken ? `The lease of ${f.run} was broken.` : `Nobody held ${f.run}.`),
   },
   abandon: {
+    ids: ['run'],
     sql: 'SELECT durable_ledger.abandon_run($1, $2, $3) AS abandoned',
     args: (f, name) => [required(f.run), name, text(f.note)],
     done: (f, rows) => (rows[0]?.abandoned ? `Run ${f.run} abandoned.` : `Run ${f.run} was abandoned already.`),
   },
   fork: {
+    ids: ['run', 'up_to'],
     sql: 'SELECT durable_ledger.fork_run($1, $2, $3, $4, $5) AS carried',
     args: (f, name) => [required(f.run), required(f.new_run), required(f.up_to), name, text(f.note)],
     done: (f, rows) => `Run ${f.new_run} forked from ${f.run}, carrying ${rows[0]?.carried} effects.`,
     back: (f) => `/run?run=${encodeURIComponent(f.new_run)}`,
   },
   run_budget: {
+    ids: ['run'],
     sql: 'SELECT durable_ledger.set_run_budget($1, $2, $3, $4, $5::integer, $6::integer, $7::integer)',
     args: (f, name) => [required(f.run), name, text(f.note), text(f.tool),
       text(f.max_executions), text(f.max_in_window), text(f.max_attempts)],
@@ -102,12 +115,14 @@ export const ACTIONS = {
     done: (f) => `Tool ${f.tool} registered.`,
   },
   change_tool: {
+    ids: ['tool'],
     sql: 'SELECT tool FROM durable_ledger.change_tool($1, $2, $3, $4, $5, $6)',
     args: (f, name) => [required(f.tool), name, bool(f.side_effecting), text(f.divergence),
       keyFields(f.key_fields), text(f.note)],
     done: (f) => `Tool ${f.tool} changed.`,
   },
   retire_tool: {
+    ids: ['tool'],
     sql: 'SELECT tool FROM durable_ledger.retire_tool($1, $2, $3)',
     args: (f, name) => [required(f.tool), name, text(f.note)],
     done: (f) => `Tool ${f.tool} retired.`,
@@ -139,6 +154,9 @@ const HINTS = {
 
 /** The message a person sees for an error of a ledger call. */
 export function refusal(err) {
+  if (err instanceof BadForm) {
+    return { source: 'the console', code: null, hint: 'The form was not one of this console\'s pages: nothing was done.', message: err.message };
+  }
   if (err instanceof StalePage) {
     return { source: 'the console', code: null, hint: 'The page showed another attempt: nothing was done. It shows the call as it is now.', message: err.message };
   }

@@ -16,7 +16,8 @@ import nunjucks from 'nunjucks';
 import { Sessions, LoginRefused } from './sessions.js';
 import { LoginThrottle } from './throttle.js';
 import * as ledger from './ledger.js';
-import { ACTIONS, recordedName, refusal, StalePage } from './actions.js';
+import { ACTIONS, BadForm, recordedName, refusal, StalePage } from './actions.js';
+import { decodeId } from './ids.js';
 import { addFilters } from './filters.js';
 import { openStream } from './stream.js';
 
@@ -39,6 +40,9 @@ const NO_SESSION = 'no session';
  *     what no notification announces (a lease that ended with its worker)
  *   allowSuperuser: let superusers log in (default no)
  *   https: fastify's https options (key, cert), or undefined
+ *   publicOrigin: the https:// origin people reach the console at, through a
+ *     TLS-terminating proxy that forwards to it on loopback: the origin forms
+ *     must come from, and the cookies are then Secure (and __Host-)
  *   logger: fastify's logger option
  */
 export async function buildApp(options) {
@@ -52,10 +56,16 @@ export async function buildApp(options) {
     https,
     logger = false,
   } = options;
-  const secure = Boolean(https);
+  const publicOrigin = options.publicOrigin === undefined ? undefined : httpsOrigin(options.publicOrigin);
+  // the browser reaches the console over TLS: its own, or a proxy's
+  const secure = Boolean(https) || publicOrigin !== undefined;
   // under TLS the cookies are __Host-: sent only to this origin, never set by a sibling
   const SESSION_COOKIE = secure ? '__Host-dl_console' : 'dl_console';
-  const app = Fastify({ logger, https, trustProxy: false });
+  const SESSION_COOKIE_OPTIONS = { path: '/', httpOnly: true, sameSite: 'strict', secure };
+  // Behind a TLS-terminating proxy on loopback (publicOrigin), the client's
+  // address is the one the proxy adds to X-Forwarded-For: the login limits
+  // count per person's address, not all people as the proxy's one.
+  const app = Fastify({ logger, https, trustProxy: publicOrigin !== undefined ? 'loopback' : false });
   const sessions = new Sessions(target, { idleTimeoutMs, maxSessionsPerRole, allowSuperuser });
   const throttle = new LoginThrottle(loginLimit);
   app.addHook('onClose', () => sessions.close());
@@ -117,7 +127,7 @@ export async function buildApp(options) {
     if (req.method !== 'POST') return;
     const origin = req.headers.origin;
     const site = req.headers['sec-fetch-site'];
-    const own = `${secure ? 'https' : 'http'}://${req.headers.host}`;
+    const own = publicOrigin ?? `${https ? 'https' : 'http'}://${req.headers.host}`;
     if ((origin !== undefined && origin !== own) || (site !== undefined && site !== 'same-origin')) {
       return reply.code(403).type('text/plain').send('refused: the form was not sent from this console\'s own pages');
     }
@@ -142,8 +152,13 @@ export async function buildApp(options) {
       try {
         req.can = await ledger.privileges(person);
       } catch (err) {
-        if (!err.code) throw err;
-        req.can = null;  // the connection failed: logged out below
+        if (err.code && !person.closed && !/^(08|57P)/.test(err.code)) {
+          // the connection works, the question failed (a statement timeout):
+          // that is no reason to log the person out
+          return reply.code(503).type('text/plain')
+            .send(`the console could not ask PostgreSQL what your role may do now (${err.code}: ${err.message}); try again`);
+        }
+        req.can = null;  // the connection failed or ended: logged out below
       }
       if (!req.can?.may_log_in) {
         await sessions.drop(person.id);
@@ -167,7 +182,8 @@ export async function buildApp(options) {
     const person = req.person;
     const html = views.render(template, {
       ...context,
-      role: person?.role ?? null,
+      // the role's name now (it may have been renamed since the login)
+      role: req.can?.role ?? person?.role ?? null,
       can: req.can ?? {},
       csrf: reply.generateCsrf({ userInfo: person?.id ?? NO_SESSION }),
       flash: context.flash ?? person?.heard(String(req.query?.done ?? '')) ?? null,
@@ -198,28 +214,32 @@ export async function buildApp(options) {
   }, async (req, reply) => {
     const user = String(req.body?.user ?? '');
     const password = String(req.body?.password ?? '');
-    const wait = throttle.wait(req.ip, user);
+    // logins PostgreSQL has not answered yet count as failures until it does
+    const { wait, key } = throttle.begin(req.ip, user);
     if (wait > 0) {
       reply.code(429);
       return render(req, reply, 'login.njk', {
-        error: `too many failed logins for ${user} from your address: try again in ${Math.ceil(wait / 1000)} s`, user,
+        error: `too many failed logins for ${user} from your address (or too many at once): try again in ${Math.ceil(wait / 1000)} s`, user,
       });
     }
+    let ok = false;
     try {
       const person = await sessions.login(user, password, { replacing: req.cookies[SESSION_COOKIE] });
-      throttle.succeeded(req.ip, user);
-      reply.setCookie(SESSION_COOKIE, person.id, { path: '/', httpOnly: true, sameSite: 'strict', secure });
+      ok = true;
+      reply.setCookie(SESSION_COOKIE, person.id, SESSION_COOKIE_OPTIONS);
       return reply.redirect('/', 303);
     } catch (err) {
       if (!(err instanceof LoginRefused)) throw err;
-      throttle.failed(req.ip, user);
       reply.code(401);
       return render(req, reply, 'login.njk', { error: err.message, user });
+    } finally {
+      throttle.finished(key, ok);
     }
   });
   app.post('/logout', { preHandler: app.csrfProtection }, async (req, reply) => {
     await sessions.logout(req.person.id);
-    reply.clearCookie(SESSION_COOKIE, { path: '/' });
+    // with the attributes it was set with (a __Host- cookie is cleared only by a Secure one)
+    reply.clearCookie(SESSION_COOKIE, SESSION_COOKIE_OPTIONS);
     return reply.redirect('/login', 303);
   });
 
@@ -264,19 +284,29 @@ export async function buildApp(options) {
   app.post('/act/:action', { preHandler: app.csrfProtection }, async (req, reply) => {
     if (!Object.hasOwn(ACTIONS, req.params.action)) return reply.code(404).type('text/plain').send('no such action');
     const action = ACTIONS[req.params.action];
-    const form = req.body ?? {};
+    const form = { ...(req.body ?? {}) };
     const person = req.person;
     const back = localPath(form.back);
     let said;
     try {
-      await person.query('BEGIN');
-      const { rows } = await person.query(action.sql, action.args(form, recordedName(person.role, form.name)));
-      action.check?.(form, rows);
-      await person.query('COMMIT');
+      // the key, run or tool the page named, exactly (ids.js)
+      for (const field of action.ids ?? []) {
+        const value = decodeId(form[field]);
+        if (value === null) throw new BadForm(`its field "${field}" does not name a key, run or tool as the console's pages do`);
+        form[field] = value;
+      }
+      // the name recorded is the role's now (it may have been renamed since the login)
+      const name = recordedName(req.can.role ?? person.role, form.name);
+      // one exclusive use of the person's connection: no other request of
+      // theirs (another tab, a double-click) comes between BEGIN and COMMIT
+      const rows = await person.transaction(async (query) => {
+        const { rows: answered } = await query(action.sql, action.args(form, name));
+        action.check?.(form, answered);
+        return answered;
+      });
       said = { kind: 'done', message: action.done(form, rows) };
     } catch (err) {
-      await person.query('ROLLBACK').catch(() => {});
-      if (!err.code && !(err instanceof StalePage)) throw err;
+      if (!err.code && !(err instanceof StalePage) && !(err instanceof BadForm)) throw err;
       said = { kind: 'error', ...refusal(err) };
     }
     const to = (said.kind === 'done' && action.back ? action.back(form) : back).replace(/([?&])done=[^&]*&?/, '$1').replace(/[?&]$/, '');
@@ -295,6 +325,22 @@ export async function buildApp(options) {
 
   app.decorate('sessions', sessions);
   return app;
+}
+
+// An https:// origin (scheme, host, port; a trailing slash is allowed), as
+// browsers write it in Origin; anything else is refused.
+export function httpsOrigin(value) {
+  let u;
+  try {
+    u = new URL(String(value));
+  } catch {
+    u = null;
+  }
+  if (!u || u.protocol !== 'https:' || u.username || u.password || u.pathname !== '/' || u.search || u.hash ||
+      !/^https:\/\/[^/?#]+\/?$/.test(String(value))) {
+    throw new Error(`--public-origin must be an https:// origin (https://host or https://host:port), not "${value}"`);
+  }
+  return u.origin;
 }
 
 // Only a path of this console: never another site (an open redirect).

@@ -1,10 +1,59 @@
 // Template filters.  Every value reaches the page through nunjucks'
 // autoescape: these only format, they never mark anything safe.
 
-/** A JSON value as indented text (escaped when rendered). */
+import { JsonText } from './sessions.js';
+import { encodeId } from './ids.js';
+
+/**
+ * A JSON value as indented text (escaped when rendered).  json and jsonb come
+ * from PostgreSQL as their text (sessions.js): it is re-indented, never
+ * parsed, so every number is shown as the ledger holds it.
+ */
 function json(value) {
   if (value === undefined) return '';
-  return JSON.stringify(value, null, 2);
+  if (value instanceof JsonText) return indentJson(value.text);
+  return JSON.stringify(value, (k, v) => (v instanceof JsonText ? JSON.parse(v.text) : v), 2);
+}
+
+// JSON text as JSON.stringify(value, null, 2) would write it, with its
+// strings and numbers exactly as they are in the text.
+const TOKEN = /\s*("(?:[^"\\]|\\.)*"|[{}[\],:]|[^\s{}[\],:"]+)/gy;
+export function indentJson(text) {
+  let out = '';
+  let depth = 0;
+  let opened = false;  // the last token opened an object or array
+  TOKEN.lastIndex = 0;
+  const pad = () => '\n' + '  '.repeat(depth);
+  for (;;) {
+    const start = TOKEN.lastIndex;
+    const m = TOKEN.exec(text);
+    if (!m) {
+      // anything but white space left over: not JSON text, shown as it came
+      if (text.slice(start).trim() !== '') return text;
+      break;
+    }
+    const t = m[1];
+    if (t === '}' || t === ']') {
+      depth -= 1;
+      out += opened ? t : pad() + t;
+      opened = false;
+      continue;
+    }
+    if (opened) out += pad();
+    opened = false;
+    if (t === '{' || t === '[') {
+      out += t;
+      depth += 1;
+      opened = true;
+    } else if (t === ',') {
+      out += ',' + pad();
+    } else if (t === ':') {
+      out += ': ';
+    } else {
+      out += t;
+    }
+  }
+  return out;
 }
 
 /** A duration in seconds, as a person reads it. */
@@ -36,4 +85,6 @@ export function addFilters(env) {
   env.addFilter('ts', ts);
   env.addFilter('short', short);
   env.addFilter('url', (v) => encodeURIComponent(v ?? ''));
+  // a key, run or tool in a form field (ids.js): the console decodes it exactly
+  env.addFilter('id', encodeId);
 }

@@ -41,18 +41,23 @@ const RELATIONS = {
 
 const privilegeQuery = (() => {
   // a name in the schema cannot even be looked up without USAGE on it (CASE:
-  // the lookup is not made then; AND would not promise the order)
+  // the lookup is not made then; AND would not promise the order); a
+  // function or relation that is not there (another version of the ledger)
+  // is one the role may not use, not an error
   const usage = "pg_catalog.has_schema_privilege('durable_ledger', 'USAGE')";
   const parts = [];
   for (const [name, fn] of Object.entries(FUNCTIONS)) {
-    parts.push(`CASE WHEN ${usage} THEN pg_catalog.has_function_privilege('${fn}', 'EXECUTE') ELSE false END AS "${name}"`);
+    parts.push(`CASE WHEN ${usage} THEN coalesce(pg_catalog.has_function_privilege(pg_catalog.to_regprocedure('${fn}'), 'EXECUTE'), false) ELSE false END AS "${name}"`);
   }
   for (const [name, rel] of Object.entries(RELATIONS)) {
-    parts.push(`CASE WHEN ${usage} THEN pg_catalog.has_table_privilege('${rel}', 'SELECT') ELSE false END AS "read_${name}"`);
+    parts.push(`CASE WHEN ${usage} THEN coalesce(pg_catalog.has_table_privilege(pg_catalog.to_regclass('${rel}'), 'SELECT'), false) ELSE false END AS "read_${name}"`);
   }
   // the role may still log in: not dropped, LOGIN, its password not expired
   parts.push(`EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolcanlogin
                        AND (r.rolvaliduntil IS NULL OR r.rolvaliduntil > pg_catalog.now())) AS may_log_in`);
+  // the role's name now (ALTER ROLE ... RENAME while logged in): what the
+  // page shows and what an action records
+  parts.push('session_user AS role');
   return `SELECT ${parts.join(',\n       ')}`;
 })();
 
@@ -66,7 +71,9 @@ export async function privileges(session) {
 function kindOf(row) {
   if (row.status === null && row.may_duplicate !== null) return 'divergence';
   if (row.status === null) return 'budget';
-  if (row.status === 'awaiting_approval') return 'approval';
+  // a report flagged a call awaiting approval: no verdict is taken on it, a
+  // person resolves it (its page offers the resolution)
+  if (row.status === 'awaiting_approval' && !row.conflict) return 'approval';
   return 'effect';
 }
 

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import pg from 'pg';
 import {
   env, waitFor, superuser, startConsole, worker, launchBrowser, screenshot, login, submit, flash,
-  consoleBackends,
+  consoleBackends, encodedId,
 } from './support.js';
 
 const PASSWORDS = { maria: 'maria-secret-1', ines: 'ines-secret-1', ana: 'ana-secret-1', ap_worker: 'worker-secret-1' };
@@ -184,7 +184,8 @@ test('an auditor sees no action buttons, and a forged resolve POST is refused by
     assert.deepEqual(await page.$$eval('main form', (fs) => fs.map((f) => f.id)), ['verify-form'],
       'an auditor may verify the chain');
 
-    // the forged request: the form an admin's page would send, with the auditor's own token
+    // the forged request: the form an admin's page would send (its key
+    // encoded as the pages do), with the auditor's own token
     await page.goto(`${console1.url}/effect?key=${encodeURIComponent(waiting.key)}`);
     await Promise.all([page.waitForNavigation(), page.evaluate((key) => {
       const f = document.createElement('form');
@@ -202,7 +203,7 @@ test('an auditor sees no action buttons, and a forged resolve POST is refused by
       }
       document.body.append(f);
       f.submit();
-    }, waiting.key)]);
+    }, encodedId(waiting.key))]);
     const said = await flash(page);
     assert.match(said, /SQLSTATE 42501/);
     assert.match(said, /permission denied for function resolve_effect/);
@@ -347,7 +348,7 @@ test('tools: a tool registered with key fields, and the policy for tools nobody 
   assert.match(await flash(admin), /Tool bank.refund registered/);
   const tool = (await db.query("SELECT key_fields, registered_by FROM durable_ledger.tools WHERE tool = 'bank.refund'")).rows[0];
   assert.deepEqual(tool, { key_fields: ['invoice', 'amount'], registered_by: 'maria' });
-  await admin.select('#change-form select[name=tool]', 'bank.refund');
+  await admin.select('#change-form select[name=tool]', encodedId('bank.refund'));
   await admin.select('#change-form select[name=divergence]', 'warn');
   await submit(admin, '#change-form');
   assert.match(await flash(admin), /Tool bank.refund changed/);
@@ -586,7 +587,7 @@ test('a form posted from another origin, or with a token of another session, is 
   const post = (headers, csrf) => fetch(`${console1.url}/act/retry`, {
     method: 'POST', redirect: 'manual',
     headers: { cookie, 'content-type': 'application/x-www-form-urlencoded', ...headers },
-    body: new URLSearchParams({ _csrf: csrf, key: waiting.key, attempt: '1', back: '/' }),
+    body: new URLSearchParams({ _csrf: csrf, key: encodedId(waiting.key), attempt: '1', back: '/' }),
   });
   assert.equal((await post({ origin: 'http://127.0.0.1:9999' }, token)).status, 403, 'another port of this host');
   assert.equal((await post({ 'sec-fetch-site': 'same-site' }, token)).status, 403, 'a sibling site');
@@ -598,6 +599,8 @@ test('a form posted from another origin, or with a token of another session, is 
   assert.equal(row.status, 'started', 'nothing was written');
   const ok = await post({ origin: console1.url }, token);
   assert.equal(ok.status, 303, 'the console\'s own form is taken');
+  assert.equal((await db.query('SELECT status FROM durable_ledger.effects WHERE key = $1', [waiting.key])).rows[0].status,
+    'failed', 'and made it again');
 });
 
 test('an approver\'s page left open on attempt 1 approves nothing once attempt 2 (other args) waits', async () => {
@@ -619,7 +622,7 @@ test('an approver\'s page left open on attempt 1 approves nothing once attempt 2
   const r = await fetch(`${console1.url}/act/approve`, {
     method: 'POST', redirect: 'manual',
     headers: { cookie, 'content-type': 'application/x-www-form-urlencoded' },
-    body: new URLSearchParams({ _csrf: token, key: first.key, attempt: '1', back: `/effect?key=${encodeURIComponent(first.key)}` }),
+    body: new URLSearchParams({ _csrf: token, key: encodedId(first.key), attempt: '1', back: `/effect?key=${encodeURIComponent(first.key)}` }),
   });
   assert.equal(r.status, 303);
   const shown = await (await fetch(new URL(r.headers.get('location'), console1.url), { headers: { cookie } })).text();

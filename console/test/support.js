@@ -114,3 +114,79 @@ export async function consoleBackends(db, role) {
     `SELECT pid FROM pg_stat_activity WHERE usename = $1 AND application_name = 'durable_ledger_console'`, [role]);
   return rows.length;
 }
+
+/** A role's libpq URL on the cluster's socket (the console's --database, with a user and password). */
+export function roleUrl(user, password) {
+  const { host, port, database } = parseTarget(env.target);
+  return `postgresql://${encodeURIComponent(user)}:${encodeURIComponent(password)}@/${encodeURIComponent(database)}` +
+    `?host=${encodeURIComponent(host)}&port=${port}`;
+}
+
+/** The console's encoding of a key, run or tool in a form field (src/ids.js). */
+export const encodedId = (value) => Buffer.from(value, 'utf8').toString('base64url');
+
+const unescapeHtml = (s) => s.replace(/&(#39|quot|lt|gt|amp);/g, (m, e) =>
+  ({ '#39': "'", quot: '"', lt: '<', gt: '>', amp: '&' })[e]);
+
+/** The named fields of a form of a page (its hidden inputs and the values its inputs hold), by the form's id. */
+export function formFields(html, formId) {
+  const form = html.match(new RegExp(`<form[^>]*id="${formId}"[^>]*>([\\s\\S]*?)</form>`));
+  if (!form) throw new Error(`the page has no form #${formId}`);
+  const fields = {};
+  for (const input of form[1].matchAll(/<input\b([^>]*)>/g)) {
+    const name = input[1].match(/\bname="([^"]*)"/);
+    const value = input[1].match(/\bvalue="([^"]*)"/);
+    if (name && !/type="radio"/.test(input[1])) fields[unescapeHtml(name[1])] = value ? unescapeHtml(value[1]) : '';
+  }
+  return fields;
+}
+
+/**
+ * A person's browser as plain HTTP (a cookie jar): logs in, GETs pages, and
+ * POSTs the console's forms as a browser does, following the redirect to
+ * read what the action said.
+ */
+export async function httpPerson(url, user, password, { origin = url, headers = {} } = {}) {
+  const jar = new Map();
+  const keep = (response) => {
+    for (const c of response.headers.getSetCookie()) {
+      const [pair] = c.split(';');
+      const i = pair.indexOf('=');
+      jar.set(pair.slice(0, i), pair.slice(i + 1));
+    }
+  };
+  const cookie = () => [...jar].map(([k, v]) => `${k}=${v}`).join('; ');
+  const page = await fetch(`${url}/login`, { headers });
+  keep(page);
+  const token = (await page.text()).match(/name="_csrf" value="([^"]+)"/)[1];
+  const response = await fetch(`${url}/login`, {
+    method: 'POST', redirect: 'manual',
+    headers: { ...headers, cookie: cookie(), origin, 'content-type': 'application/x-www-form-urlencoded' },
+    body: new URLSearchParams({ _csrf: token, user, password }),
+  });
+  keep(response);
+  const person = {
+    response,
+    jar,
+    cookie,
+    async get(path) {
+      const r = await fetch(new URL(path, url), { headers: { ...headers, cookie: cookie() }, redirect: 'manual' });
+      return { status: r.status, location: r.headers.get('location'), text: await r.text(), headers: r.headers };
+    },
+    /** POSTs `fields` to /act/<action>; returns the status and the message of the page it led to. */
+    async act(action, fields) {
+      const r = await fetch(`${url}/act/${action}`, {
+        method: 'POST', redirect: 'manual',
+        headers: { ...headers, cookie: cookie(), origin, 'content-type': 'application/x-www-form-urlencoded' },
+        body: new URLSearchParams(fields),
+      });
+      if (r.status !== 303) return { status: r.status, said: await r.text() };
+      const shown = await person.get(r.headers.get('location'));
+      // the message's box closes on a line of its own (layout.njk)
+      const said = shown.text.match(/id="flash">([\s\S]*?)\n  <\/div>/);
+      const text = (said?.[1] ?? '').replace(/<[^>]+>/g, ' ').replace(/\s+/g, ' ').trim();
+      return { status: r.status, said: unescapeHtml(text), page: shown };
+    },
+  };
+  return person;
+}
