@@ -31,7 +31,7 @@ is($proxy->safe_psql('proxy', q{SELECT string_agg(shard || ':' || ledger_version
 run_python_tests('proxy', "$ENV{TESTDIR}/test/proxy",
 	{ PROXY_DSN => $ledger->proxy_dsn,
 	  SHARD_DSNS => join('|', map { $ledger->shard_dsn($_) } 0 .. 2) },
-	pattern => 'test_proxy.py');
+	pattern => 'test_*.py', pythonpath => ["$ENV{TESTDIR}/clients/python"]);
 
 # -- one shard stopped in the middle of a run -----------------------------------------
 # Runs on each shard; on p1's, an effect begun under a token lease and never

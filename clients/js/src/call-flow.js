@@ -12,7 +12,7 @@ import { RECONCILE_DUE, RECONCILE_EFFECT, askProvider, reconcilable, reconcilePa
 import { EffectDidNotHappen, EffectFailed, LeaseLost, LedgerError, RunAbandoned } from './errors.js';
 import { guardedBegin } from './session-guard.js';
 import { LEASE_LOST, RUN_ABANDONED, TOOL_REFUSED, abandoned, refused } from './sqlstates.js';
-import { beginCall, errorParam, jsonParam, reportStatement, withModel } from './statements.js';
+import { beginCall, errorParam, jsonParam, reportStatement, routed, withModel } from './statements.js';
 import { describe } from './text.js';
 import { loseLease } from './token-lease.js';
 
@@ -32,8 +32,10 @@ export class CallFlow {
    * @param {SessionAttempts} sessions
    * @param {TokenAttempts} tokens
    * @param {(notice: import('./notices.js').LedgerNotice) => void} notify  the Ledger's 'notice'
+   * @param {boolean} [routedCalls]  calls about a key name their run (durable_ledger_proxy)
    */
-  constructor(ledger, connection, stops, sessions, tokens, notify) {
+  constructor(ledger, connection, stops, sessions, tokens, notify, routedCalls = false) {
+    this.#routed = routedCalls;
     this.#ledger = ledger;
     this.#connection = connection;
     this.#stops = stops;
@@ -43,7 +45,18 @@ export class CallFlow {
   }
 
   #ledger;
+  #routed;
   #notify;
+
+  /**
+   * A call about a key: with its run last through a proxy (see routed()).
+   * @param {string} text
+   * @param {unknown[]} params
+   * @param {string} run
+   */
+  #about(text, params, run) {
+    return routed(text, params, this.#routed ? run : null);
+  }
   #connection;
   #stops;
   #sessions;
@@ -225,7 +238,8 @@ export class CallFlow {
     }
     const fn = refusal ? 'fail_effect' : 'complete_effect';
     const json = refusal ? errorParam(refusal.error) : jsonParam(result);
-    const [row] = await tx(reportStatement(fn), [d.key, json, d.attempt], { statement: fn, run, tool, key: d.key });
+    const [row] = await tx(...this.#about(reportStatement(fn), [d.key, json, d.attempt], run),
+      { statement: fn, run, tool, key: d.key });
     const refused = refusedReport(row, { fn, key: d.key, attempt: d.attempt, where, recorded: false });
     if (refused) throw refused.error;
     if (!refusal) return { result: row.result };
@@ -341,8 +355,8 @@ export class CallFlow {
       detail: null, hint: null, statement: 'reconcile_effect', run, tool, key: d.key,
     });
     // the lookup comes after the tool's grace: one made earlier may miss a request still in flight
-    const [due] = await this.#connection.statement(`reconcilable_from of ${tool} (key ${d.key})`, RECONCILE_DUE,
-      [d.key, d.attempt], { statement: 'reconcilable_from', run, tool, key: d.key });
+    const [due] = await this.#connection.statement(`reconcilable_from of ${tool} (key ${d.key})`,
+      ...this.#about(RECONCILE_DUE, [d.key, d.attempt], run), { statement: 'reconcilable_from', run, tool, key: d.key });
     if (due.reconcilable_from === null) {
       warn('it is not reconciled by workers (its tool is not reconcilable, or the effect changed): the pause is ' +
         'left for a person');
@@ -356,8 +370,9 @@ export class CallFlow {
     const found = await askProvider(reconcile, d, args, warn);
     if (!found) return false;
     try {
-      await this.#connection.statement(`reconcile_effect of ${tool} (key ${d.key})`, RECONCILE_EFFECT,
-        reconcileParams(d, found), { statement: 'reconcile_effect', run, tool, key: d.key });
+      await this.#connection.statement(`reconcile_effect of ${tool} (key ${d.key})`,
+        ...this.#about(RECONCILE_EFFECT, reconcileParams(d, found), run),
+        { statement: 'reconcile_effect', run, tool, key: d.key });
     } catch (e) {
       const err = /** @type {any} */ (e);
       if (err?.sqlstate !== '55000') throw err;
@@ -487,8 +502,8 @@ export class CallFlow {
   async #report(owner, run, fn, key, attempt, json, where, recorded, tool) {
     let row;
     try {
-      [row] = await this.#connection.statement(`${fn} of ${where}`, reportStatement(fn), [key, json, attempt],
-        { statement: fn, run, tool, key });
+      [row] = await this.#connection.statement(`${fn} of ${where}`,
+        ...this.#about(reportStatement(fn), [key, json, attempt], run), { statement: fn, run, tool, key });
     } catch (err) {
       this.#stops.stopCall(recorded, run, key,
         `${where} could not be recorded (${fn}: ${/** @type {any} */ (err).message}).`, owner);

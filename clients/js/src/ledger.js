@@ -18,7 +18,7 @@ import { Connection } from './connection.js';
 import { formatNotice } from './notices.js';
 import { warnRenewalError } from './renewal.js';
 import { SessionAttempts } from './session-attempts.js';
-import { EFFECT_STATUS, HISTORY, beginStatement, checkModel } from './statements.js';
+import { EFFECT_STATUS, HISTORY, beginStatement, checkModel, routed } from './statements.js';
 import { Stops } from './stops.js';
 import { describe } from './text.js';
 import { TokenAttempts } from './token-attempts.js';
@@ -84,9 +84,12 @@ export class Ledger extends EventEmitter {
    *   queued behind a tool's BEGIN would run inside the tool's transaction (the
    *   ledger then refuses to go on, see guarded()).
    * @param {LedgerOptions} [options]  consoleWarn: false -- notices nobody
-   *   listens to are dropped instead of written with console.warn
+   *   listens to are dropped instead of written with console.warn; routed: true
+   *   -- the database is a proxy of a sharded ledger (durable_ledger_proxy): every
+   *   call about a key (a report, a reconciliation, a status) names its run, so
+   *   that the proxy sends it straight to the run's shard
    */
-  constructor(client, { consoleWarn = true } = {}) {
+  constructor(client, { consoleWarn = true, routed: routedCalls = false } = {}) {
     super();
     if (!client || typeof client.query !== 'function') {
       throw new TypeError('new Ledger(client): client must be a node-postgres Client, PoolClient or Pool');
@@ -94,16 +97,19 @@ export class Ledger extends EventEmitter {
     /** @type {Queryable} @readonly */
     this.client = client;
     this.#consoleWarn = consoleWarn;
+    this.#routed = routedCalls;
     /** @param {LedgerNotice} notice */
     const notify = (notice) => this.#notify(notice);
     this.#connection = new Connection(client, notify);
     this.#stops = new Stops(client);
     this.#sessions = new SessionAttempts(this.#connection, this.#stops, notify);
     this.#tokens = new TokenAttempts(this.#connection);
-    this.#calls = new CallFlow(this, this.#connection, this.#stops, this.#sessions, this.#tokens, notify);
+    this.#calls = new CallFlow(this, this.#connection, this.#stops, this.#sessions, this.#tokens, notify,
+      routedCalls);
   }
 
   #consoleWarn;
+  #routed;
   /** @type {Connection} */
   #connection;
   /** @type {Stops} */
@@ -302,10 +308,13 @@ export class Ledger extends EventEmitter {
   /**
    * durable_ledger.effect_status: the effect's row, or null for a key never seen.
    * @param {string} key
+   * @param {string|null} [run]  the effect's run, which a routed Ledger passes on (the
+   *   proxy then asks only its shard); ignored otherwise
    * @returns {Promise<EffectRow|null>}
    */
-  async effectStatus(key) {
-    const { rows } = await this.#connection.query(EFFECT_STATUS, [key], { statement: 'effect_status', key });
+  async effectStatus(key, run = null) {
+    const [text, params] = routed(EFFECT_STATUS, [key], this.#routed ? run : null);
+    const { rows } = await this.#connection.query(text, params, { statement: 'effect_status', key });
     return rows[0] ?? null;
   }
 

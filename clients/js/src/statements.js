@@ -104,6 +104,22 @@ export function reportStatement(fn) {
   return `SELECT * FROM durable_ledger.${fn}($1::text, $2::jsonb, $3::integer)`;
 }
 
+/**
+ * A call about a key with the run as its last argument, when given: through
+ * durable_ledger_proxy (a Ledger made with `routed: true`) it then goes
+ * straight to the run's shard (docs/scale-out.md).  The call's closing
+ * parenthesis must be the statement's last.
+ * @param {string} text
+ * @param {unknown[]} params
+ * @param {string|null} run
+ * @returns {[string, unknown[]]}
+ */
+export function routed(text, params, run) {
+  if (run === null) return [text, params];
+  const at = text.lastIndexOf(')');
+  return [`${text.slice(0, at)}, run => $${params.length + 1}::text${text.slice(at)}`, [...params, run]];
+}
+
 /** take_lease($1 run, $2 ttl in seconds, $3 holder). */
 export const TAKE_LEASE =
   'SELECT * FROM durable_ledger.take_lease($1::text, make_interval(secs => $2::double precision), $3::text)';

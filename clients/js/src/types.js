@@ -165,9 +165,12 @@
 
 /**
  * The options of new Ledger().
- * @typedef {object} LedgerOptions
+  * @typedef {object} LedgerOptions
  * @property {boolean} [consoleWarn]  false: notices nobody listens to ('notice') are dropped
  *   instead of written with console.warn. Default true.
+ * @property {boolean} [routed]  true: the database is a proxy of a sharded ledger
+ *   (durable_ledger_proxy): every call about a key names its run, so that it goes straight
+ *   to the run's shard. Default false.
  */
 
 export {};

@@ -345,6 +345,23 @@ RECONCILE_DUE = ("SELECT f AS reconcilable_from, f <= pg_catalog.clock_timestamp
                  "  FROM durable_ledger.reconcilable_from(%s::text, %s::integer) f")
 
 
+def routed(query: str, params: Tuple[Any, ...],
+           run: Optional[str]) -> Tuple[str, Tuple[Any, ...]]:
+    """A call about a key with ``run`` as its last argument, when given: through
+    durable_ledger_proxy (``routed=True``) it then goes straight to the run's shard
+    (docs/scale-out.md).  The call must be the query's last closing parenthesis."""
+    if run is None:
+        return query, params
+    at = query.rindex(")")
+    return query[:at] + ", run => %s" + query[at:], params + (run,)
+
+
+def reconcile_due_statement(row: Any, run: Optional[str]) -> Tuple[str, Tuple[Any, ...]]:
+    """reconcilable_from of the paused attempt (``run``: routed, see `routed`)."""
+    query = RECONCILE_DUE.replace("%s::integer) f", "%s::integer, run => %s) f") if run else RECONCILE_DUE
+    return query, (row["key"], row["attempt"]) + ((run,) if run else ())
+
+
 def reconcile_due(row: Any, due: Any, run: str, tool: str) -> bool:
     """Whether reconcilable_from says the provider may be asked now; logged when not."""
     if due["reconcilable_from"] is None:
@@ -382,11 +399,14 @@ def reconcile_failed(run: str, tool: str, key: str, exc: BaseException) -> None:
                 tool, run, key, exc)
 
 
-def reconcile_statement(row: Any, found: Finding) -> Tuple[str, Tuple[Any, ...]]:
-    """reconcile_effect of the paused attempt, with what the provider said."""
-    return (RECONCILE_EFFECT,
-            # evidence None is JSON null: the provider's answer, never "no answer"
-            (row["key"], row["attempt"], isinstance(found, Happened), Jsonb(found.evidence)))
+def reconcile_statement(row: Any, found: Finding,
+                        run: Optional[str] = None) -> Tuple[str, Tuple[Any, ...]]:
+    """reconcile_effect of the paused attempt, with what the provider said (``run``:
+    routed, see `routed`)."""
+    return routed(RECONCILE_EFFECT,
+                  # evidence None is JSON null: the provider's answer, never "no answer"
+                  (row["key"], row["attempt"], isinstance(found, Happened), Jsonb(found.evidence)),
+                  run)
 
 
 def reconcile_refused(run: str, tool: str, key: str, exc: WrongState) -> None:
@@ -818,16 +838,17 @@ def refusal_recorded(key: str, refusal: EffectDidNotHappen) -> EffectFailed:
                         "recorded", refusal.error, replayed=False)
 
 
-def report_statement(function: str, key: str, payload: Any,
-                     attempt: int) -> Tuple[str, Tuple[Any, ...]]:
+def report_statement(function: str, key: str, payload: Any, attempt: int,
+                     run: Optional[str] = None) -> Tuple[str, Tuple[Any, ...]]:
     """complete_effect / fail_effect on ``attempt``, the attempt begin_effect executed.
 
     The report always names its attempt: a business key is executed again after a failure
     (attempt 2, 3, ...), and a report that named none could land on another attempt than
     the one it is about -- or, when the connection no longer holds the lease that started
-    the attempt, be kept as a conflict instead of applied."""
-    return (f"SELECT * FROM durable_ledger.{function}(%s, %s, %s)",
-            (key, _json(payload), attempt))
+    the attempt, be kept as a conflict instead of applied.  ``run``: routed (see
+    `routed`)."""
+    return routed(f"SELECT * FROM durable_ledger.{function}(%s, %s, %s)",
+                  (key, _json(payload), attempt), run)
 
 
 def report_failed(run: str, key: str, function: str, expected: str, payload: Any,
@@ -1062,6 +1083,11 @@ class LedgerCore:
     _leases: Dict[str, Any]  # run -> its open token attempt's lease
     _sessions: Dict[str, Any]  # run -> its open attempt() block
     _session_held: Set[str]  # runs held by attempt() or acquire_run()
+    _routed: bool  # through durable_ledger_proxy: calls about a key name their run
+
+    def _route(self, run: Optional[str]) -> Optional[str]:
+        """The run to name in a call about a key: through a proxy only (`routed`)."""
+        return run if self._routed else None
 
     def _bound_session(self, run: str) -> Any:
         """The session attempt at ``run`` of this ledger that the caller's context carries."""

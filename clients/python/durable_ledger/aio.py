@@ -288,7 +288,8 @@ class AsyncLedger(p.LedgerCore):
     what a pool, PgBouncer in transaction mode or a serverless endpoint needs.
     """
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, *, routed: bool = False) -> None:
+        self._routed = routed  # through durable_ledger_proxy: see Ledger
         self._halted: Dict[str, _Halt] = {}
         self._models: Dict[str, str] = {}  # the model of each attempt open, by run
         self._leases: Dict[str, AsyncTokenLease] = {}
@@ -456,7 +457,7 @@ class AsyncLedger(p.LedgerCore):
             refusal = exc
         function, expected, payload = (("fail_effect", "failed", refusal.error) if refusal
                                        else ("complete_effect", "completed", result))
-        query, params = p.report_statement(function, key, payload, attempt)
+        query, params = p.report_statement(function, key, payload, attempt, self._route(run))
         row = (await _execute_on(conn, query, params, shared=False,
                                  what=f"{function} of {key}", about=about))[0]
         p.judge_report(row, run, key, attempt, function, expected, payload, halt)
@@ -571,7 +572,7 @@ class AsyncLedger(p.LedgerCore):
         """`Ledger._reconciled`, awaited: ``reconcile`` may return an awaitable."""
         key = row["key"]
         about = p.About(run, tool, key, from_row=True)
-        due = await self._leaseless_one(lease, p.RECONCILE_DUE, (key, row["attempt"]),
+        due = await self._leaseless_one(lease, *p.reconcile_due_statement(row, self._route(run)),
                                     what=f"reconcilable_from of {key}", about=about)
         if not p.reconcile_due(row, due, run, tool):
             return False
@@ -585,7 +586,7 @@ class AsyncLedger(p.LedgerCore):
             return False
         if finding is None:
             return False
-        query, params = p.reconcile_statement(row, finding)
+        query, params = p.reconcile_statement(row, finding, self._route(run))
         try:
             await self._leaseless_one(lease, query, params, what=f"reconcile_effect of {key}",
                                       about=about)
@@ -666,7 +667,7 @@ class AsyncLedger(p.LedgerCore):
                           expected: str, payload: Any, lease: Optional[TokenLease],
                           recorded: bool) -> Dict[str, Any]:
         halt = self._halter(run, lease)
-        query, params = p.report_statement(function, key, payload, attempt)
+        query, params = p.report_statement(function, key, payload, attempt, self._route(run))
         about = p.About(run, None, key, from_row=True)
         try:
             row = await self._leaseless_one(lease, query, params, what=f"{function} of {key}",
@@ -969,9 +970,10 @@ class AsyncLedger(p.LedgerCore):
 
     # ------------------------------------------------------------------- reads
 
-    async def effect_status(self, key: str) -> Optional[Dict[str, Any]]:
+    async def effect_status(self, key: str, run: Optional[str] = None) -> Optional[Dict[str, Any]]:
         """`Ledger.effect_status`, awaited."""
-        rows = await self._read(p.EFFECT_STATUS, (key,), what=f"effect_status of {key}",
+        rows = await self._read(*p.routed(p.EFFECT_STATUS, (key,), self._route(run)),
+                                what=f"effect_status of {key}",
                                 about=p.About(key=key, from_row=True))
         return rows[0] if rows else None
 

@@ -150,6 +150,11 @@ class Ledger(p.LedgerCore):
     no trace of it, and the next attempt would pay again.  In autocommit mode each call is
     its own committed transaction, so an ``execute`` the client has seen is on disk.
 
+    ``routed=True``: the database is a proxy of a sharded ledger (durable_ledger_proxy,
+    docs/scale-out.md): every call about a key (its report, a reconciliation, a status)
+    names its run, so that the proxy sends it straight to the run's shard.  Without it
+    the client works there too, and the proxy asks every shard where the key is.
+
     A session lease (and with it the occurrence counters that make "again" differ from
     "twice") belongs to the database session, so use one `Ledger` per connection and one
     connection per worker at a time.  Pooled connections: wrap each attempt in `attempt`.
@@ -173,7 +178,11 @@ class Ledger(p.LedgerCore):
     of its own.
     """
 
-    def __init__(self, conn: ConnectionSource) -> None:
+    def __init__(self, conn: ConnectionSource, *, routed: bool = False) -> None:
+        # Through durable_ledger_proxy (docs/scale-out.md): every call about a key (a
+        # report, a reconciliation, a status) names its run, so that the proxy sends it
+        # straight to the run's shard instead of asking every shard where the key is.
+        self._routed = routed
         # Runs that must not go on in their session-lease attempt: run -> (key, reason,
         # error).  A token attempt keeps its own (TokenLease._halted).  See guarded().
         self._halted: Dict[str, _Halt] = {}
@@ -446,7 +455,7 @@ class Ledger(p.LedgerCore):
             refusal = exc
         function, expected, payload = (("fail_effect", "failed", refusal.error) if refusal
                                        else ("complete_effect", "completed", result))
-        query, params = p.report_statement(function, key, payload, attempt)
+        query, params = p.report_statement(function, key, payload, attempt, self._route(run))
         row = _execute_on(conn, query, params, shared=False, what=f"{function} of {key}",
                           about=about)[0]
         p.judge_report(row, run, key, attempt, function, expected, payload, halt)
@@ -557,7 +566,7 @@ class Ledger(p.LedgerCore):
         lost); True when it was recorded, and the call is to be asked again."""
         key = row["key"]
         about = p.About(run, tool, key, from_row=True)
-        due = self._leaseless_one(lease, p.RECONCILE_DUE, (key, row["attempt"]),
+        due = self._leaseless_one(lease, *p.reconcile_due_statement(row, self._route(run)),
                                     what=f"reconcilable_from of {key}", about=about)
         if not p.reconcile_due(row, due, run, tool):
             return False
@@ -568,7 +577,7 @@ class Ledger(p.LedgerCore):
             return False
         if found is None:
             return False
-        query, params = p.reconcile_statement(row, found)
+        query, params = p.reconcile_statement(row, found, self._route(run))
         try:
             self._leaseless_one(lease, query, params, what=f"reconcile_effect of {key}",
                                 about=about)
@@ -622,7 +631,7 @@ class Ledger(p.LedgerCore):
         same attempt changes nothing the second time).
         """
         halt = self._halter(run, lease)
-        query, params = p.report_statement(function, key, payload, attempt)
+        query, params = p.report_statement(function, key, payload, attempt, self._route(run))
         about = p.About(run, None, key, from_row=True)
         try:
             row = self._leaseless_one(lease, query, params, what=f"{function} of {key}",
@@ -996,17 +1005,20 @@ class Ledger(p.LedgerCore):
 
     # ------------------------------------------------------------------- reads
 
-    def effect_status(self, key: str) -> Optional[Dict[str, Any]]:
+    def effect_status(self, key: str, run: Optional[str] = None) -> Optional[Dict[str, Any]]:
         """The effect's row of ``durable_ledger.effects`` as a dict, or None if never seen.
 
         A ``started`` effect whose lease has ended is reported ``unknown``: the question
         is "may it still be in flight?".  Read-only, so allowed inside a transaction.
+        ``run``: the effect's run, which a ``routed`` ledger passes on (the proxy then asks
+        only its shard); ignored otherwise.
         """
         about = p.About(key=key, from_row=True)
+        query, params = p.routed(p.EFFECT_STATUS, (key,), self._route(run))
         if self.conn is None:
-            rows = self._pooled_all(p.EFFECT_STATUS, (key,), about=about)
+            rows = self._pooled_all(query, params, about=about)
         else:
-            rows = self._read(p.EFFECT_STATUS, (key,), about)
+            rows = self._read(query, params, about)
         return rows[0] if rows else None
 
     def history(self, run: str) -> List[Dict[str, Any]]:
