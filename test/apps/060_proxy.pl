@@ -12,6 +12,7 @@
 use strict;
 use warnings;
 use lib "$ENV{TESTDIR}/test/perl";
+use DurableLedger::NodeTests;
 use DurableLedger::PythonTests;
 use DurableLedger::Shards;
 use PostgreSQL::Test::Utils;
@@ -32,6 +33,16 @@ run_python_tests('proxy', "$ENV{TESTDIR}/test/proxy",
 	{ PROXY_DSN => $ledger->proxy_dsn,
 	  SHARD_DSNS => join('|', map { $ledger->shard_dsn($_) } 0 .. 2) },
 	pattern => 'test_*.py', pythonpath => ["$ENV{TESTDIR}/clients/python"]);
+
+# the JavaScript client through the proxy (its dependencies are those of clients/js)
+run_node_tests(
+	dir => "$ENV{TESTDIR}/clients/js",
+	files => ["$ENV{TESTDIR}/test/proxy/js_client.test.js"],
+	prefix => 'js proxy',
+	env => {
+		PROXY_URL => node_pg_url($proxy, 'agent', 'proxy'),
+		ONCALL_URL => node_pg_url($proxy, 'oncall', 'proxy'),
+		SHARD_URLS => join('|', map { node_pg_url($ledger->shard($_), scalar(getpwuid($<)), 'ledger') } 0 .. 2) });
 
 # -- one shard stopped in the middle of a run -----------------------------------------
 # Runs on each shard; on p1's, an effect begun under a token lease and never
