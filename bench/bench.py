@@ -6,7 +6,12 @@ Every comparison runs interleaved in one cluster (A B A B ...) and reports the
 median of its rounds as a ratio; absolute numbers are context only.  Run by
 bench/run.sh against a throwaway cluster.  --only runs some sections:
 pairs, registered, unregistered, budgeted, batch, replay, handoff, pooler, access, growth, audit,
-console.
+console, proxy.
+
+The proxy section (bench/proxy_scale.py) starts four clusters of its own: three shards
+and a proxy (durable_ledger_proxy): begin+complete through the proxy against straight to
+a shard (throughput, latency, CPU per effect), and effects per CPU-second with 1, 2 and 3
+shards.
 
 The access section measures begin+complete against the minimal floor (an intent
 row and its audit row, then the completion and its audit row, a primary key
@@ -49,6 +54,7 @@ import glob
 import os
 import platform
 import pwd
+import re
 import shutil
 import socket
 import statistics
@@ -61,6 +67,7 @@ from psycopg.types.json import Jsonb
 
 from audit_scale import audit_section, audit_dsn
 from console_scale import console_section
+from proxy_scale import proxy_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -454,7 +461,14 @@ def populate(conn, target):
 
 
 SECTIONS = ("pairs", "registered", "unregistered", "budgeted", "local", "batch", "replay", "handoff", "pooler", "access", "growth",
-            "audit", "console")
+            "audit", "console", "proxy")
+
+
+def bench_settings():
+    """The postgresql.conf lines of bench/settings.sh, for the clusters a section starts."""
+    with open(os.path.join(HERE, "settings.sh")) as f:
+        text = f.read()
+    return re.findall(r'^\s*"(.*)"\s*$', text.split("bench_settings=(", 1)[1].split(")\n", 1)[0], re.M)
 
 
 def main():
@@ -645,6 +659,12 @@ def main():
     if "console" in only:
         # the audit section's database (filled once when both run)
         rows.extend(console_section(args, audit_dsn(conn, args.dsn), say))
+
+    if "proxy" in only:
+        say("begin+complete through the proxy (durable_ledger_proxy) against direct, and with 1, 2, 3 shards ...")
+        for row in proxy_section(args, os.path.dirname(args.pgbench), bench_settings(), logdir):
+            rows.append(row)
+            say("  ", row)
 
     cores = os.cpu_count()
     print()

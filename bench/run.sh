@@ -9,6 +9,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/test/throwaway-cluster.sh"
 . "$top/bench/settings.sh"
 install_extension "$top"
+make -s -C "$top/proxy" install >/dev/null  # the proxy section's durable_ledger_proxy
 # the console section starts the operator console: its npm packages, from its lock file
 [ -d "$top/console/node_modules/fastify" ] || (cd "$top/console" && npm ci --no-audit --no-fund --silent)
 start_throwaway_cluster bench 5434 "${bench_settings[@]}"

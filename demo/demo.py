@@ -77,6 +77,7 @@ def ledger_worker(dsn, run, calls, die_after, memo=None, reconcile=False, invoic
     args = dict(PAY_ARGS, **({"memo": memo} if memo else {}))
     args.update({k: v for k, v in (("invoice", invoice), ("amount", amount)) if v is not None})
     with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT durable_ledger.acquire_run(%s)", (run,))  # an attempt begins: the lease
         for _ in range(calls):
             if memo:
                 say(f"the model asks to pay {args['invoice']} ${args['amount']:,} with memo {memo!r}")
@@ -121,6 +122,7 @@ def email_loop_worker(dsn, run, tries):
     has the model word the welcome email anew each time.  Each try is a new call to the
     ledger (new args): only a budget stops the loop."""
     with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT durable_ledger.acquire_run(%s)", (run,))
         for n in range(1, tries + 1):
             args = {"to": "ann@example.com", "body": f"Welcome aboard, Ann! (worded anew, try {n})"}
             key, decision, reason = conn.execute(
@@ -197,20 +199,32 @@ def verdict(conn, run, expected, text):
     return paid == expected
 
 
-def story(dsn):
+ROLES = """
+    DO $$ BEGIN
+      IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ap_worker') THEN CREATE ROLE ap_worker LOGIN; END IF;
+      IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'maria') THEN CREATE ROLE maria LOGIN; END IF;
+      IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ana') THEN CREATE ROLE ana LOGIN; END IF;
+    END $$;
+    GRANT durable_ledger_worker TO ap_worker;
+    GRANT durable_ledger_admin TO maria;
+    GRANT durable_ledger_approver TO ana;"""
+
+
+def story(dsn, shard_dsns=()):
+    """The story, against a ledger (dsn), or through a proxy of a sharded ledger (dsn the
+    proxy's database, shard_dsns its shards': the roles are made there too)."""
     ok = True
+    for shard_dsn in shard_dsns:
+        with psycopg.connect(shard_dsn, autocommit=True) as shard:
+            shard.execute(ROLES)
     with psycopg.connect(dsn, autocommit=True) as admin:
         # least privilege: workers may use the ledger and pay; Maria may resolve; Ana approves
         admin.execute("""
             CREATE TABLE bank_payments (id serial, invoice text, amount integer,
                                         idempotency_key text, run text,
-                                        paid_at timestamptz DEFAULT now());
-            CREATE ROLE ap_worker LOGIN;
-            CREATE ROLE maria LOGIN;
-            CREATE ROLE ana LOGIN;
-            GRANT durable_ledger_worker TO ap_worker;
-            GRANT durable_ledger_admin TO maria;
-            GRANT durable_ledger_approver TO ana;
+                                        paid_at timestamptz DEFAULT now());""")
+        admin.execute(ROLES)
+        admin.execute("""
             GRANT INSERT, SELECT ON bank_payments TO ap_worker;
             GRANT USAGE ON SEQUENCE bank_payments_id_seq TO ap_worker;
             GRANT SELECT ON bank_payments TO maria;
@@ -289,7 +303,7 @@ def story(dsn):
         print("      [orchestrator] the run is paused; it is listed for a person:")
         for key, may_duplicate, args, reason in conn.execute(
                 "SELECT key, may_duplicate, args, reason FROM durable_ledger.unresolved WHERE run = 'ap-6'"):
-            earlier = conn.execute("SELECT args, result FROM durable_ledger.effects WHERE key = %s",
+            earlier = conn.execute("SELECT args, result FROM durable_ledger.effect_status(%s)",
                                    (may_duplicate,)).fetchone()
             print(f"        {key[:12]}…  {args}")
             print(f"        may duplicate {may_duplicate[:12]}…  {earlier[0]} -> {earlier[1]}")
@@ -318,10 +332,9 @@ def story(dsn):
         # settled as it happened: the first attempt completed from the bank's record
         # (one finding, of that attempt: every row the join gives is checked)
         settled = conn.execute(
-            "SELECT e.status = 'completed' AND e.attempt = 1 AND (a.detail ->> 'happened')::boolean"
-            "  FROM durable_ledger.effects e JOIN durable_ledger.audit_log a"
-            "    ON a.key = e.key AND a.event = 'reconciled' AND a.attempt = 1"
-            " WHERE e.run = 'ap-7'").fetchall()
+            "SELECT e.status = 'completed' AND e.attempt = 1 AND (h.detail ->> 'happened')::boolean"
+            "  FROM durable_ledger.history('ap-7') h, durable_ledger.effect_status(h.key) e"
+            " WHERE h.event = 'reconciled' AND h.attempt = 1").fetchall()
         ok &= waiting == 0 and settled == [(True,)]
         ok &= verdict(conn, "ap-7", 1, "paid once, settled from the bank's record, then replayed")
 
@@ -346,9 +359,8 @@ def story(dsn):
         follow(spawn(worker_dsn, "ledger", "--run", "ap-8", *big))
         follow(spawn(worker_dsn, "ledger", "--run", "ap-8", *big))
         approved = conn.execute(
-            "SELECT a.role_name, a.detail ->> 'approved_by' FROM durable_ledger.audit_log a"
-            "  JOIN durable_ledger.effects e ON e.key = a.key"
-            " WHERE e.run = 'ap-8' AND a.event = 'approved'").fetchall()
+            "SELECT h.role_name, h.detail ->> 'approved_by' FROM durable_ledger.history('ap-8') h"
+            " WHERE h.event = 'approved'").fetchall()
         print(f"      [orchestrator] the audit log's verdict: {approved}")
         ok &= approved == [("ana", "ana.kim")]
         ok &= verdict(conn, "ap-8", 1, "paid once, after an approver of her own role approved it")
@@ -381,6 +393,14 @@ def story(dsn):
              WHERE a.run = 'ap-3' AND (a.key IS NULL OR a.key IN (
                    SELECT key FROM durable_ledger.effects WHERE args ->> 'invoice' = 'INV-9'))
              ORDER BY a.id;""")
+        if shard_dsns:  # through the proxy: the run's timeline from its shard
+            query = textwrap.dedent("""\
+                SELECT h.id, h.event, h.role_name, h.application_name,
+                       coalesce(h.detail ->> 'resolved_by', '') AS resolved_by,
+                       coalesce(h.detail ->> 'note', h.detail ->> 'cause', '') AS note
+                  FROM durable_ledger.history('ap-3') h
+                 WHERE h.key IS NULL OR h.args ->> 'invoice' = 'INV-9'
+                 ORDER BY h.id;""")
         print(textwrap.indent(query, "   "))
         rows = conn.execute(query).fetchall()
         widths = [4, 15, 10, 16, 12, 40]
@@ -403,6 +423,9 @@ def main():
     parser.add_argument("--memo")
     parser.add_argument("--invoice")
     parser.add_argument("--amount", type=int)
+    parser.add_argument("--shard-dsn", action="append", default=[],
+                        help="the story through a proxy: --dsn is the proxy's database (durable_ledger_proxy), "
+                             "this a shard's ledger database, as a superuser, once per shard")
     parser.add_argument("--reconcile", action="store_true",
                         help="settle an unknown outcome from the bank's record, not by a person")
     args = parser.parse_args()
@@ -414,7 +437,7 @@ def main():
         ledger_worker(args.dsn, args.run, args.calls, args.die_after, args.memo, args.reconcile,
                       args.invoice, args.amount)
     else:
-        sys.exit(0 if story(args.dsn) else 1)
+        sys.exit(0 if story(args.dsn, args.shard_dsn) else 1)
 
 
 if __name__ == "__main__":

@@ -132,15 +132,15 @@ CREATE TYPE durable_ledger_proxy.audit_heads_row AS (
 -- ---------------------------------------------------------------------------
 CREATE FUNCTION durable_ledger_proxy.routing_key(run text)
 RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE STRICT
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $fn$
-SELECT CASE WHEN t.open OPERATOR(pg_catalog.>) 0 AND t.close OPERATOR(pg_catalog.>) 1
-            THEN pg_catalog.substr(run, t.open OPERATOR(pg_catalog.+) 1,
-                                   t.close OPERATOR(pg_catalog.-) 1)
+SELECT CASE WHEN pg_catalog.strpos(run, '{') OPERATOR(pg_catalog.>) 0
+             AND pg_catalog.strpos(pg_catalog.substr(run, pg_catalog.strpos(run, '{') OPERATOR(pg_catalog.+) 1), '}')
+                 OPERATOR(pg_catalog.>) 1
+            THEN pg_catalog.substr(run, pg_catalog.strpos(run, '{') OPERATOR(pg_catalog.+) 1,
+                     pg_catalog.strpos(pg_catalog.substr(run, pg_catalog.strpos(run, '{') OPERATOR(pg_catalog.+) 1), '}')
+                     OPERATOR(pg_catalog.-) 1)
             ELSE run END
-  FROM (SELECT o.open,
-               pg_catalog.strpos(pg_catalog.substr(run, o.open OPERATOR(pg_catalog.+) 1), '}') AS close
-          FROM (SELECT pg_catalog.strpos(run, '{') AS open) o) t
 $fn$;
 COMMENT ON FUNCTION durable_ledger_proxy.routing_key(text) IS
     'the routing key of a run: the text between its first { and the first } after it when not empty (Redis Cluster''s hash tags), else the run itself';
@@ -148,12 +148,15 @@ COMMENT ON FUNCTION durable_ledger_proxy.routing_key(text) IS
 -- The hash PL/Proxy maps to a shard: the first four bytes of the SHA-256 of
 -- the routing key's UTF-8 bytes, as a signed integer.  The same on every
 -- proxy, platform and PostgreSQL version (hashtext() is not promised to be).
+-- Both are single expressions, not STRICT (NULL gives NULL anyway), so that a
+-- caller's plan inlines them (STABLE: convert_to() is), instead of running a
+-- SQL function, parsed anew, on every call.
 CREATE FUNCTION durable_ledger_proxy.route(run text)
 RETURNS integer
-LANGUAGE sql IMMUTABLE PARALLEL SAFE STRICT
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $fn$
-SELECT ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
-            pg_catalog.convert_to(durable_ledger_proxy.routing_key(run), 'UTF8')), 1, 4), 'hex'))
+SELECT ('x' OPERATOR(pg_catalog.||) pg_catalog.left(pg_catalog.encode(pg_catalog.sha256(
+            pg_catalog.convert_to(durable_ledger_proxy.routing_key(run), 'UTF8')), 'hex'), 8))
        ::pg_catalog.bit(32)::integer
 $fn$;
 COMMENT ON FUNCTION durable_ledger_proxy.route(text) IS
