@@ -263,33 +263,43 @@ $fn$;
 -- ones (one ledger function, its own arguments) are made from the routing
 -- table below; these are the others.  Each names the columns it asks for
 -- (PL/Proxy's rule).
+--
+-- A call that writes first gives the shard's session the caller's
+-- application_name (app), when it differs, so that the shard's audit log names
+-- the caller's application, not the proxy's connection: the subquery "a"
+-- (OFFSET 0: evaluated once, first) whose column the call's first argument
+-- depends on, so that it runs after it.
 -- ---------------------------------------------------------------------------
 
 -- A call under a session lease goes on only while this session's connection
 -- to the shard holds the run's lease, checked in the call's own statement
 -- (NULL columns otherwise).  Under a token lease the shard checks the token.
-CREATE FUNCTION durable_ledger_proxy.begin_effect_held(hash integer, run text, tool text, args jsonb,
+CREATE FUNCTION durable_ledger_proxy.begin_effect_held(hash integer, app text, run text, tool text, args jsonb,
                                                        business_key text, meta jsonb)
 RETURNS durable_ledger.decision LANGUAGE plproxy AS $fn$
     CLUSTER 'durable_ledger_shards'; RUN ON hash;
-    SELECT (c.d).* FROM (SELECT CASE WHEN durable_ledger.session_epoch(run) IS NOT NULL
+    SELECT (c.d).* FROM (SELECT CASE WHEN a.named AND durable_ledger.session_epoch(run) IS NOT NULL
                                      THEN durable_ledger.begin_effect(run, tool, args, business_key, meta) END AS d
+                           FROM (SELECT pg_catalog.num_nulls(CASE WHEN pg_catalog.current_setting('application_name') IS DISTINCT FROM app THEN pg_catalog.set_config('application_name', app, false) END) >= 0 AS named OFFSET 0) a
                            OFFSET 0) c;
 $fn$;
-CREATE FUNCTION durable_ledger_proxy.begin_recorded_held(hash integer, run text, tool text, args jsonb, meta jsonb)
+CREATE FUNCTION durable_ledger_proxy.begin_recorded_held(hash integer, app text, run text, tool text, args jsonb,
+                                                         meta jsonb)
 RETURNS durable_ledger.decision LANGUAGE plproxy AS $fn$
     CLUSTER 'durable_ledger_shards'; RUN ON hash;
-    SELECT (c.d).* FROM (SELECT CASE WHEN durable_ledger.session_epoch(run) IS NOT NULL
+    SELECT (c.d).* FROM (SELECT CASE WHEN a.named AND durable_ledger.session_epoch(run) IS NOT NULL
                                      THEN durable_ledger.begin_recorded(run, tool, args, meta) END AS d
+                           FROM (SELECT pg_catalog.num_nulls(CASE WHEN pg_catalog.current_setting('application_name') IS DISTINCT FROM app THEN pg_catalog.set_config('application_name', app, false) END) >= 0 AS named OFFSET 0) a
                            OFFSET 0) c;
 $fn$;
 
 -- The token handed out is the shard's behind the run's routing hash.
-CREATE FUNCTION durable_ledger_proxy.take_lease_on(hash integer, run text, ttl interval, holder text)
+CREATE FUNCTION durable_ledger_proxy.take_lease_on(hash integer, app text, run text, ttl interval, holder text)
 RETURNS durable_ledger.lease LANGUAGE plproxy AS $fn$
     CLUSTER 'durable_ledger_shards'; RUN ON hash;
     SELECT l.run, hash::text || '.' || l.token AS token, l.epoch, l.expires_at, l.holder
-      FROM durable_ledger.take_lease(run, ttl, holder) l;
+      FROM (SELECT pg_catalog.num_nulls(CASE WHEN pg_catalog.current_setting('application_name') IS DISTINCT FROM app THEN pg_catalog.set_config('application_name', app, false) END) >= 0 AS named OFFSET 0) a,
+           LATERAL durable_ledger.take_lease(CASE WHEN a.named THEN run END, ttl, holder) l;
 $fn$;
 
 -- Whether a shard has a key, asked as each caller may ask: a worker or an
@@ -627,6 +637,7 @@ DECLARE
     r record;
     shard_params text;      -- the parameters without their defaults
     call_args text;         -- their names, as the call's arguments
+    after_named text;       -- the same, the first one after the subquery "a" (above)
     set_returning boolean;
     row_returning boolean;
     route text;
@@ -639,18 +650,21 @@ BEGIN
           FROM pg_catalog.unnest(pg_catalog.string_to_array(shard_params, ',')) WITH ORDINALITY AS u(p, n);
         set_returning := r.returns ~ '^(SETOF|TABLE) ';
         row_returning := set_returning OR r.returns LIKE 'durable_ledger.%';
+        after_named := pg_catalog.regexp_replace(call_args, '^(\w+)', 'CASE WHEN a.named THEN \1 END');
 
-        -- the call on one shard
+        -- the call on one shard, after the caller's application_name
         EXECUTE pg_catalog.format(
-            $f$CREATE FUNCTION durable_ledger_proxy.%1$I(hash integer, %2$s) RETURNS %3$s
+            $f$CREATE FUNCTION durable_ledger_proxy.%1$I(hash integer, app text, %2$s) RETURNS %3$s
                LANGUAGE plproxy AS $p$
                    CLUSTER 'durable_ledger_shards'; RUN ON hash;
-                   SELECT %4$s;
+                   SELECT %4$s
+                     FROM %5$s,
+                          LATERAL durable_ledger.%6$I(%7$s) AS %8$s;
                $p$$f$,
             r.name || '_on', shard_params, r.returns,
-            CASE WHEN row_returning
-                 THEN pg_catalog.format('x.* FROM durable_ledger.%I(%s) x', r.name, call_args)
-                 ELSE pg_catalog.format('durable_ledger.%I(%s) AS %I', r.name, call_args, r.name || '_on') END);
+            CASE WHEN row_returning THEN 'x.*' ELSE pg_catalog.format('x.r AS %I', r.name || '_on') END,
+            '(SELECT pg_catalog.num_nulls(CASE WHEN pg_catalog.current_setting(''application_name'') IS DISTINCT FROM app THEN pg_catalog.set_config(''application_name'', app, false) END) >= 0 AS named OFFSET 0) a', r.name, after_named,
+            CASE WHEN row_returning THEN 'x' ELSE 'x(r)' END);
 
         CONTINUE WHEN r.routed_by = 'own';
 
@@ -666,7 +680,7 @@ BEGIN
                        PERFORM durable_ledger_proxy.every_shard_answers();
                        FOR s IN SELECT x.partition, x.shard FROM durable_ledger_proxy.shards x ORDER BY x.partition LOOP
                            BEGIN
-                               answer := durable_ledger_proxy.%4$I(s.partition, %5$s);
+                               answer := durable_ledger_proxy.%4$I(s.partition, pg_catalog.current_setting('application_name'), %5$s);
                            EXCEPTION WHEN OTHERS THEN
                                PERFORM durable_ledger_proxy.raise_partly_applied(%1$L, s.partition, applied, SQLSTATE, SQLERRM);
                                RAISE;
@@ -690,9 +704,9 @@ BEGIN
             shard_params := shard_params || ', run text';
         END IF;
         body := CASE
-            WHEN set_returning THEN 'RETURN QUERY SELECT * FROM durable_ledger_proxy.%1$I(hash, %2$s);'
-            WHEN r.returns = 'void' THEN 'PERFORM durable_ledger_proxy.%1$I(hash, %2$s);'
-            ELSE 'RETURN durable_ledger_proxy.%1$I(hash, %2$s);' END;
+            WHEN set_returning THEN 'RETURN QUERY SELECT * FROM durable_ledger_proxy.%1$I(hash, %3$s, %2$s);'
+            WHEN r.returns = 'void' THEN 'PERFORM durable_ledger_proxy.%1$I(hash, %3$s, %2$s);'
+            ELSE 'RETURN durable_ledger_proxy.%1$I(hash, %3$s, %2$s);' END;
         EXECUTE pg_catalog.format(
             $f$CREATE FUNCTION durable_ledger.%1$I(%2$s) RETURNS %3$s LANGUAGE plpgsql VOLATILE AS $w$
                DECLARE
@@ -706,7 +720,7 @@ BEGIN
                END
                $w$$f$,
             r.name, r.params, r.returns, route,
-            pg_catalog.format(body, r.name || '_on', call_args));
+            pg_catalog.format(body, r.name || '_on', call_args, 'pg_catalog.current_setting(''application_name'')'));
         EXECUTE pg_catalog.format('COMMENT ON FUNCTION durable_ledger.%I(%s) IS %L', r.name, shard_params,
             CASE r.routed_by
                 WHEN 'run' THEN pg_catalog.format('durable_ledger.%s on the shard of its run', r.name)
@@ -723,7 +737,7 @@ $make$;
 CREATE FUNCTION durable_ledger.canonical_args(args jsonb)
 RETURNS text LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
-    RETURN durable_ledger_proxy.canonical_args_on(0, args);
+    RETURN durable_ledger_proxy.canonical_args_on(0, pg_catalog.current_setting('application_name'), args);
 EXCEPTION WHEN OTHERS THEN
     PERFORM durable_ledger_proxy.raise_if_unreachable(0, SQLERRM);
     RAISE;
@@ -737,7 +751,7 @@ DECLARE
     hash integer := COALESCE(durable_ledger_proxy.route(run), 0);
     l durable_ledger.lease;
 BEGIN
-    l := durable_ledger_proxy.take_lease_on(hash, run, ttl, holder);
+    l := durable_ledger_proxy.take_lease_on(hash, pg_catalog.current_setting('application_name'), run, ttl, holder);
     IF l.token IS NULL THEN
         RETURN NULL;   -- a live lease holds the run
     END IF;
@@ -760,7 +774,8 @@ BEGIN
             USING ERRCODE = '55L01',
                   HINT = 'Pass a token that durable_ledger.take_lease() returned through the proxy.';
     END IF;
-    RETURN durable_ledger_proxy.renew_lease_on(hash, durable_ledger_proxy.shard_token(token), ttl);
+    RETURN durable_ledger_proxy.renew_lease_on(hash, pg_catalog.current_setting('application_name'),
+                                               durable_ledger_proxy.shard_token(token), ttl);
 EXCEPTION WHEN OTHERS THEN
     PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
     RAISE;
@@ -777,7 +792,8 @@ BEGIN
     ELSIF hash IS NULL THEN
         RETURN false;   -- no lease has it, as the ledger answers
     END IF;
-    RETURN durable_ledger_proxy.release_lease_on(hash, durable_ledger_proxy.shard_token(token));
+    RETURN durable_ledger_proxy.release_lease_on(hash, pg_catalog.current_setting('application_name'),
+                                                 durable_ledger_proxy.shard_token(token));
 EXCEPTION WHEN OTHERS THEN
     PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
     RAISE;
@@ -796,10 +812,12 @@ DECLARE
     d durable_ledger.decision;
 BEGIN
     IF lease IS NOT NULL THEN
-        RETURN durable_ledger_proxy.begin_effect_on(hash, run, tool, args, business_key, meta,
+        RETURN durable_ledger_proxy.begin_effect_on(hash, pg_catalog.current_setting('application_name'),
+                                                    run, tool, args, business_key, meta,
                                                     durable_ledger_proxy.shard_token(lease));
     END IF;
-    d := durable_ledger_proxy.begin_effect_held(hash, run, tool, args, business_key, meta);
+    d := durable_ledger_proxy.begin_effect_held(hash, pg_catalog.current_setting('application_name'),
+                                                run, tool, args, business_key, meta);
     IF d.decision IS NULL THEN
         PERFORM durable_ledger_proxy.no_session_lease(run);
     END IF;
@@ -821,10 +839,12 @@ DECLARE
     d durable_ledger.decision;
 BEGIN
     IF lease IS NOT NULL THEN
-        RETURN durable_ledger_proxy.begin_recorded_on(hash, run, tool, args, meta,
+        RETURN durable_ledger_proxy.begin_recorded_on(hash, pg_catalog.current_setting('application_name'),
+                                                      run, tool, args, meta,
                                                       durable_ledger_proxy.shard_token(lease));
     END IF;
-    d := durable_ledger_proxy.begin_recorded_held(hash, run, tool, args, meta);
+    d := durable_ledger_proxy.begin_recorded_held(hash, pg_catalog.current_setting('application_name'),
+                                                  run, tool, args, meta);
     IF d.decision IS NULL THEN
         PERFORM durable_ledger_proxy.no_session_lease(run);
     END IF;
@@ -865,12 +885,12 @@ DECLARE
 BEGIN
     IF hash IS NOT NULL OR key IS NULL THEN
         hash := COALESCE(hash, 0);
-        RETURN QUERY SELECT * FROM durable_ledger_proxy.effect_status_on(hash, key);
+        RETURN QUERY SELECT * FROM durable_ledger_proxy.effect_status_on(hash, pg_catalog.current_setting('application_name'), key);
         RETURN;
     END IF;
     FOR s IN SELECT x.partition FROM durable_ledger_proxy.shards x ORDER BY x.partition LOOP
         hash := s.partition;
-        RETURN QUERY SELECT * FROM durable_ledger_proxy.effect_status_on(hash, key);
+        RETURN QUERY SELECT * FROM durable_ledger_proxy.effect_status_on(hash, pg_catalog.current_setting('application_name'), key);
     END LOOP;
 EXCEPTION WHEN OTHERS THEN
     PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
@@ -896,7 +916,8 @@ BEGIN
                   HINT = pg_catalog.format('Name the new run with the source''s routing key as a hash tag, e.g. "{%s}%s".',
                                            source_key, new_run);
     END IF;
-    RETURN durable_ledger_proxy.fork_run_on(hash, source_run, new_run, up_to, forked_by, note);
+    RETURN durable_ledger_proxy.fork_run_on(hash, pg_catalog.current_setting('application_name'),
+                                            source_run, new_run, up_to, forked_by, note);
 EXCEPTION WHEN OTHERS THEN
     PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
     RAISE;
@@ -916,8 +937,9 @@ BEGIN
     FOR s IN SELECT x.partition, x.shard FROM durable_ledger_proxy.shards x ORDER BY x.partition LOOP
         BEGIN
             RETURN QUERY SELECT s.shard, p.run, p.effects, p.past_attempts, p.divergences
-                           FROM durable_ledger_proxy.purge_settled_on(s.partition, older_than, purged_by,
-                                                                      dry_run, max_runs) p;
+                           FROM durable_ledger_proxy.purge_settled_on(s.partition,
+                                    pg_catalog.current_setting('application_name'), older_than, purged_by,
+                                    dry_run, max_runs) p;
         EXCEPTION WHEN OTHERS THEN
             PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLERRM);
             RAISE;
@@ -937,7 +959,8 @@ BEGIN
     FOR s IN SELECT x.partition, x.shard FROM durable_ledger_proxy.shards x ORDER BY x.partition LOOP
         BEGIN
             RETURN QUERY SELECT s.shard, p.chain, p.audit_rows, p.up_to_seq
-                           FROM durable_ledger_proxy.purge_audit_on(s.partition, older_than, purged_by, dry_run) p;
+                           FROM durable_ledger_proxy.purge_audit_on(s.partition,
+                                    pg_catalog.current_setting('application_name'), older_than, purged_by, dry_run) p;
         EXCEPTION WHEN OTHERS THEN
             PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLERRM);
             RAISE;

@@ -464,6 +464,24 @@ class ProxyTest(unittest.TestCase):
         self.assertEqual(again.execute("SELECT decision FROM durable_ledger.begin_effect(%s, 'bank.pay', '{}')",
                                        (fork,)).fetchone()[0], "replay")
 
+    def test_the_shards_audit_log_names_the_callers_role_and_application(self) -> None:
+        run = self.run_on(2, "named")
+        worker = psycopg.connect(PROXY_DSN, autocommit=True, user="agent", application_name="worker-7")
+        self.addCleanup(worker.close)
+        worker.execute("SELECT durable_ledger.acquire_run(%s)", (run,))
+        key = worker.execute("SELECT key FROM durable_ledger.begin_effect(%s, 'bank.pay', '{}')", (run,)).fetchone()[0]
+        worker.execute("SET application_name = 'worker-7-report'")
+        worker.execute("SELECT durable_ledger.complete_effect(%s, '{}', 1, %s)", (key, run))
+        oncall = psycopg.connect(PROXY_DSN, autocommit=True, user="oncall", application_name="ledger-console")
+        self.addCleanup(oncall.close)
+        oncall.execute("SELECT durable_ledger.set_run_budget(%s, 'maria', 'more attempts', max_attempts => 7)", (run,))
+        rows = self.shard(2).execute(
+            "SELECT event, role_name, application_name FROM durable_ledger.audit_log WHERE run = %s ORDER BY id",
+            (run,)).fetchall()
+        self.assertEqual(rows, [("lease_acquired", "agent", "worker-7"), ("intent", "agent", "worker-7"),
+                                ("completed", "agent", "worker-7-report"),
+                                ("budget_changed", "oncall", "ledger-console")])
+
     def test_an_auditor_reads_and_may_not_call(self) -> None:
         reader = self.proxy("reader")
         reader.execute("SELECT count(*) FROM durable_ledger.unresolved")
