@@ -1114,6 +1114,48 @@ $fn$;
 COMMENT ON FUNCTION durable_ledger_proxy.shard_health() IS
     'each shard: whether it answers, its durable_ledger version, and what is wrong';
 
+-- The shard backends that serve this session (PL/Proxy's connections, one
+-- per shard, opened here if need be): the holder_pid of its session leases.
+CREATE FUNCTION durable_ledger_proxy.backend_pid_on(hash integer)
+RETURNS integer LANGUAGE plproxy AS $fn$
+    CLUSTER 'durable_ledger_shards'; RUN ON hash;
+    SELECT pg_catalog.pg_backend_pid() AS backend_pid_on;
+$fn$;
+CREATE FUNCTION durable_ledger_proxy.shard_backends()
+RETURNS TABLE (shard text, pid integer)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    s record;
+BEGIN
+    FOR s IN SELECT x.partition, x.shard FROM durable_ledger_proxy.shards x ORDER BY x.partition LOOP
+        shard := s.shard;
+        BEGIN
+            pid := durable_ledger_proxy.backend_pid_on(s.partition);
+        EXCEPTION WHEN OTHERS THEN
+            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLERRM);
+            RAISE;
+        END;
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$;
+COMMENT ON FUNCTION durable_ledger_proxy.shard_backends() IS
+    'the process of each shard that serves this session (PL/Proxy''s connection): the holder_pid, in leases, of the session leases this session holds';
+CREATE FUNCTION durable_ledger_proxy.shard_backend(run text)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    hash integer := COALESCE(durable_ledger_proxy.route(run), 0);
+BEGIN
+    RETURN durable_ledger_proxy.backend_pid_on(hash);
+EXCEPTION WHEN OTHERS THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
+    RAISE;
+END
+$fn$;
+COMMENT ON FUNCTION durable_ledger_proxy.shard_backend(text) IS
+    'the process of the run''s shard that serves this session: the holder_pid of its session lease of the run';
+
 -- The registry as each shard has it, and where the shards differ (a change
 -- that stopped in the middle, or one made on a shard directly).
 CREATE FUNCTION durable_ledger_proxy.settings_at(part integer)

@@ -148,6 +148,18 @@ class ProxyTest(unittest.TestCase):
             (run, json.dumps({"amount": 10.0, "invoice": "INV-1"}))).fetchone()
         self.assertEqual((decision, result), ("replay", {"paid": True}))
 
+    def test_shard_backends_name_the_holder_of_this_sessions_leases(self) -> None:
+        run = self.run_on(1, "holder")
+        worker = self.proxy()
+        worker.execute("SELECT durable_ledger.acquire_run(%s)", (run,))
+        pid = worker.execute("SELECT durable_ledger_proxy.shard_backend(%s)", (run,)).fetchone()[0]
+        self.assertEqual(self.shard_backend_of(1, run), pid, "the lease's holder_pid is this session's shard backend")
+        backends = dict(worker.execute("SELECT shard, pid FROM durable_ledger_proxy.shard_backends()").fetchall())
+        self.assertEqual(sorted(backends), [f"p{i}" for i in range(len(SHARD_DSNS))])
+        self.assertEqual(backends["p1"], pid)
+        other = dict(self.proxy().execute("SELECT shard, pid FROM durable_ledger_proxy.shard_backends()").fetchall())
+        self.assertFalse(set(other.values()) & set(backends.values()), "each session has connections of its own")
+
     def test_a_call_without_a_lease_takes_none_and_writes_nothing(self) -> None:
         run = self.run_on(0)
         conn = self.proxy()
