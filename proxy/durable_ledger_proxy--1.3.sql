@@ -162,34 +162,67 @@ $fn$;
 COMMENT ON FUNCTION durable_ledger_proxy.route(text) IS
     'the hash a run is routed by: the first 4 bytes of sha256(the routing key in UTF-8), a signed integer';
 
--- The shards: PL/Proxy's partitions p0 .. pN-1 of the foreign server
--- durable_ledger_shards, in order (docs/scale-out.md sets it up).  Their
--- number is fixed for good: a routing key's shard is abs(hash % N).
+-- The shards: PL/Proxy's partitions of the foreign server durable_ledger_shards
+-- (docs/scale-out.md sets it up), named as PL/Proxy reads them: every option
+-- that is not one of its settings is a partition, "p<N>" or "partition_<N>",
+-- shown here as shard p<N>.  Their number is fixed for good.
 CREATE VIEW durable_ledger_proxy.shards AS
-SELECT pg_catalog.substr(o.option_name, 2)::integer AS partition,
-       o.option_name AS shard,
+SELECT (pg_catalog.regexp_match(o.option_name, '^(?:p|partition_)([0-9]+)$'))[1]::integer AS partition,
+       'p' OPERATOR(pg_catalog.||)
+           (pg_catalog.regexp_match(o.option_name, '^(?:p|partition_)([0-9]+)$'))[1]::integer::text AS shard,
        pg_catalog.regexp_replace(o.option_value,
-           'password\s*=\s*(''([^''\\]|\\.)*''|\S+)', 'password=********', 'g') AS connstr
+           'password\s*=\s*(''([^''\\]|\\.)*''|\S+)', 'password=********', 'g') AS connstr,
+       o.option_name AS option_name
   FROM pg_catalog.pg_foreign_server s
  CROSS JOIN LATERAL pg_catalog.pg_options_to_table(s.srvoptions) o
  WHERE s.srvname OPERATOR(pg_catalog.=) 'durable_ledger_shards'
-   AND o.option_name OPERATOR(pg_catalog.~) '^p[0-9]+$';
+   AND pg_catalog.lower(o.option_name) OPERATOR(pg_catalog.<>) ALL
+       ('{connection_lifetime,query_timeout,disable_binary,keepalive_idle,keepalive_interval,'
+        'keepalive_count,modular_mapping,default_user,connect_timeout}'::text[]);
 COMMENT ON VIEW durable_ledger_proxy.shards IS
-    'the shards: the partitions of the PL/Proxy server durable_ledger_shards (a password in a connection string is not shown)';
+    'the shards: the partitions of the PL/Proxy server durable_ledger_shards, p<N> (a password in a connection string is not shown)';
 
+-- How many shards, once they are numbered 0 .. N-1 as PL/Proxy needs.
 CREATE FUNCTION durable_ledger_proxy.shard_count()
 RETURNS integer
-LANGUAGE sql STABLE PARALLEL SAFE
-AS $fn$ SELECT pg_catalog.count(*)::integer FROM durable_ledger_proxy.shards $fn$;
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $fn$
+DECLARE
+    n integer;
+    numbered boolean;
+BEGIN
+    SELECT pg_catalog.count(*)::integer,
+           pg_catalog.count(DISTINCT x.partition) = pg_catalog.count(*)
+           AND COALESCE(pg_catalog.min(x.partition) = 0 AND pg_catalog.max(x.partition) = pg_catalog.count(*) - 1, true)
+      INTO n, numbered
+      FROM durable_ledger_proxy.shards x;
+    IF NOT numbered THEN
+        RAISE EXCEPTION 'the partitions of server durable_ledger_shards are not p0 .. p%', n - 1
+            USING ERRCODE = '55000',
+                  DETAIL = (SELECT 'Its partitions: ' || pg_catalog.string_agg(x.option_name, ', ' ORDER BY x.option_name)
+                              FROM durable_ledger_proxy.shards x),
+                  HINT = 'Name them p0, p1, … with no gap (docs/scale-out.md).';
+    END IF;
+    RETURN n;
+END
+$fn$;
 
--- The shard PL/Proxy sends a hash to (modular_mapping, which the setup
--- requires: the number of shards need not be a power of two).
+-- The shard PL/Proxy sends a hash to: abs(hash % N) with modular_mapping
+-- (which the setup sets: any number of shards), else hash & (N - 1) (a power
+-- of two), as PL/Proxy's own mapping.
 CREATE FUNCTION durable_ledger_proxy.shard_name(hash integer)
 RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $fn$
 SELECT 'p' OPERATOR(pg_catalog.||)
-       pg_catalog.abs(hash OPERATOR(pg_catalog.%) NULLIF(durable_ledger_proxy.shard_count(), 0))::text
+       (CASE WHEN COALESCE((SELECT pg_catalog.lower(o.option_value) NOT IN ('0', '', 'off', 'false')
+                              FROM pg_catalog.pg_foreign_server s,
+                                   pg_catalog.pg_options_to_table(s.srvoptions) o
+                             WHERE s.srvname OPERATOR(pg_catalog.=) 'durable_ledger_shards'
+                               AND pg_catalog.lower(o.option_name) OPERATOR(pg_catalog.=) 'modular_mapping'), false)
+             THEN pg_catalog.abs(hash OPERATOR(pg_catalog.%) NULLIF(durable_ledger_proxy.shard_count(), 0))
+             ELSE hash OPERATOR(pg_catalog.&) (durable_ledger_proxy.shard_count() OPERATOR(pg_catalog.-) 1)
+        END)::text
 $fn$;
 
 CREATE FUNCTION durable_ledger_proxy.shard_of(run text)
@@ -217,29 +250,47 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE STRICT
 AS $fn$ SELECT pg_catalog.substr(token, pg_catalog.strpos(token, '.') OPERATOR(pg_catalog.+) 1) $fn$;
 
 -- ---------------------------------------------------------------------------
--- Errors.  A shard's own errors reach the caller as the shard raised them
+-- Errors (each API function catches what a shard call raised, a cancel too,
+-- and raises it again, renamed where below says so).  A shard's own errors
+-- reach the caller as the shard raised them
 -- (PL/Proxy keeps their SQLSTATE).  When PL/Proxy cannot reach a shard, or
 -- loses it in the middle of a call, the call fails with 08006 naming the
 -- shard; calls of runs on other shards go on.  A call lost in the middle may
 -- have been committed by the shard: as after any lost connection, its effect
 -- is then started under a lease that ends, and pauses for a person.
 -- ---------------------------------------------------------------------------
-CREATE FUNCTION durable_ledger_proxy.raise_if_unreachable(hash integer, message text)
+CREATE FUNCTION durable_ledger_proxy.raise_if_unreachable(hash integer, state text, message text)
 RETURNS void
 LANGUAGE plpgsql STABLE
 AS $fn$
 DECLARE
     name text := durable_ledger_proxy.shard_name(hash);
     address text;
+    what text := pg_catalog.regexp_replace(message, '^(PL/Proxy function )?[^ ]+\(\d+\): ', '');
 BEGIN
-    IF message LIKE 'PL/Proxy function %' OR message ~ '\] REMOTE (FATAL|PANIC): ' THEN
-        SELECT s.connstr INTO address FROM durable_ledger_proxy.shards s WHERE s.shard = name;
-        RAISE EXCEPTION 'shard % cannot be reached: %', name,
-                pg_catalog.regexp_replace(message, '^(PL/Proxy function )?[^ ]+\(\d+\): ', '')
+    SELECT s.connstr INTO address FROM durable_ledger_proxy.shards s WHERE s.shard = name;
+    IF message ~ '\] REMOTE FATAL: terminating connection due to administrator command' THEN
+        -- break_lease, pg_terminate_backend: the shard is up
+        RAISE EXCEPTION 'this session''s connection to shard % was terminated', name
             USING ERRCODE = '08006',
-                  DETAIL = pg_catalog.format('The shard''s connection string is "%s".', address),
-                  HINT = 'Runs on the other shards go on.  Nothing recorded on this shard is lost: '
-                         'once it is back, its calls answer again and what it paused shows in durable_ledger.unresolved.';
+                  DETAIL = 'The shard ended it (durable_ledger.break_lease, pg_terminate_backend): the session leases '
+                           'it held are gone.  A call under way when it ended may have been made.',
+                  HINT = 'Stop the attempt; a new one (acquire_run) replays what was recorded, and pauses what is unknown.';
+    ELSIF message LIKE 'PL/Proxy function %' OR message ~ '\] REMOTE (FATAL|PANIC): ' THEN
+        RAISE EXCEPTION 'shard % cannot be reached: %', name, what
+            USING ERRCODE = '08006',
+                  DETAIL = pg_catalog.format('The shard''s connection string is "%s".  A call lost while under way '
+                                             'may have been made there.', address),
+                  HINT = 'Runs on the other shards go on.  Nothing recorded on this shard is lost: once it is back, '
+                         'its calls answer again and what it paused shows in durable_ledger.unresolved.  Do not '
+                         'make the call again in this attempt: start a new one.';
+    ELSIF state = '57014' THEN
+        RAISE EXCEPTION 'the call to shard % was canceled: %', name, what
+            USING ERRCODE = '57014',
+                  DETAIL = 'The shard may have committed it before the cancel reached it (a commit waiting for a '
+                           'synchronous standby, say): through the proxy that is an error, not a WARNING.',
+                  HINT = 'Do not make the call again in this attempt: start a new one, which replays what was '
+                         'recorded and pauses what is unknown.';
     END IF;
 END
 $fn$;
@@ -291,6 +342,25 @@ RETURNS durable_ledger.decision LANGUAGE plproxy AS $fn$
                                      THEN durable_ledger.begin_recorded(run, tool, args, meta) END AS d
                            FROM (SELECT pg_catalog.num_nulls(CASE WHEN pg_catalog.current_setting('application_name') IS DISTINCT FROM app THEN pg_catalog.set_config('application_name', app, false) END) >= 0 AS named OFFSET 0) a
                            OFFSET 0) c;
+$fn$;
+
+-- The wait for a session lease honours the caller's lock_timeout and
+-- durable_ledger.lease_wait_timeout (set for this call only, in its own
+-- transaction on the shard), as on a direct connection.
+CREATE FUNCTION durable_ledger_proxy.acquire_run_on(hash integer, app text, run text, wait boolean,
+                                                    lock_timeout text, lease_wait_timeout text)
+RETURNS boolean LANGUAGE plproxy AS $fn$
+    CLUSTER 'durable_ledger_shards'; RUN ON hash;
+    SELECT x.r AS acquire_run_on
+      FROM (SELECT pg_catalog.num_nulls(CASE WHEN pg_catalog.current_setting('application_name') IS DISTINCT FROM app THEN pg_catalog.set_config('application_name', app, false) END) >= 0 AS named OFFSET 0) a,
+           (SELECT pg_catalog.num_nulls(
+                       CASE WHEN lock_timeout IS NOT NULL
+                            THEN pg_catalog.set_config('lock_timeout', lock_timeout, true) END,
+                       CASE WHEN lease_wait_timeout IS NOT NULL
+                            THEN pg_catalog.set_config('durable_ledger.lease_wait_timeout', lease_wait_timeout, true) END)
+                   >= 0 AS timed
+             OFFSET 0) t,
+           LATERAL durable_ledger.acquire_run(CASE WHEN a.named AND t.timed THEN run END, wait) AS x(r);
 $fn$;
 
 -- The token handed out is the shard's behind the run's routing hash.
@@ -458,13 +528,16 @@ BEGIN
     END IF;
     FOR s IN SELECT x.partition, x.shard FROM durable_ledger_proxy.shards x ORDER BY x.partition LOOP
         BEGIN
-            there := CASE asked_as
-                         WHEN 'effect' THEN durable_ledger_proxy.has_effect_on(s.partition, key)
-                         WHEN 'effect_row' THEN durable_ledger_proxy.has_effect_row_on(s.partition, key)
-                         WHEN 'divergence' THEN durable_ledger_proxy.has_divergence_on(s.partition, key)
-                     END;
-        EXCEPTION WHEN OTHERS THEN
-            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLERRM);
+            -- (one statement each: an expression needs the right to every function it names)
+            IF asked_as = 'effect' THEN
+                there := durable_ledger_proxy.has_effect_on(s.partition, key);
+            ELSIF asked_as = 'effect_row' THEN
+                there := durable_ledger_proxy.has_effect_row_on(s.partition, key);
+            ELSE
+                there := durable_ledger_proxy.has_divergence_on(s.partition, key);
+            END IF;
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLSTATE, SQLERRM);
             RAISE;
         END;
         IF there THEN
@@ -510,8 +583,8 @@ BEGIN
     FOR s IN SELECT x.partition, x.shard FROM durable_ledger_proxy.shards x ORDER BY x.partition LOOP
         BEGIN
             version := durable_ledger_proxy.ledger_version_on(s.partition);
-        EXCEPTION WHEN OTHERS THEN
-            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLERRM);
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLSTATE, SQLERRM);
             RAISE;
         END;
         IF version IS NULL THEN
@@ -530,7 +603,7 @@ RETURNS void
 LANGUAGE plpgsql STABLE
 AS $fn$
 BEGIN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(failed, message);
+    PERFORM durable_ledger_proxy.raise_if_unreachable(failed, state, message);
     IF pg_catalog.cardinality(applied) > 0 THEN
         RAISE EXCEPTION '% failed on shard % after shards % took it: %', what,
                 durable_ledger_proxy.shard_name(failed), pg_catalog.array_to_string(applied, ', '), message
@@ -563,74 +636,75 @@ CREATE TABLE durable_ledger_proxy.routing (
     params      text NOT NULL,       -- its parameters, as the ledger declares them
     returns     text NOT NULL,
     routed_by   text NOT NULL CHECK (routed_by IN ('run', 'key', 'every shard', 'own', 'by hand')),
-    asked_as    text CHECK ((routed_by = 'key') = (asked_as IS NOT NULL))
+    asked_as    text CHECK ((routed_by = 'key') = (asked_as IS NOT NULL)),
+    granted_to  name NOT NULL    -- as on the shards: the API function and its call on one shard
 );
 COMMENT ON TABLE durable_ledger_proxy.routing IS
     'how each of the ledger''s functions is routed to its shard (read by the install script)';
 
 INSERT INTO durable_ledger_proxy.routing VALUES
     -- workers
-    ('canonical_args',   'args jsonb', 'text', 'own', NULL),
-    ('effect_key',       'run text, tool text, args jsonb, occurrence integer', 'text', 'run', NULL),
-    ('acquire_run',      'run text, wait boolean DEFAULT true', 'boolean', 'run', NULL),
-    ('release_run',      'run text', 'boolean', 'run', NULL),
-    ('session_epoch',    'run text', 'bigint', 'run', NULL),
-    ('release_attempt',  'run text, epoch bigint', 'boolean', 'run', NULL),
-    ('take_lease',       'run text, ttl interval, holder text', 'durable_ledger.lease', 'by hand', NULL),
-    ('renew_lease',      'token text, ttl interval', 'timestamptz', 'own', NULL),
-    ('release_lease',    'token text', 'boolean', 'own', NULL),
+    ('canonical_args',   'args jsonb', 'text', 'own', NULL, 'durable_ledger_worker'),
+    ('effect_key',       'run text, tool text, args jsonb, occurrence integer', 'text', 'run', NULL, 'durable_ledger_worker'),
+    ('acquire_run',      'run text, wait boolean DEFAULT true', 'boolean', 'by hand', NULL, 'durable_ledger_worker'),
+    ('release_run',      'run text', 'boolean', 'run', NULL, 'durable_ledger_worker'),
+    ('session_epoch',    'run text', 'bigint', 'run', NULL, 'durable_ledger_worker'),
+    ('release_attempt',  'run text, epoch bigint', 'boolean', 'run', NULL, 'durable_ledger_worker'),
+    ('take_lease',       'run text, ttl interval, holder text', 'durable_ledger.lease', 'by hand', NULL, 'durable_ledger_worker'),
+    ('renew_lease',      'token text, ttl interval', 'timestamptz', 'own', NULL, 'durable_ledger_worker'),
+    ('release_lease',    'token text', 'boolean', 'own', NULL, 'durable_ledger_worker'),
     ('begin_effect',     'run text, tool text, args jsonb, business_key text, meta jsonb, lease text',
-                         'durable_ledger.decision', 'own', NULL),
+                         'durable_ledger.decision', 'own', NULL, 'durable_ledger_worker'),
     ('begin_recorded',   'run text, tool text, args jsonb, meta jsonb, lease text',
-                         'durable_ledger.decision', 'own', NULL),
+                         'durable_ledger.decision', 'own', NULL, 'durable_ledger_worker'),
     ('complete_effect',  'key text, result jsonb, attempt integer DEFAULT NULL',
-                         'durable_ledger.effects', 'key', 'effect'),
+                         'durable_ledger.effects', 'key', 'effect', 'durable_ledger_worker'),
     ('fail_effect',      'key text, error jsonb, attempt integer DEFAULT NULL',
-                         'durable_ledger.effects', 'key', 'effect'),
-    ('effect_status',    'key text', 'SETOF durable_ledger.effects', 'own', NULL),
+                         'durable_ledger.effects', 'key', 'effect', 'durable_ledger_worker'),
+    ('effect_status',    'key text', 'SETOF durable_ledger.effects', 'own', NULL, 'durable_ledger_worker'),
     ('reconcile_effect', 'key text, attempt integer, happened boolean, evidence jsonb',
-                         'durable_ledger.effects', 'key', 'effect'),
-    ('reconcilable_from', 'key text, attempt integer', 'timestamptz', 'key', 'effect'),
+                         'durable_ledger.effects', 'key', 'effect', 'durable_ledger_worker'),
+    ('reconcilable_from', 'key text, attempt integer', 'timestamptz', 'key', 'effect', 'durable_ledger_worker'),
     -- admins: decisions about an effect, a run
     ('resolve_effect',   'key text, outcome text, result jsonb, resolved_by text, note text DEFAULT NULL, attempt integer DEFAULT NULL',
-                         'durable_ledger.effects', 'key', 'effect'),
+                         'durable_ledger.effects', 'key', 'effect', 'durable_ledger_admin'),
     ('retry_effect',     'key text, attempt integer, resolved_by text, note text DEFAULT NULL',
-                         'durable_ledger.effects', 'key', 'effect'),
+                         'durable_ledger.effects', 'key', 'effect', 'durable_ledger_admin'),
     ('resolve_divergence', 'key text, verdict text, resolved_by text, note text DEFAULT NULL, same_as text DEFAULT NULL',
-                         'durable_ledger.divergences', 'key', 'divergence'),
-    ('break_lease',      'run text, broken_by text, note text DEFAULT NULL', 'boolean', 'run', NULL),
-    ('abandon_run',      'run text, abandoned_by text, note text DEFAULT NULL', 'boolean', 'run', NULL),
+                         'durable_ledger.divergences', 'key', 'divergence', 'durable_ledger_admin'),
+    ('break_lease',      'run text, broken_by text, note text DEFAULT NULL', 'boolean', 'run', NULL, 'durable_ledger_admin'),
+    ('abandon_run',      'run text, abandoned_by text, note text DEFAULT NULL', 'boolean', 'run', NULL, 'durable_ledger_admin'),
     ('fork_run',         'source_run text, new_run text, up_to text, forked_by text, note text',
-                         'integer', 'own', NULL),
+                         'integer', 'own', NULL, 'durable_ledger_admin'),
     ('set_run_budget',   'run text, changed_by text, note text DEFAULT NULL, tool text DEFAULT NULL, max_executions integer DEFAULT NULL, max_in_window integer DEFAULT NULL, max_attempts integer DEFAULT NULL',
-                         'void', 'run', NULL),
+                         'void', 'run', NULL, 'durable_ledger_admin'),
     -- admins: the registry and the policy
     ('register_tool',    'tool text, registered_by text, side_effecting boolean DEFAULT true, divergence text DEFAULT NULL, key_fields text[] DEFAULT NULL, note text DEFAULT NULL',
-                         'durable_ledger.tools', 'every shard', NULL),
+                         'durable_ledger.tools', 'every shard', NULL, 'durable_ledger_admin'),
     ('change_tool',      'tool text, changed_by text, side_effecting boolean DEFAULT NULL, divergence text DEFAULT NULL, key_fields text[] DEFAULT NULL, note text DEFAULT NULL',
-                         'durable_ledger.tools', 'every shard', NULL),
-    ('retire_tool',      'tool text, retired_by text, note text DEFAULT NULL', 'durable_ledger.tools', 'every shard', NULL),
+                         'durable_ledger.tools', 'every shard', NULL, 'durable_ledger_admin'),
+    ('retire_tool',      'tool text, retired_by text, note text DEFAULT NULL', 'durable_ledger.tools', 'every shard', NULL, 'durable_ledger_admin'),
     ('set_reconcile',    'tool text, grace interval, changed_by text, note text DEFAULT NULL',
-                         'durable_ledger.tools', 'every shard', NULL),
+                         'durable_ledger.tools', 'every shard', NULL, 'durable_ledger_admin'),
     ('set_approval',     'tool text, condition jsonpath, changed_by text, note text DEFAULT NULL',
-                         'durable_ledger.tools', 'every shard', NULL),
+                         'durable_ledger.tools', 'every shard', NULL, 'durable_ledger_admin'),
     ('set_budget',       'tool text, max_executions integer, changed_by text, note text DEFAULT NULL, max_in_window integer DEFAULT NULL, budget_window interval DEFAULT NULL',
-                         'durable_ledger.tools', 'every shard', NULL),
-    ('set_attempts_budget', 'max_attempts integer, changed_by text, note text DEFAULT NULL', 'integer', 'every shard', NULL),
-    ('set_unregistered_tools', 'setting text, set_by text, note text DEFAULT NULL', 'text', 'every shard', NULL),
-    ('set_unregistered_divergence', 'setting text, set_by text, note text DEFAULT NULL', 'text', 'every shard', NULL),
+                         'durable_ledger.tools', 'every shard', NULL, 'durable_ledger_admin'),
+    ('set_attempts_budget', 'max_attempts integer, changed_by text, note text DEFAULT NULL', 'integer', 'every shard', NULL, 'durable_ledger_admin'),
+    ('set_unregistered_tools', 'setting text, set_by text, note text DEFAULT NULL', 'text', 'every shard', NULL, 'durable_ledger_admin'),
+    ('set_unregistered_divergence', 'setting text, set_by text, note text DEFAULT NULL', 'text', 'every shard', NULL, 'durable_ledger_admin'),
     -- admins: retention, shard by shard
     ('purge_settled',    'older_than interval, purged_by text, dry_run boolean, max_runs integer',
-                         'TABLE (run text, effects bigint, past_attempts bigint, divergences bigint)', 'own', NULL),
+                         'TABLE (run text, effects bigint, past_attempts bigint, divergences bigint)', 'own', NULL, 'durable_ledger_admin'),
     ('purge_audit',      'older_than interval, purged_by text, dry_run boolean',
-                         'TABLE (chain bigint, audit_rows bigint, up_to_seq bigint)', 'own', NULL),
+                         'TABLE (chain bigint, audit_rows bigint, up_to_seq bigint)', 'own', NULL, 'durable_ledger_admin'),
     -- approvers
-    ('approve_effect',   'key text, approved_by text, note text DEFAULT NULL', 'durable_ledger.effects', 'key', 'effect_row'),
-    ('reject_effect',    'key text, rejected_by text, note text DEFAULT NULL', 'durable_ledger.effects', 'key', 'effect_row'),
+    ('approve_effect',   'key text, approved_by text, note text DEFAULT NULL', 'durable_ledger.effects', 'key', 'effect_row', 'durable_ledger_approver'),
+    ('reject_effect',    'key text, rejected_by text, note text DEFAULT NULL', 'durable_ledger.effects', 'key', 'effect_row', 'durable_ledger_approver'),
     -- auditors
     ('history',          'run text',
                          'TABLE (id bigint, logged_at timestamptz, lease_epoch bigint, event text, key text, tool text, args jsonb, attempt integer, outcome jsonb, detail jsonb, role_name text, application_name text)',
-                         'run', NULL);
+                         'run', NULL, 'durable_ledger_auditor');
 
 DO $make$
 DECLARE
@@ -665,6 +739,10 @@ BEGIN
             CASE WHEN row_returning THEN 'x.*' ELSE pg_catalog.format('x.r AS %I', r.name || '_on') END,
             '(SELECT pg_catalog.num_nulls(CASE WHEN pg_catalog.current_setting(''application_name'') IS DISTINCT FROM app THEN pg_catalog.set_config(''application_name'', app, false) END) >= 0 AS named OFFSET 0) a', r.name, after_named,
             CASE WHEN row_returning THEN 'x' ELSE 'x(r)' END);
+        -- only to whom the ledger grants the function: a user mapping that connected
+        -- every caller as one role would otherwise let anyone make any call
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION durable_ledger_proxy.%I(hash integer, app text, %s) TO %I',
+                                  r.name || '_on', shard_params, r.granted_to);
 
         CONTINUE WHEN r.routed_by = 'own';
 
@@ -681,7 +759,7 @@ BEGIN
                        FOR s IN SELECT x.partition, x.shard FROM durable_ledger_proxy.shards x ORDER BY x.partition LOOP
                            BEGIN
                                answer := durable_ledger_proxy.%4$I(s.partition, pg_catalog.current_setting('application_name'), %5$s);
-                           EXCEPTION WHEN OTHERS THEN
+                           EXCEPTION WHEN OTHERS OR query_canceled THEN
                                PERFORM durable_ledger_proxy.raise_partly_applied(%1$L, s.partition, applied, SQLSTATE, SQLERRM);
                                RAISE;
                            END;
@@ -714,8 +792,8 @@ BEGIN
                BEGIN
                    hash := %4$s;
                    %5$s
-               EXCEPTION WHEN OTHERS THEN
-                   PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
+               EXCEPTION WHEN OTHERS OR query_canceled THEN
+                   PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLSTATE, SQLERRM);
                    RAISE;
                END
                $w$$f$,
@@ -738,11 +816,28 @@ CREATE FUNCTION durable_ledger.canonical_args(args jsonb)
 RETURNS text LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
     RETURN durable_ledger_proxy.canonical_args_on(0, pg_catalog.current_setting('application_name'), args);
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(0, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(0, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
+
+-- Session leases: PL/Proxy's connection to the run's shard holds it.
+CREATE FUNCTION durable_ledger.acquire_run(run text, wait boolean DEFAULT true)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    hash integer := COALESCE(durable_ledger_proxy.route(run), 0);
+BEGIN
+    RETURN durable_ledger_proxy.acquire_run_on(hash, pg_catalog.current_setting('application_name'), run, wait,
+                                               pg_catalog.current_setting('lock_timeout'),
+                                               pg_catalog.current_setting('durable_ledger.lease_wait_timeout', true));
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLSTATE, SQLERRM);
+    RAISE;
+END
+$fn$;
+COMMENT ON FUNCTION durable_ledger.acquire_run(text, boolean) IS
+    'durable_ledger.acquire_run on the shard of its run, waiting as long as this session''s lock_timeout and durable_ledger.lease_wait_timeout say';
 
 -- Token leases: the token carries its run's routing hash.
 CREATE FUNCTION durable_ledger.take_lease(run text, ttl interval DEFAULT '5 minutes', holder text DEFAULT NULL)
@@ -756,8 +851,8 @@ BEGIN
         RETURN NULL;   -- a live lease holds the run
     END IF;
     RETURN l;
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
@@ -776,8 +871,8 @@ BEGIN
     END IF;
     RETURN durable_ledger_proxy.renew_lease_on(hash, pg_catalog.current_setting('application_name'),
                                                durable_ledger_proxy.shard_token(token), ttl);
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
@@ -794,8 +889,8 @@ BEGIN
     END IF;
     RETURN durable_ledger_proxy.release_lease_on(hash, pg_catalog.current_setting('application_name'),
                                                  durable_ledger_proxy.shard_token(token));
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
@@ -822,8 +917,8 @@ BEGIN
         PERFORM durable_ledger_proxy.no_session_lease(run);
     END IF;
     RETURN d;
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
@@ -849,8 +944,8 @@ BEGIN
         PERFORM durable_ledger_proxy.no_session_lease(run);
     END IF;
     RETURN d;
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
@@ -892,8 +987,8 @@ BEGIN
         hash := s.partition;
         RETURN QUERY SELECT * FROM durable_ledger_proxy.effect_status_on(hash, pg_catalog.current_setting('application_name'), key);
     END LOOP;
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
@@ -918,8 +1013,8 @@ BEGIN
     END IF;
     RETURN durable_ledger_proxy.fork_run_on(hash, pg_catalog.current_setting('application_name'),
                                             source_run, new_run, up_to, forked_by, note);
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
@@ -940,8 +1035,8 @@ BEGIN
                            FROM durable_ledger_proxy.purge_settled_on(s.partition,
                                     pg_catalog.current_setting('application_name'), older_than, purged_by,
                                     dry_run, max_runs) p;
-        EXCEPTION WHEN OTHERS THEN
-            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLERRM);
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLSTATE, SQLERRM);
             RAISE;
         END;
     END LOOP;
@@ -961,8 +1056,8 @@ BEGIN
             RETURN QUERY SELECT s.shard, p.chain, p.audit_rows, p.up_to_seq
                            FROM durable_ledger_proxy.purge_audit_on(s.partition,
                                     pg_catalog.current_setting('application_name'), older_than, purged_by, dry_run) p;
-        EXCEPTION WHEN OTHERS THEN
-            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLERRM);
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLSTATE, SQLERRM);
             RAISE;
         END;
     END LOOP;
@@ -979,8 +1074,8 @@ CREATE FUNCTION durable_ledger_proxy.unresolved_at(part integer)
 RETURNS SETOF durable_ledger_proxy.unresolved_row LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
     RETURN QUERY SELECT * FROM durable_ledger_proxy.unresolved_on(part);
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(part, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(part, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
@@ -988,8 +1083,8 @@ CREATE FUNCTION durable_ledger_proxy.leases_at(part integer)
 RETURNS SETOF durable_ledger_proxy.leases_row LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
     RETURN QUERY SELECT * FROM durable_ledger_proxy.leases_on(part);
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(part, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(part, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
@@ -997,8 +1092,8 @@ CREATE FUNCTION durable_ledger_proxy.metrics_at(part integer)
 RETURNS SETOF durable_ledger_proxy.metrics_row LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
     RETURN QUERY SELECT * FROM durable_ledger_proxy.metrics_on(part);
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(part, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(part, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
@@ -1006,8 +1101,8 @@ CREATE FUNCTION durable_ledger_proxy.audit_heads_at(part integer)
 RETURNS SETOF durable_ledger_proxy.audit_heads_row LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
     RETURN QUERY SELECT * FROM durable_ledger_proxy.audit_heads_on(part);
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(part, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(part, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
@@ -1049,8 +1144,8 @@ BEGIN
     FOR s IN SELECT x.partition, x.shard FROM durable_ledger_proxy.shards x ORDER BY x.partition LOOP
         BEGIN
             RETURN QUERY SELECT s.shard, m.event, m.total FROM durable_ledger_proxy.metrics_events_on(s.partition) m;
-        EXCEPTION WHEN OTHERS THEN
-            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLERRM);
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLSTATE, SQLERRM);
             RAISE;
         END;
     END LOOP;
@@ -1080,39 +1175,98 @@ BEGIN
         BEGIN
             RETURN QUERY SELECT s.shard, v.chain, v.chain_seq, v.id, v.problem
                            FROM durable_ledger_proxy.verify_audit_on(s.partition, heads -> s.shard) v;
-        EXCEPTION WHEN OTHERS THEN
-            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLERRM);
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLSTATE, SQLERRM);
             RAISE;
         END;
     END LOOP;
 END
 $fn$;
 
--- Which shards answer, and with which ledger: no error for one that does not.
+-- The role a shard sees this session as: PL/Proxy connects as the caller's
+-- own role only when the user mapping (and the partitions' connection
+-- strings, which must not say user=) let it.
+CREATE FUNCTION durable_ledger_proxy.shard_user_on(hash integer)
+RETURNS text LANGUAGE plproxy AS $fn$
+    CLUSTER 'durable_ledger_shards'; RUN ON hash;
+    SELECT current_user::text AS shard_user_on;
+$fn$;
+
+-- Which shards answer, with which ledger, and what is wrong with the setup
+-- (docs/scale-out.md): no error for a shard that does not answer.
 CREATE FUNCTION durable_ledger_proxy.shard_health()
 RETURNS TABLE (shard text, connstr text, answers boolean, ledger_version text, problem text)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
     s record;
+    shard_user text;
+    lifetime text;
 BEGIN
+    SELECT o.option_value INTO lifetime
+      FROM pg_catalog.pg_foreign_server f, pg_catalog.pg_options_to_table(f.srvoptions) o
+     WHERE f.srvname = 'durable_ledger_shards' AND pg_catalog.lower(o.option_name) = 'connection_lifetime';
     FOR s IN SELECT x.partition, x.shard, x.connstr FROM durable_ledger_proxy.shards x ORDER BY x.partition LOOP
         shard := s.shard;
         connstr := s.connstr;
+        problem := NULL;
         BEGIN
             ledger_version := durable_ledger_proxy.ledger_version_on(s.partition);
+            shard_user := durable_ledger_proxy.shard_user_on(s.partition);
             answers := true;
-            problem := CASE WHEN ledger_version IS NULL THEN 'durable_ledger is not installed' END;
+            problem := CASE
+                WHEN ledger_version IS NULL THEN 'durable_ledger is not installed'
+                WHEN shard_user IS DISTINCT FROM current_user::text THEN
+                    pg_catalog.format('the shard sees this session as role %s, not %s: the shards cannot check '
+                                      'or record who calls (a user mapping or a connection string naming one role)',
+                                      shard_user, current_user)
+                END;
         EXCEPTION WHEN OTHERS THEN
             answers := false;
             ledger_version := NULL;
             problem := SQLERRM;
         END;
+        IF problem IS NULL AND s.connstr LIKE '%password=********%' THEN
+            problem := 'a password in the server''s options: every role can read it in pg_foreign_server '
+                       '(give it in a user mapping)';
+        ELSIF problem IS NULL AND COALESCE(lifetime, '0') NOT IN ('0', '') THEN
+            problem := 'connection_lifetime is set: PL/Proxy then ends the session leases held through the proxy '
+                       'when it renews a connection';
+        END IF;
         RETURN NEXT;
     END LOOP;
 END
 $fn$;
 COMMENT ON FUNCTION durable_ledger_proxy.shard_health() IS
-    'each shard: whether it answers, its durable_ledger version, and what is wrong';
+    'each shard: whether it answers, its durable_ledger version, and what is wrong (a shard that sees another role than the caller, a password in the server''s options, connection_lifetime)';
+
+-- What a pooler's reset must add in front of the proxy: PgBouncer in session
+-- mode resets the proxy's session (DISCARD ALL) when a client leaves, but
+-- PL/Proxy's connections to the shards stay open, and the session leases
+-- they hold would pass to the next client.  server_reset_query =
+-- 'SELECT durable_ledger_proxy.end_session_leases(); DISCARD ALL' ends them.
+CREATE FUNCTION durable_ledger_proxy.end_session_leases_on(hash integer)
+RETURNS boolean LANGUAGE plproxy AS $fn$
+    CLUSTER 'durable_ledger_shards'; RUN ON hash;
+    SELECT true AS end_session_leases_on FROM (SELECT pg_catalog.pg_advisory_unlock_all()) x;
+$fn$;
+CREATE FUNCTION durable_ledger_proxy.end_session_leases()
+RETURNS void
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    s record;
+BEGIN
+    FOR s IN SELECT x.partition FROM durable_ledger_proxy.shards x ORDER BY x.partition LOOP
+        BEGIN
+            PERFORM durable_ledger_proxy.end_session_leases_on(s.partition);
+        EXCEPTION WHEN OTHERS THEN
+            NULL;  -- a shard that cannot be reached holds none of this session's leases any more
+        END;
+    END LOOP;
+END
+$fn$;
+COMMENT ON FUNCTION durable_ledger_proxy.end_session_leases() IS
+    'ends every session lease this session holds on any shard (what a pooler''s reset query must run in front of the proxy: SELECT durable_ledger_proxy.end_session_leases(); DISCARD ALL)';
+
 
 -- The shard backends that serve this session (PL/Proxy's connections, one
 -- per shard, opened here if need be): the holder_pid of its session leases.
@@ -1131,8 +1285,8 @@ BEGIN
         shard := s.shard;
         BEGIN
             pid := durable_ledger_proxy.backend_pid_on(s.partition);
-        EXCEPTION WHEN OTHERS THEN
-            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLERRM);
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLSTATE, SQLERRM);
             RAISE;
         END;
         RETURN NEXT;
@@ -1148,8 +1302,8 @@ DECLARE
     hash integer := COALESCE(durable_ledger_proxy.route(run), 0);
 BEGIN
     RETURN durable_ledger_proxy.backend_pid_on(hash);
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
@@ -1172,8 +1326,8 @@ BEGIN
       FROM durable_ledger_proxy.tools_on(part) t
     UNION ALL
     SELECT 'policy', pg_catalog.to_jsonb(p) FROM durable_ledger_proxy.policy_on(part) p;
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(part, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(part, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
@@ -1212,8 +1366,8 @@ BEGIN
     FOR s IN SELECT x.partition, x.shard FROM durable_ledger_proxy.shards x ORDER BY x.partition LOOP
         BEGIN
             RETURN QUERY SELECT s.shard, q.* FROM durable_ledger_proxy.audit_by_args_on(s.partition, field, value) q;
-        EXCEPTION WHEN OTHERS THEN
-            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLERRM);
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLSTATE, SQLERRM);
             RAISE;
         END;
     END LOOP;
@@ -1231,8 +1385,8 @@ DECLARE
 BEGIN
     RETURN QUERY SELECT durable_ledger_proxy.shard_name(hash), q.*
                    FROM durable_ledger_proxy.audit_of_run_on(hash, run) q;
-EXCEPTION WHEN OTHERS THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLERRM);
+EXCEPTION WHEN OTHERS OR query_canceled THEN
+    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLSTATE, SQLERRM);
     RAISE;
 END
 $fn$;
@@ -1250,8 +1404,8 @@ BEGIN
     FOR s IN SELECT x.partition, x.shard FROM durable_ledger_proxy.shards x ORDER BY x.partition LOOP
         BEGIN
             RETURN QUERY SELECT s.shard, q.* FROM durable_ledger_proxy.human_decisions_on(s.partition) q;
-        EXCEPTION WHEN OTHERS THEN
-            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLERRM);
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLSTATE, SQLERRM);
             RAISE;
         END;
     END LOOP;
@@ -1269,8 +1423,8 @@ BEGIN
     FOR s IN SELECT x.partition, x.shard FROM durable_ledger_proxy.shards x ORDER BY x.partition LOOP
         BEGIN
             RETURN QUERY SELECT s.shard, q.* FROM durable_ledger_proxy.replays_per_tool_on(s.partition, since) q;
-        EXCEPTION WHEN OTHERS THEN
-            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLERRM);
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            PERFORM durable_ledger_proxy.raise_if_unreachable(s.partition, SQLSTATE, SQLERRM);
             RAISE;
         END;
     END LOOP;
@@ -1280,9 +1434,12 @@ COMMENT ON FUNCTION durable_ledger_proxy.replays_per_tool(interval) IS
     'effects replayed per tool over the last interval (a day by default), per shard';
 
 -- ---------------------------------------------------------------------------
--- Privileges: nothing for PUBLIC.  The API is granted as on the shards; the
--- proxy's own functions to the four roles (each runs as its caller, and the
--- shard refuses what the caller may not do there).
+-- Privileges: nothing for PUBLIC.  The API is granted as on the shards, and
+-- so is each call on one shard (durable_ledger_proxy.*_on, granted with the
+-- routing table above, the others here): the shard checks the role PL/Proxy
+-- connects as, which must be the caller's own (docs/scale-out.md), and the
+-- proxy does not rely on it.  What only says where things are (routing,
+-- shards, errors) is for the four roles.
 -- ---------------------------------------------------------------------------
 REVOKE ALL ON SCHEMA durable_ledger, durable_ledger_proxy FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA durable_ledger FROM PUBLIC;
@@ -1297,10 +1454,67 @@ GRANT USAGE ON SCHEMA durable_ledger, durable_ledger_proxy
 GRANT USAGE ON TYPE durable_ledger.decision, durable_ledger.lease, durable_ledger.effects,
                     durable_ledger.tools, durable_ledger.divergences
     TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin, durable_ledger_approver;
-GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA durable_ledger_proxy
+GRANT EXECUTE ON FUNCTION
+    durable_ledger_proxy.routing_key(text),
+    durable_ledger_proxy.route(text),
+    durable_ledger_proxy.shard_count(),
+    durable_ledger_proxy.shard_name(integer),
+    durable_ledger_proxy.shard_of(text),
+    durable_ledger_proxy.token_route(text),
+    durable_ledger_proxy.shard_token(text),
+    durable_ledger_proxy.raise_if_unreachable(integer, text, text),
+    durable_ledger_proxy.no_session_lease(text),
+    durable_ledger_proxy.locate(text, text, text),
+    durable_ledger_proxy.every_shard_answers(),
+    durable_ledger_proxy.raise_partly_applied(text, integer, text[], text, text),
+    durable_ledger_proxy.ledger_version_on(integer),
+    durable_ledger_proxy.shard_user_on(integer),
+    durable_ledger_proxy.shard_health(),
+    durable_ledger_proxy.backend_pid_on(integer),
+    durable_ledger_proxy.shard_backends(),
+    durable_ledger_proxy.shard_backend(text),
+    durable_ledger_proxy.end_session_leases_on(integer),
+    durable_ledger_proxy.end_session_leases()
     TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin, durable_ledger_approver;
-GRANT SELECT ON durable_ledger_proxy.shards, durable_ledger_proxy.registry_drift, durable_ledger_proxy.routing
+GRANT EXECUTE ON FUNCTION
+    durable_ledger_proxy.begin_effect_held(integer, text, text, text, jsonb, text, jsonb),
+    durable_ledger_proxy.begin_recorded_held(integer, text, text, text, jsonb, jsonb),
+    durable_ledger_proxy.take_lease_on(integer, text, text, interval, text),
+    durable_ledger_proxy.acquire_run_on(integer, text, text, boolean, text, text),
+    durable_ledger_proxy.has_effect_on(integer, text)
+    TO durable_ledger_worker;
+GRANT EXECUTE ON FUNCTION
+    durable_ledger_proxy.has_divergence_on(integer, text)
+    TO durable_ledger_admin;
+GRANT EXECUTE ON FUNCTION
+    durable_ledger_proxy.has_effect_row_on(integer, text),
+    durable_ledger_proxy.unresolved_on(integer),
+    durable_ledger_proxy.unresolved_at(integer)
+    TO durable_ledger_approver, durable_ledger_auditor;
+GRANT EXECUTE ON FUNCTION
+    durable_ledger_proxy.leases_on(integer),
+    durable_ledger_proxy.leases_at(integer),
+    durable_ledger_proxy.metrics_on(integer),
+    durable_ledger_proxy.metrics_at(integer),
+    durable_ledger_proxy.audit_heads_on(integer),
+    durable_ledger_proxy.audit_heads_at(integer),
+    durable_ledger_proxy.metrics_events_on(integer),
+    durable_ledger_proxy.verify_audit_on(integer, jsonb),
+    durable_ledger_proxy.tools_on(integer),
+    durable_ledger_proxy.policy_on(integer),
+    durable_ledger_proxy.settings_at(integer),
+    durable_ledger_proxy.audit_by_args_on(integer, text, text),
+    durable_ledger_proxy.audit_by_args(text, text),
+    durable_ledger_proxy.audit_of_run_on(integer, text),
+    durable_ledger_proxy.audit_of_run(text),
+    durable_ledger_proxy.human_decisions_on(integer),
+    durable_ledger_proxy.human_decisions(),
+    durable_ledger_proxy.replays_per_tool_on(integer, interval),
+    durable_ledger_proxy.replays_per_tool(interval)
+    TO durable_ledger_auditor;
+GRANT SELECT ON durable_ledger_proxy.shards, durable_ledger_proxy.routing
     TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin, durable_ledger_approver;
+GRANT SELECT ON durable_ledger_proxy.registry_drift TO durable_ledger_auditor;
 
 GRANT EXECUTE ON FUNCTION
     durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text),

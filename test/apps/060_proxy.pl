@@ -13,12 +13,15 @@ use strict;
 use warnings;
 use lib "$ENV{TESTDIR}/test/perl";
 use DurableLedger::NodeTests;
+use DurableLedger::PgBouncer;
 use DurableLedger::PythonTests;
 use DurableLedger::Shards;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $ledger = DurableLedger::Shards->start('proxy', 3);
+# (a shard waits for a synchronous standby only with WAL senders: below)
+my $ledger = DurableLedger::Shards->start('proxy', 3,
+	shard_conf => [ 'wal_level = replica', 'max_wal_senders = 2' ]);
 my $proxy = $ledger->proxy;
 $ledger->add_role('agent', 'durable_ledger_worker');
 $ledger->add_role('oncall', 'durable_ledger_admin');
@@ -114,6 +117,47 @@ is($proxy->safe_psql('proxy', qq{
 	      FROM generate_series(1, 2) n) d},
 		extra_params => ['-U', 'agent']),
 	"t\nreplay,replay", 'the run\'s next attempt replays both payments');
+
+# -- a call canceled while its shard's commit waits -------------------------
+# p0's commits wait for a synchronous standby that never answers; the proxy's
+# statement_timeout cancels a take_lease whose row the shard has committed
+# locally: the error says it may have been made.
+$ledger->shard(0)->append_conf('postgresql.conf', "synchronous_standby_names = 'nobody'\n");
+$ledger->shard(0)->reload;
+$ledger->shard(0)->poll_query_until('ledger', q{SELECT current_setting('synchronous_standby_names') = 'nobody'})
+  or die 'the shard did not reload';
+($ret, $stdout, $stderr) = $proxy->psql('proxy', qq{
+	SET statement_timeout = '1s';
+	SELECT durable_ledger.take_lease('$run{0}-waits', '1 hour')},
+	extra_params => ['-U', 'agent']);
+like($stderr, qr/the call to shard p0 was canceled/, 'a call canceled while its shard commits is an error naming the shard');
+like($stderr, qr/may have committed it/, '... which says that the shard may have made it');
+ok($ledger->shard(0)->poll_query_until('ledger',
+		qq{SELECT count(*) = 1 FROM durable_ledger.token_leases WHERE run = '$run{0}-waits'}),
+	'... as it did: the lease is on the shard');
+$ledger->shard(0)->append_conf('postgresql.conf', "synchronous_standby_names = ''\n");
+$ledger->shard(0)->reload;
+
+# -- PgBouncer in session mode in front of the proxy ------------------------
+# It resets the proxy's session for the next client (DISCARD ALL), but
+# PL/Proxy's connections to the shards stay open with their advisory locks:
+# its server_reset_query ends them first (durable_ledger_proxy.end_session_leases).
+my $user = getpwuid($<);
+my $bouncer = DurableLedger::PgBouncer->start($proxy,
+	users => [ 'agent', $user ], user => $user, pool_mode => 'session', pool_size => 1,
+	settings => { server_reset_query => 'SELECT durable_ledger_proxy.end_session_leases(); DISCARD ALL' });
+my $held = "$run{2}-pooled";
+is($bouncer->safe_psql('proxy', qq{SELECT durable_ledger.acquire_run('$held')}, user => 'agent'),
+	't', 'a client of PgBouncer (session mode) takes a session lease through the proxy, then leaves');
+ok($ledger->shard(2)->poll_query_until('ledger',
+		qq{SELECT count(*) = 0 FROM durable_ledger.leases WHERE run = '$held'}),
+	'... and PgBouncer\'s reset ended it on the shard');
+is($bouncer->safe_psql('proxy', qq{SELECT durable_ledger.session_epoch('$held') IS NULL}, user => 'agent'),
+	't', 'the next client, on the same proxy session, holds nothing of it');
+is($proxy->safe_psql('proxy', qq{SELECT durable_ledger.acquire_run('$held', wait => false)},
+		extra_params => ['-U', 'agent']),
+	't', 'another worker takes the run at once');
+$bouncer->stop;
 
 $ledger->stop;
 done_testing();

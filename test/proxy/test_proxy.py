@@ -494,6 +494,90 @@ class ProxyTest(unittest.TestCase):
                                 ("completed", "agent", "worker-7-report"),
                                 ("budget_changed", "oncall", "ledger-console")])
 
+    def other_proxy(self, options: str) -> str:
+        """A proxy database of this test's own, whose server durable_ledger_shards has
+        these options (the shards' connection strings as p0, p1, … in them are given as
+        {0}, {1}, …); its DSN."""
+        self.proxies = getattr(self, "proxies", 0) + 1
+        db = f"proxy_{self.tag}_{self.proxies}"
+        admin = self.connect(PROXY_DSN)
+        admin.execute(f"CREATE DATABASE {db}")
+        self.addCleanup(lambda: self.connect(PROXY_DSN).execute(f"DROP DATABASE {db} WITH (FORCE)"))
+        dsn = psycopg.conninfo.make_conninfo(PROXY_DSN, dbname=db)
+        conn = self.connect(dsn)
+        conn.execute("CREATE EXTENSION durable_ledger_proxy CASCADE")
+        quoted = [d.replace("'", "''") for d in SHARD_DSNS]
+        conn.execute("CREATE SERVER durable_ledger_shards FOREIGN DATA WRAPPER plproxy OPTIONS ("
+                     + options.format(*quoted) + ")")
+        conn.execute("CREATE USER MAPPING FOR PUBLIC SERVER durable_ledger_shards")
+        return dsn
+
+    def test_the_shard_named_is_the_one_pl_proxy_routes_to_whatever_the_mapping(self) -> None:
+        # (options, the database of each partition: an index of SHARD_DSNS)
+        for options, databases in (("p0 '{0}', p1 '{1}'", [0, 1]),                  # PL/Proxy's bitmask
+                                   ("modular_mapping '1', partition_0 '{0}', partition_1 '{1}', "
+                                    "partition_2 '{2}'", [0, 1, 2]),
+                                   ("p0 '{0}', p1 '{1}', p2 '{2}', p3 '{0}'", [0, 1, 2, 0])):
+            with self.subTest(options=options):
+                conn = self.connect(self.other_proxy(options))
+                self.assertEqual(conn.execute("SELECT durable_ledger_proxy.shard_count()").fetchone()[0],
+                                 len(databases))
+                for i in range(16):
+                    run = f"map-{self.tag}-{len(databases)}-{i}"
+                    conn.execute("SELECT durable_ledger.acquire_run(%s)", (run,))
+                    shard = conn.execute("SELECT durable_ledger_proxy.shard_of(%s)", (run,)).fetchone()[0]
+                    where = [d for d in range(len(SHARD_DSNS)) if self.shard_runs(d, run)]
+                    self.assertEqual(where, [databases[int(shard[1:])]], f"{run}: shard_of says {shard}")
+
+    def test_the_calls_on_one_shard_are_granted_as_the_ledger_grants_them(self) -> None:
+        for role, call in (("reader", "durable_ledger_proxy.resolve_effect_on(0, '', 'k', 'failed', NULL, 'x', NULL, NULL)"),
+                           ("reader", "durable_ledger_proxy.begin_effect_held(0, '', 'r', 't', '{}', NULL, NULL)"),
+                           ("approver", "durable_ledger_proxy.register_tool_on(0, '', 't', 'x', true, NULL, NULL, NULL)"),
+                           ("agent", "durable_ledger_proxy.approve_effect_on(0, '', 'k', 'x', NULL)")):
+            with self.subTest(role=role, call=call):
+                with self.assertRaises(errors.InsufficientPrivilege) as caught:
+                    self.proxy(role).execute(f"SELECT {call}")
+                self.assertIn("permission denied for function", str(caught.exception))
+
+    def test_shard_health_names_what_is_wrong_with_the_setup(self) -> None:
+        conn = self.connect(self.other_proxy(
+            "modular_mapping '1', connection_lifetime '60', p0 '{0}', p1 '{1} password=not-here'"))
+        problems = dict(conn.execute("SELECT shard, problem FROM durable_ledger_proxy.shard_health()").fetchall())
+        self.assertIn("connection_lifetime", problems["p0"])
+        self.assertIn("password", problems["p1"])
+
+    def test_a_lease_wait_honours_the_callers_lock_timeout(self) -> None:
+        run = self.run_on(0, "waiting")
+        self.assertTrue(self.proxy().execute("SELECT durable_ledger.acquire_run(%s)", (run,)).fetchone()[0])
+        waiter = self.proxy()
+        waiter.execute("SET lock_timeout = '300ms'")
+        started = time.monotonic()
+        with self.assertRaises(errors.LockNotAvailable):
+            waiter.execute("SELECT durable_ledger.acquire_run(%s)", (run,))
+        self.assertLess(time.monotonic() - started, 4.5, "not the shard's own 5 s default")
+        waiter.execute("SET durable_ledger.lease_wait_timeout = '200ms'")
+        waiter.execute("SET lock_timeout = 0")
+        with self.assertRaises(errors.LockNotAvailable):
+            waiter.execute("SELECT durable_ledger.acquire_run(%s)", (run,))
+
+    def test_a_lease_broken_by_a_person_says_so_to_its_worker(self) -> None:
+        run = self.run_on(2, "broken")
+        worker = self.proxy()
+        worker.execute("SELECT durable_ledger.acquire_run(%s)", (run,))
+        self.assertTrue(self.proxy("oncall").execute(
+            "SELECT durable_ledger.break_lease(%s, 'maria', 'hung')", (run,)).fetchone()[0])
+        with self.assertRaises(psycopg.Error) as caught:
+            worker.execute("SELECT * FROM durable_ledger.begin_effect(%s, 'bank.pay', '{}')", (run,))
+        # at once: the connection's end is read (08006, "terminated"); after PL/Proxy's idle
+        # check (2 s): a new connection, without the lease (55000)
+        if caught.exception.sqlstate == "08006":
+            self.assertIn("was terminated", str(caught.exception))
+        else:
+            self.assertEqual(caught.exception.sqlstate, "55000")
+            self.assertIn("holds no lease", str(caught.exception))
+        self.assertEqual(self.shard(2).execute("SELECT count(*) FROM durable_ledger.effects WHERE run = %s",
+                                               (run,)).fetchone()[0], 0)
+
     def test_an_auditor_reads_and_may_not_call(self) -> None:
         reader = self.proxy("reader")
         reader.execute("SELECT count(*) FROM durable_ledger.unresolved")
