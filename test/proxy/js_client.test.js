@@ -11,7 +11,7 @@ import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { fileURLToPath } from 'node:url';
 import { test } from 'node:test';
-import { EffectPaused, Ledger } from '../../clients/js/src/index.js';
+import { EffectPaused, Ledger, RunStopped } from '../../clients/js/src/index.js';
 
 // node-postgres as the client has it (clients/js/node_modules)
 const pg = createRequire(new URL('../../clients/js/package.json', import.meta.url))('pg');
@@ -168,4 +168,32 @@ test('a routed report goes to its run\'s shard; an unrouted one is refused where
     statuses.push(row.status);
   }
   assert.deepEqual(statuses, ['completed', 'started']);
+});
+
+test('a canceled call through the proxy stops the attempt as an unknown outcome', async () => {
+  const run = runOn(0, 'js-canceled');
+  const performed = [];
+  const blocker = new pg.Client(shardUrls[0]);
+  await blocker.connect();
+  const worker = new pg.Client({ connectionString: proxyUrl, statement_timeout: 500 });
+  await worker.connect();
+  try {
+    const ledger = new Ledger(worker, { routed: true, consoleWarn: false });
+    const outcome = await ledger.attempt(run, async () => {
+      await blocker.query('BEGIN');
+      await blocker.query('LOCK TABLE durable_ledger.effects IN ACCESS EXCLUSIVE MODE');
+      const first = await ledger.guarded({ run, tool: 'bank.pay', args: { n: 1 }, perform: (k) => performed.push(k) })
+        .then(() => null, (err) => err);
+      await blocker.query('ROLLBACK');
+      assert.equal(first?.code ?? first?.cause?.code, '57014', `the first call was canceled: ${first}`);
+      return ledger.guarded({ run, tool: 'bank.pay', args: { n: 2 }, perform: (k) => performed.push(k) });
+    }).then(() => null, (err) => err);
+    assert.ok(outcome instanceof RunStopped, `the attempt stopped at the canceled call: ${outcome}`);
+    assert.deepEqual(performed, []);
+    const rows = await shardRows(0, 'SELECT count(*)::int AS n FROM durable_ledger.effects WHERE run = $1', [run]);
+    assert.equal(rows[0].n, 0, 'the canceled call wrote nothing, and no other was made');
+  } finally {
+    await worker.end();
+    await blocker.end();
+  }
 });

@@ -204,6 +204,29 @@ class ClientThroughProxyTest(unittest.TestCase):
         for run in runs:
             self.assertEqual(len(self.shard_rows(shard_index(run, len(SHARD_DSNS)), run)), 2)
 
+    def test_a_canceled_call_through_the_proxy_stops_the_attempt_as_an_unknown_outcome(self) -> None:
+        """A cancel (57014) or a lost shard (08006) through the proxy may follow a commit on
+        the shard: the client takes it as an unknown outcome and stops the attempt, instead
+        of making the next call (a new occurrence) as after a clean refusal."""
+        run = self.run_on(0, "canceled")
+        blocker = self.connect(SHARD_DSNS[0])
+        worker = psycopg.connect(as_user("agent"), autocommit=True, options="-c statement_timeout=500")
+        self.addCleanup(worker.close)
+        ledger = Ledger(worker, routed=True)
+        performed: List[str] = []
+        with self.assertRaises(EffectPaused) as stopped:  # the attempt stops there
+            with ledger.attempt(run):
+                with blocker.transaction():
+                    blocker.execute("LOCK TABLE durable_ledger.effects IN ACCESS EXCLUSIVE MODE")
+                    with self.assertRaises(psycopg.Error) as first:
+                        ledger.guarded(run, "bank.pay", {"n": 1}, lambda key: performed.append(key))
+                    self.assertEqual(first.exception.sqlstate, "57014", str(first.exception))
+                ledger.guarded(run, "bank.pay", {"n": 2}, lambda key: performed.append(key))
+        self.assertIn("stopped in this attempt", str(stopped.exception))
+        self.assertIn("outcome of the statement unknown", str(stopped.exception))
+        self.assertEqual(performed, [])
+        self.assertEqual(self.shard_rows(0, run), [], "the canceled call wrote nothing, and no other was made")
+
     def test_routed_reports_go_to_the_runs_shard(self) -> None:
         """A business key that runs of two routing keys used (the routing rules forbid it)
         is on two shards: a report naming its run still lands on its own; one that does

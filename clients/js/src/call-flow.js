@@ -16,6 +16,30 @@ import { beginCall, errorParam, jsonParam, reportStatement, routed, withModel } 
 import { describe } from './text.js';
 import { loseLease } from './token-lease.js';
 
+
+/**
+ * Whether a statement's error is an ERROR a proxy of a sharded ledger raises after a call
+ * that may have committed on its shard: class 08 (the shard was lost while the call ran)
+ * or 57 (the call was canceled while the shard committed it) (docs/scale-out.md).  (A
+ * named refusal -- named() -- carries the server's error as its cause.)
+ * @param {any} err
+ * @returns {boolean}
+ */
+function maybeCommitted(err) {
+  const server = err?.sqlstate && err?.cause ? err.cause : err;
+  return server?.severity === 'ERROR' && /^(08|57)/.test(server?.code ?? '');
+}
+
+/**
+ * Whether a statement's error leaves it unknown if the statement committed: no ERROR from
+ * the server at all (the connection broke, a FATAL), or one that may follow a commit.
+ * @param {any} err
+ * @returns {boolean}
+ */
+function outcomeUnknown(err) {
+  const server = err?.sqlstate && err?.cause ? err.cause : err;
+  return server?.severity !== 'ERROR' || maybeCommitted(err);
+}
 /** @typedef {import('./attempts.js').Attempt} Attempt */
 /** @typedef {import('./connection.js').Connection} Connection */
 /** @typedef {import('./decisions.js').Decision} Decision */
@@ -474,8 +498,8 @@ export class CallFlow {
       this.#stops.stopCall(recorded, run, null, `begin_effect of ${tool} ran inside another transaction on ` +
         "the Ledger's connection; whether its intent is recorded depends on that transaction, and " +
         'the effect was not performed.', attempt);
-    } else if (attempt && (err?.sqlstate && err?.cause ? err.cause : err)?.severity !== 'ERROR') {
-      // (a named refusal -- named() -- carries the server's error as its cause)
+    } else if (attempt ? outcomeUnknown(err) : maybeCommitted(err)) {
+      // (a session attempt whose connection broke has lost its lease with it)
       this.#stops.stopCall(recorded, run, null, `begin_effect of ${tool} failed with the outcome of the ` +
         `statement unknown (${describe(err?.message ?? err)}); a new attempt finds out whether its intent ` +
         'was recorded.', attempt);

@@ -168,11 +168,14 @@ def _refused_cleanly(exc: BaseException, conn: Any) -> bool:
 
     A statement run in its own transaction then wrote nothing.  Anything else (the
     connection broke, a FATAL, a client-side failure while the statement was out) leaves
-    it unknown whether the statement committed.
+    it unknown whether the statement committed; so does an ERROR of class 08 or 57, which
+    a proxy of a sharded ledger raises when it lost the shard while the call ran or the
+    call was canceled while the shard committed it (docs/scale-out.md).
     """
     if isinstance(exc, LedgerError) and getattr(exc, "sqlstate", None) is not None:
         exc = exc.__cause__ or exc  # a named refusal (named_error): the server's error
     return (isinstance(exc, psycopg.Error) and exc.sqlstate is not None
+            and not exc.sqlstate.startswith(("08", "57"))
             and exc.diag.severity_nonlocalized == "ERROR"
             and not conn.closed and not conn.broken)
 

@@ -548,6 +548,8 @@ class Ledger(p.LedgerCore):
                     p.begin_not_committed(run, tool, halt, recorded)
                 raise
             except psycopg.Error as exc:
+                if not _refused_cleanly(exc, self.conn):  # (a proxy's 08/57: maybe committed)
+                    p.begin_uncertain(run, tool, exc, halt, recorded)
                 refused = p.refusal(exc, run, tool, halt)
                 if refused is not None:
                     raise refused from exc

@@ -50,7 +50,7 @@ from durable_ledger import (  # noqa: E402
     RunBusy,
 )
 
-DSN = os.environ.get("DURABLE_LEDGER_DSN")
+from target import ADMIN_DSN, DSN  # noqa: E402  (where the connections go)
 BOUNCER_DSN = os.environ.get("DURABLE_LEDGER_PGBOUNCER_DSN")
 README = os.path.join(os.path.dirname(HERE), "README.md")
 EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "async_agent.py")
@@ -93,7 +93,7 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
 
     def setUp(self) -> None:
         self.run_id = f"pyasync-{uuid.uuid4()}"
-        self.admin = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        self.admin = psycopg.connect(ADMIN_DSN, autocommit=True)  # type: ignore[arg-type]
         self.addCleanup(self.admin.close)
 
     # -------------------------------------------------------------- helpers
@@ -533,7 +533,7 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
         # gives up: the attempt stops with AttemptStopped, which says no person is needed,
         # and the next attempt makes the call.
         ledger = AsyncLedger(await self.connect())
-        blocker = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        blocker = psycopg.connect(ADMIN_DSN, autocommit=True)  # type: ignore[arg-type]
         self.addCleanup(blocker.close)
         async with ledger.attempt(self.run_id):
             blocker.execute("BEGIN")
@@ -567,7 +567,7 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
             performed.append(key)
             return {"paid": True}
 
-        blocker = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        blocker = psycopg.connect(ADMIN_DSN, autocommit=True)  # type: ignore[arg-type]
         self.addCleanup(blocker.close)
         async with ledger.token_attempt(self.run_id, ttl=30):
             with blocker.transaction():
@@ -660,7 +660,7 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
     def hold_effects(self) -> Callable[[], None]:
         """Another session holds durable_ledger.effects until the returned function is
         called: the ledger's statements wait for it meanwhile."""
-        blocker = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        blocker = psycopg.connect(ADMIN_DSN, autocommit=True)  # type: ignore[arg-type]
         blocker.execute("BEGIN")
         blocker.execute("LOCK TABLE durable_ledger.effects IN ACCESS EXCLUSIVE MODE")
 

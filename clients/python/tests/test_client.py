@@ -49,7 +49,7 @@ from durable_ledger import (  # noqa: E402
     side_effect,
 )
 
-DSN = os.environ.get("DURABLE_LEDGER_DSN")
+from target import ADMIN_DSN, DSN, drop_leases, ledger_backend, session_backends  # noqa: E402
 EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "agent_loop.py")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -97,7 +97,9 @@ class ClientTest(unittest.TestCase):
 
     def setUp(self) -> None:
         self.run_id = f"pytest-{uuid.uuid4()}"
-        self.admin = self.connect()
+        # the ledger's own tables are read where they are (target.py)
+        self.admin = psycopg.connect(ADMIN_DSN, autocommit=True, application_name="durable-ledger-pytest")
+        self.addCleanup(self.admin.close)
 
     def connect(self, autocommit: bool = True) -> "psycopg.Connection[Any]":
         conn = psycopg.connect(DSN, autocommit=autocommit, application_name="durable-ledger-pytest")
@@ -114,20 +116,21 @@ class ClientTest(unittest.TestCase):
                             "the run is held by another session")
         return ledger
 
-    def wait_gone(self, pid: int) -> None:
-        """A closed connection's backend ends (and drops its lease) asynchronously: poll
-        until it has left pg_stat_activity (its locks go before), 60 s at most."""
+    def wait_gone(self, pids: List[int]) -> None:
+        """A closed connection's backends end (and drop its leases) asynchronously: poll
+        until they have left pg_stat_activity (their locks go before), 60 s at most.
+        ``pids``: target.session_backends of the connection, taken before it closed."""
         deadline = time.monotonic() + 60
-        while self.admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
-                                 (pid,)).fetchone():
+        while self.admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)",
+                                 (pids,)).fetchone():
             if time.monotonic() > deadline:
-                self.fail(f"backend {pid} did not end")
+                self.fail(f"backends {pids} did not end")
             time.sleep(0.01)
 
     def close(self, ledger: Ledger) -> None:
-        pid = ledger.conn.info.backend_pid
+        pids = session_backends(ledger.conn)
         ledger.conn.close()
-        self.wait_gone(pid)
+        self.wait_gone(pids)
 
     def row(self, key: str) -> dict:
         with self.admin.cursor(row_factory=psycopg.rows.dict_row) as cur:
@@ -313,7 +316,7 @@ class ClientTest(unittest.TestCase):
 
     def test_outcome_not_recorded_when_connection_breaks(self) -> None:
         ledger = self.ledger()
-        pid = ledger.conn.info.backend_pid
+        pids = session_backends(ledger.conn)
 
         def pay(key: str) -> Any:
             ledger.conn.close()  # the worker's connection dies while the bank pays
@@ -323,7 +326,7 @@ class ClientTest(unittest.TestCase):
             ledger.guarded(self.run_id, "bank.pay", {"amount": 4}, pay)
         self.assertEqual(caught.exception.result, {"payment_id": "pay_lost"})
         key = caught.exception.key
-        self.wait_gone(pid)
+        self.wait_gone(pids)
         self.assertEqual(self.row(key)["status"], "unknown")
         self.assertRaises(EffectPaused, self.ledger().guarded, self.run_id, "bank.pay",
                           {"amount": 4}, Recorder())
@@ -379,7 +382,7 @@ class ClientTest(unittest.TestCase):
         ledger = self.ledger()
 
         def pay(key: str) -> Any:
-            ledger.conn.execute("SELECT pg_advisory_unlock_all()")  # the lease is gone
+            drop_leases(ledger.conn)  # the lease is gone
             return {"payment_id": "pay_2"}
 
         self.assertEqual(ledger.guarded(self.run_id, "bank.pay", args, pay, business_key=invoice),
@@ -395,10 +398,11 @@ class ClientTest(unittest.TestCase):
         args = {"invoice": other, "amount": 70}
         self.declined_first_attempt(other, args)
         raw = self.connect()
+        raw.execute("SELECT durable_ledger.acquire_run(%s)", (f"{self.run_id}-raw",))
         self.assertEqual(raw.execute(
             "SELECT decision, attempt FROM durable_ledger.begin_effect(%s, 'bank.pay', %s, %s)",
             (f"{self.run_id}-raw", Jsonb(args), other)).fetchone(), ("execute", 2))
-        raw.execute("SELECT pg_advisory_unlock_all()")
+        drop_leases(raw)
         raw.execute("SELECT durable_ledger.complete_effect(%s, %s)", (other, Jsonb({"payment_id": "x"})))
         row = self.row(other)
         self.assertEqual((row["attempt"], row["conflict"], row["result"]), (2, True, None))
@@ -488,6 +492,7 @@ class ClientTest(unittest.TestCase):
     def test_in_progress_with_business_key_held_elsewhere(self) -> None:
         invoice = f"INV-{uuid.uuid4()}"
         holder = self.connect()
+        holder.execute("SELECT durable_ledger.acquire_run(%s)", (f"{self.run_id}-other",))
         key = holder.execute(
             "SELECT key FROM durable_ledger.begin_effect(%s, 'bank.pay', %s, %s)",
             (f"{self.run_id}-other", Jsonb({"invoice": invoice}), invoice)).fetchone()[0]
@@ -618,7 +623,7 @@ class ClientTest(unittest.TestCase):
             return row and row[0]
 
         ledger = self.ledger(None)
-        pid = ledger.conn.info.backend_pid
+        pid = ledger_backend(ledger.conn, self.run_id)
         with ledger.attempt(self.run_id) as run:
             self.assertEqual(run, self.run_id)
             self.assertEqual(holder(), pid)
@@ -841,7 +846,7 @@ class ClientTest(unittest.TestCase):
         self.assertIsInstance(busy.exception.__cause__, psycopg.errors.LockNotAvailable)
         message = str(busy.exception)
         self.assertIn(f'run "{self.run_id}"', message)
-        self.assertIn(f"Backend {holder.conn.info.backend_pid} held it", message)
+        self.assertIn(f"Backend {ledger_backend(holder.conn, self.run_id)} held it", message)
         self.assertIn('application "worker-7"', message)
         self.assertIn("durable_ledger.lease_wait_timeout", message)
         with self.assertRaises(RunBusy):  # the attempt form, too

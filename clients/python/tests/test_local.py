@@ -31,7 +31,7 @@ from durable_ledger import (  # noqa: E402
     Ledger,
 )
 
-DSN = os.environ.get("DURABLE_LEDGER_DSN")
+from target import ADMIN_DSN, DSN  # noqa: E402  (where the connections go)
 ORDERS = "durable_ledger_pytest_orders"
 
 
@@ -73,7 +73,7 @@ class LocalTest(unittest.TestCase):
 
     def setUp(self) -> None:
         self.run_id = f"pylocal-{uuid.uuid4()}"
-        self.admin = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        self.admin = psycopg.connect(ADMIN_DSN, autocommit=True)  # type: ignore[arg-type]
         self.addCleanup(self.admin.close)
 
     def pool(self, size: int = 2) -> ConnectionPool:
@@ -217,7 +217,7 @@ class AsyncLocalTest(unittest.IsolatedAsyncioTestCase):
 
     def setUp(self) -> None:
         self.run_id = f"pylocal-async-{uuid.uuid4()}"
-        self.admin = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        self.admin = psycopg.connect(ADMIN_DSN, autocommit=True)  # type: ignore[arg-type]
         self.addCleanup(self.admin.close)
 
     async def pool(self, size: int = 2) -> AsyncConnectionPool:

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # clients/python, if PYTHONPATH lacks
 from durable_ledger import AsyncLedger, Ledger, OutcomeNotRecorded  # noqa: E402
 from durable_ledger import _protocol  # noqa: E402
 
-DSN = os.environ.get("DURABLE_LEDGER_DSN")
+from target import ADMIN_DSN, DSN  # noqa: E402  (where the connections go)
 
 
 def setUpModule() -> None:
@@ -53,7 +53,7 @@ class NoticeCases:
     def setUp(self) -> None:
         self.run_id = f"pynotice-{uuid.uuid4()}"
         self.tag = uuid.uuid4().hex[:12]
-        self.admin = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        self.admin = psycopg.connect(ADMIN_DSN, autocommit=True)  # type: ignore[arg-type]
         self.addCleanup(self.admin.close)  # type: ignore[attr-defined]
 
     def key(self, tool: str, args: Any, occurrence: int = 1) -> str:
@@ -220,7 +220,7 @@ class AsyncSingleConnectionNoticesTest(unittest.IsolatedAsyncioTestCase):
     def setUp(self) -> None:
         self.run_id = f"pynotice-async-{uuid.uuid4()}"
         self.tag = uuid.uuid4().hex[:12]
-        self.admin = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        self.admin = psycopg.connect(ADMIN_DSN, autocommit=True)  # type: ignore[arg-type]
         self.addCleanup(self.admin.close)
 
     key = NoticeCases.key

@@ -32,7 +32,7 @@ from durable_ledger import (  # noqa: E402
     NotHappened,
 )
 
-DSN = os.environ.get("DURABLE_LEDGER_DSN")
+from target import ADMIN_DSN, DSN  # noqa: E402  (where the connections go)
 PATIENCE = 60
 
 
@@ -103,7 +103,7 @@ class ReconcileTest(Base, unittest.TestCase):
 
     def setUp(self) -> None:
         self.run_id = f"pyrec-{uuid.uuid4()}"
-        self.admin = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        self.admin = psycopg.connect(ADMIN_DSN, autocommit=True)  # type: ignore[arg-type]
         self.addCleanup(self.admin.close)
 
     def worker(self) -> Ledger:
@@ -244,7 +244,7 @@ class AsyncReconcileTest(Base, unittest.IsolatedAsyncioTestCase):
 
     def setUp(self) -> None:
         self.run_id = f"pyrec-async-{uuid.uuid4()}"
-        self.admin = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        self.admin = psycopg.connect(ADMIN_DSN, autocommit=True)  # type: ignore[arg-type]
         self.addCleanup(self.admin.close)
 
     async def test_an_async_lookup_settles_both_ways(self) -> None:

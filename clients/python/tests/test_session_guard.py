@@ -35,7 +35,7 @@ from durable_ledger import (  # noqa: E402
     PoolerDetected,
 )
 
-DSN = os.environ.get("DURABLE_LEDGER_DSN")
+from target import ADMIN_DSN, DSN  # noqa: E402  (where the connections go)
 BOUNCER_DSN = os.environ.get("DURABLE_LEDGER_PGBOUNCER_DSN")
 #: How long a test waits for a state it polls for before it gives up.
 PATIENCE = 30.0
@@ -64,7 +64,7 @@ class Guarded:
 
     def start(self) -> None:
         self.run_id = f"pyguard-{uuid.uuid4()}"
-        self.admin = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
+        self.admin = psycopg.connect(ADMIN_DSN, autocommit=True)  # type: ignore[arg-type]
         self.addCleanup(self.admin.close)  # type: ignore[attr-defined]
         self.sent: List[str] = []
 

@@ -42,7 +42,7 @@ from durable_ledger import (  # noqa: E402
     ToolRefused,
 )
 
-DSN = os.environ.get("DURABLE_LEDGER_DSN")
+from target import ADMIN_DSN, DSN  # noqa: E402  (where the connections go)
 
 HISTORY_COLUMNS = ["id", "logged_at", "lease_epoch", "event", "key", "tool", "args", "attempt",
                    "outcome", "detail", "role_name", "application_name"]

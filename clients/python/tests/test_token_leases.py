@@ -60,7 +60,7 @@ def wait_for(condition: Any, what: str, timeout: float = PATIENCE) -> bool:
         time.sleep(0.02)
     return True
 
-DSN = os.environ.get("DURABLE_LEDGER_DSN")
+from target import ADMIN_DSN, DSN  # noqa: E402  (where the connections go)
 BOUNCER_DSN = os.environ.get("DURABLE_LEDGER_PGBOUNCER_DSN")
 EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "agent_loop.py")
 
