@@ -20,6 +20,20 @@ ADMIN_DSN = os.environ.get("DURABLE_LEDGER_ADMIN_DSN") or DSN
 THROUGH_PROXY = ADMIN_DSN != DSN
 
 
+def _dbname(dsn: Optional[str]) -> Optional[str]:
+    import psycopg
+    return psycopg.conninfo.conninfo_to_dict(dsn or "").get("dbname") if dsn else None
+
+
+#: the database the client's own connections are in (the proxy's, through one)
+CLIENT_DB = _dbname(DSN)
+
+#: Through a proxy, an error a shard returns ends the session leases the session holds
+#: on it (PL/Proxy drops the failed call's connection at the next call,
+#: docs/scale-out.md): a session attempt that must go on after one starts anew there.
+ERROR_ENDS_SESSION_LEASE = THROUGH_PROXY
+
+
 def ledger_backend(conn: Any, run: str) -> int:
     """The backend that holds ``conn``'s session on the ledger for ``run``, as the
     ledger's ``leases.holder_pid`` names it: the connection's own, or through a proxy,

@@ -35,7 +35,7 @@ from durable_ledger import (  # noqa: E402
     PoolerDetected,
 )
 
-from target import ADMIN_DSN, DSN  # noqa: E402  (where the connections go)
+from target import ADMIN_DSN, DSN, drop_leases, drop_leases_async  # noqa: E402
 BOUNCER_DSN = os.environ.get("DURABLE_LEDGER_PGBOUNCER_DSN")
 #: How long a test waits for a state it polls for before it gives up.
 PATIENCE = 30.0
@@ -257,7 +257,7 @@ class LostOnItsConnectionTest(Guarded, unittest.TestCase):
 
         def reset(key: str) -> Any:
             assert ledger.conn is not None
-            ledger.conn.execute("SELECT pg_advisory_unlock_all()")  # a pooler's reset, say
+            drop_leases(ledger.conn)  # pg_advisory_unlock_all(): a pooler's reset, say
             return self.perform(key)
 
         with ledger.attempt(self.run_id):
@@ -284,7 +284,7 @@ class LostOnItsConnectionTest(Guarded, unittest.TestCase):
         ledger = AsyncLedger(conn)
         try:
             async def reset(key: str) -> Any:
-                await conn.execute("SELECT pg_advisory_unlock_all()")
+                await drop_leases_async(conn)
                 return self.perform(key)
 
             async with ledger.attempt(self.run_id):

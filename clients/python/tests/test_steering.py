@@ -72,7 +72,9 @@ class SteeringTest(unittest.TestCase):
     def setUp(self) -> None:
         self.run_id = f"pysteer-{uuid.uuid4()}"
         self.tag = uuid.uuid4().hex[:12]
-        self.admin = self.connect()
+        # the ledger's own tables are read where they are (target.py)
+        self.admin = psycopg.connect(ADMIN_DSN, autocommit=True, application_name="durable-ledger-pytest")
+        self.addCleanup(self.admin.close)
 
     # -------------------------------------------------------------- helpers
 

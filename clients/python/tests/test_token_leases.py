@@ -60,7 +60,7 @@ def wait_for(condition: Any, what: str, timeout: float = PATIENCE) -> bool:
         time.sleep(0.02)
     return True
 
-from target import ADMIN_DSN, DSN  # noqa: E402  (where the connections go)
+from target import ADMIN_DSN, CLIENT_DB, DSN  # noqa: E402  (where the connections go)
 BOUNCER_DSN = os.environ.get("DURABLE_LEDGER_PGBOUNCER_DSN")
 EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "agent_loop.py")
 
@@ -121,7 +121,9 @@ class TokenLeaseTest(unittest.TestCase):
 
     def setUp(self) -> None:
         self.run_id = f"pytoken-{uuid.uuid4()}"
-        self.admin = self.connect()
+        # the ledger's own tables are read where they are (target.py)
+        self.admin = psycopg.connect(ADMIN_DSN, autocommit=True, application_name="durable-ledger-pytest")
+        self.addCleanup(self.admin.close)
 
     # -------------------------------------------------------------- helpers
 
@@ -714,8 +716,9 @@ class TokenLeaseTest(unittest.TestCase):
         pool = self.pool(size=1, autocommit=True, application_name=name)
 
         def kill_idle() -> None:
-            pids = [pid for (pid,) in self.admin.execute(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (name,))]
+            pids = [pid for (pid,) in self.admin.execute(  # (not a proxy's connections to its shard)
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND datname = %s",
+                (name, CLIENT_DB))]
             self.assertEqual(len(pids), 1, f"the pool's connections: {pids}")
             self.admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
             self.assertTrue(wait_for(lambda: not self.admin.execute(
