@@ -822,18 +822,29 @@ EXCEPTION WHEN OTHERS OR query_canceled THEN
 END
 $fn$;
 
--- Session leases: PL/Proxy's connection to the run's shard holds it.
+-- Session leases: PL/Proxy's connection to the run's shard holds it.  A new
+-- attempt relies on nothing its session had: when that connection turns out
+-- to have been ended (a lease broken, the shard restarted, PL/Proxy having
+-- read the end only now), the call is made once more, on PL/Proxy's new one.
 CREATE FUNCTION durable_ledger.acquire_run(run text, wait boolean DEFAULT true)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
     hash integer := COALESCE(durable_ledger_proxy.route(run), 0);
+    tries integer := 0;
 BEGIN
-    RETURN durable_ledger_proxy.acquire_run_on(hash, pg_catalog.current_setting('application_name'), run, wait,
-                                               pg_catalog.current_setting('lock_timeout'),
-                                               pg_catalog.current_setting('durable_ledger.lease_wait_timeout', true));
-EXCEPTION WHEN OTHERS OR query_canceled THEN
-    PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLSTATE, SQLERRM);
-    RAISE;
+    LOOP
+        tries := tries + 1;
+        BEGIN
+            RETURN durable_ledger_proxy.acquire_run_on(hash, pg_catalog.current_setting('application_name'), run, wait,
+                                                       pg_catalog.current_setting('lock_timeout'),
+                                                       pg_catalog.current_setting('durable_ledger.lease_wait_timeout', true));
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            IF tries > 1 OR SQLERRM !~ '(\] REMOTE FATAL: terminating connection|server closed the connection unexpectedly)' THEN
+                PERFORM durable_ledger_proxy.raise_if_unreachable(hash, SQLSTATE, SQLERRM);
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END
 $fn$;
 COMMENT ON FUNCTION durable_ledger.acquire_run(text, boolean) IS

@@ -1,4 +1,5 @@
-# 030_python_client: the Python client (clients/python) against a real cluster.
+# 030_python_client: the Python client (clients/python) against a real cluster,
+# and then through a proxy of a sharded ledger (below).
 # Runs its unittest suite (clients/python/tests, which also runs the example
 # agent loop once, with session and with token leases) with Debian's
 # /usr/bin/python3, python3-psycopg and python3-psycopg-pool, and turns every
@@ -38,6 +39,29 @@ run_python_tests('python', "$client/tests",
 	{ DURABLE_LEDGER_DSN => $node->connstr('postgres'),
 	  DURABLE_LEDGER_PGBOUNCER_DSN => $bouncer->connstr('postgres') },
 	pythonpath => [$client]);
+
+# The same suite through a proxy of a sharded ledger (durable_ledger_proxy,
+# docs/scale-out.md) with one shard, the node's own database, on the same
+# cluster (roles are the cluster's): the client's calls go through the proxy,
+# the tests' reads of the ledger's tables to the shard (tests/target.py), and
+# a PgBouncer client reaches the proxy.  test_local.py is not run there: a
+# local effect cannot be begun through a proxy (test/proxy tests its refusal).
+$node->safe_psql('postgres', 'CREATE DATABASE proxy');
+my $shard = 'host=' . $node->host . ' port=' . $node->port . ' dbname=postgres';
+my $unlock = `/usr/bin/python3 -c 'import sys; sys.path.insert(0, "$client/tests"); import target; print(target.UNLOCK_SHARDS)'`;
+$node->safe_psql('proxy', qq{
+	CREATE EXTENSION durable_ledger_proxy CASCADE;
+	CREATE SERVER durable_ledger_shards FOREIGN DATA WRAPPER plproxy
+	    OPTIONS (modular_mapping '1', p0 '$shard');
+	CREATE USER MAPPING FOR PUBLIC SERVER durable_ledger_shards;
+	GRANT USAGE ON FOREIGN SERVER durable_ledger_shards
+	    TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin, durable_ledger_approver;
+	$unlock});
+run_python_tests('python through the proxy', "$client/tests",
+	{ DURABLE_LEDGER_DSN => $node->connstr('proxy'),
+	  DURABLE_LEDGER_ADMIN_DSN => $node->connstr('postgres'),
+	  DURABLE_LEDGER_PGBOUNCER_DSN => $bouncer->connstr('proxy') },
+	pythonpath => [$client], pattern => 'test_[!l]*.py');
 
 # nothing the suite did left a session lease behind: not on a server connection
 # of the pooler (a session attempt through it ends its lease where it was taken),

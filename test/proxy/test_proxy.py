@@ -578,6 +578,19 @@ class ProxyTest(unittest.TestCase):
         self.assertEqual(self.shard(2).execute("SELECT count(*) FROM durable_ledger.effects WHERE run = %s",
                                                (run,)).fetchone()[0], 0)
 
+    def test_a_new_attempt_after_a_broken_lease_goes_on_at_once(self) -> None:
+        # PL/Proxy reads the end of the broken lease's connection at the next call: a
+        # new attempt (acquire_run), which relies on nothing of it, is made once more
+        run = self.run_on(1, "again")
+        worker = self.proxy()
+        worker.execute("SELECT durable_ledger.acquire_run(%s)", (run,))
+        pid = self.shard_backend_of(1, run)
+        self.proxy("oncall").execute("SELECT durable_ledger.break_lease(%s, 'maria', 'hung')", (run,))
+        self.wait_for(self.shard(1), "SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = %s)", (pid,))
+        self.assertTrue(worker.execute("SELECT durable_ledger.acquire_run(%s)", (run,)).fetchone()[0])
+        self.assertEqual(worker.execute("SELECT decision FROM durable_ledger.begin_effect(%s, 'mail.send', '{}')",
+                                        (run,)).fetchone()[0], "execute")
+
     def test_an_auditor_reads_and_may_not_call(self) -> None:
         reader = self.proxy("reader")
         reader.execute("SELECT count(*) FROM durable_ledger.unresolved")

@@ -38,16 +38,15 @@ def ledger_backend(conn: Any, run: str) -> int:
     """The backend that holds ``conn``'s session on the ledger for ``run``, as the
     ledger's ``leases.holder_pid`` names it: the connection's own, or through a proxy,
     the shard's process of PL/Proxy's connection (opened by this call if need be)."""
-    if not THROUGH_PROXY:
-        return int(conn.info.backend_pid)
-    return int(conn.execute("SELECT durable_ledger_proxy.shard_backend(%s)", (run,)).fetchone()[0])
+    query = ("SELECT durable_ledger_proxy.shard_backend(%s)" if THROUGH_PROXY
+             else "SELECT pg_backend_pid() WHERE %s::text IS NOT NULL")  # (through a pooler: this statement's)
+    return int(conn.execute(query, (run,)).fetchone()[0])
 
 
 async def ledger_backend_async(conn: Any, run: str) -> int:
     """`ledger_backend` of an ``AsyncConnection``."""
-    if not THROUGH_PROXY:
-        return int(conn.info.backend_pid)
-    cur = await conn.execute("SELECT durable_ledger_proxy.shard_backend(%s)", (run,))
+    cur = await conn.execute("SELECT durable_ledger_proxy.shard_backend(%s)" if THROUGH_PROXY
+                             else "SELECT pg_backend_pid() WHERE %s::text IS NOT NULL", (run,))
     row = await cur.fetchone()
     return int(row[0])
 

@@ -867,6 +867,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(conflict.exception.sqlstate, "23505")
         self.assertIsInstance(conflict.exception, LedgerRefused)
         if ERROR_ENDS_SESSION_LEASE:  # through a proxy: a new attempt (target.py)
+            ledger.release_run(self.run_id)
             ledger.acquire_run(self.run_id)
         with self.assertRaises(InvalidArgument) as invalid:  # 22023: an empty tool name
             ledger.guarded(self.run_id, "", {}, never)
@@ -884,6 +885,7 @@ class ClientTest(unittest.TestCase):
         self.assertIn("GRANT durable_ledger_worker TO", str(denied.exception))  # says which role
         # errors of the caller's own function are never translated
         if ERROR_ENDS_SESSION_LEASE:
+            ledger.release_run(self.run_id)
             ledger.acquire_run(self.run_id)
         with self.assertRaises(psycopg.errors.UniqueViolation):
             ledger.guarded(self.run_id, "db.write", {"n": 1},

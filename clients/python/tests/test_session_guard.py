@@ -20,7 +20,7 @@ import sys
 import time
 import unittest
 import uuid
-from typing import Any, Callable, List, Optional
+from typing import Tuple, Any, Callable, List, Optional
 
 import psycopg
 from psycopg import sql
@@ -35,7 +35,8 @@ from durable_ledger import (  # noqa: E402
     PoolerDetected,
 )
 
-from target import ADMIN_DSN, DSN, drop_leases, drop_leases_async  # noqa: E402
+from target import (ADMIN_DSN, DSN, THROUGH_PROXY, drop_leases, drop_leases_async,  # noqa: E402
+                    ledger_backend)
 BOUNCER_DSN = os.environ.get("DURABLE_LEDGER_PGBOUNCER_DSN")
 #: How long a test waits for a state it polls for before it gives up.
 PATIENCE = 30.0
@@ -91,16 +92,19 @@ class Guarded:
                                  (run,)).fetchone()
         return None if row is None else int(row[0])
 
-    def occupy(self, pid: int) -> "psycopg.Connection[Any]":
+    def occupy(self, pid: int) -> Tuple["psycopg.Connection[Any]", int]:
         """Another client of the pooler, with a transaction open on the server connection
-        of backend ``pid``: the pooler must send every other transaction elsewhere."""
+        that holds the lease of backend ``pid`` (the leases view's holder): the pooler must
+        send every other transaction elsewhere.  Returns it and that server connection's
+        pid (``pid`` itself, or through a proxy, the proxy's backend whose connection to
+        the shard ``pid`` is)."""
         blocker = self.bouncer(autocommit=False)
         deadline = time.monotonic() + PATIENCE
-        while blocker.execute("SELECT pg_backend_pid()").fetchone()[0] != pid:  # type: ignore[index]
+        while ledger_backend(blocker, self.run_id) != pid:
             blocker.rollback()  # the next transaction goes to another server connection
             if time.monotonic() > deadline:
                 self.fail(f"PgBouncer never gave the blocker server connection {pid}")  # type: ignore[attr-defined]
-        return blocker
+        return blocker, int(blocker.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
 
     def effects(self, run: str) -> int:
         return int(self.admin.execute("SELECT count(*) FROM durable_ledger.effects WHERE run = %s",
@@ -150,11 +154,11 @@ class PoolerDetectedTest(Guarded, unittest.TestCase):
             with ledger.attempt(self.run_id):
                 pid = self.holder(self.run_id)
                 assert pid is not None
-                blocker = self.occupy(pid)  # the attempt's server connection is busy
+                blocker, server = self.occupy(pid)  # the attempt's server connection is busy
                 with self.assertRaises(PoolerDetected) as caught:
                     pay(self.run_id, {"invoice": "INV-9", "amount": 4200})
-                self.assert_detected(caught.exception, pid, 1)
-                self.assertNotEqual(caught.exception.reached_pid, pid)
+                self.assert_detected(caught.exception, server, 1)
+                self.assertNotEqual(caught.exception.reached_pid, server)
                 self.assertIsNone(caught.exception.reached_epoch)
                 # nothing was called: no intent, no effect row, the bank not asked
                 self.assertEqual((self.sent, self.effects(self.run_id)), ([], 0))
@@ -173,8 +177,9 @@ class PoolerDetectedTest(Guarded, unittest.TestCase):
         self.assert_free(self.run_id, pid)
         self.assertEqual(self.events(self.run_id)[:2], ["lease_acquired", "lease_broken"])
         self.assertEqual(self.effects(self.run_id), 0)
-        with self.assertRaises(psycopg.OperationalError):  # its server connection was ended
-            blocker.execute("SELECT 1")
+        if not THROUGH_PROXY:  # (through a proxy: the proxy's connection to the shard)
+            with self.assertRaises(psycopg.OperationalError):  # its server connection was ended
+                blocker.execute("SELECT 1")
 
     def test_a_server_connection_another_attempt_took_over(self) -> None:
         # Two clients of the pooler are handed the same server connection, and each takes
@@ -184,14 +189,16 @@ class PoolerDetectedTest(Guarded, unittest.TestCase):
         with first.attempt(self.run_id):
             pid = self.holder(self.run_id)
             assert pid is not None
+            first_server = [first._holds[self.run_id].pid]  # the server connection its lease is on
             self.assertTrue(wait_for(lambda: second.acquire_run(self.run_id, wait=False)),
                             "the second client never reached the first one's server connection")
             self.assertEqual((self.holder(self.run_id), self.epoch_held(self.run_id)), (pid, 2))
             with self.assertRaises(PoolerDetected) as caught:
                 first.guarded(self.run_id, "bank.pay", {"invoice": "INV-9"}, self.perform)
             detected = caught.exception
-            self.assertEqual((detected.run, detected.epoch, detected.pid), (self.run_id, 1, pid))
-            if detected.reached_pid == pid:  # it reached the very server connection
+            server = first_server[0]
+            self.assertEqual((detected.run, detected.epoch, detected.pid), (self.run_id, 1, server))
+            if detected.reached_pid == server:  # it reached the very server connection
                 self.assertEqual(detected.reached_epoch, 2)
                 self.assertIn("another attempt took its session over", str(detected))
             else:
@@ -225,11 +232,11 @@ class AsyncPoolerDetectedTest(Guarded, unittest.IsolatedAsyncioTestCase):
             async with ledger.attempt(self.run_id):
                 pid = self.holder(self.run_id)
                 assert pid is not None
-                blocker = self.occupy(pid)
+                blocker, server = self.occupy(pid)
                 with self.assertRaises(PoolerDetected) as caught:
                     await pay(self.run_id, {"invoice": "INV-9", "amount": 4200})
-                self.assert_detected(caught.exception, pid, 1)
-                self.assertNotEqual(caught.exception.reached_pid, pid)
+                self.assert_detected(caught.exception, server, 1)
+                self.assertNotEqual(caught.exception.reached_pid, server)
                 self.assertEqual((self.sent, self.effects(self.run_id)), ([], 0))
                 with self.assertRaises(PoolerDetected):
                     await ledger.record(self.run_id, "model", {"q": 1}, lambda: "an answer")
@@ -312,6 +319,7 @@ class LostOnItsConnectionTest(Guarded, unittest.TestCase):
         ledger = Ledger(first)
         self.assertTrue(ledger.acquire_run(self.run_id))
         pid = first.info.backend_pid
+        held = ledger_backend(first, self.run_id)  # the lease's holder: a proxy's shard backend, else pid
         other = psycopg.connect(DSN, autocommit=True)  # type: ignore[arg-type]
         self.addCleanup(other.close)
         ledger.conn = other
@@ -325,8 +333,8 @@ class LostOnItsConnectionTest(Guarded, unittest.TestCase):
         self.assertEqual((asked, self.sent, self.effects(self.run_id)), ([], [], 0))
         with self.assertLogs("durable_ledger", level="WARNING"):
             self.assertTrue(ledger.release_run(self.run_id))  # by release_attempt
-        self.assertTrue(wait_for(lambda: self.gone(pid)))
-        self.assert_free(self.run_id, pid)
+        self.assertTrue(wait_for(lambda: self.gone(held)))
+        self.assert_free(self.run_id, held)
         self.assertIn("lease_broken", self.events(self.run_id))
 
     def test_a_release_that_may_not_end_the_holder_says_what_happens(self) -> None:
@@ -343,6 +351,7 @@ class LostOnItsConnectionTest(Guarded, unittest.TestCase):
         ledger = Ledger(holder)
         self.assertTrue(ledger.acquire_run(self.run_id))
         pid = holder.info.backend_pid
+        held = ledger_backend(holder, self.run_id)  # the lease's holder: a proxy's shard backend, else pid
         worker = psycopg.connect(DSN, autocommit=True, user=role)  # type: ignore[arg-type]
         ledger.conn = worker
         with self.assertLogs("durable_ledger", level="WARNING") as logs:
@@ -355,11 +364,11 @@ class LostOnItsConnectionTest(Guarded, unittest.TestCase):
                       "server_lifetime", "server_idle_timeout", "durable_ledger.break_lease("):
             self.assertIn(words, message)
         self.assertEqual(warning.durable_ledger["sqlstate"], "42501")  # type: ignore[attr-defined]
-        self.assertEqual(self.holder(self.run_id), pid)  # as it says: still held there
+        self.assertEqual(self.holder(self.run_id), held)  # as it says: still held there
         self.assertTrue(self.admin.execute("SELECT durable_ledger.break_lease(%s, 'test')",
                                            (self.run_id,)).fetchone()[0])
-        self.assertTrue(wait_for(lambda: self.gone(pid)))
-        self.assert_free(self.run_id, pid)
+        self.assertTrue(wait_for(lambda: self.gone(held)))
+        self.assert_free(self.run_id, held)
 
 
 if __name__ == "__main__":
