@@ -1,0 +1,328 @@
+// durable-ledger/agents: the core the agent-framework adapters share
+// (adapters/: the AI SDK, LangGraph.js and Deep Agents, the OpenAI Agents SDK,
+// the Claude Agent SDK, the MCP gateway).  Each adapter only translates: where
+// its framework keeps the run id, how a tool's execution reaches guarded(),
+// and how a stop becomes its framework's own outcome (a tool error, an
+// interrupt, an MCP error result).  What a call means stays here, once:
+//
+//   agentAttempt(ledger, run, [options,] fn)  one attempt at a run, around the
+//       framework's own invocation (generateText, graph.invoke, run(agent));
+//       the tools called inside find their ledger and run through it.  A
+//       framework turns a tool's error into a message for the model and goes
+//       on, so the attempt remembers the first call that stopped the run (a
+//       pause, an unknown outcome, an abandoned run, a refused tool, a lost
+//       lease) and throws it at its end: the app always learns that a person
+//       must act, or that the run must not be retried.
+//   guardedTool({tool, args, perform, ...})  one side-effecting tool call.
+//   recordedCall({tool, args, call, ...})  a model turn or a read, replayed.
+//   stopOf(err)  what an error means for the run: a kind, a text for the model
+//       (which must not call the tool again) and what a person must do.
+
+import { AsyncLocalStorage } from 'node:async_hooks';
+import {
+  AwaitingApproval, BudgetExhausted, DivergencePaused, EffectDidNotHappen, EffectPaused, LeaseLost,
+  LedgerError, RunAbandoned, RunStopped, ToolRefused,
+} from './errors.js';
+import { describe } from './text.js';
+
+/** @typedef {import('./ledger.js').Ledger} Ledger */
+/** @typedef {import('./token-lease.js').TokenLease} TokenLease */
+
+/**
+ * What a stop means for the run.
+ * - `paused`: the ledger paused the call for a person (an unknown outcome of an earlier
+ *   attempt, a divergence, an approval, a budget); the run waits until they decide.
+ * - `unknown`: the tool threw while performing: nobody knows whether the effect happened;
+ *   the next attempt pauses it for a person.
+ * - `stopped`: an earlier call of this attempt stopped the run; this one did nothing.
+ * - `abandoned`: a person abandoned the run: never retry it.
+ * - `refused`: the ledger refuses the tool (retired, or unregistered where it must be).
+ * - `lease-lost`: the attempt's lease is gone; a new attempt replays what is done.
+ * @typedef {'paused' | 'unknown' | 'stopped' | 'abandoned' | 'refused' | 'lease-lost'} StopKind
+ */
+
+/**
+ * @typedef {object} Stop
+ * @property {StopKind} kind
+ * @property {string|null} key  the effect's idempotency key, when there is one
+ * @property {string} forModel  a tool result for the model: what happened, and that it must
+ *   not call the tool again
+ * @property {string} forPerson  what a person must do before the run can go on
+ * @property {unknown} error  the error the call threw
+ */
+
+/**
+ * @typedef {object} AgentAttemptOptions
+ * @property {'token' | 'session'} [lease]  the attempt's lease: 'token' (default: a pg.Pool,
+ *   PgBouncer in transaction mode, parallel tool calls) or 'session' (one dedicated client)
+ * @property {number} [ttl]  a token lease's seconds without renewal (tokenAttempt's; 300)
+ * @property {string | null} [holder]  the worker's name in durable_ledger.leases (token lease)
+ * @property {string | null} [model]  the model that answers the attempt (meta.model of its calls)
+ */
+
+/** One agentAttempt: its ledger and run, and the first call that stopped it. */
+class AgentRun {
+  /**
+   * @param {Ledger} ledger
+   * @param {string} run
+   */
+  constructor(ledger, run) {
+    this.ledger = ledger;
+    this.run = run;
+    /** @type {Stop|null} */
+    this.stop = null;
+  }
+}
+
+/** @type {AsyncLocalStorage<ReadonlyArray<AgentRun>>} */
+const agentContext = new AsyncLocalStorage();
+
+/**
+ * The innermost agentAttempt the calling code runs in ({ledger, run}), or null.
+ * @returns {{ledger: Ledger, run: string} | null}
+ */
+export function currentAttempt() {
+  const store = agentContext.getStore();
+  const inner = store?.[store.length - 1];
+  return inner ? { ledger: inner.ledger, run: inner.run } : null;
+}
+
+/**
+ * The agentAttempt a call of (ledger, run) belongs to, either given: the innermost one that
+ * matches, or the innermost one when neither is given.
+ * @param {Ledger | undefined} ledger
+ * @param {string | undefined} run
+ * @returns {AgentRun | null}
+ */
+function boundRun(ledger, run) {
+  const store = agentContext.getStore() ?? [];
+  for (let i = store.length - 1; i >= 0; i -= 1) {
+    if ((ledger === undefined || store[i].ledger === ledger) && (run === undefined || store[i].run === run)) {
+      return store[i];
+    }
+  }
+  return null;
+}
+
+/**
+ * One attempt at `run` around a framework's invocation: a token attempt (default) or a
+ * session attempt of `ledger`, in which the adapters' tools and recorded model calls find
+ * their ledger and run.  Returns what fn returns; but when a call stopped the run (see
+ * stopOf) -- even if the framework turned its error into a message and went on -- throws
+ * that call's error at the end (an unknown outcome: a RunStopped whose cause is the tool's
+ * error), so the app learns that a person must act, or that the run must not be retried.
+ * @template T
+ * @overload
+ * @param {Ledger} ledger
+ * @param {string} run
+ * @param {(lease: TokenLease | null) => T | Promise<T>} fn
+ * @returns {Promise<Awaited<T>>}
+ */
+/**
+ * @template T
+ * @overload
+ * @param {Ledger} ledger
+ * @param {string} run
+ * @param {AgentAttemptOptions} options
+ * @param {(lease: TokenLease | null) => T | Promise<T>} fn
+ * @returns {Promise<Awaited<T>>}
+ */
+/**
+ * @template T
+ * @param {Ledger} ledger
+ * @param {string} run
+ * @param {AgentAttemptOptions | ((lease: TokenLease | null) => T | Promise<T>)} options
+ * @param {(lease: TokenLease | null) => T | Promise<T>} [fn]
+ * @returns {Promise<Awaited<T>>}
+ * @throws what a stopping call threw (EffectPaused, RunAbandoned, ToolRefused, LeaseLost,
+ *   RunStopped), RunBusy when another worker holds the run, or fn's own error
+ */
+export async function agentAttempt(ledger, run, options, fn) {
+  if (typeof options === 'function') [options, fn] = [{}, options];
+  if (typeof fn !== 'function') throw new TypeError('agentAttempt(ledger, run, [options,] fn): fn must be a function');
+  const { lease = 'token', ttl, holder, model } = options ?? {};
+  if (lease !== 'token' && lease !== 'session') {
+    throw new TypeError("agentAttempt(): lease must be 'token' or 'session'");
+  }
+  const state = new AgentRun(ledger, run);
+  const body = (/** @type {TokenLease | null} */ held) =>
+    agentContext.run([...(agentContext.getStore() ?? []), state], () => fn(held));
+  /** @type {Awaited<T>} */
+  let result;
+  try {
+    result = await (lease === 'token'
+      ? ledger.tokenAttempt(run, { ttl, holder, model }, (held) => body(held))
+      : ledger.attempt(run, { model }, () => body(null)));
+  } catch (err) {
+    throw state.stop ? thrownFor(state.stop) : err;
+  }
+  if (state.stop) throw thrownFor(state.stop);
+  return result;
+}
+
+/**
+ * What agentAttempt throws for a stop: the call's own error, or for an unknown outcome a
+ * RunStopped that names the effect, with the tool's error as its cause.
+ * @param {Stop} stop
+ * @returns {unknown}
+ */
+function thrownFor(stop) {
+  if (stop.kind !== 'unknown') return stop.error;
+  return new RunStopped(stop.forPerson, { key: stop.key, reason: 'outcome unknown', cause: stop.error });
+}
+
+/**
+ * @template T
+ * @typedef {object} ToolCallSpec
+ * @property {string} tool  the tool's name in the ledger
+ * @property {unknown} args  its JSON input
+ * @property {(key: string) => T | Promise<T>} perform  performs the effect; `key` is the provider's
+ *   idempotency key
+ * @property {Ledger} [ledger]  default: the current agentAttempt's
+ * @property {string} [run]  default: the current agentAttempt's
+ * @property {string | null} [businessKey]
+ * @property {unknown} [meta]
+ * @property {import('./reconcile.js').Reconcile | null} [reconcile]
+ */
+
+/**
+ * One side-effecting tool call through the ledger (guarded()), in the current
+ * agentAttempt unless `ledger` and `run` say otherwise: performed at most once, its
+ * result as recorded (a replay returns it without calling perform).  A call that stops the
+ * run is remembered by its agentAttempt (thrown at its end), then its error is thrown.
+ * @template T
+ * @param {ToolCallSpec<T>} spec
+ * @returns {Promise<import('./types.js').Recorded<Awaited<T>>>}
+ */
+export async function guardedTool(spec) {
+  const { ledger, run, state } = resolve(spec, 'guardedTool');
+  /** the key of a perform that threw: its outcome is unknown */
+  const threw = { key: /** @type {string|null} */ (null) };
+  try {
+    return await ledger.guarded({
+      run, tool: spec.tool, args: spec.args, businessKey: spec.businessKey ?? null, meta: spec.meta,
+      reconcile: spec.reconcile ?? null,
+      perform: async (key) => {
+        try {
+          return await spec.perform(key);
+        } catch (err) {
+          if (!(err instanceof EffectDidNotHappen)) threw.key = key;
+          throw err;
+        }
+      },
+    });
+  } catch (err) {
+    const stop = stopOf(err, threw.key !== null ? { tool: spec.tool, key: threw.key } : undefined);
+    if (stop && state) state.stop ??= stop;
+    throw err;
+  }
+}
+
+/**
+ * @template T
+ * @typedef {object} RecordedCallSpec
+ * @property {string} tool  e.g. "model.<provider>.<id>"
+ * @property {unknown} args  its JSON input (the prompt so far)
+ * @property {() => T | Promise<T>} call
+ * @property {Ledger} [ledger]
+ * @property {string} [run]
+ * @property {unknown} [meta]
+ */
+
+/**
+ * A call that is harmless to make again -- a model turn, a read -- through the ledger
+ * (record()): made once, recorded, and replayed by a later attempt, so that a rerun sees
+ * the very answers the first one saw.
+ * @template T
+ * @param {RecordedCallSpec<T>} spec
+ * @returns {Promise<import('./types.js').Recorded<Awaited<T>>>}
+ */
+export async function recordedCall(spec) {
+  const { ledger, run, state } = resolve(spec, 'recordedCall');
+  try {
+    return await ledger.record({ run, tool: spec.tool, args: spec.args, call: spec.call, meta: spec.meta });
+  } catch (err) {
+    const stop = stopOf(err);
+    if (stop && state) state.stop ??= stop;
+    throw err;
+  }
+}
+
+/**
+ * @param {{ledger?: Ledger, run?: string}} spec
+ * @param {string} name
+ * @returns {{ledger: Ledger, run: string, state: AgentRun | null}}
+ */
+function resolve(spec, name) {
+  const state = boundRun(spec.ledger, spec.run);
+  const ledger = spec.ledger ?? state?.ledger;
+  const run = spec.run ?? state?.run;
+  if (!ledger || run === undefined) {
+    throw new LedgerError(`${name}(): no agentAttempt is open here, and no ledger and run were given: ` +
+      'call the framework inside agentAttempt(ledger, run, fn)');
+  }
+  return { ledger, run, state };
+}
+
+/**
+ * What an error of a tool call means for the run, or null when it does not stop it (an
+ * EffectFailed is the tool's recorded refusal, for the model to handle; an
+ * EffectInProgress or a bad argument stops nothing).
+ * @param {unknown} err
+ * @param {{tool: string, key: string}} [unknownOutcome]  the call whose perform threw it
+ * @returns {Stop | null}
+ */
+export function stopOf(err, unknownOutcome) {
+  const key = err instanceof LedgerError ? err.key : null;
+  /**
+   * @param {StopKind} kind
+   * @param {string} forModel
+   * @param {string} forPerson
+   * @param {string|null} [stopKey]
+   * @returns {Stop}
+   */
+  const stop = (kind, forModel, forPerson, stopKey = key) => ({ kind, key: stopKey, forModel, forPerson, error: err });
+  const noRetry = 'Do not call this tool again and do not try another way to do the same: end your turn ' +
+    'and say that the run waits for a person.';
+  if (unknownOutcome) {
+    return stop('unknown',
+      `The tool ${unknownOutcome.tool} failed while it was being performed: nobody knows yet whether ` +
+        `it took effect. ${noRetry}`,
+      `the outcome of ${unknownOutcome.tool} (effect ${unknownOutcome.key}) is unknown: the tool threw ` +
+        `(${describe(/** @type {any} */ (err)?.message ?? err)}). The next attempt pauses it: a person checks ` +
+        'the downstream system and resolves it (durable_ledger.resolve_effect, or the console).',
+      unknownOutcome.key);
+  }
+  if (err instanceof EffectPaused) {
+    const why = err instanceof DivergencePaused ? 'it may repeat an earlier call worded differently'
+      : err instanceof AwaitingApproval ? 'it needs a person\'s approval'
+        : err instanceof BudgetExhausted ? 'the run has used up its budget for this tool'
+          : 'an earlier attempt began it and nobody knows whether it took effect';
+    return stop('paused', `This call was not performed: the ledger paused it because ${why}. ${noRetry}`,
+      err instanceof DivergencePaused
+        ? `a person decides whether effect ${err.key} repeats an earlier one (durable_ledger.resolve_divergence)`
+        : err instanceof AwaitingApproval
+          ? `an approver approves or rejects effect ${err.key} (durable_ledger.approve_effect, reject_effect)`
+          : err instanceof BudgetExhausted
+            ? `a person raises the run's budget (durable_ledger.set_run_budget) or abandons the run`
+            : `a person checks the downstream system for ${err.downstreamKey ?? err.key} and resolves ` +
+              `effect ${err.key} (durable_ledger.resolve_effect, or the console)`);
+  }
+  if (err instanceof RunAbandoned) {
+    return stop('abandoned', `This call was not performed: a person abandoned this run. ${noRetry}`,
+      'nothing: the run is abandoned and must not be retried (fork it into a new run to redo part of it)');
+  }
+  if (err instanceof ToolRefused) {
+    return stop('refused', `This call was not performed: the ledger refuses this tool. ${noRetry}`,
+      'an admin registers the tool (durable_ledger.register_tool), then a new attempt');
+  }
+  if (err instanceof LeaseLost) {
+    return stop('lease-lost', `This call was not performed: this worker lost the run. ${noRetry}`,
+      'nothing: start a new attempt, which replays what is done');
+  }
+  if (err instanceof RunStopped) {
+    return stop('stopped', `This call was not performed: an earlier call of this run stopped it. ${noRetry}`,
+      'see the call that stopped the run');
+  }
+  return null;
+}
