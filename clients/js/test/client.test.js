@@ -3,8 +3,9 @@
 //   DURABLE_LEDGER_DSN=postgresql://postgres@host/db npm test
 //
 // The DSN must be a superuser connection (resolve_effect needs the admin role)
-// to a database where `CREATE EXTENSION durable_ledger` has been run.
-import { test } from 'node:test';
+// to a database where `CREATE EXTENSION durable_ledger` has been run, or to the proxy
+// of a sharded ledger (test/target.js says where the tests read the ledger's tables).
+import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
@@ -14,11 +15,15 @@ import {
   Ledger, LedgerError, EffectFailed, EffectPaused, EffectInProgress, EffectDidNotHappen, RunStopped,
   RunBusy, LeaseLostError, LedgerRefused, BusinessKeyConflict, InvalidArgument, ToolRefusedError,
 } from '../src/index.js';
+import {
+  DSN as dsn, ADMIN_DSN, ERROR_ENDS_SESSION_LEASE, dropLeases, ledgerBackend,
+} from './target.js';
 
-const dsn = process.env.DURABLE_LEDGER_DSN;
-if (!dsn) {
-  throw new Error('set DURABLE_LEDGER_DSN to a superuser connection string of a database with durable_ledger');
-}
+// What the tests read in the ledger's own tables, they read where those are (target.js):
+// the client's database, or through a proxy, its shard's.
+const admin = new pg.Client({ connectionString: ADMIN_DSN, application_name: 'durable-ledger js tests' });
+before(() => admin.connect());
+after(() => admin.end());
 
 const unique = (name) => `js-${name}-${randomUUID()}`;
 const HEX64 = /^[0-9a-f]{64}$/;
@@ -44,8 +49,8 @@ function counter(result) {
   return perform;
 }
 
-async function auditEvents(client, key) {
-  const { rows } = await client.query(
+async function auditEvents(key) {
+  const { rows } = await admin.query(
     'SELECT event FROM durable_ledger.audit_log WHERE key = $1 ORDER BY id', [key]);
   return rows.map((r) => r.event);
 }
@@ -70,7 +75,7 @@ test('execute: performs once with the key, completes, returns and records the re
     assert.equal(row.status, 'completed');
     assert.deepEqual(row.result, { payment_id: 'pay_1', amount: 4200 });
     assert.deepEqual(row.meta, { model: 'test' });
-    assert.deepEqual(await auditEvents(client, key), ['intent', 'completed']);
+    assert.deepEqual(await auditEvents(key), ['intent', 'completed']);
     assert.equal(await ledger.effectStatus('never-seen-key'), null);
   });
 });
@@ -155,7 +160,7 @@ test('EffectDidNotHappen: fail_effect is recorded and EffectFailed is thrown', a
     const row = await ledger.effectStatus(key);
     assert.equal(row.status, 'failed');
     assert.deepEqual(row.error, { code: 'card_declined' });
-    assert.deepEqual(await auditEvents(client, key), ['intent', 'failed']);
+    assert.deepEqual(await auditEvents(key), ['intent', 'failed']);
   });
 });
 
@@ -193,7 +198,7 @@ test('unknown outcome: the error is rethrown, nothing is guessed, the next attem
 
     const row = await ledger.effectStatus(key);
     assert.equal(row.status, 'started', 'no fail_effect: the outcome is unknown');
-    assert.deepEqual(await auditEvents(client, key), ['intent']);
+    assert.deepEqual(await auditEvents(key), ['intent']);
 
     // Retrying in the same attempt would be the next occurrence (a new key): refused.
     const retry = counter('SHOULD-NOT-HAPPEN');
@@ -245,9 +250,9 @@ test('record(): a model call lost with its worker, or that threw, is made again 
   });
   await inFlight;
   const { rows: [{ pid }] } = await client.query('SELECT pg_backend_pid() AS pid');
-  await withClient((other) => other.query('SELECT pg_terminate_backend($1, 10000)', [pid]));
+  await admin.query('SELECT pg_terminate_backend($1, 10000)', [pid]);
 
-  await withClient(async (admin, rerun) => {
+  await withClient(async (_c, rerun) => {
     // the model fails: the error comes through, nothing is recorded, and the attempt
     // stops (a retry in it would act on an answer a replay does not see)
     const timeout = new Error('model timed out');
@@ -411,7 +416,7 @@ test('guarded() refuses to begin inside an open transaction', async () => {
       (e) => e instanceof LedgerError && /transaction/.test(e.message));
     await client.query('ROLLBACK');
     assert.equal(perform.keys.length, 0);
-    const { rows } = await client.query('SELECT count(*)::int AS n FROM durable_ledger.effects WHERE run = $1', [run]);
+    const { rows } = await admin.query('SELECT count(*)::int AS n FROM durable_ledger.effects WHERE run = $1', [run]);
     assert.equal(rows[0].n, 0, 'nothing written');
   });
 });
@@ -475,21 +480,19 @@ test('the example agent loop runs: the first worker executes, the replayed one e
   assert.match(second, /crm\.lookup \[read-only\]/);
   assert.match(stdout, /downstream calls: bank 1, mail 1, crm 4/);
 
-  await withClient(async (client) => {
-    const { rows } = await client.query(
-      'SELECT tool, status FROM durable_ledger.effects WHERE run = $1 ORDER BY tool', [run]);
-    assert.deepEqual(rows, [
-      { tool: 'email.send', status: 'completed' },
-      { tool: 'payments.charge', status: 'completed' },
-    ], 'only the two side-effecting tools are in the ledger');
-  });
+  const { rows } = await admin.query(
+    'SELECT tool, status FROM durable_ledger.effects WHERE run = $1 ORDER BY tool', [run]);
+  assert.deepEqual(rows, [
+    { tool: 'email.send', status: 'completed' },
+    { tool: 'payments.charge', status: 'completed' },
+  ], 'only the two side-effecting tools are in the ledger');
 });
 
 // ---------------------------------------------------- reports name their attempt
 
 /** (event, attempt) of every audit row of key, in order. */
-async function auditAttempts(client, key) {
-  const { rows } = await client.query(
+async function auditAttempts(key) {
+  const { rows } = await admin.query(
     'SELECT event::text, attempt FROM durable_ledger.audit_log WHERE key = $1 ORDER BY id', [key]);
   return rows.map((r) => [r.event, r.attempt]);
 }
@@ -546,7 +549,7 @@ test('a retried business key: the report names attempt 2, so it lands there with
     const result = await ledger.guarded({
       run, tool: 'bank.pay', args, businessKey,
       perform: async () => {
-        await client.query('SELECT pg_advisory_unlock_all()'); // the lease is gone
+        await dropLeases(client); // pg_advisory_unlock_all(): the lease is gone
         return { payment_id: 'pay_2' };
       },
     });
@@ -554,7 +557,7 @@ test('a retried business key: the report names attempt 2, so it lands there with
     const row = await ledger.effectStatus(businessKey);
     assert.deepEqual([row.attempt, row.status, row.conflict, row.result],
       [2, 'completed', false, { payment_id: 'pay_2' }]);
-    assert.deepEqual(await auditAttempts(client, businessKey),
+    assert.deepEqual(await auditAttempts(businessKey),
       [['intent', 1], ['failed', 1], ['intent', 2], ['late_completion', 2]]);
   });
 
@@ -563,9 +566,11 @@ test('a retried business key: the report names attempt 2, so it lands there with
   const otherArgs = { invoice: other, amount: 70 };
   await declinedFirstAttempt(other, otherArgs);
   await withClient(async (client, ledger) => {
-    const d = await ledger.beginEffect(unique('raw'), 'bank.pay', otherArgs, { businessKey: other });
+    const raw = unique('raw');
+    await client.query('SELECT durable_ledger.acquire_run($1)', [raw]); // (through a proxy: no implicit lease)
+    const d = await ledger.beginEffect(raw, 'bank.pay', otherArgs, { businessKey: other });
     assert.deepEqual([d.decision, d.attempt], ['execute', 2]);
-    await client.query('SELECT pg_advisory_unlock_all()');
+    await dropLeases(client);
     await client.query('SELECT durable_ledger.complete_effect($1, $2::jsonb)', [other, '{"payment_id": "x"}']);
     const row = await ledger.effectStatus(other);
     assert.deepEqual([row.attempt, row.conflict, row.result], [2, true, null]);
@@ -604,7 +609,7 @@ async function interleave(name, firstOutcome, check) {
         first.go();
         const firstError = await one.then(() => assert.fail('attempt 1 was accepted'), (e) => e);
         const afterFirst = await ledger.effectStatus(businessKey);
-        await check({ client, ledger, businessKey, firstError, afterFirst, second, two });
+        await check({ ledger, businessKey, firstError, afterFirst, second, two });
       } finally {
         second.go();
         await two.catch(() => {});
@@ -621,7 +626,7 @@ test('a late refusal of attempt 1 never decides attempt 2 (same lease, attempt 2
   // session holds the lease that began attempt 2): attempt 2, whose payment is in
   // flight, would be "failed", and a third attempt could pay again.
   await interleave('late-refusal', new EffectDidNotHappen({ code: 'declined' }),
-    async ({ client, ledger, businessKey, firstError, afterFirst, second, two }) => {
+    async ({ ledger, businessKey, firstError, afterFirst, second, two }) => {
       assert.ok(firstError instanceof EffectFailed, `got ${firstError}`); // on record: accepted
       assert.equal(firstError.replayed, false);
       assert.deepEqual(firstError.error, { code: 'declined' });
@@ -632,9 +637,9 @@ test('a late refusal of attempt 1 never decides attempt 2 (same lease, attempt 2
       const row = await ledger.effectStatus(businessKey);
       assert.deepEqual([row.attempt, row.status, row.conflict, row.result],
         [2, 'completed', false, { payment_id: 'pay_2' }]);
-      assert.deepEqual(await auditAttempts(client, businessKey),
+      assert.deepEqual(await auditAttempts(businessKey),
         [['intent', 1], ['failed', 1], ['intent', 2], ['completed', 2]]);
-      const { rows } = await client.query(
+      const { rows } = await admin.query(
         'SELECT attempt, status::text, error FROM durable_ledger.past_attempts WHERE key = $1', [businessKey]);
       assert.deepEqual(rows, [{ attempt: 1, status: 'failed', error: { code: 'declined' } }]);
     });
@@ -646,12 +651,12 @@ test('a late completion of a replaced attempt is kept as a conflict, never appli
   // it would complete attempt 2 with attempt 1's payment; with it, it is evidence of a
   // double payment, kept as a conflict for a person.
   await interleave('late-completion', { payment_id: 'pay_1' },
-    async ({ client, ledger, businessKey, firstError, afterFirst, second, two }) => {
+    async ({ ledger, businessKey, firstError, afterFirst, second, two }) => {
       assert.ok(firstError instanceof LedgerError && !(firstError instanceof EffectFailed), `got ${firstError}`);
       assert.match(firstError.message, /did not accept the report \(complete_effect\)/);
       assert.deepEqual([afterFirst.attempt, afterFirst.status, afterFirst.conflict, afterFirst.result],
         [2, 'started', true, null]);
-      const { rows } = await client.query(
+      const { rows } = await admin.query(
         "SELECT attempt, detail->'result' AS result FROM durable_ledger.audit_log WHERE key = $1 AND event = 'conflict'",
         [businessKey]);
       assert.deepEqual(rows, [{ attempt: 1, result: { payment_id: 'pay_1' } }]);
@@ -661,7 +666,7 @@ test('a late completion of a replaced attempt is kept as a conflict, never appli
       assert.equal(row.attempt, 2);
       assert.notDeepEqual(row.result, { payment_id: 'pay_1' });
       assert.equal(row.conflict, true);
-      const { rows: [u] } = await client.query(
+      const { rows: [u] } = await admin.query(
         'SELECT count(*)::int AS n FROM durable_ledger.unresolved WHERE key = $1', [businessKey]);
       assert.equal(u.n, 1);
     });
@@ -674,7 +679,7 @@ test('a lease wait ends by itself with RunBusy naming the holder; SQLSTATEs come
   try {
     const held = new Ledger(holder);
     assert.equal(await held.acquireRun(run), true);
-    const { rows: [{ pid }] } = await holder.query('SELECT pg_backend_pid() AS pid');
+    const pid = await ledgerBackend(holder, run); // the lease's holder: through a proxy, its shard's backend
     await withClient(async (client, ledger) => {
       await client.query("SET durable_ledger.lease_wait_timeout = '300ms'");
       const started = Date.now();
@@ -689,6 +694,11 @@ test('a lease wait ends by itself with RunBusy naming the holder; SQLSTATEs come
       // named errors for the ledger's other SQLSTATEs; the caller's own errors untouched
       const other = unique('named');
       const invoice = unique('INV');
+      const invalidArgument = async () => {
+        const invalid = await ledger.guarded({ run: other, tool: '', args: {},
+          perform: async () => assert.fail('performed') }).then(() => null, (e) => e);
+        assert.ok(invalid instanceof InvalidArgument, `got ${invalid}`);
+      };
       await ledger.attempt(other, async () => {
         await ledger.guarded({ run: other, tool: 'bank.pay', args: { amount: 1 }, businessKey: invoice,
           perform: async () => ({ ok: 1 }) });
@@ -700,10 +710,16 @@ test('a lease wait ends by itself with RunBusy naming the holder; SQLSTATEs come
         assert.match(conflict.hint, /key_fields/);
         assert.match(conflict.hint, /new business key\s+would perform the operation again/);
         assert.ok(conflict.message.includes(conflict.hint), 'the hint is in the message');
-        const invalid = await ledger.guarded({ run: other, tool: '', args: {},
-          perform: async () => assert.fail('performed') }).then(() => null, (e) => e);
-        assert.ok(invalid instanceof InvalidArgument, `got ${invalid}`);
+        if (ERROR_ENDS_SESSION_LEASE) {
+          // through a proxy the shard's error ended the session lease (target.js): the
+          // attempt stops at its next call, which performs nothing; a new attempt goes on
+          await assert.rejects(ledger.guarded({ run: other, tool: 'mail.send', args: {},
+            perform: async () => assert.fail('performed') }), LeaseLostError);
+          return;
+        }
+        await invalidArgument();
       });
+      if (ERROR_ENDS_SESSION_LEASE) await ledger.attempt(other, invalidArgument);
     });
     await held.releaseRun(run);
   } finally {
