@@ -17,6 +17,11 @@
 //   recordedCall({tool, args, call, ...})  a model turn or a read, replayed.
 //   stopOf(err)  what an error means for the run: a kind, a text for the model
 //       (which must not call the tool again) and what a person must do.
+//   toolError(err)  the error a framework shows the model: a ToolCallStopped
+//       (its message the text for the model, its cause the ledger's error)
+//       for a stop, else err itself.
+//   currentStop()  the first stop of the current agentAttempt (a framework's
+//       stop condition asks it to end the loop there).
 
 import { AsyncLocalStorage } from 'node:async_hooks';
 import {
@@ -76,6 +81,25 @@ class AgentRun {
 
 /** @type {AsyncLocalStorage<ReadonlyArray<AgentRun>>} */
 const agentContext = new AsyncLocalStorage();
+
+/**
+ * The stop each error thrown by guardedTool or recordedCall meant (an unknown outcome is
+ * known only there: the tool's own error says nothing of it).
+ * @type {WeakMap<object, Stop>}
+ */
+const stopsThrown = new WeakMap();
+
+/**
+ * Remembers what `err` meant, in the agentAttempt `state` too (its first stop).
+ * @param {unknown} err
+ * @param {Stop | null} stop
+ * @param {AgentRun | null} state
+ */
+function noteStop(err, stop, state) {
+  if (!stop) return;
+  if (state) state.stop ??= stop;
+  if (typeof err === 'object' && err !== null) stopsThrown.set(err, stop);
+}
 
 /**
  * The innermost agentAttempt the calling code runs in ({ledger, run}), or null.
@@ -212,8 +236,7 @@ export async function guardedTool(spec) {
       },
     });
   } catch (err) {
-    const stop = stopOf(err, threw.key !== null ? { tool: spec.tool, key: threw.key } : undefined);
-    if (stop && state) state.stop ??= stop;
+    noteStop(err, stopOf(err, threw.key !== null ? { tool: spec.tool, key: threw.key } : undefined), state);
     throw err;
   }
 }
@@ -242,8 +265,7 @@ export async function recordedCall(spec) {
   try {
     return await ledger.record({ run, tool: spec.tool, args: spec.args, call: spec.call, meta: spec.meta });
   } catch (err) {
-    const stop = stopOf(err);
-    if (stop && state) state.stop ??= stop;
+    noteStop(err, stopOf(err), state);
     throw err;
   }
 }
@@ -262,6 +284,43 @@ function resolve(spec, name) {
       'call the framework inside agentAttempt(ledger, run, fn)');
   }
   return { ledger, run, state };
+}
+
+/**
+ * The error a framework shows the model for a call that stopped the run: its message is
+ * what the model must know (not performed, do not call again), `stop` says what it means,
+ * `cause` is the ledger's (or the tool's) error.
+ */
+export class ToolCallStopped extends Error {
+  /** @param {Stop} stop */
+  constructor(stop) {
+    super(stop.forModel, { cause: stop.error });
+    this.name = 'ToolCallStopped';
+    /** @type {Stop} @readonly */
+    this.stop = stop;
+  }
+}
+
+/**
+ * What a framework shows the model for an error of guardedTool or recordedCall: a
+ * ToolCallStopped when it stopped the run (see stopOf: the tool's own error when its
+ * outcome is unknown), else the error itself.
+ * @param {unknown} err
+ * @returns {unknown}
+ */
+export function toolError(err) {
+  if (err instanceof ToolCallStopped) return err;
+  const stop = (typeof err === 'object' && err !== null ? stopsThrown.get(err) : undefined) ?? stopOf(err);
+  return stop ? new ToolCallStopped(stop) : err;
+}
+
+/**
+ * The first stop of the innermost agentAttempt the calling code runs in, or null.
+ * @returns {Stop | null}
+ */
+export function currentStop() {
+  const store = agentContext.getStore();
+  return store?.[store.length - 1]?.stop ?? null;
 }
 
 /**
