@@ -16,7 +16,7 @@ import {
   RunBusy, LeaseLostError, LedgerRefused, BusinessKeyConflict, InvalidArgument, ToolRefusedError,
 } from '../src/index.js';
 import {
-  DSN as dsn, ADMIN_DSN, ERROR_ENDS_SESSION_LEASE, dropLeases, ledgerBackend,
+  DSN as dsn, ADMIN_DSN, THROUGH_PROXY, ERROR_ENDS_SESSION_LEASE, dropLeases, ledgerBackend,
 } from './target.js';
 
 // What the tests read in the ledger's own tables, they read where those are (target.js):
@@ -785,4 +785,33 @@ test('two acquireRuns at once on one Ledger: one is refused; a clean refusal doe
         perform: async () => ({ sent: 1 }) }), { sent: 1 });
     });
   });
+});
+
+test("ledger.local(): directly its write commits with its outcome; through a proxy it is refused before the write (0A000)", async () => {
+  // local.test.js tests local effects on a ledger.  Through a proxy of a sharded ledger
+  // (target.js) one cannot be begun: its write could not commit in one transaction with
+  // its intent and outcome (docs/scale-out.md: begin it on the run's shard).
+  const run = unique('local');
+  const writes = [];
+  const write = async (client, key) => {
+    writes.push(key);
+    const { rows: [r] } = await client.query('SELECT txid_current()::text AS tx');
+    return { tx: r.tx };
+  };
+  const outcome = await withClient((_c, ledger) => ledger.tokenAttempt(run, { ttl: 30 }, () =>
+    ledger.local({ run, tool: 'db.write', args: { n: 1 }, write }))).then((r) => r, (e) => e);
+  const { rows } = await admin.query(
+    'SELECT status::text AS status, local FROM durable_ledger.effects WHERE run = $1', [run]);
+  if (THROUGH_PROXY) {
+    assert.ok(outcome instanceof Error, `got ${JSON.stringify(outcome)}`);
+    assert.equal(outcome.sqlstate ?? outcome.code, '0A000', `got ${outcome}`);
+    assert.match(outcome.message, /a local effect cannot be begun through the proxy/);
+    assert.match(outcome.hint, /on the run's shard/);
+    assert.deepEqual(writes, [], 'the write was not made');
+    assert.deepEqual(rows, [], 'nothing was recorded on the shard');
+  } else {
+    assert.ok(!(outcome instanceof Error), `got ${outcome?.stack ?? outcome}`);
+    assert.equal(writes.length, 1);
+    assert.deepEqual(rows, [{ status: 'completed', local: true }]);
+  }
 });

@@ -15,12 +15,8 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
+import { DSN as dsn, ADMIN_DSN, BOUNCER_DSN as bouncerDsn } from './target.js';
 
-const dsn = process.env.DURABLE_LEDGER_DSN;
-if (!dsn) {
-  throw new Error('set DURABLE_LEDGER_DSN to a superuser connection string of a database with durable_ledger');
-}
-const bouncerDsn = process.env.DURABLE_LEDGER_PGBOUNCER_DSN;
 const needsBouncer = bouncerDsn ? {} : { skip: 'DURABLE_LEDGER_PGBOUNCER_DSN is not set' };
 const root = fileURLToPath(new URL('..', import.meta.url));
 const compiled = fileURLToPath(new URL('../build/examples/agent-loop.js', import.meta.url));
@@ -70,7 +66,7 @@ test("the README's first program: it pays once, its retry replays, and a second 
   assert.doesNotMatch(again.stdout, /bank: paying/);
   assert.deepEqual([...again.stdout.matchAll(/^(?:first attempt|a retry): (.*)$/gm)].map((m) => m[1]),
     [receipts[0], receipts[0]]);
-  const admin = new pg.Client({ connectionString: dsn });
+  const admin = new pg.Client({ connectionString: ADMIN_DSN }); // the ledger's tables (target.js)
   await admin.connect();
   try {
     const { rows } = await admin.query(
@@ -96,7 +92,7 @@ async function runExample(url) {
   assert.match(stdout, /killed before turn 3/);
   assert.match(stdout, /the first worker died \(SIGKILL\)/);
   assert.match(stdout, /^ok - /m);
-  const admin = new pg.Client({ connectionString: dsn });
+  const admin = new pg.Client({ connectionString: ADMIN_DSN }); // the ledger's tables (target.js)
   await admin.connect();
   try {
     const effects = (await admin.query(

@@ -3,15 +3,20 @@
 // and its outcome (begin_local), so that they commit together or not at all.
 //
 //   DURABLE_LEDGER_DSN=postgresql://postgres@host/db node --test test/local.test.js
+//
+// Not through a proxy of a sharded ledger: a local effect cannot be begun there (0A000,
+// docs/scale-out.md: begin it on the run's shard); client.test.js tests that refusal,
+// and test/apps/031_js_client.pl leaves this file out of its run through a proxy.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { Ledger, EffectDidNotHappen, EffectFailed, EffectPaused, RunStopped } from '../src/index.js';
+import { DSN as dsn, THROUGH_PROXY } from './target.js';
 
-const dsn = process.env.DURABLE_LEDGER_DSN;
-if (!dsn) {
-  throw new Error('set DURABLE_LEDGER_DSN to a superuser connection string of a database with durable_ledger');
+if (THROUGH_PROXY) {
+  throw new Error('local.test.js runs on a ledger, not through a proxy (DURABLE_LEDGER_ADMIN_DSN is set): ' +
+    'a local effect cannot be begun through a proxy');
 }
 
 const ORDERS = 'durable_ledger_jstest_orders';
