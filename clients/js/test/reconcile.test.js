@@ -5,16 +5,17 @@
 // payment" pays again under a new provider key, anything else pauses.
 //
 //   DURABLE_LEDGER_DSN=postgresql://postgres@host/db node --test test/reconcile.test.js
-import { test } from 'node:test';
+import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { Ledger, EffectPaused, Happened, NotHappened } from '../src/index.js';
+import { DSN as dsn, ADMIN_DSN } from './target.js';
 
-const dsn = process.env.DURABLE_LEDGER_DSN;
-if (!dsn) {
-  throw new Error('set DURABLE_LEDGER_DSN to a superuser connection string of a database with durable_ledger');
-}
+// the ledger's own tables are read where they are (target.js)
+const admin = new pg.Client({ connectionString: ADMIN_DSN, application_name: 'durable-ledger js tests' });
+before(() => admin.connect());
+after(() => admin.end());
 
 const unique = (name) => `js-${name}-${randomUUID()}`;
 
@@ -72,17 +73,15 @@ async function lostMidPayment(run, tool, bank, args, { paid }) {
 }
 
 async function events(key) {
-  return withClient(async (client) => (await client.query(
+  return (await admin.query(
     "SELECT event FROM durable_ledger.audit_log WHERE key = $1 AND event NOT IN ('lease_acquired', 'lease_released') ORDER BY id",
-    [key])).rows.map((r) => r.event));
+    [key])).rows.map((r) => r.event);
 }
 
 async function effect(run) {
-  return withClient(async (client) => {
-    const { rows } = await client.query('SELECT * FROM durable_ledger.effects WHERE run = $1', [run]);
-    assert.equal(rows.length, 1);
-    return rows[0];
-  });
+  const { rows } = await admin.query('SELECT * FROM durable_ledger.effects WHERE run = $1', [run]);
+  assert.equal(rows.length, 1);
+  return rows[0];
 }
 
 test('the bank paid: the next attempt records its record and replays it', async () => {
