@@ -34,13 +34,14 @@ if ((${#missing[@]})); then
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# the JavaScript client's and the console's npm packages (the registry is
-# reachable), when they are missing or older than their lock file
+# the npm packages (the registry is reachable): the JavaScript client's, the
+# console's and the agent-framework adapters' (test/npm-packages.sh), when they
+# are missing or older than their lock file
 top=$(cd "$(dirname "$0")/.." && pwd)
-for package in clients/js console; do
+for package in $("$top/test/npm-packages.sh"); do
 	installed="$top/$package/node_modules/.package-lock.json"
 	if [ ! -f "$installed" ] || [ "$top/$package/package-lock.json" -nt "$installed" ]; then
 		(cd "$top/$package" && npm ci --no-audit --no-fund --silent)
 	fi
 done
-echo "dependencies installed: ${packages[*]} nodejs npm; npm packages of clients/js and console"
+echo "dependencies installed: ${packages[*]} nodejs npm; npm packages of $("$top/test/npm-packages.sh" | xargs)"

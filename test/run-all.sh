@@ -21,8 +21,9 @@ bindir=$("$PG_CONFIG" --bindir)
 
 make -s -C "$top" install >/dev/null && make -s -C "$top/proxy" install >/dev/null ||
 	{ echo "make install failed"; echo "0 passed, 1 failed"; exit 1; }
-# the JavaScript client's and the console's dependencies, from their lock files
-for package in clients/js console; do
+# the npm packages' dependencies, from their lock files: the JavaScript client
+# first (the agent-framework adapters, adapters/*, link to it), the console
+for package in $("$top/test/npm-packages.sh"); do
 	(cd "$top/$package" && npm ci --no-audit --no-fund --silent) ||
 		{ echo "npm ci in $package failed"; echo "0 passed, 1 failed"; exit 1; }
 done
@@ -42,7 +43,7 @@ trap 'stop_cluster; rm -rf "$work"' EXIT
 
 tree="$work/tree"
 mkdir "$tree"
-(cd "$top" && cp -r Makefile durable_ledger.control sql expected test demo clients console docs monitoring README.md "$tree/")
+(cd "$top" && cp -r Makefile durable_ledger.control sql expected test demo clients console adapters docs monitoring README.md "$tree/")
 [ "$(id -u)" = 0 ] && chown -R postgres: "$work"
 # Every suite runs from the copy, a directory the cluster user can enter:
 # programs the suites start as that user (psql in TAP's poll_query_until)
