@@ -6,11 +6,12 @@
 //   DURABLE_LEDGER_DSN=postgresql://postgres@host/db npm test
 //
 // The DSN must be a superuser connection to a database with the extension at
-// version 1.2: the tests register and retire tools, resolve divergences,
-// abandon runs and create login roles of their own (dropped again).  Every test
-// uses runs and tool names of its own, so that the tools registry, which is the
-// database's, stays out of the other tests' way.
-import { test } from 'node:test';
+// version 1.2 (or to a proxy of a sharded ledger: target.js): the tests register
+// and retire tools, resolve divergences, abandon runs and create login roles of
+// their own (dropped again).  Every test uses runs and tool names of its own, so
+// that the tools registry, which is the database's, stays out of the other tests'
+// way.  What they read in the ledger's tables is read where those are (target.js).
+import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
@@ -19,11 +20,7 @@ import {
   DivergencePausedError, RunAbandonedError, ToolRefusedError, RUN_ABANDONED, TOOL_REFUSED, PermissionDenied,
   DivergencePaused, AwaitingApproval, BudgetExhausted,
 } from '../src/index.js';
-
-const dsn = process.env.DURABLE_LEDGER_DSN;
-if (!dsn) {
-  throw new Error('set DURABLE_LEDGER_DSN to a superuser connection string of a database with durable_ledger');
-}
+import { DSN as dsn, ADMIN_DSN, dsnAs as asUser, withLedgerDatabase } from './target.js';
 
 const APP = 'durable-ledger js steering tests';
 const HISTORY_COLUMNS = ['id', 'logged_at', 'lease_epoch', 'event', 'key', 'tool', 'args', 'attempt',
@@ -34,18 +31,12 @@ const unique = (name) => `js-steer-${name}-${randomUUID()}`;
 const toolName = (name) => `${name}.${randomUUID().slice(0, 12)}`;
 
 /** The DSN with another user (node-postgres lets the URL's user win over `user`). */
-function dsnAs(user) {
-  const at = dsn.match(/^(postgres(?:ql)?:\/\/)(?:[^@/?]*@)?(.*)$/);
-  assert.ok(at, `DURABLE_LEDGER_DSN is not a postgresql:// URL: ${dsn}`);
-  return `${at[1]}${encodeURIComponent(user)}@${at[2]}`;
-}
+const dsnAs = (user) => asUser(dsn, user);
 
-/** The DSN of another database of the same cluster (a host may be a socket directory). */
-function dsnIn(database) {
-  const at = dsn.match(/^(postgres(?:ql)?:\/\/[^/?]*\/)([^?]*)(.*)$/);
-  assert.ok(at, `DURABLE_LEDGER_DSN is not a postgresql:// URL with a database: ${dsn}`);
-  return `${at[1]}${encodeURIComponent(database)}${at[3]}`;
-}
+/** The ledger's own tables, read where they are (target.js). */
+const tables = new pg.Client({ connectionString: ADMIN_DSN, application_name: APP });
+before(() => tables.connect());
+after(() => tables.end());
 
 /** Runs fn(...clients) on fresh connections (new sessions), ended afterwards. */
 async function withClients(n, fn, connectionString = dsn) {
@@ -142,7 +133,7 @@ test('a drifted replay of a registered tool throws DivergencePausedError and sto
     const first = new Ledger(c1);
     const receipt = await first.attempt(run, () => b.tool(first, payTool)(run, { invoice: 1, memo: 'a' }));
     assert.equal(b.calls.length, 1);
-    const [earlier] = await effectKeys(admin, run);
+    const [earlier] = await effectKeys(tables, run);
 
     // Attempt 2: the model reworded the memo.  The call is not performed.
     const second = new Ledger(c2);
@@ -177,8 +168,8 @@ test('a drifted replay of a registered tool throws DivergencePausedError and sto
       }
     });
     assert.equal(b.calls.length, 1, JSON.stringify(b.calls));
-    assert.deepEqual(await effectKeys(admin, run), [earlier]);
-    assert.deepEqual(await unresolved(admin, run),
+    assert.deepEqual(await effectKeys(tables, run), [earlier]);
+    assert.deepEqual(await unresolved(tables, run),
       [{ key: drift.key, tool: payTool, status: null, may_duplicate: earlier }]);
 
     // A person says it is the same payment: a new attempt gets the recorded result.
@@ -187,7 +178,7 @@ test('a drifted replay of a registered tool throws DivergencePausedError and sto
     const again = await third.attempt(run, () => b.tool(third, payTool)(run, { invoice: 1, memo: 'b' }));
     assert.deepEqual(again, receipt);
     assert.equal(b.calls.length, 1, JSON.stringify(b.calls));
-    assert.deepEqual(await unresolved(admin, run), []);
+    assert.deepEqual(await unresolved(tables, run), []);
   });
 });
 
@@ -219,16 +210,13 @@ test('a divergence in a token attempt on a pg.Pool; resolved as distinct, the ne
 });
 
 test('a tool nobody registered, reworded on a retry, pauses by default (1.3); an honest replay never pauses; recorded calls are never paused for drift', async () => {
-  // the default is the database's: a fresh install in a database of this test alone
-  const db = `js_steer_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+  // the default is the database's: a fresh install in a ledger of this test alone
   const run = unique('unregistered-drift');
   const b = bank();
   const answers = [];
   const model = (answer) => () => { answers.push(answer); return { say: answer }; };
-  await withClients(1, (admin) => admin.query(`CREATE DATABASE ${db}`));
-  try {
-    await withClients(4, async (admin, c1, c2, c3) => {
-      await admin.query('CREATE EXTENSION durable_ledger');
+  await withLedgerDatabase('js_steer', ({ dsn: url, adminDsn }) => withClients(1, (admin) =>
+    withClients(3, async (c1, c2, c3) => {
       const { rows: [policy] } = await admin.query(
         'SELECT count(*)::int AS set FROM durable_ledger.policy');
       assert.equal(policy.set, 0, 'nothing set: the defaults');
@@ -256,10 +244,7 @@ test('a tool nobody registered, reworded on a retry, pauses by default (1.3); an
       const [earlier] = (await admin.query(
         "SELECT key FROM durable_ledger.effects WHERE run = $1 AND tool = 'mail.send'", [run])).rows;
       assert.deepEqual(rows, [{ tool: 'mail.send', may_duplicate: earlier.key }]);
-    }, dsnIn(db));
-  } finally {
-    await withClients(1, (admin) => admin.query(`DROP DATABASE ${db} WITH (FORCE)`));
-  }
+    }, url), adminDsn));
 });
 
 // --------------------------------------------------------------------- abandon
@@ -303,7 +288,7 @@ test('an abandoned run throws RunAbandonedError on the next call and on a new at
         RunAbandonedError);
     });
     assert.equal(b.calls.length, 1);
-    assert.equal((await effectKeys(admin, run)).length, 1);
+    assert.equal((await effectKeys(tables, run)).length, 1);
   });
 });
 
@@ -320,7 +305,7 @@ test('a run abandoned during a token attempt: RunAbandonedError, and the attempt
       await pay(run, { invoice: 3 }); // throws again: the attempt is stopped
     }), RunAbandonedError);
     assert.deepEqual(b.calls.map((c) => c.args), [{ invoice: 1 }]);
-    assert.equal((await effectKeys(admin, run)).length, 1);
+    assert.equal((await effectKeys(tables, run)).length, 1);
   }));
 });
 
@@ -361,22 +346,19 @@ test('a retired tool throws ToolRefusedError, performs nothing and stops the att
       });
     });
     assert.equal(b.calls.length, 1, JSON.stringify(b.calls));
-    assert.equal((await effectKeys(admin, run)).length, 1);
+    assert.equal((await effectKeys(tables, run)).length, 1);
   });
 });
 
 test('an unregistered tool throws ToolRefusedError where the ledger refuses them', async () => {
-  // set_unregistered_tools is the database's: a database of this test alone,
+  // set_unregistered_tools is the database's: a ledger of this test alone,
   // so that the other test files' unregistered tools are not refused meanwhile
-  const db = `js_steer_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
   const run = unique('unregistered');
   const registered = toolName('t.pay');
   const unknown = toolName('t.unknown');
   const b = bank();
-  await withClients(1, (admin) => admin.query(`CREATE DATABASE ${db}`));
-  try {
-    await withClients(1, async (admin) => {
-      await admin.query('CREATE EXTENSION durable_ledger');
+  await withLedgerDatabase('js_steer', ({ dsn: url, adminDsn }) => withClients(1, (own) =>
+    withClients(1, async (admin) => {
       await register(admin, registered);
       const { rows } = await admin.query(
         "SELECT durable_ledger.set_unregistered_tools('refuse', 'js-test') AS previous");
@@ -392,14 +374,12 @@ test('an unregistered tool throws ToolRefusedError where the ledger refuses them
         await assert.rejects(b.tool(ledger, registered)(run, { invoice: 1 }), RunStopped);
       });
       assert.deepEqual(b.calls, []);
-      assert.deepEqual(await effectKeys(admin, run), []);
+      assert.deepEqual(await effectKeys(own, run), []);
       // a registered tool executes under refuse, in a new attempt
       await ledger.attempt(run, () => b.tool(ledger, registered)(run, { invoice: 1 }));
       assert.deepEqual(b.calls.map((c) => c.tool), [registered]);
-    }, dsnIn(db));
-  } finally {
-    await withClients(1, (admin) => admin.query(`DROP DATABASE ${db} WITH (FORCE)`));
-  }
+      assert.equal((await effectKeys(own, run)).length, 1);
+    }, url), adminDsn));
 });
 
 // --------------------------------------------------------------------- history
@@ -438,7 +418,7 @@ test('history returns the events of a run in order, with tools, args and outcome
         [2, 'lease_acquired', null, null, null, null],
         [2, 'replay', payTool, { invoice: 1, amount: 10 }, 1, receipt],
         [2, 'lease_released', null, null, null, null]]);
-    const [payKey, refundKey] = await effectKeys(admin, run);
+    const [payKey, refundKey] = await effectKeys(tables, run);
     assert.deepEqual(rows.filter((r) => r.tool === payTool).map((r) => r.key), [payKey, payKey, payKey]);
     assert.deepEqual(rows.filter((r) => r.tool === refundTool).map((r) => r.key), [refundKey, refundKey]);
     assert.ok(rows.every((r) => r.application_name === APP));
@@ -505,8 +485,8 @@ test('a loop that rewords its email is stopped at the budget (BudgetExhausted), 
     assert.equal(stopped.name, 'BudgetExhausted');
     assert.equal(stopped.tool, emailTool);
     assert.match(stopped.message, /its budget of 3 per run/);
-    assert.deepEqual((await unresolved(admin, run)).map((r) => [r.tool, r.status]), [[emailTool, null]]);
-    const { rows: models } = await admin.query(
+    assert.deepEqual((await unresolved(tables, run)).map((r) => [r.tool, r.status]), [[emailTool, null]]);
+    const { rows: models } = await tables.query(
       "SELECT meta ->> 'model' AS model FROM durable_ledger.effects WHERE run = $1", [run]);
     assert.deepEqual(models.map((r) => r.model), ['model-a', 'model-a', 'model-a']);
 
@@ -524,7 +504,7 @@ test('a loop that rewords its email is stopped at the budget (BudgetExhausted), 
       });
     });
     assert.equal(b.calls.length, 4);
-    const { rows: changes } = await admin.query(
+    const { rows: changes } = await tables.query(
       "SELECT detail FROM durable_ledger.audit_log WHERE run = $1 AND event = 'model_changed'", [run]);
     assert.deepEqual(changes.map((r) => r.detail), [{ from: 'model-a', to: 'model-b' }]);
     await assert.rejects(ledger.attempt(run, { model: '' }, async () => {}), TypeError);
@@ -558,7 +538,7 @@ test('a call that needs approval throws AwaitingApproval and stops the attempt; 
           (err) => err instanceof RunStopped && err.key === waiting.key);
       });
       assert.deepEqual(b.calls.map((c) => c.args.order), [1]);
-      assert.deepEqual(await unresolved(admin, run),
+      assert.deepEqual(await unresolved(tables, run),
         [{ key: waiting.key, tool: refundTool, status: 'awaiting_approval', may_duplicate: null }]);
 
       // The role that made the call may not approve it; an approver may.
@@ -571,7 +551,7 @@ test('a call that needs approval throws AwaitingApproval and stops the attempt; 
           [waiting.key]);
         assert.deepEqual(row, { status: 'approved', approval: 'approved', approver: 'Alice' });
       }, dsnAs(approver));
-      assert.deepEqual(await unresolved(admin, run), []);
+      assert.deepEqual(await unresolved(tables, run), []);
 
       // The next attempt replays order 1 and performs the approved order 2, once.
       const second = new Ledger(c2);
