@@ -9,7 +9,8 @@
 //
 // DURABLE_LEDGER_DSN must be a superuser connection (break_lease, pg_locks);
 // DURABLE_LEDGER_PGBOUNCER_DSN the same database through PgBouncer with
-// pool_mode = transaction (test/apps/031_js_client.pl starts one).
+// pool_mode = transaction (test/apps/031_js_client.pl starts one).  Through a proxy
+// of a sharded ledger, the admin's reads and actions go to its shard (target.js).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -19,14 +20,10 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import {
   Ledger, LedgerError, LeaseLostError, RunBusy, RunStopped, TokenLease, LEASE_LOST, InvalidArgument,
-  EffectDidNotHappen, EffectFailed,
+  EffectDidNotHappen, EffectFailed, EffectPaused,
 } from '../src/index.js';
+import { DSN as dsn, ADMIN_DSN, BOUNCER_DSN as bouncerDsn, THROUGH_PROXY, sessionBackends } from './target.js';
 
-const dsn = process.env.DURABLE_LEDGER_DSN;
-if (!dsn) {
-  throw new Error('set DURABLE_LEDGER_DSN to a superuser connection string of a database with durable_ledger');
-}
-const bouncerDsn = process.env.DURABLE_LEDGER_PGBOUNCER_DSN;
 const needsBouncer = bouncerDsn ? {} : { skip: 'DURABLE_LEDGER_PGBOUNCER_DSN is not set' };
 
 const unique = (name) => `js-token-${name}-${randomUUID()}`;
@@ -45,6 +42,14 @@ async function withClients(n, fn, connectionString = dsn) {
   } finally {
     await Promise.all(clients.map((c) => c.end().catch(() => {})));
   }
+}
+
+/**
+ * Like withClients, the first of them the admin's: on the ledger's own tables (target.js:
+ * through a proxy, on its shard), the others the client's.
+ */
+async function withAdmin(n, fn) {
+  return withClients(1, (admin) => withClients(n - 1, (...clients) => fn(admin, ...clients)), ADMIN_DSN);
 }
 
 async function withPool(options, fn) {
@@ -168,7 +173,7 @@ async function expired(admin, run) {
 
 test('one attempt on three connections: calls rotate backends, occurrences line up, the retry replays', async () => {
   const run = unique('three-connections');
-  await withClients(4, async (admin, a, b, c) => {
+  await withAdmin(4, async (admin, a, b, c) => {
     const q = roundRobin([a, b, c]); // two statements a call: the begins rotate over all three
     const ledger = new Ledger(q);
     const t = tools(ledger);
@@ -192,9 +197,10 @@ test('one attempt on three connections: calls rotate backends, occurrences line 
     assert.equal(intents.length, 4);
     const pids = new Set(intents.map((r) => r.backend_pid));
     assert.equal(pids.size, 3, `the four begin_effect calls ran on ${[...pids]}`);
+    const backends = (await Promise.all([a, b, c].map(sessionBackends))).flat(); // (through a proxy: their shard's too)
     const { rows: [locks] } = await admin.query(
       "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = ANY($1)",
-      [[a.processID, b.processID, c.processID]]);
+      [backends]);
     assert.equal(locks.n, 0, 'a session lock was taken');
     assert.deepEqual(await effects(admin, run), [
       { tool: 'bank.pay', occurrence: 1, status: 'completed', epoch: 1, key: await effectKey(admin, run, 'bank.pay', args, 1) },
@@ -227,7 +233,7 @@ test('one attempt on three connections: calls rotate backends, occurrences line 
 
 test('a pg.Pool: the calls of one attempt use several of its connections', async () => {
   const run = unique('pool');
-  await withClients(1, (admin) => withPool({ max: 3 }, async (pool) => {
+  await withAdmin(1, (admin) => withPool({ max: 3 }, async (pool) => {
     const ledger = new Ledger(pool);
     const t = tools(ledger);
     await ledger.tokenAttempt(run, { ttl: 30 }, async () => {
@@ -252,7 +258,7 @@ test('a pg.Pool: the calls of one attempt use several of its connections', async
 
 test('through PgBouncer in transaction mode: one client, calls on several backends', needsBouncer, async () => {
   const run = unique('pgbouncer');
-  await withClients(1, async (admin) => {
+  await withAdmin(1, async (admin) => {
     // make PgBouncer open three server connections (three transactions at once)
     const warm = await withClients(3, async (...cs) => {
       await Promise.all(cs.map((c) => c.query('BEGIN')));
@@ -304,7 +310,7 @@ test('through PgBouncer in transaction mode: one client, calls on several backen
 
 test('renewal keeps a 2 s lease alive across a 5 s tool; the completion and the next call work', async () => {
   const run = unique('renewal');
-  await withClients(2, async (admin, client) => {
+  await withAdmin(2, async (admin, client) => {
     const ledger = new Ledger(client); // one connection for the calls and the renewals
     const seen = {};
     const slow = tool({ payment_id: 'p1' }, async () => {
@@ -346,7 +352,7 @@ test('renewal keeps a 2 s lease alive across a 5 s tool; the completion and the 
 
 test('a lease broken by an admin: the next call throws LeaseLostError, nothing more goes out, the retry replays', async () => {
   const run = unique('broken');
-  await withClients(3, async (admin, a, b) => {
+  await withAdmin(3, async (admin, a, b) => {
     const q = roundRobin([a, b]);
     const ledger = new Ledger(q);
     const first = tool({ payment_id: 'p1' });
@@ -404,7 +410,7 @@ test('a lease broken by an admin: the next call throws LeaseLostError, nothing m
 
 test('a lease lost while a tool runs: the signal aborts, the outcome is reported, then the attempt stops', async () => {
   const run = unique('lost-in-flight');
-  await withClients(1, (admin) => withPool({ max: 2 }, async (pool) => {
+  await withAdmin(1, (admin) => withPool({ max: 2 }, async (pool) => {
     const ledger = new Ledger(pool);
     const never = tool({ should: 'not happen' });
     let lease;
@@ -436,7 +442,7 @@ test('a lease lost while a tool runs: the signal aborts, the outcome is reported
 test('record(): a lease broken mid-call, the call made again elsewhere: the late answer or refusal is superseded, not recorded', async () => {
   for (const outcome of ['answer', 'refusal']) {
     const run = unique(`record-${outcome}`);
-    await withClients(2, (admin, other) => withPool({ max: 2 }, async (pool) => {
+    await withAdmin(2, (admin, other) => withPool({ max: 2 }, async (pool) => {
       const ledger = new Ledger(pool);
       const err = await rejection(ledger.tokenAttempt(run, { ttl: 30 }, () => ledger.record({
         run, tool: 'model', args: { turn: 1 },
@@ -466,7 +472,7 @@ test('an expired lease: renewals that cannot get through, then LeaseLostError', 
   // (a ttl of 5 s, so that the intent surely goes out before the expiry; the tool
   // waits for the expiry by the server's clock)
   const run = unique('expired');
-  await withClients(3, async (admin, a, b) => {
+  await withAdmin(3, async (admin, a, b) => {
     const q = roundRobin([a, b]);
     const ledger = new Ledger(q);
     const never = tool({ should: 'not happen' });
@@ -503,7 +509,7 @@ test('an expired lease: renewals that cannot get through, then LeaseLostError', 
 
 test('a begin_effect whose outcome is unknown (the connection died) stops the attempt', async () => {
   const run = unique('uncertain');
-  await withClients(3, async (admin, a, b) => {
+  await withAdmin(3, async (admin, a, b) => {
     const q = roundRobin([a, b]);
     const ledger = new Ledger(q);
     const never = tool({ should: 'not happen' });
@@ -549,10 +555,11 @@ function deferred() {
   return { promise, resolve };
 }
 
-/** Session locks (the ledger's lock class) held by a backend. */
-async function sessionLocks(admin, pid) {
+/** Session locks (the ledger's lock class) held by the backends that serve a client's session (target.js). */
+async function sessionLocks(admin, client) {
   const { rows: [r] } = await admin.query(
-    "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = $1", [pid]);
+    "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = ANY($1)",
+    [await sessionBackends(client)]);
   return r.n;
 }
 
@@ -561,7 +568,7 @@ test('a branch that outlives its attempt never acts in the retry: the e-mail goe
   // other waits for a model; the job is retried in the same process, and the
   // leftover branch wakes up during the retry.
   const run = unique('leftover-branch');
-  await withClients(1, (admin) => withPool({ max: 3 }, async (pool) => {
+  await withAdmin(1, (admin) => withPool({ max: 3 }, async (pool) => {
     const ledger = new Ledger(pool);
     const t = tools(ledger);
     const model = deferred();
@@ -599,7 +606,7 @@ test('a leftover branch on one pg.Client never falls back to a session lease', a
   // One client (as to PgBouncer): a branch that outlives the attempt, with no
   // retry, used to take an implicit session lease on whatever backend it hit.
   const run = unique('no-session-fallback');
-  await withClients(2, async (admin, client) => {
+  await withAdmin(2, async (admin, client) => {
     const ledger = new Ledger(client);
     const t = tools(ledger);
     const model = deferred();
@@ -621,7 +628,7 @@ test('a leftover branch on one pg.Client never falls back to a session lease', a
     assert.ok(outside instanceof LedgerError && !(outside instanceof LeaseLostError), `got ${outside}`);
     assert.match(outside.message, /outside an attempt/);
     assert.deepEqual(t.sent['mail.send'], []);
-    assert.equal(await sessionLocks(admin, client.processID), 0, 'a session lock was taken');
+    assert.equal(await sessionLocks(admin, client), 0, 'a session lock was taken');
     assert.deepEqual(await liveLeases(admin, run), []);
     assert.deepEqual(await effects(admin, run), []);
     // an explicit session attempt is still possible on this Ledger
@@ -632,7 +639,7 @@ test('a leftover branch on one pg.Client never falls back to a session lease', a
 
 test('a call from outside the attempt\'s async context is refused while the attempt is open', async () => {
   const run = unique('outside-context');
-  await withClients(1, (admin) => withPool({ max: 2 }, async (pool) => {
+  await withAdmin(1, (admin) => withPool({ max: 2 }, async (pool) => {
     const ledger = new Ledger(pool);
     const t = tools(ledger);
     const gate = deferred();
@@ -655,7 +662,7 @@ test('a call from outside the attempt\'s async context is refused while the atte
 
 test('the end of an attempt waits for its calls in flight: their outcome is recorded, then the release', async () => {
   const run = unique('in-flight-at-end');
-  await withClients(1, (admin) => withPool({ max: 3 }, async (pool) => {
+  await withAdmin(1, (admin) => withPool({ max: 3 }, async (pool) => {
     const sent = [];
     const q = { query: (text, values) => { sent.push(text); return pool.query(text, values); } };
     const ledger = new Ledger(q);
@@ -693,7 +700,7 @@ test('a begin_effect queued behind a tool\'s BEGIN on the shared client is not p
   // The tool's BEGIN is queued on the client before begin_effect: the intent
   // runs inside the tool's transaction and would vanish with its ROLLBACK.
   const run = unique('shared-begin');
-  await withClients(2, async (admin, client) => {
+  await withAdmin(2, async (admin, client) => {
     const ledger = new Ledger(client);
     const never = tool({ should: 'not happen' });
     await ledger.tokenAttempt(run, { ttl: 30 }, async () => {
@@ -710,9 +717,22 @@ test('a begin_effect queued behind a tool\'s BEGIN on the shared client is not p
         RunStopped);
     });
     assert.equal(never.keys.length, 0);
+    const once = tool({ message_id: 'm1' });
+    if (THROUGH_PROXY) {
+      // through a proxy each call is a transaction of its own on the shard, committed when
+      // it returns (docs/scale-out.md): the intent stands, never performed, and once the
+      // lease ended the retry pauses it for a person instead of executing it
+      assert.deepEqual((await effects(admin, run)).map((e) => [e.occurrence, e.epoch, e.status]),
+        [[1, 1, 'started']], 'the intent was committed on the shard');
+      await assert.rejects(ledger.tokenAttempt(run, { ttl: 30 }, () =>
+        ledger.guarded({ run, tool: 'mail.send', args: { to: 'a' }, perform: once })), EffectPaused);
+      assert.equal(once.keys.length, 0);
+      assert.deepEqual((await effects(admin, run)).map((e) => [e.occurrence, e.epoch, e.status]),
+        [[1, 1, 'unknown']]);
+      return;
+    }
     assert.deepEqual(await effects(admin, run), [], 'the intent went with the rollback');
     // the retry executes it once
-    const once = tool({ message_id: 'm1' });
     await ledger.tokenAttempt(run, { ttl: 30 }, () =>
       ledger.guarded({ run, tool: 'mail.send', args: { to: 'a' }, perform: once }));
     assert.equal(once.keys.length, 1);
@@ -723,7 +743,7 @@ test('a begin_effect queued behind a tool\'s BEGIN on the shared client is not p
 
 test('a completion queued behind a tool\'s BEGIN on the shared client is not reported as recorded', async () => {
   const run = unique('shared-report');
-  await withClients(2, async (admin, client) => {
+  await withAdmin(2, async (admin, client) => {
     const ledger = new Ledger(client); // a session lease, this time
     await ledger.acquireRun(run);
     // while the e-mail is sent, another tool opens a transaction on the client
@@ -733,8 +753,10 @@ test('a completion queued behind a tool\'s BEGIN on the shared client is not rep
     assert.ok(err instanceof LedgerError, `got ${err}`);
     assert.match(err.message, /complete_effect .* ran inside a transaction/);
     assert.equal(mail.keys.length, 1);
-    assert.deepEqual((await effects(admin, run)).map((e) => e.status), ['started'],
-      'the completion went with the rollback');
+    // (through a proxy the completion was committed on the shard when it returned, whatever
+    // the caller's transaction did: docs/scale-out.md; the attempt stops all the same)
+    assert.deepEqual((await effects(admin, run)).map((e) => e.status), [THROUGH_PROXY ? 'completed' : 'started'],
+      THROUGH_PROXY ? 'the completion was committed on the shard' : 'the completion went with the rollback');
     await assert.rejects(ledger.guarded({ run, tool: 'mail.send', args: { to: 'a' }, perform: mail }), RunStopped);
     assert.equal(mail.keys.length, 1);
   });
@@ -744,7 +766,7 @@ test('a completion queued behind a tool\'s BEGIN on the shared client is not rep
 
 test('one live lease of either kind; released at the end, also after an error', async () => {
   const run = unique('exclusion');
-  await withClients(2, (admin, sessionClient) => withPool({ max: 2 }, (pool) => withPool({ max: 1 }, async (otherPool) => {
+  await withAdmin(2, (admin, sessionClient) => withPool({ max: 2 }, (pool) => withPool({ max: 1 }, async (otherPool) => {
     const ledger = new Ledger(pool);
     const other = new Ledger(otherPool);
     const session = new Ledger(sessionClient);
@@ -809,7 +831,7 @@ test('the example agent loop with token leases through PgBouncer', needsBouncer,
   assert.match(first, /payments\.charge \[executed\]/);
   assert.doesNotMatch(second, /bank: charging|mail: sending|\[executed\]/);
   assert.match(stdout, /downstream calls: bank 1, mail 1, crm 4/);
-  await withClients(1, async (admin) => {
+  await withAdmin(1, async (admin) => {
     assert.equal((await audit(admin, run, ['lease_released'])).length, 2);
   });
 });
