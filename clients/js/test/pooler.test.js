@@ -12,38 +12,26 @@
 // DURABLE_LEDGER_DSN must be a superuser connection (it creates databases and a
 // login role of its own); DURABLE_LEDGER_PGBOUNCER_DSN the same cluster through a
 // PgBouncer with pool_mode = transaction and default_pool_size of 2 or more (its
-// tests use a database of their own, so that the pool they steer is theirs alone).
+// tests use a ledger of their own, so that the pool they steer is theirs alone).
+// Through a proxy of a sharded ledger (target.js) that ledger is a proxy of its own in
+// front of a shard of its own: the client's calls go through the proxy, the admin's
+// reads to the shard, where a lease's holder is the shard's backend of PL/Proxy's
+// connection (target.ledgerBackend), not the server connection the client reached.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { Ledger, LeaseLostError, LedgerError, PoolerDetected } from '../src/index.js';
+import {
+  BOUNCER_DSN as bouncerDsn, THROUGH_PROXY, dsnAs as asUser, dropLeases, ledgerBackend, withLedgerDatabase,
+} from './target.js';
 
-const dsn = process.env.DURABLE_LEDGER_DSN;
-if (!dsn) {
-  throw new Error('set DURABLE_LEDGER_DSN to a superuser connection string of a database with durable_ledger');
-}
-const bouncerDsn = process.env.DURABLE_LEDGER_PGBOUNCER_DSN;
 const needsBouncer = bouncerDsn ? {} : { skip: 'DURABLE_LEDGER_PGBOUNCER_DSN is not set' };
 
 const APP = 'durable-ledger js pooler tests';
 const unique = (name) => `js-pooler-${name}-${randomUUID()}`;
 const DEADLINE_MS = 30_000;
-
-/** A postgresql:// URL with another database (a host may be a socket directory). */
-function inDatabase(url, database) {
-  const at = url.match(/^(postgres(?:ql)?:\/\/[^/?]*\/)([^?]*)(.*)$/);
-  assert.ok(at, `not a postgresql:// URL with a database: ${url}`);
-  return `${at[1]}${encodeURIComponent(database)}${at[3]}`;
-}
-
-/** A postgresql:// URL with another user. */
-function asUser(url, user) {
-  const at = url.match(/^(postgres(?:ql)?:\/\/)(?:[^@/?]*@)?(.*)$/);
-  assert.ok(at, `not a postgresql:// URL: ${url}`);
-  return `${at[1]}${encodeURIComponent(user)}@${at[2]}`;
-}
 
 async function connect(connectionString) {
   const c = new pg.Client({ connectionString, application_name: APP });
@@ -63,20 +51,14 @@ async function withClients(urls, fn) {
 }
 
 /**
- * A database of the test alone, with the extension: {direct, bounced} are its
- * URLs (bounced through PgBouncer, when there is one: a pool of its own, empty at
- * the start).  Dropped afterwards.
+ * A ledger of the test alone (target.withLedgerDatabase): {admin, direct, bounced} are
+ * the URLs of its tables (through a proxy, its shard's), of a client's direct
+ * connection (through a proxy, to the proxy), and through PgBouncer, when there is one
+ * (a pool of its own, empty at the start).  Dropped afterwards.
  */
 async function withDatabase(fn) {
-  const db = `js_pooler_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
-  await withClients([dsn], (admin) => admin.query(`CREATE DATABASE ${db}`));
-  try {
-    const direct = inDatabase(dsn, db);
-    await withClients([direct], (admin) => admin.query('CREATE EXTENSION durable_ledger'));
-    return await fn({ direct, bounced: bouncerDsn ? inDatabase(bouncerDsn, db) : null });
-  } finally {
-    await withClients([dsn], (admin) => admin.query(`DROP DATABASE ${db} WITH (FORCE)`));
-  }
+  return withLedgerDatabase('js_pooler', ({ dsn, adminDsn, bouncerDsn: bounced }) =>
+    fn({ admin: adminDsn, direct: dsn, bounced }));
 }
 
 /** Waits until check() is true, for DEADLINE_MS at most. */
@@ -136,19 +118,24 @@ async function effectCount(admin, run) {
 
 /**
  * Clients through PgBouncer, each in a transaction (which holds its server
- * connection), until one has the server connection of backend `pid`: returns it
- * (pinned) and the others, which hold the other server connections.
+ * connection), until one has the server connection whose session holds `run`'s lease
+ * on backend `pid` (the leases view's holder: the server connection itself, or through
+ * a proxy, the shard's backend of its connection there): returns it (pinned), that
+ * server connection's pid (`server`: what the client's lease names) and the others,
+ * which hold the other server connections.
  */
-async function transactionsUntil(url, pid) {
+async function transactionsUntil(url, run, pid) {
   const others = [];
   for (let i = 0; i < 16; i += 1) {
     const c = await connect(url);
     await c.query('BEGIN');
-    const { rows: [r] } = await c.query('SELECT pg_backend_pid() AS pid');
-    if (r.pid === pid) return { pinned: c, others };
+    if (await ledgerBackend(c, run, THROUGH_PROXY) === pid) {
+      const { rows: [r] } = await c.query('SELECT pg_backend_pid() AS pid');
+      return { pinned: c, server: r.pid, others };
+    }
     others.push(c);
   }
-  throw new Error(`no transaction through PgBouncer landed on backend ${pid}`);
+  throw new Error(`no transaction through PgBouncer landed on the server connection of backend ${pid}`);
 }
 
 async function endAll(clients) {
@@ -156,13 +143,14 @@ async function endAll(clients) {
 }
 
 test('through PgBouncer (transaction mode): a call that reaches another server connection throws PoolerDetected before the tool runs; the run is free afterwards', needsBouncer, async () => {
-  await withDatabase(({ direct, bounced }) => withClients([direct, bounced], async (admin, viaPooler) => {
+  await withDatabase(({ admin: tables, bounced }) => withClients([tables, bounced], async (admin, viaPooler) => {
     const run = unique('elsewhere');
     const ledger = new Ledger(counted(viaPooler));
     const pay = counter({ paid: 1 });
     let caught;
     let lease;
     let pinned;
+    let server;
     const others = [];
     try {
       await assert.rejects(ledger.attempt(run, async () => {
@@ -170,8 +158,9 @@ test('through PgBouncer (transaction mode): a call that reaches another server c
         assert.ok(lease, 'the attempt holds the run');
         // another client's transaction occupies the attempt's server connection:
         // the attempt's next statement must go to another one
-        const held = await transactionsUntil(bounced, lease.holder_pid);
+        const held = await transactionsUntil(bounced, run, lease.holder_pid);
         pinned = held.pinned;
+        server = held.server; // the attempt's server connection (through a proxy, not the holder)
         others.push(...held.others);
         for (const o of held.others) await o.query('COMMIT');
         caught = await ledger.guarded({ run, tool: 'bank.pay', args: { invoice: 'INV-9' }, perform: pay })
@@ -191,8 +180,8 @@ test('through PgBouncer (transaction mode): a call that reaches another server c
     assert.equal(caught.name, 'PoolerDetected');
     assert.equal(caught.run, run);
     assert.equal(caught.epoch, lease.epoch);
-    assert.equal(caught.pid, lease.holder_pid);
-    assert.notEqual(caught.reachedPid, lease.holder_pid);
+    assert.equal(caught.pid, server);
+    assert.notEqual(caught.reachedPid, server);
     assert.equal(caught.reachedEpoch, null);
     assert.match(caught.message, /another server connection/);
     assert.match(caught.message, /transaction pooler/);
@@ -202,7 +191,8 @@ test('through PgBouncer (transaction mode): a call that reaches another server c
     assert.equal(await effectCount(admin, run), 0, 'nothing was recorded');
 
     // the end of the attempt ended the lease where it was held: the pooled
-    // server connection that had it was terminated, and audited
+    // server connection that had it (through a proxy, its connection to the shard)
+    // was terminated, and audited
     await assertFree(admin, run, lease.holder_pid);
     const { rows } = await admin.query(
       "SELECT detail->>'broken_by' AS by, (detail->>'holder_pid')::int AS pid FROM durable_ledger.audit_log " +
@@ -212,12 +202,13 @@ test('through PgBouncer (transaction mode): a call that reaches another server c
 });
 
 test("through PgBouncer: a second client's attempt took the run over on the attempt's server connection: PoolerDetected, the later attempt untouched", needsBouncer, async () => {
-  await withDatabase(({ direct, bounced }) => withClients([direct, bounced], async (admin, viaPooler) => {
+  await withDatabase(({ admin: tables, bounced }) => withClients([tables, bounced], async (admin, viaPooler) => {
     const run = unique('taken-over');
     const ledger = new Ledger(viaPooler);
     const pay = counter({ paid: 1 });
     let caught;
     let lease;
+    let server;
     const held = [];
     try {
       await assert.rejects(ledger.attempt(run, async () => {
@@ -225,7 +216,8 @@ test("through PgBouncer: a second client's attempt took the run over on the atte
         // the job delivered twice: a second worker's transaction is handed the
         // same server connection, and its acquire_run takes the run there (a new
         // epoch: the session holds the lock already)
-        const { pinned, others } = await transactionsUntil(bounced, lease.holder_pid);
+        const { pinned, others, ...at } = await transactionsUntil(bounced, run, lease.holder_pid);
+        server = at.server; // the attempt's server connection (through a proxy, not the holder)
         held.push(pinned, ...others);
         const { rows: [r] } = await pinned.query('SELECT durable_ledger.acquire_run($1, wait => false) AS ok', [run]);
         assert.equal(r.ok, true);
@@ -234,8 +226,8 @@ test("through PgBouncer: a second client's attempt took the run over on the atte
           .then(() => assert.fail('the call was made'), (e) => e);
         throw caught;
       }), PoolerDetected);
-      assert.equal(caught.pid, lease.holder_pid);
-      assert.equal(caught.reachedPid, lease.holder_pid, 'the statement reached the same server connection');
+      assert.equal(caught.pid, server);
+      assert.equal(caught.reachedPid, server, 'the statement reached the same server connection');
       assert.equal(caught.reachedEpoch, lease.epoch + 1, "whose lease is the second worker's attempt");
       assert.match(caught.message, new RegExp(`another attempt \\(epoch ${lease.epoch + 1}\\)`));
       assert.match(caught.message, /tokenAttempt/);
@@ -257,14 +249,14 @@ test("through PgBouncer: a second client's attempt took the run over on the atte
 test('a pooler stand-in whose server connections log in as other roles: PoolerDetected, and a notice says what happens to a lock the role may not end', async () => {
   // acquire_run reaches a superuser's backend; every later statement reaches a
   // worker role's, which may not terminate a superuser's (release_attempt: 42501)
-  await withDatabase(async ({ direct }) => {
+  await withDatabase(async ({ admin: tables, direct }) => {
     const role = `dl_jstest_${randomUUID().replace(/-/g, '').slice(0, 16)}`;
-    await withClients([direct], async (admin) => {
+    await withClients([tables], async (admin) => {
       await admin.query(`CREATE ROLE ${role} LOGIN`);
       await admin.query(`GRANT durable_ledger_worker TO ${role}`);
     });
     try {
-      await withClients([direct, direct, asUser(direct, role)], async (admin, home, away) => {
+      await withClients([tables, direct, asUser(direct, role)], async (admin, home, away) => {
         const standIn = {
           query: (text, values) => (text.includes('acquire_run') ? home : away).query(text, values),
           getTransactionStatus: () => away.getTransactionStatus(),
@@ -292,25 +284,27 @@ test('a pooler stand-in whose server connections log in as other roles: PoolerDe
         assert.match(n.message, /break_lease/);
         assert.match(n.detail, /server_lifetime/);
         assert.match(n.detail, /server_idle_timeout/);
-        // as it says: held until that connection closes
-        assert.equal((await holder(admin, run)).holder_pid, homePid);
+        // as it says: held until that connection closes (through a proxy, by its
+        // connection to the shard)
+        const held = await ledgerBackend(home, run, THROUGH_PROXY);
+        assert.equal((await holder(admin, run)).holder_pid, held);
         await home.end();
-        await assertFree(admin, run, homePid);
+        await assertFree(admin, run, held);
       });
     } finally {
-      await withClients([direct], (admin) => admin.query(`DROP ROLE ${role}`));
+      await withClients([tables], (admin) => admin.query(`DROP ROLE ${role}`));
     }
   });
 });
 
 test("a session lease lost on the attempt's own connection: LeaseLostError (not PoolerDetected) before the tool runs", async () => {
-  await withDatabase(({ direct }) => withClients([direct, direct], async (admin, c) => {
+  await withDatabase(({ admin: tables, direct }) => withClients([tables, direct], async (admin, c) => {
     const run = unique('lost');
     const ledger = new Ledger(counted(c));
     const pay = counter({ paid: 1 });
     await ledger.acquireRun(run);
     assert.deepEqual(await ledger.guarded({ run, tool: 'bank.pay', args: { invoice: 1 }, perform: pay }), { paid: 1 });
-    await c.query('SELECT pg_advisory_unlock_all()'); // behind the ledger's back
+    await dropLeases(c, THROUGH_PROXY); // pg_advisory_unlock_all(), behind the ledger's back
     const err = await ledger.guarded({ run, tool: 'mail.send', args: { to: 'ap' }, perform: pay })
       .then(() => assert.fail('the call was made'), (e) => e);
     assert.ok(err instanceof LeaseLostError && !(err instanceof PoolerDetected), `got ${err?.stack ?? err}`);
