@@ -1,5 +1,6 @@
 // Tests of the client's shape, without a database: its modules import only
-// downwards (no cycle, each reached from the package's index.js), and its
+// downwards (no cycle, each reached from an entry point of the package: index.js, and
+// every module package.json's "exports" names), and its
 // errors are named as the Python client's exceptions
 // (clients/python/durable_ledger/errors.py), the names of 1.2 kept as the same
 // classes.
@@ -26,7 +27,16 @@ function importGraph() {
   return graph;
 }
 
-test('src/: no module imports one that imports it back, and index.js reaches every module', () => {
+/** The modules of src/ the package's "exports" name (index.js first): its entry points. */
+function entryPoints() {
+  const pkg = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8'));
+  const targets = Object.values(pkg.exports ?? {}).map((e) => (typeof e === 'string' ? e : e.default));
+  const entries = targets.filter((t) => t?.startsWith('./src/')).map((t) => t.slice('./src/'.length));
+  assert.equal(entries[0], 'index.js', 'the package\'s main entry point is src/index.js');
+  return entries;
+}
+
+test('src/: no module imports one that imports it back, and the entry points reach every module', () => {
   const graph = importGraph();
   const state = new Map();
   const visit = (file, path) => {
@@ -37,7 +47,7 @@ test('src/: no module imports one that imports it back, and index.js reaches eve
     for (const dep of graph.get(file)) visit(dep, [...path, file]);
     state.set(file, 'done');
   };
-  visit('index.js', []);
+  for (const entry of entryPoints()) visit(entry, []);
   // types.js holds only types: index.js reaches it through its JSDoc
   const unreached = [...graph.keys()].filter((f) => !state.has(f) && f !== 'types.js');
   assert.deepEqual(unreached, [], 'every module of src/ is part of the package');
