@@ -3,8 +3,9 @@
 
     test/check-links.py TOP
 
-Checks README.md, CHANGELOG.md, CONTRIBUTING.md, bench/README.md, docs/*.md and
-the clients' Markdown (clients/*/README.md, clients/*/docs/*.md): each relative
+Checks README.md, CHANGELOG.md, CONTRIBUTING.md, bench/README.md, docs/*.md, the
+clients' Markdown (clients/*/README.md, clients/*/docs/*.md) and the packages'
+READMEs (proxy/, console/, adapters/ and each adapter's): each relative
 link (outside code) names a file that exists and, with a #fragment, a heading
 of that file whose GitHub anchor it is.  Prints one TAP line per file and exits
 non-zero when a link is broken.
@@ -56,10 +57,11 @@ def broken_links(path):
 def main():
     top = sys.argv[1] if len(sys.argv) > 1 else "."
     os.chdir(top)
-    files = [f for f in ("README.md", "CHANGELOG.md", "CONTRIBUTING.md", "bench/README.md")
+    files = [f for f in ("README.md", "CHANGELOG.md", "CONTRIBUTING.md", "bench/README.md",
+                         "proxy/README.md", "console/README.md", "adapters/README.md")
              if os.path.exists(f)]
     files += sorted(glob.glob("docs/*.md") + glob.glob("clients/*/README.md")
-                    + glob.glob("clients/*/docs/*.md"))
+                    + glob.glob("clients/*/docs/*.md") + glob.glob("adapters/*/README.md"))
     failed = 0
     for n, path in enumerate(files, 1):
         broken = list(broken_links(path))
