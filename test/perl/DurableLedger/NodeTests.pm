@@ -1,6 +1,8 @@
 # DurableLedger::NodeTests: runs test files with node's built-in test runner
 # and makes each of its top-level tests a TAP line of this test, so that a
-# failing node test is counted and named like any other.
+# failing node test is counted and named like any other; then one check of
+# node's exit status, one that every test reported a result, and one that no
+# test was skipped.
 package DurableLedger::NodeTests;
 
 use strict;
@@ -94,6 +96,10 @@ sub run_node_tests
 	ok(@results && defined $plan && @results == $plan,
 		"$prefix: node reported a result for each of its tests")
 	  or diag("plan " . ($plan // 'missing') . ', results ' . scalar(@results));
+	# as in DurableLedger::PythonTests: a skipped test is a test that did not run
+	my @skipped = grep { $_->{name} =~ /\s#\s+SKIP\b/i } @results;
+	ok(!@skipped, "$prefix: no test was skipped")
+	  or diag(join("\n", map { $_->{name} } @skipped));
 	diag($stderr) if $stderr ne '' && $ran && $rc == 0;
 	return;
 }
