@@ -236,7 +236,8 @@ export async function guardedTool(spec) {
       },
     });
   } catch (err) {
-    noteStop(err, stopOf(err, threw.key !== null ? { tool: spec.tool, key: threw.key } : undefined), state);
+    noteStop(err, stopOf(err, threw.key !== null ? { tool: spec.tool, key: threw.key } : undefined)
+      ?? stoppedByClient(err, ledger, run, spec.tool, false), state);
     throw err;
   }
 }
@@ -265,7 +266,7 @@ export async function recordedCall(spec) {
   try {
     return await ledger.record({ run, tool: spec.tool, args: spec.args, call: spec.call, meta: spec.meta });
   } catch (err) {
-    noteStop(err, stopOf(err), state);
+    noteStop(err, stopOf(err) ?? stoppedByClient(err, ledger, run, spec.tool, true), state);
     throw err;
   }
 }
@@ -323,6 +324,39 @@ export function currentStop() {
   return store?.[store.length - 1]?.stop ?? null;
 }
 
+/** What every stop tells the model. */
+const noRetry = 'Do not call this tool again and do not try another way to do the same: end your turn ' +
+  'and say that the run waits for a person.';
+
+/**
+ * The stop of a call whose error stopOf does not know, when the ledger client stopped the
+ * attempt with it (a report that could not be recorded, a begin_effect whose outcome is
+ * unknown, a recorded call that threw), else null.
+ * @param {unknown} err
+ * @param {Ledger} ledger
+ * @param {string} run
+ * @param {string} tool
+ * @param {boolean} recorded  a recorded call's: nothing for a person, the next attempt makes it again
+ * @returns {Stop | null}
+ */
+function stoppedByClient(err, ledger, run, tool, recorded) {
+  const stopped = ledger.attemptStop(run);
+  if (!stopped) return null;
+  if (recorded) {
+    return {
+      kind: 'stopped', key: stopped.key, error: err,
+      forModel: `The call ${tool} failed, and this run stops here: a new attempt makes it again. ${noRetry}`,
+      forPerson: `nothing: ${stopped.reason} A new attempt makes the call again.`,
+    };
+  }
+  return {
+    kind: 'unknown', key: stopped.key, error: err,
+    forModel: `Nobody knows yet whether the tool ${tool} took effect. ${noRetry}`,
+    forPerson: `${stopped.reason} The next attempt pauses what is not known for a person, who checks the ` +
+      'downstream system and resolves it (durable_ledger.resolve_effect, or the console).',
+  };
+}
+
 /**
  * What an error of a tool call means for the run, or null when it does not stop it (an
  * EffectFailed is the tool's recorded refusal, for the model to handle; an
@@ -341,8 +375,6 @@ export function stopOf(err, unknownOutcome) {
    * @returns {Stop}
    */
   const stop = (kind, forModel, forPerson, stopKey = key) => ({ kind, key: stopKey, forModel, forPerson, error: err });
-  const noRetry = 'Do not call this tool again and do not try another way to do the same: end your turn ' +
-    'and say that the run waits for a person.';
   if (unknownOutcome) {
     return stop('unknown',
       `The tool ${unknownOutcome.tool} failed while it was being performed: nobody knows yet whether ` +

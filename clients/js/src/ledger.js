@@ -13,6 +13,7 @@
 // events (notices.js).
 
 import { EventEmitter } from 'node:events';
+import { attemptContext, boundAttempt } from './attempts.js';
 import { CallFlow } from './call-flow.js';
 import { Connection } from './connection.js';
 import { formatNotice } from './notices.js';
@@ -303,6 +304,22 @@ export class Ledger extends EventEmitter {
    */
   async releaseRun(run) {
     return this.#sessions.releaseRun(run);
+  }
+
+  /**
+   * Why the attempt at `run` that the calling code belongs to is stopped, or null while it
+   * goes on: the token attempt of this Ledger whose function made the call (its async
+   * context), else its client's session attempt.  Once stopped (a pause, an unknown
+   * outcome, a report that could not be recorded, an abandoned run, a refused tool, a lost
+   * lease, a recorded call that threw), every further call of the attempt throws without
+   * asking the database; a framework that turned the error of the call that stopped it
+   * into a message learns here that the attempt must end.
+   * @param {string} run
+   * @returns {{key: string|null, reason: string} | null}  `key`: the effect that stopped it
+   */
+  attemptStop(run) {
+    const stop = this.#stops.of(run, boundAttempt(attemptContext, this, run));
+    return stop ? { key: stop.key, reason: stop.reason } : null;
   }
 
   /**

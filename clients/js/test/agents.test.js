@@ -1,0 +1,174 @@
+// durable-ledger/agents, the core of the agent-framework adapters (adapters/),
+// against a real server: DURABLE_LEDGER_DSN (a superuser connection to a
+// database with durable_ledger; DURABLE_LEDGER_ADMIN_DSN, when set, is where
+// the ledger's tables are read, as test/target.js says).  A "framework" here is
+// a function that catches its tools' errors and goes on, as the real ones do.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import pg from 'pg';
+import {
+  Ledger, EffectDidNotHappen, EffectFailed, EffectPaused, LedgerError, RunAbandoned, RunStopped,
+} from '../src/index.js';
+import {
+  agentAttempt, currentAttempt, currentStop, guardedTool, recordedCall, stopOf, toolError, ToolCallStopped,
+} from '../src/agents.js';
+
+const dsn = process.env.DURABLE_LEDGER_DSN;
+if (!dsn) throw new Error('set DURABLE_LEDGER_DSN to a superuser connection string of a database with durable_ledger');
+const adminDsn = process.env.DURABLE_LEDGER_ADMIN_DSN || dsn;
+
+let pool;
+let ledger;
+let admin;
+before(async () => {
+  pool = new pg.Pool({ connectionString: dsn, max: 4 });
+  ledger = new Ledger(pool, { consoleWarn: false });
+  admin = new pg.Client({ connectionString: adminDsn });
+  await admin.connect();
+});
+after(async () => {
+  await admin.end();
+  await pool.end();
+});
+
+const unique = (name) => `agents-${name}-${randomUUID()}`;
+const status = async (key) =>
+  (await admin.query('SELECT status::text FROM durable_ledger.effects WHERE key = $1', [key])).rows[0]?.status;
+
+/** A framework's tool step: the tool's error becomes a message, and the loop goes on. */
+async function swallowing(fn) {
+  try {
+    return { output: await fn() };
+  } catch (err) {
+    return { error: toolError(err) };
+  }
+}
+
+test('a tool call executes once in its attempt and replays in the next; the run and ledger come from agentAttempt', async () => {
+  const run = unique('replay');
+  let calls = 0;
+  const pay = () => guardedTool({ tool: 'pay', args: { invoice: 'INV-1' }, perform: (key) => ({ n: ++calls, key }) });
+  const first = await agentAttempt(ledger, run, async () => {
+    assert.deepEqual(currentAttempt(), { ledger, run });
+    return pay();
+  });
+  assert.equal(first.n, 1);
+  assert.match(first.key, /^[0-9a-f]{64}$/);
+  const again = await agentAttempt(ledger, run, pay);
+  assert.deepEqual(again, first, 'the recorded result, not a new call');
+  assert.equal(calls, 1);
+  assert.equal(currentAttempt(), null, 'outside any attempt');
+});
+
+test('a pause the framework swallowed is thrown by agentAttempt at its end; the model got a ToolCallStopped', async () => {
+  const run = unique('pause');
+  let key;
+  await agentAttempt(ledger, run, () => swallowing(() => guardedTool({
+    tool: 'pay', args: {}, perform: (k) => { key = k; throw new Error('socket hang up'); },
+  }))).catch(() => {});
+  assert.equal(await status(key), 'started');
+  let seen;
+  const err = await agentAttempt(ledger, run, async () => {
+    seen = await swallowing(() => guardedTool({ tool: 'pay', args: {}, perform: () => assert.fail('performed') }));
+    assert.equal(currentStop()?.kind, 'paused', 'currentStop() says so while the attempt goes on');
+    return 'the framework finished';
+  }).then(() => null, (e) => e);
+  assert.ok(err instanceof EffectPaused, `EffectPaused: ${err}`);
+  assert.equal(err.key, key);
+  assert.ok(seen.error instanceof ToolCallStopped);
+  assert.equal(seen.error.stop.kind, 'paused');
+  assert.match(seen.error.message, /^This call was not performed: the ledger paused it because an earlier attempt began it/);
+  assert.match(seen.error.stop.forPerson, new RegExp(`resolves effect ${key}`));
+});
+
+test('an unknown outcome: RunStopped at the end, the tool\'s error its cause; later calls of the attempt stop too', async () => {
+  const run = unique('unknown');
+  const outcomes = [];
+  const err = await agentAttempt(ledger, run, async () => {
+    outcomes.push(await swallowing(() => guardedTool({ tool: 'pay', args: {}, perform: () => { throw new Error('timeout'); } })));
+    outcomes.push(await swallowing(() => guardedTool({ tool: 'mail', args: {}, perform: () => assert.fail('performed') })));
+  }).then(() => null, (e) => e);
+  assert.ok(err instanceof RunStopped, `${err}`);
+  assert.equal(err.cause.message, 'timeout');
+  assert.match(err.message, /^the outcome of pay \(effect [0-9a-f]{64}\) is unknown: the tool threw \(timeout\)/);
+  assert.equal(outcomes[0].error.stop.kind, 'unknown');
+  assert.equal(outcomes[0].error.cause.message, 'timeout');
+  assert.equal(outcomes[1].error.stop.kind, 'stopped', 'the next call was refused by the stopped attempt');
+});
+
+test('an outcome that could not be recorded (a result JSON cannot hold) stops the attempt: RunStopped, the effect left started', async () => {
+  const run = unique('unrecorded');
+  let key;
+  const err = await agentAttempt(ledger, run, () => swallowing(() => guardedTool({
+    tool: 'pay', args: {}, perform: (k) => { key = k; return { amount: 10n }; },
+  }))).then(() => null, (e) => e);
+  assert.ok(err instanceof RunStopped, `${err}`);
+  assert.ok(err.cause instanceof LedgerError);
+  assert.match(err.message, /happened but its result could not be recorded/);
+  assert.equal(await status(key), 'started', 'nothing guessed: the next attempt pauses it');
+});
+
+test('a recorded call that threw: agentAttempt throws its error; no person needed, the next attempt makes it again', async () => {
+  const run = unique('recorded');
+  let calls = 0;
+  const turn = () => recordedCall({ tool: 'model', args: { prompt: 'hi' }, call: () => {
+    calls += 1;
+    if (calls === 1) throw new Error('provider 503');
+    return { text: 'hello' };
+  } });
+  const err = await agentAttempt(ledger, run, () => swallowing(turn)).then(() => null, (e) => e);
+  assert.equal(err?.message, 'provider 503');
+  const { output } = await agentAttempt(ledger, run, () => swallowing(turn));
+  assert.deepEqual(output, { text: 'hello' });
+  assert.equal(calls, 2);
+});
+
+test('a refusal the tool reports and a bad argument stop nothing: the framework goes on, agentAttempt returns', async () => {
+  const run = unique('no-stop');
+  const result = await agentAttempt(ledger, run, async () => {
+    const refused = await swallowing(() => guardedTool({
+      tool: 'pay', args: {}, perform: () => { throw new EffectDidNotHappen({ declined: true }); },
+    }));
+    assert.ok(refused.error instanceof EffectFailed, 'the refusal itself, for the model');
+    assert.equal(stopOf(refused.error), null);
+    const bad = await swallowing(() => guardedTool({ tool: '', args: {}, perform: () => assert.fail('performed') }));
+    assert.ok(bad.error instanceof LedgerError && !(bad.error instanceof ToolCallStopped), `${bad.error}`);
+    const ok = await swallowing(() => guardedTool({ tool: 'mail', args: {}, perform: () => 'sent' }));
+    return ok.output;
+  });
+  assert.equal(result, 'sent');
+});
+
+test('an abandoned run: RunAbandoned from agentAttempt, nothing performed; a session lease works the same', async () => {
+  const run = unique('abandoned');
+  await agentAttempt(ledger, run, () => guardedTool({ tool: 'pay', args: {}, perform: () => 1 }));
+  await admin.query("SELECT durable_ledger.abandon_run($1, 'on-call', 'cancelled')", [run]);
+  await assert.rejects(agentAttempt(ledger, run, () => assert.fail('ran')), RunAbandoned);
+  const client = new pg.Client({ connectionString: dsn });
+  await client.connect();
+  try {
+    const session = new Ledger(client, { consoleWarn: false });
+    await assert.rejects(agentAttempt(session, run, { lease: 'session' }, () => assert.fail('ran')), RunAbandoned);
+    const other = unique('session');
+    assert.equal(await agentAttempt(session, other, { lease: 'session' },
+      () => guardedTool({ tool: 'pay', args: {}, perform: () => 'paid' })), 'paid');
+  } finally {
+    await client.end();
+  }
+});
+
+test('calls bind to the innermost attempt of their run; none open: refused, nothing performed', async () => {
+  const outer = unique('outer');
+  const inner = unique('inner');
+  const runs = await agentAttempt(ledger, outer, async () => {
+    const a = await guardedTool({ tool: 'which', args: {}, perform: () => currentAttempt().run });
+    const b = await agentAttempt(ledger, inner, () => guardedTool({ tool: 'which', args: {}, perform: () => currentAttempt().run }));
+    const c = await guardedTool({ run: outer, tool: 'which', args: { n: 2 }, perform: () => 'named' });
+    return [a, b, c];
+  });
+  assert.deepEqual(runs, [outer, inner, 'named']);
+  await assert.rejects(guardedTool({ tool: 'x', args: {}, perform: () => assert.fail('performed') }),
+    /no agentAttempt is open here/);
+  await assert.rejects(agentAttempt(ledger, outer, { lease: 'lock' }, () => 1), /lease must be 'token' or 'session'/);
+});
