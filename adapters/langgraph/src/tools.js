@@ -1,0 +1,217 @@
+// LangChain tools through the ledger, for LangGraph's ToolNode, createAgent and Deep
+// Agents: ledgerTool (a side effect: at most once, replayed), recordedTool (a read:
+// recorded, replayed), ledgerTools (a list of both).  Each wrapped tool keeps its name,
+// description and schema; it runs its call in the agentAttempt of its thread (the run
+// id is the thread id), hands the ledger's idempotency key to the tool it wraps
+// (idempotencyKey(config)), returns the recorded output to the model, and turns a call
+// that stopped the run into an interrupt (stops.js).
+import { tool } from '@langchain/core/tools';
+import { ToolMessage } from '@langchain/core/messages';
+import { LedgerError } from 'durable-ledger';
+import { currentAttempt, guardedTool, recordedCall } from 'durable-ledger/agents';
+import { stopAsInterrupt } from './stops.js';
+
+/** Where a wrapped tool hands the ledger's key to the tool it wraps: config.configurable[KEY]. */
+export const IDEMPOTENCY_KEY = 'durable_ledger_idempotency_key';
+
+/** @typedef {import('@langchain/core/runnables').RunnableConfig} RunnableConfig */
+/** @typedef {import('@langchain/core/tools').StructuredToolInterface} StructuredToolInterface */
+/** @typedef {import('@langchain/core/tools').DynamicStructuredTool} DynamicStructuredTool */
+/** @typedef {import('./stops.js').OnStop} OnStop */
+
+/**
+ * @typedef {object} LedgerToolOptions
+ * @property {string} [name]  the tool's name in the ledger (default: the tool's own name)
+ * @property {(args: any) => string | null} [businessKey]  an operation's identity across runs
+ *   (an invoice number): then the same operation is the same effect whatever the run
+ * @property {((downstreamKey: string, args: unknown) => import('durable-ledger').Happened |
+ *   import('durable-ledger').NotHappened | null | undefined | Promise<import('durable-ledger').Happened |
+ *   import('durable-ledger').NotHappened | null | undefined>) | null} [reconcile]  asks the provider what
+ *   happened under the key of an unknown outcome (the client's reconcilers)
+ * @property {OnStop} [onStop]  'interrupt' (default) or 'error'
+ */
+
+/**
+ * @typedef {object} RecordedToolOptions
+ * @property {string} [name]  the tool's name in the ledger (default: the tool's own name)
+ * @property {OnStop} [onStop]  'interrupt' (default) or 'error'
+ */
+
+/**
+ * @typedef {object} LedgerToolsOptions
+ * @property {string[]} [readOnly]  the names of the tools that change nothing (reads)
+ * @property {'record' | 'pass'} [reads]  what becomes of them: 'record' (default: made once,
+ *   recorded, replayed, so that a rerun sees what the first run saw) or 'pass' (left as they are)
+ * @property {Record<string, (args: any) => string | null>} [businessKeys]  by tool name
+ * @property {OnStop} [onStop]  'interrupt' (default) or 'error'
+ */
+
+/**
+ * The ledger's idempotency key of the call a wrapped tool is performing, from the config
+ * the tool was given (its second argument): pass it to the provider.
+ * @param {RunnableConfig | undefined} config
+ * @returns {string}
+ */
+export function idempotencyKey(config) {
+  const key = config?.configurable?.[IDEMPOTENCY_KEY];
+  if (typeof key !== 'string') {
+    throw new LedgerError('idempotencyKey(config): this tool call is not performed by ledgerTool(): ' +
+      'there is no idempotency key in its config');
+  }
+  return key;
+}
+
+/**
+ * The ledger's run of a graph's thread: its thread_id (config.configurable.thread_id).
+ * @param {RunnableConfig | undefined} config
+ * @returns {string}
+ */
+export function runIdOf(config) {
+  const thread = config?.configurable?.thread_id;
+  if (thread === undefined || thread === null || thread === '') {
+    throw new TypeError('durable-ledger-langgraph: the config has no configurable.thread_id: the thread id is ' +
+      'the ledger\'s run id (give the graph a checkpointer and a thread_id)');
+  }
+  return String(thread);
+}
+
+/**
+ * The agentAttempt a tool call of this config runs in: the current one, which must be the
+ * thread's own.
+ * @param {RunnableConfig | undefined} config
+ * @param {string} name
+ */
+function attemptFor(config, name) {
+  const attempt = currentAttempt();
+  if (!attempt) {
+    throw new LedgerError(`tool ${name}: no agentAttempt is open around the graph: invoke it with ` +
+      'invokeThread(ledger, graph, input, config), or inside agentAttempt(ledger, threadId, fn); nothing was performed');
+  }
+  const thread = config?.configurable?.thread_id;
+  if (thread !== undefined && thread !== null && String(thread) !== attempt.run) {
+    throw new LedgerError(`tool ${name} runs on thread ${thread}, but the agentAttempt around it is for ` +
+      `run ${attempt.run}: the run id must be the thread id; nothing was performed`);
+  }
+  return attempt;
+}
+
+/**
+ * What the tool call records with its intent (meta): where in the graph it was made.
+ * @param {RunnableConfig | undefined} config
+ */
+function whereFrom(config) {
+  return {
+    thread_id: config?.configurable?.thread_id ?? null,
+    checkpoint_ns: config?.configurable?.checkpoint_ns ?? '',
+    tool_call_id: /** @type {any} */ (config)?.toolCall?.id ?? null,
+  };
+}
+
+/**
+ * Invokes the wrapped tool with the call's config (without its tool call, so that it
+ * answers its output rather than a ToolMessage), the key in its configurable.
+ * @param {StructuredToolInterface} inner
+ * @param {unknown} input
+ * @param {RunnableConfig | undefined} config
+ * @param {string | null} key
+ */
+async function callInner(inner, input, config, key) {
+  const { toolCall: _ignored, ...rest } = /** @type {RunnableConfig & {toolCall?: unknown}} */ (config ?? {});
+  const configurable = key === null ? rest.configurable : { ...rest.configurable, [IDEMPOTENCY_KEY]: key };
+  const out = await inner.invoke(/** @type {any} */ (input), { ...rest, configurable });
+  return ToolMessage.isInstance(out) ? out.content : out;
+}
+
+/**
+ * The wrapped tool's fields: the inner tool's name, description and schema.
+ * @param {StructuredToolInterface} inner
+ * @param {(input: any, config: RunnableConfig) => Promise<any>} fn
+ * @returns {DynamicStructuredTool}
+ */
+function sameTool(inner, fn) {
+  const fields = {
+    name: inner.name,
+    description: inner.description,
+    schema: /** @type {any} */ (inner.schema),
+    returnDirect: inner.returnDirect,
+  };
+  return /** @type {DynamicStructuredTool} */ (/** @type {unknown} */ (
+    tool(/** @type {any} */ (fn), /** @type {any} */ (fields))));
+}
+
+/**
+ * A side-effecting tool through the ledger: each call is performed at most once per
+ * logical call of its thread (the run); the tool it wraps gets the idempotency key
+ * (idempotencyKey(config)); a replay -- a node re-run after a crash, a resumed thread,
+ * the whole graph run again -- returns the recorded output without calling it; a call
+ * that stops the run (a pause for a person, an unknown outcome, an abandoned run, a
+ * refused tool, a lost lease) interrupts the graph (see OnStop), and its agentAttempt
+ * throws the stop at its end.
+ * @param {StructuredToolInterface} inner
+ * @param {LedgerToolOptions} [options]
+ * @returns {DynamicStructuredTool}
+ */
+export function ledgerTool(inner, options = {}) {
+  const name = options.name ?? inner.name;
+  const onStop = options.onStop ?? 'interrupt';
+  return sameTool(inner, async (input, config) => {
+    const attempt = attemptFor(config, inner.name);
+    return stopAsInterrupt(() => guardedTool({
+      ledger: attempt.ledger,
+      run: attempt.run,
+      tool: name,
+      args: input,
+      businessKey: options.businessKey?.(input) ?? null,
+      reconcile: options.reconcile ?? null,
+      meta: whereFrom(config),
+      perform: (key) => callInner(inner, input, config, key),
+    }), { tool: name, run: attempt.run, onStop, config });
+  });
+}
+
+/**
+ * A tool that changes nothing (a read, a search) through the ledger: made once, its
+ * output recorded, and replayed to every later attempt of the thread, so that a rerun
+ * sees what the first run saw.
+ * @param {StructuredToolInterface} inner
+ * @param {RecordedToolOptions} [options]
+ * @returns {DynamicStructuredTool}
+ */
+export function recordedTool(inner, options = {}) {
+  const name = options.name ?? inner.name;
+  const onStop = options.onStop ?? 'interrupt';
+  return sameTool(inner, async (input, config) => {
+    const attempt = attemptFor(config, inner.name);
+    return stopAsInterrupt(() => recordedCall({
+      ledger: attempt.ledger,
+      run: attempt.run,
+      tool: name,
+      args: input,
+      meta: whereFrom(config),
+      call: () => callInner(inner, input, config, null),
+    }), { tool: name, run: attempt.run, onStop, config });
+  });
+}
+
+/**
+ * A list of tools through the ledger: each a ledgerTool, but those named in `readOnly`,
+ * which are recorded (recordedTool) or left as they are (`reads: 'pass'`).
+ * @param {StructuredToolInterface[]} tools
+ * @param {LedgerToolsOptions} [options]
+ * @returns {StructuredToolInterface[]}
+ */
+export function ledgerTools(tools, options = {}) {
+  const readOnly = new Set(options.readOnly ?? []);
+  const reads = options.reads ?? 'record';
+  if (reads !== 'record' && reads !== 'pass') throw new TypeError("ledgerTools(): reads must be 'record' or 'pass'");
+  const names = new Set(tools.map((t) => t.name));
+  for (const n of readOnly) {
+    if (!names.has(n)) throw new TypeError(`ledgerTools(): readOnly names ${n}, which is not one of the tools`);
+  }
+  return tools.map((t) => {
+    if (!readOnly.has(t.name)) {
+      return ledgerTool(t, { businessKey: options.businessKeys?.[t.name], onStop: options.onStop });
+    }
+    return reads === 'pass' ? t : recordedTool(t, { onStop: options.onStop });
+  });
+}
