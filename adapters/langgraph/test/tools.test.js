@@ -230,3 +230,42 @@ test('an abandoned run: the next invocation of its thread throws RunAbandoned an
   assert.ok(err instanceof RunAbandoned, String(err));
   assert.equal(calls, 1);
 });
+
+test('a read that throws stops the attempt (nothing for a person): an interrupt of kind stopped, the read\'s error from the attempt; the resume makes the read again', async () => {
+  const thread = `lg-readfail-${randomUUID()}`;
+  let calls = 0;
+  const quote = recordedTool(tool(async () => {
+    calls += 1;
+    if (calls === 1) throw new Error('the quote service is down');
+    return { price: 189 };
+  }, { name: 'get_quote', description: 'reads a price', schema: z.object({ flight: z.string() }) }));
+  const { graph } = agent([quote], [{ name: 'get_quote', args: { flight: 'TP1351' } }]);
+  const config = threadConfig(thread);
+  const err = await invokeThread(ledger, graph, hello, config).then(() => null, (e) => e);
+  assert.match(String(err?.message), /the quote service is down/);
+  const state = await graph.getState(config);
+  assert.deepEqual(ledgerInterrupts(state).map((i) => [i.kind, i.tool]), [['stopped', 'get_quote']]);
+  assert.match(ledgerInterrupts(state)[0].forPerson, /^nothing: /);
+  assert.equal(answerOf(state.values, 'get_quote').length, 0, 'no error message recorded as the read\'s answer');
+  const out = await invokeThread(ledger, graph, new Command({ resume: true }), config);
+  assert.deepEqual(JSON.parse(answerOf(out, 'get_quote')[0].content), { price: 189 });
+  assert.equal(calls, 2);
+});
+
+test('a model turn that throws ends the invocation with its error; invoke(null) asks the model again and goes on', async () => {
+  const thread = `lg-modelfail-${randomUUID()}`;
+  const fake = fakeModel().respond(new Error('rate limited')).respond(new AIMessage('hello again'));
+  const model = recordedModel(fake);
+  const graph = new StateGraph(MessagesAnnotation)
+    .addNode('agent', async (state) => ({ messages: [await model.invoke(state.messages)] }))
+    .addEdge(START, 'agent')
+    .addEdge('agent', END)
+    .compile({ checkpointer: new MemorySaver() });
+  const config = threadConfig(thread);
+  const err = await invokeThread(ledger, graph, hello, config).then(() => null, (e) => e);
+  assert.match(String(err?.message), /rate limited/);
+  const out = await invokeThread(ledger, graph, null, config);
+  assert.equal(out.messages.at(-1).content, 'hello again');
+  assert.equal(fake.callCount, 2);
+  assert.deepEqual((await effectsOf(thread)).map((r) => `${r.tool}:${r.status}`), ['model.fake-model-builder:completed']);
+});
