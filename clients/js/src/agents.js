@@ -15,6 +15,11 @@
 //       must act, or that the run must not be retried.
 //   guardedTool({tool, args, perform, ...})  one side-effecting tool call.
 //   recordedCall({tool, args, call, ...})  a model turn or a read, replayed.
+//   callId (both)  the framework's own id of the tool call, for frameworks that
+//       resume from a checkpoint instead of re-running from the start: the call
+//       is then identified by its id (callKey), not by its occurrence.
+//   noteStableCallIds(ids) / isStableCallId(id)  the ids of tool calls that a
+//       recorded model turn made: a rerun replays that turn, so the ids come back.
 //   stopOf(err)  what an error means for the run: a kind, a text for the model
 //       (which must not call the tool again) and what a person must do.
 //   toolError(err)  the error a framework shows the model: a ToolCallStopped
@@ -24,6 +29,7 @@
 //       stop condition asks it to end the loop there).
 
 import { AsyncLocalStorage } from 'node:async_hooks';
+import { createHash } from 'node:crypto';
 import {
   AwaitingApproval, BudgetExhausted, DivergencePaused, EffectDidNotHappen, EffectPaused, LeaseLost,
   LedgerError, RunAbandoned, RunStopped, ToolRefused,
@@ -76,6 +82,8 @@ class AgentRun {
     this.run = run;
     /** @type {Stop|null} */
     this.stop = null;
+    /** the tool call ids of the model turns recorded or replayed in this attempt */
+    this.stableCallIds = new Set();
   }
 }
 
@@ -205,9 +213,53 @@ function thrownFor(stop) {
  * @property {Ledger} [ledger]  default: the current agentAttempt's
  * @property {string} [run]  default: the current agentAttempt's
  * @property {string | null} [businessKey]
+ * @property {string | null} [callId]  the framework's id of this tool call, when it is kept
+ *   across the framework's own resume (a checkpointed tool call, a recorded model turn's):
+ *   the call is keyed by it (callKey: a business key of the run, tool and id) instead of by
+ *   its occurrence, so a resume that does not re-make the run's earlier calls, or a
+ *   framework's retry of the call, reaches this call's effect and no other
  * @property {unknown} [meta]
  * @property {import('./reconcile.js').Reconcile | null} [reconcile]
  */
+
+/**
+ * The business key of a tool call identified by the framework's id for it (guardedTool's
+ * callId): the run, the tool and the id, as a JSON array after "call:" (readable, and no two
+ * triples give one key), or its SHA-256 when that is longer than a business key may be.
+ * @param {string} run
+ * @param {string} tool
+ * @param {string} callId
+ * @returns {string}
+ */
+export function callKey(run, tool, callId) {
+  if (typeof callId !== 'string' || callId === '') throw new TypeError('callKey(): callId must be a non-empty string');
+  const triple = JSON.stringify([run, tool, callId]);
+  const key = `call:${triple}`;
+  // 255 characters at most; length counts UTF-16 units, never fewer than characters
+  return key.length <= 255 ? key : `call:sha256:${createHash('sha256').update(triple).digest('hex')}`;
+}
+
+/**
+ * Notes, in the current agentAttempt, the ids of the tool calls a model turn made that the
+ * ledger recorded (or replayed): a rerun of the run replays that turn, so its calls come back
+ * with the same ids, and a tool may be keyed by them (isStableCallId).
+ * @param {Iterable<string>} ids
+ */
+export function noteStableCallIds(ids) {
+  const state = boundRun(undefined, undefined);
+  if (!state) return;
+  for (const id of ids) if (typeof id === 'string' && id !== '') state.stableCallIds.add(id);
+}
+
+/**
+ * Whether a recorded model turn of the current agentAttempt made the tool call `id`
+ * (noteStableCallIds).
+ * @param {string | null | undefined} id
+ * @returns {boolean}
+ */
+export function isStableCallId(id) {
+  return typeof id === 'string' && (boundRun(undefined, undefined)?.stableCallIds.has(id) ?? false);
+}
 
 /**
  * One side-effecting tool call through the ledger (guarded()), in the current
@@ -220,11 +272,12 @@ function thrownFor(stop) {
  */
 export async function guardedTool(spec) {
   const { ledger, run, state } = resolve(spec, 'guardedTool');
+  const businessKey = spec.businessKey ?? (spec.callId != null ? callKey(run, spec.tool, spec.callId) : null);
   /** the key of a perform that threw: its outcome is unknown */
   const threw = { key: /** @type {string|null} */ (null) };
   try {
     return await ledger.guarded({
-      run, tool: spec.tool, args: spec.args, businessKey: spec.businessKey ?? null, meta: spec.meta,
+      run, tool: spec.tool, args: spec.args, businessKey, meta: spec.meta,
       reconcile: spec.reconcile ?? null,
       perform: async (key) => {
         try {
@@ -250,6 +303,9 @@ export async function guardedTool(spec) {
  * @property {() => T | Promise<T>} call
  * @property {Ledger} [ledger]
  * @property {string} [run]
+ * @property {string | null} [callId]  the framework's id of the call, kept across its own
+ *   resume (see ToolCallSpec): recorded with the args ({args, call_id}), so each call is its
+ *   own record whatever the occurrence
  * @property {unknown} [meta]
  */
 
@@ -264,7 +320,8 @@ export async function guardedTool(spec) {
 export async function recordedCall(spec) {
   const { ledger, run, state } = resolve(spec, 'recordedCall');
   try {
-    return await ledger.record({ run, tool: spec.tool, args: spec.args, call: spec.call, meta: spec.meta });
+    const args = spec.callId != null ? { args: spec.args, call_id: spec.callId } : spec.args;
+    return await ledger.record({ run, tool: spec.tool, args, call: spec.call, meta: spec.meta });
   } catch (err) {
     noteStop(err, stopOf(err) ?? stoppedByClient(err, ledger, run, spec.tool, true), state);
     throw err;

@@ -11,7 +11,8 @@ import {
   Ledger, EffectDidNotHappen, EffectFailed, EffectPaused, LedgerError, RunAbandoned, RunStopped,
 } from '../src/index.js';
 import {
-  agentAttempt, currentAttempt, currentStop, guardedTool, recordedCall, stopOf, toolError, ToolCallStopped,
+  agentAttempt, callKey, currentAttempt, currentStop, guardedTool, isStableCallId, noteStableCallIds, recordedCall,
+  stopOf, toolError, ToolCallStopped,
 } from '../src/agents.js';
 
 const dsn = process.env.DURABLE_LEDGER_DSN;
@@ -171,4 +172,68 @@ test('calls bind to the innermost attempt of their run; none open: refused, noth
   await assert.rejects(guardedTool({ tool: 'x', args: {}, perform: () => assert.fail('performed') }),
     /no agentAttempt is open here/);
   await assert.rejects(agentAttempt(ledger, outer, { lease: 'lock' }, () => 1), /lease must be 'token' or 'session'/);
+});
+
+test('callId: a call keyed by its framework id reaches its own effect in a resume that does not re-make the earlier calls (no occurrence shift), and a retry of it in one attempt never performs twice', async () => {
+  const run = unique('callid');
+  const bank = [];
+  const pay = (callId, invoice, outcome = 'ok') => guardedTool({
+    tool: 'pay', args: { invoice }, callId,
+    perform: (key) => {
+      bank.push(callId);
+      if (outcome === 'refused') throw new EffectDidNotHappen('declined');
+      if (outcome === 'crash') throw new Error('the bank timed out');
+      return { paid: invoice, callId, key };
+    },
+  });
+  // attempt 1: call-1 pays INV-9; call-2 pays INV-9 again (a second, deliberate payment) and
+  // its outcome is unknown
+  await assert.rejects(agentAttempt(ledger, run, async () => {
+    const first = await pay('call-1', 'INV-9');
+    assert.equal(first.callId, 'call-1');
+    assert.ok((await swallowing(() => pay('call-2', 'INV-9', 'crash'))).error instanceof ToolCallStopped);
+  }), RunStopped);
+  // attempt 2, a checkpoint resume: only call-2 is made again -- it pauses, it does not get
+  // call-1's payment as an occurrence-keyed call would
+  await assert.rejects(agentAttempt(ledger, run, () => pay('call-2', 'INV-9')), EffectPaused);
+  const key2 = callKey(run, 'pay', 'call-2');
+  assert.equal(await status(key2), 'unknown');
+  await admin.query(`SELECT durable_ledger.resolve_effect($1, 'completed', '{"paid": "INV-9", "callId": "call-2", "by": "bank"}', 'on-call')`, [key2]);
+  // attempt 3: a new call (call-3) of the tool the earlier attempts used executes at once
+  // (its id is new: no divergence to judge), call-2 replays what the person recorded, and a
+  // framework's retry of call-3 (same id) replays it; a refused call-4 is made again by its retry
+  await agentAttempt(ledger, run, async () => {
+    assert.equal((await pay('call-2', 'INV-9')).by, 'bank');
+    const third = await pay('call-3', 'INV-10');
+    assert.deepEqual(await pay('call-3', 'INV-10'), third, 'a retry of the same call replays it');
+    await assert.rejects(pay('call-4', 'INV-11', 'refused'), EffectFailed);
+    assert.equal((await pay('call-4', 'INV-11')).paid, 'INV-11', 'a refused call, retried, is made again');
+  });
+  assert.deepEqual(bank, ['call-1', 'call-2', 'call-3', 'call-4', 'call-4']);
+  const keys = (await admin.query(
+    `SELECT key, status::text FROM durable_ledger.effects WHERE run = $1 ORDER BY key`, [run])).rows;
+  assert.deepEqual(keys.map((r) => r.key), ['call-1', 'call-2', 'call-3', 'call-4'].map((id) => callKey(run, 'pay', id)).sort());
+  assert.ok(keys.every((r) => r.status === 'completed'));
+  // the key: readable, unambiguous, and short enough for any run
+  assert.equal(callKey('r/1', 'pay', 'c'), 'call:["r/1","pay","c"]');
+  assert.notEqual(callKey('r', '1/pay', 'c'), callKey('r/1', 'pay', 'c'));
+  assert.match(callKey('r'.repeat(300), 'pay', 'c'), /^call:sha256:[0-9a-f]{64}$/);
+});
+
+test('callId on a recorded call: each call id is its own record, whatever the occurrence; stable ids are those a recorded turn noted', async () => {
+  const run = unique('callid-read');
+  let reads = 0;
+  const read = (callId) => recordedCall({ tool: 'order_status', args: { order: 'O-1' }, callId, call: () => ({ n: ++reads }) });
+  await agentAttempt(ledger, run, async () => {
+    assert.equal((await read('r-1')).n, 1);
+    assert.equal(isStableCallId('r-1'), false);
+    noteStableCallIds(['r-1', 'r-2']);
+    assert.equal(isStableCallId('r-2'), true);
+  });
+  assert.equal(isStableCallId('r-2'), false, 'outside the attempt');
+  await agentAttempt(ledger, run, async () => {
+    assert.equal((await read('r-2')).n, 2, 'a later read is made, not the first one replayed');
+    assert.equal((await read('r-1')).n, 1, 'the first is replayed');
+    assert.equal(isStableCallId('r-1'), false, 'a new attempt notes its own');
+  });
 });
