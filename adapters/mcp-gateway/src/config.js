@@ -12,6 +12,8 @@ import path from 'node:path';
 export const RUN_META = 'durable-ledger/run';
 /** The forwarded request's `_meta` key that carries the idempotency key upstream. */
 export const KEY_META = 'durable-ledger/idempotency-key';
+/** The `_meta` key of a request that names the call by the client's own, stable id for it. */
+export const CALL_ID_META = 'durable-ledger/call-id';
 
 /**
  * @typedef {object} ToolRule  what the configuration says of one upstream tool

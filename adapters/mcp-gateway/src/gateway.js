@@ -17,7 +17,7 @@ import {
   EffectDidNotHappen, EffectFailed, EffectInProgress, LedgerError, LedgerRefused, RunBusy,
 } from 'durable-ledger';
 import { ToolCallStopped, guardedTool, toolError } from 'durable-ledger/agents';
-import { KEY_META, RUN_META, ruleOf } from './config.js';
+import { CALL_ID_META, KEY_META, RUN_META, ruleOf } from './config.js';
 import { RunRegistry, SessionRuns } from './runs.js';
 import { Upstream } from './upstream.js';
 
@@ -278,6 +278,7 @@ export class Gateway {
     }
 
     const run = runOf(meta, session);
+    const callId = callIdOf(meta);
     const { rule } = entry;
     const args = params.arguments ?? {};
     const missing = (rule.keyFields ?? []).filter((f) => !Object.hasOwn(args, f));
@@ -311,7 +312,8 @@ export class Gateway {
           tool: rule.ledgerTool,
           args,
           businessKey,
-          meta: { mcp: { server: entry.upstream.name, tool: entry.tool.name, session: session.label } },
+          callId: businessKey === null ? callId : null,
+          meta: { mcp: { server: entry.upstream.name, tool: entry.tool.name, session: session.label, ...(callId ? { call_id: callId } : {}) } },
           perform: async (key) => {
             const upstreamArgs = rule.idempotencyKeyArgument ? { ...args, [rule.idempotencyKeyArgument]: key } : args;
             let answer;
@@ -372,6 +374,25 @@ function runOf(meta, session) {
       `_meta["${RUN_META}"] must be the run's id: a string of 1 to 512 characters`);
   }
   return run;
+}
+
+/**
+ * The client's own id of the call, `_meta["durable-ledger/call-id"]`, or null: a client
+ * that keeps its tool calls' ids across its own resume (a checkpointed tool call) names
+ * the call by it, and the gateway keys the call by it instead of by its occurrence
+ * (guardedTool's callId), so that a client that continues a run rather than re-running it
+ * reaches each call's own effect.
+ * @param {Record<string, unknown>} meta
+ * @returns {string | null}
+ */
+function callIdOf(meta) {
+  const id = meta[CALL_ID_META];
+  if (id === undefined || id === null) return null;
+  if (typeof id !== 'string' || id === '' || id.length > 255) {
+    throw new McpError(ErrorCode.InvalidParams,
+      `_meta["${CALL_ID_META}"] must be the call's own id, kept across the client's resume: a string of 1 to 255 characters`);
+  }
+  return id;
 }
 
 /**

@@ -12,7 +12,8 @@ import { startEffectsServer } from '../../test-support/effects-server.js';
 import { spawnWorker } from '../../test-support/worker.js';
 import { startGate } from './support/gate.js';
 import {
-  CLIENT, call, configFile, connect, effectsOf, newRun, spawnGateway, sql, startGateway, testConfig, text, waitFor,
+  CLIENT, UPSTREAM, call, configFile, connect, effectsOf, newRun, spawnGateway, sql, startGateway, testConfig, text,
+  waitFor,
 } from './support/setup.js';
 
 /** @type {Awaited<ReturnType<typeof startEffectsServer>>} */
@@ -370,5 +371,77 @@ test('parallel calls of one step in one session share its attempt; a session wit
     await client.close();
   } finally {
     await gw.close();
+  }
+});
+
+test('a client that continues its run names each call by its own id (_meta["durable-ledger/call-id"]): a repeat of the same payment in a later session is performed, a call made again replays its own answer', async () => {
+  const gw = await startGateway(testConfig({ effects: effects.url }));
+  try {
+    const run = newRun('call-id');
+    const invoice = `INV-${run}`;
+    const pays = () => made('pay', (c) => c.body.invoice === invoice).length;
+    const first = await connect(gw.url);
+    const one = await call(first, 'pay_invoice', { invoice, amount: 10 }, run, { 'durable-ledger/call-id': 'toolu_1' });
+    assert.equal(one._meta['durable-ledger/replayed'], false, text(one));
+    await first.close();
+
+    // a later session continues the run (it does not make toolu_1 again): the model pays the
+    // same invoice a second time, on purpose -- a new call, performed; keyed by occurrence it
+    // would have been the run's first identical call, and replayed
+    const later = await connect(gw.url);
+    const two = await call(later, 'pay_invoice', { invoice, amount: 10 }, run, { 'durable-ledger/call-id': 'toolu_2' });
+    assert.equal(two._meta['durable-ledger/replayed'], false, text(two));
+    assert.equal(pays(), 2);
+    // a call the client makes again (its retry, or a resume that re-makes it) replays its own answer
+    const oneAgain = await call(later, 'pay_invoice', { invoice, amount: 10 }, run, { 'durable-ledger/call-id': 'toolu_1' });
+    assert.equal(oneAgain._meta['durable-ledger/replayed'], true);
+    assert.deepEqual(oneAgain.content, one.content);
+    const twoAgain = await call(later, 'pay_invoice', { invoice, amount: 10 }, run, { 'durable-ledger/call-id': 'toolu_2' });
+    assert.equal(twoAgain._meta['durable-ledger/replayed'], true);
+    assert.deepEqual(twoAgain.content, two.content);
+    assert.equal(pays(), 2, 'nothing sent upstream again');
+    const keys = (await effectsOf(run)).map((e) => e.key).sort();
+    assert.deepEqual(keys, [`call:${JSON.stringify([run, 'bank.pay_invoice', 'toolu_1'])}`,
+      `call:${JSON.stringify([run, 'bank.pay_invoice', 'toolu_2'])}`].sort(), 'keyed by the calls\' ids');
+
+    // a call id that is not one is refused, nothing sent
+    await assert.rejects(call(later, 'pay_invoice', { invoice, amount: 10 }, run, { 'durable-ledger/call-id': 7 }),
+      /durable-ledger\/call-id.*must be the call's own id/);
+    assert.equal(pays(), 2);
+    await later.close();
+  } finally {
+    await gw.close();
+  }
+});
+
+test('an upstream over Streamable HTTP: a side-effecting call made once with the key in its _meta and replayed in a new session; a read-only one straight through', async () => {
+  const upstream = spawnWorker(UPSTREAM, ['--http', '0'], { EFFECTS_URL: effects.url });
+  const [, url] = await upstream.line(/listening on (http:\S+)/);
+  const gw = await startGateway(testConfig({ effects: effects.url, url }));
+  try {
+    const run = newRun('http-upstream');
+    const invoice = `INV-${run}`;
+    const first = await connect(gw.url);
+    const paid = await call(first, 'pay_invoice', { invoice, amount: 5 }, run);
+    assert.equal(paid._meta['durable-ledger/replayed'], false, text(paid));
+    const [effect] = await effectsOf(run);
+    const pays = made('pay', (c) => c.body.invoice === invoice);
+    assert.equal(pays.length, 1);
+    assert.equal(pays[0].key, effect.key, 'the ledger\'s key reached the HTTP upstream in _meta');
+    const looked = await call(first, 'lookup_invoice', { invoice }, run, { trace: 't-1' });
+    assert.equal(looked._meta?.['durable-ledger/replayed'], undefined, 'a read is not the ledger\'s');
+    await first.close();
+    const again = await connect(gw.url);
+    const replayed = await call(again, 'pay_invoice', { invoice, amount: 5 }, run);
+    assert.equal(replayed._meta['durable-ledger/replayed'], true);
+    assert.deepEqual(replayed.content, paid.content);
+    assert.equal(made('pay', (c) => c.body.invoice === invoice).length, 1, 'not sent upstream again');
+    assert.equal(made('lookup', (c) => c.body.invoice === invoice).length, 1);
+    assert.deepEqual((await effectsOf(run)).map((e) => e.tool), ['bank.pay_invoice'], 'the read left nothing in the ledger');
+    await again.close();
+  } finally {
+    await gw.close();
+    upstream.kill();
+    await upstream.exit;
   }
 });
