@@ -12,6 +12,9 @@ install_extension "$top"
 make -s -C "$top/proxy" install >/dev/null  # the proxy section's durable_ledger_proxy
 # the console section starts the operator console: its npm packages, from its lock file
 [ -d "$top/console/node_modules/fastify" ] || (cd "$top/console" && npm ci --no-audit --no-fund --silent)
+# the gateway section runs the MCP gateway: its npm packages, after the JavaScript client's (it links to it)
+[ -d "$top/clients/js/node_modules/pg" ] || (cd "$top/clients/js" && npm ci --no-audit --no-fund --silent)
+[ -d "$top/adapters/mcp-gateway/node_modules/@modelcontextprotocol" ] || (cd "$top/adapters/mcp-gateway" && npm ci --no-audit --no-fund --silent)
 start_throwaway_cluster bench 5434 "${bench_settings[@]}"
 
 /usr/bin/python3 "$top/bench/bench.py" --dsn "$dsn" --pgbench "$bindir/pgbench" "$@"
