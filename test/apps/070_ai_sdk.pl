@@ -1,7 +1,10 @@
 # 070_ai_sdk: the AI SDK adapter (adapters/ai-sdk, durable-ledger-ai-sdk).
 #   - its node tests (adapters/ai-sdk/test/, node's runner, each a TAP line)
 #     against a real cluster: replays, two calls of one step, pauses, a worker
-#     SIGKILLed in the middle of a payment and resumed, the README's program;
+#     SIGKILLed in the middle of a payment and resumed, the README's program and
+#     chat route; which call is which (issue 33's F7): a chat's repeated call
+#     performed with the request as the run (requestRun) or the conversation as
+#     the run (keyBy 'recorded-call-id'), and reruns that never pay twice;
 #   - the package as a user installs it: `npm pack` of the client and of the
 #     adapter, both tarballs installed into a scratch project with the AI SDK
 #     from the registry (at the adapter's versions), the README's program

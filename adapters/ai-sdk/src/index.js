@@ -11,10 +11,23 @@
 //       calls, which the ledger replays.
 //   ledgerStopped()  a stop condition (stopWhen) that ends the loop at the
 //       step where a call stopped the run, instead of asking the model again.
+//   requestRun(conversation, messages)  the run of one request of a chat: the
+//       conversation and the id of the user message the request answers.
 //   agentAttempt(ledger, run, fn)  (durable-ledger/agents) the attempt around
 //       the call: the tools find their ledger and run there, and a call that
 //       stopped the run is thrown at its end as the ledger's typed error.
 //
+// Which call is which.  A tool call is keyed by its occurrence in the attempt
+// (the core's default): right for the AI SDK, which after a crash is called
+// again from the start (a model asked again gives new tool call ids), so the
+// run must be one request that a retry repeats (requestRun).  A conversation
+// may be the run instead with keyBy 'recorded-call-id': a call that a turn of
+// recordedModel made is keyed by its id (options.toolCallId, guardedTool's
+// callId; a rerun replays the turn, ids and all), so that a later request that
+// asks for the same call again performs it.  That holds only while a rerun
+// sends the very prompt (a turn made anew gives new ids: new effects, which no
+// divergence check watches), hence not the default.
+
 // The semantics are the core's (durable-ledger/agents): this module only
 // translates the AI SDK's shapes.  A call that stopped the run (a pause, an
 // unknown outcome, ...) throws a ToolCallStopped from execute: the AI SDK
@@ -22,7 +35,10 @@
 // not call again) and the developer finds in the step's content.
 
 import { wrapLanguageModel } from 'ai';
-import { agentAttempt, currentStop, guardedTool, recordedCall, toolError } from 'durable-ledger/agents';
+import { EffectFailed } from 'durable-ledger';
+import {
+  agentAttempt, callKey, currentAttempt, currentStop, guardedTool, isStableCallId, noteStableCallIds, recordedCall, toolError,
+} from 'durable-ledger/agents';
 
 export { agentAttempt, currentAttempt, currentStop, stopOf, ToolCallStopped } from 'durable-ledger/agents';
 
@@ -56,6 +72,23 @@ export { agentAttempt, currentAttempt, currentStop, stopOf, ToolCallStopped } fr
  *   key from its input (an operation identity across runs: an invoice number)
  * @property {(name: string, input: unknown) => unknown} [meta]  free JSON stored with each
  *   intent
+ * @property {KeyBy} [keyBy]  how a call is identified (default 'occurrence'; see KeyBy)
+ */
+
+/**
+ * How a tool call is identified in the ledger.
+ * - `occurrence` (default): by its tool, canonical input and occurrence in the attempt.  A
+ *   rerun of the run (a new attempt) reaches the effects of the earlier attempts in order,
+ *   whatever ids the model gives its calls; a call asked for again in a later attempt is a
+ *   replay.  The run must be one request that a retry repeats from its start (requestRun).
+ * - `recorded-call-id`: a call that a turn of recordedModel, in this run, made (or
+ *   replayed) is identified by its tool call id (callKey(run, tool, id)); others by their
+ *   occurrence.  The run may be a conversation: a later request's call is new (its turn
+ *   made a new id) and is performed.  Only while every rerun sends the very prompt of the
+ *   attempt it repeats (no clock in the system prompt): a turn made anew makes new ids,
+ *   and its calls are performed again.  A call that failed (EffectDidNotHappen, or resolved
+ *   as failed) is replayed as failed, as under occurrence keys.
+ * @typedef {'occurrence' | 'recorded-call-id'} KeyBy
  */
 
 /**
@@ -82,6 +115,7 @@ export function idempotencyKey(options) {
  */
 export function durableTools(tools, options = {}) {
   const readOnly = new Set(options.readOnly ?? []);
+  checkKeyBy(options.keyBy);
   for (const name of readOnly) {
     if (!Object.hasOwn(tools, name)) throw new TypeError(`durableTools(): readOnly names no tool "${name}"`);
   }
@@ -103,7 +137,9 @@ export function durableTools(tools, options = {}) {
  */
 export function durableTool(name, tool, options = {}) {
   const execute = tool.execute;
+  checkKeyBy(options.keyBy);
   if (typeof execute !== 'function') return tool;
+  const byCallId = options.keyBy === 'recorded-call-id';
   const ledgerName = options.names?.[name] ?? name;
   const businessKey = options.businessKey?.[name];
   /**
@@ -114,22 +150,130 @@ export function durableTool(name, tool, options = {}) {
     const ledger = options.ledger;
     const run = options.run?.(callOptions);
     const meta = options.meta?.(name, input);
+    // keyed by its id where a recorded turn of this run made the call (see KeyBy)
+    const callId = byCallId && inAttemptRun(ledger, run) && isStableCallId(callOptions.toolCallId)
+      ? callOptions.toolCallId : null;
     try {
       if (options.readOnly) {
         return await recordedCall({
-          ledger, run, tool: ledgerName, args: input, meta,
+          ledger, run, tool: ledgerName, args: input, meta, callId,
           call: () => lastValue(execute.call(tool, input, callOptions)),
         });
       }
+      const key = businessKey?.(input) ?? null;
+      if (callId !== null && key === null) await replayFailure(ledger, run, ledgerName, callId);
       return await guardedTool({
-        ledger, run, tool: ledgerName, args: input, meta, businessKey: businessKey?.(input) ?? null,
-        perform: (key) => lastValue(execute.call(tool, input, { ...callOptions, idempotencyKey: key })),
+        ledger, run, tool: ledgerName, args: input, meta, callId, businessKey: key,
+        perform: (k) => lastValue(execute.call(tool, input, { ...callOptions, idempotencyKey: k })),
       });
     } catch (err) {
+      // (a read's failure too: the model must read the same text on a rerun, or its next turn is made anew)
+      if (callId !== null && err instanceof EffectFailed && !(err.cause instanceof EffectFailed)) {
+        throw failed(ledgerName, err);
+      }
       throw toolError(err);
     }
   };
   return /** @type {T} */ ({ ...tool, execute: durableExecute });
+}
+
+/** @param {unknown} keyBy */
+function checkKeyBy(keyBy) {
+  if (keyBy !== undefined && keyBy !== 'occurrence' && keyBy !== 'recorded-call-id') {
+    throw new TypeError("durableTools(): keyBy must be 'occurrence' or 'recorded-call-id'");
+  }
+}
+
+/**
+ * A call keyed by its id (a business key) whose effect failed is made again by the ledger;
+ * the AI SDK makes no retry of a call, so that would be a rerun performing what the first
+ * run was refused, after which its model may have asked for another call that was
+ * performed: paid twice.  So it is replayed as failed, as under occurrence keys, with the
+ * very text the model read the first time (failed()), so that its next turn replays too.
+ * @param {Ledger | undefined} ledger
+ * @param {string | undefined} run
+ * @param {string} tool
+ * @param {string} callId
+ */
+async function replayFailure(ledger, run, tool, callId) {
+  const attempt = /** @type {{ledger: Ledger, run: string}} */ (currentAttempt());
+  const [l, r] = [ledger ?? attempt.ledger, run ?? attempt.run];
+  const key = callKey(r, tool, callId);
+  const row = await l.effectStatus(key, r);
+  if (row?.status === 'failed') {
+    throw failed(tool, new EffectFailed(`${tool} (key ${key}) failed earlier (replayed)`,
+      { key, decision: 'replay', error: row.error, replayed: true }));
+  }
+}
+
+/**
+ * The failure of a call keyed by its id as the model reads it, the same the first time
+ * and replayed: the tool and the recorded error.
+ * @param {string} tool
+ * @param {EffectFailed} err  the ledger's (its cause)
+ * @returns {EffectFailed}
+ */
+function failed(tool, err) {
+  const text = typeof err.error === 'string' ? err.error : JSON.stringify(err.error) ?? String(err.error);
+  return new EffectFailed(`${tool} did not happen: ${text}`, {
+    key: /** @type {string} */ (err.key), decision: err.decision ?? 'replay', error: err.error, replayed: err.replayed, cause: err,
+  });
+}
+
+/**
+ * Whether a call of (ledger, run), either undefined for the current attempt's, is in the run
+ * of the innermost agentAttempt: the one whose recorded turns noteStableCallIds noted.
+ * @param {Ledger | undefined} ledger
+ * @param {string | undefined} run
+ * @returns {boolean}
+ */
+function inAttemptRun(ledger, run) {
+  const attempt = currentAttempt();
+  return attempt !== null && (ledger ?? attempt.ledger) === attempt.ledger && (run ?? attempt.run) === attempt.run;
+}
+
+/**
+ * Notes the ids of the tool calls of a recorded (or replayed) model turn in the current
+ * agentAttempt, when the turn was recorded in its run: a rerun replays the turn, so they
+ * come back, and durableTools keys those calls by them.
+ * @param {Ledger | undefined} ledger
+ * @param {string | undefined} run
+ * @param {ReadonlyArray<any> | undefined} parts  the turn's content, or its stream's parts
+ */
+function noteTurn(ledger, run, parts) {
+  if (!inAttemptRun(ledger, run) || !Array.isArray(parts)) return;
+  noteStableCallIds(parts.filter((p) => p?.type === 'tool-call').map((p) => p.toolCallId));
+}
+
+/**
+ * The run of one request of a chat, for agentAttempt: the conversation and the id of the
+ * user message the request answers (the last user message of `messages`, the AI SDK UI's
+ * UIMessage[] whose messages have ids; or that id itself), as
+ * `request:["<conversation>","<message id>"]`.  A retry of the request (the same user
+ * message, sent again after a crash, or a tool approval that continues it) is the same run
+ * and replays what the request did; the next user message is another run, so a call it asks
+ * for again is performed again.  Throws a TypeError when the last user message has no id
+ * (model messages have none): name the request yourself, never by a guess.
+ * @param {string} conversation  the chat's id
+ * @param {string | ReadonlyArray<{role: string, id?: unknown}>} messages  the request's
+ *   messages, or the id of the user message it answers
+ * @returns {string}
+ */
+export function requestRun(conversation, messages) {
+  if (typeof conversation !== 'string' || conversation === '') {
+    throw new TypeError('requestRun(conversation, messages): conversation must be a non-empty string');
+  }
+  let id = messages;
+  if (Array.isArray(messages)) {
+    const user = [...messages].reverse().find((m) => m?.role === 'user');
+    if (!user) throw new TypeError('requestRun(conversation, messages): messages hold no user message');
+    id = user.id;
+  }
+  if (typeof id !== 'string' || id === '') {
+    throw new TypeError('requestRun(conversation, messages): the user message the request answers has no id ' +
+      '(UIMessages have one, model messages do not): pass the id of that message, or name the run yourself');
+  }
+  return `request:${JSON.stringify([conversation, id])}`;
 }
 
 /**
@@ -203,6 +347,7 @@ export function recordedModel(model, options = {}) {
           ledger: options.ledger, run: options.run, tool: name, args: args(params),
           call: async () => withoutBodies(await doGenerate()),
         });
+        noteTurn(options.ledger, options.run, /** @type {any} */ (recorded)?.content);
         return /** @type {GenerateResult} */ (revive(recorded));
       },
       wrapStream: async ({ doStream, params }) => {
@@ -221,6 +366,7 @@ export function recordedModel(model, options = {}) {
             return { parts, response: response ? { headers: undefined, ...response } : undefined };
           },
         }));
+        noteTurn(options.ledger, options.run, recorded.parts);
         const parts = recorded.parts.map(revive);
         return {
           stream: new ReadableStream({

@@ -1,0 +1,329 @@
+// Which call is which (issue 33, the review's F7): a chat whose second user
+// message asks for the same tool call again must perform it, while a retry of
+// one request must not perform anything twice.  Two shapes do it: the run is
+// one request (requestRun: the conversation and the user message it answers),
+// with calls keyed by occurrence (the default); or the run is the conversation,
+// with recordedModel and keyBy 'recorded-call-id' (a call keyed by the id of
+// the recorded turn that made it).  And what keeps the default: a model that is
+// not recorded gives new ids on a rerun, a prompt that changed makes new turns,
+// and neither may pay twice.  DURABLE_LEDGER_DSN: a superuser connection to a
+// database with durable_ledger.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import pg from 'pg';
+import { convertToModelMessages, generateText, simulateReadableStream, stepCountIs, streamText, tool } from 'ai';
+import { MockLanguageModelV4 } from 'ai/test';
+import { z } from 'zod';
+import { Ledger, EffectDidNotHappen, EffectPaused, RunStopped } from 'durable-ledger';
+import {
+  agentAttempt, durableTools, idempotencyKey, ledgerStopped, recordedModel, requestRun,
+} from '../src/index.js';
+
+const dsn = process.env.DURABLE_LEDGER_DSN;
+if (!dsn) throw new Error('set DURABLE_LEDGER_DSN to a superuser connection string of a database with durable_ledger');
+
+let pool;
+let ledger;
+let admin;
+before(async () => {
+  pool = new pg.Pool({ connectionString: dsn, max: 4 });
+  ledger = new Ledger(pool, { consoleWarn: false });
+  admin = new pg.Client({ connectionString: dsn });
+  await admin.connect();
+});
+after(async () => {
+  await admin.end();
+  await pool.end();
+});
+
+const unique = (name) => `ai-sdk-ids-${name}-${randomUUID()}`;
+const usage = { inputTokens: { total: 1, noCache: 1, cacheRead: 0, cacheWrite: 0 },
+  outputTokens: { total: 1, text: 1, reasoning: 0 } };
+const toolCall = (toolName, input) => ({
+  // a real provider's id: new each time the model is asked
+  type: 'tool-call', toolCallId: `call_${randomUUID()}`, toolName, input: JSON.stringify(input),
+});
+const answer = (text) => ({ content: [{ type: 'text', text }], finishReason: { unified: 'stop', raw: undefined },
+  usage, warnings: [] });
+const calling = (...calls) => ({ content: calls, finishReason: { unified: 'tool-calls', raw: undefined },
+  usage, warnings: [] });
+const lastToolOutput = (prompt) => prompt.at(-1).content.find((p) => p.type === 'tool-result')?.output;
+
+/** The reminder clerk: each user message asks for a reminder to ACME; then it says what came back. */
+function reminderModel() {
+  return new MockLanguageModelV4({
+    provider: 'test', modelId: 'reminder-clerk',
+    doGenerate: async ({ prompt }) => (prompt.at(-1).role === 'user'
+      ? calling(toolCall('sendReminder', { customer: 'ACME' }))
+      : answer(`sent: ${JSON.stringify(lastToolOutput(prompt))}`)),
+  });
+}
+
+/** A mail server that sends whatever it is asked to (it deduplicates nothing). */
+function mailer() {
+  const sent = [];
+  const tools = (options) => durableTools({
+    sendReminder: tool({
+      description: 'Sends a payment reminder', inputSchema: z.object({ customer: z.string() }),
+      execute: async ({ customer }, o) => {
+        sent.push({ customer, key: idempotencyKey(o) });
+        return { reminder: sent.length };
+      },
+    }),
+  }, options);
+  return { sent, tools };
+}
+
+/** A chat's history as the AI SDK UI keeps it: UIMessages, each with its id. */
+const userMessage = (text) => ({ id: `msg-${randomUUID()}`, role: 'user', parts: [{ type: 'text', text }] });
+const assistantMessage = (text) => ({ id: `msg-${randomUUID()}`, role: 'assistant', parts: [{ type: 'text', text }] });
+
+test('F7: a chat whose run is requestRun(chat, messages) sends the reminder the second user message asks for again; a retry of a request sends nothing', async () => {
+  const chat = unique('chat');
+  const { sent, tools: mailTools } = mailer();
+  const tools = mailTools();
+  const model = reminderModel();
+  /** a chat server's route: one request, the user message it answers its run */
+  const respond = (messages) => agentAttempt(ledger, requestRun(chat, messages), async () => generateText({
+    model, tools, messages: await convertToModelMessages(messages), stopWhen: [stepCountIs(5), ledgerStopped()],
+  }));
+  const history = [userMessage('Remind ACME to pay.')];
+  const first = await respond(history);
+  assert.equal(first.text, 'sent: {"type":"json","value":{"reminder":1}}');
+  history.push(assistantMessage(first.text), userMessage('A week later: still unpaid, remind ACME again.'));
+  const second = await respond(history);
+  assert.equal(second.text, 'sent: {"type":"json","value":{"reminder":2}}', 'the second reminder is performed');
+  assert.equal(sent.length, 2);
+  assert.notEqual(sent[0].key, sent[1].key, 'two reminders, two keys');
+
+  // the client sends the second request again (its answer was lost): the same run, replayed
+  const retried = await respond(history);
+  assert.equal(retried.text, second.text, 'the recorded output reaches the model');
+  assert.equal(sent.length, 2, 'a retry of the request sends nothing again');
+  const { rows } = await admin.query(
+    "SELECT run, status::text FROM durable_ledger.effects WHERE run LIKE 'request:%' AND run LIKE $1 ORDER BY created_at",
+    [`%${chat}%`]);
+  assert.deepEqual(rows.map((r) => r.run), [requestRun(chat, history.slice(0, 1)), requestRun(chat, history)]);
+  assert.equal(requestRun(chat, history), `request:${JSON.stringify([chat, history[2].id])}`);
+});
+
+test('F7: the conversation as the run, with recordedModel and keyBy "recorded-call-id": the repeated reminder is performed; a rerun of the second request replays it', async () => {
+  const conversation = unique('conversation');
+  const { sent, tools: mailTools } = mailer();
+  const tools = mailTools({ keyBy: 'recorded-call-id' });
+  const messages = [];
+  let last;
+  const turn = (model) => agentAttempt(ledger, conversation, () => generateText({
+    model: recordedModel(model), tools, messages, stopWhen: [stepCountIs(5), ledgerStopped()],
+  }));
+  for (const text of ['Remind ACME to pay.', 'A week later: still unpaid, remind ACME again.']) {
+    messages.push({ role: 'user', content: text });
+    last = await turn(reminderModel());
+    messages.push(...last.response.messages);
+  }
+  assert.equal(sent.length, 2, 'reminders actually sent: 2');
+  assert.match(last.text, /"reminder":2/);
+  const { rows } = await admin.query(
+    "SELECT key FROM durable_ledger.effects WHERE run = $1 AND tool = 'sendReminder' ORDER BY created_at",
+    [conversation]);
+  assert.equal(rows.length, 2);
+  for (const r of rows) assert.match(r.key, /^call:\[".*","sendReminder","call_[0-9a-f-]{36}"\]$/);
+
+  // the second request again (as after a crash): its turns replay, ids and all, and so does the reminder
+  messages.splice(messages.findLastIndex((m) => m.role === 'user') + 1);
+  const model = reminderModel();
+  const again = await turn(model);
+  assert.equal(model.doGenerateCalls.length, 0, 'every turn replayed');
+  assert.match(again.text, /"reminder":2/);
+  assert.equal(sent.length, 2, 'nothing sent again');
+});
+
+test('F7 with streamText: the ids of a recorded stream\'s tool calls key them too', async () => {
+  const conversation = unique('stream');
+  const { sent, tools: mailTools } = mailer();
+  const tools = mailTools({ keyBy: 'recorded-call-id' });
+  const streaming = () => new MockLanguageModelV4({
+    provider: 'test', modelId: 'streamer',
+    doStream: async ({ prompt }) => {
+      const id = `call_${randomUUID()}`;
+      const chunks = prompt.at(-1).role === 'user'
+        ? [{ type: 'stream-start', warnings: [] },
+          { type: 'tool-call', toolCallId: id, toolName: 'sendReminder', input: '{"customer":"ACME"}' },
+          { type: 'finish', finishReason: { unified: 'tool-calls', raw: undefined }, usage }]
+        : [{ type: 'stream-start', warnings: [] }, { type: 'text-start', id: 't' },
+          { type: 'text-delta', id: 't', delta: `sent: ${JSON.stringify(lastToolOutput(prompt))}` },
+          { type: 'text-end', id: 't' },
+          { type: 'finish', finishReason: { unified: 'stop', raw: undefined }, usage }];
+      return { stream: simulateReadableStream({ chunks }) };
+    },
+  });
+  const messages = [];
+  for (const text of ['Remind ACME to pay.', 'Remind ACME again.']) {
+    messages.push({ role: 'user', content: text });
+    const response = await agentAttempt(ledger, conversation, async () => {
+      const result = streamText({ model: recordedModel(streaming()), tools, messages,
+        stopWhen: [stepCountIs(5), ledgerStopped()] });
+      await result.consumeStream();
+      return result.response;
+    });
+    messages.push(...response.messages);
+  }
+  assert.equal(sent.length, 2, 'the second request\'s reminder is performed');
+});
+
+for (const keyBy of ['occurrence', 'recorded-call-id']) {
+  test(`keyBy ${keyBy}: a model that is not recorded gives its call a new id on the rerun; the payment whose outcome is unknown still pauses, never paid twice`, async () => {
+    const run = unique(`unrecorded-${keyBy}`);
+    const payments = [];
+    let bankDown = true;
+    const tools = durableTools({
+      payInvoice: tool({
+        description: 'Pays an invoice', inputSchema: z.object({ invoice: z.string(), amount: z.number() }),
+        execute: async (input, o) => {
+          payments.push(idempotencyKey(o));
+          if (bankDown) throw new Error('connection reset by the bank'); // the payment may have gone through
+          return { paid: true };
+        },
+      }),
+    }, { keyBy });
+    const model = new MockLanguageModelV4({
+      doGenerate: async ({ prompt }) => (prompt.at(-1).role === 'user'
+        ? calling(toolCall('payInvoice', { invoice: 'INV-9', amount: 4200 }))
+        : answer('done')),
+    });
+    const attempt = () => agentAttempt(ledger, run, () => generateText({
+      model, tools, prompt: 'Pay INV-9.', stopWhen: [stepCountIs(5), ledgerStopped()],
+    }));
+    const first = await attempt().then(() => null, (e) => e);
+    assert.ok(first instanceof RunStopped, `${first}`);
+    bankDown = false;
+    const second = await attempt().then(() => null, (e) => e);
+    assert.ok(second instanceof EffectPaused, `the rerun pauses: ${second}`);
+    assert.equal(model.doGenerateCalls.length, 2, 'the model was asked again: a new call id');
+    assert.notEqual(model.doGenerateCalls[0], model.doGenerateCalls[1]);
+    assert.equal(payments.length, 1, 'not paid again');
+    assert.equal(second.downstreamKey, payments[0], 'the pause names the key the bank was given');
+  });
+}
+
+test('keyBy "recorded-call-id": the payment of a recorded turn whose outcome is unknown pauses on the rerun (the turn replays, its id with it); resolved, it replays', async () => {
+  const run = unique('recorded-unknown');
+  const payments = [];
+  let bankDown = true;
+  const tools = durableTools({
+    payInvoice: tool({
+      description: 'Pays an invoice', inputSchema: z.object({ invoice: z.string(), amount: z.number() }),
+      execute: async (input, o) => {
+        payments.push(idempotencyKey(o));
+        if (bankDown) throw new Error('timeout');
+        return { paid: payments.length };
+      },
+    }),
+  }, { keyBy: 'recorded-call-id' });
+  const model = new MockLanguageModelV4({
+    doGenerate: async ({ prompt }) => (prompt.at(-1).role === 'user'
+      ? calling(toolCall('payInvoice', { invoice: 'INV-9', amount: 4200 }))
+      : answer(`paid: ${JSON.stringify(lastToolOutput(prompt))}`)),
+  });
+  const attempt = () => agentAttempt(ledger, run, () => generateText({
+    model: recordedModel(model), tools, prompt: 'Pay INV-9.', stopWhen: [stepCountIs(5), ledgerStopped()],
+  }));
+  assert.ok(await attempt().then(() => null, (e) => e) instanceof RunStopped);
+  bankDown = false;
+  const paused = await attempt().then(() => null, (e) => e);
+  assert.ok(paused instanceof EffectPaused, `${paused}`);
+  assert.equal(model.doGenerateCalls.length, 1, 'the turn was replayed');
+  assert.match(paused.key, /^call:\[/, 'keyed by the recorded call id');
+  assert.equal(payments.length, 1);
+  await admin.query("SELECT durable_ledger.resolve_effect($1, 'completed', '{\"paid\": 1}', 'on-call', 'bank has it')",
+    [paused.key]);
+  const done = await attempt();
+  assert.equal(done.text, 'paid: {"type":"json","value":{"paid":1}}');
+  assert.equal(payments.length, 1, 'paid once');
+});
+
+test('keyBy "recorded-call-id": a payment the bank refused, then the model\'s second try that it took; a rerun replays both, exactly as they were, and pays nothing', async () => {
+  const run = unique('refused');
+  const payments = [];
+  let refuse = true;
+  const tools = durableTools({
+    payInvoice: tool({
+      description: 'Pays an invoice', inputSchema: z.object({ invoice: z.string(), amount: z.number() }),
+      execute: async () => {
+        if (refuse) {
+          refuse = false; // the bank would take it now
+          throw new EffectDidNotHappen({ declined: 'insufficient funds' });
+        }
+        payments.push(1);
+        return { paid: payments.length };
+      },
+    }),
+  }, { keyBy: 'recorded-call-id' });
+  const clerk = () => new MockLanguageModelV4({
+    doGenerate: async ({ prompt }) => {
+      if (prompt.at(-1).role === 'user') return calling(toolCall('payInvoice', { invoice: 'INV-9', amount: 4200 }));
+      const out = lastToolOutput(prompt);
+      if (out.type === 'error-text' && !/retry/.test(JSON.stringify(prompt))) {
+        // it tries once more, and says so in its text
+        return calling({ type: 'text', text: 'I will retry.' }, toolCall('payInvoice', { invoice: 'INV-9', amount: 4200 }));
+      }
+      return answer(`result: ${JSON.stringify(out)}`);
+    },
+  });
+  const attempt = (model) => agentAttempt(ledger, run, () => generateText({
+    model: recordedModel(model), tools, prompt: 'Pay INV-9.', stopWhen: [stepCountIs(5), ledgerStopped()],
+  }));
+  const first = await attempt(clerk());
+  assert.equal(first.steps[0].content.find((p) => p.type === 'tool-error').error.message,
+    'payInvoice did not happen: {"declined":"insufficient funds"}');
+  assert.equal(first.text, 'result: {"type":"json","value":{"paid":1}}');
+  assert.equal(payments.length, 1);
+
+  const model = clerk();
+  const again = await attempt(model);
+  assert.equal(again.steps[0].content.find((p) => p.type === 'tool-error').error.message,
+    'payInvoice did not happen: {"declined":"insufficient funds"}', 'the refusal replayed, in the very words');
+  assert.equal(model.doGenerateCalls.length, 0, 'so every turn replayed');
+  assert.equal(again.text, first.text);
+  assert.equal(payments.length, 1, 'the refused call was not made again: paid once');
+});
+
+test('keyBy "occurrence" (the default): a rerun whose prompt changed (a date in the system prompt) makes new turns with new ids, and the payment still replays', async () => {
+  const run = unique('drift');
+  const payments = [];
+  const tools = durableTools({
+    payInvoice: tool({
+      description: 'Pays an invoice', inputSchema: z.object({ invoice: z.string() }),
+      execute: async () => { payments.push(1); return { paid: payments.length }; },
+    }),
+  });
+  let crash = true;
+  const model = new MockLanguageModelV4({
+    doGenerate: async ({ prompt }) => {
+      if (prompt.at(-1).role === 'user') return calling(toolCall('payInvoice', { invoice: 'INV-1' }));
+      if (crash) throw new Error('the worker died'); // after the payment, before the answer
+      return answer('paid');
+    },
+  });
+  const attempt = (day) => agentAttempt(ledger, run, () => generateText({
+    model: recordedModel(model), tools, system: `Today is ${day}.`, prompt: 'Pay INV-1.',
+    stopWhen: [stepCountIs(5), ledgerStopped()],
+  }));
+  await assert.rejects(attempt('Monday'), /the worker died/);
+  crash = false;
+  const done = await attempt('Tuesday');
+  assert.equal(done.text, 'paid');
+  assert.equal(model.doGenerateCalls.length, 4, 'the Tuesday turns are new, with a new call id');
+  assert.equal(payments.length, 1, 'paid once: the occurrence key reached Monday\'s payment');
+});
+
+test('requestRun names the request, never by a guess; keyBy is checked', () => {
+  assert.equal(requestRun('chat-1', 'msg-7'), 'request:["chat-1","msg-7"]');
+  assert.equal(requestRun('chat-1', [{ role: 'user', id: 'm1' }, { role: 'assistant', id: 'a1' }]),
+    'request:["chat-1","m1"]', 'the last user message (a tool approval continues the request)');
+  assert.throws(() => requestRun('chat-1', [{ role: 'user', content: 'hi' }]), /has no id/);
+  assert.throws(() => requestRun('chat-1', [{ role: 'assistant', id: 'a1' }]), /no user message/);
+  assert.throws(() => requestRun('', 'm1'), /conversation must be a non-empty string/);
+  assert.throws(() => durableTools({}, { keyBy: 'id' }), /keyBy must be/);
+});
