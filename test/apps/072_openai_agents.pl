@@ -4,9 +4,13 @@
 #     throwaway cluster, each node test a TAP line: a worker SIGKILLed in the
 #     middle of a payment and the run resumed the SDK's way (test/crash.test.js),
 #     the SDK's needsApproval with a RunState saved as a string and the ledger's
-#     own approval (test/approval.test.js), replays, parallel calls, reads, stops,
-#     streaming (test/adapter.test.js), the README's program and the declarations
-#     under tsc --strict (test/examples.test.js);
+#     own approval (test/approval.test.js), which call is which -- the SDK's call id
+#     where it is stable (a recorded turn's, a resumed state's approved call), the
+#     occurrence elsewhere: an approved second payment of one invoice made, a tool used
+#     before the interruption no divergence, a crash-rerun whose model gives the call a
+#     new id paused and replayed, a refusal replayed (test/resume.test.js), replays,
+#     parallel calls, reads, stops, streaming (test/adapter.test.js), the README's
+#     program and the declarations under tsc --strict (test/examples.test.js);
 #   - the package as a user installs it: `npm pack` in clients/js and in the
 #     adapter's folder, both tarballs installed into a scratch project with the SDK
 #     (at the version the adapter pins), zod, pg and TypeScript from the npm

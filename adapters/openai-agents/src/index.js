@@ -14,6 +14,14 @@
 //                              answers the first one got, without calling the model
 //   ledgerModelProvider(p)     the same for every model a ModelProvider hands out
 //                              (new Runner({ modelProvider: ledgerModelProvider(p) }))
+//   resumed(state)             a saved RunState whose interrupted calls are marked as
+//                              theirs (for a resume after an alwaysApprove)
+//
+// Which call is which: a tool call is keyed by the SDK's id for it (callKey) where that
+// id is the same on every attempt that reaches the call -- a call of a turn ledgerModel
+// recorded or replayed, the call a person approved in a resumed RunState -- and by its
+// occurrence in the attempt everywhere else (a model the ledger does not record gives the
+// call a new id when a rerun asks it again: keyed by it, the rerun would pay twice).
 //
 // The run: the SDK keeps no durable run id of its own (a RunState carries no id, a
 // trace is new on every run()), so the app names it: agentAttempt(ledger, run, () =>
@@ -23,7 +31,8 @@
 
 import { tool, Usage } from '@openai/agents';
 import {
-  agentAttempt, currentAttempt, currentStop, guardedTool, recordedCall, stopOf, toolError, ToolCallStopped,
+  agentAttempt, callKey, currentAttempt, currentStop, guardedTool, isStableCallId, noteStableCallIds, recordedCall, stopOf,
+  toolError, ToolCallStopped,
 } from 'durable-ledger/agents';
 import { EffectFailed, EffectInProgress, LedgerError } from 'durable-ledger';
 
@@ -125,7 +134,8 @@ const SDK_DEFAULT_ERROR = 'An error occurred while running the tool. Please try 
  * `agentAttempt(ledger, run, () => run(agent, input))`.
  *
  * `needsApproval` is the SDK's own: its approval comes first, in the app, before the
- * ledger sees the call; an approved call then goes through the ledger like any other.
+ * ledger sees the call; an approved call then goes through the ledger like any other,
+ * keyed by its id when the RunState that carries it is resumed (stableCallId).
  * @template {ToolInputParameters} [TParameters=undefined]
  * @template [Context=UnknownContext]
  * @template [Result=unknown]
@@ -178,12 +188,18 @@ export function ledgerTool(options) {
       meta: typeof meta === 'function' ? meta(input) : meta,
       ...(named !== undefined ? { run: named } : {}),
     };
+    // The SDK's id of the call, when it is stable (stableCallId): the call is then keyed by
+    // it, else by its occurrence in the attempt.
+    const callId = stableCallId(built.name, context, details);
     if (kind === 'record') {
-      return recordedCall({ ...base, call: () => execute(input, context, detailsFor(null)) });
+      return recordedCall({ ...base, callId, call: () => execute(input, context, detailsFor(null)) });
     }
+    const theBusinessKey = businessKey ? businessKey(input) : null;
+    if (callId !== null && theBusinessKey == null) await replayRefusal(base.tool, named, callId);
     return guardedTool({
       ...base,
-      businessKey: businessKey ? businessKey(input) : null,
+      callId,
+      businessKey: theBusinessKey,
       reconcile: reconcile ?? null,
       perform: (key) => execute(input, context, detailsFor(key)),
     });
@@ -195,6 +211,112 @@ export function ledgerTool(options) {
     errorFunction: ledgerErrorFunction(errorFunction),
   })));
   return built;
+}
+
+/**
+ * The SDK's id of a tool call (`details.toolCall.callId`) when it is the same on every
+ * attempt that reaches the call, else null (the call is then keyed by its occurrence):
+ *   - a call of a model turn the ledger recorded or replayed in this attempt (ledgerModel
+ *     notes them): a rerun replays the turn, ids and all;
+ *   - a call of a saved RunState that is resumed: one a person approved on its own
+ *     (`state.approve(item)`: the RunContext holds the approval of this id, and not of
+ *     every call of the tool), or one whose state the app handed to `resumed(state)`.
+ * An id the model made afresh (a model the ledger does not record) is never one: a rerun
+ * after a crash asks the model again, which gives the call a new id, and a new key would
+ * perform the effect a second time.
+ * @param {string} toolName  the SDK tool's name (its approvals are filed under it)
+ * @param {RunContext<any> | undefined} context
+ * @param {ToolCallDetails | undefined} details
+ * @returns {string | null}
+ */
+function stableCallId(toolName, context, details) {
+  const id = /** @type {any} */ (details)?.toolCall?.callId;
+  if (typeof id !== 'string' || id === '') return null;
+  if (isStableCallId(id)) return id;
+  return approvedOnItsOwn(toolName, context, id) ? id : null;
+}
+
+/**
+ * A call keyed by its id whose effect failed (the provider refused it: EffectDidNotHappen,
+ * or a person resolved it as not done) is that failure again, as a call keyed by its
+ * occurrence is: the ledger's rule for a business key (a failed one is executed again) is
+ * for a framework's retry of one call, which this SDK never makes.  Here the same id
+ * comes back only when a rerun replays the recorded turn or a saved state is resumed
+ * again; what the run did after the refusal (the model may have tried again, under a new
+ * id, and paid) is recorded after it, so the refusal must be replayed, not retried.
+ * @param {string} tool  the tool's name in the ledger
+ * @param {string | undefined} named  the run the tool names, if any
+ * @param {string} callId
+ */
+async function replayRefusal(tool, named, callId) {
+  const attempt = currentAttempt();
+  const run = named ?? attempt?.run;
+  // no attempt, or one that has stopped: guardedTool says so, performing nothing
+  if (!attempt || run === undefined || currentStop()) return;
+  const key = callKey(run, tool, callId);
+  const row = await attempt.ledger.effectStatus(key, run);
+  // a contradicted failure (flagged) is for a person: begin_effect pauses it
+  if (row?.status !== 'failed' || row.conflict) return;
+  throw new EffectFailed(`${tool} (call ${callId}) failed in an earlier attempt (replayed): ${asText(row.error)}`, {
+    key, decision: 'replay', reason: null, error: row.error, replayed: true,
+  });
+}
+
+/**
+ * Whether a person approved this very call (the SDK's per-call approval, restored with
+ * its RunState): the call is approved, and a call id nobody was ever asked about is not
+ * (an `alwaysApprove` approves every call of the tool, the model's new ones too, so it says
+ * nothing of where this call comes from).
+ * @param {string} toolName
+ * @param {RunContext<any> | undefined} context
+ * @param {string} id
+ * @returns {boolean}
+ */
+function approvedOnItsOwn(toolName, context, id) {
+  if (!context || typeof context.isToolApproved !== 'function') return false;
+  try {
+    return context.isToolApproved({ toolName, callId: id }) === true &&
+      context.isToolApproved({ toolName, callId: `${id}\u0000durable-ledger-no-such-call` }) !== true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Marks the calls a saved RunState will run when it is resumed -- its interruptions, the
+ * calls a person approved or rejected -- as the calls they are, so that each is keyed by its
+ * id (the state keeps it) rather than by its occurrence in the resuming attempt: `await
+ * agentAttempt(ledger, run, () => runner.run(agent, resumed(state)))`.  A call a person
+ * approved on its own (`state.approve(item)`) needs it not (its approval says so); one
+ * approved with `{ alwaysApprove: true }` does.  Call it inside the agentAttempt; it
+ * returns the state.
+ * @template {{ getInterruptions(): Array<{ rawItem?: unknown }> }} S
+ * @param {S} state  a RunState (`RunState.fromString(agent, saved)`, or a result's `state`)
+ * @returns {S}
+ */
+export function resumed(state) {
+  if (!state || typeof state.getInterruptions !== 'function') {
+    throw new TypeError('resumed(state): state must be a RunState');
+  }
+  if (!currentAttempt()) throw new TypeError('resumed(state): call it inside agentAttempt(ledger, run, () => ...)');
+  noteStableCallIds(callIdsOf(state.getInterruptions().map((item) => item.rawItem)));
+  return state;
+}
+
+/**
+ * The call ids of a model's output items (its function calls, and the SDK's other calls).
+ * @param {unknown} items
+ * @returns {string[]}
+ */
+function callIdsOf(items) {
+  if (!Array.isArray(items)) return [];
+  /** @type {string[]} */
+  const ids = [];
+  for (const item of items) {
+    const id = /** @type {any} */ (item)?.callId;
+    if (typeof id === 'string' && id !== '') ids.push(id);
+  }
+  return ids;
 }
 
 /**
@@ -309,6 +431,8 @@ export class LedgerModel {
       args: this.argsOf(request),
       call: async () => /** @type {RecordedResponse} */ (await this.model.getResponse(request)),
     });
+    // recorded (or replayed): a rerun gets these very calls back, with their ids
+    noteStableCallIds(callIdsOf(recorded?.output));
     return responseOf(recorded);
   }
 
@@ -359,9 +483,12 @@ export class LedgerModel {
     const first = await Promise.race([live, recorded]);
     if (first === 'live') {
       yield* channel;
-      await recorded; // its record: a report the ledger did not take fails the turn
+      // its record: a report the ledger did not take fails the turn; one it took makes
+      // the turn's call ids stable (the SDK runs the tools after the stream's end)
+      noteStableCallIds(callIdsOf((await recorded)?.output));
       return;
     }
+    noteStableCallIds(callIdsOf(first?.output));
     yield* replayedStream(responseOf(first));
   }
 

@@ -61,7 +61,7 @@ test('a rerun of a completed run replays every turn and tool: the model and the 
     const done = await agentAttempt(ledger, run, () => new Runner().run(first.agent, PROMPT));
     assert.equal(first.scripted.calls.length, 2);
     const rows = await effectsOf(admin, run);
-    const made = () => effects.calls().filter((c) => rows.some((r) => r.key === c.key)).length;
+    const made = () => effects.calls().filter((c) => rows.some((r) => r.downstream === c.key)).length;
     assert.equal(made(), 2);
     const again = invoiceAgent(effects.url);
     const replayed = await agentAttempt(ledger, run, () => new Runner().run(again.agent, PROMPT));
@@ -100,8 +100,8 @@ test('two calls of one turn run in parallel under the token lease, and each is r
     const rows = await effectsOf(admin, run);
     assert.deepEqual(rows.filter((e) => e.tool !== 'model.openai-agents').map((e) => [e.tool, e.status]).sort(),
       [['left', 'completed'], ['right', 'completed']]);
-    assert.equal(effects.calls('left').filter((c) => rows.some((r) => r.key === c.key)).length, 1);
-    assert.equal(effects.calls('right').filter((c) => rows.some((r) => r.key === c.key)).length, 1);
+    assert.equal(effects.calls('left').filter((c) => rows.some((r) => r.downstream === c.key)).length, 1);
+    assert.equal(effects.calls('right').filter((c) => rows.some((r) => r.downstream === c.key)).length, 1);
   });
 });
 

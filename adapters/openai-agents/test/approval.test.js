@@ -23,8 +23,8 @@ let effects;
 before(async () => { effects = await startEffectsServer(); });
 after(async () => { await effects.close(); });
 
-/** The effects server's requests under the run's keys. @param {Array<{key: string}>} rows @param {string} op */
-const madeFor = (rows, op) => effects.calls(op).filter((c) => rows.some((r) => r.key === c.key));
+/** The effects server's requests under the run's keys. @param {Array<{downstream: string}>} rows @param {string} op */
+const madeFor = (rows, op) => effects.calls(op).filter((c) => rows.some((r) => r.downstream === c.key));
 
 test('needsApproval: the state saved as a string, restored and approved; the approved tool runs once through the ledger, the other is not run again', async () => {
   await withLedger(async ({ ledger, admin }) => {

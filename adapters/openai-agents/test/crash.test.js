@@ -11,6 +11,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
+import { callKey } from 'durable-ledger/agents';
 import { startEffectsServer } from '../../test-support/effects-server.js';
 import { spawnWorker } from '../../test-support/worker.js';
 import { DSN, effectsOf, runId, waitFor } from './target.js';
@@ -63,8 +64,12 @@ test('SIGKILL in the middle of a payment: each effect once, the unknown outcome 
   assert.deepEqual(rows.map((e) => [e.tool, e.status]).sort(), [
     ['model.openai-agents', 'completed'], ['pay_invoice', 'started'], ['send_email', 'completed'],
   ]);
-  const payKey = rows.find((e) => e.tool === 'pay_invoice')?.key;
-  assert.equal(payment.key, payKey, 'the bank got the ledger\'s key as its idempotency key');
+  const payRow = rows.find((e) => e.tool === 'pay_invoice');
+  const payKey = payRow?.key;
+  // the model's turn is recorded: its call is keyed by its id (a business key, whose
+  // downstream key is key#attempt), which the rerun's replayed turn gives it again
+  assert.equal(payKey, callKey(run, 'pay_invoice', 'call_pay'));
+  assert.equal(payment.key, payRow?.downstream, 'the bank got the ledger\'s key as its idempotency key');
 
   // The killed worker's token lease stays until its ttl: the on-call breaks it.
   const { rows: [broken] } = await admin.query("SELECT durable_ledger.break_lease($1, 'on-call', 'worker killed') AS b", [run]);
@@ -74,7 +79,7 @@ test('SIGKILL in the middle of a payment: each effect once, the unknown outcome 
   // payment is paused (its outcome is unknown), nothing is performed again.
   const second = await worker(run);
   assert.equal(second.code, 3, second.stdout + second.stderr);
-  assert.match(second.stdout, new RegExp(`^stopped: EffectPaused key=${payKey} `, 'm'), 'agentAttempt threw EffectPaused');
+  assert.match(second.stdout, new RegExp(`^stopped: EffectPaused key=${String(payKey).replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} `, 'm'), 'agentAttempt threw EffectPaused');
   assert.match(second.stdout, /^tool pay_invoice -> This call was not performed: the ledger paused it because an earlier attempt began it/m,
     'the tool\'s output says so (the model and the developer see it)');
   assert.match(second.stdout, /Do not call this tool again/);
@@ -87,7 +92,7 @@ test('SIGKILL in the middle of a payment: each effect once, the unknown outcome 
 
   // 3. A person checks the bank under the idempotency key and resolves the payment
   // with what the bank reports.
-  const found = effects.lookup(payKey);
+  const found = effects.lookup(payment.key);
   assert.equal(found.length, 1, 'the bank has one payment under the key');
   await admin.query("SELECT durable_ledger.resolve_effect($1, 'completed', $2::jsonb, 'on-call', 'found at the bank')",
     [payKey, JSON.stringify(found[0])]);
@@ -102,7 +107,7 @@ test('SIGKILL in the middle of a payment: each effect once, the unknown outcome 
   assert.equal(modelCalls(third.stdout), 1);
   assert.equal(effects.calls('pay').length, before.pay + 1);
   assert.equal(effects.calls('email').length, before.email + 1);
-  assert.equal(pays().filter((c) => c.key === payKey).length, 1);
+  assert.equal(pays().filter((c) => c.key === payment.key).length, 1);
 
   // 5. A run of the completed run calls nothing, and ends the same.
   const fourth = await worker(run);

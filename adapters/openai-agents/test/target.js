@@ -37,10 +37,17 @@ export async function withLedger(fn, { dsn = DSN } = {}) {
   }
 }
 
-/** The run's effects: tool -> [{key, status, result}] in the order they were begun. @param {pg.Client} admin @param {string} run */
+/**
+ * The run's effects, [{key, downstream, tool, status, result}] in the order they were begun:
+ * `downstream` the idempotency key the provider got (the key; for a business key, such as
+ * a call keyed by its id, the key and its attempt, key#attempt).
+ * @param {pg.Client} admin @param {string} run
+ */
 export async function effectsOf(admin, run) {
   const { rows } = await admin.query(
-    `SELECT key, tool, status::text AS status, result FROM durable_ledger.effects WHERE run = $1 ORDER BY created_at, key`,
+    `SELECT key, CASE WHEN business_key THEN key || '#' || attempt ELSE key END AS downstream, tool,
+            status::text AS status, result
+       FROM durable_ledger.effects WHERE run = $1 ORDER BY created_at, key`,
     [run]);
   return rows;
 }

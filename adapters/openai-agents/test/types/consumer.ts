@@ -2,12 +2,12 @@
 // tools' inputs and details are typed from their zod parameters, the wrapped model is
 // a Model, and agentAttempt returns what run() returns.
 import pg from 'pg';
-import { Agent, Runner, type Model, type RunResult } from '@openai/agents';
+import { Agent, RunState, Runner, type Model, type RunResult } from '@openai/agents';
 import { ScriptedModel } from '@openai/agents/testing';
 import { Ledger, EffectPaused } from 'durable-ledger';
 import { z } from 'zod';
 import {
-  agentAttempt, ledgerTool, ledgerModel, ledgerModelProvider, ToolCallStopped, type LedgerToolCallDetails,
+  agentAttempt, ledgerTool, ledgerModel, ledgerModelProvider, resumed, ToolCallStopped, type LedgerToolCallDetails,
 } from 'durable-ledger-openai-agents';
 
 const payInvoice = ledgerTool({
@@ -56,6 +56,15 @@ export async function main(ledger: Ledger): Promise<string | undefined> {
 }
 void main(new Ledger(new pg.Pool()));
 
+// A saved state resumed, its calls approved for the rest of the run: resumed(state) is
+// the state, so run() takes it as it takes a RunState.
+export async function resume(ledger: Ledger, saved: string): Promise<unknown> {
+  const state = await RunState.fromString(agent, saved);
+  for (const item of state.getInterruptions()) state.approve(item, { alwaysApprove: true });
+  const result = await agentAttempt(ledger, 'run-1', () => runner.run(agent, resumed(state)));
+  return result.finalOutput;
+}
+
 // Misuses tsc must reject (it fails if a marked line compiles).
 ledgerTool({
   name: 'typed',
@@ -79,3 +88,5 @@ ledgerTool({
 });
 // @ts-expect-error execute is required
 ledgerTool({ name: 'none', description: 'no execute', parameters: z.object({}) });
+// @ts-expect-error resumed() takes a RunState, not its string
+resumed('{"saved": true}');

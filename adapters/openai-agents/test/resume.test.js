@@ -1,0 +1,345 @@
+// Which call is which: a call keyed by the SDK's id for it (details.toolCall.callId) where
+// that id is stable, by its occurrence in the attempt everywhere else.
+//
+// A saved RunState resumed after the SDK's needsApproval does not make the run's earlier
+// calls again: keyed by occurrence, the approved call would be the resuming attempt's
+// occurrence 1 and reach the first call of the run with the same arguments (the review's
+// F2: a second payment a person approved replayed from the first, never made), or be
+// judged a divergence when the tool was used before with other arguments (F3: a false
+// pause).  So the approved call of a resumed state is keyed by its id (the state keeps
+// it), and so is every call of a model turn ledgerModel recorded or replayed (a rerun
+// replays the turn, ids and all).  A model the ledger does not record gives a call a new
+// id when a rerun after a crash asks it again: that call keeps its occurrence key, and is
+// paused or replayed, never performed twice.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { Agent, RunState, Runner, setTracingDisabled } from '@openai/agents';
+import { ScriptedModel, assistantMessage, functionCall, modelResponder } from '@openai/agents/testing';
+import { z } from 'zod';
+import { EffectDidNotHappen, EffectPaused, RunStopped } from 'durable-ledger';
+import { callKey } from 'durable-ledger/agents';
+import { agentAttempt, ledgerModel, ledgerTool, resumed } from '../src/index.js';
+import { outputText, resultsOf } from './invoice-agent.js';
+import { effectsOf, runId, withLedger } from './target.js';
+
+setTracingDisabled(true);
+
+/** @param {Promise<unknown>} promise */
+const rejection = (promise) => promise.then(() => assert.fail('it must throw'), (err) => err);
+
+/**
+ * A bank that keeps its payments, and can take one and never answer (the worker died in
+ * the middle of it).
+ */
+function bank() {
+  /** @type {Array<{invoice: string, amount: number, key: string}>} */
+  const payments = [];
+  return {
+    payments,
+    /** the next payment is made, and its answer lost */
+    loseNextAnswer: false,
+    /** the next payment of this invoice is made, and its answer lost */
+    loseAnswerOf: /** @type {string | null} */ (null),
+    /** the next payment is refused before anything is done */
+    refuseNext: false,
+    /** @param {{invoice: string, amount: number}} input @param {string} key */
+    pay(input, key) {
+      if (this.refuseNext) {
+        this.refuseNext = false;
+        throw new EffectDidNotHappen({ code: 'bank_busy' });
+      }
+      payments.push({ ...input, key });
+      if (this.loseNextAnswer || this.loseAnswerOf === input.invoice) {
+        this.loseNextAnswer = false;
+        this.loseAnswerOf = null;
+        throw new Error('connection reset by the bank');
+      }
+      return { paymentId: `P${payments.length}` };
+    },
+  };
+}
+
+/**
+ * The accounts-payable agent of the review: `calls` are the model's tool calls, one per
+ * turn (each turn's call id its own), then a text quoting the results.  `recorded`: the
+ * model through ledgerModel.  `approval`: the SDK's needsApproval of the payment.
+ * @param {ReturnType<typeof bank>} theBank
+ * @param {{calls: Array<{invoice: string, amount: number}>, recorded: boolean,
+ *   approval?: (input: {invoice: string, amount: number}) => boolean,
+ *   callId?: (turn: number) => string}} options
+ */
+function apAgent(theBank, { calls, recorded, approval = () => false, callId = (turn) => `call_${turn + 1}` }) {
+  const pay = ledgerTool({
+    name: 'pay_invoice',
+    description: 'Pay an invoice',
+    parameters: z.object({ invoice: z.string(), amount: z.number() }),
+    needsApproval: async (_ctx, input) => approval(input),
+    execute: async (input, _ctx, details) => theBank.pay(input, /** @type {string} */ (details.idempotencyKey)),
+  });
+  const scripted = new ScriptedModel(Array.from({ length: 8 }, () => modelResponder((call) => {
+    const n = resultsOf(call.request).length;
+    if (n < calls.length) return [functionCall('pay_invoice', calls[n], { callId: callId(n) })];
+    return [assistantMessage(`done: ${resultsOf(call.request).map((r) => outputText(r.output)).join(' ; ')}`)];
+  })));
+  const agent = new Agent({
+    name: 'ap', instructions: 'Pay the invoices.', tools: [pay], model: recorded ? ledgerModel(scripted) : scripted,
+  });
+  return { agent, scripted };
+}
+
+/** The keys of the run's payments, in the order they were begun. @param {import('pg').Client} admin @param {string} run */
+const payKeys = async (admin, run) => (await effectsOf(admin, run)).filter((e) => e.tool === 'pay_invoice').map((e) => e.key);
+
+test('F2: needsApproval (a duplicate-payment guard) and a second payment of INV-9 a person approved: the resumed state performs it, keyed by its call id', async () => {
+  await withLedger(async ({ ledger, admin }) => {
+    const run = runId('f2');
+    const theBank = bank();
+    const options = {
+      calls: [{ invoice: 'INV-9', amount: 100 }, { invoice: 'INV-9', amount: 100 }],
+      recorded: true,
+      approval: (/** @type {{invoice: string}} */ input) => theBank.payments.some((p) => p.invoice === input.invoice),
+    };
+    const runner = new Runner();
+    const first = await agentAttempt(ledger, run, () => runner.run(apAgent(theBank, options).agent, 'Pay INV-9 twice.'));
+    assert.deepEqual(first.interruptions.map((i) => i.name), ['pay_invoice']);
+    assert.equal(theBank.payments.length, 1);
+    const saved = first.state.toString();
+
+    // Another process: the state restored, the person approves the second payment.
+    const two = apAgent(theBank, options);
+    const state = await RunState.fromString(two.agent, saved);
+    state.approve(state.getInterruptions()[0]);
+    const done = await agentAttempt(ledger, run, () => runner.run(two.agent, state));
+    assert.equal(theBank.payments.length, 2, 'the approved payment was made');
+    assert.match(String(done.finalOutput), /P1.*P2/, 'the model got each payment\'s own result');
+    assert.deepEqual(await payKeys(admin, run),
+      [callKey(run, 'pay_invoice', 'call_1'), callKey(run, 'pay_invoice', 'call_2')]);
+    assert.equal(new Set(theBank.payments.map((p) => p.key)).size, 2, 'each under its own idempotency key');
+
+    // The process died before the app saved the new state: the same string resumed again
+    // replays the approved payment.
+    const three = apAgent(theBank, options);
+    const again = await RunState.fromString(three.agent, saved);
+    again.approve(again.getInterruptions()[0]);
+    const replayed = await agentAttempt(ledger, run, () => runner.run(three.agent, again));
+    assert.equal(replayed.finalOutput, done.finalOutput);
+    assert.equal(theBank.payments.length, 2, 'not paid a third time');
+    assert.equal(three.scripted.calls.length, 0, 'the turn after it replayed too');
+  });
+});
+
+test('F3: the tool used before the interruption with other arguments: the approved call is performed, not paused as a divergence', async () => {
+  await withLedger(async ({ ledger, admin }) => {
+    const run = runId('f3');
+    const theBank = bank();
+    const options = {
+      calls: [{ invoice: 'INV-8', amount: 10 }, { invoice: 'INV-10', amount: 900 }],
+      recorded: true,
+      approval: (/** @type {{amount: number}} */ input) => input.amount >= 500,
+    };
+    const runner = new Runner();
+    const first = await agentAttempt(ledger, run, () => runner.run(apAgent(theBank, options).agent, 'Pay.'));
+    assert.deepEqual(first.interruptions.map((i) => i.name), ['pay_invoice']);
+    const two = apAgent(theBank, options);
+    const state = await RunState.fromString(two.agent, first.state.toString());
+    state.approve(state.getInterruptions()[0]);
+    const done = await agentAttempt(ledger, run, () => runner.run(two.agent, state));
+    assert.match(String(done.finalOutput), /P1.*P2/);
+    assert.deepEqual(theBank.payments.map((p) => p.invoice), ['INV-8', 'INV-10']);
+    assert.deepEqual((await effectsOf(admin, run)).filter((e) => e.tool === 'pay_invoice').map((e) => e.status),
+      ['completed', 'completed']);
+  });
+});
+
+test('a model the ledger does not record: the approved call of the resumed state is keyed by its id, the model\'s other calls by their occurrence; an approved payment whose answer was lost is paused on the next resume', async () => {
+  await withLedger(async ({ ledger, admin }) => {
+    const run = runId('plain-approval');
+    const theBank = bank();
+    const options = {
+      calls: [{ invoice: 'INV-9', amount: 100 }, { invoice: 'INV-9', amount: 100 }],
+      recorded: false,
+      approval: (/** @type {{invoice: string}} */ input) => theBank.payments.some((p) => p.invoice === input.invoice),
+    };
+    const runner = new Runner();
+    const first = await agentAttempt(ledger, run, () => runner.run(apAgent(theBank, options).agent, 'Pay INV-9 twice.'));
+    const saved = first.state.toString();
+    const [firstKey] = await payKeys(admin, run);
+    assert.doesNotMatch(firstKey, /^call:/, 'a call of a model not recorded keeps its occurrence key');
+
+    // The approved payment is made, and the worker dies before the bank's answer.
+    theBank.loseNextAnswer = true;
+    const two = apAgent(theBank, options);
+    const state = await RunState.fromString(two.agent, saved);
+    state.approve(state.getInterruptions()[0]);
+    const lost = await rejection(agentAttempt(ledger, run, () => runner.run(two.agent, state)));
+    assert.ok(lost instanceof RunStopped, String(lost));
+    assert.equal(theBank.payments.length, 2);
+    const approvedKey = callKey(run, 'pay_invoice', 'call_2');
+    assert.deepEqual(await payKeys(admin, run), [firstKey, approvedKey]);
+
+    // The app resumes the saved state again (approved again): the same call, paused.
+    const three = apAgent(theBank, options);
+    const again = await RunState.fromString(three.agent, saved);
+    again.approve(again.getInterruptions()[0]);
+    const paused = await rejection(agentAttempt(ledger, run, () => runner.run(three.agent, again)));
+    assert.ok(paused instanceof EffectPaused, String(paused));
+    assert.equal(paused.key, approvedKey);
+    assert.equal(theBank.payments.length, 2, 'not paid again');
+
+    // A person finds it at the bank and resolves it; the next resume replays it.
+    await admin.query("SELECT durable_ledger.resolve_effect($1, 'completed', $2::jsonb, 'on-call', 'found at the bank')",
+      [approvedKey, JSON.stringify({ paymentId: 'P2' })]);
+    const four = apAgent(theBank, options);
+    const last = await RunState.fromString(four.agent, saved);
+    last.approve(last.getInterruptions()[0]);
+    const done = await agentAttempt(ledger, run, () => runner.run(four.agent, last));
+    assert.match(String(done.finalOutput), /P1.*P2/);
+    assert.equal(theBank.payments.length, 2);
+  });
+});
+
+test('alwaysApprove approves every call of the tool, so it does not say where a call comes from: resumed(state) marks the interrupted calls of the state', async () => {
+  await withLedger(async ({ ledger, admin }) => {
+    const run = runId('always');
+    const theBank = bank();
+    const options = {
+      calls: [{ invoice: 'INV-9', amount: 100 }, { invoice: 'INV-9', amount: 100 }],
+      recorded: true,
+      approval: (/** @type {{invoice: string}} */ input) => theBank.payments.some((p) => p.invoice === input.invoice),
+    };
+    const runner = new Runner();
+    const first = await agentAttempt(ledger, run, () => runner.run(apAgent(theBank, options).agent, 'Pay INV-9 twice.'));
+    const two = apAgent(theBank, options);
+    const state = await RunState.fromString(two.agent, first.state.toString());
+    state.approve(state.getInterruptions()[0], { alwaysApprove: true });
+    assert.throws(() => resumed(state), /inside agentAttempt/);
+    const done = await agentAttempt(ledger, run, () => runner.run(two.agent, resumed(state)));
+    assert.match(String(done.finalOutput), /P1.*P2/);
+    assert.equal(theBank.payments.length, 2);
+    assert.deepEqual(await payKeys(admin, run),
+      [callKey(run, 'pay_invoice', 'call_1'), callKey(run, 'pay_invoice', 'call_2')]);
+    await assert.rejects(agentAttempt(ledger, run, () => resumed(/** @type {any} */ ({}))), /must be a RunState/);
+  });
+});
+
+test('alwaysApprove and a model the ledger does not record: a call the model makes after the resume (a new id, approved by the standing approval) keeps its occurrence key, so a crash in it is paused when the state is resumed again', async () => {
+  await withLedger(async ({ ledger, admin }) => {
+    const run = runId('always-plain');
+    const theBank = bank();
+    let asked = 0;
+    const options = {
+      calls: [{ invoice: 'INV-1', amount: 100 }, { invoice: 'INV-2', amount: 200 }],
+      recorded: false,
+      approval: () => true,
+      callId: () => `call_${(asked += 1)}`,
+    };
+    const runner = new Runner();
+    const first = await agentAttempt(ledger, run, () => runner.run(apAgent(theBank, options).agent, 'Pay.'));
+    assert.deepEqual(first.interruptions.map((i) => i.name), ['pay_invoice']);
+    const saved = first.state.toString();
+    /** the saved state, restored and approved for the rest of the run */
+    const resume = async () => {
+      const { agent } = apAgent(theBank, options);
+      const state = await RunState.fromString(agent, saved);
+      state.approve(state.getInterruptions()[0], { alwaysApprove: true });
+      return agentAttempt(ledger, run, () => runner.run(agent, resumed(state)));
+    };
+    theBank.loseAnswerOf = 'INV-2';
+    const lost = await rejection(resume());
+    assert.ok(lost instanceof RunStopped, String(lost));
+    assert.deepEqual(theBank.payments.map((p) => p.invoice), ['INV-1', 'INV-2']);
+    const [interrupted, later] = await payKeys(admin, run);
+    assert.equal(interrupted, callKey(run, 'pay_invoice', 'call_1'), 'the state\'s call: its id');
+    assert.doesNotMatch(later, /^call:/, 'the model\'s new call: its occurrence');
+
+    const paused = await rejection(resume());
+    assert.ok(paused instanceof EffectPaused, String(paused));
+    assert.equal(paused.key, later, 'the model gave the call another id; its occurrence reached the lost payment');
+    assert.deepEqual(theBank.payments.map((p) => p.invoice), ['INV-1', 'INV-2'], 'not paid twice');
+  });
+});
+
+test('a crash-rerun with a model the ledger does not record: the model gives the call a new id, which is keyed by its occurrence -- paused, then replayed, never paid twice', async () => {
+  await withLedger(async ({ ledger, admin }) => {
+    const run = runId('plain-rerun');
+    const theBank = bank();
+    let asked = 0;
+    // a provider's ids: new on every ask
+    const fresh = () => apAgent(theBank, {
+      calls: [{ invoice: 'INV-9', amount: 100 }], recorded: false, callId: () => `call_${(asked += 1)}`,
+    });
+    const runner = new Runner();
+    theBank.loseNextAnswer = true;
+    const lost = await rejection(agentAttempt(ledger, run, () => runner.run(fresh().agent, 'Pay INV-9.')));
+    assert.ok(lost instanceof RunStopped, String(lost));
+    const [key] = await payKeys(admin, run);
+    assert.doesNotMatch(key, /^call:/);
+
+    const paused = await rejection(agentAttempt(ledger, run, () => runner.run(fresh().agent, 'Pay INV-9.')));
+    assert.ok(paused instanceof EffectPaused, String(paused));
+    assert.equal(paused.key, key, 'the rerun\'s call (a new id) reached the first call\'s effect');
+    assert.equal(theBank.payments.length, 1);
+
+    await admin.query("SELECT durable_ledger.resolve_effect($1, 'completed', $2::jsonb, 'on-call', 'found at the bank')",
+      [key, JSON.stringify({ paymentId: 'P1' })]);
+    for (let i = 0; i < 2; i += 1) {
+      const done = await agentAttempt(ledger, run, () => runner.run(fresh().agent, 'Pay INV-9.'));
+      assert.match(String(done.finalOutput), /P1/);
+    }
+    assert.equal(theBank.payments.length, 1, 'replayed, never paid twice');
+    assert.ok(asked >= 4, 'each rerun asked the model, which gave a new id');
+    assert.deepEqual(await payKeys(admin, run), [key]);
+  });
+});
+
+test('a recorded model, streamed or not: its calls are keyed by their ids, and a crash-rerun replays the turn and reaches the same call', async () => {
+  await withLedger(async ({ ledger, admin }) => {
+    const run = runId('recorded-rerun');
+    const theBank = bank();
+    const agentOf = () => apAgent(theBank, { calls: [{ invoice: 'INV-9', amount: 100 }], recorded: true }).agent;
+    const streamed = (/** @type {Agent<any, any>} */ agent) => agentAttempt(ledger, run, async () => {
+      const result = await new Runner().run(agent, 'Pay INV-9.', { stream: true });
+      for await (const _event of result); // eslint-disable-line no-unused-vars
+      await result.completed;
+      return result.finalOutput;
+    });
+    const key = callKey(run, 'pay_invoice', 'call_1');
+    theBank.loseNextAnswer = true;
+    const lost = await rejection(streamed(agentOf()));
+    assert.ok(lost instanceof RunStopped, String(lost));
+    assert.deepEqual(await payKeys(admin, run), [key], 'the live stream\'s call, keyed by its id');
+
+    const paused = await rejection(agentAttempt(ledger, run, () => new Runner().run(agentOf(), 'Pay INV-9.')));
+    assert.ok(paused instanceof EffectPaused, String(paused));
+    assert.equal(paused.key, key, 'the replayed turn\'s call');
+    await admin.query("SELECT durable_ledger.resolve_effect($1, 'completed', $2::jsonb, 'on-call', 'found at the bank')",
+      [key, JSON.stringify({ paymentId: 'P1' })]);
+    assert.match(String(await streamed(agentOf())), /P1/, 'a replayed stream\'s call replays');
+    assert.equal(theBank.payments.length, 1);
+    assert.deepEqual(await payKeys(admin, run), [key]);
+  });
+});
+
+test('a refused call keyed by its id is replayed as refused, not made again: the model\'s retry under another id paid, and a rerun pays nothing more', async () => {
+  await withLedger(async ({ ledger, admin }) => {
+    const run = runId('refused');
+    const theBank = bank();
+    // the model pays INV-9; told the bank was busy, it tries again (another call, another id)
+    const options = { calls: [{ invoice: 'INV-9', amount: 100 }, { invoice: 'INV-9', amount: 100 }], recorded: true };
+    theBank.refuseNext = true;
+    const first = await agentAttempt(ledger, run, () => new Runner().run(apAgent(theBank, options).agent, 'Pay INV-9.'));
+    assert.match(String(first.finalOutput), /bank_busy.*P1/);
+    assert.equal(theBank.payments.length, 1);
+    assert.deepEqual((await effectsOf(admin, run)).filter((e) => e.tool === 'pay_invoice').map((e) => [e.key, e.status]), [
+      [callKey(run, 'pay_invoice', 'call_1'), 'failed'], [callKey(run, 'pay_invoice', 'call_2'), 'completed'],
+    ]);
+
+    // A rerun (the bank would take the payment now): the recorded turns replay, the
+    // refusal with them, then the retry's payment.
+    const again = apAgent(theBank, options);
+    const rerun = await agentAttempt(ledger, run, () => new Runner().run(again.agent, 'Pay INV-9.'));
+    assert.equal(rerun.finalOutput, first.finalOutput);
+    assert.equal(again.scripted.calls.length, 0, 'every turn replayed');
+    assert.equal(theBank.payments.length, 1, 'paid once');
+  });
+});
