@@ -6,7 +6,10 @@
 #     LangGraph interrupt, resolved by a person, replayed), the seeds' flight story
 #     as a Deep Agent (and in a `task` subagent), a MemorySaver lost with its
 #     process; parallel calls, reads, refused tools, abandoned runs; the README's
-#     example;
+#     example; which call is which (each keyed by its tool call's id): a resume
+#     after an unknown outcome, a later turn's calls and reads, a ToolNode and a
+#     model node retried by their retry policies, a node's call without a tool
+#     call refused;
 #   - the package as a user installs it: `npm pack` of the client and of the
 #     adapter, both tarballs installed into a scratch project with LangGraph, Deep
 #     Agents and LangChain's core from the registry (at the adapter's versions), the
@@ -103,7 +106,8 @@ run_ok([ "$scratch/app/node_modules/.bin/tsc", '-p', "$scratch/app/tsconfig.json
 local $ENV{DATABASE_URL} = $dsn;
 my $first = run_ok([ 'node', "$scratch/app/build/trip.js", 'installed-trip-1' ], 'it runs with the installed packages',
 	init => sub { chdir "$scratch/app" });
-like($first, qr/\Aairline: booking TP1351 \(key [0-9a-f]{12}\.\.\.\)\nagent: Booked TP1351\.\n\z/, 'the first run books');
+like($first, qr/\Aairline: booking TP1351 \(key call:\["installed-trip-1","book_flight","[^"]+"\]#1\)\nagent: Booked TP1351\.\n\z/,
+	'the first run books, the airline given the tool call\'s key');
 my $again = run_ok([ 'node', "$scratch/app/build/trip.js", 'installed-trip-1' ], 'it runs again on the same thread',
 	init => sub { chdir "$scratch/app" });
 is($again, "agent: Booked TP1351.\n", 'the second process replays: no booking');

@@ -5,10 +5,10 @@
 // gets the recorded answer, so that it makes the very tool calls the first attempt
 // made, and the ledger replays them.  Works wherever a chat model instance goes: a
 // model node of your own, createReactAgent, createAgent, createDeepAgent.
-import { createHash } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import { BaseChatModel } from '@langchain/core/language_models/chat_models';
 import { AIMessage } from '@langchain/core/messages';
-import { recordedCall } from 'durable-ledger/agents';
+import { currentAttempt, isStableCallId, noteStableCallIds, recordedCall } from 'durable-ledger/agents';
 
 /** @typedef {import('@langchain/core/messages').BaseMessage} BaseMessage */
 /** @typedef {import('@langchain/core/language_models/chat_models').BaseChatModelCallOptions} BaseChatModelCallOptions */
@@ -91,6 +91,38 @@ function restored(r) {
 }
 
 /**
+ * The turns asked in the current agentAttempt, by run: prompt digest -> the answer's promise.
+ * A prompt asked again in one attempt (a model node retried by its retry policy, two tasks
+ * asking the very same) gets the answer of its first ask, so that no prompt is ever recorded
+ * twice in a run (occurrence 2): a turn is its prompt, whichever attempt asks it, and a rerun
+ * or resume that asks it gets that one answer -- the tool calls (and ids) that were acted on.
+ * Each entry is the attempt's: a marker noted among its stable call ids (noteStableCallIds)
+ * says whether the current attempt is the one that made it.
+ * @type {Map<string, {marker: string, turns: Map<string, Promise<any>>}>}
+ */
+const asked = new Map();
+/** How many runs' turns are kept (the oldest are forgotten first). */
+const ASKED_RUNS = 1000;
+
+/**
+ * The current agentAttempt's turns (empty when it asked none yet), or null outside one.
+ * @returns {Map<string, Promise<any>> | null}
+ */
+function attemptTurns() {
+  const attempt = currentAttempt();
+  if (!attempt) return null;
+  const entry = asked.get(attempt.run);
+  if (entry && isStableCallId(entry.marker)) return entry.turns;
+  const marker = `durable-ledger-langgraph:turns:${randomUUID()}`;
+  noteStableCallIds([marker]);
+  const turns = new Map();
+  asked.delete(attempt.run);
+  asked.set(attempt.run, { marker, turns });
+  if (asked.size > ASKED_RUNS) asked.delete(/** @type {string} */ (asked.keys().next().value));
+  return turns;
+}
+
+/**
  * A chat model whose every turn goes through the ledger as a recorded call of the
  * current agentAttempt (recordedCall): made once, recorded, replayed.  bindTools() binds
  * the tools to the model it wraps and keeps recording.
@@ -139,14 +171,22 @@ class RecordedChatModel extends BaseChatModel {
    * @returns {Promise<import('@langchain/core/outputs').ChatResult>}
    */
   async _generate(messages, options, _runManager) {
-    const answer = await recordedCall({
+    const args = turnArgs(messages, this.toolNames);
+    const ask = () => recordedCall({
       tool: this.recordName,
-      args: turnArgs(messages, this.toolNames),
+      args,
       // the wrapped model's own callbacks are none: the turn is reported once, by this
       // model's run, on a first run and on a replay alike (stream mode "messages" too)
       call: async () => stored(await this.model.invoke(messages, { ...options, callbacks: [] })),
     });
-    const message = restored(answer);
+    const turns = attemptTurns();
+    const id = `${this.recordName}\u0000${args.prompt_sha256}\u0000${JSON.stringify(args.tools)}`;
+    let answer = turns?.get(id);
+    if (!answer) {
+      answer = ask();
+      turns?.set(id, answer);
+    }
+    const message = restored(await answer);
     return { generations: [{ text: message.text, message }] };
   }
 }

@@ -19,7 +19,11 @@ export const LEDGER_INTERRUPT = 'durable_ledger';
  * @property {import('durable-ledger/agents').StopKind} kind  what stopped the run (stopOf)
  * @property {string} tool  the tool's name in the ledger
  * @property {string} run  the ledger's run (the thread id)
- * @property {string|null} key  the effect's idempotency key, when there is one
+ * @property {string|null} key  the effect's key in the ledger (what resolve_effect takes), when
+ *   there is one
+ * @property {string|null} downstreamKey  the idempotency key the provider got for it (the
+ *   effect's key, or for a tool call keyed by its id or a business key, that key and its
+ *   attempt: `<key>#1`), when known
  * @property {string} forPerson  what a person must do before the thread is resumed
  * @property {string|null} toolCallId  the model's id of the tool call
  * @property {string} checkpointNs  the checkpoint namespace the call ran in ('' at the top)
@@ -39,7 +43,9 @@ export const LEDGER_INTERRUPT = 'durable_ledger';
  * the tool's own and comes through (an EffectFailed: the recorded refusal, for the model).
  * @template T
  * @param {() => Promise<T>} call
- * @param {{tool: string, run: string, onStop: OnStop, config: import('@langchain/core/runnables').RunnableConfig | undefined}} ctx
+ * @param {{tool: string, run: string, onStop: OnStop, config: import('@langchain/core/runnables').RunnableConfig | undefined,
+ *   effectKey?: string | null}} ctx  effectKey: the key of this call's effect when it is a business key (the
+ *   stop of an unknown outcome names the provider's key, `<key>#<attempt>`)
  * @returns {Promise<T>}
  */
 export async function stopAsInterrupt(call, ctx) {
@@ -51,14 +57,22 @@ export async function stopAsInterrupt(call, ctx) {
     if (!(stopped instanceof ToolCallStopped)) throw err;
     if (ctx.onStop === 'error') throw stopped;
     const { stop } = stopped;
+    const cause = /** @type {any} */ (stop.error);
+    // an unknown outcome's stop names the key its perform was given (the provider's), or,
+    // when the client stopped after the perform (its report not recorded), the effect's
+    const unknown = stop.kind === 'unknown' && stop.key !== null;
+    const key = unknown ? (ctx.effectKey ?? stop.key) : stop.key;
+    const downstreamKey = unknown ? (stop.key !== key ? stop.key : null)
+      : typeof cause?.downstreamKey === 'string' && cause?.key === key ? cause.downstreamKey : null;
     /** @type {LedgerInterrupt} */
     const value = {
       type: LEDGER_INTERRUPT,
       kind: stop.kind,
       tool: ctx.tool,
       run: ctx.run,
-      key: stop.key,
-      forPerson: stop.forPerson,
+      key,
+      downstreamKey,
+      forPerson: forPerson(stop, ctx.tool, key),
       toolCallId: /** @type {any} */ (ctx.config)?.toolCall?.id ?? null,
       checkpointNs: ctx.config?.configurable?.checkpoint_ns ?? '',
     };
@@ -76,6 +90,31 @@ export async function stopAsInterrupt(call, ctx) {
     }
     throw stopped;
   }
+}
+
+/**
+ * What the interrupt tells a person.  Not the tool's own error: the interrupt is
+ * checkpointed (and a LangGraph server hands it to its clients), and a provider's error
+ * may carry what must not be kept there (an account, a URL with its token); the app has
+ * it, unkept, as the error invokeThread threw (RunStopped's cause, or the read's error).
+ * The other stops' words are the ledger's, not the tool's.
+ * @param {import('durable-ledger/agents').Stop} stop
+ * @param {string} tool
+ * @param {string | null} key  the effect's key
+ * @returns {string}
+ */
+function forPerson(stop, tool, key) {
+  if (stop.kind === 'unknown') {
+    return `the outcome of ${tool} (effect ${key ?? 'not known'}) is unknown: nobody knows whether it took effect ` +
+      '(why is in the error the app got, a RunStopped and its cause; it is not kept in the checkpoint). A person checks the ' +
+      'downstream system by the key and resolves it (durable_ledger.resolve_effect, or the console), then the thread ' +
+      'is resumed.';
+  }
+  if (stop.kind === 'stopped' && stop.forPerson.startsWith('nothing:')) {
+    return `nothing: the call ${tool} failed and nothing was recorded (its error is what the app got); resume the ` +
+      'thread and it is made again.';
+  }
+  return stop.forPerson;
 }
 
 /**

@@ -5,10 +5,18 @@
 // id is the thread id), hands the ledger's idempotency key to the tool it wraps
 // (idempotencyKey(config)), returns the recorded output to the model, and turns a call
 // that stopped the run into an interrupt (stops.js).
+//
+// Which call is which: a call is keyed by its tool call's id (config.toolCall.id: the
+// ToolNodes of LangGraph and of createAgent / Deep Agents invoke each tool with the tool
+// call of a checkpointed AI message), never by its occurrence in the attempt.  LangGraph
+// resumes a thread from its checkpoint without making the thread's earlier calls again,
+// and retries a node inside one attempt: an occurrence would reach another call's effect
+// (a resume) or be a new one (a retry).  A call without a tool call id and without a
+// business key is refused, performing nothing (see withoutToolCall).
 import { tool } from '@langchain/core/tools';
 import { ToolMessage } from '@langchain/core/messages';
 import { LedgerError } from 'durable-ledger';
-import { currentAttempt, guardedTool, recordedCall } from 'durable-ledger/agents';
+import { callKey, currentAttempt, guardedTool, recordedCall } from 'durable-ledger/agents';
 import { stopAsInterrupt } from './stops.js';
 
 /** Where a wrapped tool hands the ledger's key to the tool it wraps: config.configurable[KEY]. */
@@ -96,6 +104,36 @@ function attemptFor(config, name) {
 }
 
 /**
+ * The id of the tool call a wrapped tool was invoked with (config.toolCall.id: given by
+ * LangGraph's ToolNode, createAgent's and Deep Agents', or by a ToolCall object passed to
+ * invoke()), or null.
+ * @param {RunnableConfig | undefined} config
+ * @returns {string | null}
+ */
+export function toolCallIdOf(config) {
+  const id = /** @type {any} */ (config)?.toolCall?.id;
+  return typeof id === 'string' && id !== '' ? id : null;
+}
+
+/**
+ * The error of a wrapped tool invoked without a tool call id (and, for a side effect, without
+ * a business key): nothing performed.  Under LangGraph, a node's retry policy runs the node
+ * again in the same attempt and a thread's resume runs it again in a new one, so a call known
+ * only by its place in the attempt would be a second payment (a retry) or reach another call's
+ * effect (a resume).
+ * @param {string} name
+ * @param {boolean} sideEffect
+ */
+function withoutToolCall(name, sideEffect) {
+  return new LedgerError(`tool ${name} was invoked without a tool call id${sideEffect ? ' and without a business key' : ''}; ` +
+    'nothing was performed. A LangGraph node that is retried or resumed runs again, and such a call cannot be told from a ' +
+    `new one. Invoke it with a tool call whose id stays the same each time the node runs for this call: tool.invoke({ id, ` +
+    `name: '${name}', args, type: 'tool_call' }, config), its id kept in the graph's state (not a new random one)` +
+    (sideEffect ? ', or give the tool a businessKey (ledgerTool(tool, { businessKey: (args) => ... }))'
+      : ', or call the read without the ledger (ledgerTools(..., { reads: \'pass\' }))'));
+}
+
+/**
  * What the tool call records with its intent (meta): where in the graph it was made.
  * @param {RunnableConfig | undefined} config
  */
@@ -140,10 +178,11 @@ function sameTool(inner, fn) {
 }
 
 /**
- * A side-effecting tool through the ledger: each call is performed at most once per
- * logical call of its thread (the run); the tool it wraps gets the idempotency key
- * (idempotencyKey(config)); a replay -- a node re-run after a crash, a resumed thread,
- * the whole graph run again -- returns the recorded output without calling it; a call
+ * A side-effecting tool through the ledger: each tool call (its id, config.toolCall.id, on its
+ * thread: the run) is performed at most once, or each operation of a business key; the tool it
+ * wraps gets the idempotency key (idempotencyKey(config)); a replay -- a node retried or re-run
+ * after a crash, a resumed thread, the whole graph run again with its model turns recorded --
+ * returns the recorded output without calling it; a call
  * that stops the run (a pause for a person, an unknown outcome, an abandoned run, a
  * refused tool, a lost lease) interrupts the graph (see OnStop), and its agentAttempt
  * throws the stop at its end.
@@ -156,23 +195,31 @@ export function ledgerTool(inner, options = {}) {
   const onStop = options.onStop ?? 'interrupt';
   return sameTool(inner, async (input, config) => {
     const attempt = attemptFor(config, inner.name);
+    const businessKey = options.businessKey?.(input) ?? null;
+    const callId = toolCallIdOf(config);
+    if (businessKey === null && callId === null) throw withoutToolCall(inner.name, true);
     return stopAsInterrupt(() => guardedTool({
       ledger: attempt.ledger,
       run: attempt.run,
       tool: name,
       args: input,
-      businessKey: options.businessKey?.(input) ?? null,
+      businessKey,
+      callId,
       reconcile: options.reconcile ?? null,
       meta: whereFrom(config),
       perform: (key) => callInner(inner, input, config, key),
-    }), { tool: name, run: attempt.run, onStop, config });
+    }), {
+      tool: name, run: attempt.run, onStop, config,
+      effectKey: businessKey ?? callKey(attempt.run, name, /** @type {string} */ (callId)),
+    });
   });
 }
 
 /**
- * A tool that changes nothing (a read, a search) through the ledger: made once, its
- * output recorded, and replayed to every later attempt of the thread, so that a rerun
- * sees what the first run saw.
+ * A tool that changes nothing (a read, a search) through the ledger: each tool call (its id)
+ * made once, its output recorded, and replayed to every later attempt of the thread that
+ * makes that tool call again, so that a rerun sees what the first run saw (a new tool call,
+ * a later turn's, reads afresh).
  * @param {StructuredToolInterface} inner
  * @param {RecordedToolOptions} [options]
  * @returns {DynamicStructuredTool}
@@ -182,11 +229,14 @@ export function recordedTool(inner, options = {}) {
   const onStop = options.onStop ?? 'interrupt';
   return sameTool(inner, async (input, config) => {
     const attempt = attemptFor(config, inner.name);
+    const callId = toolCallIdOf(config);
+    if (callId === null) throw withoutToolCall(inner.name, false);
     return stopAsInterrupt(() => recordedCall({
       ledger: attempt.ledger,
       run: attempt.run,
       tool: name,
       args: input,
+      callId,
       meta: whereFrom(config),
       call: () => callInner(inner, input, config, null),
     }), { tool: name, run: attempt.run, onStop, config });

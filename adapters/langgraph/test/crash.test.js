@@ -48,7 +48,9 @@ test('invoice: two tool calls in one step, the worker SIGKILLed mid-payment; the
     assert.equal(pause.kind, 'paused');
     assert.equal(pause.tool, 'pay_invoice');
     assert.equal(pause.run, run);
-    assert.equal(pause.key, payment.key, 'the interrupt names the effect whose key the bank got');
+    assert.equal(pause.downstreamKey, payment.key, 'the interrupt names the key the bank got');
+    assert.equal(pause.key, payment.key.replace(/#1$/, ''), '... and the effect\'s (the tool call\'s: keyed by its id)');
+    assert.match(pause.key, /^call:\["lg-invoice-[^"]+","pay_invoice","call_pay_\d+"\]$/);
     assert.match(pause.forPerson, /resolve/);
     assert.deepEqual(second.next, ['tools'], 'the graph waits at the tools step');
     assert.deepEqual(toolAnswers(second.state, 'pay_invoice'), [], 'the checkpoint records no answer of the paused tool');
@@ -56,7 +58,7 @@ test('invoice: two tool calls in one step, the worker SIGKILLed mid-payment; the
     assert.equal(effects.calls('email').length, 1, 'the e-mail was replayed, not sent again');
 
     // a person checks the bank by the key and resolves the effect, then the app resumes
-    const [atBank] = effects.lookup(pause.key);
+    const [atBank] = effects.lookup(/** @type {string} */ (pause.downstreamKey));
     assert.ok(atBank, 'the bank has the payment under the key');
     await resolveCompleted(pause.key, atBank);
     const third = await runWorker(['invoice', run, 'resume'], env);
@@ -94,17 +96,17 @@ test('the seeds\' story as a Deep Agent: search flights (a read), book the fligh
 
     const second = await runWorker(['flights', run, 'null'], env);
     assert.match(second.stopped ?? '', /^EffectPaused: /, second.stdout + second.stderr);
-    assert.deepEqual(second.interrupts.map((i) => [i.kind, i.tool, i.key]), [['paused', 'book_flight', booking.key]]);
+    assert.deepEqual(second.interrupts.map((i) => [i.kind, i.tool, i.downstreamKey]), [['paused', 'book_flight', booking.key]]);
     assert.deepEqual(toolAnswers(second.state, 'book_flight'), []);
     assert.equal(effects.calls('book').length, 1);
 
     // the person resumes before resolving: the tool asks again (another interrupt)
     const early = await runWorker(['flights', run, 'resume'], env);
     assert.match(early.stopped ?? '', /^EffectPaused: /, early.stdout + early.stderr);
-    assert.deepEqual(early.interrupts.map((i) => [i.kind, i.key]), [['paused', booking.key]]);
+    assert.deepEqual(early.interrupts.map((i) => [i.kind, i.downstreamKey]), [['paused', booking.key]]);
     assert.deepEqual(toolAnswers(early.state, 'book_flight'), []);
 
-    await resolveCompleted(booking.key, effects.lookup(booking.key)[0]);
+    await resolveCompleted(second.interrupts[0].key, effects.lookup(booking.key)[0]);
     const third = await runWorker(['flights', run, 'resume'], env);
     assert.equal(third.stopped, null, third.stdout + third.stderr);
     assert.equal(JSON.parse(toolAnswers(third.result, 'book_flight')[0].content).id, 'book-1');
@@ -138,13 +140,13 @@ test('a MemorySaver lost with its process: the thread started over replays the r
     const second = await runWorker(['invoice', run, 'start', 'memory'], env);
     assert.match(second.stopped ?? '', /^EffectPaused: /, second.stdout + second.stderr);
     assert.equal(second.modelCalls, 0, 'the model turn was replayed from the ledger');
-    assert.deepEqual(second.interrupts.map((i) => [i.kind, i.tool, i.key]), [['paused', 'pay_invoice', payment.key]]);
+    assert.deepEqual(second.interrupts.map((i) => [i.kind, i.tool, i.downstreamKey]), [['paused', 'pay_invoice', payment.key]]);
     assert.match(second.state[1].content, new RegExp(`^paying INV-9 \\(worker ${first.child.pid}\\)$`),
       'the first worker\'s answer, replayed');
     assert.equal(effects.calls('pay').length, 1);
     assert.equal(effects.calls('email').length, 1);
 
-    await resolveCompleted(payment.key, effects.lookup(payment.key)[0]);
+    await resolveCompleted(second.interrupts[0].key, effects.lookup(payment.key)[0]);
     const third = await runWorker(['invoice', run, 'start', 'memory'], env);
     assert.equal(third.stopped, null, third.stdout + third.stderr);
     assert.equal(third.modelCalls, 1, 'only the turn after the tools was asked');
@@ -179,13 +181,13 @@ test('Deep Agents: the booking delegated to a `task` subagent (its tools run und
 
     const second = await runWorker(['subagent', run, 'null'], env);
     assert.match(second.stopped ?? '', /^EffectPaused: /, second.stdout + second.stderr);
-    assert.deepEqual(second.interrupts.map((i) => [i.kind, i.tool, i.key]), [['paused', 'book_flight', booking.key]]);
+    assert.deepEqual(second.interrupts.map((i) => [i.kind, i.tool, i.downstreamKey]), [['paused', 'book_flight', booking.key]]);
     assert.match(second.interrupts[0].checkpointNs, /^tools:[^|]+\|tools:/, 'raised in the subagent\'s namespace');
     assert.equal(second.modelCalls, 0, 'the subagent\'s turns were replayed or checkpointed: no model call');
     assert.deepEqual(toolAnswers(second.state, 'task'), [], 'the parent records no answer of the task');
     assert.equal(effects.calls('book').length, 1);
 
-    await resolveCompleted(booking.key, effects.lookup(booking.key)[0]);
+    await resolveCompleted(second.interrupts[0].key, effects.lookup(booking.key)[0]);
     const third = await runWorker(['subagent', run, 'resume'], env);
     assert.equal(third.stopped, null, third.stdout + third.stderr);
     assert.match(toolAnswers(third.result, 'task')[0].content, /^Booked TP1351 for Marta/);

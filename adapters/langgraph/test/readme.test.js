@@ -33,7 +33,8 @@ test("the README's example compiles under tsc --strict, books once, and a second
     { cwd: root, encoding: 'utf8', env: { ...process.env, DATABASE_URL: DSN } });
   const first = run();
   assert.equal(first.status, 0, first.stdout + first.stderr);
-  assert.match(first.stdout, /^airline: booking TP1351 \(key [0-9a-f]{12}\.\.\.\)$/m);
+  // the key is the tool call's (the thread, the tool, the call's id) and its attempt
+  assert.match(first.stdout, new RegExp(`^airline: booking TP1351 \\(key call:\\["${thread}","book_flight","[^"]+"\\]#1\\)$`, 'm'));
   assert.match(first.stdout, /^agent: Booked TP1351\.$/m);
   const second = run();
   assert.equal(second.status, 0, second.stdout + second.stderr);

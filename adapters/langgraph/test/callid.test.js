@@ -1,0 +1,292 @@
+// Which call is which (the review of issue 33): a tool call is keyed by its tool call's id,
+// not by its occurrence in the attempt, so that LangGraph's own resume (Command({resume})
+// after an interrupt, a new invokeThread for the next user turn) and its own retry (a node's
+// retryPolicy) reach the right effect:
+//   F1  a resume after an unknown outcome reached an earlier identical call's effect (its
+//       result to the model, the unknown outcome passed as a success);
+//   F4  a second user turn paying another invoice was paused as a divergence;
+//   F5  a recorded read replayed the first turn's answer in every later turn;
+//   F6  a node's retryPolicy paid twice: (a) a node of one's own calling pay.invoke(args)
+//       (now refused: it has no tool call id), (b) the prebuilt ToolNode with a retryPolicy;
+// and a model node retried after its turn was recorded, whose second answer's calls were
+// performed while a rerun replayed the first answer's (paid twice); the interrupt's key.
+//
+//   DURABLE_LEDGER_DSN=postgresql://postgres@/db node --test test/
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
+import pg from 'pg';
+import { z } from 'zod';
+import { tool } from '@langchain/core/tools';
+import { AIMessage } from '@langchain/core/messages';
+import { fakeModel } from '@langchain/core/testing';
+import { Annotation, Command, END, MemorySaver, MessagesAnnotation, START, StateGraph } from '@langchain/langgraph';
+import { ToolNode } from '@langchain/langgraph/prebuilt';
+import { EffectDidNotHappen, Ledger, RunStopped } from 'durable-ledger';
+import { idempotencyKey, invokeThread, ledgerInterrupts, ledgerTools, recordedModel } from '../src/index.js';
+import { admin, closeAdmin, DSN, effectsOf, resolveCompleted } from './helpers.js';
+
+const pool = new pg.Pool({ connectionString: DSN, max: 6 });
+const ledger = new Ledger(pool, { consoleWarn: false });
+after(async () => {
+  await pool.end();
+  await closeAdmin();
+});
+
+/** @param {string} thread */
+const threadConfig = (thread) => ({ configurable: { thread_id: thread } });
+/** @param {string} content */
+const say = (content) => ({ messages: [{ role: 'user', content }] });
+/** @param {any} out @param {string} name */
+const answers = (out, name) => out.messages
+  .filter((/** @type {any} */ m) => m.getType() === 'tool' && m.name === name)
+  .map((/** @type {any} */ m) => m.content);
+/** @param {string} name @param {object} args */
+const callOf = (name, args) => ({ name, args, id: `c_${randomUUID()}`, type: /** @type {const} */ ('tool_call') });
+const retry = { maxAttempts: 3, initialInterval: 1, jitter: false, logWarning: false };
+
+/**
+ * A graph of its own: a model node (a fake: `answer(messages)` for each turn, each tool call a
+ * new id, as a provider gives), LangGraph's ToolNode, a MemorySaver.
+ * @param {any[]} tools
+ * @param {(ms: any[]) => AIMessage} answer
+ * @param {{record?: boolean, toolsRetry?: boolean, handleToolErrors?: boolean}} [opts]
+ */
+function agent(tools, answer, { record = false, toolsRetry = false, handleToolErrors = true } = {}) {
+  const fake = fakeModel();
+  for (let i = 0; i < 20; i += 1) fake.respond(answer);
+  const model = (record ? recordedModel(fake) : fake).bindTools(tools);
+  const graph = new StateGraph(MessagesAnnotation)
+    .addNode('agent', async (state) => ({ messages: [await model.invoke(state.messages)] }))
+    .addNode('tools', new ToolNode(tools, { handleToolErrors }), toolsRetry ? { retryPolicy: retry } : {})
+    .addEdge(START, 'agent')
+    .addConditionalEdges('agent', (state) => (/** @type {any} */ (state.messages.at(-1)).tool_calls?.length ? 'tools' : END))
+    .addEdge('tools', 'agent')
+    .compile({ checkpointer: new MemorySaver() });
+  return { graph, fake };
+}
+
+test('F1: a resume after an unknown outcome reaches that call\'s own effect, not an identical earlier one; a later turn\'s identical call is a new payment', async () => {
+  const thread = `lg-f1-${randomUUID()}`;
+  /** @type {string[]} */
+  const bank = [];
+  const pay = tool(async ({ invoice, amount }, config) => {
+    bank.push(idempotencyKey(config));
+    if (bank.length === 2) throw new Error('the bank timed out'); // the 2nd instalment: outcome unknown
+    return { paymentId: `P${bank.length}`, invoice, amount };
+  }, { name: 'pay_invoice', description: 'pays', schema: z.object({ invoice: z.string(), amount: z.number() }) });
+  // pays INV-9 100 in two instalments (two steps, the same call), then answers
+  const { graph } = agent(ledgerTools([pay]), (ms) => {
+    const turn = ms.slice(ms.findLastIndex((m) => m.getType() === 'human'));
+    const paid = turn.filter((m) => m.getType() === 'tool').length;
+    const wanted = String(turn[0].content).includes('two instalments') ? 2 : 1;
+    return paid < wanted ? new AIMessage({ content: '', tool_calls: [callOf('pay_invoice', { invoice: 'INV-9', amount: 100 })] })
+      : new AIMessage(`done: ${ms.at(-1).content}`);
+  });
+  const config = threadConfig(thread);
+  const err = await invokeThread(ledger, graph, say('pay INV-9 in two instalments of 100'), config).then(() => null, (e) => e);
+  assert.ok(err instanceof RunStopped, String(err));
+  const [stop] = ledgerInterrupts(await graph.getState(config));
+  assert.equal(stop.kind, 'unknown');
+
+  // resumed before anyone resolved it: it interrupts again, nothing paid
+  await admin().query("SELECT durable_ledger.break_lease($1, 'on-call', 'x')", [thread]);
+  const early = await invokeThread(ledger, graph, new Command({ resume: 'early' }), config).then(() => null, (e) => e);
+  assert.match(String(early?.name), /EffectPaused/);
+  assert.equal(bank.length, 2);
+
+  // the person found the 2nd instalment at the bank under its key
+  await resolveCompleted(/** @type {string} */ (stop.key), { paymentId: 'P2-found', invoice: 'INV-9', amount: 100 });
+  const out = await invokeThread(ledger, graph, new Command({ resume: 'resolved' }), config);
+  assert.deepEqual(answers(out, 'pay_invoice').map((c) => JSON.parse(c).paymentId), ['P1', 'P2-found'],
+    'the model is told what the person found, not the first instalment\'s result');
+  assert.equal(bank.length, 2);
+
+  // a new user turn: pay once more -- a new call, a new payment (not the first one replayed)
+  const more = await invokeThread(ledger, graph, say('pay INV-9 100 once more'), config);
+  assert.equal(JSON.parse(answers(more, 'pay_invoice').at(-1)).paymentId, 'P3');
+  assert.equal(bank.length, 3);
+  assert.deepEqual((await effectsOf(thread)).map((r) => r.status), ['completed', 'completed', 'completed']);
+  // the interrupt: the effect's key (resolve_effect's), the key the bank got, and not the tool's error
+  assert.equal(stop.downstreamKey, bank[1]);
+  assert.equal(stop.downstreamKey, `${stop.key}#1`);
+  assert.doesNotMatch(stop.forPerson, /timed out/, 'the tool\'s own error is not kept in the checkpoint');
+  assert.match(err.message, /timed out/, 'the app has it');
+});
+
+test('F1: an unknown outcome a person resolved as not happened is made by the resume, under its own key (the call is still to be made)', async () => {
+  const thread = `lg-f1b-${randomUUID()}`;
+  /** @type {string[]} */
+  const bank = [];
+  const pay = tool(async (_a, config) => {
+    bank.push(idempotencyKey(config));
+    if (bank.length === 1) throw new Error('connection reset');
+    return { paymentId: `P${bank.length}` };
+  }, { name: 'pay_invoice', description: 'pays', schema: z.object({ invoice: z.string() }) });
+  const { graph } = agent(ledgerTools([pay]), (ms) => (ms.at(-1).getType() === 'human'
+    ? new AIMessage({ content: '', tool_calls: [callOf('pay_invoice', { invoice: 'INV-3' })] })
+    : new AIMessage(`done: ${ms.at(-1).content}`)));
+  const config = threadConfig(thread);
+  await invokeThread(ledger, graph, say('pay INV-3'), config).catch(() => null);
+  const [stop] = ledgerInterrupts(await graph.getState(config));
+  await admin().query("SELECT durable_ledger.break_lease($1, 'on-call', 'x')", [thread]);
+  await admin().query("SELECT durable_ledger.resolve_effect($1, 'failed', '{\"bank\": \"no such payment\"}', 'on-call', 'checked')",
+    [stop.key]);
+  const out = await invokeThread(ledger, graph, new Command({ resume: 'resolved' }), config);
+  assert.deepEqual(answers(out, 'pay_invoice').map((c) => JSON.parse(c).paymentId), ['P2']);
+  assert.deepEqual(bank, [`${stop.key}#1`, `${stop.key}#2`], 'the second try has a key of its own');
+});
+
+test('F4: a second user turn paying another invoice is performed, not paused as a divergence', async () => {
+  const thread = `lg-f4-${randomUUID()}`;
+  let paid = 0;
+  const pay = tool(async ({ invoice }) => ({ paid: invoice, n: ++paid }),
+    { name: 'pay_invoice', description: 'pays', schema: z.object({ invoice: z.string() }) });
+  const { graph } = agent(ledgerTools([pay]), (ms) => (ms.at(-1).getType() === 'human'
+    ? new AIMessage({ content: '', tool_calls: [callOf('pay_invoice', { invoice: String(ms.at(-1).content).match(/INV-\d+/)?.[0] })] })
+    : new AIMessage('done')));
+  const config = threadConfig(thread);
+  await invokeThread(ledger, graph, say('pay INV-8'), config);
+  const out = await invokeThread(ledger, graph, say('now pay INV-10'), config);
+  assert.deepEqual(answers(out, 'pay_invoice').map((c) => JSON.parse(c).paid), ['INV-8', 'INV-10']);
+  assert.equal(paid, 2);
+  assert.deepEqual(ledgerInterrupts(out), []);
+});
+
+test('F5: a recorded read in a later turn of the thread reads afresh; its own tool call run again is replayed', async () => {
+  const thread = `lg-f5-${randomUUID()}`;
+  let shipped = false;
+  let reads = 0;
+  const status = tool(async ({ order }) => {
+    reads += 1;
+    return { order, status: shipped ? 'shipped' : 'pending' };
+  }, { name: 'order_status', description: 'reads', schema: z.object({ order: z.string() }) });
+  const tools = ledgerTools([status], { readOnly: ['order_status'] });
+  const answer = (/** @type {any[]} */ ms) => (ms.at(-1).getType() === 'human'
+    ? new AIMessage({ content: '', tool_calls: [callOf('order_status', { order: 'A1' })] })
+    : new AIMessage(`status: ${JSON.parse(ms.at(-1).content).status}`));
+  const { graph } = agent(tools, answer, { record: true });
+  const config = threadConfig(thread);
+  const ask = async () => (await invokeThread(ledger, graph, say('is A1 shipped?'), config)).messages.at(-1).content;
+  assert.equal(await ask(), 'status: pending');
+  shipped = true;
+  assert.equal(await ask(), 'status: shipped');
+  assert.equal(await ask(), 'status: shipped');
+  assert.equal(reads, 3);
+
+  // the thread started over (its checkpoints lost): the recorded turns come back with their
+  // tool calls, and each read is replayed as it was read
+  const again = agent(tools, answer, { record: true });
+  const first = await invokeThread(ledger, again.graph, say('is A1 shipped?'), config);
+  assert.equal(first.messages.at(-1).content, 'status: pending');
+  assert.equal(again.fake.callCount, 0);
+  assert.equal(reads, 3);
+});
+
+test('F6b: the prebuilt ToolNode retried by its retryPolicy replays the payment and makes the refused e-mail again', async () => {
+  const thread = `lg-f6b-${randomUUID()}`;
+  /** @type {string[]} */
+  const bank = [];
+  let mailTries = 0;
+  const tools = ledgerTools([
+    tool(async (a, config) => {
+      bank.push(idempotencyKey(config));
+      return { paid: a.invoice };
+    }, { name: 'pay_invoice', description: 'pays', schema: z.object({ invoice: z.string(), amount: z.number() }) }),
+    tool(async () => {
+      mailTries += 1;
+      if (mailTries === 1) throw new EffectDidNotHappen({ error: '421 try later' });
+      return 'sent';
+    }, { name: 'send_email', description: 'mails', schema: z.object({ to: z.string() }) }),
+  ]);
+  const { graph } = agent(tools, (ms) => (ms.at(-1).getType() === 'human'
+    ? new AIMessage({ content: '', tool_calls: [callOf('pay_invoice', { invoice: 'INV-7', amount: 50 }), callOf('send_email', { to: 'ap@acme.test' })] })
+    : new AIMessage('done')), { toolsRetry: true, handleToolErrors: false });
+  const out = await invokeThread(ledger, graph, say('pay INV-7, mail AP'), threadConfig(thread));
+  assert.equal(bank.length, 1, 'paid once');
+  assert.equal(mailTries, 2, 'the refused e-mail was made again by the retry');
+  assert.deepEqual(answers(out, 'send_email'), ['sent']);
+  assert.deepEqual((await effectsOf(thread)).map((r) => `${r.tool}:${r.status}`).sort(),
+    ['pay_invoice:completed', 'send_email:completed']);
+});
+
+test('F6a: a node of one\'s own that invokes a ledger tool without a tool call is refused (nothing paid); with a tool call whose id is kept in the state, its retry pays once', async () => {
+  /** @type {string[]} */
+  const bank = [];
+  const [pay] = ledgerTools([tool(async (a, config) => {
+    bank.push(idempotencyKey(config));
+    return { paid: a.invoice };
+  }, { name: 'pay_invoice', description: 'pays', schema: z.object({ invoice: z.string(), amount: z.number() }) })]);
+  const State = Annotation.Root({
+    ...MessagesAnnotation.spec,
+    paymentId: Annotation({ reducer: (_a, b) => b, default: () => '' }),
+  });
+  /** @param {(state: any, config: any) => Promise<unknown>} payIt */
+  const settle = (payIt) => {
+    let flaky = 0;
+    return new StateGraph(State)
+      .addNode('plan', () => ({ paymentId: `pay-${randomUUID()}` })) // an id made once, kept in the state
+      .addNode('settle', async (state, config) => {
+        await payIt(state, config);
+        flaky += 1;
+        if (flaky === 1) throw new Error('ECONNRESET writing the audit trail'); // after the payment
+        return { messages: [new AIMessage('settled')] };
+      }, { retryPolicy: retry })
+      .addEdge(START, 'plan').addEdge('plan', 'settle').addEdge('settle', END)
+      .compile({ checkpointer: new MemorySaver() });
+  };
+  const args = { invoice: 'INV-9', amount: 100 };
+
+  const bare = settle((_s, config) => pay.invoke(args, config));
+  const err = await invokeThread(ledger, bare, say('settle'), threadConfig(`lg-f6a-${randomUUID()}`)).then(() => null, (e) => e);
+  assert.match(String(err?.message), /invoked without a tool call id and without a business key; nothing was performed/);
+  assert.match(String(err?.message), /type: 'tool_call'/, 'it says how to call it');
+  assert.equal(bank.length, 0);
+
+  const thread = `lg-f6a-${randomUUID()}`;
+  const withCall = settle((state, config) => pay.invoke({ id: state.paymentId, name: 'pay_invoice', args, type: 'tool_call' }, config));
+  const out = await invokeThread(ledger, withCall, say('settle'), threadConfig(thread));
+  assert.equal(out.messages.at(-1).content, 'settled');
+  assert.equal(bank.length, 1, 'the retried node\'s call was replayed');
+  assert.deepEqual((await effectsOf(thread)).map((r) => r.status), ['completed']);
+});
+
+test('a model node retried after its turn was recorded gets the same answer, so a rerun of the thread replays the calls that were made (paid once)', async () => {
+  const thread = `lg-modelretry-${randomUUID()}`;
+  let paid = 0;
+  const tools = ledgerTools([tool(async () => ({ n: ++paid }),
+    { name: 'pay_invoice', description: 'pays', schema: z.object({ invoice: z.string() }) })]);
+  const build = () => {
+    const fake = fakeModel();
+    for (let i = 0; i < 10; i += 1) {
+      fake.respond((ms) => (ms.at(-1).getType() === 'human'
+        ? new AIMessage({ content: '', tool_calls: [callOf('pay_invoice', { invoice: 'INV-5' })] })
+        : new AIMessage('done')));
+    }
+    const model = recordedModel(fake).bindTools(tools);
+    let flaky = 0;
+    const graph = new StateGraph(MessagesAnnotation)
+      .addNode('agent', async (state) => {
+        const ai = await model.invoke(state.messages);
+        flaky += 1;
+        if (flaky === 1) throw new Error('ETIMEDOUT saving the trace'); // after the model answered
+        return { messages: [ai] };
+      }, { retryPolicy: retry })
+      .addNode('tools', new ToolNode(tools))
+      .addEdge(START, 'agent')
+      .addConditionalEdges('agent', (state) => (/** @type {any} */ (state.messages.at(-1)).tool_calls?.length ? 'tools' : END))
+      .addEdge('tools', 'agent')
+      .compile({ checkpointer: new MemorySaver() });
+    return { graph, fake };
+  };
+  const first = build();
+  await invokeThread(ledger, first.graph, say('pay INV-5'), threadConfig(thread));
+  assert.equal(first.fake.callCount, 2, 'the retried node was answered from its first ask');
+  assert.equal(paid, 1);
+  // the thread started over: the turns and the payment are replayed
+  const second = build();
+  const out = await invokeThread(ledger, second.graph, say('pay INV-5'), threadConfig(thread));
+  assert.equal(second.fake.callCount, 0);
+  assert.equal(paid, 1, 'paid once');
+  assert.equal(out.messages.at(-1).content, 'done');
+});
