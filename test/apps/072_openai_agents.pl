@@ -5,10 +5,11 @@
 #     middle of a payment and the run resumed the SDK's way (test/crash.test.js),
 #     the SDK's needsApproval with a RunState saved as a string and the ledger's
 #     own approval (test/approval.test.js), which call is which -- the SDK's call id
-#     where it is stable (a recorded turn's, a resumed state's approved call), the
-#     occurrence elsewhere: an approved second payment of one invoice made, a tool used
-#     before the interruption no divergence, a crash-rerun whose model gives the call a
-#     new id paused and replayed, a refusal replayed (test/resume.test.js), replays,
+#     for a resumed state's approved call, the occurrence elsewhere (a recorded turn's
+#     id only with keyBy 'recorded-call-id'): an approved second payment of one invoice
+#     made, a tool used before the interruption no divergence, a crash-rerun whose model
+#     gives the call a new id paused and replayed, a crash then a rerun with another date
+#     in the instructions paused by default, a refusal replayed (test/resume.test.js), replays,
 #     parallel calls, reads, stops, streaming (test/adapter.test.js), the README's
 #     program and the declarations under tsc --strict (test/examples.test.js);
 #   - the package as a user installs it: `npm pack` in clients/js and in the

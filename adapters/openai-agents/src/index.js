@@ -17,11 +17,14 @@
 //   resumed(state)             a saved RunState whose interrupted calls are marked as
 //                              theirs (for a resume after an alwaysApprove)
 //
-// Which call is which: a tool call is keyed by the SDK's id for it (callKey) where that
-// id is the same on every attempt that reaches the call -- a call of a turn ledgerModel
-// recorded or replayed, the call a person approved in a resumed RunState -- and by its
-// occurrence in the attempt everywhere else (a model the ledger does not record gives the
-// call a new id when a rerun asks it again: keyed by it, the rerun would pay twice).
+// Which call is which: a tool call is keyed by its occurrence in the attempt (the core's
+// default: a rerun after a crash makes the calls again, in order, whatever ids the model
+// gives them), except where the SDK's id for it (callKey) comes from a saved RunState,
+// the same whatever the model would say if asked again: the call a person approved in a
+// resumed state, the interrupted calls of a state handed to resumed(state).  The ids of a
+// turn ledgerModel recorded key its calls only with ledgerTool's keyBy 'recorded-call-id':
+// they come back only while a rerun asks the model the very same (a date in the
+// instructions, a changed tool list: a new turn, new ids, and a second payment).
 //
 // The run: the SDK keeps no durable run id of its own (a RunState carries no id, a
 // trace is new on every run()), so the app names it: agentAttempt(ledger, run, () =>
@@ -76,6 +79,21 @@ export { agentAttempt, currentAttempt, currentStop, stopOf, toolError, ToolCallS
  */
 
 /**
+ * How a ledger tool's call is identified (the AI SDK adapter's option, same names and meaning).
+ * - `occurrence` (default): by its tool, canonical input and occurrence in the attempt (the
+ *   ledger's derived key), except a call of a resumed RunState (one a person approved, or
+ *   one resumed(state) marked), which is keyed by its id: the state keeps it.  A rerun after
+ *   a crash reaches the first attempt's effects in order, whatever ids the model gives the
+ *   calls this time.
+ * - `recorded-call-id`: also a call of a model turn ledgerModel recorded or replayed in this
+ *   attempt is keyed by its id (callKey(run, tool, id)).  Then a resumed state's later calls
+ *   are their own calls, never another's; but only while every rerun asks the model the very
+ *   same (the same instructions, tools, input): a turn made anew (a date in the
+ *   instructions) gives its calls new ids, and they are performed again.
+ * @typedef {'occurrence' | 'recorded-call-id'} KeyBy
+ */
+
+/**
  * The ledger's options of a tool, next to the SDK's own.
  * @template {ToolInputParameters} TParameters
  * @template Context
@@ -106,6 +124,7 @@ export { agentAttempt, currentAttempt, currentStop, stopOf, toolError, ToolCallS
  * @property {(runContext: RunContext<Context>) => string | undefined} [run]  the run from
  *   the RunContext (the context the app gave run()); default, and when it returns
  *   undefined: the current agentAttempt's.  It must name an open agentAttempt
+ * @property {KeyBy} [keyBy]  how a call is identified (default 'occurrence'; see KeyBy)
  */
 
 /**
@@ -135,7 +154,8 @@ const SDK_DEFAULT_ERROR = 'An error occurred while running the tool. Please try 
  *
  * `needsApproval` is the SDK's own: its approval comes first, in the app, before the
  * ledger sees the call; an approved call then goes through the ledger like any other,
- * keyed by its id when the RunState that carries it is resumed (stableCallId).
+ * keyed by its id when the RunState that carries it is resumed (stableCallId).  `keyBy`:
+ * see KeyBy.
  * @template {ToolInputParameters} [TParameters=undefined]
  * @template [Context=UnknownContext]
  * @template [Result=unknown]
@@ -145,7 +165,8 @@ const SDK_DEFAULT_ERROR = 'An error occurred while running the tool. Please try 
 export function ledgerTool(options) {
   if (typeof options !== 'object' || options === null) throw new TypeError('ledgerTool(options): options must be an object');
   const {
-    execute, errorFunction, ledgerName, readOnly = false, businessKey, meta, reconcile, run: runOf, ...sdkOptions
+    execute, errorFunction, ledgerName, readOnly = false, businessKey, meta, reconcile, run: runOf,
+    keyBy = 'occurrence', ...sdkOptions
   } = options;
   if (typeof execute !== 'function') throw new TypeError('ledgerTool(): execute must be a function');
   if ('outputSchema' in sdkOptions && /** @type {any} */ (sdkOptions).outputSchema !== undefined) {
@@ -167,6 +188,10 @@ export function ledgerTool(options) {
   if (runOf !== undefined && typeof runOf !== 'function') {
     throw new TypeError('ledgerTool(): run must be a function (runContext) => string | undefined');
   }
+  if (keyBy !== 'occurrence' && keyBy !== 'recorded-call-id') {
+    throw new TypeError("ledgerTool(): keyBy must be 'occurrence' or 'recorded-call-id'");
+  }
+  const byRecordedId = keyBy === 'recorded-call-id';
 
   /** @type {import('@openai/agents').FunctionTool<Context, TParameters, Result>} */
   let built;
@@ -190,7 +215,7 @@ export function ledgerTool(options) {
     };
     // The SDK's id of the call, when it is stable (stableCallId): the call is then keyed by
     // it, else by its occurrence in the attempt.
-    const callId = stableCallId(built.name, context, details);
+    const callId = stableCallId(built.name, context, details, byRecordedId);
     if (kind === 'record') {
       return recordedCall({ ...base, callId, call: () => execute(input, context, detailsFor(null)) });
     }
@@ -214,27 +239,37 @@ export function ledgerTool(options) {
 }
 
 /**
- * The SDK's id of a tool call (`details.toolCall.callId`) when it is the same on every
- * attempt that reaches the call, else null (the call is then keyed by its occurrence):
- *   - a call of a model turn the ledger recorded or replayed in this attempt (ledgerModel
- *     notes them): a rerun replays the turn, ids and all;
- *   - a call of a saved RunState that is resumed: one a person approved on its own
- *     (`state.approve(item)`: the RunContext holds the approval of this id, and not of
- *     every call of the tool), or one whose state the app handed to `resumed(state)`.
- * An id the model made afresh (a model the ledger does not record) is never one: a rerun
- * after a crash asks the model again, which gives the call a new id, and a new key would
- * perform the effect a second time.
+ * The SDK's id of a tool call (`details.toolCall.callId`) when the call is keyed by it,
+ * else null (the call is then keyed by its occurrence):
+ *   - a call of a saved RunState that is resumed, whatever the prompt: one a person
+ *     approved on its own (`state.approve(item)`: the RunContext holds the approval of
+ *     this id, and not of every call of the tool), or one whose state the app handed to
+ *     `resumed(state)`: the state keeps the id, the model is not asked for it again;
+ *   - with keyBy 'recorded-call-id' only, a call of a model turn the ledger recorded or
+ *     replayed in this attempt (ledgerModel notes them): a rerun that asks the very same
+ *     replays the turn, ids and all.  Not by default: a rerun whose request changed (a date
+ *     in the instructions, another tool list) makes the turn anew, with new ids, and keyed
+ *     by them the calls would be performed again where their occurrence replays them.
+ * An id the model made afresh (a model the ledger does not record) is never one.
  * @param {string} toolName  the SDK tool's name (its approvals are filed under it)
  * @param {RunContext<any> | undefined} context
  * @param {ToolCallDetails | undefined} details
+ * @param {boolean} byRecordedId  keyBy 'recorded-call-id'
  * @returns {string | null}
  */
-function stableCallId(toolName, context, details) {
+function stableCallId(toolName, context, details, byRecordedId) {
   const id = /** @type {any} */ (details)?.toolCall?.callId;
   if (typeof id !== 'string' || id === '') return null;
-  if (isStableCallId(id)) return id;
-  return approvedOnItsOwn(toolName, context, id) ? id : null;
+  if (isStableCallId(RESUMED + id) || approvedOnItsOwn(toolName, context, id)) return id;
+  return byRecordedId && isStableCallId(id) ? id : null;
 }
+
+/**
+ * How resumed(state) notes an interrupted call's id in the attempt's stable ids
+ * (noteStableCallIds), apart from the ids of ledgerModel's turns: a state's are keyed by
+ * their id whatever keyBy says, a turn's only with keyBy 'recorded-call-id'.
+ */
+const RESUMED = '\u0000durable-ledger-openai-agents:resumed:';
 
 /**
  * A call keyed by its id whose effect failed (the provider refused it: EffectDidNotHappen,
@@ -299,7 +334,7 @@ export function resumed(state) {
     throw new TypeError('resumed(state): state must be a RunState');
   }
   if (!currentAttempt()) throw new TypeError('resumed(state): call it inside agentAttempt(ledger, run, () => ...)');
-  noteStableCallIds(callIdsOf(state.getInterruptions().map((item) => item.rawItem)));
+  noteStableCallIds(callIdsOf(state.getInterruptions().map((item) => item.rawItem)).map((id) => RESUMED + id));
   return state;
 }
 
@@ -397,7 +432,8 @@ export function requestArgs(request) {
  * A Model whose turns go through the ledger (recordedCall): the first attempt asks the
  * model and records its answer; a later attempt that reaches the same turn (the same
  * instructions and input so far) gets the recorded answer back without asking, so the
- * model "makes" the same tool calls, which the ledger replays.  Streamed and plain
+ * model "makes" the same tool calls, which the ledger replays (by their occurrence, or by
+ * the ids the turn gave them with ledgerTool's keyBy 'recorded-call-id').  Streamed and plain
  * calls record the same thing (the response), so either replays the other; a replayed
  * stream is the response's text and its end (`response_started`, `output_text_delta`
  * per text, `response_done`), not the provider's raw events.  A failed model call stops

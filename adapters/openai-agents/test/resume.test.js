@@ -1,5 +1,6 @@
 // Which call is which: a call keyed by the SDK's id for it (details.toolCall.callId) where
-// that id is stable, by its occurrence in the attempt everywhere else.
+// that id comes from a saved RunState, by its occurrence in the attempt everywhere else
+// unless the tool opts in to the ids of recorded turns (keyBy 'recorded-call-id').
 //
 // A saved RunState resumed after the SDK's needsApproval does not make the run's earlier
 // calls again: keyed by occurrence, the approved call would be the resuming attempt's
@@ -7,10 +8,12 @@
 // F2: a second payment a person approved replayed from the first, never made), or be
 // judged a divergence when the tool was used before with other arguments (F3: a false
 // pause).  So the approved call of a resumed state is keyed by its id (the state keeps
-// it), and so is every call of a model turn ledgerModel recorded or replayed (a rerun
-// replays the turn, ids and all).  A model the ledger does not record gives a call a new
-// id when a rerun after a crash asks it again: that call keeps its occurrence key, and is
-// paused or replayed, never performed twice.
+// it, whatever the prompt), by default.  The calls of a model turn ledgerModel recorded
+// or replayed are keyed by their ids only with keyBy 'recorded-call-id': a rerun whose
+// request changed (a date in the instructions) makes the turn anew with new ids, and
+// keyed by them the payment of a crashed attempt would be made again; by default its
+// occurrence reaches it (paused, or replayed).  A model the ledger does not record gives
+// a call a new id whenever it is asked again: that call keeps its occurrence key.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Agent, RunState, Runner, setTracingDisabled } from '@openai/agents';
@@ -63,17 +66,23 @@ function bank() {
  * The accounts-payable agent of the review: `calls` are the model's tool calls, one per
  * turn (each turn's call id its own), then a text quoting the results.  `recorded`: the
  * model through ledgerModel.  `approval`: the SDK's needsApproval of the payment.
+ * `keyBy`: the payment tool's.  `instructions`: the agent's (a date in them changes
+ * every turn's request).
  * @param {ReturnType<typeof bank>} theBank
  * @param {{calls: Array<{invoice: string, amount: number}>, recorded: boolean,
  *   approval?: (input: {invoice: string, amount: number}) => boolean,
- *   callId?: (turn: number) => string}} options
+ *   callId?: (turn: number) => string, keyBy?: import('../src/index.js').KeyBy,
+ *   instructions?: string}} options
  */
-function apAgent(theBank, { calls, recorded, approval = () => false, callId = (turn) => `call_${turn + 1}` }) {
+function apAgent(theBank, {
+  calls, recorded, approval = () => false, callId = (turn) => `call_${turn + 1}`, keyBy, instructions = 'Pay the invoices.',
+}) {
   const pay = ledgerTool({
     name: 'pay_invoice',
     description: 'Pay an invoice',
     parameters: z.object({ invoice: z.string(), amount: z.number() }),
     needsApproval: async (_ctx, input) => approval(input),
+    ...(keyBy ? { keyBy } : {}),
     execute: async (input, _ctx, details) => theBank.pay(input, /** @type {string} */ (details.idempotencyKey)),
   });
   const scripted = new ScriptedModel(Array.from({ length: 8 }, () => modelResponder((call) => {
@@ -82,13 +91,16 @@ function apAgent(theBank, { calls, recorded, approval = () => false, callId = (t
     return [assistantMessage(`done: ${resultsOf(call.request).map((r) => outputText(r.output)).join(' ; ')}`)];
   })));
   const agent = new Agent({
-    name: 'ap', instructions: 'Pay the invoices.', tools: [pay], model: recorded ? ledgerModel(scripted) : scripted,
+    name: 'ap', instructions, tools: [pay], model: recorded ? ledgerModel(scripted) : scripted,
   });
   return { agent, scripted };
 }
 
 /** The keys of the run's payments, in the order they were begun. @param {import('pg').Client} admin @param {string} run */
 const payKeys = async (admin, run) => (await effectsOf(admin, run)).filter((e) => e.tool === 'pay_invoice').map((e) => e.key);
+
+/** A key of the ledger's derived kind (a call's occurrence), not a call id's. @param {string} key */
+const occurrenceKey = (key) => assert.doesNotMatch(key, /^call:/, `${key}: an occurrence key`);
 
 test('F2: needsApproval (a duplicate-payment guard) and a second payment of INV-9 a person approved: the resumed state performs it, keyed by its call id', async () => {
   await withLedger(async ({ ledger, admin }) => {
@@ -112,8 +124,9 @@ test('F2: needsApproval (a duplicate-payment guard) and a second payment of INV-
     const done = await agentAttempt(ledger, run, () => runner.run(two.agent, state));
     assert.equal(theBank.payments.length, 2, 'the approved payment was made');
     assert.match(String(done.finalOutput), /P1.*P2/, 'the model got each payment\'s own result');
-    assert.deepEqual(await payKeys(admin, run),
-      [callKey(run, 'pay_invoice', 'call_1'), callKey(run, 'pay_invoice', 'call_2')]);
+    const [before, approved] = await payKeys(admin, run);
+    occurrenceKey(before); // a recorded turn's call, by default
+    assert.equal(approved, callKey(run, 'pay_invoice', 'call_2'), 'the approved call of the state: its id');
     assert.equal(new Set(theBank.payments.map((p) => p.key)).size, 2, 'each under its own idempotency key');
 
     // The process died before the app saved the new state: the same string resumed again
@@ -216,8 +229,9 @@ test('alwaysApprove approves every call of the tool, so it does not say where a 
     const done = await agentAttempt(ledger, run, () => runner.run(two.agent, resumed(state)));
     assert.match(String(done.finalOutput), /P1.*P2/);
     assert.equal(theBank.payments.length, 2);
-    assert.deepEqual(await payKeys(admin, run),
-      [callKey(run, 'pay_invoice', 'call_1'), callKey(run, 'pay_invoice', 'call_2')]);
+    const [before, interrupted] = await payKeys(admin, run);
+    occurrenceKey(before);
+    assert.equal(interrupted, callKey(run, 'pay_invoice', 'call_2'), 'the state\'s interrupted call: its id');
     await assert.rejects(agentAttempt(ledger, run, () => resumed(/** @type {any} */ ({}))), /must be a RunState/);
   });
 });
@@ -292,54 +306,140 @@ test('a crash-rerun with a model the ledger does not record: the model gives the
   });
 });
 
-test('a recorded model, streamed or not: its calls are keyed by their ids, and a crash-rerun replays the turn and reaches the same call', async () => {
-  await withLedger(async ({ ledger, admin }) => {
-    const run = runId('recorded-rerun');
-    const theBank = bank();
-    const agentOf = () => apAgent(theBank, { calls: [{ invoice: 'INV-9', amount: 100 }], recorded: true }).agent;
-    const streamed = (/** @type {Agent<any, any>} */ agent) => agentAttempt(ledger, run, async () => {
-      const result = await new Runner().run(agent, 'Pay INV-9.', { stream: true });
-      for await (const _event of result); // eslint-disable-line no-unused-vars
-      await result.completed;
-      return result.finalOutput;
-    });
-    const key = callKey(run, 'pay_invoice', 'call_1');
-    theBank.loseNextAnswer = true;
-    const lost = await rejection(streamed(agentOf()));
-    assert.ok(lost instanceof RunStopped, String(lost));
-    assert.deepEqual(await payKeys(admin, run), [key], 'the live stream\'s call, keyed by its id');
+for (const keyBy of /** @type {const} */ (['occurrence', 'recorded-call-id'])) {
+  test(`keyBy ${keyBy}: a recorded model, streamed or not, and a crash-rerun that asks the very same: the turn replays and reaches the same call (${keyBy === 'occurrence' ? 'its occurrence' : 'its id'})`, async () => {
+    await withLedger(async ({ ledger, admin }) => {
+      const run = runId(`recorded-rerun-${keyBy}`);
+      const theBank = bank();
+      const agentOf = () => apAgent(theBank, { calls: [{ invoice: 'INV-9', amount: 100 }], recorded: true, keyBy }).agent;
+      const streamed = (/** @type {Agent<any, any>} */ agent) => agentAttempt(ledger, run, async () => {
+        const result = await new Runner().run(agent, 'Pay INV-9.', { stream: true });
+        for await (const _event of result); // eslint-disable-line no-unused-vars
+        await result.completed;
+        return result.finalOutput;
+      });
+      theBank.loseNextAnswer = true;
+      const lost = await rejection(streamed(agentOf()));
+      assert.ok(lost instanceof RunStopped, String(lost));
+      const [key] = await payKeys(admin, run);
+      if (keyBy === 'recorded-call-id') assert.equal(key, callKey(run, 'pay_invoice', 'call_1'), 'the live stream\'s call, keyed by its id');
+      else occurrenceKey(key);
 
-    const paused = await rejection(agentAttempt(ledger, run, () => new Runner().run(agentOf(), 'Pay INV-9.')));
+      const paused = await rejection(agentAttempt(ledger, run, () => new Runner().run(agentOf(), 'Pay INV-9.')));
+      assert.ok(paused instanceof EffectPaused, String(paused));
+      assert.equal(paused.key, key, 'the replayed turn\'s call');
+      await admin.query("SELECT durable_ledger.resolve_effect($1, 'completed', $2::jsonb, 'on-call', 'found at the bank')",
+        [key, JSON.stringify({ paymentId: 'P1' })]);
+      assert.match(String(await streamed(agentOf())), /P1/, 'a replayed stream\'s call replays');
+      assert.equal(theBank.payments.length, 1);
+      assert.deepEqual(await payKeys(admin, run), [key]);
+    });
+  });
+
+  test(`keyBy ${keyBy}: a refused call is replayed as refused, not made again: the model's retry under another id paid, and a rerun pays nothing more`, async () => {
+    await withLedger(async ({ ledger, admin }) => {
+      const run = runId(`refused-${keyBy}`);
+      const theBank = bank();
+      // the model pays INV-9; told the bank was busy, it tries again (another call, another id)
+      const options = { calls: [{ invoice: 'INV-9', amount: 100 }, { invoice: 'INV-9', amount: 100 }], recorded: true, keyBy };
+      theBank.refuseNext = true;
+      const first = await agentAttempt(ledger, run, () => new Runner().run(apAgent(theBank, options).agent, 'Pay INV-9.'));
+      assert.match(String(first.finalOutput), /bank_busy.*P1/);
+      assert.equal(theBank.payments.length, 1);
+      const rows = (await effectsOf(admin, run)).filter((e) => e.tool === 'pay_invoice');
+      assert.deepEqual(rows.map((e) => e.status), ['failed', 'completed']);
+      if (keyBy === 'recorded-call-id') {
+        assert.deepEqual(rows.map((e) => e.key), [callKey(run, 'pay_invoice', 'call_1'), callKey(run, 'pay_invoice', 'call_2')]);
+      } else {
+        rows.forEach((e) => occurrenceKey(e.key));
+      }
+
+      // A rerun (the bank would take the payment now): the recorded turns replay, the
+      // refusal with them, then the retry's payment.
+      const again = apAgent(theBank, options);
+      const rerun = await agentAttempt(ledger, run, () => new Runner().run(again.agent, 'Pay INV-9.'));
+      assert.equal(rerun.finalOutput, first.finalOutput);
+      assert.equal(again.scripted.calls.length, 0, 'every turn replayed');
+      assert.equal(theBank.payments.length, 1, 'paid once');
+    });
+  });
+}
+
+/**
+ * The app's agent on a given day: its instructions say the date, as many apps' do, so a
+ * rerun on another day asks the model anew (another request), and the model -- a
+ * provider's ids, new on every ask -- gives the payment a new call id.
+ * @param {ReturnType<typeof bank>} theBank @param {import('../src/index.js').KeyBy} keyBy
+ * @param {() => string} nextId
+ */
+const datedAgent = (theBank, keyBy, nextId) => (/** @type {string} */ day) => apAgent(theBank, {
+  calls: [{ invoice: 'INV-9', amount: 100 }], recorded: true, keyBy, callId: nextId,
+  instructions: `Pay the invoices. Today is ${day}.`,
+});
+
+test('keyBy occurrence (the default) and ledgerModel: a crash in the middle of a payment, then a rerun whose instructions changed (a new date) and whose model gives the call a new id: the payment is paused, never made twice; resolved, it replays', async () => {
+  await withLedger(async ({ ledger, admin }) => {
+    const run = runId('dated');
+    const theBank = bank();
+    let asked = 0;
+    const onDay = datedAgent(theBank, 'occurrence', () => `call_${(asked += 1)}`);
+    const attempt = (/** @type {string} */ day) => {
+      const { agent, scripted } = onDay(day);
+      return { scripted, result: agentAttempt(ledger, run, () => new Runner().run(agent, 'Pay INV-9.')) };
+    };
+    theBank.loseNextAnswer = true;
+    const lost = await rejection(attempt('Monday').result);
+    assert.ok(lost instanceof RunStopped, String(lost));
+    const [key] = await payKeys(admin, run);
+    occurrenceKey(key);
+
+    const tuesday = attempt('Tuesday');
+    const paused = await rejection(tuesday.result);
     assert.ok(paused instanceof EffectPaused, String(paused));
-    assert.equal(paused.key, key, 'the replayed turn\'s call');
+    assert.equal(tuesday.scripted.calls.length, 1, 'the changed request asked the model again');
+    assert.equal(asked, 2, 'which gave the payment a new call id');
+    assert.equal(paused.key, key, 'its occurrence reached Monday\'s payment: paused for a person');
+    assert.equal(theBank.payments.length, 1, 'not paid twice');
+
     await admin.query("SELECT durable_ledger.resolve_effect($1, 'completed', $2::jsonb, 'on-call', 'found at the bank')",
       [key, JSON.stringify({ paymentId: 'P1' })]);
-    assert.match(String(await streamed(agentOf())), /P1/, 'a replayed stream\'s call replays');
-    assert.equal(theBank.payments.length, 1);
+    const done = await attempt('Wednesday').result;
+    assert.match(String(done.finalOutput), /P1/, 'replayed');
+    assert.equal(theBank.payments.length, 1, 'paid once');
     assert.deepEqual(await payKeys(admin, run), [key]);
   });
 });
 
-test('a refused call keyed by its id is replayed as refused, not made again: the model\'s retry under another id paid, and a rerun pays nothing more', async () => {
+test('keyBy recorded-call-id: the condition the app must keep -- the same crash, rerun with changed instructions, makes the payment a new call (its new id) and pays again; rerun with the very same instructions, it is paused', async () => {
   await withLedger(async ({ ledger, admin }) => {
-    const run = runId('refused');
+    const run = runId('dated-ids');
     const theBank = bank();
-    // the model pays INV-9; told the bank was busy, it tries again (another call, another id)
-    const options = { calls: [{ invoice: 'INV-9', amount: 100 }, { invoice: 'INV-9', amount: 100 }], recorded: true };
-    theBank.refuseNext = true;
-    const first = await agentAttempt(ledger, run, () => new Runner().run(apAgent(theBank, options).agent, 'Pay INV-9.'));
-    assert.match(String(first.finalOutput), /bank_busy.*P1/);
-    assert.equal(theBank.payments.length, 1);
-    assert.deepEqual((await effectsOf(admin, run)).filter((e) => e.tool === 'pay_invoice').map((e) => [e.key, e.status]), [
-      [callKey(run, 'pay_invoice', 'call_1'), 'failed'], [callKey(run, 'pay_invoice', 'call_2'), 'completed'],
-    ]);
+    let asked = 0;
+    const onDay = datedAgent(theBank, 'recorded-call-id', () => `call_${(asked += 1)}`);
+    const attempt = (/** @type {string} */ day) => agentAttempt(ledger, run, () => new Runner().run(onDay(day).agent, 'Pay INV-9.'));
+    theBank.loseNextAnswer = true;
+    assert.ok(await rejection(attempt('Monday')) instanceof RunStopped);
+    const monday = callKey(run, 'pay_invoice', 'call_1');
+    assert.deepEqual(await payKeys(admin, run), [monday]);
 
-    // A rerun (the bank would take the payment now): the recorded turns replay, the
-    // refusal with them, then the retry's payment.
-    const again = apAgent(theBank, options);
-    const rerun = await agentAttempt(ledger, run, () => new Runner().run(again.agent, 'Pay INV-9.'));
-    assert.equal(rerun.finalOutput, first.finalOutput);
-    assert.equal(again.scripted.calls.length, 0, 'every turn replayed');
-    assert.equal(theBank.payments.length, 1, 'paid once');
+    // the same request: the turn replays, id and all, and reaches Monday's payment
+    const paused = await rejection(attempt('Monday'));
+    assert.ok(paused instanceof EffectPaused, String(paused));
+    assert.equal(paused.key, monday);
+    assert.equal(theBank.payments.length, 1);
+
+    // another date: a new turn, a new id, a new business key -- the second payment this
+    // option risks, and why it is not the default
+    const done = await attempt('Tuesday');
+    assert.match(String(done.finalOutput), /P2/);
+    assert.deepEqual(theBank.payments.map((p) => p.invoice), ['INV-9', 'INV-9'], 'paid twice');
+    assert.deepEqual(await payKeys(admin, run), [monday, callKey(run, 'pay_invoice', 'call_2')]);
   });
+});
+
+test('keyBy is checked', () => {
+  const base = { name: 't', description: 'd', parameters: z.object({}), execute: async () => 'ok' };
+  assert.throws(() => ledgerTool(/** @type {any} */ ({ ...base, keyBy: 'id' })), /keyBy must be 'occurrence' or 'recorded-call-id'/);
+  assert.doesNotThrow(() => ledgerTool({ ...base, keyBy: 'recorded-call-id' }));
+  assert.doesNotThrow(() => ledgerTool({ ...base, keyBy: 'occurrence' }));
 });

@@ -7,7 +7,7 @@ import { ScriptedModel } from '@openai/agents/testing';
 import { Ledger, EffectPaused } from 'durable-ledger';
 import { z } from 'zod';
 import {
-  agentAttempt, ledgerTool, ledgerModel, ledgerModelProvider, resumed, ToolCallStopped, type LedgerToolCallDetails,
+  agentAttempt, ledgerTool, ledgerModel, ledgerModelProvider, resumed, ToolCallStopped, type KeyBy, type LedgerToolCallDetails,
 } from 'durable-ledger-openai-agents';
 
 const payInvoice = ledgerTool({
@@ -26,6 +26,7 @@ const lookup = ledgerTool({
   description: 'Look an invoice up',
   parameters: z.object({ invoice: z.string() }),
   readOnly: true,
+  keyBy: 'recorded-call-id', // the app keeps every rerun's request the very same
   execute: async ({ invoice }) => ({ invoice, amount: 4200 }),
 });
 const inContext = ledgerTool<z.ZodObject<{ to: z.ZodString }>, { runId: string }>({
@@ -65,6 +66,9 @@ export async function resume(ledger: Ledger, saved: string): Promise<unknown> {
   return result.finalOutput;
 }
 
+const keyBy: KeyBy = 'occurrence';
+void keyBy;
+
 // Misuses tsc must reject (it fails if a marked line compiles).
 ledgerTool({
   name: 'typed',
@@ -84,6 +88,14 @@ ledgerTool({
   parameters: z.object({}),
   // @ts-expect-error readOnly is a boolean, 'record' or 'pass'
   readOnly: 'maybe',
+  execute: async () => 'x',
+});
+ledgerTool({
+  name: 'bad-key',
+  description: 'a bad keyBy',
+  parameters: z.object({}),
+  // @ts-expect-error keyBy is 'occurrence' or 'recorded-call-id'
+  keyBy: 'call-id',
   execute: async () => 'x',
 });
 // @ts-expect-error execute is required
