@@ -37,7 +37,7 @@
 import { wrapLanguageModel } from 'ai';
 import { EffectFailed } from 'durable-ledger';
 import {
-  agentAttempt, callKey, currentAttempt, currentStop, guardedTool, isStableCallId, noteStableCallIds, recordedCall, toolError,
+  agentAttempt, currentAttempt, currentStop, guardedTool, isStableCallId, noteStableCallIds, recordedCall, toolError,
 } from 'durable-ledger/agents';
 
 export { agentAttempt, currentAttempt, currentStop, stopOf, ToolCallStopped } from 'durable-ledger/agents';
@@ -161,9 +161,11 @@ export function durableTool(name, tool, options = {}) {
         });
       }
       const key = businessKey?.(input) ?? null;
-      if (callId !== null && key === null) await replayFailure(ledger, run, ledgerName, callId);
       return await guardedTool({
-        ledger, run, tool: ledgerName, args: input, meta, callId, businessKey: key,
+        // a failed call keyed by its id is replayed as failed, as under occurrence keys: the
+        // AI SDK makes no retry of a call, so its id comes again only on a rerun, after which
+        // the model may have tried again under another id and paid (the core's replayFailure)
+        ledger, run, tool: ledgerName, args: input, meta, callId, businessKey: key, replayFailure: true,
         perform: (k) => lastValue(execute.call(tool, input, { ...callOptions, idempotencyKey: k })),
       });
     } catch (err) {
@@ -181,28 +183,6 @@ export function durableTool(name, tool, options = {}) {
 function checkKeyBy(keyBy) {
   if (keyBy !== undefined && keyBy !== 'occurrence' && keyBy !== 'recorded-call-id') {
     throw new TypeError("durableTools(): keyBy must be 'occurrence' or 'recorded-call-id'");
-  }
-}
-
-/**
- * A call keyed by its id (a business key) whose effect failed is made again by the ledger;
- * the AI SDK makes no retry of a call, so that would be a rerun performing what the first
- * run was refused, after which its model may have asked for another call that was
- * performed: paid twice.  So it is replayed as failed, as under occurrence keys, with the
- * very text the model read the first time (failed()), so that its next turn replays too.
- * @param {Ledger | undefined} ledger
- * @param {string | undefined} run
- * @param {string} tool
- * @param {string} callId
- */
-async function replayFailure(ledger, run, tool, callId) {
-  const attempt = /** @type {{ledger: Ledger, run: string}} */ (currentAttempt());
-  const [l, r] = [ledger ?? attempt.ledger, run ?? attempt.run];
-  const key = callKey(r, tool, callId);
-  const row = await l.effectStatus(key, r);
-  if (row?.status === 'failed') {
-    throw failed(tool, new EffectFailed(`${tool} (key ${key}) failed earlier (replayed)`,
-      { key, decision: 'replay', error: row.error, replayed: true }));
   }
 }
 

@@ -44,8 +44,7 @@ export const LEDGER_INTERRUPT = 'durable_ledger';
  * @template T
  * @param {() => Promise<T>} call
  * @param {{tool: string, run: string, onStop: OnStop, config: import('@langchain/core/runnables').RunnableConfig | undefined,
- *   effectKey?: string | null}} ctx  effectKey: the key of this call's effect when it is a business key (the
- *   stop of an unknown outcome names the provider's key, `<key>#<attempt>`)
+ *   effectKey?: string | null}} ctx  effectKey: the key of this call's effect, for a stop that names none
  * @returns {Promise<T>}
  */
 export async function stopAsInterrupt(call, ctx) {
@@ -58,12 +57,11 @@ export async function stopAsInterrupt(call, ctx) {
     if (ctx.onStop === 'error') throw stopped;
     const { stop } = stopped;
     const cause = /** @type {any} */ (stop.error);
-    // an unknown outcome's stop names the key its perform was given (the provider's), or,
-    // when the client stopped after the perform (its report not recorded), the effect's
-    const unknown = stop.kind === 'unknown' && stop.key !== null;
-    const key = unknown ? (ctx.effectKey ?? stop.key) : stop.key;
-    const downstreamKey = unknown ? (stop.key !== key ? stop.key : null)
-      : typeof cause?.downstreamKey === 'string' && cause?.key === key ? cause.downstreamKey : null;
+    // the stop names the effect's key (what resolve_effect takes) and, when known, the
+    // provider's (a business key's names its attempt)
+    const key = stop.kind === 'unknown' && stop.key === null ? ctx.effectKey ?? null : stop.key;
+    const downstreamKey = stop.downstreamKey
+      ?? (typeof cause?.downstreamKey === 'string' && cause?.key === key ? cause.downstreamKey : null);
     /** @type {LedgerInterrupt} */
     const value = {
       type: LEDGER_INTERRUPT,

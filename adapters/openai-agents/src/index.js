@@ -34,7 +34,7 @@
 
 import { tool, Usage } from '@openai/agents';
 import {
-  agentAttempt, callKey, currentAttempt, currentStop, guardedTool, isStableCallId, noteStableCallIds, recordedCall, stopOf,
+  agentAttempt, currentAttempt, currentStop, guardedTool, isStableCallId, noteStableCallIds, recordedCall, stopOf,
   toolError, ToolCallStopped,
 } from 'durable-ledger/agents';
 import { EffectFailed, EffectInProgress, LedgerError } from 'durable-ledger';
@@ -220,10 +220,13 @@ export function ledgerTool(options) {
       return recordedCall({ ...base, callId, call: () => execute(input, context, detailsFor(null)) });
     }
     const theBusinessKey = businessKey ? businessKey(input) : null;
-    if (callId !== null && theBusinessKey == null) await replayRefusal(base.tool, named, callId);
     return guardedTool({
       ...base,
       callId,
+      // a refused call keyed by its id is that refusal again (the core's replayFailure):
+      // its id comes back only when a rerun replays the turn or a saved state is resumed
+      // again, after which the model may have tried again under another id and paid
+      replayFailure: true,
       businessKey: theBusinessKey,
       reconcile: reconcile ?? null,
       perform: (key) => execute(input, context, detailsFor(key)),
@@ -270,32 +273,6 @@ function stableCallId(toolName, context, details, byRecordedId) {
  * their id whatever keyBy says, a turn's only with keyBy 'recorded-call-id'.
  */
 const RESUMED = '\u0000durable-ledger-openai-agents:resumed:';
-
-/**
- * A call keyed by its id whose effect failed (the provider refused it: EffectDidNotHappen,
- * or a person resolved it as not done) is that failure again, as a call keyed by its
- * occurrence is: the ledger's rule for a business key (a failed one is executed again) is
- * for a framework's retry of one call, which this SDK never makes.  Here the same id
- * comes back only when a rerun replays the recorded turn or a saved state is resumed
- * again; what the run did after the refusal (the model may have tried again, under a new
- * id, and paid) is recorded after it, so the refusal must be replayed, not retried.
- * @param {string} tool  the tool's name in the ledger
- * @param {string | undefined} named  the run the tool names, if any
- * @param {string} callId
- */
-async function replayRefusal(tool, named, callId) {
-  const attempt = currentAttempt();
-  const run = named ?? attempt?.run;
-  // no attempt, or one that has stopped: guardedTool says so, performing nothing
-  if (!attempt || run === undefined || currentStop()) return;
-  const key = callKey(run, tool, callId);
-  const row = await attempt.ledger.effectStatus(key, run);
-  // a contradicted failure (flagged) is for a person: begin_effect pauses it
-  if (row?.status !== 'failed' || row.conflict) return;
-  throw new EffectFailed(`${tool} (call ${callId}) failed in an earlier attempt (replayed): ${asText(row.error)}`, {
-    key, decision: 'replay', reason: null, error: row.error, replayed: true,
-  });
-}
 
 /**
  * Whether a person approved this very call (the SDK's per-call approval, restored with

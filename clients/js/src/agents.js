@@ -31,7 +31,7 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { createHash } from 'node:crypto';
 import {
-  AwaitingApproval, BudgetExhausted, DivergencePaused, EffectDidNotHappen, EffectPaused, LeaseLost,
+  AwaitingApproval, BudgetExhausted, DivergencePaused, EffectDidNotHappen, EffectFailed, EffectPaused, LeaseLost,
   LedgerError, RunAbandoned, RunStopped, ToolRefused,
 } from './errors.js';
 import { describe } from './text.js';
@@ -55,7 +55,10 @@ import { describe } from './text.js';
 /**
  * @typedef {object} Stop
  * @property {StopKind} kind
- * @property {string|null} key  the effect's idempotency key, when there is one
+ * @property {string|null} key  the effect's idempotency key, when there is one (what
+ *   resolve_effect takes)
+ * @property {string|null} [downstreamKey]  the key its provider got, when known (a business
+ *   key's names its attempt: `<key>#<attempt>`)
  * @property {string} forModel  a tool result for the model: what happened, and that it must
  *   not call the tool again
  * @property {string} forPerson  what a person must do before the run can go on
@@ -218,6 +221,12 @@ function thrownFor(stop) {
  *   the call is keyed by it (callKey: a business key of the run, tool and id) instead of by
  *   its occurrence, so a resume that does not re-make the run's earlier calls, or a
  *   framework's retry of the call, reaches this call's effect and no other
+ * @property {boolean} [replayFailure]  with callId: a call whose effect failed (its provider
+ *   refused it, or a person resolved it as not done) is replayed as that failure (EffectFailed,
+ *   replayed) rather than made again, as a call keyed by its occurrence is -- for a framework
+ *   that re-runs or resumes past a failure the model has seen (it may have tried again under
+ *   another id, and paid); without it a failed call keyed by its id is made again by the next
+ *   call of that id (a framework's retry of that very call).  One effect_status more per call.
  * @property {unknown} [meta]
  * @property {import('./reconcile.js').Reconcile | null} [reconcile]
  */
@@ -225,7 +234,7 @@ function thrownFor(stop) {
 /**
  * The business key of a tool call identified by the framework's id for it (guardedTool's
  * callId): the run, the tool and the id, as a JSON array after "call:" (readable, and no two
- * triples give one key), or its SHA-256 when that is longer than a business key may be.
+ * triples give one key), or its SHA-256 past 200 characters (room for the provider's key).
  * @param {string} run
  * @param {string} tool
  * @param {string} callId
@@ -235,8 +244,10 @@ export function callKey(run, tool, callId) {
   if (typeof callId !== 'string' || callId === '') throw new TypeError('callKey(): callId must be a non-empty string');
   const triple = JSON.stringify([run, tool, callId]);
   const key = `call:${triple}`;
-  // 255 characters at most; length counts UTF-16 units, never fewer than characters
-  return key.length <= 255 ? key : `call:sha256:${createHash('sha256').update(triple).digest('hex')}`;
+  // a business key may have 255 characters, and the provider's key adds "#<attempt>":
+  // kept within 200 (length counts UTF-16 units, never fewer than characters), so that
+  // it fits what providers take (Stripe: 255)
+  return key.length <= 200 ? key : `call:sha256:${createHash('sha256').update(triple).digest('hex')}`;
 }
 
 /**
@@ -273,8 +284,19 @@ export function isStableCallId(id) {
 export async function guardedTool(spec) {
   const { ledger, run, state } = resolve(spec, 'guardedTool');
   const businessKey = spec.businessKey ?? (spec.callId != null ? callKey(run, spec.tool, spec.callId) : null);
+  if (spec.replayFailure && spec.callId != null && spec.businessKey == null && !state?.stop) {
+    // (a stopped attempt: guarded() says so, performing nothing)
+    const key = /** @type {string} */ (businessKey);
+    const row = await ledger.effectStatus(key, run);
+    // a contradicted failure (flagged) is for a person: begin_effect pauses it
+    if (row?.status === 'failed' && !row.conflict) {
+      throw new EffectFailed(`${spec.tool} (call ${spec.callId}) did not happen (replayed): ${describe(row.error)}`, {
+        key, decision: 'replay', reason: null, error: row.error, replayed: true,
+      });
+    }
+  }
   /** the key of a perform that threw: its outcome is unknown */
-  const threw = { key: /** @type {string|null} */ (null) };
+  const threw = { key: /** @type {string|null} */ (null), downstreamKey: /** @type {string|null} */ (null) };
   try {
     return await ledger.guarded({
       run, tool: spec.tool, args: spec.args, businessKey, meta: spec.meta,
@@ -283,13 +305,19 @@ export async function guardedTool(spec) {
         try {
           return await spec.perform(key);
         } catch (err) {
-          if (!(err instanceof EffectDidNotHappen)) threw.key = key;
+          if (!(err instanceof EffectDidNotHappen)) {
+            // the effect's key (what resolve_effect takes), and the provider's: a business
+            // key's provider key names its attempt (key#attempt)
+            threw.key = businessKey ?? key;
+            threw.downstreamKey = key;
+          }
           throw err;
         }
       },
     });
   } catch (err) {
-    noteStop(err, stopOf(err, threw.key !== null ? { tool: spec.tool, key: threw.key } : undefined)
+    noteStop(err, stopOf(err, threw.key !== null
+      ? { tool: spec.tool, key: threw.key, downstreamKey: threw.downstreamKey ?? threw.key } : undefined)
       ?? stoppedByClient(err, ledger, run, spec.tool, false), state);
     throw err;
   }
@@ -419,7 +447,8 @@ function stoppedByClient(err, ledger, run, tool, recorded) {
  * EffectFailed is the tool's recorded refusal, for the model to handle; an
  * EffectInProgress or a bad argument stops nothing).
  * @param {unknown} err
- * @param {{tool: string, key: string}} [unknownOutcome]  the call whose perform threw it
+ * @param {{tool: string, key: string, downstreamKey?: string}} [unknownOutcome]  the call whose perform
+ *   threw it: its effect's key and the key its provider got
  * @returns {Stop | null}
  */
 export function stopOf(err, unknownOutcome) {
@@ -429,17 +458,20 @@ export function stopOf(err, unknownOutcome) {
    * @param {string} forModel
    * @param {string} forPerson
    * @param {string|null} [stopKey]
+   * @param {string|null} [downstreamKey]
    * @returns {Stop}
    */
-  const stop = (kind, forModel, forPerson, stopKey = key) => ({ kind, key: stopKey, forModel, forPerson, error: err });
+  const stop = (kind, forModel, forPerson, stopKey = key, downstreamKey = err instanceof EffectPaused
+    ? err.downstreamKey ?? null : null) => ({ kind, key: stopKey, downstreamKey, forModel, forPerson, error: err });
   if (unknownOutcome) {
     return stop('unknown',
       `The tool ${unknownOutcome.tool} failed while it was being performed: nobody knows yet whether ` +
         `it took effect. ${noRetry}`,
       `the outcome of ${unknownOutcome.tool} (effect ${unknownOutcome.key}) is unknown: the tool threw ` +
         `(${describe(/** @type {any} */ (err)?.message ?? err)}). The next attempt pauses it: a person checks ` +
-        'the downstream system and resolves it (durable_ledger.resolve_effect, or the console).',
-      unknownOutcome.key);
+        `the downstream system for ${unknownOutcome.downstreamKey ?? unknownOutcome.key} and resolves it ` +
+        '(durable_ledger.resolve_effect, or the console).',
+      unknownOutcome.key, unknownOutcome.downstreamKey ?? unknownOutcome.key);
   }
   if (err instanceof EffectPaused) {
     const why = err instanceof DivergencePaused ? 'it may repeat an earlier call worded differently'

@@ -188,11 +188,21 @@ test('callId: a call keyed by its framework id reaches its own effect in a resum
   });
   // attempt 1: call-1 pays INV-9; call-2 pays INV-9 again (a second, deliberate payment) and
   // its outcome is unknown
+  let shown;
   await assert.rejects(agentAttempt(ledger, run, async () => {
     const first = await pay('call-1', 'INV-9');
     assert.equal(first.callId, 'call-1');
-    assert.ok((await swallowing(() => pay('call-2', 'INV-9', 'crash'))).error instanceof ToolCallStopped);
-  }), RunStopped);
+    shown = (await swallowing(() => pay('call-2', 'INV-9', 'crash'))).error;
+    assert.ok(shown instanceof ToolCallStopped);
+  }), (err) => {
+    // the effect's key, which resolve_effect takes -- not the provider's (key#attempt)
+    assert.ok(err instanceof RunStopped);
+    assert.equal(err.key, callKey(run, 'pay', 'call-2'));
+    return true;
+  });
+  assert.equal(shown.stop.key, callKey(run, 'pay', 'call-2'));
+  assert.equal(shown.stop.downstreamKey, `${callKey(run, 'pay', 'call-2')}#1`);
+  assert.ok(shown.stop.forPerson.includes(`${callKey(run, 'pay', 'call-2')}#1`), shown.stop.forPerson);
   // attempt 2, a checkpoint resume: only call-2 is made again -- it pauses, it does not get
   // call-1's payment as an occurrence-keyed call would
   await assert.rejects(agentAttempt(ledger, run, () => pay('call-2', 'INV-9')), EffectPaused);
@@ -217,7 +227,7 @@ test('callId: a call keyed by its framework id reaches its own effect in a resum
   // the key: readable, unambiguous, and short enough for any run
   assert.equal(callKey('r/1', 'pay', 'c'), 'call:["r/1","pay","c"]');
   assert.notEqual(callKey('r', '1/pay', 'c'), callKey('r/1', 'pay', 'c'));
-  assert.match(callKey('r'.repeat(300), 'pay', 'c'), /^call:sha256:[0-9a-f]{64}$/);
+  assert.match(callKey('r'.repeat(190), 'pay', 'c'), /^call:sha256:[0-9a-f]{64}$/, 'room for the provider\'s #attempt');
 });
 
 test('callId on a recorded call: each call id is its own record, whatever the occurrence; stable ids are those a recorded turn noted', async () => {
@@ -235,5 +245,33 @@ test('callId on a recorded call: each call id is its own record, whatever the oc
     assert.equal((await read('r-2')).n, 2, 'a later read is made, not the first one replayed');
     assert.equal((await read('r-1')).n, 1, 'the first is replayed');
     assert.equal(isStableCallId('r-1'), false, 'a new attempt notes its own');
+  });
+});
+
+test('callId with replayFailure: a refused call keyed by its id is replayed as refused when its id comes again, not made again', async () => {
+  const run = unique('callid-refusal');
+  let calls = 0;
+  const pay = (replayFailure) => guardedTool({
+    tool: 'pay', args: { invoice: 'INV-1' }, callId: 'call-r', replayFailure,
+    perform: () => {
+      calls += 1;
+      if (calls === 1) throw new EffectDidNotHappen({ declined: 'card' });
+      return { paid: true };
+    },
+  });
+  await agentAttempt(ledger, run, async () => {
+    const first = await pay(true).catch((err) => err);
+    assert.ok(first instanceof EffectFailed && !first.replayed);
+  });
+  await agentAttempt(ledger, run, async () => {
+    const again = await pay(true).catch((err) => err);
+    assert.ok(again instanceof EffectFailed, String(again));
+    assert.equal(again.replayed, true);
+    assert.deepEqual(again.error, { declined: 'card' });
+    assert.equal(again.key, callKey(run, 'pay', 'call-r'));
+    assert.equal(calls, 1, 'not made again');
+    // without it, the same id is the framework's retry of that very call: made again
+    assert.deepEqual(await pay(false), { paid: true });
+    assert.equal(calls, 2);
   });
 });
