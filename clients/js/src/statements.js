@@ -101,7 +101,9 @@ export function beginStatement(...call) {
  * @param {'complete_effect'|'fail_effect'} fn
  */
 export function reportStatement(fn) {
-  return `SELECT * FROM durable_ledger.${fn}($1::text, $2::jsonb, $3::integer)`;
+  // only the columns the report's judge, the caller and the notices read: each column of
+  // the effect's row costs the client its parsing (its timestamps most)
+  return `SELECT key, run, tool, status, attempt, result, error, conflict FROM durable_ledger.${fn}($1::text, $2::jsonb, $3::integer)`;
 }
 
 /**

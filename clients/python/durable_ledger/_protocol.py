@@ -849,8 +849,10 @@ def report_statement(function: str, key: str, payload: Any, attempt: int,
     (attempt 2, 3, ...), and a report that named none could land on another attempt than
     the one it is about -- or, when the connection no longer holds the lease that started
     the attempt, be kept as a conflict instead of applied.  ``run``: routed (see
-    `routed`)."""
-    return routed(f"SELECT * FROM durable_ledger.{function}(%s, %s, %s)",
+    `routed`).  Only the columns `judge_report`, the caller and the notices' log records
+    read: each column of a row costs the client its conversion."""
+    return routed(f"SELECT key, run, tool, status, attempt, result, conflict "
+                  f"FROM durable_ledger.{function}(%s, %s, %s)",
                   (key, _json(payload), attempt), run)
 
 

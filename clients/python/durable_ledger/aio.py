@@ -1198,10 +1198,28 @@ async def _execute_raw(conn: "psycopg.AsyncConnection[Any]", query: str,
         if conn.autocommit:
             await cur.execute(query, params, prepare=False)
             return await cur.fetchall()
-        async with conn.transaction():
+        if conn.info.transaction_status == TransactionStatus.IDLE:
+            return await _alone(conn, cur, query, params)
+        async with conn.transaction():  # a savepoint in the caller's transaction (a local effect's)
             await cur.execute(query, params, prepare=False)
             rows = await cur.fetchall()
         return rows
+
+
+async def _alone(conn: "psycopg.AsyncConnection[Any]", cur: Any, query: str,
+                 params: Tuple[Any, ...]) -> List[Dict[str, Any]]:
+    """One statement as a transaction of its own on an idle connection that is not in
+    autocommit mode (a pool's), in one round trip (see the synchronous `_alone`)."""
+    await conn.set_autocommit(True)
+    try:
+        await cur.execute(query, params, prepare=False)
+        rows: List[Dict[str, Any]] = await cur.fetchall()
+        return rows
+    finally:
+        try:
+            await conn.set_autocommit(False)
+        except BaseException:
+            await conn.close()
 
 
 async def _execute_and_status(conn: "psycopg.AsyncConnection[Any]", cur: Any, query: str,

@@ -1238,10 +1238,32 @@ def _execute_raw(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any,
         if conn.autocommit:
             cur.execute(query, params, prepare=False)
             return cur.fetchall()
-        with conn.transaction():
+        if conn.info.transaction_status == TransactionStatus.IDLE:
+            return _alone(conn, cur, query, params)
+        with conn.transaction():  # a savepoint in the caller's transaction (a local effect's)
             cur.execute(query, params, prepare=False)
             rows = cur.fetchall()
         return rows
+
+
+def _alone(conn: "psycopg.Connection[Any]", cur: Any, query: str,
+           params: Tuple[Any, ...]) -> List[Dict[str, Any]]:
+    """One statement as a transaction of its own on an idle connection that is not in
+    autocommit mode (a pool's): switched to autocommit for it, a flag of psycopg's (nothing
+    is sent), so that the server commits the statement alone -- one round trip where BEGIN,
+    the statement and COMMIT took three -- then switched back; a connection that cannot be
+    switched back is closed, so that a pool never hands its next user a connection in a mode
+    its owner did not choose (the pool discards a closed connection)."""
+    conn.autocommit = True
+    try:
+        cur.execute(query, params, prepare=False)
+        rows: List[Dict[str, Any]] = cur.fetchall()
+        return rows
+    finally:
+        try:
+            conn.autocommit = False
+        except Exception:
+            conn.close()
 
 
 def _execute_and_status(conn: "psycopg.Connection[Any]", cur: Any, query: str,

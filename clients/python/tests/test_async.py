@@ -28,6 +28,7 @@ import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -44,6 +45,7 @@ from durable_ledger import (  # noqa: E402
     EffectDidNotHappen,
     EffectFailed,
     EffectPaused,
+    InvalidArgument,
     LeaseLost,
     LedgerUsageError,
     RunAbandoned,
@@ -132,6 +134,29 @@ class AsyncLedgerTest(unittest.IsolatedAsyncioTestCase):
             (run,)).fetchone()[0])  # type: ignore[index]
 
     # ----------------------------------------- a model's parallel tool calls
+
+    async def test_a_pool_connection_is_given_back_as_it_was_lent(self) -> None:
+        # As the synchronous Ledger's (test_token_leases): a statement on a pool's connection
+        # not in autocommit mode is sent alone in autocommit, and the connection given back
+        # idle and not in autocommit mode, after a call and after a refused statement.
+        pool = await self.pool(size=1, autocommit=False)
+        ledger = AsyncLedger(pool)
+
+        async def as_lent() -> None:
+            async with pool.connection() as conn:
+                self.assertFalse(conn.autocommit)
+                self.assertEqual(conn.info.transaction_status, TransactionStatus.IDLE)
+                await conn.execute("SELECT 1")
+                self.assertEqual(conn.info.transaction_status, TransactionStatus.INTRANS)
+
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            self.assertEqual(await ledger.guarded(self.run_id, "bank.pay", {"invoice": "INV-1"},
+                                                  lambda key: {"paid": True}), {"paid": True})
+        await as_lent()
+        with self.assertRaises(InvalidArgument):
+            async with ledger.token_attempt(self.run_id, ttl=30):
+                await ledger.guarded(self.run_id, "", {}, lambda key: None)
+        await as_lent()
 
     async def test_parallel_calls_of_one_attempt_on_a_pool_replay_in_another_order(self) -> None:
         # A model asks for five tool calls at once; the agent runs them as tasks of one

@@ -30,6 +30,7 @@ from datetime import timedelta
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -194,6 +195,31 @@ class TokenLeaseTest(unittest.TestCase):
         return tools
 
     # ------------------------------------------------ calls on many backends
+
+    def test_a_pool_connection_is_given_back_as_it_was_lent(self) -> None:
+        # A ledger statement on a pool's connection that is not in autocommit mode is a
+        # transaction of its own sent alone: the connection is switched to autocommit for
+        # it, and back.  The pool's next user gets it as its owner made it -- idle, not in
+        # autocommit mode -- after a call, and after a statement the server refused.
+        pool = self.pool(size=1)
+        ledger = Ledger(pool)
+        pay = self.tools(ledger)["bank.pay"]
+
+        def as_lent() -> None:
+            with pool.connection() as conn:
+                self.assertFalse(conn.autocommit)
+                self.assertEqual(conn.info.transaction_status, TransactionStatus.IDLE)
+                conn.execute("SELECT 1")  # the owner's own statement opens a transaction
+                self.assertEqual(conn.info.transaction_status, TransactionStatus.INTRANS)
+
+        with ledger.token_attempt(self.run_id, ttl=30):
+            self.assertEqual(pay(self.run_id, {"invoice": "INV-1"})["n"], 1)
+        as_lent()
+        with self.assertRaises(InvalidArgument):
+            with ledger.token_attempt(self.run_id, ttl=30):
+                ledger.guarded(self.run_id, "", {}, lambda key: None)  # 22023, nothing written
+        as_lent()
+        self.assertEqual([row[2] for row in self.effects(self.run_id)], ["completed"])
 
     def test_one_attempt_on_a_pool_runs_on_several_backends_and_lines_up(self) -> None:
         # Non-autocommit pool connections: each call is a transaction of its own all
