@@ -6,7 +6,7 @@ Every comparison runs interleaved in one cluster (A B A B ...) and reports the
 median of its rounds as a ratio; absolute numbers are context only.  Run by
 bench/run.sh against a throwaway cluster.  --only runs some sections:
 pairs, registered, unregistered, budgeted, batch, replay, handoff, pooler, access, growth, audit,
-console, proxy, gateway.
+console, proxy, gateway, clients.
 
 The proxy section (bench/proxy_scale.py) starts four clusters of its own: three shards
 and a proxy (durable_ledger_proxy): begin+complete through the proxy against straight to
@@ -69,6 +69,7 @@ from audit_scale import audit_section, audit_dsn
 from console_scale import console_section
 from proxy_scale import proxy_section
 from gateway_latency import gateway_section
+from clients_cpu import clients_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -462,7 +463,7 @@ def populate(conn, target):
 
 
 SECTIONS = ("pairs", "registered", "unregistered", "budgeted", "local", "batch", "replay", "handoff", "pooler", "access", "growth",
-            "audit", "console", "proxy", "gateway")
+            "audit", "console", "proxy", "gateway", "clients")
 
 
 def bench_settings():
@@ -670,6 +671,10 @@ def main():
     if "gateway" in only:
         # the MCP gateway (adapters/mcp-gateway): what it adds to a tool call's latency
         rows.extend(gateway_section(args, args.dsn, say))
+
+    if "clients" in only:
+        # the clients' own CPU per guarded call (issue 34)
+        rows.extend(clients_section(args, args.dsn, say))
 
     cores = os.cpu_count()
     print()

@@ -1,0 +1,51 @@
+"""make bench, section "clients": the CPU a client spends per guarded call (issue 34).
+
+Each client runs RUNS runs, 4 at a time, each a token attempt of three guarded calls on a
+pool (take_lease and release_lease included), the tools doing nothing, in a process of
+its own: bench/client_cpu.py (Python: Ledger on a psycopg_pool ConnectionPool, 4 threads;
+AsyncLedger on an AsyncConnectionPool, 4 tasks) and bench/client_cpu.mjs (JavaScript: a
+Ledger on a pg.Pool).  The figure is the process's own CPU (user + system) over the timed
+runs, after 200 runs of warm-up, divided by the calls: the client's side only, the server
+is another process.  The median of --rounds rounds, the three clients interleaved; target
+<= 0.5 ms a call.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import urllib.parse
+
+import psycopg
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUNS = "600"
+
+
+def node_url(dsn):
+    """A postgresql:// URL (what node-postgres reads) for a libpq DSN."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    query = urllib.parse.urlencode({"host": info["host"], "port": info.get("port", 5432)})
+    user = urllib.parse.quote(info.get("user", "postgres"), safe="")
+    return f"postgresql://{user}@/{urllib.parse.quote(info.get('dbname', 'postgres'), safe='')}?{query}"
+
+
+def clients_section(args, dsn, say):
+    say("clients: CPU per guarded call (token attempts of three calls on a pool) ...")
+    commands = {
+        "Python (Ledger, sync)": ["/usr/bin/python3", os.path.join(HERE, "client_cpu.py"), "sync", dsn, RUNS, "4"],
+        "Python (AsyncLedger)": ["/usr/bin/python3", os.path.join(HERE, "client_cpu.py"), "async", dsn, RUNS, "4"],
+        "JavaScript (Ledger)": ["node", os.path.join(HERE, "client_cpu.mjs"), node_url(dsn), RUNS, "4"],
+    }
+    per_call = {name: [] for name in commands}
+    for _ in range(args.rounds):
+        for name, cmd in commands.items():
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            r = json.loads(out.strip().splitlines()[-1])
+            per_call[name].append(r["cpu_seconds"] / r["calls"] * 1000)
+    rows = []
+    for name, figures in per_call.items():
+        rows.append((f"client CPU per guarded call, {name} (ms)", statistics.median(figures), "<= 0.5",
+                     f"rounds {', '.join(f'{x:.3f}' for x in figures)}; {RUNS} runs of 3 calls, 4 at a time"))
+        say("  ", rows[-1])
+    return rows
