@@ -14,6 +14,14 @@ export const RUN_META = 'durable-ledger/run';
 export const KEY_META = 'durable-ledger/idempotency-key';
 /** The `_meta` key of a request that names the call by the client's own, stable id for it. */
 export const CALL_ID_META = 'durable-ledger/call-id';
+/** The prefix of the gateway's own `_meta` keys: a client's are never forwarded upstream. */
+export const META_PREFIX = 'durable-ledger/';
+/**
+ * The default upstream timeout (ms): clearly shorter than the MCP SDK client's default
+ * request timeout (60 s), so that the gateway answers a slow call (its outcome unknown, a
+ * stop) before the client gives up on it and retries it as a new call.
+ */
+export const DEFAULT_TIMEOUT = 50000;
 
 /**
  * @typedef {object} ToolRule  what the configuration says of one upstream tool
@@ -64,6 +72,10 @@ export const CALL_ID_META = 'durable-ledger/call-id';
  * @property {ServerSpec[]} servers
  * @property {number} sessionIdleTimeout  seconds after which an HTTP session without a
  *   request is closed (its attempts end, their leases released)
+ * @property {string[]} allowOrigins  HTTP: the origins (scheme://host[:port]) whose requests
+ *   (a browser's, with an Origin header) are served; a request with another Origin is refused
+ * @property {string[]} allowHosts  HTTP: Host headers served besides the address the gateway
+ *   listens on (and its loopback names): DNS-rebinding protection
  * @property {string | null} source  the file it was read from
  */
 
@@ -114,7 +126,8 @@ export function loadConfig(file) {
  */
 export function parseConfig(json, { source = null, baseDir = process.cwd() } = {}) {
   const check = new Checker(source);
-  const top = check.object(json, '', ['ledger', 'servers', 'sessionIdleTimeout', '$schema', 'description']);
+  const top = check.object(json, '', ['ledger', 'servers', 'sessionIdleTimeout', 'allowOrigins', 'allowHosts',
+    '$schema', 'description']);
   const ledger = top.ledger === undefined ? {} : check.object(top.ledger, 'ledger',
     ['connectionString', 'ttl', 'holder', 'leaseWait', 'poolSize']);
   const servers = check.object(top.servers, 'servers');
@@ -131,6 +144,10 @@ export function parseConfig(json, { source = null, baseDir = process.cwd() } = {
     servers: names.map((name) => serverSpec(check, name, servers[name], baseDir)),
     sessionIdleTimeout: check.number(top.sessionIdleTimeout, 'sessionIdleTimeout',
       { min: 1, max: 7 * 86400, fallback: 900 }),
+    allowOrigins: top.allowOrigins === undefined ? []
+      : check.array(top.allowOrigins, 'allowOrigins').map((o, i) => origin(check, o, `allowOrigins[${i}]`)),
+    allowHosts: top.allowHosts === undefined ? []
+      : check.array(top.allowHosts, 'allowHosts').map((h, i) => check.string(h, `allowHosts[${i}]`).toLowerCase()),
     source,
   };
 }
@@ -179,7 +196,10 @@ function serverSpec(check, name, value, baseDir) {
   const cwd = check.optionalString(s.cwd, `${at}.cwd`);
   const idempotencyKeyArgument = check.optionalString(s.idempotencyKeyArgument, `${at}.idempotencyKeyArgument`);
   const sideEffectingByDefault = check.boolean(s.sideEffectingByDefault, `${at}.sideEffectingByDefault`, true);
-  const refusedCodes = s.refusedCodes === undefined ? [-32601, -32602]
+  // -32602 (invalid params) is not a default: an older SDK McpServer threw it after the
+  // handler had run (its output failed the outputSchema), and a handler may throw it after
+  // its effect; the gateway checks the arguments against the tool's inputSchema itself
+  const refusedCodes = s.refusedCodes === undefined ? [-32601]
     : check.array(s.refusedCodes, `${at}.refusedCodes`).map((c, i) =>
       check.number(c, `${at}.refusedCodes[${i}]`, { integer: true, min: -2147483648, max: 2147483647 }));
   const rules = s.tools === undefined ? {} : check.object(s.tools, `${at}.tools`);
@@ -230,12 +250,35 @@ function serverSpec(check, name, value, baseDir) {
     url,
     headers: s.headers === undefined ? {} : check.stringRecord(s.headers, `${at}.headers`),
     prefix: check.optionalString(s.prefix, `${at}.prefix`) ?? '',
-    timeout: check.number(s.timeout, `${at}.timeout`, { min: 1, max: 86400000, integer: true, fallback: 60000 }),
+    timeout: check.number(s.timeout, `${at}.timeout`, { min: 1, max: 86400000, integer: true, fallback: DEFAULT_TIMEOUT }),
     sideEffectingByDefault,
     idempotencyKeyArgument,
     refusedCodes,
     tools,
   };
+}
+
+/**
+ * An origin as a browser sends it (scheme://host[:port], no path).
+ * @param {Checker} check
+ * @param {unknown} v
+ * @param {string} at
+ * @returns {string}
+ */
+export function origin(check, v, at) {
+  const text = check.string(v, at);
+  let url;
+  try {
+    url = new URL(text);
+  } catch {
+    throw new ConfigError(at, `not an origin (scheme://host[:port]): ${JSON.stringify(text)}`, check.source);
+  }
+  if (url.origin === 'null' || url.pathname !== '/' || url.search !== '' || url.hash !== '' || url.username !== '' ||
+    text.endsWith('/')) {
+    throw new ConfigError(at, `an origin is scheme://host[:port], nothing more: ${JSON.stringify(text)}`,
+      check.source);
+  }
+  return url.origin;
 }
 
 /**
@@ -256,7 +299,7 @@ export function ruleOf(server, tool) {
 }
 
 /** Checks values and names the field that is wrong. */
-class Checker {
+export class Checker {
   /** @param {string | null} source */
   constructor(source) {
     this.source = source;

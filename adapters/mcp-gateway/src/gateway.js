@@ -17,8 +17,8 @@ import {
   EffectDidNotHappen, EffectFailed, EffectInProgress, LedgerError, LedgerRefused, RunBusy,
 } from 'durable-ledger';
 import { ToolCallStopped, guardedTool, toolError } from 'durable-ledger/agents';
-import { CALL_ID_META, KEY_META, RUN_META, ruleOf } from './config.js';
-import { RunRegistry, SessionRuns } from './runs.js';
+import { CALL_ID_META, KEY_META, META_PREFIX, RUN_META, ruleOf } from './config.js';
+import { RunRegistry, RunStopped, SessionRuns } from './runs.js';
 import { Upstream } from './upstream.js';
 
 /** @typedef {import('durable-ledger').Ledger} Ledger */
@@ -34,6 +34,16 @@ import { Upstream } from './upstream.js';
  * @typedef {import('@modelcontextprotocol/sdk/shared/protocol.js').RequestHandlerExtra<ServerRequest, ServerNotification>} Extra
  */
 
+/**
+ * The MCP SDK's own JSON Schema validator (ajv, which the SDK depends on: no dependency of
+ * the gateway's), imported by a name TypeScript does not follow: its declarations do not
+ * compile without skipLibCheck.
+ * @typedef {{getValidator(schema: object): (input: unknown) => {valid: boolean, errorMessage?: string}}} SchemaValidator
+ */
+const AJV_PROVIDER = '@modelcontextprotocol/sdk/validation/ajv';
+/** @type {new () => SchemaValidator} */
+const AjvJsonSchemaValidator = (await import(AJV_PROVIDER)).AjvJsonSchemaValidator;
+
 /** The `_meta` keys the gateway adds to the results of side-effecting tools. */
 export const RESULT_META = {
   run: 'durable-ledger/run',
@@ -48,20 +58,32 @@ export const RESULT_META = {
  * @property {Upstream} upstream
  * @property {Tool} tool  as the upstream server lists it
  * @property {ToolRule} rule
+ * @property {((args: unknown) => string | null) | null} check  what is wrong with a call's
+ *   arguments by the tool's input schema (as the gateway lists it), or null; null: no check
+ *   (a schema the validator cannot compile)
  */
 
 /** An MCP session of the gateway: its runs and the run of a call that names none. */
 export class GatewaySession {
   /**
    * @param {Gateway} gateway
-   * @param {string} label  names the session (the lease's holder, messages)
+   * @param {string} label  the session's own id (an HTTP session's Mcp-Session-Id: its only
+   *   credential, so never shown to anyone, nor written to the ledger)
    * @param {string} defaultRun  the run of a call whose request names none
    */
   constructor(gateway, label, defaultRun) {
     this.gateway = gateway;
     this.label = label;
+    /** the session's public name (the lease's holder, the ledger's records, messages): not derived from its id */
+    this.name = `session-${randomUUID()}`;
     this.defaultRun = defaultRun;
-    this.runs = new SessionRuns(gateway.registry, label);
+    this.runs = new SessionRuns(gateway.registry, this.name);
+    /**
+     * @type {Map<string, Promise<CallToolResult>>} side-effecting calls the client cancelled
+     * while they ran (its request timed out), by what the call was: the session's next
+     * identical call is answered with that call's answer instead of being made again
+     */
+    this.cancelled = new Map();
     /** when a request of the session arrived last (Date.now()) */
     this.lastRequest = Date.now();
     /** calls of the session in flight */
@@ -138,6 +160,8 @@ export class Gateway {
     const lists = await Promise.all(this.upstreams.map(async (u) => [u, await u.listTools()]));
     /** @type {Map<string, Entry>} */
     const tools = new Map();
+    /** @type {Map<string, Entry>} the side-effecting tools by their name in the ledger */
+    const ledgerNames = new Map();
     for (const [upstream, list] of /** @type {Array<[Upstream, Tool[]]>} */ (lists)) {
       for (const tool of list) {
         const name = `${upstream.spec.prefix}${tool.name}`;
@@ -146,7 +170,20 @@ export class Gateway {
           throw new Error(`the tool ${name} is offered by the upstream servers ${taken.upstream.name} and ` +
             `${upstream.name}: give one of them a "prefix" in the configuration`);
         }
-        tools.set(name, { name, upstream, tool, rule: ruleOf(upstream.spec, tool.name) });
+        const rule = ruleOf(upstream.spec, tool.name);
+        const entry = { name, upstream, tool, rule, check: rule.sideEffecting ? this.#checker(name, tool, rule) : null };
+        if (rule.sideEffecting) {
+          // two tools of one name in the ledger would replay each other's calls
+          const same = ledgerNames.get(rule.ledgerTool);
+          if (same) {
+            throw new Error(`the tools ${same.name} (server ${same.upstream.name}, tool ${same.tool.name}) and ${name} ` +
+              `(server ${upstream.name}, tool ${tool.name}) have one name in the ledger, ${rule.ledgerTool}: ` +
+              'their calls would replay each other\'s; give one of them a "ledgerTool" in the configuration ' +
+              '(or rename a server)');
+          }
+          ledgerNames.set(rule.ledgerTool, entry);
+        }
+        tools.set(name, entry);
       }
       for (const listed of upstream.spec.tools.keys()) {
         if (!list.some((t) => t.name === listed) && !this.warnings.some((w) => w.includes(`"${listed}"`))) {
@@ -187,20 +224,48 @@ export class Gateway {
     return [...this.tools.values()].map((e) => ({
       ...e.tool,
       name: e.name,
-      inputSchema: e.rule.idempotencyKeyArgument ? hideArgument(e.tool.inputSchema, e.rule.idempotencyKeyArgument)
-        : e.tool.inputSchema,
+      inputSchema: listedSchema(e.tool, e.rule),
       _meta: { ...(e.tool._meta ?? {}), 'durable-ledger/side-effecting': e.rule.sideEffecting },
     }));
+  }
+
+  /** @type {SchemaValidator | null} */
+  #validator = null;
+
+  /**
+   * The check of a side-effecting tool's arguments against its input schema (as listed),
+   * made before its intent is recorded: arguments the upstream would refuse as invalid
+   * params are refused here, nothing recorded, nothing sent -- so that an upstream's
+   * -32602 need not mean "nothing was done" (a handler may throw it after its effect).
+   * @param {string} name
+   * @param {Tool} tool
+   * @param {ToolRule} rule
+   * @returns {Entry['check']}
+   */
+  #checker(name, tool, rule) {
+    this.#validator ??= new AjvJsonSchemaValidator();
+    try {
+      const validate = this.#validator.getValidator(/** @type {any} */ (listedSchema(tool, rule)));
+      return (args) => {
+        const r = validate(args);
+        return r.valid ? null : (r.errorMessage ?? 'invalid');
+      };
+    } catch (err) {
+      this.#warn(`the input schema of ${name} cannot be compiled (${/** @type {Error} */ (err).message}): its ` +
+        'calls\' arguments are not checked before they are sent upstream');
+      return null;
+    }
   }
 
   /**
    * A new MCP session.
    * @param {string} [label]  the session's name (an HTTP session's id; default a new UUID)
    * @param {string | null} [defaultRun]  the run of its calls that name none in `_meta`
-   *   (default `mcp-session-<label>`)
+   *   (default `mcp-session-<a new UUID>`: never derived from the session's id, which is
+   *   an HTTP session's credential)
    */
   session(label = randomUUID(), defaultRun = null) {
-    const session = new GatewaySession(this, label, defaultRun ?? `mcp-session-${label}`);
+    const session = new GatewaySession(this, label, defaultRun ?? `mcp-session-${randomUUID()}`);
     this.sessions.add(session);
     return session;
   }
@@ -261,7 +326,12 @@ export class Gateway {
       if (!entry) throw new McpError(ErrorCode.InvalidParams, `Unknown tool: ${params.name}`);
     }
     const meta = params._meta ?? {};
-    const { progressToken, ...forwarded } = meta;
+    // the client's _meta goes upstream, but never a key of the gateway's own
+    // ("durable-ledger/..."): a client must not hand the upstream a run or an idempotency
+    // key of its choosing
+    const forwarded = Object.fromEntries(Object.entries(meta)
+      .filter(([k]) => k !== 'progressToken' && !k.startsWith(META_PREFIX)));
+    const { progressToken } = meta;
     /** @type {import('@modelcontextprotocol/sdk/shared/protocol.js').RequestOptions} */
     const options = progressToken === undefined ? {} : {
       onprogress: (p) => {
@@ -273,7 +343,8 @@ export class Gateway {
 
     if (!entry.rule.sideEffecting) {
       // straight through: the client's arguments and _meta as they came (its progress
-      // token relayed), the server's answer as it came, and its cancellation
+      // token relayed; the gateway's own keys taken out), the server's answer as it came,
+      // and its cancellation
       return entry.upstream.callTool({ ...upstreamParams, _meta: forwarded }, { ...options, signal: extra.signal });
     }
 
@@ -294,8 +365,51 @@ export class Gateway {
         return errorResult(`This call was not performed: ${/** @type {Error} */ (err).message}.`);
       }
     }
+    if (entry.check) {
+      const wrong = entry.check(args);
+      if (wrong !== null) {
+        return errorResult(`This call was not performed: its arguments do not match the input schema of ` +
+          `${entry.name}: ${wrong}. Call it again with arguments that do.`);
+      }
+    }
     const before = session.runs.stopOf(run);
     if (before) return stopResult(before, run);
+    // The client's retry of a call it cancelled while it ran (its request timed out: the
+    // MCP SDK client's default is 60 s) is answered with that call's answer, not made again.
+    const what = JSON.stringify([run, entry.name, callId, canonical(businessKey ?? keyArgs(rule, args))]);
+    const cancelled = session.cancelled.get(what);
+    if (cancelled) {
+      session.cancelled.delete(what);
+      const earlier = await cancelled;
+      // answered from that call: it was performed once, for the request the client gave up on
+      return earlier._meta?.[RESULT_META.replayed] === false
+        ? { ...earlier, _meta: { ...earlier._meta, [RESULT_META.replayed]: true } } : earlier;
+    }
+    const answer = this.#sideEffecting(session, entry, run, callId, businessKey, args, forwarded, options);
+    const onAbort = () => { session.cancelled.set(what, answer); };
+    extra.signal.addEventListener('abort', onAbort, { once: true });
+    try {
+      return await answer;
+    } finally {
+      extra.signal.removeEventListener('abort', onAbort);
+    }
+  }
+
+  /**
+   * A side-effecting call made through the ledger in the session's attempt at `run`; never
+   * rejects (an error is a tool error).
+   * @param {GatewaySession} session
+   * @param {Entry} entry
+   * @param {string} run
+   * @param {string | null} callId
+   * @param {string | null} businessKey
+   * @param {Record<string, unknown>} args
+   * @param {Record<string, unknown>} forwarded
+   * @param {import('@modelcontextprotocol/sdk/shared/protocol.js').RequestOptions} options
+   * @returns {Promise<CallToolResult>}
+   */
+  async #sideEffecting(session, entry, run, callId, businessKey, args, forwarded, options) {
+    const { rule } = entry;
     try {
       // connected before the intent is recorded: a server that cannot be reached is not an
       // unknown outcome
@@ -313,7 +427,7 @@ export class Gateway {
           args,
           businessKey,
           callId: businessKey === null ? callId : null,
-          meta: { mcp: { server: entry.upstream.name, tool: entry.tool.name, session: session.label, ...(callId ? { call_id: callId } : {}) } },
+          meta: { mcp: { server: entry.upstream.name, tool: entry.tool.name, session: session.name, ...(callId ? { call_id: callId } : {}) } },
           perform: async (key) => {
             const upstreamArgs = rule.idempotencyKeyArgument ? { ...args, [rule.idempotencyKeyArgument]: key } : args;
             let answer;
@@ -334,7 +448,7 @@ export class Gateway {
       const recorded = asToolResult(result);
       return { ...recorded, _meta: { ...(recorded._meta ?? {}), [RESULT_META.run]: run, [RESULT_META.replayed]: !performed } };
     } catch (err) {
-      if (err instanceof StoppedBefore) return stopResult(err.stop, run);
+      if (err instanceof StoppedBefore || err instanceof RunStopped) return stopResult(err.stop, run);
       const shown = toolError(err);
       if (shown instanceof ToolCallStopped) {
         session.runs.stopRun(run, shown.stop);
@@ -493,6 +607,39 @@ function fillTemplate(template, args) {
     }
     return String(v);
   });
+}
+
+/**
+ * A tool's input schema as the gateway lists it (without the argument it fills in).
+ * @param {Tool} tool
+ * @param {ToolRule} rule
+ * @returns {Tool['inputSchema']}
+ */
+function listedSchema(tool, rule) {
+  return rule.idempotencyKeyArgument ? hideArgument(tool.inputSchema, rule.idempotencyKeyArgument) : tool.inputSchema;
+}
+
+/**
+ * The arguments that make a call this call: its key fields, else all of them.
+ * @param {ToolRule} rule
+ * @param {Record<string, unknown>} args
+ * @returns {Record<string, unknown>}
+ */
+function keyArgs(rule, args) {
+  return rule.keyFields ? Object.fromEntries(rule.keyFields.map((f) => [f, args[f]])) : args;
+}
+
+/**
+ * A value as JSON with its objects' keys in order (the same arguments, the same text).
+ * @param {unknown} v
+ * @returns {string}
+ */
+function canonical(v) {
+  if (Array.isArray(v)) return `[${v.map(canonical).join(',')}]`;
+  if (typeof v === 'object' && v !== null) {
+    return `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}:${canonical(/** @type {any} */ (v)[k])}`).join(',')}}`;
+  }
+  return JSON.stringify(v) ?? 'null';
 }
 
 /**

@@ -3,6 +3,8 @@
 //   durable-ledger-mcp-gateway --config gateway.json                 stdio (one session)
 //   durable-ledger-mcp-gateway --config gateway.json --run RUN       ... whose calls default to run RUN
 //   durable-ledger-mcp-gateway --config gateway.json --http [HOST:]PORT    Streamable HTTP at /mcp
+//       [--allow-origin ORIGIN]... [--allow-host HOST[:PORT]]...    browsers' origins and other Host
+//                                                                    headers it serves (DNS rebinding)
 //   durable-ledger-mcp-gateway --config gateway.json --check         lists the tools and what the gateway
 //                                                                    does with each; exit 1 on a warning
 //   durable-ledger-mcp-gateway --config gateway.json --registry-sql  the register_tool statements an
@@ -11,13 +13,14 @@
 import { parseArgs } from 'node:util';
 import pg from 'pg';
 import { Ledger } from 'durable-ledger';
-import { ConfigError, loadConfig } from './config.js';
+import { Checker, ConfigError, loadConfig, origin } from './config.js';
 import { Gateway } from './gateway.js';
 import { serveHttp, serveStdio } from './serve.js';
 
 /** @typedef {import('./config.js').GatewayConfig} GatewayConfig */
 
-const USAGE = `usage: durable-ledger-mcp-gateway --config FILE [--http [HOST:]PORT | --run RUN | --check | --registry-sql]`;
+const USAGE = 'usage: durable-ledger-mcp-gateway --config FILE [--http [HOST:]PORT [--allow-origin ORIGIN]... ' +
+  '[--allow-host HOST[:PORT]]... | --run RUN | --check | --registry-sql]';
 
 /**
  * A Ledger on a pg.Pool for the configuration (token leases: every call may use another
@@ -68,6 +71,8 @@ export async function main(argv) {
       options: {
         config: { type: 'string', short: 'c' },
         http: { type: 'string' },
+        'allow-origin': { type: 'string', multiple: true },
+        'allow-host': { type: 'string', multiple: true },
         run: { type: 'string' },
         check: { type: 'boolean' },
         'registry-sql': { type: 'boolean' },
@@ -87,6 +92,19 @@ export async function main(argv) {
     return 2;
   }
   let config;
+  /** @type {string[]} */
+  let allowOrigins;
+  try {
+    const check = new Checker('--allow-origin');
+    allowOrigins = (values['allow-origin'] ?? []).map((o) => origin(check, o, ''));
+  } catch (err) {
+    console.error(`durable-ledger-mcp-gateway: ${/** @type {Error} */ (err).message}`);
+    return 2;
+  }
+  if ((values['allow-origin'] || values['allow-host']) && values.http === undefined) {
+    console.error(`--allow-origin and --allow-host are for --http\n${USAGE}`);
+    return 2;
+  }
   try {
     config = loadConfig(values.config);
   } catch (err) {
@@ -124,7 +142,8 @@ export async function main(argv) {
         console.error(`--http: [HOST:]PORT\n${USAGE}`);
         return 2;
       }
-      const served = await serveHttp(gateway, { host: m[1] || '127.0.0.1', port: Number(m[2]) });
+      const served = await serveHttp(gateway, { host: m[1] || '127.0.0.1', port: Number(m[2]), allowOrigins,
+        allowHosts: values['allow-host'] ?? [] });
       console.log(`durable-ledger-mcp-gateway: listening on ${served.url}`);
       await new Promise((resolve) => {
         process.once('SIGTERM', resolve);

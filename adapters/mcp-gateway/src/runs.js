@@ -48,6 +48,16 @@ class Slot {
   }
 }
 
+/** A call of a run its session may call no more: `stop` says why. */
+export class RunStopped extends Error {
+  /** @param {Stop} stop */
+  constructor(stop) {
+    super(stop.forModel);
+    this.name = 'RunStopped';
+    this.stop = stop;
+  }
+}
+
 /** What the gateway's runs share across its sessions. */
 export class RunRegistry {
   /**
@@ -66,7 +76,8 @@ export class RunRegistry {
 export class SessionRuns {
   /**
    * @param {RunRegistry} registry
-   * @param {string} label  the session, for the lease's holder name and messages
+   * @param {string} label  the session's public name, for the lease's holder name and messages
+   *   (never an HTTP session's id)
    */
   constructor(registry, label) {
     this.registry = registry;
@@ -101,6 +112,9 @@ export class SessionRuns {
       slot = new Slot(this, run);
       this.slots.set(run, slot);
     }
+    // a stopped slot never opens again: a session that lost its run to a newer one (or
+    // whose call stopped it) must not take it back
+    if (slot.stop) throw new RunStopped(slot.stop);
     slot.attempt ??= this.#open(slot);
     let inAttempt;
     try {
@@ -109,6 +123,7 @@ export class SessionRuns {
       if (slot.attempt !== null) slot.attempt = null;
       throw err;
     }
+    if (slot.stop) throw new RunStopped(slot.stop);
     return inAttempt(fn);
   }
 
@@ -139,7 +154,7 @@ export class SessionRuns {
       // A newer session continues the run (a client reconnecting after a crash): the older
       // session's attempt ends -- its calls in flight are recorded first -- and its later
       // calls of the run are refused.
-      other.stop ??= lostTo(run, this.label);
+      other.stop ??= lostTo(run);
       await other.end().catch(() => {});
     }
     const deadline = Date.now() + registry.lease.leaseWait * 1000;
@@ -193,18 +208,19 @@ export class SessionRuns {
 }
 
 /**
- * The stop of a session whose run another session took over.
+ * The stop of a session whose run another session took over.  It never names that session:
+ * an HTTP session's id is its credential.
  * @param {string} run
- * @param {string} by
  * @returns {Stop}
  */
-function lostTo(run, by) {
+function lostTo(run) {
   return {
     kind: 'lease-lost',
     key: null,
     forModel: 'This call was not performed: another session continues this run now. Do not call this tool ' +
       'again in this session.',
-    forPerson: `nothing: run ${run} was continued by MCP session ${by}; this session's calls of it are refused`,
+    forPerson: `nothing: run ${run} was continued by another session of this gateway; this session's calls of ` +
+      'it are refused',
     error: null,
   };
 }

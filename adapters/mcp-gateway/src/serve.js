@@ -5,6 +5,8 @@
 
 import { randomUUID } from 'node:crypto';
 import http from 'node:http';
+import { isIP } from 'node:net';
+import { hostname, networkInterfaces } from 'node:os';
 import { StdioServerTransport } from '@modelcontextprotocol/sdk/server/stdio.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
@@ -48,11 +50,22 @@ export async function serveStdio(gateway, { run = null, stdin = process.stdin, s
 
 /**
  * Serves the gateway over Streamable HTTP at /mcp.
+ *
+ * DNS-rebinding protection: a request is served only when its Host header names the
+ * address the gateway listens on (host:port; on a loopback address also localhost,
+ * 127.0.0.1 and [::1] with that port; on a wildcard address the machine's name and
+ * addresses) or one of `allowHosts`, and when it has no Origin header (not a browser's) or
+ * an Origin of `allowOrigins` -- else 403, before any session is made.  Otherwise a web page
+ * whose name resolves to 127.0.0.1 could call the gateway's paying tools.
  * @param {Gateway} gateway
- * @param {{port?: number, host?: string}} [options]
+ * @param {{port?: number, host?: string, allowOrigins?: string[], allowHosts?: string[]}} [options]
+ *   allowOrigins, allowHosts: added to the configuration's
  * @returns {Promise<HttpGateway>}
  */
-export async function serveHttp(gateway, { port = 0, host = '127.0.0.1' } = {}) {
+export async function serveHttp(gateway, { port = 0, host = '127.0.0.1', allowOrigins = [], allowHosts = [] } = {}) {
+  const origins = new Set([...(gateway.config.allowOrigins ?? []), ...allowOrigins].map((o) => o.toLowerCase()));
+  /** @type {Set<string>} the Host headers served (filled once the port is known) */
+  const hosts = new Set();
   /** @type {HttpGateway['sessions']} */
   const sessions = new Map();
 
@@ -78,6 +91,12 @@ export async function serveHttp(gateway, { port = 0, host = '127.0.0.1' } = {}) 
    * @param {http.ServerResponse} res
    */
   async function handle(req, res) {
+    const refused = refusal(req, hosts, origins);
+    if (refused) {
+      res.writeHead(403, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ jsonrpc: '2.0', error: { code: -32000, message: refused }, id: null }));
+      return;
+    }
     const url = new URL(req.url ?? '/', 'http://gateway');
     if (url.pathname !== '/mcp') {
       res.writeHead(404).end();
@@ -106,6 +125,11 @@ export async function serveHttp(gateway, { port = 0, host = '127.0.0.1' } = {}) 
     const session = gateway.session(sid);
     const transport = new StreamableHTTPServerTransport({
       sessionIdGenerator: () => sid,
+      // the SDK's own check too (the gateway's, above, comes first and also checks Origin
+      // when no origin is allowed)
+      enableDnsRebindingProtection: true,
+      allowedHosts: [...hosts],
+      allowedOrigins: [...origins],
       onsessioninitialized: () => { sessions.set(sid, { session, transport }); },
     });
     transport.onclose = () => {
@@ -131,8 +155,9 @@ export async function serveHttp(gateway, { port = 0, host = '127.0.0.1' } = {}) 
 
   await new Promise((resolve) => server.listen(port, host, () => resolve(undefined)));
   const address = /** @type {import('node:net').AddressInfo} */ (server.address());
+  for (const h of servedHosts(host, address.port, [...(gateway.config.allowHosts ?? []), ...allowHosts])) hosts.add(h);
   return {
-    url: `http://${host}:${address.port}/mcp`,
+    url: `http://${hostPort(host, address.port)}/mcp`,
     server,
     sessions,
     close: async () => {
@@ -146,6 +171,63 @@ export async function serveHttp(gateway, { port = 0, host = '127.0.0.1' } = {}) 
       await new Promise((resolve) => server.close(() => resolve(undefined)));
     },
   };
+}
+
+/**
+ * `host:port` as a Host header says it ([::1]:port for an IPv6 address).
+ * @param {string} host
+ * @param {number} port
+ */
+function hostPort(host, port) {
+  return isIP(host) === 6 ? `[${host}]:${port}` : `${host}:${port}`;
+}
+
+/**
+ * The Host headers a gateway listening on host:port serves.
+ * @param {string} host
+ * @param {number} port
+ * @param {string[]} extra  allowHosts: "name" (any port) or "name:port"
+ * @returns {string[]}
+ */
+function servedHosts(host, port, extra) {
+  const names = new Set([host.toLowerCase()]);
+  const loopback = ['127.0.0.1', 'localhost', '::1'];
+  if (loopback.includes(host.toLowerCase()) || host.startsWith('127.')) for (const n of loopback) names.add(n);
+  if (host === '0.0.0.0' || host === '::') {
+    for (const n of loopback) names.add(n);
+    names.add(hostname().toLowerCase());
+    for (const list of Object.values(networkInterfaces())) {
+      for (const a of list ?? []) names.add(a.address.toLowerCase());
+    }
+  }
+  const served = [...names].map((n) => hostPort(n, port));
+  for (const e of extra) {
+    const h = e.toLowerCase();
+    served.push(/:\d+$/.test(h) && !/^[^[]*:.*:/.test(h) ? h : hostPort(h.replace(/^\[|\]$/g, ''), port));
+  }
+  return served;
+}
+
+/**
+ * Why a request is refused (DNS rebinding: a Host that is not the gateway's; a browser's
+ * Origin that is not allowed), or null.
+ * @param {http.IncomingMessage} req
+ * @param {Set<string>} hosts
+ * @param {Set<string>} origins
+ * @returns {string | null}
+ */
+function refusal(req, hosts, origins) {
+  const host = req.headers.host?.toLowerCase();
+  if (!host || !hosts.has(host)) {
+    return `Forbidden: the Host header ${JSON.stringify(req.headers.host ?? '')} is not this gateway's ` +
+      '(give it with --allow-host, or allowHosts in the configuration)';
+  }
+  const origin = req.headers.origin;
+  if (origin !== undefined && !origins.has(origin.toLowerCase())) {
+    return `Forbidden: the Origin ${JSON.stringify(origin)} is not allowed ` +
+      '(give it with --allow-origin, or allowOrigins in the configuration)';
+  }
+  return null;
 }
 
 /**

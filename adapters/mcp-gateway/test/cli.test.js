@@ -9,6 +9,7 @@ import { writeFileSync } from 'node:fs';
 import { startEffectsServer } from '../../test-support/effects-server.js';
 import { spawnWorker } from '../../test-support/worker.js';
 import { ConfigError, parseConfig, registrySql } from '../src/index.js';
+import { DEFAULT_REQUEST_TIMEOUT_MSEC } from '@modelcontextprotocol/sdk/shared/protocol.js';
 import { startGate } from './support/gate.js';
 import { BIN, CLIENT, DSN, configFile, effectsOf, newRun, sql, testConfig } from './support/setup.js';
 
@@ -109,5 +110,17 @@ test('a configuration that is wrong is refused before anything starts, naming th
   const [bank] = defaults.servers;
   assert.equal(bank.sideEffectingByDefault, true, 'a tool nobody listed is side-effecting: the safe default');
   assert.equal(defaults.ledger.ttl, 60);
-  assert.deepEqual(bank.refusedCodes, [-32601, -32602]);
+  assert.deepEqual(bank.refusedCodes, [-32601], 'invalid params (-32602) is no promise that nothing was done');
+  assert.ok(bank.timeout < DEFAULT_REQUEST_TIMEOUT_MSEC,
+    'the upstream timeout is shorter than the MCP SDK client\'s: the gateway answers a slow call first');
+  assert.deepEqual(defaults.allowOrigins, []);
+  bad({ allowOrigins: ['http://app.example/path'], servers: { bank: { command: 'x' } } },
+    /^allowOrigins\[0\]: an origin is scheme:\/\/host\[:port\], nothing more/);
+  bad({ allowOrigins: ['app.example'], servers: { bank: { command: 'x' } } }, /^allowOrigins\[0\]: not an origin/);
+  assert.deepEqual(parseConfig({ allowOrigins: ['https://App.example:8443'], servers: { bank: { command: 'x' } } })
+    .allowOrigins, ['https://app.example:8443']);
+  const flag = spawnSync(process.execPath, [BIN, '--config', file, '--http', '0', '--allow-origin', 'https://x.example/a'],
+    { encoding: 'utf8' });
+  assert.equal(flag.status, 2);
+  assert.match(flag.stderr, /--allow-origin: an origin is scheme/);
 });

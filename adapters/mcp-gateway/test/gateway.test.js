@@ -81,16 +81,18 @@ test('a side-effecting tool is called once through the ledger; a new session of 
   }
 });
 
-test('a read-only tool passes straight through: every call reaches the upstream, untouched, and the ledger records nothing', async () => {
+test('a read-only tool passes straight through: every call reaches the upstream, untouched but for the gateway\'s own _meta keys, and the ledger records nothing', async () => {
   const gw = await startGateway(testConfig({ effects: effects.url }));
   try {
     const run = newRun('read');
     const invoice = `INV-${run}`;
     const client = await connect(gw.url);
-    const meta = { 'durable-ledger/run': run, 'acme/trace': 'abc' };
+    // a client's own durable-ledger/* keys (a forged idempotency key) never reach the upstream
+    const sent = { 'durable-ledger/run': run, 'durable-ledger/idempotency-key': 'forged', 'acme/trace': 'abc' };
+    const meta = { 'acme/trace': 'abc' };
     const answers = [];
     for (let i = 0; i < 3; i += 1) {
-      answers.push(await client.callTool({ name: 'lookup_invoice', arguments: { invoice }, _meta: meta }));
+      answers.push(await client.callTool({ name: 'lookup_invoice', arguments: { invoice }, _meta: sent }));
     }
     assert.equal(made('lookup', (c) => c.body.invoice === invoice).length, 3, 'each call reached the upstream');
     for (const a of answers) {
@@ -306,8 +308,8 @@ test('a business key: the same invoice paid in another run replays the first pay
   }
 });
 
-test('an upstream refusal (invalid params) is recorded as failed and replayed; the run goes on', async () => {
-  const gw = await startGateway(testConfig({ effects: effects.url }));
+test('an upstream refusal (invalid params, where refusedCodes says the server refuses with it before doing anything) is recorded as failed and replayed; the run goes on', async () => {
+  const gw = await startGateway(testConfig({ effects: effects.url, server: { refusedCodes: [-32601, -32602] } }));
   try {
     const run = newRun('refused');
     const invoice = `INV-${run}`;

@@ -29,9 +29,10 @@ export const newRun = (what) => `mcp-${what}-${randomUUID()}`;
  * The configuration of the tests' gateway: the upstream test server over stdio (or HTTP
  * at `url`), pay_invoice with its key in _meta, send_email with its key in an argument,
  * lookup_invoice read-only.
- * @param {{effects: string, gate?: string, gateOps?: string[], url?: string, pay?: object, ttl?: number}} o
+ * @param {{effects: string, gate?: string, gateOps?: string[], url?: string, pay?: object, ttl?: number,
+ *   server?: object}} o  server: more fields of the server's configuration
  */
-export function testConfig({ effects, gate, gateOps = [], url, pay = {}, ttl = 60 }) {
+export function testConfig({ effects, gate, gateOps = [], url, pay = {}, ttl = 60, server: more = {} }) {
   const tools = {
     pay_invoice: { ...pay },
     send_email: { idempotencyKeyArgument: 'idempotency_key' },
@@ -43,7 +44,7 @@ export function testConfig({ effects, gate, gateOps = [], url, pay = {}, ttl = 6
     env: { EFFECTS_URL: effects, ...(gate ? { GATE_URL: gate, GATE_OPS: gateOps.join(',') } : {}) },
     tools,
   };
-  return { ledger: { ttl }, servers: { bank: server } };
+  return { ledger: { ttl }, servers: { bank: { ...server, ...more } } };
 }
 
 /** A pool and a Ledger on it, as the gateway's. */
@@ -130,6 +131,18 @@ export async function sql(query, params = []) {
 export function effectsOf(run) {
   return sql('SELECT tool, status::text AS status, key, result FROM durable_ledger.effects WHERE run = $1 ORDER BY tool',
     [run]);
+}
+
+/**
+ * Waits until `check()` is true (a condition of the test's process), polling.
+ * @param {() => boolean} check
+ * @param {string} what
+ */
+export async function until(check, what) {
+  for (let i = 0; !check(); i += 1) {
+    assert.ok(i < 3000, `waited too long for ${what}`);
+    await new Promise((resolve) => { setTimeout(resolve, 10); });
+  }
 }
 
 /**

@@ -6,12 +6,15 @@
 //
 //   pay_invoice {invoice, amount, memo?}  POST /pay with the idempotency key of the
 //       request's _meta["durable-ledger/idempotency-key"]; amount <= 0 is refused with
-//       JSON-RPC invalid params (nothing done)
+//       JSON-RPC invalid params (nothing done); memo "invalid after paying" pays, then
+//       answers JSON-RPC invalid params (as an older SDK McpServer did when a handler's
+//       answer failed its outputSchema)
 //   send_email {to, subject, idempotency_key}  POST /email with the key of its argument
 //   lookup_invoice {invoice}  POST /lookup (a read); answers the request's _meta as it came
 //
 // GATE_URL and GATE_OPS=pay,email: after making the effect, the tool waits at the
-// test's gate (test/support/gate.js) before it answers.
+// test's gate (test/support/gate.js) before it answers.  TOOL_PREFIX: put before every
+// tool's name it lists (and taken off the names it is called by).
 import http from 'node:http';
 import { randomUUID } from 'node:crypto';
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
@@ -26,6 +29,7 @@ const EFFECTS_URL = process.env.EFFECTS_URL;
 const GATE_URL = process.env.GATE_URL;
 const GATE_OPS = new Set((process.env.GATE_OPS ?? '').split(',').filter(Boolean));
 if (!EFFECTS_URL) throw new Error('EFFECTS_URL is not set');
+const TOOL_PREFIX = process.env.TOOL_PREFIX ?? '';
 
 const TOOLS = [
   {
@@ -62,15 +66,21 @@ async function effect(op, body, key) {
 
 function server() {
   const s = new Server({ name: 'bank', version: '1.0.0' }, { capabilities: { tools: {} } });
-  s.setRequestHandler(ListToolsRequestSchema, async () => ({ tools: TOOLS }));
+  s.setRequestHandler(ListToolsRequestSchema, async () => ({
+    tools: TOOLS.map((t) => ({ ...t, name: `${TOOL_PREFIX}${t.name}` })),
+  }));
   s.setRequestHandler(CallToolRequestSchema, async ({ params }) => {
     const args = params.arguments ?? {};
     const meta = params._meta ?? {};
-    switch (params.name) {
+    switch (params.name.startsWith(TOOL_PREFIX) ? params.name.slice(TOOL_PREFIX.length) : params.name) {
       case 'pay_invoice': {
         if (!(args.amount > 0)) throw new McpError(ErrorCode.InvalidParams, 'amount must be positive');
         const key = meta['durable-ledger/idempotency-key'] ?? 'none';
         const call = await effect('pay', { invoice: args.invoice, amount: args.amount, memo: args.memo ?? null }, key);
+        if (args.memo === 'invalid after paying') {
+          throw new McpError(ErrorCode.InvalidParams, 'Output validation error: Tool pay_invoice has an output schema ' +
+            'but no structured content was provided');
+        }
         return {
           content: [{ type: 'text', text: `paid ${args.invoice}: ${call.id}` }],
           structuredContent: { payment: call.id, key },
