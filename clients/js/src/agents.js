@@ -87,6 +87,8 @@ class AgentRun {
     this.stop = null;
     /** the tool call ids of the model turns recorded or replayed in this attempt */
     this.stableCallIds = new Set();
+    /** the keys of the calls keyed by their ids that this attempt began (replayFailure) */
+    this.begunCallKeys = new Set();
   }
 }
 
@@ -221,12 +223,15 @@ function thrownFor(stop) {
  *   the call is keyed by it (callKey: a business key of the run, tool and id) instead of by
  *   its occurrence, so a resume that does not re-make the run's earlier calls, or a
  *   framework's retry of the call, reaches this call's effect and no other
- * @property {boolean} [replayFailure]  with callId: a call whose effect failed (its provider
- *   refused it, or a person resolved it as not done) is replayed as that failure (EffectFailed,
- *   replayed) rather than made again, as a call keyed by its occurrence is -- for a framework
- *   that re-runs or resumes past a failure the model has seen (it may have tried again under
- *   another id, and paid); without it a failed call keyed by its id is made again by the next
- *   call of that id (a framework's retry of that very call).  One effect_status more per call.
+ * @property {boolean | 'earlier-attempts'} [replayFailure]  with callId: a call whose effect
+ *   failed (its provider refused it, or a person resolved it as not done) is replayed as that
+ *   failure (EffectFailed, replayed) rather than made again, as a call keyed by its occurrence
+ *   is -- for a framework that re-runs or resumes past a failure the model has seen (it may
+ *   have tried again under another id, and paid); 'earlier-attempts': only a failure an
+ *   earlier attempt recorded, while a retry of the call inside this attempt (a graph node's
+ *   retry policy, before the model saw anything) makes it again.  Without it a failed call
+ *   keyed by its id is made again by the next call of that id.  One effect_status more per
+ *   call.
  * @property {unknown} [meta]
  * @property {import('./reconcile.js').Reconcile | null} [reconcile]
  */
@@ -284,9 +289,13 @@ export function isStableCallId(id) {
 export async function guardedTool(spec) {
   const { ledger, run, state } = resolve(spec, 'guardedTool');
   const businessKey = spec.businessKey ?? (spec.callId != null ? callKey(run, spec.tool, spec.callId) : null);
-  if (spec.replayFailure && spec.callId != null && spec.businessKey == null && !state?.stop) {
+  const byId = spec.callId != null && spec.businessKey == null ? /** @type {string} */ (businessKey) : null;
+  const retriedHere = byId !== null && (state?.begunCallKeys.has(byId) ?? false);
+  if (byId !== null) state?.begunCallKeys.add(byId);
+  if (spec.replayFailure && byId !== null && !state?.stop
+    && !(spec.replayFailure === 'earlier-attempts' && retriedHere)) {
     // (a stopped attempt: guarded() says so, performing nothing)
-    const key = /** @type {string} */ (businessKey);
+    const key = byId;
     const row = await ledger.effectStatus(key, run);
     // a contradicted failure (flagged) is for a person: begin_effect pauses it
     if (row?.status === 'failed' && !row.conflict) {

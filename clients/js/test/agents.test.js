@@ -275,3 +275,31 @@ test('callId with replayFailure: a refused call keyed by its id is replayed as r
     assert.equal(calls, 2);
   });
 });
+
+test("callId with replayFailure 'earlier-attempts': a retry inside the attempt makes a refused call again, a later attempt replays the refusal", async () => {
+  const run = unique('callid-earlier');
+  let calls = 0;
+  const pay = () => guardedTool({
+    tool: 'pay', args: { invoice: 'INV-2' }, callId: 'call-e', replayFailure: 'earlier-attempts',
+    perform: () => {
+      calls += 1;
+      if (calls !== 2) throw new EffectDidNotHappen({ declined: calls });
+      return { paid: calls };
+    },
+  });
+  await agentAttempt(ledger, run, async () => {
+    assert.ok((await pay().catch((err) => err)) instanceof EffectFailed);
+    assert.deepEqual(await pay(), { paid: 2 }, "the framework's retry in this attempt makes it again");
+  });
+  const run2 = unique('callid-earlier-2');
+  calls = 2;
+  await agentAttempt(ledger, run2, async () => {
+    assert.ok((await pay().catch((err) => err)) instanceof EffectFailed);
+  });
+  await agentAttempt(ledger, run2, async () => {
+    const again = await pay().catch((err) => err);
+    assert.ok(again instanceof EffectFailed && again.replayed, String(again));
+    assert.deepEqual(again.error, { declined: 3 });
+  });
+  assert.equal(calls, 3, 'a later attempt replays the refusal the model saw');
+});
