@@ -5,6 +5,9 @@
 #     chat route; which call is which (issue 33's F7): a chat's repeated call
 #     performed with the request as the run (requestRun) or the conversation as
 #     the run (keyBy 'recorded-call-id'), and reruns that never pay twice;
+#     tool approvals (the re-review's A1): two instalments approved in two
+#     continuations each paid under its own key (the call's id), each
+#     continuation its own run (requestRun), a retried continuation replayed;
 #   - the package as a user installs it: `npm pack` of the client and of the
 #     adapter, both tarballs installed into a scratch project with the AI SDK
 #     from the registry (at the adapter's versions), the README's program

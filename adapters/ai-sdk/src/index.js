@@ -26,7 +26,10 @@
 // callId; a rerun replays the turn, ids and all), so that a later request that
 // asks for the same call again performs it.  That holds only while a rerun
 // sends the very prompt (a turn made anew gives new ids: new effects, which no
-// divergence check watches), hence not the default.
+// divergence check watches), hence not the default.  A call the SDK executes
+// because the request brings its approval (needsApproval) is keyed by its id
+// under both: it comes from the conversation's history, the same on a retry,
+// while the request's occurrences start at 1 again (approvedInHistory).
 
 // The semantics are the core's (durable-ledger/agents): this module only
 // translates the AI SDK's shapes.  A call that stopped the run (a pause, an
@@ -150,8 +153,11 @@ export function durableTool(name, tool, options = {}) {
     const ledger = options.ledger;
     const run = options.run?.(callOptions);
     const meta = options.meta?.(name, input);
-    // keyed by its id where a recorded turn of this run made the call (see KeyBy)
-    const callId = byCallId && inAttemptRun(ledger, run) && isStableCallId(callOptions.toolCallId)
+    // keyed by its id where the request's messages hold the call and its approval (the SDK
+    // executes it from the history: a continuation, whose occurrences start again at 1 while
+    // the earlier calls are not made again), or where a recorded turn of this run made it
+    const callId = approvedInHistory(callOptions)
+      || (byCallId && inAttemptRun(ledger, run) && isStableCallId(callOptions.toolCallId))
       ? callOptions.toolCallId : null;
     try {
       if (options.readOnly) {
@@ -177,6 +183,41 @@ export function durableTool(name, tool, options = {}) {
     }
   };
   return /** @type {T} */ ({ ...tool, execute: durableExecute });
+}
+
+/**
+ * Whether the AI SDK executes this call because the request brought its approval: the call
+ * is in the request's messages (an assistant message's tool-call part, with the
+ * tool-approval-request of that call) and the last message, a tool message, approves it and
+ * holds no result of it -- the very test of the SDK's collectToolApprovals.  Such a call was
+ * made by a turn of an earlier request, and its id comes from the conversation's history,
+ * the same each time the request is sent again: the call is keyed by it.  A call of a turn
+ * of this request is never there (execute's messages do not hold the response that made the
+ * call), even when a model gives its calls ids an earlier turn gave.
+ * @param {ToolExecutionOptions} options
+ * @returns {boolean}
+ */
+function approvedInHistory(options) {
+  const id = options.toolCallId;
+  /** @type {ReadonlyArray<any>} */
+  const messages = Array.isArray(options.messages) ? options.messages : [];
+  const last = messages.at(-1);
+  if (typeof id !== 'string' || last?.role !== 'tool' || !Array.isArray(last.content)) return false;
+  if (last.content.some((/** @type {any} */ p) => p?.type === 'tool-result' && p.toolCallId === id)) return false;
+  const approved = new Set(last.content
+    .filter((/** @type {any} */ p) => p?.type === 'tool-approval-response' && p.approved === true)
+    .map((/** @type {any} */ p) => p.approvalId));
+  if (approved.size === 0) return false;
+  let requested = false;
+  let called = false;
+  for (const message of messages) {
+    if (message?.role !== 'assistant' || !Array.isArray(message.content)) continue;
+    for (const p of message.content) {
+      if (p?.type === 'tool-approval-request' && p.toolCallId === id && approved.has(p.approvalId)) requested = true;
+      if (p?.type === 'tool-call' && p.toolCallId === id) called = true;
+    }
+  }
+  return requested && called;
 }
 
 /** @param {unknown} keyBy */
@@ -229,14 +270,17 @@ function noteTurn(ledger, run, parts) {
  * The run of one request of a chat, for agentAttempt: the conversation and the id of the
  * user message the request answers (the last user message of `messages`, the AI SDK UI's
  * UIMessage[] whose messages have ids; or that id itself), as
- * `request:["<conversation>","<message id>"]`.  A retry of the request (the same user
- * message, sent again after a crash, or a tool approval that continues it) is the same run
- * and replays what the request did; the next user message is another run, so a call it asks
- * for again is performed again.  Throws a TypeError when the last user message has no id
- * (model messages have none): name the request yourself, never by a guess.
+ * `request:["<conversation>","<message id>"]`; and, for a request that continues an answer
+ * (useChat sends the assistant message again, after the user message, with a tool approval
+ * or a client-side tool's output), the id of the last tool call of that answer:
+ * `request:["<conversation>","<message id>","<tool call id>"]`.  A retry of the request (the
+ * same messages, sent again after a crash) is the same run and replays what the request did;
+ * the next user message, or the next continuation, is another run, so a call it asks for
+ * again is performed again.  Throws a TypeError when the last user message has no id (model
+ * messages have none): name the request yourself, never by a guess.
  * @param {string} conversation  the chat's id
- * @param {string | ReadonlyArray<{role: string, id?: unknown}>} messages  the request's
- *   messages, or the id of the user message it answers
+ * @param {string | ReadonlyArray<{role: string, id?: unknown, parts?: unknown}>} messages  the
+ *   request's UIMessages, or the id of the user message it answers
  * @returns {string}
  */
 export function requestRun(conversation, messages) {
@@ -244,16 +288,39 @@ export function requestRun(conversation, messages) {
     throw new TypeError('requestRun(conversation, messages): conversation must be a non-empty string');
   }
   let id = messages;
+  /** @type {string | null} */
+  let continues = null;
   if (Array.isArray(messages)) {
-    const user = [...messages].reverse().find((m) => m?.role === 'user');
-    if (!user) throw new TypeError('requestRun(conversation, messages): messages hold no user message');
-    id = user.id;
+    let at = messages.length - 1;
+    while (at >= 0 && messages[at]?.role !== 'user') at -= 1;
+    if (at < 0) throw new TypeError('requestRun(conversation, messages): messages hold no user message');
+    id = messages[at].id;
+    continues = lastToolCallId(messages.slice(at + 1));
   }
   if (typeof id !== 'string' || id === '') {
     throw new TypeError('requestRun(conversation, messages): the user message the request answers has no id ' +
       '(UIMessages have one, model messages do not): pass the id of that message, or name the run yourself');
   }
-  return `request:${JSON.stringify([conversation, id])}`;
+  return `request:${JSON.stringify(continues === null ? [conversation, id] : [conversation, id, continues])}`;
+}
+
+/**
+ * The id of the last tool call of UIMessages (a tool part: `tool-<name>` or `dynamic-tool`),
+ * or null.
+ * @param {ReadonlyArray<any>} messages
+ * @returns {string | null}
+ */
+function lastToolCallId(messages) {
+  /** @type {string | null} */
+  let last = null;
+  for (const message of messages) {
+    if (!Array.isArray(message?.parts)) continue;
+    for (const part of message.parts) {
+      if (typeof part?.type === 'string' && (part.type.startsWith('tool-') || part.type === 'dynamic-tool')
+        && typeof part.toolCallId === 'string' && part.toolCallId !== '') last = part.toolCallId;
+    }
+  }
+  return last;
 }
 
 /**

@@ -321,7 +321,7 @@ test('keyBy "occurrence" (the default): a rerun whose prompt changed (a date in 
 test('requestRun names the request, never by a guess; keyBy is checked', () => {
   assert.equal(requestRun('chat-1', 'msg-7'), 'request:["chat-1","msg-7"]');
   assert.equal(requestRun('chat-1', [{ role: 'user', id: 'm1' }, { role: 'assistant', id: 'a1' }]),
-    'request:["chat-1","m1"]', 'the last user message (a tool approval continues the request)');
+    'request:["chat-1","m1"]', 'the last user message (an answer without tool calls continues nothing)');
   assert.throws(() => requestRun('chat-1', [{ role: 'user', content: 'hi' }]), /has no id/);
   assert.throws(() => requestRun('chat-1', [{ role: 'assistant', id: 'a1' }]), /no user message/);
   assert.throws(() => requestRun('', 'm1'), /conversation must be a non-empty string/);
