@@ -15,13 +15,16 @@
 //   ledgerModelProvider(p)     the same for every model a ModelProvider hands out
 //                              (new Runner({ modelProvider: ledgerModelProvider(p) }))
 //   resumed(state)             a saved RunState whose interrupted calls are marked as
-//                              theirs (for a resume after an alwaysApprove)
+//                              theirs (use it on every resume; needed after an alwaysApprove)
 //
 // Which call is which: a tool call is keyed by its occurrence in the attempt (the core's
 // default: a rerun after a crash makes the calls again, in order, whatever ids the model
 // gives them), except where the SDK's id for it (callKey) comes from a saved RunState,
-// the same whatever the model would say if asked again: the call a person approved in a
-// resumed state, the interrupted calls of a state handed to resumed(state).  The ids of a
+// the same whatever the model would say if asked again: a call a person approved or
+// rejected in a resumed state (on its own or with alwaysApprove alike: the SDK binds the
+// decision to the call's id), the interrupted calls of a state handed to resumed(state).
+// A side effect an alwaysApprove let through, nobody having decided on it, is refused in an
+// attempt that did not call resumed(state) (ResumeNotMarked).  The ids of a
 // turn ledgerModel recorded key its calls only with ledgerTool's keyBy 'recorded-call-id':
 // they come back only while a rerun asks the model the very same (a date in the
 // instructions, a changed tool list: a new turn, new ids, and a second payment).
@@ -81,8 +84,9 @@ export { agentAttempt, currentAttempt, currentStop, stopOf, toolError, ToolCallS
 /**
  * How a ledger tool's call is identified (the AI SDK adapter's option, same names and meaning).
  * - `occurrence` (default): by its tool, canonical input and occurrence in the attempt (the
- *   ledger's derived key), except a call of a resumed RunState (one a person approved, or
- *   one resumed(state) marked), which is keyed by its id: the state keeps it.  A rerun after
+ *   ledger's derived key), except a call of a resumed RunState (one a person approved or
+ *   rejected, per call or with alwaysApprove, or one resumed(state) marked), which is keyed
+ *   by its id: the state keeps it.  A rerun after
  *   a crash reaches the first attempt's effects in order, whatever ids the model gives the
  *   calls this time.
  * - `recorded-call-id`: also a call of a model turn ledgerModel recorded or replayed in this
@@ -215,7 +219,7 @@ export function ledgerTool(options) {
     };
     // The SDK's id of the call, when it is stable (stableCallId): the call is then keyed by
     // it, else by its occurrence in the attempt.
-    const callId = stableCallId(built.name, context, details, byRecordedId);
+    const callId = stableCallId(built.name, context, details, byRecordedId, kind === 'effect');
     if (kind === 'record') {
       return recordedCall({ ...base, callId, call: () => execute(input, context, detailsFor(null)) });
     }
@@ -245,9 +249,15 @@ export function ledgerTool(options) {
  * The SDK's id of a tool call (`details.toolCall.callId`) when the call is keyed by it,
  * else null (the call is then keyed by its occurrence):
  *   - a call of a saved RunState that is resumed, whatever the prompt: one a person
- *     approved on its own (`state.approve(item)`: the RunContext holds the approval of
- *     this id, and not of every call of the tool), or one whose state the app handed to
- *     `resumed(state)`: the state keeps the id, the model is not asked for it again;
+ *     decided on, in whatever way (`state.approve(item)`, `state.approve(item, {
+ *     alwaysApprove: true })`: the SDK binds the decision to this id, decidedByAPerson),
+ *     or one whose state the app handed to `resumed(state)`: the state keeps the id, the
+ *     model is not asked for it again.  So the way a person approved a call, or whether
+ *     the app called resumed(), never changes its key;
+ *   - a side effect let through by an alwaysApprove and decided on by nobody, in an
+ *     attempt that did not call resumed(state): refused (ResumeNotMarked), for it may be
+ *     an interrupted call of the state (approved along with another of the tool's calls)
+ *     or the model's new call, whose keys differ;
  *   - with keyBy 'recorded-call-id' only, a call of a model turn the ledger recorded or
  *     replayed in this attempt (ledgerModel notes them): a rerun that asks the very same
  *     replays the turn, ids and all.  Not by default: a rerun whose request changed (a date
@@ -258,13 +268,87 @@ export function ledgerTool(options) {
  * @param {RunContext<any> | undefined} context
  * @param {ToolCallDetails | undefined} details
  * @param {boolean} byRecordedId  keyBy 'recorded-call-id'
+ * @param {boolean} isEffect  a side effect: a call it cannot place is refused (ResumeNotMarked)
  * @returns {string | null}
  */
-function stableCallId(toolName, context, details, byRecordedId) {
+function stableCallId(toolName, context, details, byRecordedId, isEffect) {
   const id = /** @type {any} */ (details)?.toolCall?.callId;
   if (typeof id !== 'string' || id === '') return null;
-  if (isStableCallId(RESUMED + id) || approvedOnItsOwn(toolName, context, id)) return id;
-  return byRecordedId && isStableCallId(id) ? id : null;
+  if (isStableCallId(RESUMED + id) || decidedByAPerson(context, id) || approvedOnItsOwn(toolName, context, id)) return id;
+  if (byRecordedId && isStableCallId(id)) return id;
+  if (isEffect && !isStableCallId(RESUMED_ATTEMPT) && standingApproval(toolName, context)) {
+    // Let through by an alwaysApprove, and no person decided on it: an interrupted call of a
+    // resumed state approved with another (its id is the key), or a call the model made after
+    // the resume (its occurrence is).  Only resumed(state) says which; keyed by a guess, the
+    // next resume of the same state, approved another way, would be another effect.
+    throw new ResumeNotMarked(toolName, id);
+  }
+  return null;
+}
+
+/**
+ * A call let through by an `alwaysApprove` in an attempt that did not mark the state it
+ * resumes (resumed(state)): refused, before the ledger or the tool is touched; it fails the
+ * run (it is not the model's to handle).  Resume the state as
+ * `agentAttempt(ledger, run, () => runner.run(agent, resumed(state)))`.
+ */
+export class ResumeNotMarked extends TypeError {
+  /**
+   * @param {string} toolName
+   * @param {string} callId
+   */
+  constructor(toolName, callId) {
+    super(`${toolName} call ${callId} is approved by an alwaysApprove, not by a decision on this call: it may be ` +
+      'an interrupted call of the resumed RunState (keyed by its id) or a new call of the model (keyed by its ' +
+      'occurrence), and only resumed(state) tells them apart. Resume the state as ' +
+      'agentAttempt(ledger, run, () => runner.run(agent, resumed(state))); nothing was done');
+    this.name = 'ResumeNotMarked';
+    /** @readonly */
+    this.toolName = toolName;
+    /** @readonly */
+    this.callId = callId;
+  }
+}
+
+/**
+ * Whether a person approved or rejected this very call, in whatever way: the SDK binds the
+ * id of every call that `state.approve(item)` / `state.approve(item, { alwaysApprove: true })`
+ * / `state.reject(...)` was given (RunContext's approval invocations, saved with the RunState
+ * and restored with it); a call the standing approval of an alwaysApprove lets through later
+ * is not bound.  Such a call is an interruption of a saved state: its id is the state's.
+ * The SDK keeps the bindings private (0.20): they are read from its RunState serialization
+ * of the context, any agent named alike.
+ * @param {RunContext<any> | undefined} context
+ * @param {string} id
+ * @returns {boolean}
+ */
+function decidedByAPerson(context, id) {
+  const serialize = /** @type {any} */ (context)?._toJSONForRunState;
+  if (typeof serialize !== 'function') return false;
+  try {
+    const json = serialize.call(context, { get: () => 'agent' });
+    const bound = Array.isArray(json?.approvalInvocations) ? json.approvalInvocations : [];
+    return bound.some((/** @type {any} */ entry) => entry?.invocations &&
+      Object.prototype.hasOwnProperty.call(entry.invocations, id));
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Whether the tool stands approved for every call (an `alwaysApprove`): a call id nobody
+ * was asked about is approved.
+ * @param {string} toolName
+ * @param {RunContext<any> | undefined} context
+ * @returns {boolean}
+ */
+function standingApproval(toolName, context) {
+  if (!context || typeof context.isToolApproved !== 'function') return false;
+  try {
+    return context.isToolApproved({ toolName, callId: '\u0000durable-ledger-no-such-call' }) === true;
+  } catch {
+    return false;
+  }
 }
 
 /**
@@ -273,6 +357,8 @@ function stableCallId(toolName, context, details, byRecordedId) {
  * their id whatever keyBy says, a turn's only with keyBy 'recorded-call-id'.
  */
 const RESUMED = '\u0000durable-ledger-openai-agents:resumed:';
+/** Noted by resumed(state): this attempt resumes a state whose interrupted calls are marked. */
+const RESUMED_ATTEMPT = '\u0000durable-ledger-openai-agents:resumed-attempt';
 
 /**
  * Whether a person approved this very call (the SDK's per-call approval, restored with
@@ -299,9 +385,12 @@ function approvedOnItsOwn(toolName, context, id) {
  * calls a person approved or rejected -- as the calls they are, so that each is keyed by its
  * id (the state keeps it) rather than by its occurrence in the resuming attempt: `await
  * agentAttempt(ledger, run, () => runner.run(agent, resumed(state)))`.  A call a person
- * approved on its own (`state.approve(item)`) needs it not (its approval says so); one
- * approved with `{ alwaysApprove: true }` does.  Call it inside the agentAttempt; it
- * returns the state.
+ * approved or rejected needs it not (the SDK binds the decision to its id, per call or
+ * alwaysApprove alike); a call approved along with it by an `{ alwaysApprove: true }` (two
+ * interrupted calls of one tool, one approved so) does, and so does every later call an
+ * alwaysApprove lets through: without resumed(state), the ledger cannot tell the one from
+ * the other and refuses the call (ResumeNotMarked).  Use it on every resume.  Call it
+ * inside the agentAttempt; it returns the state.
  * @template {{ getInterruptions(): Array<{ rawItem?: unknown }> }} S
  * @param {S} state  a RunState (`RunState.fromString(agent, saved)`, or a result's `state`)
  * @returns {S}
@@ -311,7 +400,9 @@ export function resumed(state) {
     throw new TypeError('resumed(state): state must be a RunState');
   }
   if (!currentAttempt()) throw new TypeError('resumed(state): call it inside agentAttempt(ledger, run, () => ...)');
-  noteStableCallIds(callIdsOf(state.getInterruptions().map((item) => item.rawItem)).map((id) => RESUMED + id));
+  noteStableCallIds([
+    ...callIdsOf(state.getInterruptions().map((item) => item.rawItem)).map((id) => RESUMED + id), RESUMED_ATTEMPT,
+  ]);
   return state;
 }
 
@@ -345,6 +436,7 @@ function ledgerErrorFunction(own) {
   return async (runContext, error, details) => {
     const shown = toolError(error);
     if (shown instanceof ToolCallStopped) return shown.message;
+    if (error instanceof ResumeNotMarked) throw error;
     if (own === null) throw error;
     if (own) return own(runContext, error, details);
     if (error instanceof EffectFailed) {

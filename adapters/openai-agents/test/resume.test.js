@@ -21,7 +21,7 @@ import { ScriptedModel, assistantMessage, functionCall, modelResponder } from '@
 import { z } from 'zod';
 import { EffectDidNotHappen, EffectPaused, RunStopped } from 'durable-ledger';
 import { callKey } from 'durable-ledger/agents';
-import { agentAttempt, ledgerModel, ledgerTool, resumed } from '../src/index.js';
+import { ResumeNotMarked, agentAttempt, ledgerModel, ledgerTool, resumed } from '../src/index.js';
 import { outputText, resultsOf } from './invoice-agent.js';
 import { effectsOf, runId, withLedger } from './target.js';
 
@@ -270,6 +270,158 @@ test('alwaysApprove and a model the ledger does not record: a call the model mak
     assert.ok(paused instanceof EffectPaused, String(paused));
     assert.equal(paused.key, later, 'the model gave the call another id; its occurrence reached the lost payment');
     assert.deepEqual(theBank.payments.map((p) => p.invoice), ['INV-1', 'INV-2'], 'not paid twice');
+  });
+});
+
+test('review 33c (o1): one saved state resumed twice, approved one way then the other (alwaysApprove without resumed(), then per call; and the reverse): the interrupted call has one key, its id, so a payment whose answer was lost is paused, never made twice', async () => {
+  for (const [firstWay, secondWay] of [['always', 'once'], ['once', 'always']]) {
+    await withLedger(async ({ ledger, admin }) => {
+      const run = runId(`o1-${firstWay}`);
+      const theBank = bank();
+      let asked = 0;
+      // a provider's ids (new on every ask); every payment needs a person's approval
+      const options = {
+        calls: [{ invoice: 'INV-9', amount: 100 }], recorded: false, approval: () => true, callId: () => `call_${(asked += 1)}`,
+      };
+      const runner = new Runner();
+      const first = await agentAttempt(ledger, run, () => runner.run(apAgent(theBank, options).agent, 'Pay INV-9.'));
+      const saved = first.state.toString();
+      const interruptedKey = callKey(run, 'pay_invoice', 'call_1');
+      /** the saved state restored and approved `way`, with no resumed(): @param {string} way */
+      const resume = async (way) => {
+        const { agent } = apAgent(theBank, options);
+        const state = await RunState.fromString(agent, saved);
+        state.approve(state.getInterruptions()[0], way === 'always' ? { alwaysApprove: true } : undefined);
+        return agentAttempt(ledger, run, () => runner.run(agent, state));
+      };
+      theBank.loseNextAnswer = true;
+      const lost = await rejection(resume(firstWay));
+      assert.ok(lost instanceof RunStopped, String(lost));
+      assert.deepEqual(await payKeys(admin, run), [interruptedKey], `${firstWay}: the state's call, by its id`);
+
+      const paused = await rejection(resume(secondWay));
+      assert.ok(paused instanceof EffectPaused, `${firstWay} then ${secondWay}: ${paused}`);
+      assert.equal(paused.key, interruptedKey, 'the same effect, whatever the approval');
+      assert.equal(theBank.payments.length, 1, `${firstWay} then ${secondWay}: paid once`);
+      assert.deepEqual(await payKeys(admin, run), [interruptedKey]);
+
+      // approved, saved and restored (the decision travels with the state): still that effect
+      const { agent } = apAgent(theBank, options);
+      const approved = await RunState.fromString(agent, saved);
+      approved.approve(approved.getInterruptions()[0], secondWay === 'always' ? { alwaysApprove: true } : undefined);
+      const restored = await RunState.fromString(agent, approved.toString());
+      const again = await rejection(agentAttempt(ledger, run, () => runner.run(agent, restored)));
+      assert.ok(again instanceof EffectPaused, String(again));
+      assert.equal(again.key, interruptedKey);
+      assert.equal(theBank.payments.length, 1);
+    });
+  }
+});
+
+/**
+ * The ResumeNotMarked a run failed with (the SDK's ToolCallError carries a tool's error).
+ * @param {any} err
+ * @returns {ResumeNotMarked}
+ */
+function refusal(err) {
+  const inner = err instanceof ResumeNotMarked ? err : err?.error;
+  assert.ok(inner instanceof ResumeNotMarked, String(err));
+  return inner;
+}
+
+/**
+ * An agent whose first turn makes two payments (INV-1, INV-2; ids call_1, call_2), both
+ * waiting for a person's approval, then says what it got.
+ * @param {ReturnType<typeof bank>} theBank
+ */
+function twoAtOnce(theBank) {
+  const pay = ledgerTool({
+    name: 'pay_invoice',
+    description: 'Pay an invoice',
+    parameters: z.object({ invoice: z.string(), amount: z.number() }),
+    needsApproval: async () => true,
+    execute: async (input, _ctx, details) => theBank.pay(input, /** @type {string} */ (details.idempotencyKey)),
+  });
+  const scripted = new ScriptedModel(Array.from({ length: 4 }, () => modelResponder((call) => {
+    if (resultsOf(call.request).length === 0) {
+      return [
+        functionCall('pay_invoice', { invoice: 'INV-1', amount: 100 }, { callId: 'call_1' }),
+        functionCall('pay_invoice', { invoice: 'INV-2', amount: 200 }, { callId: 'call_2' }),
+      ];
+    }
+    return [assistantMessage(`done: ${resultsOf(call.request).map((r) => outputText(r.output)).join(' ; ')}`)];
+  })));
+  return new Agent({ name: 'ap', instructions: 'Pay the invoices.', tools: [pay], model: scripted });
+}
+
+test('two interrupted calls of a tool, one approved with alwaysApprove (which approves the other along with it, nobody deciding on it): without resumed(state) the other is refused (ResumeNotMarked), with it both are keyed by their ids; a per-call resume of the same state replays both', async () => {
+  await withLedger(async ({ ledger, admin }) => {
+    const run = runId('siblings');
+    const theBank = bank();
+    const runner = new Runner();
+    const first = await agentAttempt(ledger, run, () => runner.run(twoAtOnce(theBank), 'Pay INV-1 and INV-2.'));
+    assert.deepEqual(first.interruptions.map((i) => i.name), ['pay_invoice', 'pay_invoice']);
+    const saved = first.state.toString();
+    /** @param {boolean} mark */
+    const alwaysResume = async (mark) => {
+      const agent = twoAtOnce(theBank);
+      const state = await RunState.fromString(agent, saved);
+      state.approve(state.getInterruptions()[0], { alwaysApprove: true });
+      return agentAttempt(ledger, run, () => runner.run(agent, mark ? resumed(state) : state));
+    };
+
+    const refused = refusal(await rejection(alwaysResume(false)));
+    assert.equal(refused.callId, 'call_2');
+    assert.match(refused.message, /resumed\(state\)/);
+    assert.ok(!theBank.payments.some((p) => p.invoice === 'INV-2'), 'the unplaced call was not made');
+    for (const key of await payKeys(admin, run)) assert.equal(key, callKey(run, 'pay_invoice', 'call_1'));
+
+    const done = await alwaysResume(true);
+    assert.match(String(done.finalOutput), /P\d.*P\d/);
+    assert.deepEqual(await payKeys(admin, run), [callKey(run, 'pay_invoice', 'call_1'), callKey(run, 'pay_invoice', 'call_2')]);
+
+    // the same saved state, each call approved on its own, without resumed(): both replay
+    const agent = twoAtOnce(theBank);
+    const state = await RunState.fromString(agent, saved);
+    for (const item of state.getInterruptions()) state.approve(item);
+    const replayed = await agentAttempt(ledger, run, () => runner.run(agent, state));
+    assert.equal(replayed.finalOutput, done.finalOutput);
+    assert.deepEqual(theBank.payments.map((p) => p.invoice).sort(), ['INV-1', 'INV-2'], 'each paid once');
+  });
+});
+
+test('alwaysApprove without resumed(state): a later call the standing approval lets through is refused (ResumeNotMarked), before the ledger or the bank; the resume with resumed(state) then pays it once', async () => {
+  await withLedger(async ({ ledger, admin }) => {
+    const run = runId('always-unmarked');
+    const theBank = bank();
+    let asked = 0;
+    const options = {
+      calls: [{ invoice: 'INV-1', amount: 100 }, { invoice: 'INV-2', amount: 200 }],
+      recorded: false,
+      approval: () => true,
+      callId: () => `call_${(asked += 1)}`,
+    };
+    const runner = new Runner();
+    const first = await agentAttempt(ledger, run, () => runner.run(apAgent(theBank, options).agent, 'Pay.'));
+    const saved = first.state.toString();
+    /** @param {boolean} mark */
+    const resume = async (mark) => {
+      const { agent } = apAgent(theBank, options);
+      const state = await RunState.fromString(agent, saved);
+      state.approve(state.getInterruptions()[0], { alwaysApprove: true });
+      return agentAttempt(ledger, run, () => runner.run(agent, mark ? resumed(state) : state));
+    };
+    const refused = refusal(await rejection(resume(false)));
+    assert.equal(refused.callId, 'call_2');
+    assert.deepEqual(theBank.payments.map((p) => p.invoice), ['INV-1'], 'the decided call was made, the other not');
+    assert.deepEqual(await payKeys(admin, run), [callKey(run, 'pay_invoice', 'call_1')]);
+
+    const done = await resume(true);
+    assert.match(String(done.finalOutput), /P1.*P2/);
+    assert.deepEqual(theBank.payments.map((p) => p.invoice), ['INV-1', 'INV-2']);
+    const [interrupted, later] = await payKeys(admin, run);
+    assert.equal(interrupted, callKey(run, 'pay_invoice', 'call_1'));
+    occurrenceKey(later);
   });
 });
 

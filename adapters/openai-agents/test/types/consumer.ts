@@ -7,7 +7,7 @@ import { ScriptedModel } from '@openai/agents/testing';
 import { Ledger, EffectPaused } from 'durable-ledger';
 import { z } from 'zod';
 import {
-  agentAttempt, ledgerTool, ledgerModel, ledgerModelProvider, resumed, ToolCallStopped, type KeyBy, type LedgerToolCallDetails,
+  agentAttempt, ledgerTool, ledgerModel, ledgerModelProvider, resumed, ResumeNotMarked, ToolCallStopped, type KeyBy, type LedgerToolCallDetails,
 } from 'durable-ledger-openai-agents';
 
 const payInvoice = ledgerTool({
@@ -64,6 +64,12 @@ export async function resume(ledger: Ledger, saved: string): Promise<unknown> {
   for (const item of state.getInterruptions()) state.approve(item, { alwaysApprove: true });
   const result = await agentAttempt(ledger, 'run-1', () => runner.run(agent, resumed(state)));
   return result.finalOutput;
+}
+
+// a resume that did not mark its state, refused: the SDK's ToolCallError carries it
+export function unmarkedCall(err: unknown): string | null {
+  const inner = err instanceof ResumeNotMarked ? err : (err as { error?: unknown } | null)?.error;
+  return inner instanceof ResumeNotMarked ? `${inner.toolName} ${inner.callId}` : null;
 }
 
 const keyBy: KeyBy = 'occurrence';
