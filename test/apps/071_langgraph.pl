@@ -9,7 +9,11 @@
 #     example; which call is which (each keyed by its tool call's id): a resume
 #     after an unknown outcome, a later turn's calls and reads, a ToolNode and a
 #     model node retried by their retry policies, a node's call without a tool
-#     call refused;
+#     call refused; the re-review (review33c): invokeThread's durability 'sync'
+#     (others refused) and a worker killed mid-payment with its checkpoint store
+#     stalled and an unrecorded model, paused and paid once; a refused payment
+#     retried by the model under another id paid once when the thread is started
+#     over; an abandoned run's interrupt that does not advise fork_run;
 #   - the package as a user installs it: `npm pack` of the client and of the
 #     adapter, both tarballs installed into a scratch project with LangGraph, Deep
 #     Agents and LangChain's core from the registry (at the adapter's versions), the

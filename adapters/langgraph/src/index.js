@@ -7,7 +7,7 @@
 export { ledgerTool, recordedTool, ledgerTools, idempotencyKey, runIdOf, IDEMPOTENCY_KEY } from './tools.js';
 export { recordedModel, turnArgs } from './model.js';
 export { isLedgerInterrupt, ledgerInterrupts, LEDGER_INTERRUPT } from './stops.js';
-export { invokeThread } from './thread.js';
+export { invokeThread, durabilityOf } from './thread.js';
 
 /** @typedef {import('./tools.js').LedgerToolOptions} LedgerToolOptions */
 /** @typedef {import('./tools.js').RecordedToolOptions} RecordedToolOptions */

@@ -112,6 +112,15 @@ function forPerson(stop, tool, key) {
     return `nothing: the call ${tool} failed and nothing was recorded (its error is what the app got); resume the ` +
       'thread and it is made again.';
   }
+  if (stop.kind === 'abandoned') {
+    // not the core's "fork it into a new run": fork_run carries derived keys only, and a
+    // thread's calls are keyed by their tool call ids (business keys of the run), so a fork
+    // of the thread would make every call again
+    return 'nothing: the run is abandoned and must not be resumed. Do not fork it (durable_ledger.fork_run does not ' +
+      'carry its calls, keyed by their tool call ids: a forked thread makes them again); to redo part of it, start a ' +
+      'new thread that tells the model what this one did, and give an operation that must never be made twice ' +
+      'whatever the thread a business key (ledgerTools(tools, { businessKeys })), which every run replays.';
+  }
   return stop.forPerson;
 }
 

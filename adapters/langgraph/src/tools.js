@@ -15,7 +15,7 @@
 // business key is refused, performing nothing (see withoutToolCall).
 import { tool } from '@langchain/core/tools';
 import { ToolMessage } from '@langchain/core/messages';
-import { LedgerError } from 'durable-ledger';
+import { EffectFailed, LedgerError } from 'durable-ledger';
 import { callKey, currentAttempt, guardedTool, recordedCall } from 'durable-ledger/agents';
 import { stopAsInterrupt } from './stops.js';
 
@@ -178,6 +178,33 @@ function sameTool(inner, fn) {
 }
 
 /**
+ * A call that did not happen (EffectFailed: its provider refused it, or a person resolved it
+ * as not done) told the model in words that depend on the recorded refusal only: the same
+ * when it is made and when a later attempt replays it.  The model's next turn is recorded by
+ * its prompt (recordedModel), the tool's message included: a thread started over must ask it
+ * the very same prompt to get the recorded answer, and the calls whose ids it holds, back --
+ * other words (the client's replay says it differently) would be a new turn, new ids, and the
+ * payment the model made after the refusal made again.
+ * @template T
+ * @param {string} name
+ * @param {Promise<T>} call
+ * @returns {Promise<T>}
+ */
+async function sameRefusal(name, call) {
+  try {
+    return await call;
+  } catch (err) {
+    if (!(err instanceof EffectFailed)) throw err;
+    const error = err.error;
+    const told = typeof error === 'string' ? error : JSON.stringify(error ?? null);
+    throw new EffectFailed(`${name} did not happen (nothing was done): ${told}`, {
+      key: /** @type {string} */ (err.key), decision: /** @type {string} */ (err.decision), reason: err.reason ?? null,
+      error, replayed: err.replayed, cause: err,
+    });
+  }
+}
+
+/**
  * A side-effecting tool through the ledger: each tool call (its id, config.toolCall.id, on its
  * thread: the run) is performed at most once, or each operation of a business key; the tool it
  * wraps gets the idempotency key (idempotencyKey(config)); a replay -- a node retried or re-run
@@ -198,17 +225,22 @@ export function ledgerTool(inner, options = {}) {
     const businessKey = options.businessKey?.(input) ?? null;
     const callId = toolCallIdOf(config);
     if (businessKey === null && callId === null) throw withoutToolCall(inner.name, true);
-    return stopAsInterrupt(() => guardedTool({
+    return stopAsInterrupt(() => sameRefusal(name, guardedTool({
       ledger: attempt.ledger,
       run: attempt.run,
       tool: name,
       args: input,
       businessKey,
       callId,
+      // a call its provider refused (EffectDidNotHappen) is made again by a retry of the
+      // node inside this attempt (its retryPolicy: the model has seen nothing yet), and
+      // replayed as refused by a later attempt (a resume, the thread started over): the
+      // model saw the refusal and may have made the payment under another id since
+      replayFailure: 'earlier-attempts',
       reconcile: options.reconcile ?? null,
       meta: whereFrom(config),
       perform: (key) => callInner(inner, input, config, key),
-    }), {
+    })), {
       tool: name, run: attempt.run, onStop, config,
       effectKey: businessKey ?? callKey(attempt.run, name, /** @type {string} */ (callId)),
     });

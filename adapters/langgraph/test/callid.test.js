@@ -114,7 +114,7 @@ test('F1: a resume after an unknown outcome reaches that call\'s own effect, not
   assert.match(err.message, /timed out/, 'the app has it');
 });
 
-test('F1: an unknown outcome a person resolved as not happened is made by the resume, under its own key (the call is still to be made)', async () => {
+test('F1: an unknown outcome a person resolved as not happened reaches the model, on the resume, as a refusal (it did not happen), not made again; the model\'s new call is its own payment', async () => {
   const thread = `lg-f1b-${randomUUID()}`;
   /** @type {string[]} */
   const bank = [];
@@ -123,7 +123,9 @@ test('F1: an unknown outcome a person resolved as not happened is made by the re
     if (bank.length === 1) throw new Error('connection reset');
     return { paymentId: `P${bank.length}` };
   }, { name: 'pay_invoice', description: 'pays', schema: z.object({ invoice: z.string() }) });
+  // the model pays, and pays again (a new call, a new id) when told the payment did not happen
   const { graph } = agent(ledgerTools([pay]), (ms) => (ms.at(-1).getType() === 'human'
+    || (ms.at(-1).getType() === 'tool' && /did not happen/.test(String(ms.at(-1).content)))
     ? new AIMessage({ content: '', tool_calls: [callOf('pay_invoice', { invoice: 'INV-3' })] })
     : new AIMessage(`done: ${ms.at(-1).content}`)));
   const config = threadConfig(thread);
@@ -133,8 +135,14 @@ test('F1: an unknown outcome a person resolved as not happened is made by the re
   await admin().query("SELECT durable_ledger.resolve_effect($1, 'failed', '{\"bank\": \"no such payment\"}', 'on-call', 'checked')",
     [stop.key]);
   const out = await invokeThread(ledger, graph, new Command({ resume: 'resolved' }), config);
-  assert.deepEqual(answers(out, 'pay_invoice').map((c) => JSON.parse(c).paymentId), ['P2']);
-  assert.deepEqual(bank, [`${stop.key}#1`, `${stop.key}#2`], 'the second try has a key of its own');
+  const told = answers(out, 'pay_invoice');
+  assert.equal(told.length, 2, JSON.stringify(told));
+  assert.match(told[0], /did not happen/, 'the resumed call is told to the model as not made');
+  assert.equal(JSON.parse(told[1]).paymentId, 'P2', 'the model\'s new call pays');
+  assert.equal(bank.length, 2);
+  assert.equal(bank[0], `${stop.key}#1`);
+  assert.notEqual(bank[1].replace(/#\d+$/, ''), stop.key, 'under its own key: the refused call was not made again');
+  assert.match(bank[1], /#1$/);
 });
 
 test('F4: a second user turn paying another invoice is performed, not paused as a divergence', async () => {

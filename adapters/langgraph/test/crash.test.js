@@ -10,6 +10,9 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { startEffectsServer } from '../../test-support/effects-server.js';
 import { spawnWorker } from '../../test-support/worker.js';
 import {
@@ -198,6 +201,62 @@ test('Deep Agents: the booking delegated to a `task` subagent (its tools run und
       "SELECT meta->>'checkpoint_ns' AS ns FROM durable_ledger.effects WHERE run = $1 AND tool = 'book_flight'", [run]);
     assert.match(rows[0].ns, /\|/, 'the ledger keeps where in the graph the call was made');
   } finally {
+    await effects.close();
+  }
+});
+
+test('review33c F1: an unrecorded model (a new id each time it is asked), the checkpoint store stalled as the model step ends, the worker SIGKILLed mid-payment: with invokeThread\'s durability (the config sets none) the resume finds the call in the checkpoint and pauses it: paid once', async () => {
+  const effects = await startEffectsServer();
+  const run = `lg-stall-${randomUUID()}`;
+  const gate = join(mkdtempSync(join(tmpdir(), 'lg-gate-')), 'open');
+  const env = { EFFECTS_URL: effects.url };
+  const locker = await admin().connect();
+  let locked = false;
+  const unlock = async () => {
+    if (locked) await locker.query('COMMIT');
+    locked = false;
+  };
+  try {
+    const held = effects.hold('pay');
+    const first = spawnWorker(WORKER, ['fresh', run, 'start'], { DURABLE_LEDGER_DSN: DSN, ...env, GATE_FILE: gate });
+    const [, durability] = await first.line(/^durability: (\S+)$/m);
+    await first.line(/^gate: waiting$/m);
+    // the thread's input is checkpointed (step 0: the model node next); then the store
+    // stalls (a lock on its tables, as a VACUUM FULL, a DDL, a saturated pool or a slow
+    // network would make it) while the model step ends
+    await waitFor(async () => (await admin().query(
+      "SELECT 1 FROM checkpoints WHERE thread_id = $1 AND metadata->>'step' = '0'", [run])).rowCount, 'the step 0 checkpoint');
+    await locker.query('BEGIN');
+    locked = true;
+    await locker.query('LOCK TABLE checkpoints, checkpoint_writes, checkpoint_blobs IN SHARE MODE');
+    writeFileSync(gate, '');
+    if (durability === 'sync') {
+      // LangGraph writes the model step's checkpoint before the tools step starts: the
+      // writer waits on the lock, and the tool cannot run until the store comes back
+      await waitFor(async () => (await admin().query(
+        "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ILIKE '%checkpoint%' AND pid <> $1",
+        [(await locker.query('SELECT pg_backend_pid() AS pid')).rows[0].pid])).rowCount, 'the checkpoint write waiting on the lock');
+      assert.equal(effects.calls('pay').length, 0, 'nothing paid with the model step not checkpointed');
+      assert.deepEqual(await statusOf(run, 'pay_invoice'), [], '... nor begun');
+      await unlock();
+    } // else ('async', LangGraph's default): the tool runs while the model step's checkpoint waits
+    const payment = await held; // the bank got it; its answer never comes
+    first.kill();
+    assert.equal((await first.exit).signal, 'SIGKILL');
+    await unlock();
+    assert.equal(await breakLease(run), true);
+
+    const second = await runWorker(['fresh', run, 'null'], env);
+    assert.equal(effects.calls('pay').length, 1, `paid once (the bank got ${JSON.stringify(effects.calls('pay').map((c) => c.key))})`);
+    assert.match(second.stopped ?? '', /^EffectPaused: /, second.stdout + second.stderr);
+    assert.equal(second.modelCalls, 0, 'the model was not asked again: its step was in the checkpoint');
+    assert.equal(second.interrupts.length, 1, JSON.stringify(second.interrupts));
+    assert.equal(second.interrupts[0].kind, 'paused');
+    assert.equal(second.interrupts[0].downstreamKey, payment.key, 'the paused call is the one the bank got');
+    assert.equal(durability, 'sync', 'invokeThread gave the graph durability \'sync\'');
+  } finally {
+    await unlock().catch(() => undefined);
+    locker.release();
     await effects.close();
   }
 });

@@ -10,11 +10,19 @@
 //            flights: a Deep Agent (createDeepAgent) that searches flights (a read) and
 //                     books one (a side effect)
 //            subagent: the same, the booking delegated to a `task` subagent
+//            fresh:    a graph of its own whose model is NOT recorded and gives each tool call a
+//                      new random id each time it is asked (as a provider does); it pays
+//                      an invoice.  With GATE_FILE in the environment, its first ask waits
+//                      (polling) until that file exists, so that a test stalls the
+//                      checkpoint store before the model step ends
 //     input  start (the user's message), null (go on from the last checkpoint),
 //            resume (Command({resume}) after a person acted)
 //     saver  postgres (default) or memory
-//   Prints "model: <n> calls" after each model call, "result: <json>" (the final
+//   The config has no durability: invokeThread's ('sync') is the one tested.
+//   Prints "durability: <what graph.invoke was given>", "model: <n> calls" after each model call, "result: <json>" (the final
 //   messages) or "stopped: <error name>: <message>", and "interrupts: <json>".
+import { existsSync } from 'node:fs';
+import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { z } from 'zod';
 import { tool } from '@langchain/core/tools';
@@ -153,14 +161,44 @@ if (agentKind === 'invoice') {
     checkpointer,
   });
   input = { messages: [{ role: 'user', content: 'Book Marta on a flight from SFO to Lisbon' }] };
+} else if (agentKind === 'fresh') {
+  const gate = process.env.GATE_FILE;
+  const model = scripted((ms) => (lastOf(ms).getType() === 'human'
+    ? new AIMessage({
+      content: `paying INV-9 (${by})`,
+      tool_calls: [{ name: 'pay_invoice', args: { invoice: 'INV-9', amount: 4200 }, id: `call_${randomUUID()}`, type: 'tool_call' }],
+    })
+    : new AIMessage(`INV-9 is paid (${by})`)));
+  const tools = ledgerTools([pay]);
+  const bound = model.bindTools(tools);
+  graph = new StateGraph(MessagesAnnotation)
+    .addNode('agent', async (state) => {
+      if (gate && lastOf(state.messages).getType() === 'human') {
+        say('gate: waiting');
+        while (!existsSync(gate)) await new Promise((r) => setTimeout(r, 20));
+      }
+      return { messages: [await bound.invoke(state.messages)] };
+    })
+    .addNode('tools', new ToolNode(tools))
+    .addEdge(START, 'agent')
+    .addConditionalEdges('agent', (state) => ((/** @type {AIMessage} */ (lastOf(state.messages))).tool_calls?.length ? 'tools' : END))
+    .addEdge('tools', 'agent')
+    .compile({ checkpointer });
+  input = { messages: [{ role: 'user', content: 'Pay invoice INV-9 (4200)' }] };
 } else {
   throw new Error(`unknown agent ${agentKind}`);
 }
+// what LangGraph is given by invokeThread
+const invoke = graph.invoke.bind(graph);
+graph.invoke = (i, c) => {
+  say(`durability: ${c?.durability}`);
+  return invoke(i, c);
+};
 
-// durability 'sync': each step's checkpoint is written before the next step starts, so
-// that a kill in the tools step finds the model step checkpointed (the default, 'async',
-// may not have written it yet: then the recorded model turn answers the step again)
-const config = { configurable: { thread_id: thread }, durability: /** @type {const} */ ('sync') };
+// no durability: invokeThread runs the graph with 'sync' (each step's checkpoint written
+// before the next step starts, so that a kill in the tools step finds the model step
+// checkpointed, its tool calls' ids with it)
+const config = { configurable: { thread_id: thread } };
 /** @param {any[]} messages */
 const summary = (messages) => messages.map((m) => ({ type: m.getType(), name: m.name ?? null, content: m.content }));
 const what = inputKind === 'start' ? input
