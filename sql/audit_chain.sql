@@ -181,6 +181,21 @@ DO $$ BEGIN
 END $$;
 DROP DATABASE regress_ac_ascii;
 
+-- strings that JSON escapes (a quote, a backslash, control characters) and
+-- strings it writes as they are (non-ASCII) hash as jsonb_build_array's text
+-- writes them: the chain writes a string with nothing to escape whole
+SET application_name = 'regress "ac" \ app';
+SELECT durable_ledger.acquire_run(E'ac-"esc"\\\t\n\x01-\u00e9');
+SELECT (durable_ledger.complete_effect(key, '{"paid": 8}')).status
+  FROM durable_ledger.begin_effect(E'ac-"esc"\\\t\n\x01-\u00e9', 'ac.pay', '{"invoice": 8}');
+SELECT durable_ledger.release_run(E'ac-"esc"\\\t\n\x01-\u00e9');
+RESET application_name;
+SELECT count(*) AS escaped_rows,
+       bool_and(strpos(convert_from(durable_ledger.audit_row_content(a), 'UTF8'),
+                       E'"ac-\\"esc\\"\\\\\\t\\n\\u0001-\u00e9"') > 0) AS escaped_as_json
+  FROM durable_ledger.audit_log a WHERE run = E'ac-"esc"\\\t\n\x01-\u00e9';
+SELECT count(*) AS problems FROM durable_ledger.verify_audit();
+
 -- auditors verify; workers do not
 CREATE ROLE regress_ac_auditor IN ROLE durable_ledger_auditor;
 CREATE ROLE regress_ac_worker IN ROLE durable_ledger_worker;

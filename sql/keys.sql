@@ -78,6 +78,17 @@ SELECT concat_ws('|', 'durable_ledger.v1', octet_length('key-0'), 'key-0', octet
        durable_ledger.effect_key('key-0', 'pay', '{"amount": 5.0}', 1)
          = encode(digest('durable_ledger.v1|5|key-0|3|pay|1|{"amount":5}', 'sha256'), 'hex') AS equal;
 
+-- lengths and occurrences of several digits, up to the longest run and tool and the
+-- largest occurrence, written out
+SELECT r.len, o.occurrence,
+       durable_ledger.effect_key(repeat('r', r.len), repeat('t', least(r.len, 255)), '[]', o.occurrence)
+         = encode(digest('durable_ledger.v1|' || r.len || '|' || repeat('r', r.len) || '|'
+                         || least(r.len, 255) || '|' || repeat('t', least(r.len, 255)) || '|'
+                         || o.occurrence || '|[]', 'sha256'), 'hex') AS equal
+  FROM (VALUES (9), (10), (99), (100), (512)) AS r(len),
+       (VALUES (9), (10), (1000000), (2147483647)) AS o(occurrence)
+ ORDER BY r.len, o.occurrence;
+
 -- run "r|t" with tool "u" and run "r" with tool "t|u" would collide without the lengths
 SELECT 'r|t' || '|' || 'u' = 'r' || '|' || 't|u' AS naive_material_equal,
        durable_ledger.effect_key('r|t', 'u', '{}', 1) = durable_ledger.effect_key('r', 't|u', '{}', 1) AS keys_equal;

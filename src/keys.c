@@ -52,6 +52,23 @@ dl_check_business_key(const char *business_key)
 }
 
 /*
+ * Writes before, value in decimal (as %d and %zu write it) and "|" into out,
+ * which has room for strlen(before) + MAXINT8LEN + 2 bytes; returns the
+ * length written.
+ */
+static int
+material_number(char *out, const char *before, int64 value)
+{
+	int			len = strlen(before);
+
+	memcpy(out, before, len);
+	len += pg_lltoa(value, out + len);
+	out[len++] = '|';
+	out[len] = '\0';
+	return len;
+}
+
+/*
  * Computes the derived key of (run, tool, canonical args, occurrence) into
  * hex_out, which must have room for DL_KEY_HEX_LEN + 1 bytes.
  */
@@ -68,8 +85,9 @@ dl_derive_key(const char *run, const char *tool, const char *canon,
 	int			header_len;
 	int			middle_len;
 
-	header_len = snprintf(header, sizeof(header), KEY_MATERIAL_PREFIX "|%zu|", run_len);
-	middle_len = snprintf(middle, sizeof(middle), "|%d|", occurrence);
+	/* "PREFIX|<run length>|" and "|<occurrence>|", without a printf */
+	header_len = material_number(header, KEY_MATERIAL_PREFIX "|", (int64) run_len);
+	middle_len = material_number(middle, "|", occurrence);
 
 	ctx = pg_cryptohash_create(PG_SHA256);
 	if (pg_cryptohash_init(ctx) < 0 ||
@@ -77,7 +95,7 @@ dl_derive_key(const char *run, const char *tool, const char *canon,
 		pg_cryptohash_update(ctx, (const uint8 *) run, run_len) < 0)
 		goto failed;
 
-	header_len = snprintf(header, sizeof(header), "|%zu|", tool_len);
+	header_len = material_number(header, "|", (int64) tool_len);
 	if (pg_cryptohash_update(ctx, (const uint8 *) header, header_len) < 0 ||
 		pg_cryptohash_update(ctx, (const uint8 *) tool, tool_len) < 0 ||
 		pg_cryptohash_update(ctx, (const uint8 *) middle, middle_len) < 0 ||
