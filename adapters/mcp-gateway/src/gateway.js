@@ -376,7 +376,8 @@ export class Gateway {
     if (before) return stopResult(before, run);
     // The client's retry of a call it cancelled while it ran (its request timed out: the
     // MCP SDK client's default is 60 s) is answered with that call's answer, not made again.
-    const what = JSON.stringify([run, entry.name, callId, canonical(businessKey ?? keyArgs(rule, args))]);
+    // (the arguments too with a business key: another call of the key is the ledger's to refuse)
+    const what = JSON.stringify([run, entry.name, callId, businessKey, canonical(keyArgs(rule, args))]);
     const cancelled = session.cancelled.get(what);
     if (cancelled) {
       session.cancelled.delete(what);

@@ -261,3 +261,34 @@ test('F7: a client that gives up on a slow payment (its request timed out) and m
     await gate.close();
   }
 });
+
+test('F7 with a business key: after a cancelled payment, a call of the same key with other arguments is not answered from it (the ledger refuses it)', async () => {
+  const gate = await startGate();
+  const gw = await startGateway(testConfig({ effects: effects.url, gate: gate.url, gateOps: ['pay'], pay: { businessKey: 'invoice-{invoice}' } }));
+  try {
+    const run = newRun('timeout-bkey');
+    const invoice = `INV-${run}`;
+    const client = await connect(gw.url);
+    const call7 = { name: 'pay_invoice', arguments: { invoice, amount: 7 }, _meta: { 'durable-ledger/run': run } };
+    const gaveUp = new AbortController();
+    const first = client.callTool(call7, undefined, { signal: gaveUp.signal });
+    await gate.arrived('pay');
+    gaveUp.abort();
+    await assert.rejects(first);
+    await until(() => [...gw.gateway.sessions].some((s) => s.cancelled.size > 0), 'the gateway to hear of the cancellation');
+    gate.open('pay');
+    const other = await client.callTool({ ...call7, arguments: { invoice, amount: 700 } });
+    assert.equal(other.isError, true, text(other));
+    assert.match(text(other), /already used by a different call/);
+    assert.deepEqual(made('pay', (c) => c.body.invoice === invoice).map((c) => c.body.amount), [7], '700 never paid');
+    // the cancelled call made again is still answered from it
+    const again = await client.callTool(call7);
+    assert.equal(again.isError, undefined, text(again));
+    assert.equal(again._meta['durable-ledger/replayed'], true);
+    assert.equal(made('pay', (c) => c.body.invoice === invoice).length, 1);
+    await client.close();
+  } finally {
+    await gw.close();
+    await gate.close();
+  }
+});
