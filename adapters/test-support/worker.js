@@ -5,16 +5,18 @@
 //   await w.line(/^paying/);        waits for a line of its stdout
 //   w.kill();                        SIGKILL
 //   const { code, signal, stdout, stderr } = await w.exit;
+// (runNode(script, args, env, {cwd}) is a worker waited for to its end: a README's program.)
 import { spawn } from 'node:child_process';
 
 /**
  * @param {string} script
  * @param {string[]} args
  * @param {Record<string, string>} [env]
+ * @param {{cwd?: string}} [options]
  */
-export function spawnWorker(script, args, env = {}) {
+export function spawnWorker(script, args, env = {}, { cwd } = {}) {
   const child = spawn(process.execPath, [script, ...args], {
-    env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'],
+    cwd, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'],
   });
   let stdout = '';
   let stderr = '';
@@ -42,4 +44,15 @@ export function spawnWorker(script, args, env = {}) {
     line: (pattern) => new Promise((resolve, reject) => { waiting.push({ pattern, resolve, reject }); scan(); }),
     kill: () => child.kill('SIGKILL'),
   };
+}
+
+/**
+ * Runs a node script to its end: its exit code and output.
+ * @param {string} script
+ * @param {string[]} args
+ * @param {Record<string, string>} [env]
+ * @param {{cwd?: string}} [options]
+ */
+export function runNode(script, args, env = {}, options = {}) {
+  return spawnWorker(script, args, env, options).exit;
 }
