@@ -14,20 +14,11 @@ import json
 import os
 import statistics
 import subprocess
-import urllib.parse
 
-import psycopg
+from gateway_latency import node_url
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = "600"
-
-
-def node_url(dsn):
-    """A postgresql:// URL (what node-postgres reads) for a libpq DSN."""
-    info = psycopg.conninfo.conninfo_to_dict(dsn)
-    query = urllib.parse.urlencode({"host": info["host"], "port": info.get("port", 5432)})
-    user = urllib.parse.quote(info.get("user", "postgres"), safe="")
-    return f"postgresql://{user}@/{urllib.parse.quote(info.get('dbname', 'postgres'), safe='')}?{query}"
 
 
 def clients_section(args, dsn, say):
