@@ -19,7 +19,8 @@
 //       resume from a checkpoint instead of re-running from the start: the call
 //       is then identified by its id (callKey), not by its occurrence.
 //   noteStableCallIds(ids) / isStableCallId(id)  the ids of tool calls that a
-//       recorded model turn made: a rerun replays that turn, so the ids come back.
+//       recorded model turn made: they come back while a rerun asks the model the
+//       very same (an adapter keys by them only on the app's opt-in).
 //   stopOf(err)  what an error means for the run: a kind, a text for the model
 //       (which must not call the tool again) and what a person must do.
 //   toolError(err)  the error a framework shows the model: a ToolCallStopped
