@@ -79,7 +79,9 @@ export { agentAttempt, currentAttempt, currentStop, stopOf, ToolCallStopped } fr
  */
 
 /**
- * How a tool call is identified in the ledger.
+ * How a tool call is identified in the ledger.  Under both, a call the SDK executes because
+ * the request brings its approval (needsApproval) is identified by its tool call id, which
+ * comes from the conversation's history, the same on a retry (README: Tool approvals).
  * - `occurrence` (default): by its tool, canonical input and occurrence in the attempt.  A
  *   rerun of the run (a new attempt) reaches the effects of the earlier attempts in order,
  *   whatever ids the model gives its calls; a call asked for again in a later attempt is a

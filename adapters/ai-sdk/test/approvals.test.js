@@ -7,37 +7,22 @@
 // (2) requestRun names each continuation its own run, so that a call the continuation
 // asks for again (a receipt after each instalment) is not the earlier one's replay.
 // DURABLE_LEDGER_DSN: a superuser connection to a database with durable_ledger.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import pg from 'pg';
 import {
   convertToModelMessages, generateText, readUIMessageStream, simulateReadableStream, stepCountIs, streamText, tool,
 } from 'ai';
 import { MockLanguageModelV4 } from 'ai/test';
 import { z } from 'zod';
-import { Ledger } from 'durable-ledger';
 import { callKey } from 'durable-ledger/agents';
 import { agentAttempt, durableTools, idempotencyKey, ledgerStopped, requestRun } from '../src/index.js';
+import { answer, calling, cluster, streamAnswer, streamCalling, toolCall } from './support.js';
 
-const dsn = process.env.DURABLE_LEDGER_DSN;
-if (!dsn) throw new Error('set DURABLE_LEDGER_DSN to a superuser connection string of a database with durable_ledger');
-
-let pool;
-let ledger;
-before(async () => {
-  pool = new pg.Pool({ connectionString: dsn, max: 4 });
-  ledger = new Ledger(pool, { consoleWarn: false });
-});
-after(async () => {
-  await pool.end();
-});
-
-const usage = { inputTokens: { total: 1, noCache: 1, cacheRead: 0, cacheWrite: 0 },
-  outputTokens: { total: 1, text: 1, reasoning: 0 } };
+const db = cluster();
 const results = (messages, toolName) => messages.filter((m) => m.role === 'tool').flatMap((m) => m.content)
   .filter((p) => p.type === 'tool-result' && p.toolName === toolName);
-const effects = async (run) => (await pool.query(
+const effects = async (run) => (await db.pool.query(
   'SELECT key, tool, status::text, result FROM durable_ledger.effects WHERE run = $1 ORDER BY created_at', [run])).rows;
 
 /** A bank that pays whatever it is asked to (it deduplicates nothing); payInvoice waits for the user's approval. */
@@ -73,31 +58,26 @@ test('A1: two instalments approved in two continuations of one request (one run)
     provider: 'test', modelId: 'clerk',
     doGenerate: async ({ prompt }) => {
       const done = results(prompt, 'payInvoice');
-      if (done.length < 2) {
-        return { content: [{ type: 'tool-call', toolCallId: `call_${randomUUID()}`, toolName: 'payInvoice',
-          input: JSON.stringify({ invoice: 'INV-9', amount: 100 }) }],
-        finishReason: { unified: 'tool-calls', raw: undefined }, usage, warnings: [] };
-      }
-      return { content: [{ type: 'text', text: `both paid: ${done.map((p) => p.output.value.paymentId).join(', ')}` }],
-        finishReason: { unified: 'stop', raw: undefined }, usage, warnings: [] };
+      if (done.length < 2) return calling(toolCall('payInvoice', { invoice: 'INV-9', amount: 100 }));
+      return answer(`both paid: ${done.map((p) => p.output.value.paymentId).join(', ')}`);
     },
   });
   const run = requestRun(`chat-${randomUUID()}`, `msg-${randomUUID()}`); // the user message of the request
-  const respond = (messages) => agentAttempt(ledger, run, () => generateText({
+  const respond = (messages) => agentAttempt(db.ledger, run, () => generateText({
     model, tools, messages, stopWhen: [stepCountIs(10), ledgerStopped()] }));
   let messages = [{ role: 'user', content: 'Pay INV-9 in two instalments of 100.' }];
   let sentLast;
-  let answer;
+  let reply;
   for (let request = 1; request <= 3; request += 1) {
     sentLast = messages;
-    answer = await respond(messages);
-    const asks = answer.content.filter((p) => p.type === 'tool-approval-request');
-    messages = [...messages, ...answer.responseMessages];
+    reply = await respond(messages);
+    const asks = reply.content.filter((p) => p.type === 'tool-approval-request');
+    messages = [...messages, ...reply.responseMessages];
     if (asks.length === 0) break;
     // the user approves: the chat is sent again, with the approval (the same user message: the same run)
     messages.push({ role: 'tool', content: asks.map((a) => ({ type: 'tool-approval-response', approvalId: a.approvalId, approved: true })) });
   }
-  assert.equal(answer.text, 'both paid: PAY-1, PAY-2', 'each instalment got its own payment');
+  assert.equal(reply.text, 'both paid: PAY-1, PAY-2', 'each instalment got its own payment');
   assert.equal(paid.length, 2, 'the bank paid twice');
   assert.notEqual(paid[0], paid[1], 'two payments, two keys');
   const calls = results(messages, 'payInvoice').map((p) => p.toolCallId);
@@ -116,17 +96,13 @@ test('A1 with useChat\'s messages: requestRun names each continuation; the recei
   const { paid, receipts, tools } = bank();
   const justPaid = (prompt) => prompt.at(-1).role === 'tool' && prompt.at(-1).content.some((p) => p.type === 'tool-result' && p.toolName === 'payInvoice');
   const chunks = (prompt) => {
-    const call = (toolName, input) => [{ type: 'stream-start', warnings: [] },
-      { type: 'tool-call', toolCallId: `call_${randomUUID()}`, toolName, input: JSON.stringify(input) },
-      { type: 'finish', finishReason: { unified: 'tool-calls', raw: undefined }, usage }];
+    const call = (toolName, input) => streamCalling(toolCall(toolName, input));
     if (justPaid(prompt)) return call('sendReceipt', { invoice: 'INV-9' });
     const done = results(prompt, 'payInvoice');
     if (done.length < 2) return call('payInvoice', { invoice: 'INV-9', amount: 100 });
     const text = `paid ${done.map((p) => p.output.value.paymentId).join(', ')}; receipts ${
       results(prompt, 'sendReceipt').map((p) => p.output.value.receipt).join(', ')}`;
-    return [{ type: 'stream-start', warnings: [] }, { type: 'text-start', id: 't' },
-      { type: 'text-delta', id: 't', delta: text }, { type: 'text-end', id: 't' },
-      { type: 'finish', finishReason: { unified: 'stop', raw: undefined }, usage }];
+    return streamAnswer(text);
   };
   const model = new MockLanguageModelV4({
     provider: 'test', modelId: 'clerk',
@@ -136,7 +112,7 @@ test('A1 with useChat\'s messages: requestRun names each continuation; the recei
   /** the chat route: streams the answer as UIMessage chunks, read here as useChat does */
   const post = async (messages) => {
     const run = requestRun(chat, messages);
-    const message = await agentAttempt(ledger, run, async () => {
+    const message = await agentAttempt(db.ledger, run, async () => {
       const result = streamText({ model, tools, messages: await convertToModelMessages(messages),
         stopWhen: [stepCountIs(10), ledgerStopped()] });
       const continued = messages.at(-1).role === 'assistant' ? messages.at(-1) : undefined;
@@ -192,15 +168,14 @@ test('approvedInHistory: a call of this request whose id an earlier turn gave (a
   const { receipts, tools } = bank();
   const model = new MockLanguageModelV4({
     doGenerate: async ({ prompt }) => (prompt.at(-1).role === 'user'
-      ? { content: [{ type: 'tool-call', toolCallId: 'call-1', toolName: 'sendReceipt', input: '{"invoice":"INV-9"}' }],
-        finishReason: { unified: 'tool-calls', raw: undefined }, usage, warnings: [] }
-      : { content: [{ type: 'text', text: 'sent' }], finishReason: { unified: 'stop', raw: undefined }, usage, warnings: [] }),
+      ? calling(toolCall('sendReceipt', { invoice: 'INV-9' }, 'call-1'))
+      : answer('sent')),
   });
   const chat = `chat-${randomUUID()}`;
   const messages = [{ role: 'user', content: 'Mail the receipt.' }];
-  const first = await agentAttempt(ledger, requestRun(chat, 'm1'), () => generateText({ model, tools, messages }));
+  const first = await agentAttempt(db.ledger, requestRun(chat, 'm1'), () => generateText({ model, tools, messages }));
   messages.push(...first.response.messages, { role: 'user', content: 'Mail it again.' });
-  await agentAttempt(ledger, requestRun(chat, 'm2'), () => generateText({ model, tools, messages }));
+  await agentAttempt(db.ledger, requestRun(chat, 'm2'), () => generateText({ model, tools, messages }));
   assert.equal(receipts.length, 2);
   const rows = await effects(requestRun(chat, 'm2'));
   assert.equal(rows.length, 1);

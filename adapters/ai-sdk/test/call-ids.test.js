@@ -8,47 +8,22 @@
 // not recorded gives new ids on a rerun, a prompt that changed makes new turns,
 // and neither may pay twice.  DURABLE_LEDGER_DSN: a superuser connection to a
 // database with durable_ledger.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import pg from 'pg';
 import { convertToModelMessages, generateText, simulateReadableStream, stepCountIs, streamText, tool } from 'ai';
 import { MockLanguageModelV4 } from 'ai/test';
 import { z } from 'zod';
-import { Ledger, EffectDidNotHappen, EffectPaused, RunStopped } from 'durable-ledger';
+import { EffectDidNotHappen, EffectPaused, RunStopped } from 'durable-ledger';
 import {
   agentAttempt, durableTools, idempotencyKey, ledgerStopped, recordedModel, requestRun,
 } from '../src/index.js';
+import {
+  answer, calling, cluster, lastToolOutput, streamAnswer, streamCalling, toolCall,
+} from './support.js';
 
-const dsn = process.env.DURABLE_LEDGER_DSN;
-if (!dsn) throw new Error('set DURABLE_LEDGER_DSN to a superuser connection string of a database with durable_ledger');
-
-let pool;
-let ledger;
-let admin;
-before(async () => {
-  pool = new pg.Pool({ connectionString: dsn, max: 4 });
-  ledger = new Ledger(pool, { consoleWarn: false });
-  admin = new pg.Client({ connectionString: dsn });
-  await admin.connect();
-});
-after(async () => {
-  await admin.end();
-  await pool.end();
-});
-
+const db = cluster();
 const unique = (name) => `ai-sdk-ids-${name}-${randomUUID()}`;
-const usage = { inputTokens: { total: 1, noCache: 1, cacheRead: 0, cacheWrite: 0 },
-  outputTokens: { total: 1, text: 1, reasoning: 0 } };
-const toolCall = (toolName, input) => ({
-  // a real provider's id: new each time the model is asked
-  type: 'tool-call', toolCallId: `call_${randomUUID()}`, toolName, input: JSON.stringify(input),
-});
-const answer = (text) => ({ content: [{ type: 'text', text }], finishReason: { unified: 'stop', raw: undefined },
-  usage, warnings: [] });
-const calling = (...calls) => ({ content: calls, finishReason: { unified: 'tool-calls', raw: undefined },
-  usage, warnings: [] });
-const lastToolOutput = (prompt) => prompt.at(-1).content.find((p) => p.type === 'tool-result')?.output;
 
 /** The reminder clerk: each user message asks for a reminder to ACME; then it says what came back. */
 function reminderModel() {
@@ -75,6 +50,13 @@ function mailer() {
   return { sent, tools };
 }
 
+/** A bank's payInvoice through durableTools: `pay(input, options)` is its execute (a bank deduplicates nothing). */
+const payTools = (pay, options) => durableTools({
+  payInvoice: tool({
+    description: 'Pays an invoice', inputSchema: z.object({ invoice: z.string(), amount: z.number() }), execute: pay,
+  }),
+}, options);
+
 /** A chat's history as the AI SDK UI keeps it: UIMessages, each with its id. */
 const userMessage = (text) => ({ id: `msg-${randomUUID()}`, role: 'user', parts: [{ type: 'text', text }] });
 const assistantMessage = (text) => ({ id: `msg-${randomUUID()}`, role: 'assistant', parts: [{ type: 'text', text }] });
@@ -85,7 +67,7 @@ test('F7: a chat whose run is requestRun(chat, messages) sends the reminder the 
   const tools = mailTools();
   const model = reminderModel();
   /** a chat server's route: one request, the user message it answers its run */
-  const respond = (messages) => agentAttempt(ledger, requestRun(chat, messages), async () => generateText({
+  const respond = (messages) => agentAttempt(db.ledger, requestRun(chat, messages), async () => generateText({
     model, tools, messages: await convertToModelMessages(messages), stopWhen: [stepCountIs(5), ledgerStopped()],
   }));
   const history = [userMessage('Remind ACME to pay.')];
@@ -101,7 +83,7 @@ test('F7: a chat whose run is requestRun(chat, messages) sends the reminder the 
   const retried = await respond(history);
   assert.equal(retried.text, second.text, 'the recorded output reaches the model');
   assert.equal(sent.length, 2, 'a retry of the request sends nothing again');
-  const { rows } = await admin.query(
+  const { rows } = await db.admin.query(
     "SELECT run, status::text FROM durable_ledger.effects WHERE run LIKE 'request:%' AND run LIKE $1 ORDER BY created_at",
     [`%${chat}%`]);
   assert.deepEqual(rows.map((r) => r.run), [requestRun(chat, history.slice(0, 1)), requestRun(chat, history)]);
@@ -114,7 +96,7 @@ test('F7: the conversation as the run, with recordedModel and keyBy "recorded-ca
   const tools = mailTools({ keyBy: 'recorded-call-id' });
   const messages = [];
   let last;
-  const turn = (model) => agentAttempt(ledger, conversation, () => generateText({
+  const turn = (model) => agentAttempt(db.ledger, conversation, () => generateText({
     model: recordedModel(model), tools, messages, stopWhen: [stepCountIs(5), ledgerStopped()],
   }));
   for (const text of ['Remind ACME to pay.', 'A week later: still unpaid, remind ACME again.']) {
@@ -124,7 +106,7 @@ test('F7: the conversation as the run, with recordedModel and keyBy "recorded-ca
   }
   assert.equal(sent.length, 2, 'reminders actually sent: 2');
   assert.match(last.text, /"reminder":2/);
-  const { rows } = await admin.query(
+  const { rows } = await db.admin.query(
     "SELECT key FROM durable_ledger.effects WHERE run = $1 AND tool = 'sendReminder' ORDER BY created_at",
     [conversation]);
   assert.equal(rows.length, 2);
@@ -146,22 +128,16 @@ test('F7 with streamText: the ids of a recorded stream\'s tool calls key them to
   const streaming = () => new MockLanguageModelV4({
     provider: 'test', modelId: 'streamer',
     doStream: async ({ prompt }) => {
-      const id = `call_${randomUUID()}`;
       const chunks = prompt.at(-1).role === 'user'
-        ? [{ type: 'stream-start', warnings: [] },
-          { type: 'tool-call', toolCallId: id, toolName: 'sendReminder', input: '{"customer":"ACME"}' },
-          { type: 'finish', finishReason: { unified: 'tool-calls', raw: undefined }, usage }]
-        : [{ type: 'stream-start', warnings: [] }, { type: 'text-start', id: 't' },
-          { type: 'text-delta', id: 't', delta: `sent: ${JSON.stringify(lastToolOutput(prompt))}` },
-          { type: 'text-end', id: 't' },
-          { type: 'finish', finishReason: { unified: 'stop', raw: undefined }, usage }];
+        ? streamCalling(toolCall('sendReminder', { customer: 'ACME' }))
+        : streamAnswer(`sent: ${JSON.stringify(lastToolOutput(prompt))}`);
       return { stream: simulateReadableStream({ chunks }) };
     },
   });
   const messages = [];
   for (const text of ['Remind ACME to pay.', 'Remind ACME again.']) {
     messages.push({ role: 'user', content: text });
-    const response = await agentAttempt(ledger, conversation, async () => {
+    const response = await agentAttempt(db.ledger, conversation, async () => {
       const result = streamText({ model: recordedModel(streaming()), tools, messages,
         stopWhen: [stepCountIs(5), ledgerStopped()] });
       await result.consumeStream();
@@ -177,22 +153,17 @@ for (const keyBy of ['occurrence', 'recorded-call-id']) {
     const run = unique(`unrecorded-${keyBy}`);
     const payments = [];
     let bankDown = true;
-    const tools = durableTools({
-      payInvoice: tool({
-        description: 'Pays an invoice', inputSchema: z.object({ invoice: z.string(), amount: z.number() }),
-        execute: async (input, o) => {
-          payments.push(idempotencyKey(o));
-          if (bankDown) throw new Error('connection reset by the bank'); // the payment may have gone through
-          return { paid: true };
-        },
-      }),
+    const tools = payTools(async (input, o) => {
+      payments.push(idempotencyKey(o));
+      if (bankDown) throw new Error('connection reset by the bank'); // the payment may have gone through
+      return { paid: true };
     }, { keyBy });
     const model = new MockLanguageModelV4({
       doGenerate: async ({ prompt }) => (prompt.at(-1).role === 'user'
         ? calling(toolCall('payInvoice', { invoice: 'INV-9', amount: 4200 }))
         : answer('done')),
     });
-    const attempt = () => agentAttempt(ledger, run, () => generateText({
+    const attempt = () => agentAttempt(db.ledger, run, () => generateText({
       model, tools, prompt: 'Pay INV-9.', stopWhen: [stepCountIs(5), ledgerStopped()],
     }));
     const first = await attempt().then(() => null, (e) => e);
@@ -211,22 +182,17 @@ test('keyBy "recorded-call-id": the payment of a recorded turn whose outcome is 
   const run = unique('recorded-unknown');
   const payments = [];
   let bankDown = true;
-  const tools = durableTools({
-    payInvoice: tool({
-      description: 'Pays an invoice', inputSchema: z.object({ invoice: z.string(), amount: z.number() }),
-      execute: async (input, o) => {
-        payments.push(idempotencyKey(o));
-        if (bankDown) throw new Error('timeout');
-        return { paid: payments.length };
-      },
-    }),
+  const tools = payTools(async (input, o) => {
+    payments.push(idempotencyKey(o));
+    if (bankDown) throw new Error('timeout');
+    return { paid: payments.length };
   }, { keyBy: 'recorded-call-id' });
   const model = new MockLanguageModelV4({
     doGenerate: async ({ prompt }) => (prompt.at(-1).role === 'user'
       ? calling(toolCall('payInvoice', { invoice: 'INV-9', amount: 4200 }))
       : answer(`paid: ${JSON.stringify(lastToolOutput(prompt))}`)),
   });
-  const attempt = () => agentAttempt(ledger, run, () => generateText({
+  const attempt = () => agentAttempt(db.ledger, run, () => generateText({
     model: recordedModel(model), tools, prompt: 'Pay INV-9.', stopWhen: [stepCountIs(5), ledgerStopped()],
   }));
   assert.ok(await attempt().then(() => null, (e) => e) instanceof RunStopped);
@@ -236,7 +202,7 @@ test('keyBy "recorded-call-id": the payment of a recorded turn whose outcome is 
   assert.equal(model.doGenerateCalls.length, 1, 'the turn was replayed');
   assert.match(paused.key, /^call:\[/, 'keyed by the recorded call id');
   assert.equal(payments.length, 1);
-  await admin.query("SELECT durable_ledger.resolve_effect($1, 'completed', '{\"paid\": 1}', 'on-call', 'bank has it')",
+  await db.admin.query("SELECT durable_ledger.resolve_effect($1, 'completed', '{\"paid\": 1}', 'on-call', 'bank has it')",
     [paused.key]);
   const done = await attempt();
   assert.equal(done.text, 'paid: {"type":"json","value":{"paid":1}}');
@@ -247,18 +213,13 @@ test('keyBy "recorded-call-id": a payment the bank refused, then the model\'s se
   const run = unique('refused');
   const payments = [];
   let refuse = true;
-  const tools = durableTools({
-    payInvoice: tool({
-      description: 'Pays an invoice', inputSchema: z.object({ invoice: z.string(), amount: z.number() }),
-      execute: async () => {
-        if (refuse) {
-          refuse = false; // the bank would take it now
-          throw new EffectDidNotHappen({ declined: 'insufficient funds' });
-        }
-        payments.push(1);
-        return { paid: payments.length };
-      },
-    }),
+  const tools = payTools(async () => {
+    if (refuse) {
+      refuse = false; // the bank would take it now
+      throw new EffectDidNotHappen({ declined: 'insufficient funds' });
+    }
+    payments.push(1);
+    return { paid: payments.length };
   }, { keyBy: 'recorded-call-id' });
   const clerk = () => new MockLanguageModelV4({
     doGenerate: async ({ prompt }) => {
@@ -271,7 +232,7 @@ test('keyBy "recorded-call-id": a payment the bank refused, then the model\'s se
       return answer(`result: ${JSON.stringify(out)}`);
     },
   });
-  const attempt = (model) => agentAttempt(ledger, run, () => generateText({
+  const attempt = (model) => agentAttempt(db.ledger, run, () => generateText({
     model: recordedModel(model), tools, prompt: 'Pay INV-9.', stopWhen: [stepCountIs(5), ledgerStopped()],
   }));
   const first = await attempt(clerk());
@@ -292,21 +253,16 @@ test('keyBy "recorded-call-id": a payment the bank refused, then the model\'s se
 test('keyBy "occurrence" (the default): a rerun whose prompt changed (a date in the system prompt) makes new turns with new ids, and the payment still replays', async () => {
   const run = unique('drift');
   const payments = [];
-  const tools = durableTools({
-    payInvoice: tool({
-      description: 'Pays an invoice', inputSchema: z.object({ invoice: z.string() }),
-      execute: async () => { payments.push(1); return { paid: payments.length }; },
-    }),
-  });
+  const tools = payTools(async () => { payments.push(1); return { paid: payments.length }; });
   let crash = true;
   const model = new MockLanguageModelV4({
     doGenerate: async ({ prompt }) => {
-      if (prompt.at(-1).role === 'user') return calling(toolCall('payInvoice', { invoice: 'INV-1' }));
+      if (prompt.at(-1).role === 'user') return calling(toolCall('payInvoice', { invoice: 'INV-1', amount: 4200 }));
       if (crash) throw new Error('the worker died'); // after the payment, before the answer
       return answer('paid');
     },
   });
-  const attempt = (day) => agentAttempt(ledger, run, () => generateText({
+  const attempt = (day) => agentAttempt(db.ledger, run, () => generateText({
     model: recordedModel(model), tools, system: `Today is ${day}.`, prompt: 'Pay INV-1.',
     stopWhen: [stepCountIs(5), ledgerStopped()],
   }));
