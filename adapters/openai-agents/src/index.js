@@ -47,7 +47,9 @@ export { agentAttempt, currentAttempt, currentStop, stopOf, toolError, ToolCallS
 /** @typedef {import('durable-ledger').Happened | import('durable-ledger').NotHappened | null | undefined} Finding */
 /**
  * A tool's lookup at the provider (durable-ledger's Reconcile): what it says of the effect
- * given to it under `downstreamKey`, or null when it cannot tell.
+ * given to it under `downstreamKey`, or null when it cannot tell.  Spelled out here: the
+ * client's typedef, named through it, makes tsc refer to a file of the client the package
+ * does not export (TS2742).
  * @typedef {(downstreamKey: string, args: any) => Finding | Promise<Finding>} Reconcile
  */
 /** @typedef {import('@openai/agents').Model} Model */
@@ -223,7 +225,6 @@ export function ledgerTool(options) {
     if (kind === 'record') {
       return recordedCall({ ...base, callId, call: () => execute(input, context, detailsFor(null)) });
     }
-    const theBusinessKey = businessKey ? businessKey(input) : null;
     return guardedTool({
       ...base,
       callId,
@@ -231,7 +232,7 @@ export function ledgerTool(options) {
       // its id comes back only when a rerun replays the turn or a saved state is resumed
       // again, after which the model may have tried again under another id and paid
       replayFailure: true,
-      businessKey: theBusinessKey,
+      businessKey: businessKey ? businessKey(input) : null,
       reconcile: reconcile ?? null,
       perform: (key) => execute(input, context, detailsFor(key)),
     });
@@ -364,7 +365,9 @@ const RESUMED_ATTEMPT = '\u0000durable-ledger-openai-agents:resumed-attempt';
  * Whether a person approved this very call (the SDK's per-call approval, restored with
  * its RunState): the call is approved, and a call id nobody was ever asked about is not
  * (an `alwaysApprove` approves every call of the tool, the model's new ones too, so it says
- * nothing of where this call comes from).
+ * nothing of where this call comes from).  decidedByAPerson knows such a call already; this
+ * is for where the SDK's binding cannot be read: an SDK without `_toJSONForRunState`, or a
+ * state saved with its approval by an SDK whose RunState schema (before 1.18) kept no binding.
  * @param {string} toolName
  * @param {RunContext<any> | undefined} context
  * @param {string} id
@@ -453,6 +456,8 @@ function ledgerErrorFunction(own) {
 }
 
 /**
+ * A value as text for the model: a string as is, anything else as JSON (durable-ledger's
+ * describe(), which the client does not export).
  * @param {unknown} value
  * @returns {string}
  */

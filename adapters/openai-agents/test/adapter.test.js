@@ -17,7 +17,7 @@ import {
   agentAttempt, currentStop, ledgerModel, ledgerModelProvider, ledgerTool, LedgerModel, requestArgs,
 } from '../src/index.js';
 import { invoiceAgent, outputText, PROMPT, resultsOf } from './invoice-agent.js';
-import { effectsOf, eventsOf, runId, withLedger } from './target.js';
+import { effectsOf, eventsOf, rejection, runId, withLedger } from './target.js';
 
 setTracingDisabled(true);
 /** @type {Awaited<ReturnType<typeof startEffectsServer>>} */
@@ -47,9 +47,6 @@ function runnerWithOutputs() {
   runner.on('agent_tool_end', (_c, _a, t, output) => outputs.push(`${t.name}: ${output}`));
   return { runner, outputs };
 }
-
-/** @param {Promise<unknown>} promise */
-const rejection = (promise) => promise.then(() => assert.fail('it must throw'), (err) => err);
 
 /** A unique tool name in the ledger (tools registered by a test are the database's). @param {string} name */
 const unique = (name) => `${name}_${randomUUID().slice(0, 8)}`;

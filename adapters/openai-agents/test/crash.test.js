@@ -13,7 +13,7 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { callKey } from 'durable-ledger/agents';
 import { startEffectsServer } from '../../test-support/effects-server.js';
-import { spawnWorker } from '../../test-support/worker.js';
+import { runNode, spawnWorker } from '../../test-support/worker.js';
 import { DSN, effectsOf, runId, waitFor } from './target.js';
 
 const workerScript = fileURLToPath(new URL('./worker.js', import.meta.url));
@@ -33,10 +33,7 @@ after(async () => {
 });
 
 /** Runs a worker on `run` to its end. @param {string} run */
-async function worker(run) {
-  const w = spawnWorker(workerScript, [run], { EFFECTS_URL: effects.url, DURABLE_LEDGER_DSN: DSN });
-  return w.exit;
-}
+const worker = (run) => runNode(workerScript, [run], { EFFECTS_URL: effects.url, DURABLE_LEDGER_DSN: DSN });
 
 /** @param {string} stdout */
 const modelCalls = (stdout) => Number(stdout.match(/^model calls: (\d+)$/m)?.[1]);

@@ -5,10 +5,11 @@
 // (test/types/consumer.ts, whose misuses marked @ts-expect-error must not compile).
 import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
+import { runNode } from '../../test-support/worker.js';
 import { DSN, runId } from './target.js';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
@@ -18,19 +19,6 @@ before(() => {
   const build = spawnSync(tsc, ['-p', 'tsconfig.build.json'], { cwd: root, encoding: 'utf8' });
   assert.equal(build.status, 0, `tsc generates the declarations from src/: ${build.stdout}${build.stderr}`);
 });
-
-/** Runs node on a script; resolves with its exit code and output. @param {string[]} args @param {Record<string, string>} env */
-function node(args, env) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, args, { env: { ...process.env, ...env } });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => { stdout += d; });
-    child.stderr.on('data', (d) => { stderr += d; });
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout, stderr }));
-  });
-}
 
 test('the declarations type-check a TypeScript consumer under --strict, and reject its marked misuses', () => {
   const check = spawnSync(tsc, ['-p', 'tsconfig.json'], { cwd: root, encoding: 'utf8' });
@@ -57,14 +45,12 @@ test("the README's first program: it pays once, its rerun replays; a second proc
   assert.equal(compiled.status, 0, `tsc --strict compiles it: ${compiled.stdout}${compiled.stderr}`);
 
   const run = runId('readme');
-  /** @type {any} */
-  const first = await node([`${dir}first-run.js`, run], { DATABASE_URL: DSN });
+  const first = await runNode(`${dir}first-run.js`, [run], { DATABASE_URL: /** @type {string} */ (DSN) });
   assert.equal(first.code, 0, `exit code 0; stdout: ${first.stdout}; stderr: ${first.stderr}`);
   assert.equal(first.stderr, '', 'no warning');
   assert.equal((first.stdout.match(/^bank: paying 4200 for INV-9 /gm) ?? []).length, 1, first.stdout);
   assert.match(first.stdout, /^first run: Paid INV-9\.\na rerun: Paid INV-9\.$/m);
-  /** @type {any} */
-  const again = await node([`${dir}first-run.js`, run], { DATABASE_URL: DSN });
+  const again = await runNode(`${dir}first-run.js`, [run], { DATABASE_URL: /** @type {string} */ (DSN) });
   assert.equal(again.code, 0, `exit code 0; stderr: ${again.stderr}`);
   assert.doesNotMatch(again.stdout, /bank: paying/);
   assert.match(again.stdout, /^first run: Paid INV-9\.\na rerun: Paid INV-9\.$/m);

@@ -25,11 +25,10 @@ export function resultsOf(request) {
 }
 
 /**
- * The scripted model: `turns` answers at most (a call beyond them throws
+ * The scripted model: four answers at most (a call beyond them throws
  * UnexpectedModelCallError), each read from the conversation.
- * @param {number} [turns]
  */
-export function invoiceModel(turns = 4) {
+function invoiceModel() {
   const respond = (/** @type {any} */ call) => {
     const results = resultsOf(call.request);
     if (results.length === 0) {
@@ -40,7 +39,7 @@ export function invoiceModel(turns = 4) {
     }
     return [assistantMessage(`done: ${results.map((r) => `${r.name}=${outputText(r.output)}`).join('; ')}`)];
   };
-  return new ScriptedModel(Array.from({ length: turns }, () => modelResponder(respond)));
+  return new ScriptedModel(Array.from({ length: 4 }, () => modelResponder(respond)));
 }
 
 /**
@@ -48,7 +47,7 @@ export function invoiceModel(turns = 4) {
  * @param {string} url
  * @param {{log?: (line: string) => void, needsApproval?: boolean, payName?: string}} [options]
  */
-export function invoiceTools(url, { log = () => {}, needsApproval = false, payName } = {}) {
+function invoiceTools(url, { log = () => {}, needsApproval = false, payName } = {}) {
   const pay = ledgerTool({
     name: 'pay_invoice',
     description: 'Pay an invoice',
@@ -79,16 +78,16 @@ export function invoiceTools(url, { log = () => {}, needsApproval = false, payNa
 /**
  * The agent: the two tools and the recorded scripted model.
  * @param {string} url
- * @param {{log?: (line: string) => void, needsApproval?: boolean, model?: import('@openai/agents').Model, turns?: number}} [options]
+ * @param {{log?: (line: string) => void, needsApproval?: boolean, payName?: string}} [options]
  */
 export function invoiceAgent(url, options = {}) {
-  const scripted = invoiceModel(options.turns);
+  const scripted = invoiceModel();
   const { pay, email } = invoiceTools(url, options);
   const agent = new Agent({
     name: 'accounts-payable',
     instructions: 'You pay invoices and tell accounts payable.',
     tools: [pay, email],
-    model: options.model ?? ledgerModel(scripted),
+    model: ledgerModel(scripted),
   });
-  return { agent, scripted, pay, email };
+  return { agent, scripted };
 }

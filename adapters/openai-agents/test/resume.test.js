@@ -23,12 +23,20 @@ import { EffectDidNotHappen, EffectPaused, RunStopped } from 'durable-ledger';
 import { callKey } from 'durable-ledger/agents';
 import { ResumeNotMarked, agentAttempt, ledgerModel, ledgerTool, resumed } from '../src/index.js';
 import { outputText, resultsOf } from './invoice-agent.js';
-import { effectsOf, runId, withLedger } from './target.js';
+import { effectsOf, rejection, runId, withLedger } from './target.js';
 
 setTracingDisabled(true);
 
-/** @param {Promise<unknown>} promise */
-const rejection = (promise) => promise.then(() => assert.fail('it must throw'), (err) => err);
+/**
+ * A saved RunState restored for `agent` (as another process would), its first interruption
+ * approved by a person: on its own, or with `{ alwaysApprove: true }`.
+ * @param {Agent<any, any>} agent @param {string} saved @param {{always?: boolean}} [options]
+ */
+async function approvedState(agent, saved, { always = false } = {}) {
+  const state = await RunState.fromString(agent, saved);
+  state.approve(state.getInterruptions()[0], always ? { alwaysApprove: true } : undefined);
+  return state;
+}
 
 /**
  * A bank that keeps its payments, and can take one and never answer (the worker died in
@@ -119,8 +127,7 @@ test('F2: needsApproval (a duplicate-payment guard) and a second payment of INV-
 
     // Another process: the state restored, the person approves the second payment.
     const two = apAgent(theBank, options);
-    const state = await RunState.fromString(two.agent, saved);
-    state.approve(state.getInterruptions()[0]);
+    const state = await approvedState(two.agent, saved);
     const done = await agentAttempt(ledger, run, () => runner.run(two.agent, state));
     assert.equal(theBank.payments.length, 2, 'the approved payment was made');
     assert.match(String(done.finalOutput), /P1.*P2/, 'the model got each payment\'s own result');
@@ -132,8 +139,7 @@ test('F2: needsApproval (a duplicate-payment guard) and a second payment of INV-
     // The process died before the app saved the new state: the same string resumed again
     // replays the approved payment.
     const three = apAgent(theBank, options);
-    const again = await RunState.fromString(three.agent, saved);
-    again.approve(again.getInterruptions()[0]);
+    const again = await approvedState(three.agent, saved);
     const replayed = await agentAttempt(ledger, run, () => runner.run(three.agent, again));
     assert.equal(replayed.finalOutput, done.finalOutput);
     assert.equal(theBank.payments.length, 2, 'not paid a third time');
@@ -154,8 +160,7 @@ test('F3: the tool used before the interruption with other arguments: the approv
     const first = await agentAttempt(ledger, run, () => runner.run(apAgent(theBank, options).agent, 'Pay.'));
     assert.deepEqual(first.interruptions.map((i) => i.name), ['pay_invoice']);
     const two = apAgent(theBank, options);
-    const state = await RunState.fromString(two.agent, first.state.toString());
-    state.approve(state.getInterruptions()[0]);
+    const state = await approvedState(two.agent, first.state.toString());
     const done = await agentAttempt(ledger, run, () => runner.run(two.agent, state));
     assert.match(String(done.finalOutput), /P1.*P2/);
     assert.deepEqual(theBank.payments.map((p) => p.invoice), ['INV-8', 'INV-10']);
@@ -182,8 +187,7 @@ test('a model the ledger does not record: the approved call of the resumed state
     // The approved payment is made, and the worker dies before the bank's answer.
     theBank.loseNextAnswer = true;
     const two = apAgent(theBank, options);
-    const state = await RunState.fromString(two.agent, saved);
-    state.approve(state.getInterruptions()[0]);
+    const state = await approvedState(two.agent, saved);
     const lost = await rejection(agentAttempt(ledger, run, () => runner.run(two.agent, state)));
     assert.ok(lost instanceof RunStopped, String(lost));
     assert.equal(theBank.payments.length, 2);
@@ -192,8 +196,7 @@ test('a model the ledger does not record: the approved call of the resumed state
 
     // The app resumes the saved state again (approved again): the same call, paused.
     const three = apAgent(theBank, options);
-    const again = await RunState.fromString(three.agent, saved);
-    again.approve(again.getInterruptions()[0]);
+    const again = await approvedState(three.agent, saved);
     const paused = await rejection(agentAttempt(ledger, run, () => runner.run(three.agent, again)));
     assert.ok(paused instanceof EffectPaused, String(paused));
     assert.equal(paused.key, approvedKey);
@@ -203,8 +206,7 @@ test('a model the ledger does not record: the approved call of the resumed state
     await admin.query("SELECT durable_ledger.resolve_effect($1, 'completed', $2::jsonb, 'on-call', 'found at the bank')",
       [approvedKey, JSON.stringify({ paymentId: 'P2' })]);
     const four = apAgent(theBank, options);
-    const last = await RunState.fromString(four.agent, saved);
-    last.approve(last.getInterruptions()[0]);
+    const last = await approvedState(four.agent, saved);
     const done = await agentAttempt(ledger, run, () => runner.run(four.agent, last));
     assert.match(String(done.finalOutput), /P1.*P2/);
     assert.equal(theBank.payments.length, 2);
@@ -223,8 +225,7 @@ test('alwaysApprove approves every call of the tool, so it does not say where a 
     const runner = new Runner();
     const first = await agentAttempt(ledger, run, () => runner.run(apAgent(theBank, options).agent, 'Pay INV-9 twice.'));
     const two = apAgent(theBank, options);
-    const state = await RunState.fromString(two.agent, first.state.toString());
-    state.approve(state.getInterruptions()[0], { alwaysApprove: true });
+    const state = await approvedState(two.agent, first.state.toString(), { always: true });
     assert.throws(() => resumed(state), /inside agentAttempt/);
     const done = await agentAttempt(ledger, run, () => runner.run(two.agent, resumed(state)));
     assert.match(String(done.finalOutput), /P1.*P2/);
@@ -236,37 +237,49 @@ test('alwaysApprove approves every call of the tool, so it does not say where a 
   });
 });
 
+/**
+ * The run of the alwaysApprove tests: two payments, INV-1 then INV-2 (one a turn), each
+ * needing a person's approval, the model's ids a provider's (new on every ask).  Its first
+ * attempt, interrupted at INV-1, is saved; `resume(mark)` restores that state for a new
+ * agent, approves the interruption with alwaysApprove and runs it in an attempt (marked with
+ * resumed(state) when `mark`).
+ * @param {import('durable-ledger').Ledger} ledger @param {string} run @param {ReturnType<typeof bank>} theBank
+ */
+async function alwaysApproveRun(ledger, run, theBank) {
+  let asked = 0;
+  const options = {
+    calls: [{ invoice: 'INV-1', amount: 100 }, { invoice: 'INV-2', amount: 200 }],
+    recorded: false,
+    approval: () => true,
+    callId: () => `call_${(asked += 1)}`,
+  };
+  const runner = new Runner();
+  const first = await agentAttempt(ledger, run, () => runner.run(apAgent(theBank, options).agent, 'Pay.'));
+  const saved = first.state.toString();
+  /** @param {boolean} mark */
+  const resume = async (mark) => {
+    const { agent } = apAgent(theBank, options);
+    const state = await approvedState(agent, saved, { always: true });
+    return agentAttempt(ledger, run, () => runner.run(agent, mark ? resumed(state) : state));
+  };
+  return { first, resume };
+}
+
 test('alwaysApprove and a model the ledger does not record: a call the model makes after the resume (a new id, approved by the standing approval) keeps its occurrence key, so a crash in it is paused when the state is resumed again', async () => {
   await withLedger(async ({ ledger, admin }) => {
     const run = runId('always-plain');
     const theBank = bank();
-    let asked = 0;
-    const options = {
-      calls: [{ invoice: 'INV-1', amount: 100 }, { invoice: 'INV-2', amount: 200 }],
-      recorded: false,
-      approval: () => true,
-      callId: () => `call_${(asked += 1)}`,
-    };
-    const runner = new Runner();
-    const first = await agentAttempt(ledger, run, () => runner.run(apAgent(theBank, options).agent, 'Pay.'));
+    const { first, resume } = await alwaysApproveRun(ledger, run, theBank);
     assert.deepEqual(first.interruptions.map((i) => i.name), ['pay_invoice']);
-    const saved = first.state.toString();
-    /** the saved state, restored and approved for the rest of the run */
-    const resume = async () => {
-      const { agent } = apAgent(theBank, options);
-      const state = await RunState.fromString(agent, saved);
-      state.approve(state.getInterruptions()[0], { alwaysApprove: true });
-      return agentAttempt(ledger, run, () => runner.run(agent, resumed(state)));
-    };
     theBank.loseAnswerOf = 'INV-2';
-    const lost = await rejection(resume());
+    const lost = await rejection(resume(true));
     assert.ok(lost instanceof RunStopped, String(lost));
     assert.deepEqual(theBank.payments.map((p) => p.invoice), ['INV-1', 'INV-2']);
     const [interrupted, later] = await payKeys(admin, run);
     assert.equal(interrupted, callKey(run, 'pay_invoice', 'call_1'), 'the state\'s call: its id');
     assert.doesNotMatch(later, /^call:/, 'the model\'s new call: its occurrence');
 
-    const paused = await rejection(resume());
+    const paused = await rejection(resume(true));
     assert.ok(paused instanceof EffectPaused, String(paused));
     assert.equal(paused.key, later, 'the model gave the call another id; its occurrence reached the lost payment');
     assert.deepEqual(theBank.payments.map((p) => p.invoice), ['INV-1', 'INV-2'], 'not paid twice');
@@ -290,8 +303,7 @@ test('review 33c (o1): one saved state resumed twice, approved one way then the 
       /** the saved state restored and approved `way`, with no resumed(): @param {string} way */
       const resume = async (way) => {
         const { agent } = apAgent(theBank, options);
-        const state = await RunState.fromString(agent, saved);
-        state.approve(state.getInterruptions()[0], way === 'always' ? { alwaysApprove: true } : undefined);
+        const state = await approvedState(agent, saved, { always: way === 'always' });
         return agentAttempt(ledger, run, () => runner.run(agent, state));
       };
       theBank.loseNextAnswer = true;
@@ -307,8 +319,7 @@ test('review 33c (o1): one saved state resumed twice, approved one way then the 
 
       // approved, saved and restored (the decision travels with the state): still that effect
       const { agent } = apAgent(theBank, options);
-      const approved = await RunState.fromString(agent, saved);
-      approved.approve(approved.getInterruptions()[0], secondWay === 'always' ? { alwaysApprove: true } : undefined);
+      const approved = await approvedState(agent, saved, { always: secondWay === 'always' });
       const restored = await RunState.fromString(agent, approved.toString());
       const again = await rejection(agentAttempt(ledger, run, () => runner.run(agent, restored)));
       assert.ok(again instanceof EffectPaused, String(again));
@@ -365,8 +376,7 @@ test('two interrupted calls of a tool, one approved with alwaysApprove (which ap
     /** @param {boolean} mark */
     const alwaysResume = async (mark) => {
       const agent = twoAtOnce(theBank);
-      const state = await RunState.fromString(agent, saved);
-      state.approve(state.getInterruptions()[0], { alwaysApprove: true });
+      const state = await approvedState(agent, saved, { always: true });
       return agentAttempt(ledger, run, () => runner.run(agent, mark ? resumed(state) : state));
     };
 
@@ -394,23 +404,7 @@ test('alwaysApprove without resumed(state): a later call the standing approval l
   await withLedger(async ({ ledger, admin }) => {
     const run = runId('always-unmarked');
     const theBank = bank();
-    let asked = 0;
-    const options = {
-      calls: [{ invoice: 'INV-1', amount: 100 }, { invoice: 'INV-2', amount: 200 }],
-      recorded: false,
-      approval: () => true,
-      callId: () => `call_${(asked += 1)}`,
-    };
-    const runner = new Runner();
-    const first = await agentAttempt(ledger, run, () => runner.run(apAgent(theBank, options).agent, 'Pay.'));
-    const saved = first.state.toString();
-    /** @param {boolean} mark */
-    const resume = async (mark) => {
-      const { agent } = apAgent(theBank, options);
-      const state = await RunState.fromString(agent, saved);
-      state.approve(state.getInterruptions()[0], { alwaysApprove: true });
-      return agentAttempt(ledger, run, () => runner.run(agent, mark ? resumed(state) : state));
-    };
+    const { resume } = await alwaysApproveRun(ledger, run, theBank);
     const refused = refusal(await rejection(resume(false)));
     assert.equal(refused.callId, 'call_2');
     assert.deepEqual(theBank.payments.map((p) => p.invoice), ['INV-1'], 'the decided call was made, the other not');

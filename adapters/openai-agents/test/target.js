@@ -1,6 +1,7 @@
 // The tests' database and helpers.  DURABLE_LEDGER_DSN: a superuser connection to a
 // database with durable_ledger 1.3 (the tests resolve effects, break leases, register
 // tools and make login roles of their own, which they drop).
+import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
@@ -11,6 +12,9 @@ if (!DSN) throw new Error('set DURABLE_LEDGER_DSN to a superuser connection stri
 
 /** A run id of its own for a test. @param {string} name */
 export const runId = (name) => `oa-${name}-${randomUUID().slice(0, 8)}`;
+
+/** What `promise` rejects with (the test fails if it resolves). @param {Promise<unknown>} promise */
+export const rejection = (promise) => promise.then(() => assert.fail('it must throw'), (err) => err);
 
 /** A postgresql:// URL with another user (node-postgres lets the URL's user win). @param {string} url @param {string} user */
 export function dsnAs(url, user) {
