@@ -40,7 +40,7 @@
 import { wrapLanguageModel } from 'ai';
 import { EffectFailed } from 'durable-ledger';
 import {
-  agentAttempt, currentAttempt, currentStop, guardedTool, isStableCallId, noteStableCallIds, recordedCall, toolError,
+  agentAttempt, currentAttempt, currentStop, describe, guardedTool, isStableCallId, noteStableCallIds, recordedCall, toolError,
 } from 'durable-ledger/agents';
 
 export { agentAttempt, currentAttempt, currentStop, stopOf, ToolCallStopped } from 'durable-ledger/agents';
@@ -237,7 +237,7 @@ function checkKeyBy(keyBy) {
  * @returns {EffectFailed}
  */
 function failed(tool, err) {
-  const text = typeof err.error === 'string' ? err.error : JSON.stringify(err.error) ?? String(err.error);
+  const text = describe(err.error);
   return new EffectFailed(`${tool} did not happen: ${text}`, {
     key: /** @type {string} */ (err.key), decision: err.decision ?? 'replay', error: err.error, replayed: err.replayed, cause: err,
   });

@@ -37,7 +37,7 @@
 
 import { tool, Usage } from '@openai/agents';
 import {
-  agentAttempt, currentAttempt, currentStop, guardedTool, isStableCallId, noteStableCallIds, recordedCall, stopOf,
+  agentAttempt, currentAttempt, currentStop, describe, guardedTool, isStableCallId, noteStableCallIds, recordedCall, stopOf,
   toolError, ToolCallStopped,
 } from 'durable-ledger/agents';
 import { EffectFailed, EffectInProgress, LedgerError } from 'durable-ledger';
@@ -444,7 +444,7 @@ function ledgerErrorFunction(own) {
     if (own) return own(runContext, error, details);
     if (error instanceof EffectFailed) {
       // the same text on a replay: the turn after it must be the one recorded
-      return `This call failed and nothing was done: ${asText(error.error)}`;
+      return `This call failed and nothing was done: ${describe(error.error)}`;
     }
     if (error instanceof EffectInProgress) {
       return 'This operation is being performed right now by another worker; its result is not known yet. ' +
@@ -453,21 +453,6 @@ function ledgerErrorFunction(own) {
     if (error instanceof LedgerError) throw error;
     return SDK_DEFAULT_ERROR;
   };
-}
-
-/**
- * A value as text for the model: a string as is, anything else as JSON (durable-ledger's
- * describe(), which the client does not export).
- * @param {unknown} value
- * @returns {string}
- */
-function asText(value) {
-  if (typeof value === 'string') return value;
-  try {
-    return JSON.stringify(value) ?? String(value);
-  } catch {
-    return String(value);
-  }
 }
 
 /**

@@ -37,6 +37,10 @@ import {
 } from './errors.js';
 import { describe } from './text.js';
 
+// a value as the text a model or a person reads (a string as it is, else its JSON): for the
+// adapters' own wordings of a recorded error, the same the first time and replayed
+export { describe };
+
 /** @typedef {import('./ledger.js').Ledger} Ledger */
 /** @typedef {import('./token-lease.js').TokenLease} TokenLease */
 
