@@ -20,6 +20,14 @@ import { currentAttempt, isStableCallId, noteStableCallIds, recordedCall } from 
  */
 
 /**
+ * A message's tool calls as JSON: their names, arguments and ids.
+ * @param {any[]} calls
+ */
+function toolCallsOf(calls) {
+  return calls.map((tc) => ({ name: tc.name, args: tc.args, id: tc.id ?? null }));
+}
+
+/**
  * A message as it enters the ledger's key: what the model reads of it, without the ids and
  * metadata that differ from one run to the next (a message's id, usage, timings).
  * @param {BaseMessage} m
@@ -29,9 +37,7 @@ function canonical(m) {
   const c = { type: m.getType(), content: m.content };
   if (m.name) c.name = m.name;
   const calls = /** @type {any} */ (m).tool_calls;
-  if (Array.isArray(calls) && calls.length > 0) {
-    c.tool_calls = calls.map((tc) => ({ name: tc.name, args: tc.args, id: tc.id ?? null }));
-  }
+  if (Array.isArray(calls) && calls.length > 0) c.tool_calls = toolCallsOf(calls);
   const callId = /** @type {any} */ (m).tool_call_id;
   if (callId) c.tool_call_id = callId;
   return c;
@@ -64,7 +70,7 @@ function stored(m) {
     content: ai.content,
     id: ai.id ?? null,
     name: ai.name ?? null,
-    tool_calls: (ai.tool_calls ?? []).map((/** @type {any} */ tc) => ({ name: tc.name, args: tc.args, id: tc.id ?? null })),
+    tool_calls: toolCallsOf(ai.tool_calls ?? []),
     invalid_tool_calls: ai.invalid_tool_calls ?? [],
     additional_kwargs: ai.additional_kwargs ?? {},
     response_metadata: ai.response_metadata ?? {},
@@ -172,18 +178,17 @@ class RecordedChatModel extends BaseChatModel {
    */
   async _generate(messages, options, _runManager) {
     const args = turnArgs(messages, this.toolNames);
-    const ask = () => recordedCall({
-      tool: this.recordName,
-      args,
-      // the wrapped model's own callbacks are none: the turn is reported once, by this
-      // model's run, on a first run and on a replay alike (stream mode "messages" too)
-      call: async () => stored(await this.model.invoke(messages, { ...options, callbacks: [] })),
-    });
     const turns = attemptTurns();
     const id = `${this.recordName}\u0000${args.prompt_sha256}\u0000${JSON.stringify(args.tools)}`;
     let answer = turns?.get(id);
     if (!answer) {
-      answer = ask();
+      answer = recordedCall({
+        tool: this.recordName,
+        args,
+        // the wrapped model's own callbacks are none: the turn is reported once, by this
+        // model's run, on a first run and on a replay alike (stream mode "messages" too)
+        call: async () => stored(await this.model.invoke(messages, { ...options, callbacks: [] })),
+      });
       turns?.set(id, answer);
     }
     const message = restored(await answer);

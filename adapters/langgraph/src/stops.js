@@ -43,8 +43,10 @@ export const LEDGER_INTERRUPT = 'durable_ledger';
  * the tool's own and comes through (an EffectFailed: the recorded refusal, for the model).
  * @template T
  * @param {() => Promise<T>} call
- * @param {{tool: string, run: string, onStop: OnStop, config: import('@langchain/core/runnables').RunnableConfig | undefined,
- *   effectKey?: string | null}} ctx  effectKey: the key of this call's effect, for a stop that names none
+ * @param {{tool: string, run: string, onStop: OnStop, toolCallId: string | null,
+ *   config: import('@langchain/core/runnables').RunnableConfig | undefined,
+ *   effectKey?: () => string}} ctx  effectKey: the key of this call's effect, for an unknown outcome
+ *   whose stop names none (the client stopped the attempt at begin_effect, before a key came back)
  * @returns {Promise<T>}
  */
 export async function stopAsInterrupt(call, ctx) {
@@ -56,12 +58,9 @@ export async function stopAsInterrupt(call, ctx) {
     if (!(stopped instanceof ToolCallStopped)) throw err;
     if (ctx.onStop === 'error') throw stopped;
     const { stop } = stopped;
-    const cause = /** @type {any} */ (stop.error);
     // the stop names the effect's key (what resolve_effect takes) and, when known, the
     // provider's (a business key's names its attempt)
-    const key = stop.kind === 'unknown' && stop.key === null ? ctx.effectKey ?? null : stop.key;
-    const downstreamKey = stop.downstreamKey
-      ?? (typeof cause?.downstreamKey === 'string' && cause?.key === key ? cause.downstreamKey : null);
+    const key = stop.kind === 'unknown' && stop.key === null ? ctx.effectKey?.() ?? null : stop.key;
     /** @type {LedgerInterrupt} */
     const value = {
       type: LEDGER_INTERRUPT,
@@ -69,9 +68,9 @@ export async function stopAsInterrupt(call, ctx) {
       tool: ctx.tool,
       run: ctx.run,
       key,
-      downstreamKey,
+      downstreamKey: stop.downstreamKey ?? null,
       forPerson: forPerson(stop, ctx.tool, key),
-      toolCallId: /** @type {any} */ (ctx.config)?.toolCall?.id ?? null,
+      toolCallId: ctx.toolCallId,
       checkpointNs: ctx.config?.configurable?.checkpoint_ns ?? '',
     };
     // interrupt() throws the GraphInterrupt, unless this task was resumed: then it returns

@@ -110,7 +110,7 @@ function attemptFor(config, name) {
  * @param {RunnableConfig | undefined} config
  * @returns {string | null}
  */
-export function toolCallIdOf(config) {
+function toolCallIdOf(config) {
   const id = /** @type {any} */ (config)?.toolCall?.id;
   return typeof id === 'string' && id !== '' ? id : null;
 }
@@ -136,12 +136,13 @@ function withoutToolCall(name, sideEffect) {
 /**
  * What the tool call records with its intent (meta): where in the graph it was made.
  * @param {RunnableConfig | undefined} config
+ * @param {string | null} callId  toolCallIdOf(config)
  */
-function whereFrom(config) {
+function whereFrom(config, callId) {
   return {
     thread_id: config?.configurable?.thread_id ?? null,
     checkpoint_ns: config?.configurable?.checkpoint_ns ?? '',
-    tool_call_id: /** @type {any} */ (config)?.toolCall?.id ?? null,
+    tool_call_id: callId,
   };
 }
 
@@ -238,11 +239,11 @@ export function ledgerTool(inner, options = {}) {
       // model saw the refusal and may have made the payment under another id since
       replayFailure: 'earlier-attempts',
       reconcile: options.reconcile ?? null,
-      meta: whereFrom(config),
+      meta: whereFrom(config, callId),
       perform: (key) => callInner(inner, input, config, key),
     })), {
-      tool: name, run: attempt.run, onStop, config,
-      effectKey: businessKey ?? callKey(attempt.run, name, /** @type {string} */ (callId)),
+      tool: name, run: attempt.run, onStop, config, toolCallId: callId,
+      effectKey: () => businessKey ?? callKey(attempt.run, name, /** @type {string} */ (callId)),
     });
   });
 }
@@ -269,9 +270,9 @@ export function recordedTool(inner, options = {}) {
       tool: name,
       args: input,
       callId,
-      meta: whereFrom(config),
+      meta: whereFrom(config, callId),
       call: () => callInner(inner, input, config, null),
-    }), { tool: name, run: attempt.run, onStop, config });
+    }), { tool: name, run: attempt.run, onStop, config, toolCallId: callId });
   });
 }
 

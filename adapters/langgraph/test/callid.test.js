@@ -15,56 +15,23 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import pg from 'pg';
 import { z } from 'zod';
 import { tool } from '@langchain/core/tools';
 import { AIMessage } from '@langchain/core/messages';
-import { fakeModel } from '@langchain/core/testing';
 import { Annotation, Command, END, MemorySaver, MessagesAnnotation, START, StateGraph } from '@langchain/langgraph';
-import { ToolNode } from '@langchain/langgraph/prebuilt';
-import { EffectDidNotHappen, Ledger, RunStopped } from 'durable-ledger';
+import { EffectDidNotHappen, RunStopped } from 'durable-ledger';
 import { idempotencyKey, invokeThread, ledgerInterrupts, ledgerTools, recordedModel } from '../src/index.js';
-import { admin, closeAdmin, DSN, effectsOf, resolveCompleted } from './helpers.js';
+import {
+  admin, callOf, effectsOf, fakeAnswering, resolveCompleted, scriptedAgent, testLedger, threadConfig, toolLoop,
+  toolMessages, userSays as say,
+} from './helpers.js';
 
-const pool = new pg.Pool({ connectionString: DSN, max: 6 });
-const ledger = new Ledger(pool, { consoleWarn: false });
-after(async () => {
-  await pool.end();
-  await closeAdmin();
-});
+const { ledger, close } = testLedger(6);
+after(close);
 
-/** @param {string} thread */
-const threadConfig = (thread) => ({ configurable: { thread_id: thread } });
-/** @param {string} content */
-const say = (content) => ({ messages: [{ role: 'user', content }] });
 /** @param {any} out @param {string} name */
-const answers = (out, name) => out.messages
-  .filter((/** @type {any} */ m) => m.getType() === 'tool' && m.name === name)
-  .map((/** @type {any} */ m) => m.content);
-/** @param {string} name @param {object} args */
-const callOf = (name, args) => ({ name, args, id: `c_${randomUUID()}`, type: /** @type {const} */ ('tool_call') });
+const answers = (out, name) => toolMessages(out, name).map((/** @type {any} */ m) => m.content);
 const retry = { maxAttempts: 3, initialInterval: 1, jitter: false, logWarning: false };
-
-/**
- * A graph of its own: a model node (a fake: `answer(messages)` for each turn, each tool call a
- * new id, as a provider gives), LangGraph's ToolNode, a MemorySaver.
- * @param {any[]} tools
- * @param {(ms: any[]) => AIMessage} answer
- * @param {{record?: boolean, toolsRetry?: boolean, handleToolErrors?: boolean}} [opts]
- */
-function agent(tools, answer, { record = false, toolsRetry = false, handleToolErrors = true } = {}) {
-  const fake = fakeModel();
-  for (let i = 0; i < 20; i += 1) fake.respond(answer);
-  const model = (record ? recordedModel(fake) : fake).bindTools(tools);
-  const graph = new StateGraph(MessagesAnnotation)
-    .addNode('agent', async (state) => ({ messages: [await model.invoke(state.messages)] }))
-    .addNode('tools', new ToolNode(tools, { handleToolErrors }), toolsRetry ? { retryPolicy: retry } : {})
-    .addEdge(START, 'agent')
-    .addConditionalEdges('agent', (state) => (/** @type {any} */ (state.messages.at(-1)).tool_calls?.length ? 'tools' : END))
-    .addEdge('tools', 'agent')
-    .compile({ checkpointer: new MemorySaver() });
-  return { graph, fake };
-}
 
 test('F1: a resume after an unknown outcome reaches that call\'s own effect, not an identical earlier one; a later turn\'s identical call is a new payment', async () => {
   const thread = `lg-f1-${randomUUID()}`;
@@ -76,7 +43,7 @@ test('F1: a resume after an unknown outcome reaches that call\'s own effect, not
     return { paymentId: `P${bank.length}`, invoice, amount };
   }, { name: 'pay_invoice', description: 'pays', schema: z.object({ invoice: z.string(), amount: z.number() }) });
   // pays INV-9 100 in two instalments (two steps, the same call), then answers
-  const { graph } = agent(ledgerTools([pay]), (ms) => {
+  const { graph } = scriptedAgent(ledgerTools([pay]), (ms) => {
     const turn = ms.slice(ms.findLastIndex((m) => m.getType() === 'human'));
     const paid = turn.filter((m) => m.getType() === 'tool').length;
     const wanted = String(turn[0].content).includes('two instalments') ? 2 : 1;
@@ -112,6 +79,7 @@ test('F1: a resume after an unknown outcome reaches that call\'s own effect, not
   assert.equal(stop.downstreamKey, `${stop.key}#1`);
   assert.doesNotMatch(stop.forPerson, /timed out/, 'the tool\'s own error is not kept in the checkpoint');
   assert.match(err.message, /timed out/, 'the app has it');
+  assert.equal(err.key, stop.key, 'the RunStopped names the effect\'s key, the interrupt\'s');
 });
 
 test('F1: an unknown outcome a person resolved as not happened reaches the model, on the resume, as a refusal (it did not happen), not made again; the model\'s new call is its own payment', async () => {
@@ -124,7 +92,7 @@ test('F1: an unknown outcome a person resolved as not happened reaches the model
     return { paymentId: `P${bank.length}` };
   }, { name: 'pay_invoice', description: 'pays', schema: z.object({ invoice: z.string() }) });
   // the model pays, and pays again (a new call, a new id) when told the payment did not happen
-  const { graph } = agent(ledgerTools([pay]), (ms) => (ms.at(-1).getType() === 'human'
+  const { graph } = scriptedAgent(ledgerTools([pay]), (ms) => (ms.at(-1).getType() === 'human'
     || (ms.at(-1).getType() === 'tool' && /did not happen/.test(String(ms.at(-1).content)))
     ? new AIMessage({ content: '', tool_calls: [callOf('pay_invoice', { invoice: 'INV-3' })] })
     : new AIMessage(`done: ${ms.at(-1).content}`)));
@@ -150,7 +118,7 @@ test('F4: a second user turn paying another invoice is performed, not paused as 
   let paid = 0;
   const pay = tool(async ({ invoice }) => ({ paid: invoice, n: ++paid }),
     { name: 'pay_invoice', description: 'pays', schema: z.object({ invoice: z.string() }) });
-  const { graph } = agent(ledgerTools([pay]), (ms) => (ms.at(-1).getType() === 'human'
+  const { graph } = scriptedAgent(ledgerTools([pay]), (ms) => (ms.at(-1).getType() === 'human'
     ? new AIMessage({ content: '', tool_calls: [callOf('pay_invoice', { invoice: String(ms.at(-1).content).match(/INV-\d+/)?.[0] })] })
     : new AIMessage('done')));
   const config = threadConfig(thread);
@@ -173,7 +141,7 @@ test('F5: a recorded read in a later turn of the thread reads afresh; its own to
   const answer = (/** @type {any[]} */ ms) => (ms.at(-1).getType() === 'human'
     ? new AIMessage({ content: '', tool_calls: [callOf('order_status', { order: 'A1' })] })
     : new AIMessage(`status: ${JSON.parse(ms.at(-1).content).status}`));
-  const { graph } = agent(tools, answer, { record: true });
+  const { graph } = scriptedAgent(tools, answer, { record: true });
   const config = threadConfig(thread);
   const ask = async () => (await invokeThread(ledger, graph, say('is A1 shipped?'), config)).messages.at(-1).content;
   assert.equal(await ask(), 'status: pending');
@@ -184,7 +152,7 @@ test('F5: a recorded read in a later turn of the thread reads afresh; its own to
 
   // the thread started over (its checkpoints lost): the recorded turns come back with their
   // tool calls, and each read is replayed as it was read
-  const again = agent(tools, answer, { record: true });
+  const again = scriptedAgent(tools, answer, { record: true });
   const first = await invokeThread(ledger, again.graph, say('is A1 shipped?'), config);
   assert.equal(first.messages.at(-1).content, 'status: pending');
   assert.equal(again.fake.callCount, 0);
@@ -207,9 +175,9 @@ test('F6b: the prebuilt ToolNode retried by its retryPolicy replays the payment 
       return 'sent';
     }, { name: 'send_email', description: 'mails', schema: z.object({ to: z.string() }) }),
   ]);
-  const { graph } = agent(tools, (ms) => (ms.at(-1).getType() === 'human'
+  const { graph } = scriptedAgent(tools, (ms) => (ms.at(-1).getType() === 'human'
     ? new AIMessage({ content: '', tool_calls: [callOf('pay_invoice', { invoice: 'INV-7', amount: 50 }), callOf('send_email', { to: 'ap@acme.test' })] })
-    : new AIMessage('done')), { toolsRetry: true, handleToolErrors: false });
+    : new AIMessage('done')), { toolsRetry: retry, handleToolErrors: false });
   const out = await invokeThread(ledger, graph, say('pay INV-7, mail AP'), threadConfig(thread));
   assert.equal(bank.length, 1, 'paid once');
   assert.equal(mailTries, 2, 'the refused e-mail was made again by the retry');
@@ -265,26 +233,17 @@ test('a model node retried after its turn was recorded gets the same answer, so 
   const tools = ledgerTools([tool(async () => ({ n: ++paid }),
     { name: 'pay_invoice', description: 'pays', schema: z.object({ invoice: z.string() }) })]);
   const build = () => {
-    const fake = fakeModel();
-    for (let i = 0; i < 10; i += 1) {
-      fake.respond((ms) => (ms.at(-1).getType() === 'human'
-        ? new AIMessage({ content: '', tool_calls: [callOf('pay_invoice', { invoice: 'INV-5' })] })
-        : new AIMessage('done')));
-    }
+    const fake = fakeAnswering((ms) => (ms.at(-1).getType() === 'human'
+      ? new AIMessage({ content: '', tool_calls: [callOf('pay_invoice', { invoice: 'INV-5' })] })
+      : new AIMessage('done')));
     const model = recordedModel(fake).bindTools(tools);
     let flaky = 0;
-    const graph = new StateGraph(MessagesAnnotation)
-      .addNode('agent', async (state) => {
-        const ai = await model.invoke(state.messages);
-        flaky += 1;
-        if (flaky === 1) throw new Error('ETIMEDOUT saving the trace'); // after the model answered
-        return { messages: [ai] };
-      }, { retryPolicy: retry })
-      .addNode('tools', new ToolNode(tools))
-      .addEdge(START, 'agent')
-      .addConditionalEdges('agent', (state) => (/** @type {any} */ (state.messages.at(-1)).tool_calls?.length ? 'tools' : END))
-      .addEdge('tools', 'agent')
-      .compile({ checkpointer: new MemorySaver() });
+    const graph = toolLoop(tools, async (ms) => {
+      const ai = await model.invoke(ms);
+      flaky += 1;
+      if (flaky === 1) throw new Error('ETIMEDOUT saving the trace'); // after the model answered
+      return ai;
+    }, { agentRetry: retry });
     return { graph, fake };
   };
   const first = build();

@@ -14,9 +14,8 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startEffectsServer } from '../../test-support/effects-server.js';
-import { spawnWorker } from '../../test-support/worker.js';
 import {
-  DSN, WORKER, admin, breakLease, closeAdmin, effectsOf, resolveCompleted, runWorker, setupCheckpoints, statusOf, waitFor,
+  admin, breakLease, closeAdmin, effectsOf, resolveCompleted, runWorker, setupCheckpoints, startWorker, statusOf, waitFor,
 } from './helpers.js';
 
 before(setupCheckpoints);
@@ -31,7 +30,7 @@ test('invoice: two tool calls in one step, the worker SIGKILLed mid-payment; the
   const env = { EFFECTS_URL: effects.url };
   try {
     const held = effects.hold('pay');
-    const first = spawnWorker(WORKER, ['invoice', run, 'start'], { DURABLE_LEDGER_DSN: DSN, ...env });
+    const first = startWorker(['invoice', run, 'start'], env);
     const payment = await held; // the bank got it: the payment happened, its answer never comes
     await waitFor(async () => (await statusOf(run, 'send_email'))[0] === 'completed', 'the e-mail, the other call of the step');
     first.kill();
@@ -89,7 +88,7 @@ test('the seeds\' story as a Deep Agent: search flights (a read), book the fligh
   const env = { EFFECTS_URL: effects.url };
   try {
     const held = effects.hold('book');
-    const first = spawnWorker(WORKER, ['flights', run, 'start'], { DURABLE_LEDGER_DSN: DSN, ...env });
+    const first = startWorker(['flights', run, 'start'], env);
     const booking = await held;
     first.kill();
     assert.equal((await first.exit).signal, 'SIGKILL');
@@ -130,7 +129,7 @@ test('a MemorySaver lost with its process: the thread started over replays the r
   const env = { EFFECTS_URL: effects.url };
   try {
     const held = effects.hold('pay');
-    const first = spawnWorker(WORKER, ['invoice', run, 'start', 'memory'], { DURABLE_LEDGER_DSN: DSN, ...env });
+    const first = startWorker(['invoice', run, 'start', 'memory'], env);
     const payment = await held;
     await waitFor(async () => (await statusOf(run, 'send_email'))[0] === 'completed', 'the e-mail');
     first.kill();
@@ -176,7 +175,7 @@ test('Deep Agents: the booking delegated to a `task` subagent (its tools run und
   const env = { EFFECTS_URL: effects.url };
   try {
     const held = effects.hold('book');
-    const first = spawnWorker(WORKER, ['subagent', run, 'start'], { DURABLE_LEDGER_DSN: DSN, ...env });
+    const first = startWorker(['subagent', run, 'start'], env);
     const booking = await held;
     first.kill();
     await first.exit;
@@ -218,7 +217,7 @@ test('review33c F1: an unrecorded model (a new id each time it is asked), the ch
   };
   try {
     const held = effects.hold('pay');
-    const first = spawnWorker(WORKER, ['fresh', run, 'start'], { DURABLE_LEDGER_DSN: DSN, ...env, GATE_FILE: gate });
+    const first = startWorker(['fresh', run, 'start'], { ...env, GATE_FILE: gate });
     const [, durability] = await first.line(/^durability: (\S+)$/m);
     await first.line(/^gate: waiting$/m);
     // the thread's input is checkpointed (step 0: the model node next); then the store

@@ -9,6 +9,7 @@ import { spawnSync } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { randomUUID } from 'node:crypto';
+import { runNode } from '../../test-support/worker.js';
 import { DSN, closeAdmin, effectsOf } from './helpers.js';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
@@ -29,15 +30,14 @@ test("the README's example compiles under tsc --strict, books once, and a second
   const compiled = spawnSync(tsc, ['-p', 'tsconfig.example.json'], { cwd: root, encoding: 'utf8' });
   assert.equal(compiled.status, 0, `tsc --strict compiles the example: ${compiled.stdout}${compiled.stderr}`);
   const thread = `lg-readme-${randomUUID()}`;
-  const run = () => spawnSync(process.execPath, [`${root}build/example.js`, thread],
-    { cwd: root, encoding: 'utf8', env: { ...process.env, DATABASE_URL: DSN } });
-  const first = run();
-  assert.equal(first.status, 0, first.stdout + first.stderr);
+  const run = () => runNode(`${root}build/example.js`, [thread], { DATABASE_URL: DSN }, { cwd: root });
+  const first = await run();
+  assert.equal(first.code, 0, first.stdout + first.stderr);
   // the key is the tool call's (the thread, the tool, the call's id) and its attempt
   assert.match(first.stdout, new RegExp(`^airline: booking TP1351 \\(key call:\\["${thread}","book_flight","[^"]+"\\]#1\\)$`, 'm'));
   assert.match(first.stdout, /^agent: Booked TP1351\.$/m);
-  const second = run();
-  assert.equal(second.status, 0, second.stdout + second.stderr);
+  const second = await run();
+  assert.equal(second.code, 0, second.stdout + second.stderr);
   assert.doesNotMatch(second.stdout, /airline: booking/, 'the second process books nothing');
   assert.match(second.stdout, /^agent: Booked TP1351\.$/m);
   const rows = await effectsOf(thread);

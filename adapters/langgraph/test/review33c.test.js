@@ -2,7 +2,7 @@
 //   F1  invokeThread runs the graph with durability 'sync' and refuses another: with
 //       'async' (LangGraph's default) a crash during a tool could lose the model step's
 //       checkpoint, the resume asked the model again and its new call ids paid twice (the
-//       crash itself: crash.test.js, "an unrecorded model ... by default");
+//       crash itself: crash.test.js, "review33c F1: an unrecorded model ...");
 //   F2  a call its provider refused, after which the model paid under another id, was paid
 //       again when the thread was started over (the refused call's key made again): a later
 //       attempt now replays the refusal;
@@ -13,47 +13,25 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import pg from 'pg';
 import { z } from 'zod';
 import { tool } from '@langchain/core/tools';
 import { AIMessage } from '@langchain/core/messages';
-import { fakeModel } from '@langchain/core/testing';
-import { END, MemorySaver, MessagesAnnotation, START, StateGraph } from '@langchain/langgraph';
-import { ToolNode } from '@langchain/langgraph/prebuilt';
-import { EffectDidNotHappen, Ledger, LedgerError, RunAbandoned } from 'durable-ledger';
-import { durabilityOf, idempotencyKey, invokeThread, ledgerInterrupts, ledgerTools, recordedModel } from '../src/index.js';
-import { admin, closeAdmin, DSN, effectsOf } from './helpers.js';
+import { EffectDidNotHappen, LedgerError, RunAbandoned } from 'durable-ledger';
+import { durabilityOf, idempotencyKey, invokeThread, ledgerInterrupts, ledgerTools } from '../src/index.js';
+import { admin, callOf, effectsOf, scriptedAgent, testLedger, threadConfig, userSays as input } from './helpers.js';
 
-const pool = new pg.Pool({ connectionString: DSN, max: 4 });
-const ledger = new Ledger(pool, { consoleWarn: false });
-after(async () => {
-  await pool.end();
-  await closeAdmin();
-});
-
-/** @param {string} name @param {object} args */
-const callOf = (name, args) => ({ name, args, id: `call_${randomUUID()}`, type: /** @type {const} */ ('tool_call') });
-const input = (/** @type {string} */ content) => ({ messages: [{ role: 'user', content }] });
+const { ledger, close } = testLedger(4);
+after(close);
 
 /**
- * One process's agent (its model, its graph, its MemorySaver): a recorded fake whose every
- * tool call has a new random id, as a provider gives, LangGraph's ToolNode.
+ * One process's agent (its model, its graph, its MemorySaver: scriptedAgent): a fake whose
+ * every tool call has a new random id, as a provider gives, its turns recorded unless
+ * `record` is false.
  * @param {any[]} tools
  * @param {(ms: any[]) => AIMessage} answer
- * @param {boolean} [record]  its turns recorded (recordedModel)
+ * @param {boolean} [record]
  */
-function processAgent(tools, answer, record = true) {
-  const fake = fakeModel();
-  for (let i = 0; i < 20; i += 1) fake.respond(answer);
-  const model = (record ? recordedModel(fake) : fake).bindTools(tools);
-  return new StateGraph(MessagesAnnotation)
-    .addNode('agent', async (s) => ({ messages: [await model.invoke(s.messages)] }))
-    .addNode('tools', new ToolNode(tools))
-    .addEdge(START, 'agent')
-    .addConditionalEdges('agent', (s) => (/** @type {any} */ (s.messages.at(-1)).tool_calls?.length ? 'tools' : END))
-    .addEdge('tools', 'agent')
-    .compile({ checkpointer: new MemorySaver() });
-}
+const processAgent = (tools, answer, record = true) => scriptedAgent(tools, answer, { record }).graph;
 
 test('F1: invokeThread runs the graph with durability \'sync\' (the caller\'s \'sync\' kept); \'async\', \'exit\' and checkpointDuring are refused before anything runs', async () => {
   /** @type {any[]} */
@@ -96,7 +74,7 @@ test('F2: a refused payment the model then made under another id is paid once wh
     }
     return new AIMessage('INV-9 is paid');
   };
-  const config = { configurable: { thread_id: thread } };
+  const config = threadConfig(thread);
   const first = await invokeThread(ledger, processAgent(tools, answer), input('Pay invoice INV-9 (4200)'), config);
   assert.equal(first.messages.at(-1).content, 'INV-9 is paid');
   assert.equal(bank.length, 1);
@@ -130,7 +108,7 @@ test('F3: an abandoned run\'s interrupt does not tell a person to fork the threa
     if (last.name === 'pay_invoice') return new AIMessage({ content: '', tool_calls: [callOf('send_email', { to: 'ap@acme.test' })] });
     return new AIMessage('done');
   }, false); // (a recorded model's turn would meet the abandonment first: it ends the graph with its error)
-  const config = { configurable: { thread_id: thread } };
+  const config = threadConfig(thread);
   const err = await invokeThread(ledger, graph, input('pay INV-9, mail AP'), config).then(() => null, (e) => e);
   assert.ok(err instanceof RunAbandoned, String(err));
   assert.equal(mailed, 0);

@@ -7,56 +7,36 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
-import pg from 'pg';
 import { z } from 'zod';
 import { tool } from '@langchain/core/tools';
 import { AIMessage } from '@langchain/core/messages';
 import { fakeModel } from '@langchain/core/testing';
 import { Command, END, MemorySaver, MessagesAnnotation, START, StateGraph } from '@langchain/langgraph';
-import { ToolNode } from '@langchain/langgraph/prebuilt';
-import { Ledger, EffectDidNotHappen, RunAbandoned, RunStopped, ToolRefused } from 'durable-ledger';
+import { EffectDidNotHappen, RunAbandoned, RunStopped, ToolRefused } from 'durable-ledger';
 import { agentAttempt } from 'durable-ledger/agents';
 import {
   idempotencyKey, invokeThread, ledgerInterrupts, ledgerTool, ledgerTools, recordedModel, recordedTool,
 } from '../src/index.js';
-import { DSN, admin, closeAdmin, effectsOf, resolveCompleted } from './helpers.js';
+import {
+  admin, callOf, effectsOf, resolveCompleted, scriptedAgent, testLedger, threadConfig, toolMessages as answerOf, userSays,
+} from './helpers.js';
 
-const pool = new pg.Pool({ connectionString: DSN, max: 6 });
-const ledger = new Ledger(pool, { consoleWarn: false });
-after(async () => {
-  await pool.end();
-  await closeAdmin();
-});
+const { ledger, close } = testLedger(6);
+after(close);
 
 /**
- * A graph of its own: a model node (a fake that asks for `calls` in one step, then
- * answers "done"), LangGraph's ToolNode.
+ * A graph of its own (scriptedAgent): a fake model that asks for `calls` in one step, then
+ * answers "done".
  * @param {any[]} tools
  * @param {Array<{name: string, args: object}>} calls
  * @param {{checkpointer?: any, record?: boolean}} [opts]
  */
-function agent(tools, calls, { checkpointer = new MemorySaver(), record = false } = {}) {
-  const fake = fakeModel();
-  for (let i = 0; i < 10; i += 1) {
-    fake.respond((ms) => (ms[ms.length - 1].getType() === 'human'
-      ? new AIMessage({ content: '', tool_calls: calls.map((c, n) => ({ ...c, id: `call_${n}_${randomUUID()}`, type: 'tool_call' })) })
-      : new AIMessage('done')));
-  }
-  const model = (record ? recordedModel(fake) : fake).bindTools(tools);
-  const graph = new StateGraph(MessagesAnnotation)
-    .addNode('agent', async (state) => ({ messages: [await model.invoke(state.messages)] }))
-    .addNode('tools', new ToolNode(tools))
-    .addEdge(START, 'agent')
-    .addConditionalEdges('agent', (state) => (/** @type {any} */ (state.messages.at(-1)).tool_calls?.length ? 'tools' : END))
-    .addEdge('tools', 'agent')
-    .compile(checkpointer ? { checkpointer } : {});
-  return { graph, fake };
+function agent(tools, calls, opts = {}) {
+  return scriptedAgent(tools, (ms) => (ms[ms.length - 1].getType() === 'human'
+    ? new AIMessage({ content: '', tool_calls: calls.map((c) => callOf(c.name, c.args)) })
+    : new AIMessage('done')), opts);
 }
-const hello = { messages: [{ role: 'user', content: 'go' }] };
-/** @param {string} thread */
-const threadConfig = (thread) => ({ configurable: { thread_id: thread } });
-/** @param {any} out @param {string} name */
-const answerOf = (out, name) => out.messages.filter((/** @type {any} */ m) => m.getType() === 'tool' && m.name === name);
+const hello = userSays('go');
 
 test('two calls of one step run in parallel under the token lease, each gets the ledger\'s key, and a rerun of the thread replays both', async () => {
   const thread = `lg-par-${randomUUID()}`;

@@ -27,14 +27,13 @@ import pg from 'pg';
 import { z } from 'zod';
 import { tool } from '@langchain/core/tools';
 import { AIMessage } from '@langchain/core/messages';
-import { fakeModel } from '@langchain/core/testing';
-import { Command, END, MemorySaver, MessagesAnnotation, START, StateGraph } from '@langchain/langgraph';
-import { ToolNode } from '@langchain/langgraph/prebuilt';
+import { Command, MemorySaver } from '@langchain/langgraph';
 import { PostgresSaver } from '@langchain/langgraph-checkpoint-postgres';
 import { createDeepAgent } from 'deepagents';
 import { Ledger } from 'durable-ledger';
 import { makeEffect } from '../../test-support/effects-server.js';
 import { idempotencyKey, invokeThread, ledgerInterrupts, ledgerTools, recordedModel } from '../src/index.js';
+import { fakeAnswering, toolLoop } from './helpers.js';
 
 const [agentKind, thread, inputKind, saverKind = 'postgres'] = process.argv.slice(2);
 const dsn = /** @type {string} */ (process.env.DURABLE_LEDGER_DSN);
@@ -48,13 +47,10 @@ const say = (/** @type {string} */ line) => process.stdout.write(`${line}\n`);
  * @param {(messages: import('@langchain/core/messages').BaseMessage[]) => AIMessage} answer
  */
 function scripted(answer) {
-  const fake = fakeModel();
-  for (let i = 0; i < 20; i += 1) {
-    fake.respond((messages) => {
-      say(`model: ${fake.callCount} calls`);
-      return answer(messages);
-    });
-  }
+  const fake = fakeAnswering((messages) => {
+    say(`model: ${fake.callCount} calls`);
+    return answer(messages);
+  });
   return fake;
 }
 const by = `worker ${process.pid}`;
@@ -63,22 +59,20 @@ const lastOf = (ms) => ms[ms.length - 1];
 /** @param {import('@langchain/core/messages').BaseMessage[]} ms @param {string} name */
 const answered = (ms, name) => ms.some((m) => m.getType() === 'tool' && m.name === name);
 
-const pay = tool(async ({ invoice, amount }, config) => {
-  say(`paying ${invoice}`);
-  return makeEffect(effectsUrl, 'pay', { invoice, amount }, idempotencyKey(config));
-}, {
-  name: 'pay_invoice',
-  description: 'Pays an invoice.',
-  schema: z.object({ invoice: z.string(), amount: z.number() }),
-});
-const sendEmail = tool(async ({ to, subject }, config) => {
-  say(`mailing ${to}`);
-  return makeEffect(effectsUrl, 'email', { to, subject }, idempotencyKey(config));
-}, {
-  name: 'send_email',
-  description: 'Sends an e-mail.',
-  schema: z.object({ to: z.string(), subject: z.string() }),
-});
+/**
+ * A side-effecting tool: says `line`, then sends its args to the effects server's `op` with the
+ * ledger's idempotency key.
+ * @param {string} op @param {string} name @param {string} description @param {any} schema
+ * @param {(args: any) => string} line
+ */
+const effectTool = (op, name, description, schema, line) => tool(async (args, config) => {
+  say(line(args));
+  return makeEffect(effectsUrl, op, args, idempotencyKey(config));
+}, { name, description, schema });
+const pay = effectTool('pay', 'pay_invoice', 'Pays an invoice.', z.object({ invoice: z.string(), amount: z.number() }),
+  (a) => `paying ${a.invoice}`);
+const sendEmail = effectTool('email', 'send_email', 'Sends an e-mail.', z.object({ to: z.string(), subject: z.string() }),
+  (a) => `mailing ${a.to}`);
 const searchFlights = tool(async ({ from, to }) => {
   say(`searching ${from}-${to}`);
   const found = await makeEffect(effectsUrl, 'search', { from, to }, `search-${process.pid}`);
@@ -88,25 +82,13 @@ const searchFlights = tool(async ({ from, to }) => {
   description: 'Searches flights (changes nothing).',
   schema: z.object({ from: z.string(), to: z.string() }),
 });
-const bookFlight = tool(async ({ flight, passenger }, config) => {
-  say(`booking ${flight}`);
-  return makeEffect(effectsUrl, 'book', { flight, passenger }, idempotencyKey(config));
-}, {
-  name: 'book_flight',
-  description: 'Books a flight for a passenger.',
-  schema: z.object({ flight: z.string(), passenger: z.string() }),
-});
+const bookFlight = effectTool('book', 'book_flight', 'Books a flight for a passenger.',
+  z.object({ flight: z.string(), passenger: z.string() }), (a) => `booking ${a.flight}`);
 
 const pool = new pg.Pool({ connectionString: dsn });
 const ledger = new Ledger(pool);
 /** @type {import('@langchain/langgraph').BaseCheckpointSaver} */
-let checkpointer;
-if (saverKind === 'memory') {
-  checkpointer = new MemorySaver();
-} else {
-  const saver = PostgresSaver.fromConnString(dsn);
-  checkpointer = saver;
-}
+const checkpointer = saverKind === 'memory' ? new MemorySaver() : PostgresSaver.fromConnString(dsn);
 
 /** @type {{invoke: (input: any, config?: any) => Promise<any>, getState: (config: any) => Promise<any>}} */
 let graph;
@@ -123,13 +105,7 @@ if (agentKind === 'invoice') {
     : new AIMessage(`INV-9 is paid and its receipt sent (${by})`))));
   const tools = ledgerTools([pay, sendEmail]);
   const bound = model.bindTools(tools);
-  graph = new StateGraph(MessagesAnnotation)
-    .addNode('agent', async (state) => ({ messages: [await bound.invoke(state.messages)] }))
-    .addNode('tools', new ToolNode(tools))
-    .addEdge(START, 'agent')
-    .addConditionalEdges('agent', (state) => ((/** @type {AIMessage} */ (lastOf(state.messages))).tool_calls?.length ? 'tools' : END))
-    .addEdge('tools', 'agent')
-    .compile({ checkpointer });
+  graph = toolLoop(tools, (ms) => bound.invoke(ms), { checkpointer });
   input = { messages: [{ role: 'user', content: 'Pay invoice INV-9 (4200) and e-mail ap@example.com' }] };
 } else if (agentKind === 'flights' || agentKind === 'subagent') {
   const delegate = agentKind === 'subagent';
@@ -171,19 +147,13 @@ if (agentKind === 'invoice') {
     : new AIMessage(`INV-9 is paid (${by})`)));
   const tools = ledgerTools([pay]);
   const bound = model.bindTools(tools);
-  graph = new StateGraph(MessagesAnnotation)
-    .addNode('agent', async (state) => {
-      if (gate && lastOf(state.messages).getType() === 'human') {
-        say('gate: waiting');
-        while (!existsSync(gate)) await new Promise((r) => setTimeout(r, 20));
-      }
-      return { messages: [await bound.invoke(state.messages)] };
-    })
-    .addNode('tools', new ToolNode(tools))
-    .addEdge(START, 'agent')
-    .addConditionalEdges('agent', (state) => ((/** @type {AIMessage} */ (lastOf(state.messages))).tool_calls?.length ? 'tools' : END))
-    .addEdge('tools', 'agent')
-    .compile({ checkpointer });
+  graph = toolLoop(tools, async (ms) => {
+    if (gate && lastOf(ms).getType() === 'human') {
+      say('gate: waiting');
+      while (!existsSync(gate)) await new Promise((r) => setTimeout(r, 20));
+    }
+    return bound.invoke(ms);
+  }, { checkpointer });
   input = { messages: [{ role: 'user', content: 'Pay invoice INV-9 (4200)' }] };
 } else {
   throw new Error(`unknown agent ${agentKind}`);
