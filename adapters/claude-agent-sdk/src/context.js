@@ -3,20 +3,14 @@
 
 import { AsyncLocalStorage } from 'node:async_hooks';
 
-/** @typedef {import('durable-ledger/agents').Stop} Stop */
-
 /**
- * What a claudeAttempt hears of its calls.
- * @typedef {{onStop: (stop: Stop) => void}} SessionHooks
+ * The abortController of the claudeAttempt the calling code runs in, when it was opened
+ * with abortOnStop (else null).
+ * @type {AsyncLocalStorage<AbortController | null>}
  */
-
-/** @type {AsyncLocalStorage<SessionHooks>} */
 export const sessionContext = new AsyncLocalStorage();
 
-/**
- * Tells the claudeAttempt the calling code runs in (if any) that a call stopped the run.
- * @param {Stop} stop
- */
-export function noteStop(stop) {
-  sessionContext.getStore()?.onStop(stop);
+/** Tells the claudeAttempt the calling code runs in (if any) that a call stopped the run. */
+export function noteStop() {
+  sessionContext.getStore()?.abort(new Error('a tool call stopped the run (durable-ledger)'));
 }

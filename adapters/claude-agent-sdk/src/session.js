@@ -165,10 +165,7 @@ export async function claudeAttempt(ledger, spec, options, fn) {
     if (forked && fork === 'carried' && await epochOf(ledger, run, held) === 1) {
       throw new ForkNotCarried(run, /** @type {string} */ (resume));
     }
-    const hooks = {
-      onStop: () => { abortController?.abort(new Error('a tool call stopped the run (durable-ledger)')); },
-    };
-    return sessionContext.run(hooks, () => {
+    return sessionContext.run(abortController, () => {
       const inAttempt = AsyncLocalStorage.snapshot();
       return body(new ClaudeSession({ run, sessionId, resume, fork: forked, lease: held, abortController, inAttempt }));
     });

@@ -109,7 +109,7 @@ export function ledgerTool(name, description, inputSchema, handler, options = {}
     } catch (err) {
       const shown = toolError(err);
       if (shown instanceof ToolCallStopped) {
-        noteStop(shown.stop);
+        noteStop();
         return stopResult(shown.stop);
       }
       if (err instanceof EffectFailed) {

@@ -3,7 +3,7 @@
 // the call's run), each call of a read-only one passed straight through.
 //
 //   const gateway = await Gateway.start(config, { ledger });
-//   const session = gateway.session('stdio');          one per MCP connection
+//   const session = gateway.session();                 one per MCP connection
 //   await gateway.server(session).connect(transport);  a low-level MCP Server for it
 //   ...
 //   await session.close(); await gateway.close();
@@ -67,14 +67,15 @@ export const RESULT_META = {
 export class GatewaySession {
   /**
    * @param {Gateway} gateway
-   * @param {string} label  the session's own id (an HTTP session's Mcp-Session-Id: its only
-   *   credential, so never shown to anyone, nor written to the ledger)
    * @param {string} defaultRun  the run of a call whose request names none
    */
-  constructor(gateway, label, defaultRun) {
+  constructor(gateway, defaultRun) {
     this.gateway = gateway;
-    this.label = label;
-    /** the session's public name (the lease's holder, the ledger's records, messages): not derived from its id */
+    /**
+     * the session's public name (the lease's holder, the ledger's records, messages): not
+     * derived from an HTTP session's Mcp-Session-Id, its only credential, which the gateway
+     * neither keeps here nor shows anyone
+     */
     this.name = `session-${randomUUID()}`;
     this.defaultRun = defaultRun;
     this.runs = new SessionRuns(gateway.registry, this.name);
@@ -259,13 +260,12 @@ export class Gateway {
 
   /**
    * A new MCP session.
-   * @param {string} [label]  the session's name (an HTTP session's id; default a new UUID)
    * @param {string | null} [defaultRun]  the run of its calls that name none in `_meta`
-   *   (default `mcp-session-<a new UUID>`: never derived from the session's id, which is
-   *   an HTTP session's credential)
+   *   (default `mcp-session-<a new UUID>`: never derived from an HTTP session's id, its
+   *   credential)
    */
-  session(label = randomUUID(), defaultRun = null) {
-    const session = new GatewaySession(this, label, defaultRun ?? `mcp-session-${randomUUID()}`);
+  session(defaultRun = null) {
+    const session = new GatewaySession(this, defaultRun ?? `mcp-session-${randomUUID()}`);
     this.sessions.add(session);
     return session;
   }
@@ -377,17 +377,19 @@ export class Gateway {
     // The client's retry of a call it cancelled while it ran (its request timed out: the
     // MCP SDK client's default is 60 s) is answered with that call's answer, not made again.
     // (the arguments too with a business key: another call of the key is the ledger's to refuse)
-    const what = JSON.stringify([run, entry.name, callId, businessKey, canonical(keyArgs(rule, args))]);
-    const cancelled = session.cancelled.get(what);
+    // (named so only once a call was cancelled: not on every call's path)
+    const what = () => JSON.stringify([run, entry.name, callId, businessKey, canonical(keyArgs(rule, args))]);
+    const retried = session.cancelled.size > 0 ? what() : null;
+    const cancelled = retried === null ? undefined : session.cancelled.get(retried);
     if (cancelled) {
-      session.cancelled.delete(what);
+      session.cancelled.delete(/** @type {string} */ (retried));
       const earlier = await cancelled;
       // answered from that call: it was performed once, for the request the client gave up on
       return earlier._meta?.[RESULT_META.replayed] === false
         ? { ...earlier, _meta: { ...earlier._meta, [RESULT_META.replayed]: true } } : earlier;
     }
     const answer = this.#sideEffecting(session, entry, run, callId, businessKey, args, forwarded, options);
-    const onAbort = () => { session.cancelled.set(what, answer); };
+    const onAbort = () => { session.cancelled.set(what(), answer); };
     extra.signal.addEventListener('abort', onAbort, { once: true });
     try {
       return await answer;
@@ -512,7 +514,7 @@ function callIdOf(meta) {
 
 /**
  * An upstream error that says the call was refused before anything was done: a JSON-RPC
- * error answer with one of `codes` (by default method not found, invalid params), or a
+ * error answer with one of `codes` (the server's refusedCodes; by default method not found), or a
  * request the client never sent (not connected).  Anything else leaves the outcome unknown.
  * @param {unknown} err
  * @param {number[]} codes

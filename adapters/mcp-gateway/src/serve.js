@@ -23,8 +23,7 @@ import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
  * @returns {Promise<void>}
  */
 export async function serveStdio(gateway, { run = null, stdin = process.stdin, stdout = process.stdout } = {}) {
-  const label = `stdio-${randomUUID()}`;
-  const session = gateway.session(label, run);
+  const session = gateway.session(run);
   const transport = new StdioServerTransport(/** @type {any} */ (stdin), /** @type {any} */ (stdout));
   // a client that died leaves a broken pipe: the answer is lost, the record is not
   stdout.on('error', () => {});
@@ -122,7 +121,7 @@ export async function serveHttp(gateway, { port = 0, host = '127.0.0.1', allowOr
     }
     // the session's id is chosen here, so that the session exists before its first request
     const sid = randomUUID();
-    const session = gateway.session(sid);
+    const session = gateway.session();
     const transport = new StreamableHTTPServerTransport({
       sessionIdGenerator: () => sid,
       // the SDK's own check too (the gateway's, above, comes first and also checks Origin

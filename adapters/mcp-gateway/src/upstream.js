@@ -39,11 +39,6 @@ export class Upstream {
     return this.spec.name;
   }
 
-  /** Whether the gateway's client is connected (as far as it knows). */
-  get connected() {
-    return this.#client !== null;
-  }
-
   /**
    * The connected client, connecting first when there is none.
    * @returns {Promise<Client>}

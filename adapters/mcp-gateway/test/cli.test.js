@@ -11,7 +11,7 @@ import { spawnWorker } from '../../test-support/worker.js';
 import { ConfigError, parseConfig, registrySql } from '../src/index.js';
 import { DEFAULT_REQUEST_TIMEOUT_MSEC } from '@modelcontextprotocol/sdk/shared/protocol.js';
 import { startGate } from './support/gate.js';
-import { BIN, CLIENT, DSN, configFile, effectsOf, newRun, sql, testConfig } from './support/setup.js';
+import { BIN, CLIENT, DSN, configFile, effectsOf, newRun, printed, sql, testConfig } from './support/setup.js';
 
 /** @type {Awaited<ReturnType<typeof startEffectsServer>>} */
 let effects;
@@ -43,7 +43,7 @@ test('over stdio: a client SIGKILLed mid-call leaves the gateway to record the c
     const next = spawnWorker(CLIENT, [`stdio:${file}`, run, step], { DURABLE_LEDGER_DSN: DSN });
     const { code, stdout, stderr } = await next.exit;
     assert.equal(code, 0, stderr);
-    const results = Object.fromEntries([...stdout.matchAll(/^result (\S+) (.*)$/gm)].map((m) => [m[1], JSON.parse(m[2])]));
+    const results = printed(stdout);
     assert.equal(results.pay_invoice._meta['durable-ledger/replayed'], true, stdout);
     assert.equal(results.send_email._meta['durable-ledger/replayed'], true, stdout);
     assert.equal(effects.calls('pay').filter((c) => c.body.invoice === invoice).length, 1);

@@ -4,36 +4,25 @@
 // where the package itself, the MCP SDK and pg resolve; run twice on one run.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { randomUUID } from 'node:crypto';
+import { readmeBlocks } from '../../test-support/readme.js';
+import { runNode } from '../../test-support/worker.js';
 import { DSN, effectsOf } from './support/setup.js';
 
-/** Runs a node script in `cwd`; resolves with its exit code and output. */
-function node(args, cwd, env = {}) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, args, { cwd, env: { ...process.env, ...env } });
-    let out = '';
-    let err = '';
-    child.stdout.on('data', (d) => { out += d; });
-    child.stderr.on('data', (d) => { err += d; });
-    child.on('error', reject);
-    child.on('close', (c) => resolve({ code: c, stdout: out, stderr: err }));
-  });
-}
+const dir = fileURLToPath(new URL('../build/example/', import.meta.url));
+/** Runs the program in `dir` (where it finds bank-server.mjs) on a run. @param {string} run */
+const node = (run) => runNode('pay.mjs', [run], { DATABASE_URL: DSN }, { cwd: dir });
 
 test("the README's example: the bank is paid once, the agent's second session gets the recorded answer, a second process pays nothing", async () => {
-  const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
-  const section = readme.slice(readme.indexOf('## Example'), readme.indexOf('## Running it'));
-  const blocks = [...section.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]);
+  const blocks = readmeBlocks(new URL('../README.md', import.meta.url), '## Example', '## Running it');
   assert.equal(blocks.length, 2, 'the bank server and the program');
-  const dir = fileURLToPath(new URL('../build/example/', import.meta.url));
   mkdirSync(dir, { recursive: true });
   writeFileSync(`${dir}bank-server.mjs`, blocks[0]);
   writeFileSync(`${dir}pay.mjs`, blocks[1]);
   const run = `mcp-readme-${randomUUID()}`;
-  const first = await node(['pay.mjs', run], dir, { DATABASE_URL: DSN });
+  const first = await node(run);
   assert.equal(first.code, 0, `exit code 0; stdout: ${first.stdout}; stderr: ${first.stderr}`);
   assert.equal((first.stderr.match(/^bank: paying 4200 for INV-9 \(key [0-9a-f]{12}\.\.\.\)$/gm) ?? []).length, 1,
     first.stderr);
@@ -43,7 +32,7 @@ test("the README's example: the bank is paid once, the agent's second session ge
   assert.match(lines[0][2], /paid INV-9, payment pay-[0-9a-f]{8}/);
   assert.equal(JSON.parse(lines[0][3])['durable-ledger/replayed'], false);
   assert.equal(JSON.parse(lines[1][3])['durable-ledger/replayed'], true);
-  const again = await node(['pay.mjs', run], dir, { DATABASE_URL: DSN });
+  const again = await node(run);
   assert.equal(again.code, 0, again.stderr);
   assert.doesNotMatch(again.stderr, /bank: paying/);
   assert.deepEqual([...again.stdout.matchAll(/^the agent[^:]*: (.*) \{/gm)].map((m) => m[1]), [lines[0][2], lines[0][2]]);

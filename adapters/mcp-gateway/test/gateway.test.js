@@ -12,8 +12,8 @@ import { startEffectsServer } from '../../test-support/effects-server.js';
 import { spawnWorker } from '../../test-support/worker.js';
 import { startGate } from './support/gate.js';
 import {
-  CLIENT, UPSTREAM, call, configFile, connect, effectsOf, newRun, spawnGateway, sql, startGateway, testConfig, text,
-  waitFor,
+  CLIENT, UPSTREAM, call, configFile, connect, effectsOf, newRun, printed, spawnGateway, sql, startGateway, testConfig,
+  text, waitFor, withGateway,
 } from './support/setup.js';
 
 /** @type {Awaited<ReturnType<typeof startEffectsServer>>} */
@@ -28,8 +28,7 @@ const MAIL = { to: 'ap@acme.example', subject: 'INV-9 paid' };
 const made = (op, pred = () => true) => effects.calls(op).filter(pred);
 
 test('a side-effecting tool is called once through the ledger; a new session of the run replays it', async () => {
-  const gw = await startGateway(testConfig({ effects: effects.url }));
-  try {
+  await withGateway(testConfig({ effects: effects.url }), async (gw) => {
     const run = newRun('replay');
     const invoice = `INV-${run}`;
     const first = await connect(gw.url);
@@ -76,14 +75,11 @@ test('a side-effecting tool is called once through the ledger; a new session of 
     assert.equal(twice._meta['durable-ledger/replayed'], false);
     assert.equal(made('pay', (c) => c.body.invoice === invoice).length, 2);
     await again.close();
-  } finally {
-    await gw.close();
-  }
+  });
 });
 
 test('a read-only tool passes straight through: every call reaches the upstream, untouched but for the gateway\'s own _meta keys, and the ledger records nothing', async () => {
-  const gw = await startGateway(testConfig({ effects: effects.url }));
-  try {
+  await withGateway(testConfig({ effects: effects.url }), async (gw) => {
     const run = newRun('read');
     const invoice = `INV-${run}`;
     const client = await connect(gw.url);
@@ -103,9 +99,7 @@ test('a read-only tool passes straight through: every call reaches the upstream,
     assert.deepEqual(await sql('SELECT count(*)::int AS n FROM durable_ledger.audit_log WHERE run = $1', [run]), [{ n: 0 }],
       'no attempt either');
     await client.close();
-  } finally {
-    await gw.close();
-  }
+  });
 });
 
 test('a client SIGKILLed in the middle of a step; a new client continuing the run replays both calls, sending nothing upstream again', async () => {
@@ -130,7 +124,7 @@ test('a client SIGKILLed in the middle of a step; a new client continuing the ru
     const next = spawnWorker(CLIENT, [gw.url, run, step]); // a new client, a new session, the same run
     const { code, stdout, stderr } = await next.exit;
     assert.equal(code, 0, stderr);
-    const results = Object.fromEntries([...stdout.matchAll(/^result (\S+) (.*)$/gm)].map((m) => [m[1], JSON.parse(m[2])]));
+    const results = printed(stdout);
     assert.equal(results.pay_invoice._meta['durable-ledger/replayed'], true, stdout);
     assert.equal(results.send_email._meta['durable-ledger/replayed'], true, stdout);
     assert.match(text(results.pay_invoice), new RegExp(`paid ${invoice}: pay-`));
@@ -212,8 +206,7 @@ test('the gateway SIGKILLed in the middle of a payment: the run pauses with a to
 });
 
 test('the upstream SIGKILLed in the middle of a payment: the call answers that its outcome is unknown; the next attempt pauses; resolved, it replays', async () => {
-  const gw = await startGateway(testConfig({ effects: effects.url }));
-  try {
+  await withGateway(testConfig({ effects: effects.url }), async (gw) => {
     const run = newRun('upstream-crash');
     const invoice = `INV-${run}`;
     const held = effects.hold('pay');
@@ -245,31 +238,22 @@ test('the upstream SIGKILLed in the middle of a payment: the call answers that i
     assert.equal(text(replayed), `paid ${invoice}: ${payment.id}`, 'a result recorded as a tool result is one');
     assert.equal(made('pay', (c) => c.body.invoice === invoice).length, 1);
     await last.close();
-  } finally {
-    await gw.close();
-  }
+  });
 });
 
 test('key fields: the ledger\'s registry is checked against the configuration, and a reworded memo replays the payment', async () => {
   const ledgerTool = `bank.pay-${newRun('kf')}`;
   const json = testConfig({ effects: effects.url, pay: { keyFields: ['invoice', 'amount'], ledgerTool } });
-  let gw = await startGateway(json);
-  try {
+  await withGateway(json, async (gw) => {
     assert.equal(gw.warnings.length, 1, gw.warnings.join('\n'));
     assert.match(gw.warnings[0], new RegExp(`the ledger has no key fields for it; the configuration names \\{invoice,amount\\}: an admin runs SELECT durable_ledger\\.register_tool\\('${ledgerTool}', '<name>', key_fields => '\\{invoice,amount\\}'\\)`));
-  } finally {
-    await gw.close();
-  }
+  });
   await sql("SELECT durable_ledger.register_tool($1, 'maria', key_fields => '{invoice}')", [ledgerTool]);
-  gw = await startGateway(json);
-  try {
+  await withGateway(json, async (gw) => {
     assert.match(gw.warnings.join('\n'), /the ledger's key fields leave out amount/);
-  } finally {
-    await gw.close();
-  }
+  });
   await sql("SELECT durable_ledger.change_tool($1, 'maria', key_fields => '{invoice,amount}')", [ledgerTool]);
-  gw = await startGateway(json);
-  try {
+  await withGateway(json, async (gw) => {
     assert.deepEqual(gw.warnings, [], 'the ledger agrees');
     const run = newRun('memo');
     const invoice = `INV-${run}`;
@@ -285,14 +269,11 @@ test('key fields: the ledger\'s registry is checked against the configuration, a
     assert.equal(reworded._meta['durable-ledger/replayed'], true, 'the same call: its key fields are the same');
     assert.equal(made('pay', (c) => c.body.invoice === invoice).length, 1);
     await client.close();
-  } finally {
-    await gw.close();
-  }
+  });
 });
 
 test('a business key: the same invoice paid in another run replays the first payment', async () => {
-  const gw = await startGateway(testConfig({ effects: effects.url, pay: { businessKey: 'pay-{invoice}' } }));
-  try {
+  await withGateway(testConfig({ effects: effects.url, pay: { businessKey: 'pay-{invoice}' } }), async (gw) => {
     const invoice = `INV-${newRun('bk')}`;
     const client = await connect(gw.url);
     const first = await call(client, 'pay_invoice', { invoice, amount: 4200 }, newRun('bk-a'));
@@ -303,14 +284,11 @@ test('a business key: the same invoice paid in another run replays the first pay
     assert.deepEqual(await sql('SELECT count(*)::int AS n FROM durable_ledger.effects WHERE key = $1', [`pay-${invoice}`]),
       [{ n: 1 }]);
     await client.close();
-  } finally {
-    await gw.close();
-  }
+  });
 });
 
 test('an upstream refusal (invalid params, where refusedCodes says the server refuses with it before doing anything) is recorded as failed and replayed; the run goes on', async () => {
-  const gw = await startGateway(testConfig({ effects: effects.url, server: { refusedCodes: [-32601, -32602] } }));
-  try {
+  await withGateway(testConfig({ effects: effects.url, server: { refusedCodes: [-32601, -32602] } }), async (gw) => {
     const run = newRun('refused');
     const invoice = `INV-${run}`;
     let client = await connect(gw.url);
@@ -327,14 +305,11 @@ test('an upstream refusal (invalid params, where refusedCodes says the server re
     assert.match(text(again), /refused, nothing was done \(as recorded earlier\)/);
     await client.close();
     assert.equal(made('pay', (c) => c.body.invoice === invoice).length, 1);
-  } finally {
-    await gw.close();
-  }
+  });
 });
 
 test('an abandoned run is a stop: the tool error says never to retry it, and nothing is sent upstream', async () => {
-  const gw = await startGateway(testConfig({ effects: effects.url }));
-  try {
+  await withGateway(testConfig({ effects: effects.url }), async (gw) => {
     const run = newRun('abandoned');
     const invoice = `INV-${run}`;
     let client = await connect(gw.url);
@@ -351,14 +326,11 @@ test('an abandoned run is a stop: the tool error says never to retry it, and not
     const read = await call(client, 'lookup_invoice', { invoice }, run);
     assert.equal(read.isError, undefined);
     await client.close();
-  } finally {
-    await gw.close();
-  }
+  });
 });
 
 test('parallel calls of one step in one session share its attempt; a session without a run in _meta has its own', async () => {
-  const gw = await startGateway(testConfig({ effects: effects.url }));
-  try {
+  await withGateway(testConfig({ effects: effects.url }), async (gw) => {
     const run = newRun('parallel');
     const client = await connect(gw.url);
     const invoices = [1, 2, 3, 4].map((i) => `INV-${run}-${i}`);
@@ -371,14 +343,11 @@ test('parallel calls of one step in one session share its attempt; a session wit
     assert.match(sessionRun, /^mcp-session-[0-9a-f-]{36}$/);
     assert.equal((await effectsOf(sessionRun)).length, 1);
     await client.close();
-  } finally {
-    await gw.close();
-  }
+  });
 });
 
 test('a client that continues its run names each call by its own id (_meta["durable-ledger/call-id"]): a repeat of the same payment in a later session is performed, a call made again replays its own answer', async () => {
-  const gw = await startGateway(testConfig({ effects: effects.url }));
-  try {
+  await withGateway(testConfig({ effects: effects.url }), async (gw) => {
     const run = newRun('call-id');
     const invoice = `INV-${run}`;
     const pays = () => made('pay', (c) => c.body.invoice === invoice).length;
@@ -411,9 +380,7 @@ test('a client that continues its run names each call by its own id (_meta["dura
       /durable-ledger\/call-id.*must be the call's own id/);
     assert.equal(pays(), 2);
     await later.close();
-  } finally {
-    await gw.close();
-  }
+  });
 });
 
 test('an upstream over Streamable HTTP: a side-effecting call made once with the key in its _meta and replayed in a new session; a read-only one straight through', async () => {

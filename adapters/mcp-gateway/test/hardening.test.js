@@ -13,7 +13,7 @@ import { startEffectsServer } from '../../test-support/effects-server.js';
 import { Gateway, parseConfig } from '../src/index.js';
 import { startGate } from './support/gate.js';
 import {
-  UPSTREAM, call, connect, effectsOf, ledgerPool, newRun, sql, startGateway, testConfig, text, until,
+  UPSTREAM, call, connect, effectsOf, ledgerPool, newRun, sql, startGateway, testConfig, text, until, withGateway,
 } from './support/setup.js';
 
 /** @type {Awaited<ReturnType<typeof startEffectsServer>>} */
@@ -27,8 +27,7 @@ const made = (op, pred = () => true) => effects.calls(op).filter(pred);
 const stopKind = (r) => r._meta?.['durable-ledger/stop']?.kind ?? null;
 
 test('F1: an upstream\'s invalid params (-32602) is no promise that nothing was done: by default an unknown outcome, never made again; arguments that do not match the input schema are refused before the ledger', async () => {
-  const gw = await startGateway(testConfig({ effects: effects.url }));
-  try {
+  await withGateway(testConfig({ effects: effects.url }), async (gw) => {
     const run = newRun('invalid-after');
     const invoice = `INV-${run}`;
     const client = await connect(gw.url);
@@ -58,9 +57,7 @@ test('F1: an upstream\'s invalid params (-32602) is no promise that nothing was 
     const ok = await call(c2, 'pay_invoice', { invoice: `${invoice}-2`, amount: 5 }, run2);
     assert.equal(ok.isError, undefined, text(ok));
     await c2.close();
-  } finally {
-    await gw.close();
-  }
+  });
 });
 
 /**
@@ -92,8 +89,7 @@ const INITIALIZE = {
 };
 
 test('F2: DNS rebinding: a request whose Host is not the gateway\'s, or whose Origin is not allowed, is refused before any session is made', async () => {
-  const gw = await startGateway({ ...testConfig({ effects: effects.url }), allowOrigins: ['http://console.example:3000'] });
-  try {
+  await withGateway({ ...testConfig({ effects: effects.url }), allowOrigins: ['http://console.example:3000'] }, async (gw) => {
     const { port } = new URL(gw.url);
     const sessions = () => gw.http.sessions.size;
     // a page at http://attacker.example:<port> whose name now resolves to 127.0.0.1
@@ -130,14 +126,11 @@ test('F2: DNS rebinding: a request whose Host is not the gateway\'s, or whose Or
     const run = newRun('rebind-ok');
     assert.equal((await call(client, 'pay_invoice', { invoice: `INV-${run}`, amount: 1 }, run)).isError, undefined);
     await client.close();
-  } finally {
-    await gw.close();
-  }
+  });
 });
 
 test('F3: no session is shown another session\'s id (its credential), and a session\'s own run is not named after its id', async () => {
-  const gw = await startGateway(testConfig({ effects: effects.url }));
-  try {
+  await withGateway(testConfig({ effects: effects.url }), async (gw) => {
     const run = newRun('lost');
     const a = await connect(gw.url);
     const b = await connect(gw.url);
@@ -162,14 +155,11 @@ test('F3: no session is shown another session\'s id (its credential), and a sess
     }
     await a.close();
     await b.close();
-  } finally {
-    await gw.close();
-  }
+  });
 });
 
 test('F4: a session that lost its run to a newer one never takes it back, even with a call that was on its way when it lost', async () => {
-  const gw = await startGateway(testConfig({ effects: effects.url }));
-  try {
+  await withGateway(testConfig({ effects: effects.url }), async (gw) => {
     const run = newRun('takeback');
     const invoice = `INV-${run}`;
     const upstream = /** @type {any} */ (gw.gateway.tools.get('send_email')).upstream;
@@ -203,9 +193,7 @@ test('F4: a session that lost its run to a newer one never takes it back, even w
     assert.equal(made('pay', (c) => c.body.invoice === `${invoice}-b2`).length, 1);
     await a.close();
     await b.close();
-  } finally {
-    await gw.close();
-  }
+  });
 });
 
 test('F5: two side-effecting tools with one name in the ledger (server "bank.x" + tool "pay_invoice", server "bank" + tool "x.pay_invoice") are refused at start, naming both', async () => {
@@ -230,6 +218,24 @@ test('F5: two side-effecting tools with one name in the ledger (server "bank.x" 
   }
 });
 
+/**
+ * Makes a call and gives up on it once its payment reached the upstream (paid, not answered
+ * yet): what the SDK client's request timeout does, cancel it.  Resolves once the gateway
+ * has heard of the cancellation.
+ * @param {Awaited<ReturnType<typeof startGateway>>} gw
+ * @param {Awaited<ReturnType<typeof startGate>>} gate  holding 'pay'
+ * @param {import('@modelcontextprotocol/sdk/client/index.js').Client} client
+ * @param {any} params
+ */
+async function giveUpWhilePaying(gw, gate, client, params) {
+  const gaveUp = new AbortController();
+  const first = client.callTool(params, undefined, { signal: gaveUp.signal });
+  await gate.arrived('pay');
+  gaveUp.abort();
+  await assert.rejects(first);
+  await until(() => [...gw.gateway.sessions].some((s) => s.cancelled.size > 0), 'the gateway to hear of the cancellation');
+}
+
 test('F7: a client that gives up on a slow payment (its request timed out) and makes the call again in its session gets that payment\'s answer, not a second payment', async () => {
   const gate = await startGate();
   const gw = await startGateway(testConfig({ effects: effects.url, gate: gate.url, gateOps: ['pay'] }));
@@ -238,12 +244,7 @@ test('F7: a client that gives up on a slow payment (its request timed out) and m
     const invoice = `INV-${run}`;
     const client = await connect(gw.url);
     const params = { name: 'pay_invoice', arguments: { invoice, amount: 7 }, _meta: { 'durable-ledger/run': run } };
-    const gaveUp = new AbortController(); // what the SDK client's request timeout does: cancel it
-    const first = client.callTool(params, undefined, { signal: gaveUp.signal });
-    await gate.arrived('pay'); // paid upstream, not answered yet
-    gaveUp.abort();
-    await assert.rejects(first);
-    await until(() => [...gw.gateway.sessions].some((s) => s.cancelled.size > 0), 'the gateway to hear of the cancellation');
+    await giveUpWhilePaying(gw, gate, client, params);
     const retry = client.callTool(params);
     gate.open('pay');
     const answer = await retry;
@@ -270,12 +271,7 @@ test('F7 with a business key: after a cancelled payment, a call of the same key 
     const invoice = `INV-${run}`;
     const client = await connect(gw.url);
     const call7 = { name: 'pay_invoice', arguments: { invoice, amount: 7 }, _meta: { 'durable-ledger/run': run } };
-    const gaveUp = new AbortController();
-    const first = client.callTool(call7, undefined, { signal: gaveUp.signal });
-    await gate.arrived('pay');
-    gaveUp.abort();
-    await assert.rejects(first);
-    await until(() => [...gw.gateway.sessions].some((s) => s.cancelled.size > 0), 'the gateway to hear of the cancellation');
+    await giveUpWhilePaying(gw, gate, client, call7);
     gate.open('pay');
     const other = await client.callTool({ ...call7, arguments: { invoice, amount: 700 } });
     assert.equal(other.isError, true, text(other));

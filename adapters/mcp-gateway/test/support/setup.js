@@ -75,6 +75,22 @@ export async function startGateway(json) {
   };
 }
 
+/**
+ * Runs `fn` with a gateway in the test's process (startGateway), closed after it.
+ * @template T
+ * @param {object} json  the configuration
+ * @param {(gw: Awaited<ReturnType<typeof startGateway>>) => Promise<T>} fn
+ * @returns {Promise<T>}
+ */
+export async function withGateway(json, fn) {
+  const gw = await startGateway(json);
+  try {
+    return await fn(gw);
+  } finally {
+    await gw.close();
+  }
+}
+
 /** Writes a configuration file; returns its path. @param {object} json */
 export function configFile(json) {
   const dir = mkdtempSync(path.join(tmpdir(), 'mcp-gateway-test-'));
@@ -115,6 +131,11 @@ export function call(client, name, args, run, meta = {}) {
 
 /** The text of a tool's result. @param {any} result */
 export const text = (result) => result.content.map((c) => c.text).join('\n');
+
+/** The results a client (client.js) printed, by tool (the last of each). @param {string} stdout */
+export function printed(stdout) {
+  return Object.fromEntries([...stdout.matchAll(/^result (\S+) (.*)$/gm)].map((m) => [m[1], JSON.parse(m[2])]));
+}
 
 /** The ledger's rows, read as a person would (a superuser). */
 export async function sql(query, params = []) {
