@@ -82,6 +82,7 @@ REGRESS = \
 	session_attempts \
 	tools \
 	divergence \
+	call_ids \
 	unregistered \
 	abandon \
 	history \

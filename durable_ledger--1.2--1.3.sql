@@ -34,14 +34,26 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
 -- The calls read the new policy column; reports gave their WARNINGs SQLSTATEs.
-CREATE OR REPLACE FUNCTION durable_ledger.begin_effect(run text, tool text, args jsonb,
-                                                       business_key text DEFAULT NULL,
-                                                       meta jsonb DEFAULT NULL,
-                                                       lease text DEFAULT NULL)
+-- begin_effect takes call_id: its business key is a framework's id of one
+-- tool call, and a new one that repeats an earlier attempt's call pauses as a
+-- divergence (a parameter more: the function is made anew, granted as before).
+DROP FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text);
+CREATE FUNCTION durable_ledger.begin_effect(run text, tool text, args jsonb,
+                                            business_key text DEFAULT NULL,
+                                            meta jsonb DEFAULT NULL,
+                                            lease text DEFAULT NULL,
+                                            call_id boolean DEFAULT false)
 RETURNS durable_ledger.decision
 AS 'MODULE_PATHNAME', 'dl_begin_effect_1_3'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
+COMMENT ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text, boolean) IS
+    'records the intent of a side effect before it happens and says whether to execute, replay, pause or wait; call_id: business_key is a framework''s id of this tool call';
+REVOKE ALL ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text, boolean)
+    TO durable_ledger_worker;
+COMMENT ON COLUMN durable_ledger.divergences.occurrence IS
+    'which identical call of its lease epoch it was; 0: a new call id (begin_effect''s call_id) with an earlier effect''s arguments';
 
 CREATE OR REPLACE FUNCTION durable_ledger.begin_recorded(run text, tool text, args jsonb,
                                                          meta jsonb DEFAULT NULL,
@@ -1371,13 +1383,16 @@ SELECT d.key,
        d.tool,
        NULL::durable_ledger.effect_state,
        false,
-       'a later attempt made a call of this tool that the run''s earlier attempts did not make, while an earlier effect of the tool (may_duplicate) was not replayed yet: a person must say whether it is the same operation (durable_ledger.resolve_divergence(key, ''same'', ...): its outcome is replayed) or distinct (''distinct'': it is executed)',
+       CASE WHEN d.occurrence OPERATOR(pg_catalog.=) 0
+            THEN 'a later attempt called this tool under a new call id with the arguments of an earlier effect (may_duplicate): the model may have named that call anew; a person must say whether it is the same operation (durable_ledger.resolve_divergence(key, ''same'', ...): its outcome is replayed) or distinct (''distinct'': it is executed)'
+            ELSE 'a later attempt made a call of this tool that the run''s earlier attempts did not make, while an earlier effect of the tool (may_duplicate) was not replayed yet: a person must say whether it is the same operation (durable_ledger.resolve_divergence(key, ''same'', ...): its outcome is replayed) or distinct (''distinct'': it is executed)'
+       END,
        d.detected_at,
        pg_catalog.now() OPERATOR(pg_catalog.-) d.detected_at,
        d.args,
        NULL,
-       false,
-       d.occurrence,
+       d.occurrence OPERATOR(pg_catalog.=) 0,  -- a call id is a business key
+       CASE WHEN d.occurrence OPERATOR(pg_catalog.<>) 0 THEN d.occurrence END,
        NULL,
        d.lease_epoch,
        d.candidate_key,

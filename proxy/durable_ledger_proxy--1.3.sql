@@ -326,11 +326,12 @@ $fn$;
 -- to the shard holds the run's lease, checked in the call's own statement
 -- (NULL columns otherwise).  Under a token lease the shard checks the token.
 CREATE FUNCTION durable_ledger_proxy.begin_effect_held(hash integer, app text, run text, tool text, args jsonb,
-                                                       business_key text, meta jsonb)
+                                                       business_key text, meta jsonb, call_id boolean)
 RETURNS durable_ledger.decision LANGUAGE plproxy AS $fn$
     CLUSTER 'durable_ledger_shards'; RUN ON hash;
     SELECT (c.d).* FROM (SELECT CASE WHEN a.named AND durable_ledger.session_epoch(run) IS NOT NULL
-                                     THEN durable_ledger.begin_effect(run, tool, args, business_key, meta) END AS d
+                                     THEN durable_ledger.begin_effect(run, tool, args, business_key, meta,
+                                                                      NULL, call_id) END AS d
                            FROM (SELECT pg_catalog.num_nulls(CASE WHEN pg_catalog.current_setting('application_name') IS DISTINCT FROM app THEN pg_catalog.set_config('application_name', app, false) END) >= 0 AS named OFFSET 0) a
                            OFFSET 0) c;
 $fn$;
@@ -653,7 +654,7 @@ INSERT INTO durable_ledger_proxy.routing VALUES
     ('take_lease',       'run text, ttl interval, holder text', 'durable_ledger.lease', 'by hand', NULL, 'durable_ledger_worker'),
     ('renew_lease',      'token text, ttl interval', 'timestamptz', 'own', NULL, 'durable_ledger_worker'),
     ('release_lease',    'token text', 'boolean', 'own', NULL, 'durable_ledger_worker'),
-    ('begin_effect',     'run text, tool text, args jsonb, business_key text, meta jsonb, lease text',
+    ('begin_effect',     'run text, tool text, args jsonb, business_key text, meta jsonb, lease text, call_id boolean',
                          'durable_ledger.decision', 'own', NULL, 'durable_ledger_worker'),
     ('begin_recorded',   'run text, tool text, args jsonb, meta jsonb, lease text',
                          'durable_ledger.decision', 'own', NULL, 'durable_ledger_worker'),
@@ -911,7 +912,8 @@ $fn$;
 CREATE FUNCTION durable_ledger.begin_effect(run text, tool text, args jsonb,
                                             business_key text DEFAULT NULL,
                                             meta jsonb DEFAULT NULL,
-                                            lease text DEFAULT NULL)
+                                            lease text DEFAULT NULL,
+                                            call_id boolean DEFAULT false)
 RETURNS durable_ledger.decision LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
     hash integer := COALESCE(durable_ledger_proxy.route(run), 0);
@@ -920,10 +922,10 @@ BEGIN
     IF lease IS NOT NULL THEN
         RETURN durable_ledger_proxy.begin_effect_on(hash, pg_catalog.current_setting('application_name'),
                                                     run, tool, args, business_key, meta,
-                                                    durable_ledger_proxy.shard_token(lease));
+                                                    durable_ledger_proxy.shard_token(lease), call_id);
     END IF;
     d := durable_ledger_proxy.begin_effect_held(hash, pg_catalog.current_setting('application_name'),
-                                                run, tool, args, business_key, meta);
+                                                run, tool, args, business_key, meta, call_id);
     IF d.decision IS NULL THEN
         PERFORM durable_ledger_proxy.no_session_lease(run);
     END IF;
@@ -933,7 +935,7 @@ EXCEPTION WHEN OTHERS OR query_canceled THEN
     RAISE;
 END
 $fn$;
-COMMENT ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text) IS
+COMMENT ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text, boolean) IS
     'durable_ledger.begin_effect on the shard of its run; without a token, only under this session''s lease of the run (acquire_run)';
 
 CREATE FUNCTION durable_ledger.begin_recorded(run text, tool text, args jsonb,
@@ -1488,7 +1490,7 @@ GRANT EXECUTE ON FUNCTION
     durable_ledger_proxy.end_session_leases()
     TO durable_ledger_worker, durable_ledger_auditor, durable_ledger_admin, durable_ledger_approver;
 GRANT EXECUTE ON FUNCTION
-    durable_ledger_proxy.begin_effect_held(integer, text, text, text, jsonb, text, jsonb),
+    durable_ledger_proxy.begin_effect_held(integer, text, text, text, jsonb, text, jsonb, boolean),
     durable_ledger_proxy.begin_recorded_held(integer, text, text, text, jsonb, jsonb),
     durable_ledger_proxy.take_lease_on(integer, text, text, interval, text),
     durable_ledger_proxy.acquire_run_on(integer, text, text, boolean, text, text),
@@ -1528,7 +1530,7 @@ GRANT SELECT ON durable_ledger_proxy.shards, durable_ledger_proxy.routing
 GRANT SELECT ON durable_ledger_proxy.registry_drift TO durable_ledger_auditor;
 
 GRANT EXECUTE ON FUNCTION
-    durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text),
+    durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text, boolean),
     durable_ledger.begin_recorded(text, text, jsonb, jsonb, text),
     durable_ledger.begin_local(text, text, jsonb, text, jsonb, text),
     durable_ledger.complete_effect(text, jsonb, integer, text),

@@ -589,7 +589,7 @@ COMMENT ON COLUMN durable_ledger.divergences.tool IS
 COMMENT ON COLUMN durable_ledger.divergences.args IS
     'the call''s arguments, as given';
 COMMENT ON COLUMN durable_ledger.divergences.occurrence IS
-    'which identical call of its lease epoch it was';
+    'which identical call of its lease epoch it was; 0: a new call id (begin_effect''s call_id) with an earlier effect''s arguments';
 COMMENT ON COLUMN durable_ledger.divergences.candidate_key IS
     'the earlier effect it may duplicate';
 COMMENT ON COLUMN durable_ledger.divergences.detected_at IS
@@ -1075,13 +1075,16 @@ SELECT d.key,
        d.tool,
        NULL::durable_ledger.effect_state,
        false,
-       'a later attempt made a call of this tool that the run''s earlier attempts did not make, while an earlier effect of the tool (may_duplicate) was not replayed yet: a person must say whether it is the same operation (durable_ledger.resolve_divergence(key, ''same'', ...): its outcome is replayed) or distinct (''distinct'': it is executed)',
+       CASE WHEN d.occurrence OPERATOR(pg_catalog.=) 0
+            THEN 'a later attempt called this tool under a new call id with the arguments of an earlier effect (may_duplicate): the model may have named that call anew; a person must say whether it is the same operation (durable_ledger.resolve_divergence(key, ''same'', ...): its outcome is replayed) or distinct (''distinct'': it is executed)'
+            ELSE 'a later attempt made a call of this tool that the run''s earlier attempts did not make, while an earlier effect of the tool (may_duplicate) was not replayed yet: a person must say whether it is the same operation (durable_ledger.resolve_divergence(key, ''same'', ...): its outcome is replayed) or distinct (''distinct'': it is executed)'
+       END,
        d.detected_at,
        pg_catalog.now() OPERATOR(pg_catalog.-) d.detected_at,
        d.args,
        NULL,
-       false,
-       d.occurrence,
+       d.occurrence OPERATOR(pg_catalog.=) 0,  -- a call id is a business key
+       CASE WHEN d.occurrence OPERATOR(pg_catalog.<>) 0 THEN d.occurrence END,
        NULL,
        d.lease_epoch,
        d.candidate_key,
@@ -1247,13 +1250,14 @@ COMMENT ON FUNCTION durable_ledger.release_lease(text) IS
 CREATE FUNCTION durable_ledger.begin_effect(run text, tool text, args jsonb,
                                             business_key text DEFAULT NULL,
                                             meta jsonb DEFAULT NULL,
-                                            lease text DEFAULT NULL)
+                                            lease text DEFAULT NULL,
+                                            call_id boolean DEFAULT false)
 RETURNS durable_ledger.decision
 AS 'MODULE_PATHNAME', 'dl_begin_effect_1_3'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
-COMMENT ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text) IS
-    'records the intent of a side effect before it happens and says whether to execute, replay, pause or wait';
+COMMENT ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text, boolean) IS
+    'records the intent of a side effect before it happens and says whether to execute, replay, pause or wait; call_id: business_key is a framework''s id of this tool call';
 
 -- A call that is harmless to make again (a model's answer, a read): recorded
 -- and replayed like an effect, so that a replay sees the same answers, but a
@@ -1652,7 +1656,7 @@ GRANT USAGE ON TYPE durable_ledger.decision, durable_ledger.lease,
 
 -- workers: calls and leases
 GRANT EXECUTE ON FUNCTION
-    durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text),
+    durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text, boolean),
     durable_ledger.begin_recorded(text, text, jsonb, jsonb, text),
     durable_ledger.begin_local(text, text, jsonb, text, jsonb, text),
     durable_ledger.complete_effect(text, jsonb, integer),

@@ -110,9 +110,9 @@ CREATE EXTENSION durable_ledger;
 SELECT extname, extversion FROM pg_extension WHERE extname = 'durable_ledger';
 SELECT count(*) AS effects FROM durable_ledger.effects;
 SELECT rolname FROM pg_roles WHERE rolname LIKE 'durable_ledger_%' ORDER BY rolname;
-SELECT has_function_privilege('durable_ledger_worker', 'durable_ledger.begin_effect(text,text,jsonb,text,jsonb,text)', 'EXECUTE') AS worker_can_begin,
+SELECT has_function_privilege('durable_ledger_worker', 'durable_ledger.begin_effect(text,text,jsonb,text,jsonb,text,boolean)', 'EXECUTE') AS worker_can_begin,
        has_table_privilege('durable_ledger_auditor', 'durable_ledger.effects', 'SELECT') AS auditor_can_read,
-       has_function_privilege('public', 'durable_ledger.begin_effect(text,text,jsonb,text,jsonb,text)', 'EXECUTE') AS public_can_begin;
+       has_function_privilege('public', 'durable_ledger.begin_effect(text,text,jsonb,text,jsonb,text,boolean)', 'EXECUTE') AS public_can_begin;
 -- an empty ledger drops without the setting, even after leases were taken
 SELECT durable_ledger.acquire_run('drop-2') AS acquired, durable_ledger.release_run('drop-2') AS released;
 SELECT count(*) AS effects, (SELECT count(*) FROM durable_ledger.runs) AS runs FROM durable_ledger.effects;

@@ -31,16 +31,20 @@ typedef struct BeginArgs
 	int			business_key;
 	int			meta;
 	int			lease;
+	int			call_id;
 } BeginArgs;
 
 static const BeginArgs begin_effect_args = {
-	.function = "begin_effect()", .recorded = false, .business_key = 3, .meta = 4, .lease = 5
+	.function = "begin_effect()", .recorded = false, .business_key = 3, .meta = 4, .lease = 5,
+	.call_id = 6
 };
 static const BeginArgs begin_local_args = {
-	.function = "begin_local()", .local = true, .business_key = 3, .meta = 4, .lease = 5
+	.function = "begin_local()", .local = true, .business_key = 3, .meta = 4, .lease = 5,
+	.call_id = -1
 };
 static const BeginArgs begin_recorded_args = {
-	.function = "begin_recorded()", .recorded = true, .business_key = -1, .meta = 3, .lease = 4
+	.function = "begin_recorded()", .recorded = true, .business_key = -1, .meta = 3, .lease = 4,
+	.call_id = -1
 };
 
 /* The call as passed: names checked, nothing read yet. */
@@ -63,6 +67,14 @@ parse_request(FunctionCallInfo fcinfo, const BeginArgs *kind, BeginRequest *requ
 		dl_check_business_key(business_key);
 		request->business_key = business_key;
 	}
+	if (kind->call_id >= 0 && PG_NARGS() > kind->call_id && !PG_ARGISNULL(kind->call_id))
+		request->call_id = PG_GETARG_BOOL(kind->call_id);
+	if (request->call_id && request->business_key == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("call_id needs a business_key"),
+				 errdetail("call_id says that business_key is a framework's id of this tool call."),
+				 errhint("Pass the call's id as business_key (made of the run, the tool and the id), or leave call_id false.")));
 	request->meta = dl_optional_jsonb_arg(fcinfo, kind->meta);
 	if (PG_NARGS() > kind->lease && !PG_ARGISNULL(kind->lease))
 		request->token = dl_required_text_arg(fcinfo, kind->lease, "lease", 0);
@@ -133,7 +145,7 @@ begin_call(FunctionCallInfo fcinfo, const BeginArgs *kind)
 
 /*
  * begin_effect(run text, tool text, args jsonb, business_key text, meta jsonb,
- *              lease text) RETURNS durable_ledger.decision
+ *              lease text, call_id boolean) RETURNS durable_ledger.decision
  */
 Datum
 dl_begin_effect_1_3(PG_FUNCTION_ARGS)

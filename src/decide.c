@@ -65,6 +65,9 @@
 #define REASON_PAUSE_DIVERGENCE \
 	"this attempt's call of tool \"%s\" was not made by the run's earlier attempts, which recorded effect \"%s\" of the tool that this attempt has not replayed: the call may be that effect again with drifted arguments; a person must decide with durable_ledger.resolve_divergence() whether it is the same (its outcome is replayed) or distinct (it is executed)"
 
+#define REASON_PAUSE_CALL_ID \
+	"this attempt's call of tool \"%s\" has a new call id, and an earlier attempt of the run recorded effect \"%s\" of the tool with the same arguments: the call may be that effect again, named anew (a model asked again after its answer was lost); a person must decide with durable_ledger.resolve_divergence() whether it is the same (its outcome is replayed) or distinct (it is executed)"
+
 #define REASON_MODEL_CHANGED \
 	"the model changed in this attempt, from \"%s\" to \"%s\" (model_changed): the drift may be the new model's"
 
@@ -317,9 +320,10 @@ read_row_facts(const Call *call, Facts *f)
 }
 
 /*
- * Reads what a round decides on: the call's effect; for a new derived key
- * how the call relates to the run's earlier attempts (divergence.c), and the
- * effect a person said it is the same as.  False: look again.
+ * Reads what a round decides on: the call's effect; for a new derived key,
+ * or a new call id, how the call relates to the run's earlier attempts
+ * (divergence.c), and the effect a person said it is the same as.  False:
+ * look again.
  *
  * In a run's first epoch a derived key of a tool nobody registered is not
  * even looked up: epoch 1 is given only to a run whose audit log names no
@@ -346,17 +350,27 @@ read_effect(Call *call, Facts *f)
 		return false;
 	if (f->found)
 		read_row_facts(call, f);
-	if (f->found || intent->business_key)
+	if (f->found || (intent->business_key && !call->request->call_id))
 		return true;
-	dl_judge_drift(&call->progress, intent->key, &f->drift);
+	if (intent->business_key)
+		call->waited |= dl_judge_call_id(&call->progress, &call->lease, intent->tool,
+										 &call->rules, intent->key, call->canon.data,
+										 &f->drift);
+	else
+		dl_judge_drift(&call->progress, intent->key, &f->drift);
 	if (f->drift.kind == DRIFT_NEW || f->drift.kind == DRIFT_WAITING)
 		f->model = dl_read_attempt_model(intent->run, intent->lease_epoch, &f->model_from);
 	if (f->drift.kind != DRIFT_SAME)
 		return true;
 
-	/* a person said it is an earlier effect: decide as a call of that one */
+	/*
+	 * a person said it is an earlier effect: decide as a call of that one,
+	 * whose outcome it replays (a new call id's too: not a business key's
+	 * next attempt)
+	 */
 	f->same = *intent;
 	f->same.key = f->drift.same_as;
+	f->same.business_key = false;
 	f->intent = &f->same;
 	if (!read_row(call, f->same.key, f))
 		return false;
@@ -447,8 +461,9 @@ judge_new(const Call *call, const Facts *f, Decision *d)
 	{
 		case DRIFT_NEW:
 		case DRIFT_WAITING:
-			decide_pause(d, psprintf(REASON_PAUSE_DIVERGENCE, call->intent.tool, f->drift.candidate_key),
-				  "divergence");
+			decide_pause(d, psprintf(f->drift.call_id ? REASON_PAUSE_CALL_ID : REASON_PAUSE_DIVERGENCE,
+									 call->intent.tool, f->drift.candidate_key),
+						 "divergence");
 			if (f->model_from != NULL)
 				d->answer.reason = psprintf("%s; " REASON_MODEL_CHANGED, d->answer.reason,
 											f->model_from, f->model);

@@ -19,6 +19,7 @@ typedef struct BeginRequest
 	const char *tool;
 	Jsonb	   *args;
 	const char *business_key;	/* NULL: the run's own key, by occurrence */
+	bool		call_id;		/* business_key is a framework's id of one tool call */
 	Jsonb	   *meta;			/* NULL when not given */
 	const char *token;			/* a token lease; NULL: this session's lease */
 	bool		recorded;		/* begin_recorded: harmless to make again */

@@ -36,6 +36,15 @@
  * effect (its outcome is replayed) or a distinct one (it is executed), with
  * resolve_divergence().  Policy warn executes it with a
  * WARNING and an audited divergence event.
+ *
+ * A call keyed by a framework's id for it (begin_effect's call_id: its
+ * business key names one tool call, not an operation) has no occurrence to
+ * replay by: a framework that asks its model again after a lost answer gets
+ * the same call under a new id.  So a new call id of a later attempt is a
+ * divergence when the run's earlier attempts recorded an effect of the tool,
+ * under any key, with the same identity (its key fields, or all of args)
+ * that did not fail: it may be that effect, named anew.  Judged under the
+ * same policy, recorded and resolved the same way (its occurrence is 0).
  */
 #include "postgres.h"
 
@@ -259,6 +268,91 @@ dl_judge_drift(ReplayProgress *progress, const char *key, Drift *drift)
 	drift->kind = progress->policy == DIVERGENCE_WARN ? DRIFT_WARN : DRIFT_NEW;
 }
 
+/*
+ * The first effect, in the order begun, of the tool that an attempt of the
+ * run before this one recorded with the call's identity (canon) and that did
+ * not fail: a failed effect did not happen (a rejected one neither), and the
+ * call may make it anew.  NULL when none.
+ */
+static char *
+same_call_earlier(const CallLease *lease, const char *tool, const ToolRules *rules,
+				  const char *canon)
+{
+	List	   *effects = dl_read_run_tool_effects(lease->run, tool);
+	EffectRow  *first = NULL;
+	ListCell   *lc;
+	StringInfoData identity;
+
+	initStringInfo(&identity);
+	foreach(lc, effects)
+	{
+		EffectRow  *row = lfirst(lc);
+		bool		complete;
+		Jsonb	   *fields;
+
+		if (row->lease_epoch >= lease->epoch || row->status == EFFECT_FAILED)
+			continue;
+		if (first != NULL && (row->created_at > first->created_at ||
+							  (row->created_at == first->created_at &&
+							   strcmp(row->key, first->key) > 0)))
+			continue;
+		fields = dl_identity_of_call(rules, row->args, &complete);
+		if (!complete)
+			continue;
+		resetStringInfo(&identity);
+		dl_append_canonical_args(&identity, fields);
+		if (strcmp(identity.data, canon) == 0)
+			first = row;
+	}
+	return first != NULL ? first->key : NULL;
+}
+
+/*
+ * Judges a call that would execute key, a new call id (see the head of this
+ * file): as dl_judge_drift, but by the call's identity, not by replay
+ * progress, which call ids do not count.  Reads, writes nothing.  True when
+ * reading the policy of a tool nobody registered waited for a change of it.
+ */
+bool
+dl_judge_call_id(ReplayProgress *progress, const CallLease *lease, const char *tool,
+				 const ToolRules *rules, const char *key, const char *canon, Drift *drift)
+{
+	DivergenceRow recorded;
+	bool		waited = false;
+
+	memset(progress, 0, sizeof(ReplayProgress));
+	memset(drift, 0, sizeof(Drift));
+	progress->lease = lease;
+	progress->tool = tool;
+	progress->later = lease->epoch > 1;
+	progress->policy = DIVERGENCE_OFF;
+	drift->kind = DRIFT_NONE;
+	drift->call_id = true;
+	if (!progress->later)
+		return false;
+	progress->policy = dl_divergence_policy(rules, &waited);
+
+	/* a divergence recorded for this very call id: as dl_judge_drift */
+	if (dl_run_may_have_divergences(lease->run) && dl_read_divergence(key, &recorded))
+	{
+		drift->candidate_key = recorded.candidate_key;
+		if (recorded.verdict != NULL && strcmp(recorded.verdict, "same") == 0)
+		{
+			drift->kind = DRIFT_SAME;
+			drift->same_as = recorded.same_as;
+		}
+		else if (recorded.verdict == NULL && progress->policy != DIVERGENCE_OFF)
+			drift->kind = DRIFT_WAITING;
+		return waited;
+	}
+	if (progress->policy == DIVERGENCE_OFF)
+		return waited;
+	drift->candidate_key = same_call_earlier(lease, tool, rules, canon);
+	if (drift->candidate_key != NULL)
+		drift->kind = progress->policy == DIVERGENCE_WARN ? DRIFT_WARN : DRIFT_NEW;
+	return waited;
+}
+
 /* The detail of a new divergence's audit row (DRIFT_WARN, DRIFT_NEW). */
 Jsonb *
 dl_divergence_detail(const ReplayProgress *progress, const Drift *drift)
@@ -269,6 +363,12 @@ dl_divergence_detail(const ReplayProgress *progress, const Drift *drift)
 	dl_detail_text(&detail, "tool", progress->tool);
 	dl_detail_text(&detail, "may_duplicate", drift->candidate_key);
 	dl_detail_text(&detail, "policy", dl_divergence_name(progress->policy));
+	if (drift->call_id)
+	{
+		/* a new call id with may_duplicate's identity */
+		dl_detail_bool(&detail, "call_id", true);
+		return dl_detail_finish(&detail);
+	}
 	dl_detail_int(&detail, "replayed", drift->replayed);
 	dl_detail_int(&detail, "earlier", drift->earlier);
 	return dl_detail_finish(&detail);
@@ -284,6 +384,9 @@ dl_warn_divergence(const ReplayProgress *progress, const Drift *drift)
 			(errcode(ERRCODE_DL_WARNING_DIVERGENCE),
 			 errmsg("call of tool \"%s\" diverges from the earlier attempts of run \"%s\"",
 					progress->tool, progress->lease->run),
+			 drift->call_id ?
+			 errdetail("The call has a new call id, and an earlier attempt recorded effect \"%s\" of the tool with the same arguments: the call may duplicate it.",
+					   drift->candidate_key) :
 			 errdetail_plural("The earlier attempts recorded %d effect of the tool that this attempt has not replayed: the call may duplicate effect \"%s\".",
 							  "The earlier attempts recorded %d effects of the tool that this attempt has not replayed: the call may duplicate effect \"%s\".",
 							  not_replayed, not_replayed, drift->candidate_key),

@@ -88,11 +88,15 @@ typedef struct Drift
 	char	   *same_as;		/* DRIFT_SAME */
 	int32		replayed;		/* DRIFT_WARN, DRIFT_NEW: earlier effects replayed, */
 	int32		earlier;		/* ... of how many */
+	bool		call_id;		/* a new call id's: its call equals candidate_key's */
 } Drift;
 
 extern bool dl_progress_start(ReplayProgress *progress, const CallLease *lease,
 							  const char *tool, const ToolRules *rules, bool recorded);
 extern void dl_judge_drift(ReplayProgress *progress, const char *key, Drift *drift);
+extern bool dl_judge_call_id(ReplayProgress *progress, const CallLease *lease, const char *tool,
+							 const ToolRules *rules, const char *key, const char *canon,
+							 Drift *drift);
 extern Jsonb *dl_divergence_detail(const ReplayProgress *progress, const Drift *drift);
 extern void dl_warn_divergence(const ReplayProgress *progress, const Drift *drift);
 extern void dl_progress_replayed(ReplayProgress *progress, const char *key);

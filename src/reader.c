@@ -826,6 +826,10 @@ dl_read_run_has_divergences(const char *run)
 	return any;
 }
 
+/* a run's effects of one tool (the effects' (tool, run) index) */
+static LookupIndex effects_by_tool_run = {.unique = false};
+static const int tool_run_key[] = {EFF_TOOL, EFF_RUN};
+
 typedef struct EarlierEffects
 {
 	int64		before_epoch;
@@ -868,8 +872,6 @@ earlier_order(const ListCell *a, const ListCell *b)
 List *
 dl_read_earlier_effects(const char *run, const char *tool, int64 epoch)
 {
-	static LookupIndex effects_by_tool_run = {.unique = false};
-	static const int tool_run_key[] = {EFF_TOOL, EFF_RUN};
 	Datum		values[2];
 	EarlierEffects earlier = {epoch, NIL};
 
@@ -879,6 +881,34 @@ dl_read_earlier_effects(const char *run, const char *tool, int64 epoch)
 						 take_earlier, &earlier);
 	list_sort(earlier.effects, earlier_order);
 	return earlier.effects;
+}
+
+static bool
+take_effect_row(TupleTableSlot *slot, void *arg)
+{
+	EffectRow  *row = palloc(sizeof(EffectRow));
+
+	dl_effect_row_from_slot(slot, row);
+	*(List **) arg = lappend(*(List **) arg, row);
+	return true;
+}
+
+/*
+ * Every effect of tool that run recorded, under any key, as committed now
+ * (EffectRow each, in no order): what a new call id of the run's is compared
+ * with (divergence.c).  By the effects' (tool, run) index.
+ */
+List *
+dl_read_run_tool_effects(const char *run, const char *tool)
+{
+	Datum		values[2];
+	List	   *effects = NIL;
+
+	values[0] = CStringGetTextDatum(tool);
+	values[1] = CStringGetTextDatum(run);
+	(void) scan_rows_now(&dl_effects_table, &effects_by_tool_run, 2, tool_run_key, values,
+						 take_effect_row, &effects);
+	return effects;
 }
 
 /* A copy of the row found, with its TID (for a write of it). */

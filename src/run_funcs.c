@@ -58,9 +58,10 @@ dl_abandon_run_1_2(PG_FUNCTION_ARGS)
 
 /*
  * same_as must be an effect of the tool that an earlier attempt of the run
- * recorded under a derived key.  The divergence's own candidate was one when
- * it was found, also if a recorded call's redo has moved it into a later
- * epoch since.
+ * recorded under a derived key -- under any key for a new call id's
+ * divergence (occurrence 0), which is found among them all.  The divergence's
+ * own candidate was one when it was found, also if a recorded call's redo has
+ * moved it into a later epoch since.
  */
 static void
 check_same_as(const LockedDivergence *locked, const char *same_as)
@@ -71,12 +72,15 @@ check_same_as(const LockedDivergence *locked, const char *same_as)
 
 	if (dl_read_key(same_as, &row) == KEY_ABSENT ||
 		strcmp(row.run, locked->row.run) != 0 || strcmp(row.tool, locked->row.tool) != 0 ||
-		row.business_key || (row.lease_epoch >= locked->row.lease_epoch && !candidate))
+		(row.business_key && locked->row.occurrence != 0) ||
+		(row.lease_epoch >= locked->row.lease_epoch && !candidate))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("effect \"%s\" is not an earlier effect of tool \"%s\" in run \"%s\"",
 						same_as, locked->row.tool, locked->row.run),
-				 errdetail("A drifted call can be the same as an effect that an earlier attempt of its run recorded for the same tool under a derived key.")));
+				 locked->row.occurrence != 0 ?
+				 errdetail("A drifted call can be the same as an effect that an earlier attempt of its run recorded for the same tool under a derived key.") :
+				 errdetail("A new call id can be the same as an effect that an earlier attempt of its run recorded for the same tool.")));
 }
 
 /*

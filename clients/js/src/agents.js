@@ -30,16 +30,18 @@
 //       stop condition asks it to end the loop there).
 
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { createHash } from 'node:crypto';
 import {
   AwaitingApproval, BudgetExhausted, DivergencePaused, EffectDidNotHappen, EffectFailed, EffectPaused, LeaseLost,
   LedgerError, RunAbandoned, RunStopped, ToolRefused,
 } from './errors.js';
+import { callKey } from './call-key.js';
 import { describe } from './text.js';
 
 // a value as the text a model or a person reads (a string as it is, else its JSON): for the
 // adapters' own wordings of a recorded error, the same the first time and replayed
 export { describe };
+// the business key of a tool call the framework names by an id (guardedTool's callId)
+export { callKey };
 
 /** @typedef {import('./ledger.js').Ledger} Ledger */
 /** @typedef {import('./token-lease.js').TokenLease} TokenLease */
@@ -242,25 +244,6 @@ function thrownFor(stop) {
  */
 
 /**
- * The business key of a tool call identified by the framework's id for it (guardedTool's
- * callId): the run, the tool and the id, as a JSON array after "call:" (readable, and no two
- * triples give one key), or its SHA-256 past 200 characters (room for the provider's key).
- * @param {string} run
- * @param {string} tool
- * @param {string} callId
- * @returns {string}
- */
-export function callKey(run, tool, callId) {
-  if (typeof callId !== 'string' || callId === '') throw new TypeError('callKey(): callId must be a non-empty string');
-  const triple = JSON.stringify([run, tool, callId]);
-  const key = `call:${triple}`;
-  // a business key may have 255 characters, and the provider's key adds "#<attempt>":
-  // kept within 200 (length counts UTF-16 units, never fewer than characters), so that
-  // it fits what providers take (Stripe: 255)
-  return key.length <= 200 ? key : `call:sha256:${createHash('sha256').update(triple).digest('hex')}`;
-}
-
-/**
  * Notes, in the current agentAttempt, the ids of the tool calls a model turn made that the
  * ledger recorded (or replayed): a rerun of the run replays that turn, so its calls come back
  * with the same ids, and a tool may be keyed by them (isStableCallId).
@@ -313,7 +296,8 @@ export async function guardedTool(spec) {
   const threw = { key: /** @type {string|null} */ (null), downstreamKey: /** @type {string|null} */ (null) };
   try {
     return await ledger.guarded({
-      run, tool: spec.tool, args: spec.args, businessKey, meta: spec.meta,
+      run, tool: spec.tool, args: spec.args, meta: spec.meta,
+      ...(byId !== null ? { callId: /** @type {string} */ (spec.callId) } : { businessKey }),
       reconcile: spec.reconcile ?? null,
       perform: async (key) => {
         try {
@@ -488,7 +472,7 @@ export function stopOf(err, unknownOutcome) {
       unknownOutcome.key, unknownOutcome.downstreamKey ?? unknownOutcome.key);
   }
   if (err instanceof EffectPaused) {
-    const why = err instanceof DivergencePaused ? 'it may repeat an earlier call worded differently'
+    const why = err instanceof DivergencePaused ? 'it may repeat an earlier call, worded differently or named anew'
       : err instanceof AwaitingApproval ? 'it needs a person\'s approval'
         : err instanceof BudgetExhausted ? 'the run has used up its budget for this tool'
           : 'an earlier attempt began it and nobody knows whether it took effect';

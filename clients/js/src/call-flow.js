@@ -46,6 +46,11 @@ function outcomeUnknown(err) {
 /** @typedef {import('./session-attempts.js').SessionAttempts} SessionAttempts */
 /** @typedef {import('./stops.js').Stops} Stops */
 /** @typedef {import('./token-attempts.js').TokenAttempts} TokenAttempts */
+/**
+ * A call's key, when not derived from its occurrence: a business key, which with
+ * callId is a framework's id of the tool call (begin_effect's call_id).
+ * @typedef {{businessKey: string|null, callId: boolean}} KeyOf
+ */
 
 /** The calls of one Ledger. */
 export class CallFlow {
@@ -90,14 +95,15 @@ export class CallFlow {
    * guarded() or record(), in the attempt the call belongs to.
    * @param {string} what
    * @param {{run: string, tool: string, args: unknown, perform: (key: string) => unknown,
-   *          businessKey: string|null, meta: unknown, recorded: boolean,
+   *          businessKey: string|null, callId?: boolean, meta: unknown, recorded: boolean,
    *          reconcile?: import('./reconcile.js').Reconcile | null}} call
    * @returns {Promise<any>}
    */
-  async call(what, { run, tool, args, perform, businessKey, meta, recorded, reconcile = null }) {
+  async call(what, { run, tool, args, perform, businessKey, callId = false, meta, recorded, reconcile = null }) {
     const { attempt, calls } = this.#enter(what, run);
     try {
-      return await this.#guarded(attempt, run, tool, args, perform, businessKey, meta, recorded, reconcile);
+      return await this.#guarded(attempt, run, tool, args, perform, { businessKey, callId }, meta, recorded,
+        reconcile);
     } finally {
       calls?.leave();
     }
@@ -193,7 +199,8 @@ export class CallFlow {
    */
   async #local(attempt, run, tool, args, write, businessKey, meta) {
     await this.#connection.assertNoOpenTransaction();
-    const [text, params, lease] = this.#beginText(attempt, run, tool, args, businessKey, meta, false, true);
+    const [text, params, lease] = this.#beginText(attempt, run, tool, args, { businessKey, callId: false }, meta,
+      false, true);
     /** @type {string|null} */
     let key = null;
     /** @type {{result?: unknown, answer?: unknown}} */
@@ -283,14 +290,14 @@ export class CallFlow {
    * @param {string} tool
    * @param {unknown} args
    * @param {(key: string) => unknown} perform
-   * @param {string|null} businessKey
+   * @param {KeyOf} key
    * @param {unknown} meta
    * @param {boolean} recorded
    * @param {import('./reconcile.js').Reconcile | null} reconcile
    */
-  async #guarded(attempt, run, tool, args, perform, businessKey, meta, recorded, reconcile) {
+  async #guarded(attempt, run, tool, args, perform, key, meta, recorded, reconcile) {
     await this.#connection.assertNoOpenTransaction();
-    let d = await this.#begin(attempt, run, tool, args, businessKey, meta, recorded);
+    let d = await this.#begin(attempt, run, tool, args, key, meta, recorded);
     if (reconcile && !recorded && reconcilable(d)) {
       let settled;
       try {
@@ -300,7 +307,7 @@ export class CallFlow {
         this.#stops.stop(run, d.key, `${tool} (key ${d.key}) is paused.`, attempt);
         throw err;
       }
-      if (settled) d = await this.#begin(attempt, run, tool, args, businessKey, meta, recorded);  // replays, or executes again
+      if (settled) d = await this.#begin(attempt, run, tool, args, key, meta, recorded);  // replays, or executes again
     }
     const where = `${tool} (key ${d.key})`;
     const decided = judge(d, { run, tool, where, stop: (key, reason) => this.#stops.stop(run, key, reason, attempt) });
@@ -419,14 +426,14 @@ export class CallFlow {
    * @param {string} run
    * @param {string} tool
    * @param {unknown} args
-   * @param {string|null} businessKey
+   * @param {KeyOf} key
    * @param {unknown} meta
    * @param {boolean} recorded
    * @returns {Promise<Decision>}
    */
-  async #begin(attempt, run, tool, args, businessKey, meta, recorded) {
+  async #begin(attempt, run, tool, args, key, meta, recorded) {
     const statement = recorded ? 'begin_recorded' : 'begin_effect';
-    const [text, params, lease] = this.#beginText(attempt, run, tool, args, businessKey, meta, recorded, false);
+    const [text, params, lease] = this.#beginText(attempt, run, tool, args, key, meta, recorded, false);
     try {
       const [row] = await this.#connection.statement(`${statement} of ${tool}`, text, params,
         { statement, run, tool });
@@ -445,16 +452,16 @@ export class CallFlow {
    * @param {string} run
    * @param {string} tool
    * @param {unknown} args
-   * @param {string|null} businessKey
+   * @param {KeyOf} key
    * @param {unknown} meta
    * @param {boolean} recorded
    * @param {boolean} local
    * @returns {[string, unknown[], any]}
    */
-  #beginText(attempt, run, tool, args, businessKey, meta, recorded, local) {
+  #beginText(attempt, run, tool, args, key, meta, recorded, local) {
     const model = attempt ? attempt.model : this.#sessions.modelOf(run);
-    const call = beginCall(run, tool, args, businessKey, withModel(meta, model),
-      attempt ? attempt.lease.token : null, recorded, local);
+    const call = beginCall(run, tool, args, key.businessKey, withModel(meta, model),
+      attempt ? attempt.lease.token : null, recorded, local, key.callId);
     const lease = attempt ? null : this.#sessions.lease(run);
     if (lease) {
       const params = [...call[1], lease.epoch];

@@ -14,6 +14,7 @@
 
 import { EventEmitter } from 'node:events';
 import { attemptContext, boundAttempt } from './attempts.js';
+import { callKey } from './call-key.js';
 import { CallFlow } from './call-flow.js';
 import { Connection } from './connection.js';
 import { formatNotice } from './notices.js';
@@ -185,12 +186,19 @@ export class Ledger extends EventEmitter {
    *   tool stop the attempt: its further calls throw RunStopped (RunAbandoned
    *   again for an abandoned run).
    */
-  async guarded({ run, tool, args, perform, businessKey = null, meta, reconcile = null }) {
+  async guarded({ run, tool, args, perform, businessKey = null, callId = null, meta, reconcile = null }) {
     if (typeof perform !== 'function') {
       throw new TypeError('guarded(): perform must be a function (key) => result');
     }
     if (reconcile != null && typeof reconcile !== 'function') {
       throw new TypeError('guarded(): reconcile must be a function (downstreamKey, args) => finding');
+    }
+    if (callId != null && businessKey != null) {
+      throw new TypeError('guarded(): a call has a businessKey or a callId, not both');
+    }
+    if (callId != null) {
+      return this.#calls.call('guarded()', { run, tool, args, perform, businessKey: callKey(run, tool, callId),
+        callId: true, meta, recorded: false, reconcile });
     }
     return this.#calls.call('guarded()', { run, tool, args, perform, businessKey, meta, recorded: false,
       reconcile });

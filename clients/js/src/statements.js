@@ -69,9 +69,10 @@ export function checkModel(model) {
  * @param {string|null} token
  * @param {boolean} recorded
  * @param {boolean} [local]  begin_local: a local effect (local()), in the caller's transaction
+ * @param {boolean} [callId]  businessKey is a framework's id of the tool call (call_id, 1.3)
  * @returns {[string, unknown[]]} the function call (no SELECT) and its parameters
  */
-export function beginCall(run, tool, args, businessKey, meta, token, recorded, local = false) {
+export function beginCall(run, tool, args, businessKey, meta, token, recorded, local = false, callId = false) {
   /** @type {unknown[]} */
   const params = recorded
     ? [run, tool, jsonParam(args), jsonParam(meta)]
@@ -81,7 +82,12 @@ export function beginCall(run, tool, args, businessKey, meta, token, recorded, l
     params.push(token);
     types.push('text');
   }
-  const placeholders = types.map((type, i) => `$${i + 1}::${type}`).join(', ');
+  let placeholders = types.map((type, i) => `$${i + 1}::${type}`).join(', ');
+  if (callId) {
+    // named, and only when true: a call without it is the same statement as before 1.3
+    params.push(true);
+    placeholders += `, call_id => $${params.length}::boolean`;
+  }
   const fn = recorded ? 'begin_recorded' : local ? 'begin_local' : 'begin_effect';
   return [`durable_ledger.${fn}(${placeholders})`, params];
 }

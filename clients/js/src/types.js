@@ -122,6 +122,11 @@
  *   downstream as the idempotency key
  * @property {string | null} [businessKey]  an operation identity shared across runs (invoice
  *   number, order id)
+ * @property {string | null} [callId]  instead of businessKey: a framework's own id of this tool
+ *   call, kept across its resumes (extension 1.3).  The call's key is callKey(run, tool, callId);
+ *   a new id whose call (tool and arguments, or the tool's key fields) equals an effect that an
+ *   earlier attempt of the run recorded pauses as a divergence (DivergencePaused): the model may
+ *   have named that call anew after its answer was lost
  * @property {unknown} [meta]  free JSON stored with the intent (model, prompt version, trace id...)
  * @property {import('./reconcile.js').Reconcile | null} [reconcile]  the provider's lookup by the
  *   key a lost attempt gave it: for a pause of an unknown outcome, its finding (Happened,

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import {
-  Ledger, EffectDidNotHappen, EffectFailed, EffectPaused, LedgerError, RunAbandoned, RunStopped,
+  DivergencePaused, Ledger, EffectDidNotHappen, EffectFailed, EffectPaused, LedgerError, RunAbandoned, RunStopped,
 } from '../src/index.js';
 import {
   agentAttempt, callKey, currentAttempt, currentStop, guardedTool, isStableCallId, noteStableCallIds, recordedCall,
@@ -228,6 +228,43 @@ test('callId: a call keyed by its framework id reaches its own effect in a resum
   assert.equal(callKey('r/1', 'pay', 'c'), 'call:["r/1","pay","c"]');
   assert.notEqual(callKey('r', '1/pay', 'c'), callKey('r/1', 'pay', 'c'));
   assert.match(callKey('r'.repeat(190), 'pay', 'c'), /^call:sha256:[0-9a-f]{64}$/, 'room for the provider\'s #attempt');
+});
+
+test('callId: a new id whose call equals an effect of an earlier attempt pauses as a divergence (the model named it anew after a lost answer); same replays that effect, distinct performs it', async () => {
+  const run = unique('callid-anew');
+  const bank = [];
+  const pay = (callId, invoice) => guardedTool({
+    tool: 'pay', args: { invoice }, callId,
+    perform: () => { bank.push(callId); return { paid: invoice, callId }; },
+  });
+  // attempt 1 pays INV-7 under call-a; in the same attempt a second id is a second call
+  await agentAttempt(ledger, run, async () => {
+    await pay('call-a', 'INV-7');
+    await pay('call-b', 'INV-8');
+  });
+  // attempt 2: the answer was lost, the model asked again names the payment call-z
+  let paused;
+  await assert.rejects(agentAttempt(ledger, run, async () => {
+    paused = (await swallowing(() => pay('call-z', 'INV-7'))).error;
+  }), DivergencePaused);
+  assert.ok(paused instanceof ToolCallStopped && paused.cause instanceof DivergencePaused, String(paused));
+  assert.match(paused.cause.message, /new call id/);
+  assert.match(paused.stop.forModel, /named anew/);
+  assert.equal(paused.stop.key, callKey(run, 'pay', 'call-z'));
+  const [row] = (await admin.query(
+    'SELECT candidate_key FROM durable_ledger.divergences WHERE key = $1', [callKey(run, 'pay', 'call-z')])).rows;
+  assert.equal(row.candidate_key, callKey(run, 'pay', 'call-a'));
+  await admin.query(`SELECT durable_ledger.resolve_divergence($1, 'same', 'on-call')`, [callKey(run, 'pay', 'call-z')]);
+  // attempt 3: call-z replays call-a's payment; a new id with other args is made; another
+  // repeat of INV-8 pauses, and a person's distinct makes it
+  await assert.rejects(agentAttempt(ledger, run, async () => {
+    assert.deepEqual(await pay('call-z', 'INV-7'), { paid: 'INV-7', callId: 'call-a' });
+    await pay('call-y', 'INV-9');
+    await pay('call-x', 'INV-8');
+  }), (err) => err instanceof DivergencePaused && err.key === callKey(run, 'pay', 'call-x'));
+  await admin.query(`SELECT durable_ledger.resolve_divergence($1, 'distinct', 'on-call')`, [callKey(run, 'pay', 'call-x')]);
+  await agentAttempt(ledger, run, () => pay('call-x', 'INV-8'));
+  assert.deepEqual(bank, ['call-a', 'call-b', 'call-y', 'call-x']);
 });
 
 test('callId on a recorded call: each call id is its own record, whatever the occurrence; stable ids are those a recorded turn noted', async () => {

@@ -1,0 +1,163 @@
+-- call_ids: a business key that is a framework's id of one tool call
+-- (begin_effect's call_id), as the agent adapters key calls of frameworks that
+-- resume from a checkpoint.  Such a key has no occurrence to replay by: a
+-- framework that asks its model again after a lost answer gets the same call
+-- under a new id.  So a new call id of a later attempt whose call (its key
+-- fields, or all of args) equals an effect of the tool that an earlier attempt
+-- recorded, under any key, and that did not fail, is a divergence: paused for
+-- a person under policy pause, executed with a WARNING under warn, not judged
+-- under off.  A verdict of same replays that effect's outcome; distinct
+-- executes the call.  In the first attempt, and for an id seen before, nothing
+-- changes.
+\set VERBOSITY default
+
+-- one call under a call id: its decision (a completed execution reports a result)
+CREATE FUNCTION regress_cid_call(r text, t text, a jsonb, id text,
+                                 outcome jsonb DEFAULT '{"ok": true}', fail boolean DEFAULT false)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE d durable_ledger.decision;
+BEGIN
+    d := durable_ledger.begin_effect(r, t, a, business_key => 'call:' || r || '/' || id,
+                                     call_id => true);
+    IF d.decision = 'execute' AND fail THEN
+        PERFORM durable_ledger.fail_effect(d.key, outcome, d.attempt);
+    ELSIF d.decision = 'execute' AND outcome IS NOT NULL THEN
+        PERFORM durable_ledger.complete_effect(d.key, outcome, d.attempt);
+    END IF;
+    RETURN d.decision || coalesce(':' || (d.result ->> 'paid'), '');
+END $$;
+
+SELECT tool FROM durable_ledger.register_tool('ci.pay', 'maria');
+SELECT tool FROM durable_ledger.register_tool('ci.mail', 'maria', divergence => 'warn');
+SELECT tool FROM durable_ledger.register_tool('ci.note', 'maria', divergence => 'off');
+SELECT tool FROM durable_ledger.register_tool('ci.transfer', 'maria', key_fields => '{to,cents}');
+
+-- ===================================================================
+-- call_id needs a business key, and writes nothing without one
+-- ===================================================================
+SELECT durable_ledger.acquire_run('ci-0');
+SELECT durable_ledger.begin_effect('ci-0', 'ci.pay', '{"invoice": 1}', call_id => true);
+SELECT count(*) AS effects FROM durable_ledger.effects WHERE run = 'ci-0';
+-- false, or NULL, is a business key as ever
+SELECT decision FROM durable_ledger.begin_effect('ci-0', 'ci.pay', '{"invoice": 1}',
+                                                  business_key => 'ci-0/op', call_id => NULL);
+
+-- ===================================================================
+-- the first attempt: a repeat under a new id is a repeat (as an occurrence)
+-- ===================================================================
+SELECT durable_ledger.acquire_run('ci-1');
+SELECT regress_cid_call('ci-1', 'ci.pay', '{"invoice": 9}', 'a', '{"paid": "first"}'),
+       regress_cid_call('ci-1', 'ci.pay', '{"invoice": 9}', 'b', '{"paid": "second"}');
+
+-- ===================================================================
+-- a later attempt: the model asked again names the call anew
+-- ===================================================================
+SELECT durable_ledger.acquire_run('ci-2');
+SELECT regress_cid_call('ci-2', 'ci.pay', '{"invoice": 7}', 'a', '{"paid": "once"}');
+SELECT durable_ledger.acquire_run('ci-2');      -- the answer was lost: attempt 2
+-- the call by its first id replays; the same call under a new id pauses
+SELECT regress_cid_call('ci-2', 'ci.pay', '{"invoice": 7}', 'a'),
+       regress_cid_call('ci-2', 'ci.pay', '{"invoice": 7}', 'z');
+SELECT key, decision, status, occurrence, attempt, reason
+  FROM durable_ledger.begin_effect('ci-2', 'ci.pay', '{"invoice": 7}',
+                                   business_key => 'call:ci-2/z', call_id => true);
+SELECT key, tool, occurrence, candidate_key, verdict FROM durable_ledger.divergences WHERE run = 'ci-2';
+SELECT key, detail FROM durable_ledger.audit_log WHERE run = 'ci-2' AND event = 'divergence';
+-- nothing was recorded for it, and the person sees it among the unresolved
+SELECT count(*) AS effects FROM durable_ledger.effects WHERE key = 'call:ci-2/z';
+SELECT key, tool, business_key, occurrence, may_duplicate, reason
+  FROM durable_ledger.unresolved WHERE run = 'ci-2';
+-- other args, and another tool's call with the same args, are new calls
+SELECT regress_cid_call('ci-2', 'ci.pay', '{"invoice": 8}', 'y', '{"paid": "eight"}'),
+       regress_cid_call('ci-2', 'ci.note', '{"invoice": 7}', 'x');
+-- a person says it is the same: its outcome is replayed, never performed
+SELECT verdict, same_as FROM durable_ledger.resolve_divergence('call:ci-2/z', 'same', 'maria');
+SELECT regress_cid_call('ci-2', 'ci.pay', '{"invoice": 7}', 'z');
+SELECT durable_ledger.acquire_run('ci-2');      -- and in every later attempt
+SELECT regress_cid_call('ci-2', 'ci.pay', '{"invoice": 7}', 'z');
+SELECT count(*) AS paid FROM durable_ledger.effects WHERE run = 'ci-2' AND args = '{"invoice": 7}';
+
+-- distinct: the call is executed, once
+SELECT durable_ledger.acquire_run('ci-3');
+SELECT regress_cid_call('ci-3', 'ci.pay', '{"invoice": 5}', 'a', '{"paid": "first"}');
+SELECT durable_ledger.acquire_run('ci-3');
+SELECT regress_cid_call('ci-3', 'ci.pay', '{"invoice": 5}', 'b');
+SELECT verdict FROM durable_ledger.resolve_divergence('call:ci-3/b', 'distinct', 'maria',
+                                                      'the customer asked for a second payment');
+SELECT regress_cid_call('ci-3', 'ci.pay', '{"invoice": 5}', 'b', '{"paid": "second"}'),
+       regress_cid_call('ci-3', 'ci.pay', '{"invoice": 5}', 'b');
+
+-- ===================================================================
+-- what the earlier effect is
+-- ===================================================================
+-- under an occurrence key (an adapter that keyed by occurrence before): found
+SELECT durable_ledger.acquire_run('ci-4');
+SELECT decision FROM durable_ledger.begin_effect('ci-4', 'ci.pay', '{"invoice": 4}');
+SELECT regress_cid_call('ci-4', 'ci.pay', '{"invoice": 40}', 'b', '{"paid": "forty"}');
+SELECT durable_ledger.acquire_run('ci-4');
+SELECT regress_cid_call('ci-4', 'ci.pay', '{"invoice": 4}', 'a'),
+       regress_cid_call('ci-4', 'ci.pay', '{"invoice": 41}', 'c', '{"paid": "forty-one"}');
+SELECT candidate_key = durable_ledger.effect_key('ci-4', 'ci.pay', '{"invoice": 4}', 1) AS names_it
+  FROM durable_ledger.divergences WHERE run = 'ci-4';
+-- same may name another effect of the tool from an earlier attempt, a call id's
+-- too; not one of the divergence's own attempt
+SELECT verdict FROM durable_ledger.resolve_divergence('call:ci-4/a', 'same', 'maria',
+                                                      same_as => 'call:ci-4/c');
+SELECT verdict, same_as FROM durable_ledger.resolve_divergence('call:ci-4/a', 'same', 'maria',
+                                                               same_as => 'call:ci-4/b');
+SELECT regress_cid_call('ci-4', 'ci.pay', '{"invoice": 4}', 'a');
+
+-- a failed effect did not happen: the call under a new id executes
+SELECT durable_ledger.acquire_run('ci-5');
+SELECT regress_cid_call('ci-5', 'ci.pay', '{"invoice": 3}', 'a', '{"declined": true}', fail => true);
+SELECT durable_ledger.acquire_run('ci-5');
+SELECT regress_cid_call('ci-5', 'ci.pay', '{"invoice": 3}', 'b', '{"paid": "now"}');
+
+-- an unknown outcome: the new id pauses as a divergence, the old one as unknown
+SELECT durable_ledger.acquire_run('ci-6');
+SELECT regress_cid_call('ci-6', 'ci.pay', '{"invoice": 6}', 'a', NULL);
+SELECT durable_ledger.acquire_run('ci-6');
+SELECT regress_cid_call('ci-6', 'ci.pay', '{"invoice": 6}', 'b'),
+       regress_cid_call('ci-6', 'ci.pay', '{"invoice": 6}', 'a');
+
+-- a tool's key fields are its calls' identity: a reworded memo is the same call
+SELECT durable_ledger.acquire_run('ci-7');
+SELECT regress_cid_call('ci-7', 'ci.transfer', '{"to": "acme", "cents": 500, "memo": "rent"}', 'a');
+SELECT durable_ledger.acquire_run('ci-7');
+SELECT regress_cid_call('ci-7', 'ci.transfer', '{"to": "acme", "cents": 500, "memo": "June rent"}', 'b'),
+       regress_cid_call('ci-7', 'ci.transfer', '{"to": "acme", "cents": 600, "memo": "rent"}', 'c');
+
+-- ===================================================================
+-- the tool's divergence policy
+-- ===================================================================
+-- warn: executed, with a WARNING and an audited divergence
+SELECT durable_ledger.acquire_run('ci-8');
+SELECT regress_cid_call('ci-8', 'ci.mail', '{"to": "x"}', 'a');
+SELECT durable_ledger.acquire_run('ci-8');
+SELECT regress_cid_call('ci-8', 'ci.mail', '{"to": "x"}', 'b');
+SELECT key, detail ->> 'may_duplicate' AS may_duplicate, detail ->> 'call_id' AS call_id
+  FROM durable_ledger.audit_log WHERE run = 'ci-8' AND event = 'divergence';
+-- off: not judged
+SELECT durable_ledger.acquire_run('ci-9');
+SELECT regress_cid_call('ci-9', 'ci.note', '{"n": 1}', 'a');
+SELECT durable_ledger.acquire_run('ci-9');
+SELECT regress_cid_call('ci-9', 'ci.note', '{"n": 1}', 'b');
+-- a tool nobody registered: the policy for unregistered tools (pause by default)
+SELECT durable_ledger.acquire_run('ci-10');
+SELECT regress_cid_call('ci-10', 'ci.unregistered', '{"n": 1}', 'a');
+SELECT durable_ledger.acquire_run('ci-10');
+SELECT regress_cid_call('ci-10', 'ci.unregistered', '{"n": 1}', 'b');
+
+-- under a token lease alike: each take_lease is an attempt
+SELECT token AS t1 FROM durable_ledger.take_lease('ci-11') \gset
+SELECT decision FROM durable_ledger.begin_effect('ci-11', 'ci.pay', '{"invoice": 11}', 'call:ci-11/a',
+                                                  lease => :'t1', call_id => true);
+SELECT durable_ledger.release_lease(:'t1');
+SELECT token AS t2 FROM durable_ledger.take_lease('ci-11') \gset
+SELECT decision FROM durable_ledger.begin_effect('ci-11', 'ci.pay', '{"invoice": 11}', 'call:ci-11/b',
+                                                  lease => :'t2', call_id => true);
+SELECT durable_ledger.release_lease(:'t2');
+
+SELECT durable_ledger.release_run(r) FROM unnest(ARRAY['ci-0', 'ci-1', 'ci-2', 'ci-3', 'ci-4', 'ci-5',
+                                                      'ci-6', 'ci-7', 'ci-8', 'ci-9', 'ci-10']) r;
+DROP FUNCTION regress_cid_call(text, text, jsonb, text, jsonb, boolean);
