@@ -52,8 +52,6 @@ COMMENT ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, 
 REVOKE ALL ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION durable_ledger.begin_effect(text, text, jsonb, text, jsonb, text, boolean)
     TO durable_ledger_worker;
-COMMENT ON COLUMN durable_ledger.divergences.occurrence IS
-    'which identical call of its lease epoch it was; 0: a new call id (begin_effect''s call_id) with an earlier effect''s arguments';
 
 CREATE OR REPLACE FUNCTION durable_ledger.begin_recorded(run text, tool text, args jsonb,
                                                          meta jsonb DEFAULT NULL,
@@ -828,7 +826,7 @@ COMMENT ON COLUMN durable_ledger.policy.unregistered_divergence IS
 COMMENT ON TABLE durable_ledger.divergences IS
     'drifted calls paused for a person: a later attempt''s call that the run''s earlier attempts did not make, while an earlier effect of the tool was not replayed yet';
 COMMENT ON COLUMN durable_ledger.divergences.key IS
-    'the drifted call''s derived key; no effect has it until a verdict of distinct lets the call execute';
+    'the drifted call''s key (derived, or a new call id); no effect has it until a verdict of distinct lets the call execute';
 COMMENT ON COLUMN durable_ledger.divergences.run IS
     'the run';
 COMMENT ON COLUMN durable_ledger.divergences.lease_epoch IS
@@ -838,7 +836,7 @@ COMMENT ON COLUMN durable_ledger.divergences.tool IS
 COMMENT ON COLUMN durable_ledger.divergences.args IS
     'the call''s arguments, as given';
 COMMENT ON COLUMN durable_ledger.divergences.occurrence IS
-    'which identical call of its lease epoch it was';
+    'which identical call of its lease epoch it was; 0: a new call id (begin_effect''s call_id) with an earlier effect''s arguments';
 COMMENT ON COLUMN durable_ledger.divergences.candidate_key IS
     'the earlier effect it may duplicate';
 COMMENT ON COLUMN durable_ledger.divergences.detected_at IS

@@ -579,7 +579,7 @@ CREATE INDEX divergences_waiting_idx ON durable_ledger.divergences (detected_at)
 COMMENT ON TABLE durable_ledger.divergences IS
     'drifted calls paused for a person: a later attempt''s call that the run''s earlier attempts did not make, while an earlier effect of the tool was not replayed yet';
 COMMENT ON COLUMN durable_ledger.divergences.key IS
-    'the drifted call''s derived key; no effect has it until a verdict of distinct lets the call execute';
+    'the drifted call''s key (derived, or a new call id); no effect has it until a verdict of distinct lets the call execute';
 COMMENT ON COLUMN durable_ledger.divergences.run IS
     'the run';
 COMMENT ON COLUMN durable_ledger.divergences.lease_epoch IS
