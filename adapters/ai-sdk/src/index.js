@@ -24,9 +24,12 @@
 // may be the run instead with keyBy 'recorded-call-id': a call that a turn of
 // recordedModel made is keyed by its id (options.toolCallId, guardedTool's
 // callId; a rerun replays the turn, ids and all), so that a later request that
-// asks for the same call again performs it.  That holds only while a rerun
-// sends the very prompt (a turn made anew gives new ids: new effects, which no
-// divergence check watches), hence not the default.  A call the SDK executes
+// asks for the same call again does not replay the earlier one: the core's
+// call-id guard pauses it once for a person (a later attempt, a new id, the
+// call of an earlier effect: maybe that effect named anew), who says distinct
+// (performed) or same (replayed).  A rerun replays only while it sends the very
+// prompt (a turn made anew gives new ids, which that guard pauses), hence not
+// the default.  A call the SDK executes
 // because the request brings its approval (needsApproval) is keyed by its id
 // under both: it comes from the conversation's history, the same on a retry,
 // while the request's occurrences start at 1 again (approvedInHistory).
@@ -89,9 +92,11 @@ export { agentAttempt, currentAttempt, currentStop, stopOf, ToolCallStopped } fr
  * - `recorded-call-id`: a call that a turn of recordedModel, in this run, made (or
  *   replayed) is identified by its tool call id (callKey(run, tool, id)); others by their
  *   occurrence.  The run may be a conversation: a later request's call is new (its turn
- *   made a new id) and is performed.  Only while every rerun sends the very prompt of the
- *   attempt it repeats (no clock in the system prompt): a turn made anew makes new ids,
- *   and its calls are performed again.  A call that failed (EffectDidNotHappen, or resolved
+ *   made a new id); one that repeats an earlier effect of the run (tool and input) pauses
+ *   once for a person (DivergencePaused; resolve_divergence: distinct performs it, same
+ *   replays it).  Replays only while every rerun sends the very prompt of the attempt it
+ *   repeats (no clock in the system prompt): a turn made anew makes new ids, and its calls
+ *   that repeat earlier effects pause the same way.  A call that failed (EffectDidNotHappen, or resolved
  *   as failed) is replayed as failed, as under occurrence keys.
  * @typedef {'occurrence' | 'recorded-call-id'} KeyBy
  */
@@ -177,11 +182,14 @@ export function durableTool(name, tool, options = {}) {
         perform: (k) => lastValue(execute.call(tool, input, { ...callOptions, idempotencyKey: k })),
       });
     } catch (err) {
-      // (a read's failure too: the model must read the same text on a rerun, or its next turn is made anew)
-      if (callId !== null && err instanceof EffectFailed && !(err.cause instanceof EffectFailed)) {
+      const shown = toolError(err);
+      // the ledger's recorded failure, in the same words the first time and replayed (a read's
+      // too: the model must read the same text on a rerun, or its next turn is made anew); not
+      // an EffectFailed the tool's own code threw, which stopped the run (its outcome unknown)
+      if (shown === err && callId !== null && err instanceof EffectFailed && !(err.cause instanceof EffectFailed)) {
         throw failed(ledgerName, err);
       }
-      throw toolError(err);
+      throw shown;
     }
   };
   return /** @type {T} */ ({ ...tool, execute: durableExecute });

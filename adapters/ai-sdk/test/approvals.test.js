@@ -15,6 +15,7 @@ import {
 } from 'ai';
 import { MockLanguageModelV4 } from 'ai/test';
 import { z } from 'zod';
+import { DivergencePaused } from 'durable-ledger';
 import { callKey } from 'durable-ledger/agents';
 import { agentAttempt, durableTools, idempotencyKey, ledgerStopped, requestRun } from '../src/index.js';
 import { answer, calling, cluster, streamAnswer, streamCalling, toolCall } from './support.js';
@@ -51,7 +52,12 @@ function bank() {
   return { paid, receipts, tools };
 }
 
-test('A1: two instalments approved in two continuations of one request (one run): each paid, each its own key (its tool call id); a retried continuation replays', async () => {
+/** The divergences of a run, as a person reads them. */
+const divergences = async (run) => (await db.admin.query(
+  'SELECT key, tool, occurrence, candidate_key, verdict FROM durable_ledger.divergences WHERE run = $1 ORDER BY key',
+  [run])).rows;
+
+test('A1: two instalments approved in two continuations of one request (one run): the second, an identical call under a new id in a later attempt, pauses once for a person, who says distinct; each paid, each its own key (its tool call id); a retried continuation replays', async () => {
   const { paid, tools } = bank();
   // the clerk: one instalment of INV-9 per turn until two are paid, then says what came back
   const model = new MockLanguageModelV4({
@@ -68,15 +74,28 @@ test('A1: two instalments approved in two continuations of one request (one run)
   let messages = [{ role: 'user', content: 'Pay INV-9 in two instalments of 100.' }];
   let sentLast;
   let reply;
-  for (let request = 1; request <= 3; request += 1) {
+  let pauses = 0;
+  for (let request = 1; request <= 4; request += 1) {
     sentLast = messages;
-    reply = await respond(messages);
+    reply = await respond(messages).catch((e) => e);
+    if (reply instanceof DivergencePaused) {
+      // the second instalment: the first one's call again (tool and input), under a new id, in a later
+      // attempt of the run -- to the ledger, maybe the first one named anew: nothing paid, a person decides
+      pauses += 1;
+      assert.equal(paid.length, 1, 'nothing paid while it waits for a person');
+      const first = (await effects(run)).filter((r) => r.tool === 'payInvoice');
+      assert.deepEqual(await divergences(run), [{ key: reply.key, tool: 'payInvoice', occurrence: 0,
+        candidate_key: first[0].key, verdict: null }], 'the divergence names the first instalment');
+      await db.admin.query("SELECT durable_ledger.resolve_divergence($1, 'distinct', 'ap-clerk')", [reply.key]);
+      reply = await respond(messages); // the continuation sent again: the same run, the call now performed
+    }
     const asks = reply.content.filter((p) => p.type === 'tool-approval-request');
     messages = [...messages, ...reply.responseMessages];
     if (asks.length === 0) break;
     // the user approves: the chat is sent again, with the approval (the same user message: the same run)
     messages.push({ role: 'tool', content: asks.map((a) => ({ type: 'tool-approval-response', approvalId: a.approvalId, approved: true })) });
   }
+  assert.equal(pauses, 1, 'one pause, for the second instalment');
   assert.equal(reply.text, 'both paid: PAY-1, PAY-2', 'each instalment got its own payment');
   assert.equal(paid.length, 2, 'the bank paid twice');
   assert.notEqual(paid[0], paid[1], 'two payments, two keys');
@@ -84,12 +103,62 @@ test('A1: two instalments approved in two continuations of one request (one run)
   const rows = await effects(run);
   assert.deepEqual(rows.map((r) => r.key), calls.map((id) => callKey(run, 'payInvoice', id)),
     'each approved payment is keyed by its tool call id');
+  assert.equal((await divergences(run))[0].verdict, 'distinct');
 
   // the last continuation sent again (its answer was lost): the approved call replays, nothing is paid
   const again = await respond(sentLast);
   assert.equal(again.text, 'both paid: PAY-1, PAY-2');
   assert.equal(paid.length, 2, 'a retried continuation pays nothing');
   assert.equal((await effects(run)).length, 2);
+  assert.equal((await divergences(run)).length, 1, 'and pauses nothing');
+});
+
+test('the guard: a continuation paid, its answer lost, the request regenerated (the same run) -- the model asks anew, the user approves the new call: it pauses, nothing paid twice; the person\'s same gives the model the first payment', async () => {
+  const { paid, tools } = bank();
+  // the clerk pays INV-9 once, then says what came back
+  const model = new MockLanguageModelV4({
+    provider: 'test', modelId: 'clerk',
+    doGenerate: async ({ prompt }) => {
+      const done = results(prompt, 'payInvoice');
+      if (done.length === 0) return calling(toolCall('payInvoice', { invoice: 'INV-9', amount: 4200 }));
+      return answer(`paid: ${done.map((p) => p.output.value.paymentId).join(', ')}`);
+    },
+  });
+  const run = requestRun(`chat-${randomUUID()}`, `msg-${randomUUID()}`);
+  const respond = (messages) => agentAttempt(db.ledger, run, () => generateText({
+    model, tools, messages, stopWhen: [stepCountIs(10), ledgerStopped()] }));
+  const user = [{ role: 'user', content: 'Pay INV-9.' }];
+  /** the request, then its continuation with the user's approval of the call it asks for */
+  const approved = async () => {
+    const ask = await respond(user);
+    const asks = ask.content.filter((p) => p.type === 'tool-approval-request');
+    assert.equal(asks.length, 1);
+    return [...user, ...ask.responseMessages, { role: 'tool', content: asks.map((a) => ({
+      type: 'tool-approval-response', approvalId: a.approvalId, approved: true })) }];
+  };
+  const firstContinuation = await approved();
+  const first = await respond(firstContinuation);
+  assert.equal(first.text, 'paid: PAY-1');
+  assert.equal(paid.length, 1);
+  // its answer never reached the user (a cut stream, a closed tab): the user regenerates the answer;
+  // the model, asked again, names the payment anew, and the user approves it again
+  const secondContinuation = await approved();
+  const [firstId, secondId] = [firstContinuation, secondContinuation].map((m) => m.at(-2).content
+    .find((p) => p.type === 'tool-call').toolCallId);
+  assert.notEqual(firstId, secondId, 'a new tool call id');
+  const paused = await respond(secondContinuation).catch((e) => e);
+  assert.ok(paused instanceof DivergencePaused, `the approved call pauses: ${paused}`);
+  assert.equal(paused.key, callKey(run, 'payInvoice', secondId), 'the new call, keyed by its id');
+  assert.equal(paid.length, 1, 'not paid again');
+  assert.deepEqual(await divergences(run), [{ key: paused.key, tool: 'payInvoice', occurrence: 0,
+    candidate_key: callKey(run, 'payInvoice', firstId), verdict: null }],
+  'the divergence names the first payment (a call-id key: under a business key it would have replayed or paid)');
+  // a person sees it is the same payment: its outcome is the new call's
+  await db.admin.query("SELECT durable_ledger.resolve_divergence($1, 'same', 'ap-clerk')", [paused.key]);
+  const done = await respond(secondContinuation);
+  assert.equal(done.text, 'paid: PAY-1', 'the model reads the first payment\'s result');
+  assert.equal(paid.length, 1, 'paid once');
+  assert.deepEqual((await effects(run)).filter((r) => r.status !== 'completed'), []);
 });
 
 test('A1 with useChat\'s messages: requestRun names each continuation; the receipt each instalment asks for is sent each time, the approved payment keyed by its id; a retried continuation replays', async () => {

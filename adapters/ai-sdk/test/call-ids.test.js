@@ -14,7 +14,7 @@ import { randomUUID } from 'node:crypto';
 import { convertToModelMessages, generateText, simulateReadableStream, stepCountIs, streamText, tool } from 'ai';
 import { MockLanguageModelV4 } from 'ai/test';
 import { z } from 'zod';
-import { EffectDidNotHappen, EffectPaused, RunStopped } from 'durable-ledger';
+import { DivergencePaused, EffectDidNotHappen, EffectFailed, EffectPaused, RunStopped } from 'durable-ledger';
 import {
   agentAttempt, durableTools, idempotencyKey, ledgerStopped, recordedModel, requestRun,
 } from '../src/index.js';
@@ -90,7 +90,26 @@ test('F7: a chat whose run is requestRun(chat, messages) sends the reminder the 
   assert.equal(requestRun(chat, history), `request:${JSON.stringify([chat, history[2].id])}`);
 });
 
-test('F7: the conversation as the run, with recordedModel and keyBy "recorded-call-id": the repeated reminder is performed; a rerun of the second request replays it', async () => {
+/**
+ * The second request of a conversation run asks for the very call the first made: a later
+ * attempt, a new call id, the same arguments -- the ledger cannot tell it from the first call
+ * named anew (a model asked again after a lost answer), so it pauses it as a divergence,
+ * nothing sent; the divergence names the first call's effect.  Returns the paused call's key.
+ */
+async function pausedAsDivergence(attempt, run, sent) {
+  const paused = await attempt().then(() => null, (e) => e);
+  assert.ok(paused instanceof DivergencePaused, `the repeated call pauses: ${paused}`);
+  assert.equal(sent.length, 1, 'nothing sent while it waits for a person');
+  const { rows: [first] } = await db.admin.query(
+    "SELECT key FROM durable_ledger.effects WHERE run = $1 AND tool = 'sendReminder'", [run]);
+  const { rows } = await db.admin.query(
+    'SELECT key, occurrence, candidate_key, verdict FROM durable_ledger.divergences WHERE run = $1', [run]);
+  assert.deepEqual(rows, [{ key: paused.key, occurrence: 0, candidate_key: first.key, verdict: null }],
+    'the divergence names the earlier reminder');
+  return paused.key;
+}
+
+test('F7: the conversation as the run, with recordedModel and keyBy "recorded-call-id": the repeated reminder pauses once for a person, who says distinct: performed; a rerun of the second request replays it', async () => {
   const conversation = unique('conversation');
   const { sent, tools: mailTools } = mailer();
   const tools = mailTools({ keyBy: 'recorded-call-id' });
@@ -101,6 +120,11 @@ test('F7: the conversation as the run, with recordedModel and keyBy "recorded-ca
   }));
   for (const text of ['Remind ACME to pay.', 'A week later: still unpaid, remind ACME again.']) {
     messages.push({ role: 'user', content: text });
+    if (sent.length === 1) {
+      // a later request (a later attempt) asks for the same reminder under a new id
+      const key = await pausedAsDivergence(() => turn(reminderModel()), conversation, sent);
+      await db.admin.query("SELECT durable_ledger.resolve_divergence($1, 'distinct', 'on-call')", [key]);
+    }
     last = await turn(reminderModel());
     messages.push(...last.response.messages);
   }
@@ -121,7 +145,7 @@ test('F7: the conversation as the run, with recordedModel and keyBy "recorded-ca
   assert.equal(sent.length, 2, 'nothing sent again');
 });
 
-test('F7 with streamText: the ids of a recorded stream\'s tool calls key them too', async () => {
+test('F7 with streamText: the ids of a recorded stream\'s tool calls key them too (the repeat pauses as a divergence; distinct: performed)', async () => {
   const conversation = unique('stream');
   const { sent, tools: mailTools } = mailer();
   const tools = mailTools({ keyBy: 'recorded-call-id' });
@@ -135,17 +159,26 @@ test('F7 with streamText: the ids of a recorded stream\'s tool calls key them to
     },
   });
   const messages = [];
+  const turn = () => agentAttempt(db.ledger, conversation, async () => {
+    const result = streamText({ model: recordedModel(streaming()), tools, messages,
+      stopWhen: [stepCountIs(5), ledgerStopped()] });
+    await result.consumeStream();
+    return result.response;
+  });
   for (const text of ['Remind ACME to pay.', 'Remind ACME again.']) {
     messages.push({ role: 'user', content: text });
-    const response = await agentAttempt(db.ledger, conversation, async () => {
-      const result = streamText({ model: recordedModel(streaming()), tools, messages,
-        stopWhen: [stepCountIs(5), ledgerStopped()] });
-      await result.consumeStream();
-      return result.response;
-    });
+    if (sent.length === 1) {
+      const key = await pausedAsDivergence(turn, conversation, sent);
+      assert.match(key, /^call:\[".*","sendReminder","call_[0-9a-f-]{36}"\]$/, 'keyed by the recorded stream\'s call id');
+      await db.admin.query("SELECT durable_ledger.resolve_divergence($1, 'distinct', 'on-call')", [key]);
+    }
+    const response = await turn();
     messages.push(...response.messages);
   }
   assert.equal(sent.length, 2, 'the second request\'s reminder is performed');
+  const { rows } = await db.admin.query(
+    "SELECT key FROM durable_ledger.effects WHERE run = $1 AND tool = 'sendReminder'", [conversation]);
+  for (const r of rows) assert.match(r.key, /^call:\[".*","sendReminder","call_[0-9a-f-]{36}"\]$/);
 });
 
 for (const keyBy of ['occurrence', 'recorded-call-id']) {
@@ -248,6 +281,37 @@ test('keyBy "recorded-call-id": a payment the bank refused, then the model\'s se
   assert.equal(model.doGenerateCalls.length, 0, 'so every turn replayed');
   assert.equal(again.text, first.text);
   assert.equal(payments.length, 1, 'the refused call was not made again: paid once');
+});
+
+test('keyBy "recorded-call-id": a tool whose own code throws an EffectFailed (another ledger\'s refusal, say) has an unknown outcome, never told to the model as "did not happen"; the rerun pauses it', async () => {
+  const run = unique('own-effect-failed');
+  const payments = [];
+  const tools = payTools(async (input, o) => {
+    payments.push(idempotencyKey(o));
+    // the tool's own code: the payment went out, then a nested ledger call of the tool failed
+    throw new EffectFailed('settlement did not happen: ledger of the bank', { key: 'bank-7', decision: 'execute', replayed: false });
+  }, { keyBy: 'recorded-call-id' });
+  const model = new MockLanguageModelV4({
+    doGenerate: async ({ prompt }) => (prompt.at(-1).role === 'user'
+      ? calling(toolCall('payInvoice', { invoice: 'INV-9', amount: 4200 }))
+      : answer('done')),
+  });
+  const steps = [];
+  const attempt = () => agentAttempt(db.ledger, run, () => generateText({
+    model: recordedModel(model), tools, prompt: 'Pay INV-9.', stopWhen: [stepCountIs(5), ledgerStopped()],
+    onStepFinish: (step) => { steps.push(step); },
+  }));
+  const first = await attempt().then(() => null, (e) => e);
+  assert.ok(first instanceof RunStopped, `the app learns the run stopped: ${first}`);
+  const shown = steps[0].content.find((p) => p.type === 'tool-error').error;
+  assert.equal(shown.name, 'ToolCallStopped', `the model reads the stop: ${shown.message}`);
+  assert.equal(shown.stop.kind, 'unknown');
+  assert.doesNotMatch(shown.message, /did not happen/, 'not told that the payment did not happen');
+  assert.match(shown.message, /nobody knows yet whether it took effect/);
+  const paused = await attempt().then(() => null, (e) => e);
+  assert.ok(paused instanceof EffectPaused, `the rerun pauses it for a person: ${paused}`);
+  assert.match(paused.key, /^call:\[/, 'keyed by the recorded call id');
+  assert.equal(payments.length, 1, 'never made again');
 });
 
 test('keyBy "occurrence" (the default): a rerun whose prompt changed (a date in the system prompt) makes new turns with new ids, and the payment still replays', async () => {
