@@ -158,6 +158,109 @@ SELECT decision FROM durable_ledger.begin_effect('ci-11', 'ci.pay', '{"invoice":
                                                   lease => :'t2', call_id => true);
 SELECT durable_ledger.release_lease(:'t2');
 
-SELECT durable_ledger.release_run(r) FROM unnest(ARRAY['ci-0', 'ci-1', 'ci-2', 'ci-3', 'ci-4', 'ci-5',
-                                                      'ci-6', 'ci-7', 'ci-8', 'ci-9', 'ci-10']) r;
+-- ===================================================================
+-- a divergence binds its key to the call judged (as an effect binds a
+-- business key): another run, another tool, other args are refused, and
+-- nothing is written
+-- ===================================================================
+SELECT durable_ledger.acquire_run('ci-12');
+SELECT regress_cid_call('ci-12', 'ci.pay', '{"invoice": 12}', 'a', '{"paid": "twelve"}');
+SELECT durable_ledger.acquire_run('ci-12');
+SELECT regress_cid_call('ci-12', 'ci.pay', '{"invoice": 12}', 'z');
+SELECT durable_ledger.acquire_run('ci-13');
+SELECT durable_ledger.acquire_run('ci-13');
+SELECT count(*) AS audit_rows FROM durable_ledger.audit_log \gset
+SELECT decision FROM durable_ledger.begin_effect('ci-13', 'ci.pay', '{"invoice": 12}',
+                                                  'call:ci-12/z', call_id => true);
+SELECT decision FROM durable_ledger.begin_effect('ci-12', 'ci.mail', '{"invoice": 12}',
+                                                  'call:ci-12/z', call_id => true);
+SELECT decision FROM durable_ledger.begin_effect('ci-12', 'ci.pay', '{"invoice": 12, "cents": 990000}',
+                                                  'call:ci-12/z', call_id => true);
+SELECT count(*) - :audit_rows AS audit_rows_written FROM durable_ledger.audit_log;
+-- after a verdict too: "distinct" lets the call judged execute, not another
+SELECT verdict FROM durable_ledger.resolve_divergence('call:ci-12/z', 'distinct', 'maria');
+SELECT decision FROM durable_ledger.begin_effect('ci-12', 'ci.pay', '{"invoice": 12, "cents": 990000}',
+                                                  'call:ci-12/z', call_id => true);
+-- whichever way the key is called: without call_id, the divergence decides it
+SELECT durable_ledger.acquire_run('ci-14');
+SELECT regress_cid_call('ci-14', 'ci.pay', '{"invoice": 14}', 'a', '{"paid": "fourteen"}');
+SELECT durable_ledger.acquire_run('ci-14');
+SELECT regress_cid_call('ci-14', 'ci.pay', '{"invoice": 14}', 'z');
+SELECT decision, status FROM durable_ledger.begin_effect('ci-14', 'ci.pay', '{"invoice": 14}', 'call:ci-14/z');
+SELECT verdict FROM durable_ledger.resolve_divergence('call:ci-14/z', 'same', 'maria');
+SELECT decision, key, result FROM durable_ledger.begin_effect('ci-14', 'ci.pay', '{"invoice": 14}', 'call:ci-14/z');
+
+-- ===================================================================
+-- a failure a report contradicted (flagged) may have happened: not passed over
+-- ===================================================================
+SELECT durable_ledger.acquire_run('ci-15');
+SELECT regress_cid_call('ci-15', 'ci.pay', '{"invoice": 15}', 'a', '{"declined": true}', fail => true);
+SELECT status, conflict FROM durable_ledger.complete_effect('call:ci-15/a', '{"paid": "after all"}', 1);
+SELECT durable_ledger.acquire_run('ci-15');
+SELECT regress_cid_call('ci-15', 'ci.pay', '{"invoice": 15}', 'z');
+
+-- ===================================================================
+-- a call id first, then the same call keyed by its occurrence (a framework
+-- that gave no id this time): the occurrence key is judged by its identity
+-- too, once the tool's earlier derived effects are replayed
+-- ===================================================================
+SELECT durable_ledger.acquire_run('ci-16');
+SELECT regress_cid_call('ci-16', 'ci.pay', '{"invoice": 16}', 'a', '{"paid": "sixteen"}');
+SELECT durable_ledger.acquire_run('ci-16');
+SELECT key, decision, status, reason FROM durable_ledger.begin_effect('ci-16', 'ci.pay', '{"invoice": 16}');
+SELECT occurrence, candidate_key FROM durable_ledger.divergences WHERE run = 'ci-16';
+SELECT verdict, same_as FROM durable_ledger.resolve_divergence(
+         durable_ledger.effect_key('ci-16', 'ci.pay', '{"invoice": 16}', 1), 'same', 'maria');
+SELECT decision, result, downstream_key FROM durable_ledger.begin_effect('ci-16', 'ci.pay', '{"invoice": 16}');
+-- other args under an occurrence key are a new call
+SELECT decision FROM durable_ledger.begin_effect('ci-16', 'ci.pay', '{"invoice": 17}');
+
+-- and the reverse: a call id a verdict answered with an earlier derived key's
+-- effect replayed it, so the attempt's next new call of the tool is not a divergence
+SELECT durable_ledger.acquire_run('ci-17');
+SELECT c.status FROM durable_ledger.begin_effect('ci-17', 'ci.pay', '{"invoice": 170}') d,
+                     durable_ledger.complete_effect(d.key, '{"paid": "170"}', d.attempt) c;
+SELECT durable_ledger.acquire_run('ci-17');
+SELECT regress_cid_call('ci-17', 'ci.pay', '{"invoice": 170}', 'z');
+SELECT verdict FROM durable_ledger.resolve_divergence('call:ci-17/z', 'same', 'maria');
+SELECT regress_cid_call('ci-17', 'ci.pay', '{"invoice": 170}', 'z');
+SELECT decision FROM durable_ledger.begin_effect('ci-17', 'ci.pay', '{"invoice": 171}');
+
+-- ===================================================================
+-- an approved call named anew, with its very args: a person's "same" starts
+-- the approved call, once
+-- ===================================================================
+CREATE ROLE regress_ci_alice LOGIN IN ROLE durable_ledger_approver;
+SELECT tool FROM durable_ledger.register_tool('ci.refund', 'maria');
+SELECT tool FROM durable_ledger.set_approval('ci.refund', 'strict $.amount > 100', 'maria');
+SELECT durable_ledger.acquire_run('ci-18');
+SELECT regress_cid_call('ci-18', 'ci.refund', '{"amount": 500}', 'a');
+SET SESSION AUTHORIZATION regress_ci_alice;
+SELECT status FROM durable_ledger.approve_effect('call:ci-18/a', 'alice');
+RESET SESSION AUTHORIZATION;
+SELECT durable_ledger.acquire_run('ci-18');     -- the continuation names the call anew
+SELECT regress_cid_call('ci-18', 'ci.refund', '{"amount": 500}', 'z');
+SELECT verdict FROM durable_ledger.resolve_divergence('call:ci-18/z', 'same', 'maria');
+SELECT key, decision, status, attempt, downstream_key
+  FROM durable_ledger.begin_effect('ci-18', 'ci.refund', '{"amount": 500}', 'call:ci-18/z', call_id => true);
+SELECT status FROM durable_ledger.complete_effect('call:ci-18/a', '{"refunded": 500}', 1);
+SELECT regress_cid_call('ci-18', 'ci.refund', '{"amount": 500}', 'z'),
+       regress_cid_call('ci-18', 'ci.refund', '{"amount": 500}', 'a');
+-- other args are not what was approved: paused
+SELECT durable_ledger.acquire_run('ci-19');
+SELECT regress_cid_call('ci-19', 'ci.refund', '{"amount": 500, "memo": "x"}', 'a');
+SET SESSION AUTHORIZATION regress_ci_alice;
+SELECT status FROM durable_ledger.approve_effect('call:ci-19/a', 'alice');
+RESET SESSION AUTHORIZATION;
+SELECT durable_ledger.acquire_run('ci-19');
+SELECT tool FROM durable_ledger.change_tool('ci.refund', 'maria', key_fields => '{amount}');
+SELECT regress_cid_call('ci-19', 'ci.refund', '{"amount": 500, "memo": "y"}', 'z');
+SELECT verdict FROM durable_ledger.resolve_divergence('call:ci-19/z', 'same', 'maria');
+SELECT decision, left(reason, 60) AS reason
+  FROM durable_ledger.begin_effect('ci-19', 'ci.refund', '{"amount": 500, "memo": "y"}', 'call:ci-19/z', call_id => true);
+
+SELECT count(*) FILTER (WHERE durable_ledger.release_run(r)) AS released
+  FROM unnest(ARRAY['ci-0', 'ci-1', 'ci-2', 'ci-3', 'ci-4', 'ci-5', 'ci-6', 'ci-7', 'ci-8', 'ci-9',
+                    'ci-10', 'ci-12', 'ci-13', 'ci-14', 'ci-15', 'ci-16', 'ci-17', 'ci-18', 'ci-19']) r;
+DROP ROLE regress_ci_alice;
 DROP FUNCTION regress_cid_call(text, text, jsonb, text, jsonb, boolean);

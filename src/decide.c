@@ -68,6 +68,9 @@
 #define REASON_PAUSE_CALL_ID \
 	"this attempt's call of tool \"%s\" has a new call id, and an earlier attempt of the run recorded effect \"%s\" of the tool with the same arguments: the call may be that effect again, named anew (a model asked again after its answer was lost); a person must decide with durable_ledger.resolve_divergence() whether it is the same (its outcome is replayed) or distinct (it is executed)"
 
+#define REASON_PAUSE_SAME_ARGS \
+	"this attempt's call of tool \"%s\" has the arguments of effect \"%s\", which an earlier attempt of the run recorded under a business key (a call id): the call may be that effect again, keyed by its occurrence this time; a person must decide with durable_ledger.resolve_divergence() whether it is the same (its outcome is replayed) or distinct (it is executed)"
+
 #define REASON_MODEL_CHANGED \
 	"the model changed in this attempt, from \"%s\" to \"%s\" (model_changed): the drift may be the new model's"
 
@@ -350,14 +353,14 @@ read_effect(Call *call, Facts *f)
 		return false;
 	if (f->found)
 		read_row_facts(call, f);
-	if (f->found || (intent->business_key && !call->request->call_id))
+	if (f->found)
 		return true;
 	if (intent->business_key)
-		call->waited |= dl_judge_call_id(&call->progress, &call->lease, intent->tool,
-										 &call->rules, intent->key, call->canon.data,
-										 &f->drift);
+		call->waited |= dl_judge_business_key(&call->progress, &call->lease, intent->tool,
+											  &call->rules, intent->key, call->canon.data,
+											  call->request->call_id, &f->drift);
 	else
-		dl_judge_drift(&call->progress, intent->key, &f->drift);
+		dl_judge_drift(&call->progress, intent->key, &call->rules, call->canon.data, &f->drift);
 	if (f->drift.kind == DRIFT_NEW || f->drift.kind == DRIFT_WAITING)
 		f->model = dl_read_attempt_model(intent->run, intent->lease_epoch, &f->model_from);
 	if (f->drift.kind != DRIFT_SAME)
@@ -461,7 +464,9 @@ judge_new(const Call *call, const Facts *f, Decision *d)
 	{
 		case DRIFT_NEW:
 		case DRIFT_WAITING:
-			decide_pause(d, psprintf(f->drift.call_id ? REASON_PAUSE_CALL_ID : REASON_PAUSE_DIVERGENCE,
+			decide_pause(d, psprintf(f->drift.call_id ? REASON_PAUSE_CALL_ID :
+									 f->drift.same_args ? REASON_PAUSE_SAME_ARGS :
+									 REASON_PAUSE_DIVERGENCE,
 									 call->intent.tool, f->drift.candidate_key),
 						 "divergence");
 			if (f->model_from != NULL)
@@ -532,7 +537,12 @@ judge_started(const Call *call, const Facts *f, Decision *d)
 static void
 judge_approved(const Call *call, const Facts *f, Decision *d)
 {
-	if (f->intent == &f->same)
+	/*
+	 * a call id a verdict made the same as the approved call, with its very
+	 * args (the call named anew), is that call: it starts, once
+	 */
+	if (f->intent == &f->same &&
+		!(f->drift.call_id && dl_jsonb_equal(call->intent.args, f->row.args)))
 	{
 		decide_pause(d, psprintf(REASON_APPROVAL_OTHER_ARGS, f->row.key),
 					 "approved for other args");
@@ -869,11 +879,28 @@ audit_decision(const Facts *f, const Decision *d)
  * executes a new one.
  */
 static void
-count_call(Call *call, const Decision *d)
+count_call(Call *call, const Facts *f, const Decision *d)
 {
 	dl_progress_keep(&call->progress);
-	if (d->answer.decision == DECIDE_PAUSE || call->intent.business_key)
+	if (d->answer.decision == DECIDE_PAUSE)
 		return;
+	if (call->intent.business_key)
+	{
+		/*
+		 * a verdict answered the business key with an earlier derived key's
+		 * effect: this attempt replayed that effect, as its own call would
+		 */
+		if (d->answer.decision == DECIDE_REPLAY && f->intent == &f->same && !f->row.business_key)
+		{
+			ReplayProgress progress;
+
+			(void) dl_progress_start(&progress, &call->lease, call->intent.tool, &call->rules,
+									 false);
+			dl_progress_replayed(&progress, d->answer.key);
+			dl_progress_keep(&progress);
+		}
+		return;
+	}
 	dl_epoch_count(&call->lease, &call->occurrences, call->intent.occurrence);
 	if (d->answer.decision == DECIDE_REPLAY)
 		dl_progress_replayed(&call->progress, d->answer.key);
@@ -906,7 +933,7 @@ apply(Call *call, const Facts *f, const Decision *d)
 		dl_budget_count(&call->lease, call->intent.tool, &call->budget);
 		dl_note_durable_write();
 	}
-	count_call(call, d);
+	count_call(call, f, d);
 	return true;
 }
 
@@ -931,6 +958,9 @@ decide(Call *call, BeginAnswer *answer)
 		if (!apply(call, &facts, &d))
 			continue;
 		*answer = d.answer;
+		/* a verdict may answer a call id as a derived key's effect, or the reverse */
+		answer->effect_business_key = facts.found ? facts.row.business_key
+			: call->intent.business_key;
 		return;
 	}
 	ereport(ERROR,
@@ -951,6 +981,6 @@ dl_begin(const BeginRequest *request, BeginAnswer *answer)
 	answer->business_key = call.intent.business_key;
 	answer->occurrence = call.intent.occurrence;
 	if (!answer->no_effect)
-		answer->downstream_key = dl_downstream_key(answer->key, answer->business_key,
+		answer->downstream_key = dl_downstream_key(answer->key, answer->effect_business_key,
 												answer->attempt);
 }

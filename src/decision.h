@@ -42,6 +42,7 @@ typedef struct BeginAnswer
 	bool		no_effect;		/* a divergence waiting for a person: no effect, no status */
 	EffectStatus status;
 	bool		business_key;	/* no occurrence */
+	bool		effect_business_key;	/* the effect decided on has a business key */
 	int32		occurrence;
 	int32		attempt;
 	Jsonb	   *result;			/* NULL when none */

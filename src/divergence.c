@@ -50,16 +50,22 @@
 
 #include "policy.h"
 
+#define HINT_CALL_ID_OTHER_CALL \
+	"A business key names one call (a call id, one tool call): a different call needs a key of its own."
+
 /*
  * What the epoch counts per tool, under names no canonical args can be
  * (they begin with a zero byte): the earlier effects replayed, how many
  * earlier effects there are (plus one; 0: not counted yet), and per earlier
- * effect whether it was replayed (the key follows the name).
+ * effect whether it was replayed (the key follows the name); and, counted
+ * with them, how many the earlier attempts recorded under business keys
+ * (plus one).
  */
 static const char REPLAYED[] = "\0replayed";
 static const char EARLIER[] = "\0earlier";
 static const char REACHED[] = "\0reached\0";
 static const char UNWATCHED[] = "\0unwatched";
+static const char KEYED[] = "\0keyed";
 
 /*
  * An attempt's calls of a tool are watched when its policy is not off, from
@@ -131,6 +137,8 @@ dl_progress_replayed(ReplayProgress *progress, const char *key)
 }
 
 static int32 earlier_count(ReplayProgress *progress);
+static char *same_call_earlier(const CallLease *lease, const char *tool, const ToolRules *rules,
+							   const char *canon, bool business_keys_only);
 
 /*
  * The call makes key, an earlier effect of the tool whose attempt was lost,
@@ -158,9 +166,15 @@ dl_progress_redone(ReplayProgress *progress, const char *key)
 static List *
 earlier_effects(ReplayProgress *progress)
 {
+	int32		business_keys;
+
 	if (progress->earlier_effects == NIL)
+	{
 		progress->earlier_effects = dl_read_earlier_effects(progress->lease->run, progress->tool,
-															progress->lease->epoch);
+															progress->lease->epoch,
+															&business_keys);
+		progress->business_keys = business_keys;
+	}
 	return progress->earlier_effects;
 }
 
@@ -175,9 +189,12 @@ earlier_count(ReplayProgress *progress)
 	{
 		dl_epoch_counter(progress->lease, progress->tool, EARLIER, sizeof(EARLIER) - 1,
 						 &progress->earlier);
+		dl_epoch_counter(progress->lease, progress->tool, KEYED, sizeof(KEYED) - 1,
+						 &progress->keyed);
 		if (progress->earlier.count == 0)
 		{
 			progress->earlier.count = list_length(earlier_effects(progress)) + 1;
+			progress->keyed.count = progress->business_keys + 1;
 			progress->keep_earlier = true;
 		}
 	}
@@ -194,7 +211,10 @@ dl_progress_keep(ReplayProgress *progress)
 	if (progress->keep_unwatched)
 		dl_epoch_count(progress->lease, &progress->unwatched, 1);
 	if (progress->keep_earlier)
+	{
 		dl_epoch_count(progress->lease, &progress->earlier, progress->earlier.count);
+		dl_epoch_count(progress->lease, &progress->keyed, progress->keyed.count);
+	}
 	progress->keep_unwatched = progress->keep_earlier = false;
 }
 
@@ -226,7 +246,8 @@ first_not_replayed(ReplayProgress *progress)
  * judgement asks (dl_divergence_detail, dl_warn_divergence).
  */
 void
-dl_judge_drift(ReplayProgress *progress, const char *key, Drift *drift)
+dl_judge_drift(ReplayProgress *progress, const char *key, const ToolRules *rules,
+			   const char *canon, Drift *drift)
 {
 	DivergenceRow recorded;
 
@@ -257,26 +278,45 @@ dl_judge_drift(ReplayProgress *progress, const char *key, Drift *drift)
 			drift->kind = DRIFT_WAITING;
 		return;
 	}
-	if (!progress->judged || !progress->watched ||
-		earlier_count(progress) <= progress->replayed.count)
+	if (!progress->judged || !progress->watched)
 		return;
+	if (earlier_count(progress) > progress->replayed.count)
+	{
+		/* in an honest replay, the earlier effect due next */
+		drift->candidate_key = first_not_replayed(progress);
+		drift->replayed = progress->replayed.count;
+		drift->earlier = progress->earlier.count - 1;
+		drift->kind = progress->policy == DIVERGENCE_WARN ? DRIFT_WARN : DRIFT_NEW;
+		return;
+	}
 
-	/* in an honest replay, the earlier effect due next */
-	drift->candidate_key = first_not_replayed(progress);
-	drift->replayed = progress->replayed.count;
-	drift->earlier = progress->earlier.count - 1;
-	drift->kind = progress->policy == DIVERGENCE_WARN ? DRIFT_WARN : DRIFT_NEW;
+	/*
+	 * Replay progress counts no business key's effect: an earlier attempt's
+	 * call id (or operation) with this call's identity may be this call,
+	 * keyed by its occurrence now (a framework that gave no id this time).
+	 */
+	if (progress->keyed.count > 1)
+	{
+		drift->candidate_key = same_call_earlier(progress->lease, progress->tool, rules, canon,
+												 true);
+		if (drift->candidate_key != NULL)
+		{
+			drift->same_args = true;
+			drift->kind = progress->policy == DIVERGENCE_WARN ? DRIFT_WARN : DRIFT_NEW;
+		}
+	}
 }
 
 /*
  * The first effect, in the order begun, of the tool that an attempt of the
  * run before this one recorded with the call's identity (canon) and that did
  * not fail: a failed effect did not happen (a rejected one neither), and the
- * call may make it anew.  NULL when none.
+ * call may make it anew -- unless a report contradicted the failure (flagged:
+ * it may have happened, and waits for a person).  NULL when none.
  */
 static char *
 same_call_earlier(const CallLease *lease, const char *tool, const ToolRules *rules,
-				  const char *canon)
+				  const char *canon, bool business_keys_only)
 {
 	List	   *effects = dl_read_run_tool_effects(lease->run, tool);
 	EffectRow  *first = NULL;
@@ -290,7 +330,8 @@ same_call_earlier(const CallLease *lease, const char *tool, const ToolRules *rul
 		bool		complete;
 		Jsonb	   *fields;
 
-		if (row->lease_epoch >= lease->epoch || row->status == EFFECT_FAILED)
+		if (row->lease_epoch >= lease->epoch || (row->status == EFFECT_FAILED && !row->conflict) ||
+			(business_keys_only && !row->business_key))
 			continue;
 		if (first != NULL && (row->created_at > first->created_at ||
 							  (row->created_at == first->created_at &&
@@ -308,14 +349,61 @@ same_call_earlier(const CallLease *lease, const char *tool, const ToolRules *rul
 }
 
 /*
- * Judges a call that would execute key, a new call id (see the head of this
- * file): as dl_judge_drift, but by the call's identity, not by replay
- * progress, which call ids do not count.  Reads, writes nothing.  True when
- * reading the policy of a tool nobody registered waited for a change of it.
+ * A divergence recorded for a business key binds the key to the call that
+ * made it, as an effect's row binds it (decide.c, check_same_call): a call of
+ * the key by another run, with another tool, or with other args (other
+ * values of the tool's key fields) is refused, nothing written; a verdict is
+ * about the call judged.
+ */
+static void
+check_divergence_call(const DivergenceRow *recorded, const char *run, const char *tool,
+					  const ToolRules *rules, const char *canon)
+{
+	StringInfoData identity;
+	Jsonb	   *fields;
+	bool		complete;
+
+	if (strcmp(recorded->run, run) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("business key \"%s\" is already used by a different call", recorded->key),
+				 errdetail("Run \"%s\" called it, and the call waits for or had a person's verdict on a divergence.",
+						   recorded->run),
+				 errhint(HINT_CALL_ID_OTHER_CALL)));
+	if (strcmp(recorded->tool, tool) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("business key \"%s\" is already used by a different call", recorded->key),
+				 errdetail("It was called with tool \"%s\"; this call has tool \"%s\".",
+						   recorded->tool, tool),
+				 errhint(HINT_CALL_ID_OTHER_CALL)));
+	initStringInfo(&identity);
+	fields = dl_identity_of_call(rules, recorded->args, &complete);
+	if (complete)
+		dl_append_canonical_args(&identity, fields);
+	if (!complete || strcmp(identity.data, canon) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("business key \"%s\" is already used by a different call", recorded->key),
+				 errdetail("It was called with other arguments for tool \"%s\", and a person was asked about that call.",
+						   tool),
+				 errhint(HINT_CALL_ID_OTHER_CALL)));
+}
+
+/*
+ * Judges a call that would execute key, a new business key: a divergence
+ * recorded for the key decides it, whichever way the key is called (with
+ * call_id or not) -- a verdict of same replays, one awaited pauses while the
+ * tool's policy is not off; else a new call id of a later attempt (see the
+ * head of this file) is judged by the call's identity, not by replay
+ * progress, which business keys do not count.  Reads, writes nothing.  True
+ * when reading the policy of a tool nobody registered waited for a change of
+ * it.
  */
 bool
-dl_judge_call_id(ReplayProgress *progress, const CallLease *lease, const char *tool,
-				 const ToolRules *rules, const char *key, const char *canon, Drift *drift)
+dl_judge_business_key(ReplayProgress *progress, const CallLease *lease, const char *tool,
+					  const ToolRules *rules, const char *key, const char *canon, bool call_id,
+					  Drift *drift)
 {
 	DivergenceRow recorded;
 	bool		waited = false;
@@ -327,14 +415,16 @@ dl_judge_call_id(ReplayProgress *progress, const CallLease *lease, const char *t
 	progress->later = lease->epoch > 1;
 	progress->policy = DIVERGENCE_OFF;
 	drift->kind = DRIFT_NONE;
-	drift->call_id = true;
-	if (!progress->later)
-		return false;
-	progress->policy = dl_divergence_policy(rules, &waited);
 
-	/* a divergence recorded for this very call id: as dl_judge_drift */
-	if (dl_run_may_have_divergences(lease->run) && dl_read_divergence(key, &recorded))
+	/*
+	 * A business key is shared by runs, and the run's remembered "no
+	 * divergences" says nothing of another run's: looked up by the key.
+	 */
+	if (dl_read_divergence(key, &recorded))
 	{
+		check_divergence_call(&recorded, lease->run, tool, rules, canon);
+		progress->policy = dl_divergence_policy(rules, &waited);
+		drift->call_id = drift->same_args = recorded.occurrence == 0;
 		drift->candidate_key = recorded.candidate_key;
 		if (recorded.verdict != NULL && strcmp(recorded.verdict, "same") == 0)
 		{
@@ -345,9 +435,14 @@ dl_judge_call_id(ReplayProgress *progress, const CallLease *lease, const char *t
 			drift->kind = DRIFT_WAITING;
 		return waited;
 	}
+	if (!call_id || !progress->later)
+		return false;
+	drift->call_id = true;
+	drift->same_args = true;
+	progress->policy = dl_divergence_policy(rules, &waited);
 	if (progress->policy == DIVERGENCE_OFF)
 		return waited;
-	drift->candidate_key = same_call_earlier(lease, tool, rules, canon);
+	drift->candidate_key = same_call_earlier(lease, tool, rules, canon, false);
 	if (drift->candidate_key != NULL)
 		drift->kind = progress->policy == DIVERGENCE_WARN ? DRIFT_WARN : DRIFT_NEW;
 	return waited;
@@ -363,10 +458,12 @@ dl_divergence_detail(const ReplayProgress *progress, const Drift *drift)
 	dl_detail_text(&detail, "tool", progress->tool);
 	dl_detail_text(&detail, "may_duplicate", drift->candidate_key);
 	dl_detail_text(&detail, "policy", dl_divergence_name(progress->policy));
-	if (drift->call_id)
+	if (drift->same_args)
 	{
-		/* a new call id with may_duplicate's identity */
-		dl_detail_bool(&detail, "call_id", true);
+		/* a call with may_duplicate's identity: a new call id, or under its occurrence */
+		dl_detail_bool(&detail, "same_args", true);
+		if (drift->call_id)
+			dl_detail_bool(&detail, "call_id", true);
 		return dl_detail_finish(&detail);
 	}
 	dl_detail_int(&detail, "replayed", drift->replayed);
@@ -386,6 +483,9 @@ dl_warn_divergence(const ReplayProgress *progress, const Drift *drift)
 					progress->tool, progress->lease->run),
 			 drift->call_id ?
 			 errdetail("The call has a new call id, and an earlier attempt recorded effect \"%s\" of the tool with the same arguments: the call may duplicate it.",
+					   drift->candidate_key) :
+			 drift->same_args ?
+			 errdetail("An earlier attempt recorded effect \"%s\" of the tool with the same arguments under a business key (a call id): the call may duplicate it.",
 					   drift->candidate_key) :
 			 errdetail_plural("The earlier attempts recorded %d effect of the tool that this attempt has not replayed: the call may duplicate effect \"%s\".",
 							  "The earlier attempts recorded %d effects of the tool that this attempt has not replayed: the call may duplicate effect \"%s\".",

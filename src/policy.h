@@ -67,6 +67,8 @@ typedef struct ReplayProgress
 	EpochCounter replayed;		/* how many earlier effects of tool this epoch replayed */
 	EpochCounter earlier;		/* 1 + how many there are; 0: not counted yet */
 	EpochCounter unwatched;		/* 1: the epoch called the tool while it was unwatched */
+	EpochCounter keyed;			/* 1 + how many earlier effects have business keys; 0: not counted */
+	int32		business_keys;	/* (as read with the earlier effects) */
 	bool		keep_earlier;	/* counted by this call: dl_progress_keep keeps it */
 	bool		keep_unwatched; /* ... found unwatched by this call */
 	List	   *earlier_effects;	/* when read */
@@ -88,15 +90,17 @@ typedef struct Drift
 	char	   *same_as;		/* DRIFT_SAME */
 	int32		replayed;		/* DRIFT_WARN, DRIFT_NEW: earlier effects replayed, */
 	int32		earlier;		/* ... of how many */
-	bool		call_id;		/* a new call id's: its call equals candidate_key's */
+	bool		same_args;		/* candidate_key has the call's identity (not replay progress) */
+	bool		call_id;		/* ... and the call is a new call id */
 } Drift;
 
 extern bool dl_progress_start(ReplayProgress *progress, const CallLease *lease,
 							  const char *tool, const ToolRules *rules, bool recorded);
-extern void dl_judge_drift(ReplayProgress *progress, const char *key, Drift *drift);
-extern bool dl_judge_call_id(ReplayProgress *progress, const CallLease *lease, const char *tool,
-							 const ToolRules *rules, const char *key, const char *canon,
-							 Drift *drift);
+extern void dl_judge_drift(ReplayProgress *progress, const char *key, const ToolRules *rules,
+						   const char *canon, Drift *drift);
+extern bool dl_judge_business_key(ReplayProgress *progress, const CallLease *lease,
+								  const char *tool, const ToolRules *rules, const char *key,
+								  const char *canon, bool call_id, Drift *drift);
 extern Jsonb *dl_divergence_detail(const ReplayProgress *progress, const Drift *drift);
 extern void dl_warn_divergence(const ReplayProgress *progress, const Drift *drift);
 extern void dl_progress_replayed(ReplayProgress *progress, const char *key);

@@ -834,6 +834,7 @@ typedef struct EarlierEffects
 {
 	int64		before_epoch;
 	List	   *effects;		/* of EarlierEffect */
+	int32		business_keys;	/* the earlier effects under business keys */
 } EarlierEffects;
 
 static bool
@@ -844,9 +845,13 @@ take_earlier(TupleTableSlot *slot, void *arg)
 	EarlierEffect *effect;
 	bool		isnull;
 
-	if (DatumGetBool(column_value(t, slot, EFF_BUSINESS_KEY, &isnull)) ||
-		DatumGetInt64(column_value(t, slot, EFF_LEASE_EPOCH, &isnull)) >= earlier->before_epoch)
+	if (DatumGetInt64(column_value(t, slot, EFF_LEASE_EPOCH, &isnull)) >= earlier->before_epoch)
 		return true;
+	if (DatumGetBool(column_value(t, slot, EFF_BUSINESS_KEY, &isnull)))
+	{
+		earlier->business_keys++;
+		return true;
+	}
 	effect = palloc(sizeof(EarlierEffect));
 	effect->key = optional_text(t, slot, EFF_KEY);
 	effect->created_at = DatumGetTimestampTz(column_value(t, slot, EFF_CREATED_AT, &isnull));
@@ -867,19 +872,21 @@ earlier_order(const ListCell *a, const ListCell *b)
 
 /*
  * The effects of tool that run's attempts before epoch recorded under derived
- * keys, as committed now, in the order they were begun (then by key).
+ * keys, as committed now, in the order they were begun (then by key); and how
+ * many they recorded under business keys.
  */
 List *
-dl_read_earlier_effects(const char *run, const char *tool, int64 epoch)
+dl_read_earlier_effects(const char *run, const char *tool, int64 epoch, int32 *business_keys)
 {
 	Datum		values[2];
-	EarlierEffects earlier = {epoch, NIL};
+	EarlierEffects earlier = {epoch, NIL, 0};
 
 	values[0] = CStringGetTextDatum(tool);
 	values[1] = CStringGetTextDatum(run);
 	(void) scan_rows_now(&dl_effects_table, &effects_by_tool_run, 2, tool_run_key, values,
 						 take_earlier, &earlier);
 	list_sort(earlier.effects, earlier_order);
+	*business_keys = earlier.business_keys;
 	return earlier.effects;
 }
 

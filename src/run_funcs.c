@@ -59,7 +59,8 @@ dl_abandon_run_1_2(PG_FUNCTION_ARGS)
 /*
  * same_as must be an effect of the tool that an earlier attempt of the run
  * recorded under a derived key -- under any key for a new call id's
- * divergence (occurrence 0), which is found among them all.  The divergence's
+ * divergence (occurrence 0), which is found among them all; or its candidate,
+ * which may have a business key (a call's identity found it).  The divergence's
  * own candidate was one when it was found, also if a recorded call's redo has
  * moved it into a later epoch since.
  */
@@ -72,7 +73,7 @@ check_same_as(const LockedDivergence *locked, const char *same_as)
 
 	if (dl_read_key(same_as, &row) == KEY_ABSENT ||
 		strcmp(row.run, locked->row.run) != 0 || strcmp(row.tool, locked->row.tool) != 0 ||
-		(row.business_key && locked->row.occurrence != 0) ||
+		(row.business_key && locked->row.occurrence != 0 && !candidate) ||
 		(row.lease_epoch >= locked->row.lease_epoch && !candidate))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -261,7 +261,8 @@ extern bool dl_read_run_has_divergences(const char *run);
 extern HeapTuple dl_read_tool_tuple(const char *tool);
 extern HeapTuple dl_read_divergence_tuple(const char *key);
 extern HeapTuple dl_read_unsettled_tuple(const char *key, TimestampTz created_at);
-extern List *dl_read_earlier_effects(const char *run, const char *tool, int64 epoch);
+extern List *dl_read_earlier_effects(const char *run, const char *tool, int64 epoch,
+									  int32 *business_keys);
 extern List *dl_read_run_tool_effects(const char *run, const char *tool);
 extern List *dl_read_run_effect_keys(const char *run);
 extern bool dl_read_run_known(const char *run);
