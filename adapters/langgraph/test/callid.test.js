@@ -10,6 +10,10 @@
 //       (now refused: it has no tool call id), (b) the prebuilt ToolNode with a retryPolicy;
 // and a model node retried after its turn was recorded, whose second answer's calls were
 // performed while a rerun replayed the first answer's (paid twice); the interrupt's key.
+// The extension's call-id guard (1.3): a new tool call id of a later invocation whose call
+// equals an effect an earlier one made pauses as a divergence -- a thread started over whose
+// model names the payment anew ("asked again"), and a later turn's deliberate identical
+// payment (F1), which a person's 'distinct' makes.
 //
 //   DURABLE_LEDGER_DSN=postgresql://postgres@/db node --test test/
 import { test, after } from 'node:test';
@@ -19,7 +23,7 @@ import { z } from 'zod';
 import { tool } from '@langchain/core/tools';
 import { AIMessage } from '@langchain/core/messages';
 import { Annotation, Command, END, MemorySaver, MessagesAnnotation, START, StateGraph } from '@langchain/langgraph';
-import { EffectDidNotHappen, RunStopped } from 'durable-ledger';
+import { DivergencePaused, EffectDidNotHappen, RunStopped } from 'durable-ledger';
 import { idempotencyKey, invokeThread, ledgerInterrupts, ledgerTools, recordedModel } from '../src/index.js';
 import {
   admin, callOf, effectsOf, fakeAnswering, resolveCompleted, scriptedAgent, testLedger, threadConfig, toolLoop,
@@ -33,7 +37,7 @@ after(close);
 const answers = (out, name) => toolMessages(out, name).map((/** @type {any} */ m) => m.content);
 const retry = { maxAttempts: 3, initialInterval: 1, jitter: false, logWarning: false };
 
-test('F1: a resume after an unknown outcome reaches that call\'s own effect, not an identical earlier one; a later turn\'s identical call is a new payment', async () => {
+test('F1: a resume after an unknown outcome reaches that call\'s own effect, not an identical earlier one; a later turn\'s identical call pauses once as a divergence, and a person\'s distinct makes it a new payment', async () => {
   const thread = `lg-f1-${randomUUID()}`;
   /** @type {string[]} */
   const bank = [];
@@ -69,10 +73,28 @@ test('F1: a resume after an unknown outcome reaches that call\'s own effect, not
     'the model is told what the person found, not the first instalment\'s result');
   assert.equal(bank.length, 2);
 
-  // a new user turn: pay once more -- a new call, a new payment (not the first one replayed)
-  const more = await invokeThread(ledger, graph, say('pay INV-9 100 once more'), config);
+  // a new user turn: pay once more -- the first instalment's call (its tool, its arguments)
+  // under a new id, in a later attempt: it may be that payment named anew (a model asked again
+  // after its answer was lost), so it pauses once as a divergence, nothing paid
+  const diverged = await invokeThread(ledger, graph, say('pay INV-9 100 once more'), config).then(() => null, (e) => e);
+  assert.ok(diverged instanceof DivergencePaused, String(diverged));
+  assert.equal(bank.length, 2, 'nothing paid while a person decides');
+  const [pause] = ledgerInterrupts(await graph.getState(config));
+  assert.equal(pause.kind, 'paused');
+  assert.equal(pause.key, diverged.key);
+  assert.match(pause.forPerson, /resolve_divergence/);
+  assert.deepEqual((await admin().query(
+    'SELECT key, occurrence, candidate_key, verdict FROM durable_ledger.divergences WHERE run = $1', [thread])).rows,
+  [{ key: diverged.key, occurrence: 0, candidate_key: bank[0].replace(/#1$/, ''), verdict: null }],
+  'the divergence names the first instalment, the effect whose key the bank got first');
+  // the person: the customer did ask for a third payment -- distinct: it is a new payment (not
+  // the first one replayed)
+  await admin().query("SELECT durable_ledger.resolve_divergence($1, 'distinct', 'on-call', 'a third payment was asked for')",
+    [diverged.key]);
+  const more = await invokeThread(ledger, graph, new Command({ resume: 'distinct' }), config);
   assert.equal(JSON.parse(answers(more, 'pay_invoice').at(-1)).paymentId, 'P3');
   assert.equal(bank.length, 3);
+  assert.equal(bank[2], `${diverged.key}#1`, 'paid under its own key');
   assert.deepEqual((await effectsOf(thread)).map((r) => r.status), ['completed', 'completed', 'completed']);
   // the interrupt: the effect's key (resolve_effect's), the key the bank got, and not the tool's error
   assert.equal(stop.downstreamKey, bank[1]);
@@ -111,6 +133,62 @@ test('F1: an unknown outcome a person resolved as not happened reaches the model
   assert.equal(bank[0], `${stop.key}#1`);
   assert.notEqual(bank[1].replace(/#\d+$/, ''), stop.key, 'under its own key: the refused call was not made again');
   assert.match(bank[1], /#1$/);
+});
+
+test('asked again: a thread started over with its checkpoints lost (same thread id), its unrecorded model naming the payment anew (a new tool call id): paused as a divergence, paid once; a person\'s same gives the model the first payment\'s result', async () => {
+  const thread = `lg-askedagain-${randomUUID()}`;
+  /** @type {string[]} */
+  const bank = [];
+  const tools = ledgerTools([tool(async ({ invoice, amount }, config) => {
+    bank.push(idempotencyKey(config));
+    return { paymentId: `P${bank.length}`, invoice, amount };
+  }, { name: 'pay_invoice', description: 'pays', schema: z.object({ invoice: z.string(), amount: z.number() }) })]);
+  // one process's agent: its model not recorded (each time it is asked, its calls have new
+  // ids, as a provider's), its MemorySaver lost with it; `dies` when the process dies as the
+  // model is asked after the payment (the answer lost)
+  const processAgent = (/** @type {boolean} */ dies) => scriptedAgent(tools, (ms) => {
+    if (ms.at(-1).getType() === 'human') {
+      return new AIMessage({ content: '', tool_calls: [callOf('pay_invoice', { invoice: 'INV-9', amount: 100 })] });
+    }
+    if (dies) throw new Error('the worker died');
+    return new AIMessage(`paid: ${JSON.parse(ms.at(-1).content).paymentId}`);
+  }).graph;
+  const config = threadConfig(thread);
+  const died = await invokeThread(ledger, processAgent(true), say('pay INV-9 100'), config).then(() => null, (e) => e);
+  assert.match(String(died?.message), /the worker died/);
+  assert.equal(bank.length, 1, 'paid');
+  const [paid] = await effectsOf(thread);
+  assert.equal(bank[0], `${paid.key}#1`);
+
+  // the app starts the thread over from its input: the model, asked again, names the call anew
+  const graph = processAgent(false);
+  const err = await invokeThread(ledger, graph, say('pay INV-9 100'), config).then(() => null, (e) => e);
+  assert.ok(err instanceof DivergencePaused, String(err));
+  assert.equal(bank.length, 1, 'not paid again');
+  const [stop] = ledgerInterrupts(await graph.getState(config));
+  assert.equal(stop.kind, 'paused');
+  assert.equal(stop.key, err.key);
+  assert.notEqual(stop.key, paid.key, 'the call is the model\'s new one');
+  assert.match(stop.forPerson, /resolve_divergence/);
+  assert.deepEqual((await admin().query(
+    'SELECT key, tool, occurrence, candidate_key, verdict FROM durable_ledger.divergences WHERE run = $1', [thread])).rows,
+  [{ key: stop.key, tool: 'pay_invoice', occurrence: 0, candidate_key: paid.key, verdict: null }],
+  'a call id\'s divergence (occurrence 0) that names the payment made');
+  // resumed before anyone decided: it interrupts again, nothing paid
+  const early = await invokeThread(ledger, graph, new Command({ resume: 'early' }), config).then(() => null, (e) => e);
+  assert.ok(early instanceof DivergencePaused, String(early));
+  assert.equal(bank.length, 1);
+
+  // the person checks the bank: one payment -- the same; the model is given its result
+  const { rows: [verdict] } = await admin().query(
+    "SELECT verdict, same_as FROM durable_ledger.resolve_divergence($1, 'same', 'on-call', 'the bank has one payment')",
+    [stop.key]);
+  assert.deepEqual(verdict, { verdict: 'same', same_as: paid.key });
+  const out = await invokeThread(ledger, graph, new Command({ resume: 'same' }), config);
+  assert.deepEqual(answers(out, 'pay_invoice').map((c) => JSON.parse(c)), [{ paymentId: 'P1', invoice: 'INV-9', amount: 100 }]);
+  assert.equal(out.messages.at(-1).content, 'paid: P1');
+  assert.equal(bank.length, 1, 'paid once');
+  assert.deepEqual(ledgerInterrupts(out), []);
 });
 
 test('F4: a second user turn paying another invoice is performed, not paused as a divergence', async () => {
