@@ -60,6 +60,7 @@ from .aio import (AsyncLedger, AsyncPerform, AsyncTokenLease, AsyncTool, AsyncTo
                   AsyncToolFunction)
 from .ledger import Ledger, Perform, TokenLease, Tool, ToolFunction, side_effect
 from .outcomes import AsyncReconcile, Finding, Happened, NotHappened, Reconcile
+from ._protocol import CallKey, call_key
 
 __version__ = "1.3.0"
 
@@ -67,6 +68,8 @@ __version__ = "1.3.0"
 # (test/apps/032 type-checks a user module that imports every name).
 __all__ = [
     "Ledger",
+    "call_key",
+    "CallKey",
     "TokenLease",
     "AsyncLedger",
     "AsyncTokenLease",

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import hashlib
+import json
 import logging
 import re
 import threading
@@ -463,6 +465,39 @@ def check_model(model: Optional[str]) -> None:
                         "attempt")
 
 
+class CallKey(str):
+    """A business key that is a framework's id of one tool call (`call_key`): begun with
+    ``call_id => true`` (extension 1.3), so that a new id of a later attempt whose call
+    equals an earlier attempt's effect pauses as a divergence."""
+
+    __slots__ = ()
+
+
+def call_key(run: str, tool: str, call_id: str) -> CallKey:
+    """The business key of a tool call a framework names by its own id (``guarded``'s
+    ``call_id``): the run, the tool and the id as a JSON array after ``call:``, or its
+    SHA-256 past 200 characters (room for the provider's ``#attempt``) -- the JavaScript
+    client's ``callKey``, character for character."""
+    if not isinstance(call_id, str) or not call_id:
+        raise TypeError("call_id must be a non-empty str")
+    triple = json.dumps([run, tool, call_id], ensure_ascii=False, separators=(",", ":"))
+    key = f"call:{triple}"
+    # counted as JavaScript counts a string's length (UTF-16 units), as callKey does
+    if len(key.encode("utf-16-le")) // 2 <= 200:
+        return CallKey(key)
+    return CallKey("call:sha256:" + hashlib.sha256(triple.encode("utf-8")).hexdigest())
+
+
+def key_of_call(run: str, tool: str, business_key: Optional[str],
+                call_id: Optional[str]) -> Optional[str]:
+    """``guarded``'s key: its business key, or the key of its call id (`call_key`)."""
+    if call_id is None:
+        return business_key
+    if business_key is not None:
+        raise TypeError("a call has a business_key or a call_id, not both")
+    return call_key(run, tool, call_id)
+
+
 def begin_statement(run: str, tool: str, args: Any, business_key: Optional[str], meta: Any,
                     token: Optional[str] = None, *, recorded: bool = False,
                     hold: Optional[SessionHold] = None,
@@ -484,6 +519,9 @@ def begin_statement(run: str, tool: str, args: Any, business_key: Optional[str],
     if token is not None:
         params += (token,)
     placeholders = ", ".join(["%s"] * len(params))
+    if isinstance(business_key, CallKey) and function == "begin_effect":
+        # named, and only for a call id: any other call is the statement it was before 1.3
+        placeholders += ", call_id => true"
     call = f"durable_ledger.{function}({placeholders})"
     if hold is None:
         return f"SELECT * FROM {call}", params

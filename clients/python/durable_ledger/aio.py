@@ -321,23 +321,24 @@ class AsyncLedger(p.LedgerCore):
     async def guarded(self, run: str, tool: str, args: Any,
                       perform: Callable[[str], Awaitable[R]], *,
                       business_key: Optional[str] = None, meta: Any = None,
-                      reconcile: Optional[AsyncReconcile] = None) -> R: ...
+                      reconcile: Optional[AsyncReconcile] = None, call_id: Optional[str] = None) -> R: ...
 
     @overload
     async def guarded(self, run: str, tool: str, args: Any, perform: Callable[[str], J], *,
                       business_key: Optional[str] = None, meta: Any = None,
-                      reconcile: Optional[AsyncReconcile] = None) -> J: ...
+                      reconcile: Optional[AsyncReconcile] = None, call_id: Optional[str] = None) -> J: ...
 
     async def guarded(self, run: str, tool: str, args: Any, perform: AsyncPerform, *,
                       business_key: Optional[str] = None, meta: Any = None,
-                      reconcile: Optional[AsyncReconcile] = None) -> Any:
+                      reconcile: Optional[AsyncReconcile] = None, call_id: Optional[str] = None) -> Any:
         """Perform one side effect at most once per logical action; return its result.
 
         `Ledger.guarded`, awaited: ``perform(key)`` and ``reconcile(downstream_key, args)``
         may return an awaitable (typed: the result is what ``perform`` returns, or what its
         awaitable gives)."""
-        return await self._call(run, tool, args, perform, business_key, meta, recorded=False,
-                                reconcile=reconcile)
+        return await self._call(run, tool, args, perform,
+                                p.key_of_call(run, tool, business_key, call_id), meta,
+                                recorded=False, reconcile=reconcile)
 
     @overload
     async def record(self, run: str, tool: str, args: Any, call: Callable[[], Awaitable[R]], *,

@@ -228,6 +228,7 @@ class Ledger(p.LedgerCore):
         business_key: Optional[str] = None,
         meta: Any = None,
         reconcile: Optional[Reconcile] = None,
+        call_id: Optional[str] = None,
     ) -> R:
         """Perform one side effect at most once per logical action; return its result.
 
@@ -241,7 +242,11 @@ class Ledger(p.LedgerCore):
         to a key (a cached decline) sees a business key's next attempt as a new request.
         ``business_key`` names an operation that is one thing across all runs (an invoice
         number); ``meta`` is free JSON stored with the intent (model, prompt version,
-        trace id).
+        trace id).  ``call_id``, instead of a business key, is a framework's own id of the
+        tool call, kept across its resumes: the key is ``call_key(run, tool, call_id)``,
+        and a new id in a later attempt whose call equals an effect an earlier attempt of
+        the run recorded raises `DivergencePaused` (the model may have named that call
+        anew after its answer was lost; extension 1.3).
 
         What happens, by the ledger's decision:
 
@@ -314,7 +319,8 @@ class Ledger(p.LedgerCore):
         did not start -- an in-process retry of the run on the same connection -- would
         count the retried calls as new occurrences and perform them again.)
         """
-        return cast(R, self._call(run, tool, args, perform, business_key, meta,
+        key = p.key_of_call(run, tool, business_key, call_id)
+        return cast(R, self._call(run, tool, args, perform, key, meta,
                                   recorded=False, reconcile=reconcile))
 
     def record(self, run: str, tool: str, args: Any, call: Callable[[], R], *,

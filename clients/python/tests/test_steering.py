@@ -13,6 +13,7 @@ database's, stays out of the other tests' way.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import unittest
@@ -22,13 +23,15 @@ from typing import Any, Dict, List, Optional
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # clients/python, if PYTHONPATH lacks it
 
 from durable_ledger import (  # noqa: E402
+    AsyncLedger,
     AwaitingApproval,
+    CallKey,
     BudgetExhausted,
     DivergencePaused,
     EffectDidNotHappen,
@@ -40,6 +43,7 @@ from durable_ledger import (  # noqa: E402
     PermissionDenied,
     RunAbandoned,
     ToolRefused,
+    call_key,
 )
 
 from target import ADMIN_DSN, DSN  # noqa: E402  (where the connections go)
@@ -326,6 +330,68 @@ class SteeringTest(unittest.TestCase):
             pay(self.run_id, {"invoice": 1, "memo": "b"})
         self.assertEqual([c["args"]["memo"] for c in bank.calls], ["a", "b"])
         self.assertEqual(bank.calls[1]["key"], caught.exception.key)
+
+    # -------------------------------------------------------------- call ids
+
+    def test_call_key_is_the_javascript_clients(self) -> None:
+        self.assertEqual(call_key("r/1", "pay", "c"), 'call:["r/1","pay","c"]')
+        self.assertEqual(call_key("r", "pay", "é\u2028"), 'call:["r","pay","é\u2028"]')
+        self.assertNotEqual(call_key("r", "1/pay", "c"), call_key("r/1", "pay", "c"))
+        long_key = call_key("r" * 190, "pay", "c")
+        self.assertRegex(long_key, r"^call:sha256:[0-9a-f]{64}$")
+        self.assertIsInstance(long_key, CallKey)
+        with self.assertRaises(TypeError):
+            call_key("r", "pay", "")
+
+    def test_a_call_named_anew_in_a_later_attempt_pauses_then_same_replays(self) -> None:
+        pay_tool = self.tool_name("t.pay")
+        ledger = Ledger(self.pool())
+        paid: List[str] = []
+
+        def pay(call_id: str, invoice: int) -> Any:
+            return ledger.guarded(self.run_id, pay_tool, {"invoice": invoice},
+                                  lambda key: paid.append(call_id) or {"paid": call_id},
+                                  call_id=call_id)
+
+        with self.assertRaises(TypeError):
+            ledger.guarded(self.run_id, pay_tool, {}, lambda key: None,
+                           business_key="INV-1", call_id="c")
+        with ledger.token_attempt(self.run_id, ttl=60):
+            self.assertEqual(pay("call-a", 7), {"paid": "call-a"})
+            self.assertEqual(pay("call-b", 7), {"paid": "call-b"})  # one attempt: a repeat
+        with ledger.token_attempt(self.run_id, ttl=60):
+            self.assertEqual(pay("call-a", 7), {"paid": "call-a"})  # replayed
+            with self.assertRaises(DivergencePaused) as caught:
+                pay("call-z", 7)  # the model named it anew
+        self.assertEqual(caught.exception.key, call_key(self.run_id, pay_tool, "call-z"))
+        self.assertIn("new call id", caught.exception.reason)
+        self.assertEqual(paid, ["call-a", "call-b"])
+        self.admin.execute("SELECT durable_ledger.resolve_divergence(%s, 'same', 'test')",
+                           (caught.exception.key,))
+        with ledger.token_attempt(self.run_id, ttl=60):
+            self.assertEqual(pay("call-z", 7), {"paid": "call-a"})
+        self.assertEqual(paid, ["call-a", "call-b"])
+
+    async def _async_named_anew(self) -> None:
+        pay_tool = self.tool_name("t.pay")
+        async with AsyncConnectionPool(DSN, open=False) as pool:
+            ledger = AsyncLedger(pool)
+            paid: List[str] = []
+
+            async def pay(call_id: str) -> Any:
+                return await ledger.guarded(self.run_id, pay_tool, {"invoice": 8},
+                                            lambda key: paid.append(call_id) or {"paid": call_id},
+                                            call_id=call_id)
+
+            async with ledger.token_attempt(self.run_id, ttl=60):
+                await pay("call-a")
+            async with ledger.token_attempt(self.run_id, ttl=60):
+                with self.assertRaises(DivergencePaused):
+                    await pay("call-z")
+            self.assertEqual(paid, ["call-a"])
+
+    def test_async_a_call_named_anew_in_a_later_attempt_pauses(self) -> None:
+        asyncio.run(self._async_named_anew())
 
     # -------------------------------------------------------------- abandon
 
