@@ -531,7 +531,7 @@ class ProxyTest(unittest.TestCase):
 
     def test_the_calls_on_one_shard_are_granted_as_the_ledger_grants_them(self) -> None:
         for role, call in (("reader", "durable_ledger_proxy.resolve_effect_on(0, '', 'k', 'failed', NULL, 'x', NULL, NULL)"),
-                           ("reader", "durable_ledger_proxy.begin_effect_held(0, '', 'r', 't', '{}', NULL, NULL)"),
+                           ("reader", "durable_ledger_proxy.begin_effect_held(0, '', 'r', 't', '{}', NULL, NULL, false)"),
                            ("approver", "durable_ledger_proxy.register_tool_on(0, '', 't', 'x', true, NULL, NULL, NULL)"),
                            ("agent", "durable_ledger_proxy.approve_effect_on(0, '', 'k', 'x', NULL)")):
             with self.subTest(role=role, call=call):
