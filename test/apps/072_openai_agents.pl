@@ -7,7 +7,9 @@
 #     own approval (test/approval.test.js), which call is which -- the SDK's call id
 #     for a resumed state's approved call, the occurrence elsewhere (a recorded turn's
 #     id only with keyBy 'recorded-call-id'): an approved second payment of one invoice
-#     made, a tool used before the interruption no divergence, a crash-rerun whose model
+#     paused once as a divergence (a call id named anew) and made on a person's
+#     'distinct', an alwaysApprove run started over after a lost answer paused and
+#     replayed, a tool used before the interruption no divergence, a crash-rerun whose model
 #     gives the call a new id paused and replayed, a crash then a rerun with another date
 #     in the instructions paused by default, a refusal replayed (test/resume.test.js), replays,
 #     parallel calls, reads, stops, streaming (test/adapter.test.js), the README's
