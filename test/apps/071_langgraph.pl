@@ -7,7 +7,9 @@
 #     as a Deep Agent (and in a `task` subagent), a MemorySaver lost with its
 #     process; parallel calls, reads, refused tools, abandoned runs; the README's
 #     example; which call is which (each keyed by its tool call's id): a resume
-#     after an unknown outcome, a later turn's calls and reads, a ToolNode and a
+#     after an unknown outcome, a later turn's calls and reads (an identical payment
+#     paused once as a divergence, made on a person's 'distinct'), a thread started
+#     over whose model names a paid call anew (paused, 'same' replays), a ToolNode and a
 #     model node retried by their retry policies, a node's call without a tool
 #     call refused; the re-review (review33c): invokeThread's durability 'sync'
 #     (others refused) and a worker killed mid-payment with its checkpoint store
