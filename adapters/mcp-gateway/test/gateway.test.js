@@ -346,20 +346,43 @@ test('parallel calls of one step in one session share its attempt; a session wit
   });
 });
 
-test('a client that continues its run names each call by its own id (_meta["durable-ledger/call-id"]): a repeat of the same payment in a later session is performed, a call made again replays its own answer', async () => {
+test('a client that continues its run names each call by its own id (_meta["durable-ledger/call-id"]): a repeat of the same payment in a later session pauses once for a person, who says it is another payment; a call made again replays its own answer', async () => {
   await withGateway(testConfig({ effects: effects.url }), async (gw) => {
     const run = newRun('call-id');
     const invoice = `INV-${run}`;
     const pays = () => made('pay', (c) => c.body.invoice === invoice).length;
+    const keyOf = (id) => `call:${JSON.stringify([run, 'bank.pay_invoice', id])}`;
     const first = await connect(gw.url);
     const one = await call(first, 'pay_invoice', { invoice, amount: 10 }, run, { 'durable-ledger/call-id': 'toolu_1' });
     assert.equal(one._meta['durable-ledger/replayed'], false, text(one));
     await first.close();
 
     // a later session continues the run (it does not make toolu_1 again): the model pays the
-    // same invoice a second time, on purpose -- a new call, performed; keyed by occurrence it
-    // would have been the run's first identical call, and replayed
-    const later = await connect(gw.url);
+    // same invoice a second time, under a new id -- on purpose, or because it was asked again
+    // after a lost answer: the gateway cannot tell, so the call pauses as a divergence, nothing
+    // sent upstream, and the tool error says what a person must do
+    let later = await connect(gw.url);
+    const paused = await call(later, 'pay_invoice', { invoice, amount: 10 }, run, { 'durable-ledger/call-id': 'toolu_2' });
+    assert.equal(paused.isError, true, text(paused));
+    assert.equal(paused._meta['durable-ledger/replayed'], undefined, 'neither performed nor replayed');
+    assert.equal(paused._meta['durable-ledger/run'], run);
+    const stop = paused._meta['durable-ledger/stop'];
+    assert.equal(stop.kind, 'paused');
+    assert.equal(stop.key, keyOf('toolu_2'));
+    assert.match(text(paused), /the ledger paused it because it may repeat an earlier call, worded differently or named anew/);
+    assert.match(text(paused), /Do not call this tool again/);
+    assert.ok(text(paused).includes(`What a person must do: a person decides whether effect ${keyOf('toolu_2')} ` +
+      'repeats an earlier one (durable_ledger.resolve_divergence)'), text(paused));
+    assert.equal(pays(), 1, 'not sent upstream');
+    assert.deepEqual(await sql(`SELECT occurrence, candidate_key, verdict FROM durable_ledger.divergences
+      WHERE run = $1 AND key = $2`, [run, keyOf('toolu_2')]),
+    [{ occurrence: 0, candidate_key: keyOf('toolu_1'), verdict: null }], 'the divergence names the earlier payment');
+    assert.deepEqual((await effectsOf(run)).map((e) => e.key), [keyOf('toolu_1')], 'nothing recorded for toolu_2');
+    await later.close();
+
+    // a person says it is another payment: the next session's toolu_2 is performed, once
+    await sql("SELECT durable_ledger.resolve_divergence($1, 'distinct', 'maria')", [keyOf('toolu_2')]);
+    later = await connect(gw.url);
     const two = await call(later, 'pay_invoice', { invoice, amount: 10 }, run, { 'durable-ledger/call-id': 'toolu_2' });
     assert.equal(two._meta['durable-ledger/replayed'], false, text(two));
     assert.equal(pays(), 2);
@@ -372,15 +395,81 @@ test('a client that continues its run names each call by its own id (_meta["dura
     assert.deepEqual(twoAgain.content, two.content);
     assert.equal(pays(), 2, 'nothing sent upstream again');
     const keys = (await effectsOf(run)).map((e) => e.key).sort();
-    assert.deepEqual(keys, [`call:${JSON.stringify([run, 'bank.pay_invoice', 'toolu_1'])}`,
-      `call:${JSON.stringify([run, 'bank.pay_invoice', 'toolu_2'])}`].sort(), 'keyed by the calls\' ids');
+    assert.deepEqual(keys, [keyOf('toolu_1'), keyOf('toolu_2')].sort(), 'keyed by the calls\' ids');
 
     // a call id that is not one is refused, nothing sent
     await assert.rejects(call(later, 'pay_invoice', { invoice, amount: 10 }, run, { 'durable-ledger/call-id': 7 }),
       /durable-ledger\/call-id.*must be the call's own id/);
     assert.equal(pays(), 2);
     await later.close();
+
+    // in a later session yet, a third id pauses too; a person who says 'same' gives it the
+    // earlier payment's answer, nothing sent upstream
+    later = await connect(gw.url);
+    const third = await call(later, 'pay_invoice', { invoice, amount: 10 }, run, { 'durable-ledger/call-id': 'toolu_3' });
+    assert.equal(third._meta['durable-ledger/stop'].kind, 'paused', text(third));
+    await later.close();
+    const [{ candidate_key: earlier }] = await sql('SELECT candidate_key FROM durable_ledger.divergences WHERE key = $1',
+      [keyOf('toolu_3')]);
+    assert.ok([keyOf('toolu_1'), keyOf('toolu_2')].includes(earlier), earlier);
+    await sql("SELECT durable_ledger.resolve_divergence($1, 'same', 'maria')", [keyOf('toolu_3')]);
+    later = await connect(gw.url);
+    const replayed = await call(later, 'pay_invoice', { invoice, amount: 10 }, run, { 'durable-ledger/call-id': 'toolu_3' });
+    assert.equal(replayed._meta['durable-ledger/replayed'], true, text(replayed));
+    assert.deepEqual(replayed.content, (earlier === keyOf('toolu_1') ? one : two).content, 'the earlier payment\'s answer');
+    assert.equal(pays(), 2, 'paid twice: the two a person said were two');
+    await later.close();
   });
+});
+
+test('asked again: a client crashed after the upstream was paid; reconnected, its model names the payment anew (a new call id, the same arguments) -- paused, not paid again; a person\'s \'same\' gives it the first payment\'s answer', async () => {
+  const gate = await startGate();
+  const gw = await startGateway(testConfig({ effects: effects.url, gate: gate.url, gateOps: ['pay'] }));
+  try {
+    const run = newRun('asked-again');
+    const invoice = `INV-${run}`;
+    const pays = () => made('pay', (c) => c.body.invoice === invoice).length;
+    const keyOf = (id) => `call:${JSON.stringify([run, 'bank.pay_invoice', id])}`;
+    const args = { invoice, amount: 4200 };
+    const client = spawnWorker(CLIENT, [gw.url, run,
+      JSON.stringify([{ name: 'pay_invoice', arguments: args, meta: { 'durable-ledger/call-id': 'call_A' } }])]);
+    await gate.arrived('pay'); // the bank paid; its answer waits
+    client.kill();
+    assert.equal((await client.exit).signal, 'SIGKILL');
+    assert.doesNotMatch((await client.exit).stdout, /result pay_invoice/, 'the client never saw the answer');
+    gate.open('pay'); // the gateway records the payment for nobody
+    const [paid] = await waitFor('SELECT key, status::text AS status, result FROM durable_ledger.effects WHERE run = $1',
+      [run], (rows) => rows[0]?.status === 'completed');
+    assert.equal(paid.key, keyOf('call_A'));
+    assert.equal(pays(), 1);
+
+    // the host starts the turn over: its model, asked again, names the payment anew
+    let again = await connect(gw.url);
+    const paused = await call(again, 'pay_invoice', args, run, { 'durable-ledger/call-id': 'call_B' });
+    assert.equal(paused.isError, true, text(paused));
+    assert.equal(paused._meta['durable-ledger/stop'].kind, 'paused');
+    assert.equal(paused._meta['durable-ledger/stop'].key, keyOf('call_B'));
+    assert.match(text(paused), /may repeat an earlier call, worded differently or named anew/);
+    assert.match(text(paused), /\(durable_ledger\.resolve_divergence\)/);
+    assert.equal(pays(), 1, 'the upstream is not paid again');
+    assert.deepEqual(await sql(`SELECT lease_epoch, occurrence, candidate_key, verdict FROM durable_ledger.divergences
+      WHERE run = $1`, [run]), [{ lease_epoch: '2', occurrence: 0, candidate_key: keyOf('call_A'), verdict: null }],
+    'a new call id in the second attempt, judged against the first attempt\'s payment');
+    await again.close();
+
+    await sql("SELECT durable_ledger.resolve_divergence($1, 'same', 'maria')", [keyOf('call_B')]);
+    again = await connect(gw.url);
+    const replayed = await call(again, 'pay_invoice', args, run, { 'durable-ledger/call-id': 'call_B' });
+    assert.equal(replayed.isError, undefined, text(replayed));
+    assert.equal(replayed._meta['durable-ledger/replayed'], true);
+    assert.match(text(replayed), new RegExp(`paid ${invoice}: pay-`));
+    assert.deepEqual(replayed.content, paid.result.content, 'the first payment\'s answer');
+    assert.equal(pays(), 1, 'paid once');
+    await again.close();
+  } finally {
+    await gw.close();
+    await gate.close();
+  }
 });
 
 test('an upstream over Streamable HTTP: a side-effecting call made once with the key in its _meta and replayed in a new session; a read-only one straight through', async () => {

@@ -1,9 +1,10 @@
 // An MCP client in a process of its own (the tests SIGKILL it in the middle of a call):
 // connects to the gateway at URL -- or starts one over stdio, "stdio:CONFIG" (the gateway's
 // bin with --config CONFIG, as an agent host starts an MCP server) --, makes the calls of one
-// step at once in RUN, and prints each result as a line "result NAME JSON".
+// step at once in RUN, and prints each result as a line "result NAME JSON".  A call's "meta"
+// is more of its _meta (its own id: {"durable-ledger/call-id": "call_1"}).
 //
-//   node client.js URL RUN '[{"name": "pay_invoice", "arguments": {...}}, ...]'
+//   node client.js URL RUN '[{"name": "pay_invoice", "arguments": {...}, "meta"?: {...}}, ...]'
 import { fileURLToPath } from 'node:url';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
@@ -17,7 +18,7 @@ await client.connect(url.startsWith('stdio:')
   : new StreamableHTTPClientTransport(new URL(url)));
 console.log('connected');
 await Promise.all(JSON.parse(calls).map(async (c) => {
-  const result = await client.callTool({ name: c.name, arguments: c.arguments, _meta: { 'durable-ledger/run': run } });
+  const result = await client.callTool({ name: c.name, arguments: c.arguments, _meta: { 'durable-ledger/run': run, ...(c.meta ?? {}) } });
   console.log(`result ${c.name} ${JSON.stringify(result)}`);
 }));
 await client.close();
