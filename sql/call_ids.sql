@@ -38,9 +38,15 @@ SELECT tool FROM durable_ledger.register_tool('ci.transfer', 'maria', key_fields
 SELECT durable_ledger.acquire_run('ci-0');
 SELECT durable_ledger.begin_effect('ci-0', 'ci.pay', '{"invoice": 1}', call_id => true);
 SELECT count(*) AS effects FROM durable_ledger.effects WHERE run = 'ci-0';
--- false, or NULL, is a business key as ever
+-- false is a business key as ever; NULL is refused
 SELECT decision FROM durable_ledger.begin_effect('ci-0', 'ci.pay', '{"invoice": 1}',
-                                                  business_key => 'ci-0/op', call_id => NULL);
+                                                  business_key => 'ci-0/op', call_id => false);
+SELECT durable_ledger.begin_effect('ci-0', 'ci.pay', '{"invoice": 1}', 'ci-0/op2', call_id => NULL);
+-- a call id's key begins with "call:", and only a call id's does (the shape is
+-- reserved, as derived keys' is): so that an effect under a call id is known as one
+SELECT durable_ledger.begin_effect('ci-0', 'ci.pay', '{"invoice": 1}', 'toolu_01', call_id => true);
+SELECT durable_ledger.begin_effect('ci-0', 'ci.pay', '{"invoice": 1}', 'call:["ci-0","ci.pay","x"]');
+SELECT count(*) AS effects FROM durable_ledger.effects WHERE run = 'ci-0';
 
 -- ===================================================================
 -- the first attempt: a repeat under a new id is a repeat (as an occurrence)
@@ -181,14 +187,16 @@ SELECT count(*) - :audit_rows AS audit_rows_written FROM durable_ledger.audit_lo
 SELECT verdict FROM durable_ledger.resolve_divergence('call:ci-12/z', 'distinct', 'maria');
 SELECT decision FROM durable_ledger.begin_effect('ci-12', 'ci.pay', '{"invoice": 12, "cents": 990000}',
                                                   'call:ci-12/z', call_id => true);
--- whichever way the key is called: without call_id, the divergence decides it
+-- a call id's key is never begun as an operation's (its shape is reserved):
+-- without call_id it is refused, and the divergence waits
 SELECT durable_ledger.acquire_run('ci-14');
 SELECT regress_cid_call('ci-14', 'ci.pay', '{"invoice": 14}', 'a', '{"paid": "fourteen"}');
 SELECT durable_ledger.acquire_run('ci-14');
 SELECT regress_cid_call('ci-14', 'ci.pay', '{"invoice": 14}', 'z');
 SELECT decision, status FROM durable_ledger.begin_effect('ci-14', 'ci.pay', '{"invoice": 14}', 'call:ci-14/z');
 SELECT verdict FROM durable_ledger.resolve_divergence('call:ci-14/z', 'same', 'maria');
-SELECT decision, key, result FROM durable_ledger.begin_effect('ci-14', 'ci.pay', '{"invoice": 14}', 'call:ci-14/z');
+SELECT decision, key, result FROM durable_ledger.begin_effect('ci-14', 'ci.pay', '{"invoice": 14}', 'call:ci-14/z',
+                                                               call_id => true);
 
 -- ===================================================================
 -- a failure a report contradicted (flagged) may have happened: not passed over
@@ -259,8 +267,35 @@ SELECT verdict FROM durable_ledger.resolve_divergence('call:ci-19/z', 'same', 'm
 SELECT decision, left(reason, 60) AS reason
   FROM durable_ledger.begin_effect('ci-19', 'ci.refund', '{"amount": 500, "memo": "y"}', 'call:ci-19/z', call_id => true);
 
+-- ===================================================================
+-- an occurrence key is compared with the earlier attempts' call ids only:
+-- an operation's business key with the same identity is another thing
+-- ===================================================================
+SELECT durable_ledger.acquire_run('ci-20');
+SELECT decision FROM durable_ledger.begin_effect('ci-20', 'ci.transfer', '{"to": "u1", "cents": 1, "memo": "welcome"}',
+                                                  'welcome-u1');
+SELECT durable_ledger.acquire_run('ci-20');
+SELECT decision FROM durable_ledger.begin_effect('ci-20', 'ci.transfer', '{"to": "u1", "cents": 1, "memo": "done"}');
+-- the effect a drifted occurrence key has the arguments of is the one named,
+-- whatever else of the tool is due: a person's "distinct" is about that one
+SELECT durable_ledger.acquire_run('ci-21');
+SELECT regress_cid_call('ci-21', 'ci.pay', '{"invoice": 7}', 'a', '{"paid": "seven"}');
+SELECT decision FROM durable_ledger.begin_effect('ci-21', 'ci.pay', '{"invoice": 1}') d,
+                     durable_ledger.complete_effect(d.key, '{"paid": "one"}', d.attempt) c;
+SELECT durable_ledger.acquire_run('ci-21');
+SELECT decision FROM durable_ledger.begin_effect('ci-21', 'ci.pay', '{"invoice": 7}');
+SELECT candidate_key FROM durable_ledger.divergences WHERE run = 'ci-21';
+
+-- ===================================================================
+-- a run with effects under call ids is not forked: their keys name the run,
+-- and the new run would perform those calls again
+-- ===================================================================
+SELECT durable_ledger.fork_run('ci-21', 'ci-21-fork', durable_ledger.effect_key('ci-21', 'ci.pay', '{"invoice": 1}', 1), 'maria');
+SELECT count(*) AS forked FROM durable_ledger.effects WHERE run = 'ci-21-fork';
+
 SELECT count(*) FILTER (WHERE durable_ledger.release_run(r)) AS released
   FROM unnest(ARRAY['ci-0', 'ci-1', 'ci-2', 'ci-3', 'ci-4', 'ci-5', 'ci-6', 'ci-7', 'ci-8', 'ci-9',
-                    'ci-10', 'ci-12', 'ci-13', 'ci-14', 'ci-15', 'ci-16', 'ci-17', 'ci-18', 'ci-19']) r;
+                    'ci-10', 'ci-12', 'ci-13', 'ci-14', 'ci-15', 'ci-16', 'ci-17', 'ci-18', 'ci-19',
+                    'ci-20', 'ci-21']) r;
 DROP ROLE regress_ci_alice;
 DROP FUNCTION regress_cid_call(text, text, jsonb, text, jsonb, boolean);

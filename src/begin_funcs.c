@@ -58,17 +58,23 @@ parse_request(FunctionCallInfo fcinfo, const BeginArgs *kind, BeginRequest *requ
 	request->recorded = kind->recorded;
 	request->local = kind->local;
 	dl_check_run_and_tool(request->run, request->tool);
+	if (kind->call_id >= 0 && PG_NARGS() > kind->call_id)
+	{
+		if (PG_ARGISNULL(kind->call_id))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("call_id must not be null")));
+		request->call_id = PG_GETARG_BOOL(kind->call_id);
+	}
 	if (kind->business_key >= 0 && !PG_ARGISNULL(kind->business_key))
 	{
 		char	   *business_key = dl_required_text_arg(fcinfo, kind->business_key,
 														"business_key",
 														DL_MAX_BUSINESS_KEY_CHARS);
 
-		dl_check_business_key(business_key);
+		dl_check_business_key(business_key, request->call_id);
 		request->business_key = business_key;
 	}
-	if (kind->call_id >= 0 && PG_NARGS() > kind->call_id && !PG_ARGISNULL(kind->call_id))
-		request->call_id = PG_GETARG_BOOL(kind->call_id);
 	if (request->call_id && request->business_key == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -76,6 +76,8 @@
 /* a window's limit: the times of that many latest executions are kept per run */
 #define DL_MAX_IN_WINDOW 10000
 #define DL_MAX_BUSINESS_KEY_CHARS 255
+/* how the key of a call id begins (begin_effect's call_id): reserved for them */
+#define DL_CALL_KEY_PREFIX "call:"
 
 /*
  * ... and the bytes of a run and a tool together: an effect is indexed by
@@ -172,7 +174,8 @@ extern Jsonb *dl_identity_args(const char *tool, Jsonb *args, int nfields,
 							   char *const *fields, bool *complete);
 
 /* keys.c */
-extern void dl_check_business_key(const char *business_key);
+extern void dl_check_business_key(const char *business_key, bool call_id);
+extern bool dl_is_call_key(const char *key);
 extern void dl_derive_key(const char *run, const char *tool,
 						  const char *canon, int canon_len,
 						  int32 occurrence, char *hex_out);

@@ -69,7 +69,7 @@
 	"this attempt's call of tool \"%s\" has a new call id, and an earlier attempt of the run recorded effect \"%s\" of the tool with the same arguments: the call may be that effect again, named anew (a model asked again after its answer was lost); a person must decide with durable_ledger.resolve_divergence() whether it is the same (its outcome is replayed) or distinct (it is executed)"
 
 #define REASON_PAUSE_SAME_ARGS \
-	"this attempt's call of tool \"%s\" has the arguments of effect \"%s\", which an earlier attempt of the run recorded under a business key (a call id): the call may be that effect again, keyed by its occurrence this time; a person must decide with durable_ledger.resolve_divergence() whether it is the same (its outcome is replayed) or distinct (it is executed)"
+	"this attempt's call of tool \"%s\" has the arguments of effect \"%s\", which an earlier attempt of the run recorded under a call id: the call may be that effect again, keyed by its occurrence this time; a person must decide with durable_ledger.resolve_divergence() whether it is the same (its outcome is replayed) or distinct (it is executed)"
 
 #define REASON_MODEL_CHANGED \
 	"the model changed in this attempt, from \"%s\" to \"%s\" (model_changed): the drift may be the new model's"

@@ -45,6 +45,10 @@
  * under any key, with the same identity (its key fields, or all of args)
  * that did not fail: it may be that effect, named anew.  Judged under the
  * same policy, recorded and resolved the same way (its occurrence is 0).
+ * The other way round, a new derived key whose identity equals an earlier
+ * attempt's effect under a call id (a framework that gave no id this time)
+ * diverges too, that effect named.  Call ids' keys have a shape of their own
+ * ("call:", reserved: keys.c), so that their effects are known as such.
  */
 #include "postgres.h"
 
@@ -58,8 +62,8 @@
  * (they begin with a zero byte): the earlier effects replayed, how many
  * earlier effects there are (plus one; 0: not counted yet), and per earlier
  * effect whether it was replayed (the key follows the name); and, counted
- * with them, how many the earlier attempts recorded under business keys
- * (plus one).
+ * with them, how many the earlier attempts recorded under call ids (plus
+ * one).
  */
 static const char REPLAYED[] = "\0replayed";
 static const char EARLIER[] = "\0earlier";
@@ -138,7 +142,7 @@ dl_progress_replayed(ReplayProgress *progress, const char *key)
 
 static int32 earlier_count(ReplayProgress *progress);
 static char *same_call_earlier(const CallLease *lease, const char *tool, const ToolRules *rules,
-							   const char *canon, bool business_keys_only);
+							   const char *canon, bool call_ids_only);
 
 /*
  * The call makes key, an earlier effect of the tool whose attempt was lost,
@@ -166,14 +170,14 @@ dl_progress_redone(ReplayProgress *progress, const char *key)
 static List *
 earlier_effects(ReplayProgress *progress)
 {
-	int32		business_keys;
+	int32		call_ids;
 
 	if (progress->earlier_effects == NIL)
 	{
 		progress->earlier_effects = dl_read_earlier_effects(progress->lease->run, progress->tool,
 															progress->lease->epoch,
-															&business_keys);
-		progress->business_keys = business_keys;
+															&call_ids);
+		progress->call_ids = call_ids;
 	}
 	return progress->earlier_effects;
 }
@@ -194,7 +198,7 @@ earlier_count(ReplayProgress *progress)
 		if (progress->earlier.count == 0)
 		{
 			progress->earlier.count = list_length(earlier_effects(progress)) + 1;
-			progress->keyed.count = progress->business_keys + 1;
+			progress->keyed.count = progress->call_ids + 1;
 			progress->keep_earlier = true;
 		}
 	}
@@ -280,20 +284,13 @@ dl_judge_drift(ReplayProgress *progress, const char *key, const ToolRules *rules
 	}
 	if (!progress->judged || !progress->watched)
 		return;
-	if (earlier_count(progress) > progress->replayed.count)
-	{
-		/* in an honest replay, the earlier effect due next */
-		drift->candidate_key = first_not_replayed(progress);
-		drift->replayed = progress->replayed.count;
-		drift->earlier = progress->earlier.count - 1;
-		drift->kind = progress->policy == DIVERGENCE_WARN ? DRIFT_WARN : DRIFT_NEW;
-		return;
-	}
+	(void) earlier_count(progress);
 
 	/*
-	 * Replay progress counts no business key's effect: an earlier attempt's
-	 * call id (or operation) with this call's identity may be this call,
-	 * keyed by its occurrence now (a framework that gave no id this time).
+	 * Replay progress counts no call id's effect: an earlier attempt's call
+	 * id with this call's identity may be this call, keyed by its occurrence
+	 * now (a framework that gave no id this time).  Named first: it is the
+	 * effect the call has the arguments of, whatever else is due.
 	 */
 	if (progress->keyed.count > 1)
 	{
@@ -303,8 +300,17 @@ dl_judge_drift(ReplayProgress *progress, const char *key, const ToolRules *rules
 		{
 			drift->same_args = true;
 			drift->kind = progress->policy == DIVERGENCE_WARN ? DRIFT_WARN : DRIFT_NEW;
+			return;
 		}
 	}
+	if (progress->earlier.count - 1 <= progress->replayed.count)
+		return;
+
+	/* in an honest replay, the earlier effect due next */
+	drift->candidate_key = first_not_replayed(progress);
+	drift->replayed = progress->replayed.count;
+	drift->earlier = progress->earlier.count - 1;
+	drift->kind = progress->policy == DIVERGENCE_WARN ? DRIFT_WARN : DRIFT_NEW;
 }
 
 /*
@@ -316,7 +322,7 @@ dl_judge_drift(ReplayProgress *progress, const char *key, const ToolRules *rules
  */
 static char *
 same_call_earlier(const CallLease *lease, const char *tool, const ToolRules *rules,
-				  const char *canon, bool business_keys_only)
+				  const char *canon, bool call_ids_only)
 {
 	List	   *effects = dl_read_run_tool_effects(lease->run, tool);
 	EffectRow  *first = NULL;
@@ -331,7 +337,7 @@ same_call_earlier(const CallLease *lease, const char *tool, const ToolRules *rul
 		Jsonb	   *fields;
 
 		if (row->lease_epoch >= lease->epoch || (row->status == EFFECT_FAILED && !row->conflict) ||
-			(business_keys_only && !row->business_key))
+			(call_ids_only && !(row->business_key && dl_is_call_key(row->key))))
 			continue;
 		if (first != NULL && (row->created_at > first->created_at ||
 							  (row->created_at == first->created_at &&
@@ -367,8 +373,7 @@ check_divergence_call(const DivergenceRow *recorded, const char *run, const char
 		ereport(ERROR,
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
 				 errmsg("business key \"%s\" is already used by a different call", recorded->key),
-				 errdetail("Run \"%s\" called it, and the call waits for or had a person's verdict on a divergence.",
-						   recorded->run),
+				 errdetail("Another run called it, and the call waits for or had a person's verdict on a divergence."),
 				 errhint(HINT_CALL_ID_OTHER_CALL)));
 	if (strcmp(recorded->tool, tool) != 0)
 		ereport(ERROR,
@@ -485,7 +490,7 @@ dl_warn_divergence(const ReplayProgress *progress, const Drift *drift)
 			 errdetail("The call has a new call id, and an earlier attempt recorded effect \"%s\" of the tool with the same arguments: the call may duplicate it.",
 					   drift->candidate_key) :
 			 drift->same_args ?
-			 errdetail("An earlier attempt recorded effect \"%s\" of the tool with the same arguments under a business key (a call id): the call may duplicate it.",
+			 errdetail("An earlier attempt recorded effect \"%s\" of the tool with the same arguments under a call id: the call may duplicate it.",
 					   drift->candidate_key) :
 			 errdetail_plural("The earlier attempts recorded %d effect of the tool that this attempt has not replayed: the call may duplicate effect \"%s\".",
 							  "The earlier attempts recorded %d effects of the tool that this attempt has not replayed: the call may duplicate effect \"%s\".",

@@ -42,13 +42,33 @@ looks_like_derived_key(const char *s)
  * checked by dl_required_text_arg.)
  */
 void
-dl_check_business_key(const char *business_key)
+dl_check_business_key(const char *business_key, bool call_id)
 {
 	if (looks_like_derived_key(business_key))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("business key \"%s\" has the shape of a derived key", business_key),
 				 errdetail("Keys of 64 lowercase hexadecimal digits are reserved for keys the ledger derives.")));
+	if (call_id && !dl_is_call_key(business_key))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("the business key of a call id must begin with \"%s\"", DL_CALL_KEY_PREFIX),
+				 errdetail("Business key \"%s\" was passed with call_id => true.", business_key),
+				 errhint("Make the key of the run, the tool and the framework's id of the call, as the clients' callKey and call_key do.")));
+	if (!call_id && dl_is_call_key(business_key))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("business key \"%s\" has the shape of a call id's key", business_key),
+				 errdetail("Keys that begin with \"%s\" are reserved for calls a framework names by its own id.",
+						   DL_CALL_KEY_PREFIX),
+				 errhint("Pass call_id => true to begin_effect, or name the operation otherwise.")));
+}
+
+/* Whether key has the shape of a call id's key (begin_effect's call_id). */
+bool
+dl_is_call_key(const char *key)
+{
+	return strncmp(key, DL_CALL_KEY_PREFIX, sizeof(DL_CALL_KEY_PREFIX) - 1) == 0;
 }
 
 /*

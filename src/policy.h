@@ -67,8 +67,8 @@ typedef struct ReplayProgress
 	EpochCounter replayed;		/* how many earlier effects of tool this epoch replayed */
 	EpochCounter earlier;		/* 1 + how many there are; 0: not counted yet */
 	EpochCounter unwatched;		/* 1: the epoch called the tool while it was unwatched */
-	EpochCounter keyed;			/* 1 + how many earlier effects have business keys; 0: not counted */
-	int32		business_keys;	/* (as read with the earlier effects) */
+	EpochCounter keyed;			/* 1 + how many earlier effects have call ids' keys; 0: not counted */
+	int32		call_ids;		/* (as read with the earlier effects) */
 	bool		keep_earlier;	/* counted by this call: dl_progress_keep keeps it */
 	bool		keep_unwatched; /* ... found unwatched by this call */
 	List	   *earlier_effects;	/* when read */

@@ -834,7 +834,7 @@ typedef struct EarlierEffects
 {
 	int64		before_epoch;
 	List	   *effects;		/* of EarlierEffect */
-	int32		business_keys;	/* the earlier effects under business keys */
+	int32		call_ids;		/* the earlier effects under call ids' keys */
 } EarlierEffects;
 
 static bool
@@ -849,7 +849,8 @@ take_earlier(TupleTableSlot *slot, void *arg)
 		return true;
 	if (DatumGetBool(column_value(t, slot, EFF_BUSINESS_KEY, &isnull)))
 	{
-		earlier->business_keys++;
+		if (dl_is_call_key(optional_text(t, slot, EFF_KEY)))
+			earlier->call_ids++;
 		return true;
 	}
 	effect = palloc(sizeof(EarlierEffect));
@@ -873,10 +874,10 @@ earlier_order(const ListCell *a, const ListCell *b)
 /*
  * The effects of tool that run's attempts before epoch recorded under derived
  * keys, as committed now, in the order they were begun (then by key); and how
- * many they recorded under business keys.
+ * many they recorded under call ids (business keys begun with call_id).
  */
 List *
-dl_read_earlier_effects(const char *run, const char *tool, int64 epoch, int32 *business_keys)
+dl_read_earlier_effects(const char *run, const char *tool, int64 epoch, int32 *call_ids)
 {
 	Datum		values[2];
 	EarlierEffects earlier = {epoch, NIL, 0};
@@ -886,7 +887,7 @@ dl_read_earlier_effects(const char *run, const char *tool, int64 epoch, int32 *b
 	(void) scan_rows_now(&dl_effects_table, &effects_by_tool_run, 2, tool_run_key, values,
 						 take_earlier, &earlier);
 	list_sort(earlier.effects, earlier_order);
-	*business_keys = earlier.business_keys;
+	*call_ids = earlier.call_ids;
 	return earlier.effects;
 }
 
@@ -996,6 +997,25 @@ dl_read_run_effect_keys(const char *run)
 	values[0] = dl_text_datum(run);
 	dl_plan_run_now(&run_effect_keys, values, NULL, SPI_OK_SELECT);
 	return first_column_texts();
+}
+
+static Statement run_call_ids = {
+	/* its effects under call ids' keys, found through its audit log */
+	"SELECT e.key FROM durable_ledger.effects e"
+	" WHERE e.key OPERATOR(pg_catalog.=) ANY (" RUN_LOGGED_KEYS ")"
+	"   AND e.run" EQ "$1 AND e.business_key"
+	"   AND pg_catalog.starts_with(e.key, '" DL_CALL_KEY_PREFIX "') LIMIT 1",
+	1, {TEXTOID}, NULL, true
+};
+
+/* Has run recorded an effect under a call id (begin_effect's call_id), as committed now? */
+bool
+dl_read_run_has_call_ids(const char *run)
+{
+	Datum		values[1];
+
+	values[0] = dl_text_datum(run);
+	return dl_plan_run_now(&run_call_ids, values, NULL, SPI_OK_SELECT) > 0;
 }
 
 static Statement run_logged = {

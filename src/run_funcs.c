@@ -305,7 +305,8 @@ carry_effect(const char *key, const char *source_run, const char *new_run, List 
  * same call, with its outcome, and says which effect it carries.  The new
  * run's first attempt replays them and executes what comes after (its
  * divergence is judged against them).  Business keys are not carried: they
- * keep their own identity, and a completed one replays in any run.  Every
+ * keep their own identity, and a completed one replays in any run; a run
+ * with effects under call ids, whose keys name the run, is not forked.  Every
  * effect carried must have a settled outcome; a report in progress on one is
  * waited for.  A recorded call that has none (started: in flight, or lost
  * with its lease) is not carried: the new run makes the call again.  Nothing
@@ -343,6 +344,18 @@ dl_fork_run_1_3(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("run \"%s\" is not in the ledger", source_run)));
+	/*
+	 * A call id's key names its run, and a fork carries derived keys only: the
+	 * new run would make those calls again, under keys of its own, with
+	 * nothing to compare them with.
+	 */
+	if (dl_read_run_has_call_ids(source_run))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("run \"%s\" recorded effects under call ids, which a fork cannot carry",
+						source_run),
+				 errdetail("The new run would perform those calls again."),
+				 errhint("Go on in the run itself, or abandon it (durable_ledger.abandon_run) and start a new one.")));
 
 	foreach(lc, effects_up_to(source_run, up_to))
 	{

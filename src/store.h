@@ -262,9 +262,10 @@ extern HeapTuple dl_read_tool_tuple(const char *tool);
 extern HeapTuple dl_read_divergence_tuple(const char *key);
 extern HeapTuple dl_read_unsettled_tuple(const char *key, TimestampTz created_at);
 extern List *dl_read_earlier_effects(const char *run, const char *tool, int64 epoch,
-									  int32 *business_keys);
+									  int32 *call_ids);
 extern List *dl_read_run_tool_effects(const char *run, const char *tool);
 extern List *dl_read_run_effect_keys(const char *run);
+extern bool dl_read_run_has_call_ids(const char *run);
 extern bool dl_read_run_known(const char *run);
 
 /* What purging a run removes (purge_settled). */

@@ -481,11 +481,15 @@ def call_key(run: str, tool: str, call_id: str) -> CallKey:
     if not isinstance(call_id, str) or not call_id:
         raise TypeError("call_id must be a non-empty str")
     triple = json.dumps([run, tool, call_id], ensure_ascii=False, separators=(",", ":"))
+    try:
+        material = triple.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no text PostgreSQL could store
+        raise TypeError("call_key(): run, tool and call_id must be valid Unicode text") from None
     key = f"call:{triple}"
     # counted as JavaScript counts a string's length (UTF-16 units), as callKey does
     if len(key.encode("utf-16-le")) // 2 <= 200:
         return CallKey(key)
-    return CallKey("call:sha256:" + hashlib.sha256(triple.encode("utf-8")).hexdigest())
+    return CallKey("call:sha256:" + hashlib.sha256(material).hexdigest())
 
 
 def key_of_call(run: str, tool: str, business_key: Optional[str],

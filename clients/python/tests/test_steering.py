@@ -37,6 +37,7 @@ from durable_ledger import (  # noqa: E402
     EffectDidNotHappen,
     EffectFailed,
     EffectPaused,
+    InvalidArgument,
     Ledger,
     LedgerError,
     LedgerUsageError,
@@ -342,6 +343,8 @@ class SteeringTest(unittest.TestCase):
         self.assertIsInstance(long_key, CallKey)
         with self.assertRaises(TypeError):
             call_key("r", "pay", "")
+        with self.assertRaises(TypeError):
+            call_key("r", "pay", "\ud800")  # a lone surrogate (json.loads makes them)
 
     def test_a_call_named_anew_in_a_later_attempt_pauses_then_same_replays(self) -> None:
         pay_tool = self.tool_name("t.pay")
@@ -356,6 +359,12 @@ class SteeringTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             ledger.guarded(self.run_id, pay_tool, {}, lambda key: None,
                            business_key="INV-1", call_id="c")
+        with ledger.token_attempt(self.run_id, ttl=60):
+            # a call id's key that lost its CallKey (a str operation made it plain) is
+            # refused by the ledger, not begun as an operation's business key
+            with self.assertRaises(InvalidArgument):
+                ledger.guarded(self.run_id, pay_tool, {}, lambda key: paid.append("plain"),
+                               business_key=str(call_key(self.run_id, pay_tool, "c"))[:])
         with ledger.token_attempt(self.run_id, ttl=60):
             self.assertEqual(pay("call-a", 7), {"paid": "call-a"})
             self.assertEqual(pay("call-b", 7), {"paid": "call-b"})  # one attempt: a repeat
