@@ -45,6 +45,7 @@ SELECT durable_ledger.begin_effect('ci-0', 'ci.pay', '{"invoice": 1}', 'ci-0/op2
 -- a call id's key begins with "call:", and only a call id's does (the shape is
 -- reserved, as derived keys' is): so that an effect under a call id is known as one
 SELECT durable_ledger.begin_effect('ci-0', 'ci.pay', '{"invoice": 1}', 'toolu_01', call_id => true);
+SELECT durable_ledger.begin_effect('ci-0', 'ci.pay', '{"invoice": 1}', 'call:', call_id => true);
 SELECT durable_ledger.begin_effect('ci-0', 'ci.pay', '{"invoice": 1}', 'call:["ci-0","ci.pay","x"]');
 SELECT count(*) AS effects FROM durable_ledger.effects WHERE run = 'ci-0';
 
@@ -61,9 +62,9 @@ SELECT regress_cid_call('ci-1', 'ci.pay', '{"invoice": 9}', 'a', '{"paid": "firs
 SELECT durable_ledger.acquire_run('ci-2');
 SELECT regress_cid_call('ci-2', 'ci.pay', '{"invoice": 7}', 'a', '{"paid": "once"}');
 SELECT durable_ledger.acquire_run('ci-2');      -- the answer was lost: attempt 2
--- the call by its first id replays; the same call under a new id pauses
-SELECT regress_cid_call('ci-2', 'ci.pay', '{"invoice": 7}', 'a'),
-       regress_cid_call('ci-2', 'ci.pay', '{"invoice": 7}', 'z');
+-- the same call under a new id pauses (the call by its first id would replay;
+-- once replayed in this attempt, a call like it is a repeat: ci-22 below)
+SELECT regress_cid_call('ci-2', 'ci.pay', '{"invoice": 7}', 'z');
 SELECT key, decision, status, occurrence, attempt, reason
   FROM durable_ledger.begin_effect('ci-2', 'ci.pay', '{"invoice": 7}',
                                    business_key => 'call:ci-2/z', call_id => true);
@@ -286,6 +287,31 @@ SELECT durable_ledger.acquire_run('ci-21');
 SELECT decision FROM durable_ledger.begin_effect('ci-21', 'ci.pay', '{"invoice": 7}');
 SELECT candidate_key FROM durable_ledger.divergences WHERE run = 'ci-21';
 
+-- an effect this attempt replayed (or a verdict answered a call with) is
+-- accounted for: a call like it now is another call, never that one named anew
+SELECT durable_ledger.acquire_run('ci-22');
+SELECT regress_cid_call('ci-22', 'ci.pay', '{"invoice": 22}', 'a', '{"paid": "a"}');
+SELECT durable_ledger.acquire_run('ci-22');
+SELECT regress_cid_call('ci-22', 'ci.pay', '{"invoice": 22}', 'a'),
+       (SELECT decision FROM durable_ledger.begin_effect('ci-22', 'ci.pay', '{"invoice": 22}'));
+-- two call ids sent the same: a later attempt's two calls of it by occurrence
+-- name the first, then (once a verdict answered with it) the second
+SELECT durable_ledger.acquire_run('ci-23');
+SELECT regress_cid_call('ci-23', 'ci.pay', '{"invoice": 23}', 'k1', '{"paid": "k1"}'),
+       regress_cid_call('ci-23', 'ci.pay', '{"invoice": 23}', 'k2', '{"paid": "k2"}');
+SELECT durable_ledger.acquire_run('ci-23');
+SELECT decision FROM durable_ledger.begin_effect('ci-23', 'ci.pay', '{"invoice": 23}');
+SELECT verdict, same_as FROM durable_ledger.resolve_divergence(
+         durable_ledger.effect_key('ci-23', 'ci.pay', '{"invoice": 23}', 1), 'same', 'maria');
+SELECT decision, result FROM durable_ledger.begin_effect('ci-23', 'ci.pay', '{"invoice": 23}');
+SELECT decision FROM durable_ledger.begin_effect('ci-23', 'ci.pay', '{"invoice": 23}');
+SELECT occurrence, candidate_key FROM durable_ledger.divergences WHERE run = 'ci-23' ORDER BY occurrence;
+SELECT verdict, same_as FROM durable_ledger.resolve_divergence(
+         durable_ledger.effect_key('ci-23', 'ci.pay', '{"invoice": 23}', 2), 'same', 'maria');
+SELECT decision, result FROM durable_ledger.begin_effect('ci-23', 'ci.pay', '{"invoice": 23}');
+-- a third is a new call: both are accounted for
+SELECT decision FROM durable_ledger.begin_effect('ci-23', 'ci.pay', '{"invoice": 23}');
+
 -- ===================================================================
 -- a run with effects under call ids is not forked: their keys name the run,
 -- and the new run would perform those calls again
@@ -296,6 +322,6 @@ SELECT count(*) AS forked FROM durable_ledger.effects WHERE run = 'ci-21-fork';
 SELECT count(*) FILTER (WHERE durable_ledger.release_run(r)) AS released
   FROM unnest(ARRAY['ci-0', 'ci-1', 'ci-2', 'ci-3', 'ci-4', 'ci-5', 'ci-6', 'ci-7', 'ci-8', 'ci-9',
                     'ci-10', 'ci-12', 'ci-13', 'ci-14', 'ci-15', 'ci-16', 'ci-17', 'ci-18', 'ci-19',
-                    'ci-20', 'ci-21']) r;
+                    'ci-20', 'ci-21', 'ci-22', 'ci-23']) r;
 DROP ROLE regress_ci_alice;
 DROP FUNCTION regress_cid_call(text, text, jsonb, text, jsonb, boolean);

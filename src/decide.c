@@ -268,6 +268,10 @@ read_call(const BeginRequest *request, Call *call)
 	if (intent->business_key)
 	{
 		intent->key = request->business_key;
+		/* a call id is judged by what the attempt replayed (divergence.c) */
+		if (request->call_id)
+			call->waited = dl_progress_start(&call->progress, &call->lease, request->tool,
+											 &call->rules, false);
 		return;
 	}
 	intent->occurrence = dl_next_occurrence(&call->lease, request->tool, call->canon.data,
@@ -887,18 +891,12 @@ count_call(Call *call, const Facts *f, const Decision *d)
 	if (call->intent.business_key)
 	{
 		/*
-		 * a verdict answered the business key with an earlier derived key's
-		 * effect: this attempt replayed that effect, as its own call would
+		 * a call id replayed its effect, or the one a verdict answered it
+		 * with: this attempt has replayed that effect (a call id's progress
+		 * is started; a plain business key's marks nothing)
 		 */
-		if (d->answer.decision == DECIDE_REPLAY && f->intent == &f->same && !f->row.business_key)
-		{
-			ReplayProgress progress;
-
-			(void) dl_progress_start(&progress, &call->lease, call->intent.tool, &call->rules,
-									 false);
-			dl_progress_replayed(&progress, d->answer.key);
-			dl_progress_keep(&progress);
-		}
+		if (d->answer.decision == DECIDE_REPLAY)
+			dl_progress_replayed(&call->progress, d->answer.key);
 		return;
 	}
 	dl_epoch_count(&call->lease, &call->occurrences, call->intent.occurrence);

@@ -125,7 +125,12 @@ reached_mark(ReplayProgress *progress, const char *key, EpochCounter *mark)
 	pfree(what);
 }
 
-/* The call replayed key, an earlier effect of the tool: counted once per effect. */
+/*
+ * The call replayed key, an earlier effect of the tool: counted once per
+ * effect.  A call id's effect is marked, not counted (the count is of the
+ * earlier effects under derived keys): this attempt has accounted for it, so
+ * no call of it in this attempt is that effect named anew (same_call_earlier).
+ */
 void
 dl_progress_replayed(ReplayProgress *progress, const char *key)
 {
@@ -137,11 +142,12 @@ dl_progress_replayed(ReplayProgress *progress, const char *key)
 	if (mark.count != 0)
 		return;
 	dl_epoch_count(progress->lease, &mark, 1);
-	dl_epoch_count(progress->lease, &progress->replayed, progress->replayed.count + 1);
+	if (!dl_is_call_key(key))
+		dl_epoch_count(progress->lease, &progress->replayed, progress->replayed.count + 1);
 }
 
 static int32 earlier_count(ReplayProgress *progress);
-static char *same_call_earlier(const CallLease *lease, const char *tool, const ToolRules *rules,
+static char *same_call_earlier(ReplayProgress *progress, const ToolRules *rules,
 							   const char *canon, bool call_ids_only);
 
 /*
@@ -294,8 +300,7 @@ dl_judge_drift(ReplayProgress *progress, const char *key, const ToolRules *rules
 	 */
 	if (progress->keyed.count > 1)
 	{
-		drift->candidate_key = same_call_earlier(progress->lease, progress->tool, rules, canon,
-												 true);
+		drift->candidate_key = same_call_earlier(progress, rules, canon, true);
 		if (drift->candidate_key != NULL)
 		{
 			drift->same_args = true;
@@ -315,16 +320,20 @@ dl_judge_drift(ReplayProgress *progress, const char *key, const ToolRules *rules
 
 /*
  * The first effect, in the order begun, of the tool that an attempt of the
- * run before this one recorded with the call's identity (canon) and that did
- * not fail: a failed effect did not happen (a rejected one neither), and the
- * call may make it anew -- unless a report contradicted the failure (flagged:
- * it may have happened, and waits for a person).  NULL when none.
+ * run before this one recorded with the call's identity (canon), that did not
+ * fail, and that this attempt has not replayed: a failed effect did not
+ * happen (a rejected one neither), and the call may make it anew -- unless a
+ * report contradicted the failure (flagged: it may have happened, and waits
+ * for a person); an effect this attempt replayed (or a verdict answered a
+ * call with) is accounted for, and a call like it now is another call.
+ * With call_ids_only, only effects under call ids.  NULL when none.
  */
 static char *
-same_call_earlier(const CallLease *lease, const char *tool, const ToolRules *rules,
-				  const char *canon, bool call_ids_only)
+same_call_earlier(ReplayProgress *progress, const ToolRules *rules, const char *canon,
+				  bool call_ids_only)
 {
-	List	   *effects = dl_read_run_tool_effects(lease->run, tool);
+	const CallLease *lease = progress->lease;
+	List	   *effects = dl_read_run_tool_effects(lease->run, progress->tool);
 	EffectRow  *first = NULL;
 	ListCell   *lc;
 	StringInfoData identity;
@@ -348,8 +357,17 @@ same_call_earlier(const CallLease *lease, const char *tool, const ToolRules *rul
 			continue;
 		resetStringInfo(&identity);
 		dl_append_canonical_args(&identity, fields);
-		if (strcmp(identity.data, canon) == 0)
-			first = row;
+		if (strcmp(identity.data, canon) != 0)
+			continue;
+		if (progress->watched)
+		{
+			EpochCounter mark;
+
+			reached_mark(progress, row->key, &mark);
+			if (mark.count != 0)
+				continue;
+		}
+		first = row;
 	}
 	return first != NULL ? first->key : NULL;
 }
@@ -412,13 +430,9 @@ dl_judge_business_key(ReplayProgress *progress, const CallLease *lease, const ch
 {
 	DivergenceRow recorded;
 	bool		waited = false;
+	DivergencePolicy policy;
 
-	memset(progress, 0, sizeof(ReplayProgress));
 	memset(drift, 0, sizeof(Drift));
-	progress->lease = lease;
-	progress->tool = tool;
-	progress->later = lease->epoch > 1;
-	progress->policy = DIVERGENCE_OFF;
 	drift->kind = DRIFT_NONE;
 
 	/*
@@ -428,7 +442,7 @@ dl_judge_business_key(ReplayProgress *progress, const CallLease *lease, const ch
 	if (dl_read_divergence(key, &recorded))
 	{
 		check_divergence_call(&recorded, lease->run, tool, rules, canon);
-		progress->policy = dl_divergence_policy(rules, &waited);
+		policy = dl_divergence_policy(rules, &waited);
 		drift->call_id = drift->same_args = recorded.occurrence == 0;
 		drift->candidate_key = recorded.candidate_key;
 		if (recorded.verdict != NULL && strcmp(recorded.verdict, "same") == 0)
@@ -436,18 +450,17 @@ dl_judge_business_key(ReplayProgress *progress, const CallLease *lease, const ch
 			drift->kind = DRIFT_SAME;
 			drift->same_as = recorded.same_as;
 		}
-		else if (recorded.verdict == NULL && progress->policy != DIVERGENCE_OFF)
+		else if (recorded.verdict == NULL && policy != DIVERGENCE_OFF)
 			drift->kind = DRIFT_WAITING;
 		return waited;
 	}
-	if (!call_id || !progress->later)
+
+	/* a call id's progress was started with the call (dl_progress_start) */
+	if (!call_id || !progress->later || progress->policy == DIVERGENCE_OFF)
 		return false;
 	drift->call_id = true;
 	drift->same_args = true;
-	progress->policy = dl_divergence_policy(rules, &waited);
-	if (progress->policy == DIVERGENCE_OFF)
-		return waited;
-	drift->candidate_key = same_call_earlier(lease, tool, rules, canon, false);
+	drift->candidate_key = same_call_earlier(progress, rules, canon, false);
 	if (drift->candidate_key != NULL)
 		drift->kind = progress->policy == DIVERGENCE_WARN ? DRIFT_WARN : DRIFT_NEW;
 	return waited;

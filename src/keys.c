@@ -49,10 +49,11 @@ dl_check_business_key(const char *business_key, bool call_id)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("business key \"%s\" has the shape of a derived key", business_key),
 				 errdetail("Keys of 64 lowercase hexadecimal digits are reserved for keys the ledger derives.")));
-	if (call_id && !dl_is_call_key(business_key))
+	if (call_id && (!dl_is_call_key(business_key) ||
+					business_key[sizeof(DL_CALL_KEY_PREFIX) - 1] == '\0'))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("the business key of a call id must begin with \"%s\"", DL_CALL_KEY_PREFIX),
+				 errmsg("the business key of a call id must begin with \"%s\", and name the call after it", DL_CALL_KEY_PREFIX),
 				 errdetail("Business key \"%s\" was passed with call_id => true.", business_key),
 				 errhint("Make the key of the run, the tool and the framework's id of the call, as the clients' callKey and call_key do.")));
 	if (!call_id && dl_is_call_key(business_key))
