@@ -369,9 +369,8 @@ class SteeringTest(unittest.TestCase):
             self.assertEqual(pay("call-a", 7), {"paid": "call-a"})
             self.assertEqual(pay("call-b", 7), {"paid": "call-b"})  # one attempt: a repeat
         with ledger.token_attempt(self.run_id, ttl=60):
-            self.assertEqual(pay("call-a", 7), {"paid": "call-a"})  # replayed
             with self.assertRaises(DivergencePaused) as caught:
-                pay("call-z", 7)  # the model named it anew
+                pay("call-z", 7)  # the answer was lost: the model named it anew
         self.assertEqual(caught.exception.key, call_key(self.run_id, pay_tool, "call-z"))
         self.assertIn("new call id", caught.exception.reason)
         self.assertEqual(paid, ["call-a", "call-b"])
@@ -379,7 +378,13 @@ class SteeringTest(unittest.TestCase):
                            (caught.exception.key,))
         with ledger.token_attempt(self.run_id, ttl=60):
             self.assertEqual(pay("call-z", 7), {"paid": "call-a"})
-        self.assertEqual(paid, ["call-a", "call-b"])
+            self.assertEqual(pay("call-a", 7), {"paid": "call-a"})  # replayed by its own id
+        # once this attempt replayed both earlier payments, a new id is a repeat
+        with ledger.token_attempt(self.run_id, ttl=60):
+            self.assertEqual(pay("call-a", 7), {"paid": "call-a"})
+            self.assertEqual(pay("call-b", 7), {"paid": "call-b"})
+            self.assertEqual(pay("call-c", 7), {"paid": "call-c"})
+        self.assertEqual(paid, ["call-a", "call-b", "call-c"])
 
     async def _async_named_anew(self) -> None:
         pay_tool = self.tool_name("t.pay")
