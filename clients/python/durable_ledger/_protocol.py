@@ -78,17 +78,21 @@ LOCK_NOT_AVAILABLE = "55P03"
 UNDEFINED_FUNCTION = "42883"
 
 
-@contextlib.contextmanager
-def ledger_errors() -> Iterator[None]:
-    """Around a ledger statement: its errors with a SQLSTATE of the ledger's come out as
-    the client's named exceptions (`named_error`), the psycopg error as ``__cause__``."""
-    try:
-        yield
-    except psycopg.Error as exc:
-        named = named_error(exc)
-        if named is None:
-            raise
-        raise named from exc
+class ledger_errors:
+    """``with ledger_errors():`` around a ledger statement: its errors with a SQLSTATE of
+    the ledger's come out as the client's named exceptions (`named_error`), the psycopg
+    error as ``__cause__``.  (A class, not a generator: it is around every statement.)"""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Optional[BaseException], tb: Any) -> None:
+        if isinstance(exc, psycopg.Error):
+            named = named_error(exc)
+            if named is not None:
+                raise named from exc
 
 
 def named_error(exc: psycopg.Error) -> Optional[LedgerError]:
@@ -674,21 +678,28 @@ class About(NamedTuple):
 NOWHERE = About()
 
 
-@contextlib.contextmanager
-def notices_of(conn: Any, got: List[Any]) -> Iterator[None]:
-    """Appends to ``got`` the notices (`Notice`) ``conn`` gets while the block runs: a
-    handler of this block alone, removed at its end (a pooled connection keeps none)."""
-    def handler(diag: Any) -> None:
-        # a Diagnostic reads the server's result, which lives only during this callback
-        got.append(Notice(diag.severity_nonlocalized or diag.severity, diag.sqlstate,
-                          diag.message_primary, diag.message_detail, diag.message_hint))
+class notices_of:
+    """``with notices_of(conn, got):`` appends to ``got`` the notices (`Notice`) ``conn``
+    gets while the block runs: a handler of this block alone, removed at its end (a pooled
+    connection keeps none).  (A class, not a generator: it is around every statement.)"""
 
-    conn.add_notice_handler(handler)
-    try:
-        yield
-    finally:
+    __slots__ = ("conn", "handler")
+
+    def __init__(self, conn: Any, got: List[Any]) -> None:
+        def handler(diag: Any) -> None:
+            # a Diagnostic reads the server's result, which lives only during this callback
+            got.append(Notice(diag.severity_nonlocalized or diag.severity, diag.sqlstate,
+                              diag.message_primary, diag.message_detail, diag.message_hint))
+
+        self.conn = conn
+        self.handler = handler
+
+    def __enter__(self) -> None:
+        self.conn.add_notice_handler(self.handler)
+
+    def __exit__(self, kind: Any, exc: Optional[BaseException], tb: Any) -> None:
         try:
-            conn.remove_notice_handler(handler)
+            self.conn.remove_notice_handler(self.handler)
         except ValueError:
             pass
 
@@ -1194,3 +1205,82 @@ class LedgerCore:
         problem = unwritable(self.conn)
         if problem is not None:
             raise problem
+
+
+# ---------------------------------------------------------------------------
+# One statement as a transaction of its own, sent straight on the connection's libpq
+# handle (issue 34: the clients' CPU per call).  A pooled connection is idle and, as a
+# pool hands it out, not in autocommit mode; a cursor's ``execute`` would send BEGIN first
+# (psycopg's autocommit flag decides that, nothing else).  Sent with PQsendQueryParams and
+# no BEGIN, the statement is a transaction of its own on the server, the connection's
+# autocommit flag is never touched (the connection goes back exactly as it was lent), and
+# the cursor's machinery (a cursor and its transformer, the prepared-statement manager, a
+# row factory, two switches of the autocommit flag under the connection's lock) is not
+# paid for.  The parameters and the rows go through the same adapters (a `Transformer` of
+# the connection) as a cursor's: the same types both ways.  Never a prepared statement
+# (an unnamed one, as ``prepare=False``): through PgBouncer in transaction mode the next
+# call may land on a backend that never saw it.
+# ---------------------------------------------------------------------------
+
+try:
+    from psycopg import errors as _pg_errors
+    from psycopg import pq as _pq
+    from psycopg._encodings import pgconn_encoding as _pgconn_encoding
+    from psycopg._queries import PostgresQuery as _PostgresQuery
+    from psycopg.adapt import Transformer as _Transformer
+    from psycopg.generators import execute as _execute_gen
+    _error_from_result = getattr(_pg_errors, "error_from_result")
+    PLAIN_SEND = True
+except (ImportError, AttributeError):  # pragma: no cover -- another psycopg: the cursor
+    PLAIN_SEND = False
+
+
+def plain_ready(conn: Any) -> bool:
+    """Whether ``conn`` (its lock held) may take a statement sent straight: idle, open, in
+    no pipeline.  Anything else goes the cursor's way."""
+    pgconn = conn.pgconn
+    return (PLAIN_SEND and pgconn.transaction_status == TransactionStatus.IDLE
+            and pgconn.status == _pq.ConnStatus.OK
+            and getattr(conn, "_pipeline", None) is None)
+
+
+def plain_send(conn: Any, query: str, params: Tuple[Any, ...]) -> Tuple[Any, Any]:
+    """Converts and sends the statement (the caller holds the connection's lock and waits
+    for ``_execute_gen(pgconn)``, the generator returned): (transformer, generator)."""
+    tx = _Transformer(conn)
+    pgq = _PostgresQuery(tx)
+    pgq.convert(query, params)
+    pgconn = conn.pgconn
+    pgconn.send_query_params(pgq.query, pgq.params, param_formats=pgq.formats,
+                             param_types=pgq.types, result_format=_pq.Format.TEXT)
+    return tx, _execute_gen(pgconn)
+
+
+def plain_rows(conn: Any, tx: Any, results: Sequence[Any], what: str) -> List[Dict[str, Any]]:
+    """The rows of a statement sent by `plain_send` as dicts (a cursor's ``dict_row``), or
+    its error (psycopg's, as a cursor raises it).  A statement that did not end idle (it
+    cannot: a ledger statement opens no transaction) is refused as not committed."""
+    pgconn = conn.pgconn
+    encoding = _pgconn_encoding(pgconn)
+    if len(results) != 1:
+        for res in results:
+            if res.status == _pq.ExecStatus.FATAL_ERROR:
+                raise _error_from_result(res, encoding=encoding)
+        raise psycopg.InternalError(f"{len(results)} results for one ledger statement")
+    res = results[0]
+    if res.status != _pq.ExecStatus.TUPLES_OK:
+        if res.status == _pq.ExecStatus.FATAL_ERROR:
+            raise _error_from_result(res, encoding=encoding)
+        raise psycopg.InternalError(f"unexpected result status of a ledger statement: "
+                                    f"{_pq.ExecStatus(res.status).name}")
+    status = pgconn.transaction_status
+    if status != TransactionStatus.IDLE:
+        raise in_foreign_transaction(what, status)
+    tx.set_pgresult(res)
+    names = [(res.fname(i) or b"").decode(encoding) for i in range(res.nfields)]
+
+    def make_row(values: Sequence[Any]) -> Dict[str, Any]:
+        return dict(zip(names, values))
+
+    rows: List[Dict[str, Any]] = tx.load_rows(0, res.ntuples, make_row)
+    return rows

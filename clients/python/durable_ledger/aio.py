@@ -631,15 +631,17 @@ class AsyncLedger(p.LedgerCore):
         p.begin_uncertain(run, tool, exc, halt, recorded)
 
     async def _leaseless_one(self, lease: Optional[TokenLease], query: str, params: Tuple[Any, ...], *, what: str,
-                        about: p.About) -> Dict[str, Any]:
+                        about: p.About, shielded: bool = False) -> Dict[str, Any]:
         """A statement that needs no lease (a report, a reconciler's finding): for a token
         attempt or a pool, in a transaction of its own; for a session attempt, on the
         session's connection.  Through a pool or a factory it is sent once more on a fresh
         connection if its answer is lost or no connection could be had (each is
-        idempotent); a single connection is never replaced."""
+        idempotent); a single connection is never replaced.  ``shielded``: see
+        `_pooled_rows`."""
         if lease is not None or self.conn is None:
-            return await self._pooled_one(query, params, retry=True, what=what, about=about)
-        return await self._one(query, params, what=what, about=about)
+            return await self._pooled_one(query, params, retry=True, what=what, about=about,
+                                          shielded=shielded)
+        return await self._one(query, params, what=what, about=about, shielded=shielded)
 
     async def _record(self, run: str, key: str, attempt: int, function: str, expected: str,
                       payload: Any, lease: Optional[TokenLease],
@@ -671,8 +673,9 @@ class AsyncLedger(p.LedgerCore):
         query, params = p.report_statement(function, key, payload, attempt, self._route(run))
         about = p.About(run, None, key, from_row=True)
         try:
+            # shielded: _record runs this in a _finish of its own
             row = await self._leaseless_one(lease, query, params, what=f"{function} of {key}",
-                                            about=about)
+                                            about=about, shielded=True)
         except BaseException as exc:
             failed = p.report_failed(run, key, function, expected, payload, exc, halt,
                                      recorded)
@@ -900,31 +903,33 @@ class AsyncLedger(p.LedgerCore):
                 self._models[run] = model
         finally:
             self._opening.discard(run)
-        stop = asyncio.Event()
-        renewer = asyncio.create_task(self._renew(lease, stop),
-                                      name=f"durable_ledger renewal of {run}")
+        renewer = _Renewal(self, lease)
         log.debug("token attempt at %s: epoch %s, ttl %s", run, lease.epoch, ttl)
         bound = _ATTEMPTS.set(_ATTEMPTS.get() + (lease,))
         try:
             yield lease
         except BaseException:
             p.unbind(bound, lease)
-            await _finish(self._end_token_attempt(lease, stop, renewer, body_failed=True))
+            await _finish(self._end_token_attempt(lease, renewer, body_failed=True))
             raise
         p.unbind(bound, lease)
-        await _finish(self._end_token_attempt(lease, stop, renewer, body_failed=False))
+        await _finish(self._end_token_attempt(lease, renewer, body_failed=False))
         lease.check()
 
-    async def _renew(self, lease: AsyncTokenLease, stop: asyncio.Event) -> None:
-        """The renewal task of a token attempt: renew_lease every ttl / 3 until stopped."""
+    async def _renew(self, lease: AsyncTokenLease, stop: asyncio.Event, first: float) -> None:
+        """The renewal task of a token attempt: renew_lease after ``first`` seconds, then
+        every ttl / 3, until stopped."""
         every = lease.ttl.total_seconds() / 3
-        wait = every
+        wait = first
         while True:
-            try:
-                await asyncio.wait_for(stop.wait(), wait)
+            if stop.is_set():
                 return
-            except asyncio.TimeoutError:
-                pass
+            if wait > 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), wait)
+                    return
+                except asyncio.TimeoutError:
+                    pass
             if self.conn is not None and self.conn.closed:
                 return
             try:
@@ -944,15 +949,14 @@ class AsyncLedger(p.LedgerCore):
             lease.renewals += 1
             wait = every
 
-    async def _end_token_attempt(self, lease: AsyncTokenLease, stop: asyncio.Event,
-                                 renewer: "asyncio.Task[None]", *, body_failed: bool) -> None:
+    async def _end_token_attempt(self, lease: AsyncTokenLease, renewer: "_Renewal", *,
+                                 body_failed: bool) -> None:
         # Calls of the attempt not begun yet are refused from now on; those in flight in
         # other tasks finish first (the lease is still renewed meanwhile).
         try:
             await lease._end_async()
         finally:
-            stop.set()
-            await asyncio.wait([renewer], timeout=30)  # a renewal in flight finishes first
+            await renewer.end()  # a renewal in flight finishes first
             self._leases.pop(lease.run, None)
             self._halted.pop(lease.run, None)
             self._models.pop(lease.run, None)
@@ -960,7 +964,8 @@ class AsyncLedger(p.LedgerCore):
             return  # nothing to release
         try:
             rows, resent = await self._pooled_rows(p.RELEASE_LEASE, (lease.token,), retry=True,
-                                                   what=f"release_lease of {lease.run}")
+                                                   what=f"release_lease of {lease.run}",
+                                                   shielded=True)  # in token_attempt's _finish
         except Exception:
             if not body_failed:
                 raise
@@ -1008,13 +1013,16 @@ class AsyncLedger(p.LedgerCore):
 
     async def _one(self, query: str, params: Tuple[Any, ...], *,
                    what: str = "a ledger statement", cancellable: bool = False,
-                   about: p.About = p.NOWHERE) -> Dict[str, Any]:
+                   about: p.About = p.NOWHERE, shielded: bool = False) -> Dict[str, Any]:
         """A statement on the single connection, checked to have committed, and finished
         also when the caller is cancelled meanwhile (see `_finish`).  ``cancellable``: the
         statement writes nothing if it fails (a wait for a run's lease, an intent), and a
         cancellation that comes while it is out cancels it on the server."""
         out = _Out(cancellable)
-        rows = await _finish(self._one_now(query, params, what, out, about), out)
+        if shielded:  # see _pooled_rows
+            rows = await self._one_now(query, params, what, out, about)
+        else:
+            rows = await _finish(self._one_now(query, params, what, out, about), out)
         assert len(rows) == 1, query
         return rows[0]
 
@@ -1040,19 +1048,39 @@ class AsyncLedger(p.LedgerCore):
             size = getattr(self._source, "max_size", None)
             tries = size + 1 if isinstance(size, int) and size > 0 else 5
         for _ in range(tries):
-            async with _handed_out(self._borrow) as conn:
-                if not isinstance(conn, psycopg.AsyncConnection):
-                    raise TypeError(f"the connection source handed out {type(conn).__name__}, "
-                                    f"not a psycopg.AsyncConnection")
-                if conn.closed or conn.broken or (fresh and not await _answers(conn)):
-                    if fresh:
-                        continue  # given back broken: the pool discards it
-                    raise _NotSent("the connection source handed out a closed connection")
-                if conn.info.transaction_status != TransactionStatus.IDLE:
-                    raise LedgerUsageError(None, None, "the connection source handed out a "
-                                                       "connection inside a transaction")
-                yield conn
-                return
+            # the connection source's connection, given back at the end; one that cannot be
+            # had (it cannot connect; a pool's PoolTimeout) raises `_NotSent`: nothing was
+            # sent, so an idempotent statement may be sent on the next one
+            try:
+                source = self._borrow()
+                if inspect.isawaitable(source):
+                    source = await source
+            except psycopg.OperationalError as exc:
+                raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
+            if not hasattr(source, "__aenter__"):
+                raise TypeError("the connection source must hand out psycopg AsyncConnections "
+                                "(a psycopg_pool.AsyncConnectionPool, or a function returning "
+                                "an AsyncConnection)")
+            handed_out = False
+            try:
+                async with source as conn:
+                    handed_out = True
+                    if not isinstance(conn, psycopg.AsyncConnection):
+                        raise TypeError(f"the connection source handed out {type(conn).__name__}, "
+                                        f"not a psycopg.AsyncConnection")
+                    if conn.closed or conn.broken or (fresh and not await _answers(conn)):
+                        if fresh:
+                            continue  # given back broken: the pool discards it
+                        raise _NotSent("the connection source handed out a closed connection")
+                    if conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                        raise LedgerUsageError(None, None, "the connection source handed out a "
+                                                           "connection inside a transaction")
+                    yield conn
+                    return
+            except psycopg.OperationalError as exc:
+                if handed_out:
+                    raise
+                raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
         raise psycopg.OperationalError(f"the connection source handed out no working "
                                        f"connection in {tries} tries")
 
@@ -1060,11 +1088,18 @@ class AsyncLedger(p.LedgerCore):
                            on_uncertain: Optional[Callable[[BaseException], None]] = None,
                            retry: bool = False, cancellable: bool = False,
                            what: str = "a ledger statement", about: p.About = p.NOWHERE,
-                           ) -> Tuple[List[Dict[str, Any]], bool]:
+                           shielded: bool = False) -> Tuple[List[Dict[str, Any]], bool]:
         """One statement in a transaction of its own, and whether it was sent twice (see
         `Ledger._pooled_rows`: only idempotent statements are sent again); finished also
-        when the caller is cancelled meanwhile (see `_finish`)."""
+        when the caller is cancelled meanwhile (see `_finish`).  ``shielded``: the caller
+        already runs inside a `_finish` of its own (a report, the release at the end of a
+        token attempt), which no cancellation of the awaiting task reaches: the statement is
+        awaited in it directly, not in a second task of its own (issue 34: a task and a
+        shield a statement less)."""
         out = _Out(cancellable)
+        if shielded:
+            return await self._pooled_rows_now(query, params, on_uncertain, retry, what, out,
+                                               about)
         return await _finish(self._pooled_rows_now(query, params, on_uncertain, retry, what, out,
                                                    about), out)
 
@@ -1111,41 +1146,53 @@ class AsyncLedger(p.LedgerCore):
                           on_uncertain: Optional[Callable[[BaseException], None]] = None,
                           retry: bool = False, cancellable: bool = False,
                           what: str = "a ledger statement",
-                          about: p.About = p.NOWHERE) -> Dict[str, Any]:
+                          about: p.About = p.NOWHERE, shielded: bool = False) -> Dict[str, Any]:
         rows = (await self._pooled_rows(query, params, on_uncertain=on_uncertain, retry=retry,
-                                        cancellable=cancellable, what=what, about=about))[0]
+                                        cancellable=cancellable, what=what, about=about,
+                                        shielded=shielded))[0]
         assert len(rows) == 1, query
         return rows[0]
+
+
+class _Renewal:
+    """The renewal of one token attempt's lease: a task of the event loop ("durable_ledger
+    renewal of RUN") that renews it every ttl / 3, started by a timer of the loop when the
+    first renewal is due.  An attempt shorter than ttl / 3 -- the common one -- starts no
+    task (issue 34: a task and its ``wait_for`` per attempt were a tenth of a guarded
+    call's CPU).  The task runs in the context of the attempt's start, as it did when it
+    was started there."""
+
+    def __init__(self, ledger: "AsyncLedger", lease: AsyncTokenLease) -> None:
+        self.ledger: Optional[AsyncLedger] = ledger
+        self.lease: Optional[AsyncTokenLease] = lease
+        self.stop = asyncio.Event()
+        self.task: "Optional[asyncio.Task[None]]" = None
+        self.timer: Optional[asyncio.TimerHandle] = asyncio.get_running_loop().call_later(
+            lease.ttl.total_seconds() / 3, self._start)
+
+    def _start(self) -> None:
+        self.timer = None
+        if self.stop.is_set() or self.ledger is None or self.lease is None:
+            return
+        self.task = asyncio.get_running_loop().create_task(
+            self.ledger._renew(self.lease, self.stop, 0.0),
+            name=f"durable_ledger renewal of {self.lease.run}")
+
+    async def end(self) -> None:
+        """No renewal starts from now on; one in flight finishes first."""
+        self.stop.set()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.ledger = self.lease = None
+        if self.task is not None:
+            await asyncio.wait([self.task], timeout=30)
 
 
 #: How long a pooled connection may take to answer an empty query before it counts as dead.
 PROBE_TIMEOUT = 5.0
 
 
-
-@asynccontextmanager
-async def _handed_out(borrow: Callable[[], Any]) -> AsyncIterator[Any]:
-    """A connection of the connection source, given back at the end (`ledger._handed_out`:
-    one that cannot be had raises `_NotSent`)."""
-    try:
-        source = borrow()
-        if inspect.isawaitable(source):
-            source = await source
-    except psycopg.OperationalError as exc:
-        raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
-    if not hasattr(source, "__aenter__"):
-        raise TypeError("the connection source must hand out psycopg AsyncConnections "
-                        "(a psycopg_pool.AsyncConnectionPool, or a function returning "
-                        "an AsyncConnection)")
-    handed_out = False
-    try:
-        async with source as conn:
-            handed_out = True
-            yield conn
-    except psycopg.OperationalError as exc:
-        if handed_out:
-            raise
-        raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
 
 def _refuse_if_in_transaction(status: int, what: str) -> None:
     """The statement is not sent on a connection inside someone else's transaction (a
@@ -1190,6 +1237,11 @@ async def _execute_raw(conn: "psycopg.AsyncConnection[Any]", query: str,
     """One ledger statement on ``conn`` in a transaction of its own; its rows.  ``shared``:
     the AsyncLedger's single connection, whose transaction status is read with the reply
     (see the synchronous `_execute_on`)."""
+    if not shared:
+        async with conn.lock:
+            if p.plain_ready(conn):  # idle: the statement alone, sent straight (p.plain_send)
+                tx, gen = p.plain_send(conn, query, params)
+                return p.plain_rows(conn, tx, await conn.wait(gen), what)
     async with conn.cursor(row_factory=dict_row) as cur:
         if shared:
             status = await _execute_and_status(conn, cur, query, params, what)

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import heapq
+import itertools
 import threading
+import time
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Protocol,
@@ -947,26 +950,24 @@ class Ledger(p.LedgerCore):
                 self._models[run] = model
         finally:
             self._opening.discard(run)
-        stop = threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(lease, stop), daemon=True,
-                                   name=f"durable_ledger renewal of {run}")
-        renewer.start()
+        renewer = _Renewal(self, lease)
         log.debug("token attempt at %s: epoch %s, ttl %s", run, lease.epoch, ttl)
         bound = _ATTEMPTS.set(_ATTEMPTS.get() + (lease,))
         try:
             yield lease
         except BaseException:
             p.unbind(bound, lease)
-            self._end_token_attempt(lease, stop, renewer, body_failed=True)
+            self._end_token_attempt(lease, renewer, body_failed=True)
             raise
         p.unbind(bound, lease)
-        self._end_token_attempt(lease, stop, renewer, body_failed=False)
+        self._end_token_attempt(lease, renewer, body_failed=False)
         lease.check()
 
-    def _renew(self, lease: TokenLease, stop: threading.Event) -> None:
-        """The renewal thread of a token attempt: renew_lease every ttl / 3 until stopped."""
+    def _renew(self, lease: TokenLease, stop: threading.Event, first: float) -> None:
+        """The renewal thread of a token attempt: renew_lease after ``first`` seconds, then
+        every ttl / 3, until stopped."""
         every = lease.ttl.total_seconds() / 3
-        wait = every
+        wait = first
         while not stop.wait(wait):
             if self.conn is not None and self.conn.closed:
                 return
@@ -987,13 +988,12 @@ class Ledger(p.LedgerCore):
             lease.renewals += 1
             wait = every
 
-    def _end_token_attempt(self, lease: TokenLease, stop: threading.Event,
-                           renewer: threading.Thread, *, body_failed: bool) -> None:
+    def _end_token_attempt(self, lease: TokenLease, renewer: "_Renewal", *,
+                           body_failed: bool) -> None:
         # Calls of the attempt not begun yet are refused from now on; those in flight in
         # other threads finish first (the lease is still renewed meanwhile).
         lease._end()
-        stop.set()
-        renewer.join(timeout=30)  # a renewal in flight finishes first
+        renewer.end()  # a renewal in flight finishes first
         self._leases.pop(lease.run, None)
         self._halted.pop(lease.run, None)
         self._models.pop(lease.run, None)
@@ -1095,19 +1095,37 @@ class Ledger(p.LedgerCore):
             size = getattr(self._source, "max_size", None)
             tries = size + 1 if isinstance(size, int) and size > 0 else 5
         for _ in range(tries):
-            with _handed_out(self._borrow) as conn:
-                if not isinstance(conn, psycopg.Connection):
-                    raise TypeError(f"the connection source handed out {type(conn).__name__}, "
-                                    f"not a psycopg.Connection")
-                if conn.closed or conn.broken or (fresh and not _answers(conn)):
-                    if fresh:
-                        continue  # given back broken: the pool discards it
-                    raise _NotSent("the connection source handed out a closed connection")
-                if conn.info.transaction_status != TransactionStatus.IDLE:
-                    raise LedgerUsageError(None, None, "the connection source handed out a "
-                                                       "connection inside a transaction")
-                yield conn
-                return
+            # the connection source's connection, given back at the end; one that cannot be
+            # had (it cannot connect; a pool's PoolTimeout) raises `_NotSent`: nothing was
+            # sent, so an idempotent statement may be sent on the next one
+            try:
+                source = self._borrow()
+            except psycopg.OperationalError as exc:
+                raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
+            if not hasattr(source, "__enter__"):
+                raise TypeError("the connection source must hand out synchronous psycopg "
+                                "connections (a psycopg_pool.ConnectionPool, or a function "
+                                "returning a psycopg.Connection)")
+            handed_out = False
+            try:
+                with source as conn:
+                    handed_out = True
+                    if not isinstance(conn, psycopg.Connection):
+                        raise TypeError(f"the connection source handed out {type(conn).__name__}, "
+                                        f"not a psycopg.Connection")
+                    if conn.closed or conn.broken or (fresh and not _answers(conn)):
+                        if fresh:
+                            continue  # given back broken: the pool discards it
+                        raise _NotSent("the connection source handed out a closed connection")
+                    if conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                        raise LedgerUsageError(None, None, "the connection source handed out a "
+                                                           "connection inside a transaction")
+                    yield conn
+                    return
+            except psycopg.OperationalError as exc:
+                if handed_out:
+                    raise
+                raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
         raise psycopg.OperationalError(f"the connection source handed out no working "
                                        f"connection in {tries} tries")
 
@@ -1176,28 +1194,95 @@ class Ledger(p.LedgerCore):
         return rows[0]
 
 
-@contextmanager
-def _handed_out(borrow: Callable[[], ContextManager[Any]]) -> Iterator[Any]:
-    """A connection of the connection source, given back at the end.  A source that cannot
-    hand one out (it cannot connect; a pool's PoolTimeout) raises `_NotSent`: nothing was
-    sent, so an idempotent statement may be sent on the next one."""
-    try:
-        source = borrow()
-    except psycopg.OperationalError as exc:
-        raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
-    if not hasattr(source, "__enter__"):
-        raise TypeError("the connection source must hand out synchronous psycopg "
-                        "connections (a psycopg_pool.ConnectionPool, or a function "
-                        "returning a psycopg.Connection)")
-    handed_out = False
-    try:
-        with source as conn:
-            handed_out = True
-            yield conn
-    except psycopg.OperationalError as exc:
-        if handed_out:
-            raise
-        raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
+class _Renewal:
+    """The renewal of one token attempt's lease: a thread of its own ("durable_ledger
+    renewal of RUN") that renews it every ttl / 3, started by the clock (`_CLOCK`) when the
+    first renewal is due.  An attempt shorter than ttl / 3 -- the common one -- starts no
+    thread at all (issue 34: a thread started and joined per attempt was a tenth of a
+    guarded call's CPU)."""
+
+    def __init__(self, ledger: "Ledger", lease: TokenLease) -> None:
+        self.ledger: Optional[Ledger] = ledger
+        self.lease: Optional[TokenLease] = lease
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.ended = False
+        self.thread: Optional[threading.Thread] = None
+        _CLOCK.add(time.monotonic() + lease.ttl.total_seconds() / 3, self)
+
+    def start(self) -> None:
+        """The first renewal is due: the renewal thread starts (unless the attempt ended)."""
+        with self.lock:
+            if self.ended or self.ledger is None or self.lease is None:
+                return
+            self.thread = threading.Thread(
+                target=self.ledger._renew, args=(self.lease, self.stop, 0.0), daemon=True,
+                name=f"durable_ledger renewal of {self.lease.run}")
+            self.thread.start()
+
+    def end(self) -> None:
+        """No renewal starts from now on; one in flight finishes first."""
+        with self.lock:
+            self.ended = True
+            thread, self.ledger, self.lease = self.thread, None, None
+        self.stop.set()
+        if thread is None:
+            _CLOCK.ended()  # still in its schedule
+        if thread is not None:
+            thread.join(timeout=30)
+
+
+class _RenewalClock:
+    """One daemon thread ("durable_ledger lease clock", started with the first token
+    attempt) that starts each attempt's renewal when it is due.  An attempt that ended is
+    dropped from its schedule (at once from its head; the rest when they are half of it)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.due: List[Tuple[float, int, _Renewal]] = []  # a heap, by time
+        self.seq = itertools.count()
+        self.dropped = 0  # renewals in self.due whose attempt has ended
+        self.thread: Optional[threading.Thread] = None
+
+    def add(self, when: float, renewal: _Renewal) -> None:
+        with self.cond:
+            heapq.heappush(self.due, (when, next(self.seq), renewal))
+            if self.thread is None or not self.thread.is_alive():  # (also after a fork)
+                self.thread = threading.Thread(target=self._run, daemon=True,
+                                               name="durable_ledger lease clock")
+                self.thread.start()
+            elif self.due[0][2] is renewal:
+                self.cond.notify()
+
+    def ended(self) -> None:
+        with self.cond:
+            self.dropped += 1
+            if self.dropped > 64 and self.dropped * 2 > len(self.due):
+                self.due = [entry for entry in self.due if not entry[2].ended]
+                heapq.heapify(self.due)
+                self.dropped = 0
+
+    def _run(self) -> None:
+        with self.cond:
+            while True:
+                while self.due and self.due[0][2].ended:
+                    heapq.heappop(self.due)
+                    self.dropped = max(0, self.dropped - 1)
+                if not self.due:
+                    self.cond.wait()
+                    continue
+                wait = self.due[0][0] - time.monotonic()
+                if wait > 0:
+                    self.cond.wait(wait)
+                    continue
+                renewal = heapq.heappop(self.due)[2]
+                try:
+                    renewal.start()
+                except Exception:  # (no thread could be started) the lease is not renewed
+                    log.warning("could not start the renewal of a token lease", exc_info=True)
+
+
+_CLOCK = _RenewalClock()
 
 
 def _answers(conn: "psycopg.Connection[Any]") -> bool:
@@ -1235,6 +1320,11 @@ def _execute_raw(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any,
     that no other thread's statement comes in between), and a statement that did not end
     idle raises `LedgerUsageError` (`_not_committed`).
     """
+    if not shared:
+        with conn.lock:
+            if p.plain_ready(conn):  # idle: the statement alone, sent straight (p.plain_send)
+                tx, gen = p.plain_send(conn, query, params)
+                return p.plain_rows(conn, tx, conn.wait(gen), what)
     with conn.cursor(row_factory=dict_row) as cur:
         if shared:
             status = _execute_and_status(conn, cur, query, params, what)
