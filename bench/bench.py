@@ -6,7 +6,7 @@ Every comparison runs interleaved in one cluster (A B A B ...) and reports the
 median of its rounds as a ratio; absolute numbers are context only.  Run by
 bench/run.sh against a throwaway cluster.  --only runs some sections:
 pairs, registered, unregistered, budgeted, batch, replay, handoff, pooler, access, growth, audit,
-console, proxy, gateway, clients.
+console, proxy, gateway, clients, callgrind.
 
 The proxy section (bench/proxy_scale.py) starts four clusters of its own: three shards
 and a proxy (durable_ledger_proxy): begin+complete through the proxy against straight to
@@ -563,7 +563,7 @@ def populate(conn, target):
 
 
 SECTIONS = ("pairs", "registered", "unregistered", "budgeted", "local", "batch", "replay", "handoff", "pooler", "access", "growth",
-            "audit", "console", "proxy", "gateway", "clients")
+            "audit", "console", "proxy", "gateway", "clients", "callgrind")
 
 
 def bench_settings():
@@ -790,6 +790,19 @@ def main():
         # the clients' own CPU per guarded call (issue 34)
         rows.extend(clients_section(args, args.dsn, say))
 
+    if "callgrind" in only:
+        # instructions per begin+complete pair, counted, not timed (issue 34)
+        if shutil.which("valgrind") is None:
+            say("callgrind: valgrind is not installed (apt-get install valgrind); section skipped")
+        else:
+            say("instructions per begin+complete pair (callgrind, single-user backends) ...")
+            out = subprocess.run(["bash", os.path.join(HERE, "callgrind", "run.sh")], check=True,
+                                 capture_output=True, text=True).stdout
+            found = re.search(r"instructions per pair: (\d+)", out)
+            rows.append(("instructions per begin+complete pair (count)", float(found.group(1)),
+                         "≤ 420,000", "callgrind, 2,500 minus 500 pairs, bench/callgrind/run.sh"))
+            say("  ", rows[-1])
+
     cores = os.cpu_count()
     print()
     print(f"durable_ledger bench, {datetime.date.today()}, {cores} cores, PostgreSQL "
@@ -801,7 +814,7 @@ def main():
     print("| measure | ratio | target | context |")
     print("| --- | --- | --- | --- |")
     for name, ratio, target, ctx in rows:
-        value = (f"{ratio:.0f}" if name.startswith("bytes") else
+        value = (f"{ratio:.0f}" if name.startswith("bytes") or name.endswith("(count)") else
                  f"{ratio:.1f} ms" if name.endswith("(ms)") else
                  f"{ratio:.0f} s" if name.endswith("(s)") else f"{ratio:.2f}x")
         print(f"| {name} | {value} | {target} | {ctx} |")
