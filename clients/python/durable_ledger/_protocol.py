@@ -1284,3 +1284,20 @@ def plain_rows(conn: Any, tx: Any, results: Sequence[Any], what: str) -> List[Di
 
     rows: List[Dict[str, Any]] = tx.load_rows(0, res.ntuples, make_row)
     return rows
+
+
+def pool_methods(source: Any, asynchronous: bool) -> Tuple[Any, Any]:
+    """``(getconn, putconn)`` of a psycopg_pool pool whose ``connection()`` is psycopg_pool's
+    own (not a subclass's, which may do more), else ``(None, None)``.  The client then
+    borrows with these two directly, doing what ``connection()`` does (a transaction left
+    open committed, or rolled back on an error; the connection given back) without its two
+    context managers and its commit under the connection's lock when there is nothing to
+    commit (issue 34).  Only the pool's usage statistics (``usage_ms``) miss the time."""
+    try:
+        import psycopg_pool
+    except ImportError:  # pragma: no cover -- a factory or another pool
+        return None, None
+    base: Any = psycopg_pool.AsyncConnectionPool if asynchronous else psycopg_pool.ConnectionPool
+    if isinstance(source, base) and getattr(type(source), "connection", None) is base.connection:
+        return source.getconn, source.putconn
+    return None, None

@@ -300,6 +300,8 @@ class AsyncLedger(p.LedgerCore):
         self._acquiring: set[str] = set()  # runs an explicit acquire_run is taking
         self._conn_lock = asyncio.Lock()
         self._source = conn
+        # a psycopg_pool pool: borrowed with getconn/putconn straight (p.pool_methods)
+        self._getconn, self._putconn = p.pool_methods(conn, True)
         self._borrow: Optional[Callable[[], Any]]
         if isinstance(conn, psycopg.AsyncConnection):
             self.conn: Optional["psycopg.AsyncConnection[Any]"] = conn
@@ -1047,6 +1049,34 @@ class AsyncLedger(p.LedgerCore):
         if fresh:
             size = getattr(self._source, "max_size", None)
             tries = size + 1 if isinstance(size, int) and size > 0 else 5
+        if self._getconn is not None:
+            for _ in range(tries):
+                try:
+                    conn = await self._getconn()
+                except psycopg.OperationalError as exc:  # (a PoolTimeout) nothing was sent
+                    raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
+                try:
+                    if conn.closed or conn.broken or (fresh and not await _answers(conn)):
+                        if fresh:
+                            continue  # given back broken: the pool discards it
+                        raise _NotSent("the connection source handed out a closed connection")
+                    if conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                        raise LedgerUsageError(None, None, "the connection source handed out a "
+                                                           "connection inside a transaction")
+                    try:
+                        yield conn
+                    except BaseException:
+                        # as the pool's connection() does: what is left open rolled back
+                        if not conn.closed and conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                            await conn.rollback()
+                        raise
+                    if not conn.closed and conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                        await conn.commit()
+                    return
+                finally:
+                    await self._putconn(conn)
+            raise psycopg.OperationalError(f"the connection source handed out no working "
+                                           f"connection in {tries} tries")
         for _ in range(tries):
             # the connection source's connection, given back at the end; one that cannot be
             # had (it cannot connect; a pool's PoolTimeout) raises `_NotSent`: nothing was

@@ -10,6 +10,9 @@
 - A token attempt's renewal starts when the first renewal is due (ttl / 3): a short
   attempt starts no thread or task, a long one is renewed, nothing of it outlives the
   attempt, and the clock that starts the renewals forgets the attempts that ended.
+- A psycopg_pool pool is borrowed from with getconn/putconn straight, not through its
+  ``connection()``: a subclass's own ``connection()`` is still used, and a connection is
+  given back also after a refusal.
 - `AsyncLedger`: a report (already run to its end whatever happens to its caller) awaits
   its statement in the same task: cancelled while it waits for the pool's one
   connection, it still goes out and is recorded.
@@ -27,7 +30,8 @@ import threading
 import time
 import unittest
 import uuid
-from typing import Any, List, Optional
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, AsyncIterator, Iterator, List, Optional
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -60,6 +64,27 @@ def tagged_loads(data: Any) -> Any:
     return {"loaded by the connection": json.loads(data)}
 
 
+class CountingPool(ConnectionPool):
+    """A pool whose connection() does more than psycopg_pool's (it counts)."""
+    borrowed = 0
+
+    @contextmanager
+    def connection(self, timeout: Optional[float] = None) -> Iterator[Any]:
+        self.borrowed += 1
+        with super().connection(timeout) as conn:
+            yield conn
+
+
+class CountingAsyncPool(AsyncConnectionPool):
+    borrowed = 0
+
+    @asynccontextmanager
+    async def connection(self, timeout: Optional[float] = None) -> AsyncIterator[Any]:
+        self.borrowed += 1
+        async with super().connection(timeout) as conn:
+            yield conn
+
+
 class SyncCutsTest(unittest.TestCase):
 
     def setUp(self) -> None:
@@ -70,7 +95,7 @@ class SyncCutsTest(unittest.TestCase):
     def pool(self, **kwargs: Any) -> ConnectionPool:
         configure = kwargs.pop("configure", None)
         pool = ConnectionPool(DSN or "", min_size=1, max_size=1, kwargs=kwargs,
-                              configure=configure, open=True)
+                              configure=configure, open=True, timeout=5.0)
         self.addCleanup(pool.close)
         pool.wait(timeout=PATIENCE)
         return pool
@@ -125,6 +150,26 @@ class SyncCutsTest(unittest.TestCase):
             self.assertIs(conn.autocommit, False)
             self.assertEqual(conn.info.transaction_status, TransactionStatus.IDLE)
 
+    def test_a_pool_subclass_is_borrowed_from_through_its_own_connection(self) -> None:
+        pool = CountingPool(DSN or "", min_size=1, max_size=1, open=True)
+        self.addCleanup(pool.close)
+        ledger = Ledger(pool)
+        with ledger.token_attempt(self.run_id, ttl=30):
+            ledger.guarded(self.run_id, "a", {}, lambda key: None)
+        self.assertEqual(pool.borrowed, 4)  # take_lease, begin, complete, release_lease
+
+    def test_a_pool_gives_its_one_connection_again_after_refusals(self) -> None:
+        pool = self.pool()  # (a connection not given back: PoolTimeout after 5 s, not a hang)
+        ledger = Ledger(pool)
+        with ledger.token_attempt(self.run_id, ttl=30):
+            pass
+        self.admin.execute("SELECT durable_ledger.abandon_run(%s, 'ops', 'fraud')", (self.run_id,))
+        for _ in range(3):
+            with self.assertRaises(RunAbandoned):
+                with ledger.token_attempt(self.run_id, ttl=30):
+                    pass
+        self.assertIsNone(ledger.effect_status("no-such-key"))
+
     def test_a_short_attempt_starts_no_renewal_and_a_long_one_is_renewed(self) -> None:
         ledger = Ledger(self.pool())
         with ledger.token_attempt(self.run_id, ttl=30) as lease:
@@ -163,7 +208,7 @@ class AsyncCutsTest(unittest.IsolatedAsyncioTestCase):
     async def pool(self, size: int = 1, **kwargs: Any) -> AsyncConnectionPool:
         configure = kwargs.pop("configure", None)
         pool = AsyncConnectionPool(DSN or "", min_size=size, max_size=size, kwargs=kwargs,
-                                   configure=configure, open=False)
+                                   configure=configure, open=False, timeout=5.0)
         await pool.open()
         self.addAsyncCleanup(pool.close)
         await pool.wait(timeout=PATIENCE)
@@ -234,6 +279,15 @@ class AsyncCutsTest(unittest.IsolatedAsyncioTestCase):
         async with ledger.token_attempt(self.run_id, ttl=30):  # the retry replays it
             self.assertEqual(await ledger.guarded(self.run_id, "bank.pay", {"i": 9}, pay),
                              {"receipt": "R-1"})
+
+    async def test_a_pool_subclass_is_borrowed_from_through_its_own_connection(self) -> None:
+        pool = CountingAsyncPool(DSN or "", min_size=1, max_size=1, open=False)
+        await pool.open()
+        self.addAsyncCleanup(pool.close)
+        ledger = AsyncLedger(pool)
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            await ledger.guarded(self.run_id, "a", {}, lambda key: None)
+        self.assertEqual(pool.borrowed, 4)  # take_lease, begin, complete, release_lease
 
     async def test_a_short_attempt_starts_no_renewal_and_a_long_one_is_renewed(self) -> None:
         ledger = AsyncLedger(await self.pool())
