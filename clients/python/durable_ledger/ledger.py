@@ -28,6 +28,7 @@ import contextvars
 import functools
 import heapq
 import itertools
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -1268,6 +1269,11 @@ class _RenewalClock:
     dropped from its schedule (at once from its head; the rest when they are half of it)."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """An empty schedule.  Also in a child a fork() made: the parent's attempts (and the
+        connections their renewals would use, the parent's sockets) are not the child's."""
         self.cond = threading.Condition()
         self.due: List[Tuple[float, int, _Renewal]] = []  # a heap, by time
         self.seq = itertools.count()
@@ -1277,7 +1283,7 @@ class _RenewalClock:
     def add(self, when: float, renewal: _Renewal) -> None:
         with self.cond:
             heapq.heappush(self.due, (when, next(self.seq), renewal))
-            if self.thread is None or not self.thread.is_alive():  # (also after a fork)
+            if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, daemon=True,
                                                name="durable_ledger lease clock")
                 self.thread.start()
@@ -1287,6 +1293,8 @@ class _RenewalClock:
     def ended(self) -> None:
         with self.cond:
             self.dropped += 1
+            if self.due and self.due[0][2].ended:
+                self.cond.notify()  # the clock drops it from the head at once
             if self.dropped > 64 and self.dropped * 2 > len(self.due):
                 self.due = [entry for entry in self.due if not entry[2].ended]
                 heapq.heapify(self.due)
@@ -1313,6 +1321,8 @@ class _RenewalClock:
 
 
 _CLOCK = _RenewalClock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_CLOCK.reset)
 
 
 def _answers(conn: "psycopg.Connection[Any]") -> bool:

@@ -195,7 +195,27 @@ class SyncCutsTest(unittest.TestCase):
             with ledger.token_attempt(f"{self.run_id}-{i}", ttl=600):
                 pass
         self.assertLess(len(clock.due), before + 140)
-        self.assertTrue(all(not entry[2].ended for entry in clock.due[:1]))
+        # an ended attempt at the head wakes the clock, which drops it (waited for)
+        deadline = time.monotonic() + PATIENCE
+        while time.monotonic() < deadline:
+            with clock.cond:
+                if not any(entry[2].ended for entry in clock.due[:1]):
+                    break
+                clock.cond.wait(0.05)
+        with clock.cond:
+            self.assertFalse(any(entry[2].ended for entry in clock.due[:1]))
+
+    @unittest.skipUnless(hasattr(os, "fork"), "needs fork()")
+    def test_a_forked_child_does_not_renew_its_parents_leases(self) -> None:
+        ledger = Ledger(self.pool(autocommit=True))
+        with ledger.token_attempt(self.run_id, ttl=600):
+            self.assertTrue(ledger_module._CLOCK.due)  # the parent's renewal is scheduled
+            child = os.fork()
+            if child == 0:  # the child: an empty schedule, no clock thread
+                clock = ledger_module._CLOCK
+                os._exit(0 if not clock.due and clock.thread is None else 1)
+            _, status = os.waitpid(child, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
 
 
 class AsyncCutsTest(unittest.IsolatedAsyncioTestCase):
