@@ -219,7 +219,7 @@ append_content(StringInfo buf, const AuditRow *row)
 	appendStringInfoString(buf, ", ");
 	append_text_or_null(buf, row->client_addr);
 	appendStringInfoString(buf, ", ");
-	append_int_or_null(buf, row->backend_pid, false);
+	append_int(buf, row->backend_pid);
 	appendStringInfoString(buf, ", ");
 	append_int_or_null(buf, row->lease_epoch, row->lease_epoch <= 0);
 	appendStringInfoString(buf, ", ");

@@ -21,7 +21,9 @@
  * as the verdict of a divergence and once as itself, counts once), how many
  * those are, and how many earlier effects of T there are (counted once per
  * epoch and tool, by the effects' (tool, run) index, when a call of T would
- * first execute).  A call never scans the run's history.
+ * first execute).  A call never scans the run's history -- but for the
+ * tool's effects in the run, by that index, when a new key of a later
+ * attempt is compared with the earlier attempts' call ids (see below).
  *
  * A divergence is keyed by the drifted call's key, and looked up first for
  * every new key of a later attempt, judged or watched or not: once recorded,
@@ -436,10 +438,12 @@ dl_judge_business_key(ReplayProgress *progress, const CallLease *lease, const ch
 	drift->kind = DRIFT_NONE;
 
 	/*
-	 * A business key is shared by runs, and the run's remembered "no
-	 * divergences" says nothing of another run's: looked up by the key.
+	 * Only a call id's key can be a divergence's (an operation's business key
+	 * never is: its shape is not "call:", keys.c).  A business key is shared by
+	 * runs, and the run's remembered "no divergences" says nothing of another
+	 * run's: looked up by the key.
 	 */
-	if (dl_read_divergence(key, &recorded))
+	if (dl_is_call_key(key) && dl_read_divergence(key, &recorded))
 	{
 		check_divergence_call(&recorded, lease->run, tool, rules, canon);
 		policy = dl_divergence_policy(rules, &waited);

@@ -8,7 +8,6 @@ so that both decide alike what a decision, a report or a refusal means.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import hashlib
@@ -17,7 +16,7 @@ import logging
 import re
 import threading
 from datetime import datetime, timedelta
-from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set,
+from typing import (Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set,
                     Tuple, TypeVar, Union)
 
 import psycopg
@@ -149,6 +148,31 @@ def _not_committed(exc: BaseException) -> bool:
 
 class _NotSent(psycopg.OperationalError):
     """The connection source handed out a connection already closed: nothing was sent."""
+
+
+def borrow_tries(source: Any, fresh: bool) -> int:
+    """How many connections a borrow takes from its source at the most: one; for a
+    ``fresh`` one (checked by an empty query), one more than a pool holds, so that every
+    connection that died while idle is given back (the pool discards it) before giving up."""
+    if not fresh:
+        return 1
+    size = getattr(source, "max_size", None)
+    return size + 1 if isinstance(size, int) and size > 0 else 5
+
+
+def usable_lent(conn: Any, alive: bool, fresh: bool) -> bool:
+    """Whether a connection a source handed out may take a ledger statement.  ``alive``: it
+    is open, not broken, and (``fresh``) answered an empty query.  False: give it back and
+    take the next (a fresh borrow's dead one); a dead one otherwise raises `_NotSent`, one
+    inside a transaction `LedgerUsageError`."""
+    if not alive:
+        if fresh:
+            return False
+        raise _NotSent("the connection source handed out a closed connection")
+    if conn.pgconn.transaction_status != TransactionStatus.IDLE:
+        raise LedgerUsageError(None, None, "the connection source handed out a "
+                                           "connection inside a transaction")
+    return True
 
 
 def _server_message(exc: "psycopg.Error") -> str:

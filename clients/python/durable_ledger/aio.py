@@ -1045,10 +1045,7 @@ class AsyncLedger(p.LedgerCore):
                 self._check_writable()
                 yield self.conn  # type: ignore[misc]
             return
-        tries = 1
-        if fresh:
-            size = getattr(self._source, "max_size", None)
-            tries = size + 1 if isinstance(size, int) and size > 0 else 5
+        tries = p.borrow_tries(self._source, fresh)
         if self._getconn is not None:
             for _ in range(tries):
                 try:
@@ -1056,13 +1053,9 @@ class AsyncLedger(p.LedgerCore):
                 except psycopg.OperationalError as exc:  # (a PoolTimeout) nothing was sent
                     raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
                 try:
-                    if conn.closed or conn.broken or (fresh and not await _answers(conn)):
-                        if fresh:
-                            continue  # given back broken: the pool discards it
-                        raise _NotSent("the connection source handed out a closed connection")
-                    if conn.pgconn.transaction_status != TransactionStatus.IDLE:
-                        raise LedgerUsageError(None, None, "the connection source handed out a "
-                                                           "connection inside a transaction")
+                    alive = not (conn.closed or conn.broken or (fresh and not await _answers(conn)))
+                    if not p.usable_lent(conn, alive, fresh):
+                        continue  # given back broken: the pool discards it
                     try:
                         yield conn
                     except BaseException:
@@ -1098,13 +1091,9 @@ class AsyncLedger(p.LedgerCore):
                     if not isinstance(conn, psycopg.AsyncConnection):
                         raise TypeError(f"the connection source handed out {type(conn).__name__}, "
                                         f"not a psycopg.AsyncConnection")
-                    if conn.closed or conn.broken or (fresh and not await _answers(conn)):
-                        if fresh:
-                            continue  # given back broken: the pool discards it
-                        raise _NotSent("the connection source handed out a closed connection")
-                    if conn.pgconn.transaction_status != TransactionStatus.IDLE:
-                        raise LedgerUsageError(None, None, "the connection source handed out a "
-                                                           "connection inside a transaction")
+                    alive = not (conn.closed or conn.broken or (fresh and not await _answers(conn)))
+                    if not p.usable_lent(conn, alive, fresh):
+                        continue  # given back broken: the pool discards it
                     yield conn
                     return
             except psycopg.OperationalError as exc:
