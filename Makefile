@@ -7,6 +7,7 @@ OBJS = \
 	src/module.o \
 	src/names.o \
 	src/canonical.o \
+	src/digest.o \
 	src/keys.o \
 	src/call.o \
 	src/detail.o \
@@ -59,6 +60,9 @@ OBJS = \
 DATA_built = $(EXTENSION)--$(EXTVERSION).sql
 DATA = $(filter-out $(DATA_built),$(wildcard $(EXTENSION)--*.sql))
 PG_CPPFLAGS = -I$(srcdir)/src
+# digest.c calls OpenSSL's SHA-256 itself when the server was built with it
+# (PGXS's with_ssl); the server links the same library
+SHLIB_LINK += $(if $(filter openssl,$(with_ssl)),-lcrypto)
 
 # pg_regress suites: one file per concern (sql/ and expected/)
 REGRESS = \

@@ -30,7 +30,6 @@
 
 #include "access/xact.h"
 #include "commands/sequence.h"
-#include "common/cryptohash.h"
 #include "nodes/pg_list.h"
 #include "utils/builtins.h"
 #include "utils/json.h"
@@ -38,6 +37,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 
+#include "digest.h"
 #include "store.h"
 
 #define CHAIN_HASH_LEN 32
@@ -236,7 +236,6 @@ void
 dl_chain_audit_row(AuditRow *row, Oid audit_relid, Oid namespace)
 {
 	StringInfoData content;
-	pg_cryptohash_ctx *ctx;
 	uint8		hash[CHAIN_HASH_LEN];
 	bytea	   *result;
 
@@ -263,13 +262,10 @@ dl_chain_audit_row(AuditRow *row, Oid audit_relid, Oid namespace)
 	append_content(&content, row);
 
 	/* the bytes as stored: no conversion (a SQL_ASCII database may hold any) */
-	ctx = pg_cryptohash_create(PG_SHA256);
-	if (pg_cryptohash_init(ctx) < 0 ||
-		pg_cryptohash_update(ctx, head.hash, CHAIN_HASH_LEN) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) content.data, content.len) < 0 ||
-		pg_cryptohash_final(ctx, hash, sizeof(hash)) < 0)
-		elog(ERROR, "could not compute the audit row's hash: %s", pg_cryptohash_error(ctx));
-	pg_cryptohash_free(ctx);
+	dl_sha256_begin();
+	dl_sha256_add(head.hash, CHAIN_HASH_LEN);
+	dl_sha256_add(content.data, content.len);
+	dl_sha256_end(hash);
 
 	result = palloc(VARHDRSZ + CHAIN_HASH_LEN);
 	SET_VARSIZE(result, VARHDRSZ + CHAIN_HASH_LEN);

@@ -1,7 +1,7 @@
 /*
  * keys.c: the idempotency key of a call.
  *
- * A derived key is the lowercase hex SHA-256 (PostgreSQL's own cryptohash)
+ * A derived key is the lowercase hex SHA-256 (digest.c)
  * of this key material, in the database encoding:
  *
  *   durable_ledger.v1|<bytes of run>|<run>|<bytes of tool>|<tool>|<occurrence>|<canonical args>
@@ -13,13 +13,12 @@
  */
 #include "postgres.h"
 
-#include "common/cryptohash.h"
-#include "common/sha2.h"
 #include "mb/pg_wchar.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 
 #include "common.h"
+#include "digest.h"
 
 #define KEY_MATERIAL_PREFIX "durable_ledger.v1"
 
@@ -97,7 +96,6 @@ void
 dl_derive_key(const char *run, const char *tool, const char *canon,
 			  int canon_len, int32 occurrence, char *hex_out)
 {
-	pg_cryptohash_ctx *ctx;
 	uint8		digest[PG_SHA256_DIGEST_LENGTH];
 	char		header[128];
 	char		middle[32];
@@ -110,28 +108,18 @@ dl_derive_key(const char *run, const char *tool, const char *canon,
 	header_len = material_number(header, KEY_MATERIAL_PREFIX "|", (int64) run_len);
 	middle_len = material_number(middle, "|", occurrence);
 
-	ctx = pg_cryptohash_create(PG_SHA256);
-	if (pg_cryptohash_init(ctx) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) header, header_len) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) run, run_len) < 0)
-		goto failed;
-
+	dl_sha256_begin();
+	dl_sha256_add(header, header_len);
+	dl_sha256_add(run, run_len);
 	header_len = material_number(header, "|", (int64) tool_len);
-	if (pg_cryptohash_update(ctx, (const uint8 *) header, header_len) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) tool, tool_len) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) middle, middle_len) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) canon, canon_len) < 0 ||
-		pg_cryptohash_final(ctx, digest, sizeof(digest)) < 0)
-		goto failed;
-	pg_cryptohash_free(ctx);
+	dl_sha256_add(header, header_len);
+	dl_sha256_add(tool, tool_len);
+	dl_sha256_add(middle, middle_len);
+	dl_sha256_add(canon, canon_len);
+	dl_sha256_end(digest);
 
 	hex_encode((const char *) digest, PG_SHA256_DIGEST_LENGTH, hex_out);
 	hex_out[DL_KEY_HEX_LEN] = '\0';
-	return;
-
-failed:
-	pg_cryptohash_free(ctx);
-	elog(ERROR, "could not compute SHA-256 of the key material");
 }
 
 /*
