@@ -19,6 +19,7 @@ OBJS = \
 	src/tables.o \
 	src/reader.o \
 	src/rows.o \
+	src/index_plans.o \
 	src/write_effects.o \
 	src/write_runs.o \
 	src/write_tokens.o \
@@ -77,6 +78,7 @@ REGRESS = \
 	resolution \
 	audit_log \
 	table_writes \
+	index_plans \
 	privileges \
 	bad_input \
 	rollback \

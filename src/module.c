@@ -18,6 +18,7 @@ void
 _PG_init(void)
 {
 	dl_tables_init();
+	dl_index_plans_init();
 	dl_cache_init();
 	dl_audit_chain_init();
 	dl_metrics_init();

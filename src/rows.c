@@ -65,7 +65,7 @@ begin_write_of(RowWrite *w, LedgerTable *t, bool with_indexes)
 	w->estate->es_output_cid = GetCurrentCommandId(true);
 	w->estate->es_snapshot = GetActiveSnapshot();
 	if (with_indexes)
-		ExecOpenIndices(w->rri, false);
+		dl_open_indexes(w->rri);
 	desc = RelationGetDescr(w->rel);
 	w->slot = ExecInitExtraTupleSlot(w->estate, desc, &TTSOpsVirtual);
 	ExecClearTuple(w->slot);

@@ -46,4 +46,7 @@ extern void dl_row_announce_change(RowWrite *w);
 extern void dl_row_report_skipped(LedgerTable *t, const char *command);
 extern void dl_row_report_changed_key(LedgerTable *t);
 
+/* index_plans.c: ExecOpenIndices for a write, with what a transaction learned */
+extern void dl_open_indexes(ResultRelInfo *rri);
+
 #endif							/* DURABLE_LEDGER_ROWS_H */

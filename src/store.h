@@ -378,6 +378,7 @@ extern void dl_write_audit(const char *run, const char *key, AuditEvent event,
 
 /* tables.c */
 extern void dl_tables_init(void);
+extern void dl_index_plans_init(void);
 
 /* audit_chain.c: an audit row as its hash covers it */
 typedef struct AuditRow
