@@ -4,8 +4,9 @@
  *
  * Single rows go through the executor's own helpers, the ones logical
  * replication's apply worker uses: ExecSimpleRelationInsert and
- * ExecSimpleRelationUpdate on a ResultRelInfo with its indexes open
- * (ExecOpenIndices), the row to change found and locked with
+ * ExecSimpleRelationUpdate on a ResultRelInfo with its indexes open (as
+ * ExecOpenIndices opens them, with what the transaction learned of them:
+ * index_plans.c), the row to change found and locked with
  * RelationFindReplTupleByIndex on the primary key.  Triggers, NOT NULL and
  * CHECK constraints, index maintenance and unique checks, replica identity,
  * are then PostgreSQL's code, whatever an administrator adds to the tables.
