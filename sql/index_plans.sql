@@ -1,7 +1,8 @@
--- index_plans: a transaction learns a ledger table's indexes once
--- (src/index_plans.c) and every later write of the table in it uses what it
--- learned.  Whatever changes in the transaction between two writes is seen
--- by the next one, as the next INSERT would see it: an index created,
+-- index_plans: a backend learns a ledger table's indexes once
+-- (src/index_plans.c), each transaction locks them at its first write of the
+-- table, and every later write uses what was learned.  Whatever changes in a
+-- transaction between two writes is seen by the next one, as the next INSERT
+-- would see it: an index created,
 -- rebuilt or dropped, one given back by a rolled back savepoint, a domain's
 -- new constraint, an index expression's function replaced; a trigger that
 -- writes the same table in the middle of a write.  (Another session cannot
@@ -51,6 +52,14 @@ SELECT status FROM durable_ledger.complete_effect(:'k2', '{"paid": 2}');
 SELECT regress_plans_intact();
 COMMIT;
 SELECT count(*) AS completed FROM durable_ledger.effects WHERE run = 'plans-1' AND status = 'completed';
+
+-- the next transaction locks the indexes again at its first write, as
+-- ExecOpenIndices would
+BEGIN;
+SELECT regress_index_locked('durable_ledger.effects_tool_run_idx') AS locked_before_a_write;
+SELECT decision FROM durable_ledger.begin_effect('plans-0', 'pay', '{"n": 1}');
+SELECT regress_index_locked('durable_ledger.effects_tool_run_idx') AS locked_by_the_write;
+COMMIT;
 
 -- a savepoint rolled back gives back the index created in it, and the locks
 -- its writes took: the next write neither opens the index nor goes without

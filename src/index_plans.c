@@ -1,14 +1,15 @@
 /*
  * index_plans.c: what a write of a ledger table needs to know of the table's
- * indexes, learned once per transaction.
+ * indexes, learned once by the backend and kept until the table or one of
+ * its indexes changes.
  *
  * ExecOpenIndices, on every write, lists the table's indexes, locks each one
  * and builds its IndexInfo from the index's relcache entry (the expressions
- * and predicate copied out of it).  Here a transaction learns that once per
- * table -- the indexes' OIDs, locked for the transaction, and their
- * IndexInfo -- and every write opens the indexes without locking them again
- * and gets its own copy of each IndexInfo in its own executor state.  What
- * makes this safe, each a defect of an earlier per-backend cache
+ * and predicate copied out of it).  Here a backend learns that once per
+ * table -- the indexes' OIDs and their IndexInfo, a plan -- a transaction
+ * locks the indexes at its first write of the table, and every write opens
+ * them and gets its own copy of each IndexInfo in its own executor state.
+ * What makes this safe, each a defect of an earlier per-backend cache
  * (bench/README.md, "CPU per pair"):
  *
  * - Nothing compiled is kept: a write's copy starts without expression or
@@ -20,24 +21,28 @@
  *   predicate trees and arrays are copied too): a write in progress (one
  *   around a trigger that writes the same table) never reads what a later
  *   write freed.
- * - A plan is learned in a memory context of its own under the transaction's
- *   and installed only when complete: an error while learning (out of memory,
- *   an index that cannot be opened) leaves no half-built plan, and the
- *   transaction's end frees it.
- * - When the table or one of its indexes changes (a relcache invalidation,
- *   from this session or another, or all of them on a cache reset; also one
- *   that arrives while the plan is learned) the plan is marked stale, and the
- *   next write of the table frees it and learns a new one.
- * - A subtransaction that rolls back gives back the locks its plans took (and
- *   an index it created): the plans learned in it are stale then.
- * - A new transaction never sees a plan of an earlier one (they are told
- *   apart by the backend's local transaction id).
+ * - A plan is learned in a memory context of its own and kept only when
+ *   complete: an error while learning (out of memory, an index that cannot be
+ *   opened) leaves no half-built plan (the context is the transaction's until
+ *   then, so the error frees it).
+ * - A plan is what the relcache says, and is kept as long as the relcache's
+ *   entries: a relcache invalidation of the table or of one of its indexes
+ *   (from this session or another, or of all of them on a cache reset; also
+ *   one that arrives while the plan is learned) makes it stale, and the next
+ *   write of the table frees it and learns a new one.  Another session's
+ *   change reaches this one the way PostgreSQL's own relcache learns it: when
+ *   a transaction locks the table, before its first write opens the indexes.
+ * - The indexes are locked (RowExclusiveLock, as ExecOpenIndices locks them)
+ *   by each transaction's first write of the table, again after a
+ *   subtransaction that took the locks rolled back, and opened without a
+ *   lock by the writes after it.
  */
 #include "postgres.h"
 
 #include "access/genam.h"
 #include "access/xact.h"
 #include "catalog/index.h"
+#include "storage/lmgr.h"
 #include "storage/proc.h"
 #include "utils/inval.h"
 #include "utils/memutils.h"
@@ -50,29 +55,17 @@ typedef struct IndexPlan
 	MemoryContext cxt;			/* holds the plan */
 	Oid			relid;			/* the table */
 	bool		stale;			/* the table or an index changed: learn again */
-	SubTransactionId learned_in;	/* where its index locks were taken */
 	int			nindexes;
 	Oid		   *index_oids;		/* as RelationGetIndexList orders them */
 	IndexInfo **infos;			/* BuildIndexInfo's, never given to the executor */
+	LocalTransactionId locked_lxid; /* the transaction that holds their locks */
+	SubTransactionId locked_in; /* its subtransaction that took them */
 } IndexPlan;
 
-/* the plans of the transaction lxid (the list in TopTransactionContext) */
-static LocalTransactionId plans_lxid = InvalidLocalTransactionId;
-static List *plans = NIL;
+static List *plans = NIL;		/* in TopMemoryContext */
 
 /* relcache invalidations seen, so that learning notices one during it */
 static uint64 invalidations = 0;
-
-static List *
-current_plans(void)
-{
-	if (plans_lxid != MyProc->lxid)
-	{
-		plans = NIL;
-		plans_lxid = MyProc->lxid;
-	}
-	return plans;
-}
 
 static void
 relcache_changed(Datum arg, Oid relid)
@@ -80,7 +73,7 @@ relcache_changed(Datum arg, Oid relid)
 	ListCell   *lc;
 
 	invalidations++;
-	foreach(lc, current_plans())
+	foreach(lc, plans)
 	{
 		IndexPlan  *plan = lfirst(lc);
 		int			i;
@@ -101,17 +94,30 @@ subxact_changed(SubXactEvent event, SubTransactionId sub, SubTransactionId paren
 	if (event != SUBXACT_EVENT_ABORT_SUB && event != SUBXACT_EVENT_COMMIT_SUB)
 		return;
 	/* subtransactions begun after sub are sub's own (numbers only grow) */
-	foreach(lc, current_plans())
+	foreach(lc, plans)
 	{
 		IndexPlan  *plan = lfirst(lc);
 
-		if (plan->learned_in < sub)
+		if (plan->locked_lxid != MyProc->lxid || plan->locked_in < sub)
 			continue;
 		if (event == SUBXACT_EVENT_ABORT_SUB)
-			plan->stale = true;
+			plan->locked_lxid = InvalidLocalTransactionId;	/* given back */
 		else
-			plan->learned_in = parent;	/* its locks are the parent's now */
+			plan->locked_in = parent;	/* the parent's now */
 	}
+}
+
+/* A transaction's end gives back every lock (and local ids come round again). */
+static void
+xact_ended(XactEvent event, void *arg)
+{
+	ListCell   *lc;
+
+	if (event != XACT_EVENT_COMMIT && event != XACT_EVENT_ABORT && event != XACT_EVENT_PREPARE &&
+		event != XACT_EVENT_PARALLEL_COMMIT && event != XACT_EVENT_PARALLEL_ABORT)
+		return;
+	foreach(lc, plans)
+		((IndexPlan *) lfirst(lc))->locked_lxid = InvalidLocalTransactionId;
 }
 
 void
@@ -119,17 +125,25 @@ dl_index_plans_init(void)
 {
 	CacheRegisterRelcacheCallback(relcache_changed, (Datum) 0);
 	RegisterSubXactCallback(subxact_changed, NULL);
+	RegisterXactCallback(xact_ended, NULL);
+}
+
+/* Notes that this (sub)transaction locked the plan's indexes. */
+static void
+note_locked(IndexPlan *plan)
+{
+	plan->locked_lxid = MyProc->lxid;
+	plan->locked_in = GetCurrentSubTransactionId();
 }
 
 /*
- * Learns rel's plan: its indexes opened (and so locked, for the rest of the
- * transaction) and their IndexInfo built as ExecOpenIndices builds them,
- * then closed again (the locks stay).
+ * Learns rel's plan: its indexes opened (and so locked for the transaction)
+ * and their IndexInfo built as ExecOpenIndices builds them.
  */
 static IndexPlan *
 learn_plan(Relation rel)
 {
-	MemoryContext cxt = AllocSetContextCreate(TopTransactionContext, "durable_ledger index plan",
+	MemoryContext cxt = AllocSetContextCreate(CurTransactionContext, "durable_ledger index plan",
 											  ALLOCSET_SMALL_SIZES);
 	MemoryContext caller = MemoryContextSwitchTo(cxt);
 	uint64		seen = invalidations;
@@ -140,7 +154,6 @@ learn_plan(Relation rel)
 
 	plan->cxt = cxt;
 	plan->relid = RelationGetRelid(rel);
-	plan->learned_in = GetCurrentSubTransactionId();
 	if (RelationGetForm(rel)->relhasindex)
 		oids = RelationGetIndexList(rel);
 	plan->nindexes = list_length(oids);
@@ -155,33 +168,55 @@ learn_plan(Relation rel)
 		index_close(index, NoLock);
 		i++;
 	}
+	note_locked(plan);
 	/* a change seen while learning: good for this write, learned again next time */
 	plan->stale = invalidations != seen;
-	MemoryContextSwitchTo(TopTransactionContext);
-	plans = lappend(current_plans(), plan);
+	/* complete: the backend's from now on */
+	MemoryContextSwitchTo(TopMemoryContext);
+	plans = lappend(plans, plan);
+	MemoryContextSetParent(cxt, TopMemoryContext);
 	MemoryContextSwitchTo(caller);
 	return plan;
 }
 
+/*
+ * rel's plan, its indexes locked by this transaction.  Stale plans are freed
+ * on the way (no write holds anything of them: copy_info).
+ */
 static IndexPlan *
 plan_of(Relation rel)
 {
-	ListCell   *lc;
 	Oid			relid = RelationGetRelid(rel);
 
-	foreach(lc, current_plans())
+	for (;;)
 	{
-		IndexPlan  *plan = lfirst(lc);
+		IndexPlan  *found = NULL;
+		ListCell   *lc;
+		int			i;
 
-		if (plan->relid != relid)
-			continue;
-		if (!plan->stale)
-			return plan;
-		/* no write holds anything of it (copy_info) */
-		plans = foreach_delete_current(plans, lc);
-		MemoryContextDelete(plan->cxt);
+		foreach(lc, plans)
+		{
+			IndexPlan  *plan = lfirst(lc);
+
+			if (plan->stale)
+			{
+				plans = foreach_delete_current(plans, lc);
+				MemoryContextDelete(plan->cxt);
+			}
+			else if (plan->relid == relid)
+				found = plan;
+		}
+		if (found == NULL)
+			return learn_plan(rel);
+		if (found->locked_lxid == MyProc->lxid)
+			return found;
+		for (i = 0; i < found->nindexes; i++)
+			LockRelationOid(found->index_oids[i], RowExclusiveLock);
+		note_locked(found);
+		if (!found->stale)
+			return found;
+		/* a change arrived with a lock: learn again (the locks stay) */
 	}
-	return learn_plan(rel);
 }
 
 static void *
@@ -240,7 +275,7 @@ dl_open_indexes(ResultRelInfo *rri)
 	rri->ri_IndexRelationInfo = palloc(sizeof(IndexInfo *) * n);
 	for (i = 0; i < n; i++)
 	{
-		/* locked by learn_plan in this transaction, and not given back since */
+		/* locked by this transaction (plan_of), and not given back since */
 		rri->ri_IndexRelationDescs[i] = index_open(plan->index_oids[i], NoLock);
 		rri->ri_IndexRelationInfo[i] = copy_info(plan->infos[i]);
 		rri->ri_NumIndices = i + 1;
