@@ -263,6 +263,7 @@ def fleet_section(args, conn, bouncer, settle, say):
     within = [s for s in steps if s["p99"] <= BOUND_MS and not s["errors"]]
     saturation = max((s["achieved"] for s in within), default=0.0)
     top = steps[-1]
+    crossed = next((s for s in steps if s not in within and s["achieved"] > saturation), None)
     row = ("fleet shape: saturation, p99 ≤ 50 ms, token leases through PgBouncer (calls/s)", saturation,
            "≥ 2,000 calls/s",
            f"{procs} client process{'es' if procs > 1 else ''} (AsyncLedger, a pool of {CLIENT_POOL} each), PgBouncer "
@@ -271,6 +272,8 @@ def fleet_section(args, conn, bouncer, settle, say):
            f"calls/s (p50 / p99 ms): "
            + "; ".join(f"{s['offered']:.0f} → {s['achieved']:.0f} ({s['p50']:.1f} / {s['p99']:.1f})"
                        + (f" errors {s['errors']}" if s["errors"] else "") for s in steps)
+           + (f"; p99 passed 50 ms between {saturation:.0f} and {crossed['achieved']:.0f} calls/s" if crossed else
+              "; p99 did not pass 50 ms at any step")
            + f"; at the top step, CPU (cores): {top['cpu']}; server connections (mean): {top['server']}; "
              f"load {top['load']}")
     say("  ", row)
