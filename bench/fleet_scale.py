@@ -220,8 +220,9 @@ def fleet_section(args, conn, bouncer, settle, say):
             clients = sum(r["cpu"] for r in results) / seconds
             server, pooler = (after[0] - before[0]) / seconds, (after[1] - before[1]) / seconds
             busy, irq, whole = [(a - b) / seconds for a, b in zip(after[2], before[2])]
+            achieved = sum(r["finished"] for r in results) / seconds
             return {"nominal": calls_per_s, "offered": sum(r["begun"] for r in results) / seconds,
-                    "achieved": sum(r["finished"] for r in results) / seconds,
+                    "achieved": achieved,
                     "p50": q(0.50), "p99": q(0.99), "errors": dict(errors),
                     "lag": lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1000 if lags else 0.0,
                     "cpu": f"clients {clients:.2f}, postgres {server:.2f}, pgbouncer {pooler:.2f}, "
@@ -229,6 +230,8 @@ def fleet_section(args, conn, bouncer, settle, say):
                            f"idle {whole - busy:.2f} of {whole:.0f} cores"
                            + (f"; I/O stalls {(after[3] - before[3]) / seconds:.0%} of the time"
                               if before[3] is not None else ""),
+                    "per_call": f"clients {clients / achieved * 1000:.2f}, postgres {server / achieved * 1000:.2f}, "
+                                f"pgbouncer {pooler / achieved * 1000:.2f} ms" if achieved else "-",
                     "server": ", ".join(f"{k} {v:.1f}" for k, v in waits.items() if v >= 0.05),
                     "load": "/".join(f"{x:.1f}" for x in load)}
 
@@ -245,7 +248,7 @@ def fleet_section(args, conn, bouncer, settle, say):
             say(f"   offered {s['offered']:.0f} calls/s (nominal {rate}): achieved {s['achieved']:.0f}, "
                 f"p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms, errors {s['errors'] or 0}; "
                 f"client event loops' lag p99 {s['lag']:.1f} ms; "
-                f"CPU {s['cpu']}; server connections (mean): {s['server']}; load {s['load']}")
+                f"CPU {s['cpu']}; per call {s['per_call']}; server connections (mean): {s['server']}; load {s['load']}")
             over = over + 1 if s["p99"] > BOUND_MS else 0
             if s["p99"] > 2 * BOUND_MS or s["achieved"] < 0.9 * s["offered"] or over == 2:
                 break
@@ -274,7 +277,7 @@ def fleet_section(args, conn, bouncer, settle, say):
                        + (f" errors {s['errors']}" if s["errors"] else "") for s in steps)
            + (f"; p99 passed 50 ms between {saturation:.0f} and {crossed['achieved']:.0f} calls/s" if crossed else
               "; p99 did not pass 50 ms at any step")
-           + f"; at the top step, CPU (cores): {top['cpu']}; server connections (mean): {top['server']}; "
+           + f"; at the top step, CPU (cores): {top['cpu']}; CPU per call: {top['per_call']}; server connections (mean): {top['server']}; "
              f"load {top['load']}")
     say("  ", row)
     return [row]
