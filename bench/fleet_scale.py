@@ -17,10 +17,12 @@ calls finished in it, p50 / p99 over the calls begun in it; errors over the whol
 What limits a step is read over its window: the CPU of the client processes, the cluster's
 processes, PgBouncer, interrupts and the rest of the machine (/proc), the time tasks
 stalled on I/O (/proc/pressure/io), what the server connections are doing (sampled from
-pg_stat_activity), and how late the client processes' event loops run.  Stepping stops after a step with p99 over 100 ms or an
-achieved rate under 90% of the offered, or after two steps in a row over 50 ms.  The
-saturation point is the highest achieved rate of a step with p99 <= 50 ms and no error (no
-interpolation: a step that met the bound, not an estimate between two).
+pg_stat_activity), and how late the client processes' event loops run.  Stepping stops
+after a step whose achieved rate is under 90% of its offered one, or after two steps in a
+row with p99 over 50 ms (one such step alone may be a moment of the shared machine: a disk
+flush stalled, another session's burst).  The saturation point is the highest achieved
+rate of a step with p99 <= 50 ms and no error (not interpolated: a step that met the
+bound, not an estimate between two).
 """
 
 import asyncio
@@ -31,6 +33,8 @@ import random
 import resource
 import sys
 import time
+
+import psycopg
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SERVER_CONNECTIONS = 20  # the issue's fleet: PgBouncer's default_pool_size
@@ -237,6 +241,13 @@ def fleet_section(args, conn, bouncer, settle, say):
 
         say(f"fleet: runs through PgBouncer ({SERVER_CONNECTIONS} server connections), {procs} client process"
             f"{'es' if procs > 1 else ''} ...")
+        # PgBouncer opens server connections as demand grows: all of them now (a transaction
+        # held on each), or a backend's start would fall in a step
+        held = [psycopg.connect(bouncer.dsn, prepare_threshold=None) for _ in range(SERVER_CONNECTIONS)]
+        for c in held:
+            c.execute("SELECT 1")
+        for c in held:
+            c.close()
         # Not measured: rows in the tables before settle() analyzes them, else the server
         # connections' plans are made on empty token-lease tables (bench.py's pooler)
         run_step(min(args.fleet_rates), args.fleet_ramp, 3, "warm")
@@ -250,7 +261,7 @@ def fleet_section(args, conn, bouncer, settle, say):
                 f"client event loops' lag p99 {s['lag']:.1f} ms; "
                 f"CPU {s['cpu']}; per call {s['per_call']}; server connections (mean): {s['server']}; load {s['load']}")
             over = over + 1 if s["p99"] > BOUND_MS else 0
-            if s["p99"] > 2 * BOUND_MS or s["achieved"] < 0.9 * s["offered"] or over == 2:
+            if s["achieved"] < 0.9 * s["offered"] or over == 2:
                 break
     finally:
         for p in pipes:
