@@ -247,6 +247,7 @@ def fleet_section(args, conn, bouncer, settle, say):
         for c in held:
             c.execute("SELECT 1")
         for c in held:
+            c.rollback()  # a client gone in a transaction would take its server connection with it
             c.close()
         # Not measured: rows in the tables before settle() analyzes them, else the server
         # connections' plans are made on empty token-lease tables (bench.py's pooler)
