@@ -174,17 +174,23 @@ def io_stalled():
 def server_waits(conn, seconds):
     """Samples, every 0.1 s for seconds, what the cluster's client backends (PgBouncer's
     server connections) are doing: idle, on CPU (active, no wait event) or waiting (its
-    event: IO:WALSync is a commit's flush).  Returns the mean number of backends in each."""
-    waits, samples = collections.Counter(), 0
+    event: IO:WALSync is a commit's flush, LWLock:WALWrite one waiting for another's).
+    Returns the mean number of backends in each, the most waiting on WAL in one sample, and
+    the share of samples with every server connection busy (calls queue in PgBouncer)."""
+    waits, samples, wal_most, all_busy = collections.Counter(), 0, 0, 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        now = collections.Counter()
         for state, wait in conn.execute(
                 """SELECT state, coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity
                     WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"""):
-            waits[wait if state == "active" else state] += 1
+            now[wait if state == "active" else state] += 1
+        waits.update(now)
+        wal_most = max(wal_most, now["IO:WALSync"] + now["LWLock:WALWrite"] + now["IO:WALWrite"])
+        all_busy += sum(now.values()) - now["idle"] >= SERVER_CONNECTIONS
         samples += 1
         time.sleep(0.1)
-    return {k: v / samples for k, v in waits.most_common()}
+    return ({k: v / samples for k, v in waits.most_common()}, wal_most, all_busy / samples)
 
 
 def fleet_section(args, conn, bouncer, settle, say):
@@ -211,7 +217,7 @@ def fleet_section(args, conn, bouncer, settle, say):
                 p.send((calls_per_s / 3 / procs, ramp, seconds, tag))
             time.sleep(ramp)
             before = (cluster_cpu(postmaster), proc_cpu(bouncer.proc.pid), machine_cpu(), io_stalled())
-            waits = server_waits(conn, seconds)
+            waits, wal_most, all_busy = server_waits(conn, seconds)
             after = (cluster_cpu(postmaster), proc_cpu(bouncer.proc.pid), machine_cpu(), io_stalled())
             load = os.getloadavg()
             results = [p.recv() for p in pipes]
@@ -236,7 +242,9 @@ def fleet_section(args, conn, bouncer, settle, say):
                               if before[3] is not None else ""),
                     "per_call": f"clients {clients / achieved * 1000:.2f}, postgres {server / achieved * 1000:.2f}, "
                                 f"pgbouncer {pooler / achieved * 1000:.2f} ms" if achieved else "-",
-                    "server": ", ".join(f"{k} {v:.1f}" for k, v in waits.items() if v >= 0.05),
+                    "server": ", ".join(f"{k} {v:.1f}" for k, v in waits.items() if v >= 0.05)
+                              + f" (at most {wal_most} waiting on WAL at once; all {SERVER_CONNECTIONS} busy in "
+                                f"{all_busy:.0%} of the samples)",
                     "load": "/".join(f"{x:.1f}" for x in load)}
 
         say(f"fleet: runs through PgBouncer ({SERVER_CONNECTIONS} server connections), {procs} client process"
