@@ -284,9 +284,10 @@ def fleet_section(args, conn, bouncer, settle, say):
                 w.terminate()
 
     within = [s for s in steps if s["p99"] <= BOUND_MS and not s["errors"]]
-    saturation = max((s["achieved"] for s in within), default=0.0)
+    best = max(within, key=lambda s: s["achieved"], default=None)
+    saturation = best["achieved"] if best else 0.0
+    crossed = next((s for s in steps[steps.index(best) + 1:] if s not in within), None) if best else None
     top = steps[-1]
-    crossed = next((s for s in steps if s not in within and s["achieved"] > saturation), None)
     row = ("fleet shape: saturation, p99 ≤ 50 ms, token leases through PgBouncer (calls/s)", saturation,
            "≥ 2,000 calls/s",
            f"{procs} client process{'es' if procs > 1 else ''} (AsyncLedger, a pool of {CLIENT_POOL} each), PgBouncer "
@@ -295,8 +296,8 @@ def fleet_section(args, conn, bouncer, settle, say):
            f"calls/s (p50 / p99 ms): "
            + "; ".join(f"{s['offered']:.0f} → {s['achieved']:.0f} ({s['p50']:.1f} / {s['p99']:.1f})"
                        + (f" errors {s['errors']}" if s["errors"] else "") for s in steps)
-           + (f"; p99 passed 50 ms between {saturation:.0f} and {crossed['achieved']:.0f} calls/s" if crossed else
-              "; p99 did not pass 50 ms at any step")
+           + (f"; p99 passed 50 ms between {saturation:.0f} and {crossed['achieved']:.0f} calls/s" if crossed
+              else "; no step above it passed 50 ms" if best else "; p99 over 50 ms (or errors) at every step")
            + f"; at the top step, CPU (cores): {top['cpu']}; CPU per call: {top['per_call']}; server connections (mean): {top['server']}; "
              f"load {top['load']}")
     say("  ", row)
