@@ -6,7 +6,7 @@ Every comparison runs interleaved in one cluster (A B A B ...) and reports the
 median of its rounds as a ratio; absolute numbers are context only.  Run by
 bench/run.sh against a throwaway cluster.  --only runs some sections:
 pairs, registered, unregistered, budgeted, batch, replay, handoff, pooler, access, growth, audit,
-console, proxy, gateway, clients, callgrind.
+console, proxy, gateway, clients, callgrind, fleet.
 
 The proxy section (bench/proxy_scale.py) starts four clusters of its own: three shards
 and a proxy (durable_ledger_proxy): begin+complete through the proxy against straight to
@@ -46,6 +46,11 @@ of the cluster and sends both sides through it: begin+complete under token
 leases (bench/ledger_token_pair.sql) against the same floor.  PgBouncer 1.18
 does not carry prepared statements across transactions, so that section uses
 pgbench -M extended (unnamed statements) for both sides.
+
+The fleet section (bench/fleet_scale.py) starts a PgBouncer of its own (20 server
+connections) and client processes running AsyncLedger token attempts of three guarded
+calls, runs arriving at stepped rates: p50 and p99 per call at each step, and the
+saturation point (the highest rate served with p99 within 50 ms).
 """
 
 import argparse
@@ -70,6 +75,7 @@ from console_scale import console_section
 from proxy_scale import proxy_section
 from gateway_latency import gateway_section
 from clients_cpu import clients_section
+import fleet_scale
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -563,7 +569,7 @@ def populate(conn, target):
 
 
 SECTIONS = ("pairs", "registered", "unregistered", "budgeted", "local", "batch", "replay", "handoff", "pooler", "access", "growth",
-            "audit", "console", "proxy", "gateway", "clients", "callgrind")
+            "audit", "console", "proxy", "gateway", "clients", "callgrind", "fleet")
 
 
 def bench_settings():
@@ -592,6 +598,13 @@ def main():
     p.add_argument("--access-clients", default="1,8", help="the access section's numbers of clients")
     p.add_argument("--port", type=int, default=5434,
                    help="the bench cluster's port; the access section's second cluster uses the next one")
+    p.add_argument("--fleet-rates", type=lambda v: [int(x) for x in v.split(",")],
+                   default=[250, 500, 750, 1000, 1250, 1500, 2000, 2500, 3000],
+                   help="the fleet section's offered rates (calls/s), stepped up until p99 passes 50 ms")
+    p.add_argument("--fleet-seconds", type=int, default=15, help="the fleet section's window per step")
+    p.add_argument("--fleet-ramp", type=int, default=5, help="the fleet section's ramp before each window")
+    p.add_argument("--fleet-procs", type=int, default=fleet_scale.FLEET_PROCS,
+                   help="the fleet section's client processes")
     p.add_argument("--only", default=",".join(SECTIONS),
                    help="the sections to run, comma-separated: " + ", ".join(SECTIONS))
     args = p.parse_args()
@@ -803,6 +816,12 @@ def main():
                          "≤ 420,000", "callgrind, 2,500 minus 500 pairs, bench/callgrind/run.sh"))
             say("  ", rows[-1])
 
+    if "fleet" in only:
+        # the fleet shape (issue 34): its own PgBouncer, with the issue's 20 server connections
+        fleet_args = argparse.Namespace(**{**vars(args), "pool_size": fleet_scale.SERVER_CONNECTIONS})
+        with PgBouncer(fleet_args) as bouncer:
+            rows.extend(fleet_scale.fleet_section(args, conn, bouncer, lambda: settle(conn), say))
+
     cores = os.cpu_count()
     print()
     print(f"durable_ledger bench, {datetime.date.today()}, {cores} cores, PostgreSQL "
@@ -816,6 +835,7 @@ def main():
     for name, ratio, target, ctx in rows:
         value = (f"{ratio:.0f}" if name.startswith("bytes") or name.endswith("(count)") else
                  f"{ratio:.1f} ms" if name.endswith("(ms)") else
+                 f"{ratio:,.0f} calls/s" if name.endswith("(calls/s)") else
                  f"{ratio:.0f} s" if name.endswith("(s)") else f"{ratio:.2f}x")
         print(f"| {name} | {value} | {target} | {ctx} |")
     shutil.rmtree(logdir, ignore_errors=True)
