@@ -23,9 +23,12 @@
   per report, and per end of an attempt): a token attempt starts no task at all; a
   cancellation while a reply is awaited still awaits it (the connection goes back to
   the pool as it was, not closed half way), cancels an intent on the server and lets a
-  report be recorded; a wait of the pool (getconn when none is idle, a putconn that
-  waits) goes on in a task of its own, where a timeout it sets is its own and a
-  cancellation of the caller does not cut it short.
+  report be recorded; an intent cancelled while it waits for the pool's connection is
+  not sent; a wait of the pool (getconn when none is idle, a putconn that waits) goes
+  on in a task of its own, where a timeout it sets is its own and a cancellation of the
+  caller does not cut it short.
+- Both clients read a lent connection's state once a statement: one closed while idle in
+  the pool is still refused before anything is sent.
 
 DURABLE_LEDGER_DSN as for the other tests.
 """
@@ -102,6 +105,7 @@ class WaitingPool(AsyncConnectionPool):
     psycopg_pool's: the ledger borrows with getconn/putconn straight."""
     put_delay = 0.0
     give_up: Optional[float] = None
+    putting: Optional[asyncio.Event] = None  # set when a putconn starts its wait
 
     async def getconn(self, timeout: Optional[float] = None) -> Any:
         if self.give_up is None:
@@ -111,6 +115,8 @@ class WaitingPool(AsyncConnectionPool):
 
     async def putconn(self, conn: Any) -> None:
         if self.put_delay:
+            if self.putting is not None:
+                self.putting.set()
             await asyncio.sleep(self.put_delay)
         await super().putconn(conn)
 
@@ -365,9 +371,11 @@ class AsyncCutsTest(unittest.IsolatedAsyncioTestCase):
                                                       lambda key: performed.append(key)))
             await self.until_waiting_for_a_lock()
             call.cancel()
-            with self.assertRaises(asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(call), PATIENCE)
-            let_go()
+            try:  # (cancelled on the server: it ends while the lock is still held)
+                with self.assertRaises(asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(call), 10.0)
+            finally:
+                let_go()
             with self.assertRaises(EffectPaused):
                 await ledger.guarded(self.run_id, "bank.pay", {"i": 1}, lambda key: None)
         self.assertEqual(performed, [])
@@ -401,6 +409,35 @@ class AsyncCutsTest(unittest.IsolatedAsyncioTestCase):
             self.assertEqual(await ledger.guarded(self.run_id, "bank.pay", {"i": 7}, pay),
                              {"receipt": "R-7"})
 
+    async def test_an_intent_cancelled_while_waiting_for_the_pools_connection_is_not_sent(self) -> None:
+        # the pool's one connection is busy; the call is cancelled while its intent waits
+        # for it: the intent is not sent when the connection comes, nothing is recorded,
+        # and the attempt goes on (the same call is still occurrence 1)
+        pool = await self.pool(size=1)
+        ledger = AsyncLedger(pool)
+        held, let_go = asyncio.Event(), asyncio.Event()
+
+        async def busy() -> None:
+            async with pool.connection():
+                held.set()
+                await let_go.wait()
+
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            holding = asyncio.create_task(busy())
+            await held.wait()
+            call = asyncio.create_task(ledger.guarded(self.run_id, "bank.pay", {"i": 1},
+                                                      lambda key: {"paid": 1}))
+            await asyncio.sleep(0.2)  # the intent waits for the connection
+            call.cancel()
+            let_go.set()
+            with self.assertRaises(asyncio.CancelledError):
+                await call
+            await holding
+            self.assertEqual(self.effects(self.run_id), [])
+            self.assertEqual(await ledger.guarded(self.run_id, "bank.pay", {"i": 1},
+                                                  lambda key: {"paid": 2}), {"paid": 2})
+        self.assertEqual(self.effects(self.run_id), [("bank.pay", "completed")])
+
     async def test_a_wait_of_the_pool_is_not_cut_short_by_a_cancellation(self) -> None:
         # the pool's putconn waits (in a task of its own) while the caller is cancelled:
         # the connection is still given back (the pool's one connection serves the next
@@ -413,10 +450,12 @@ class AsyncCutsTest(unittest.IsolatedAsyncioTestCase):
         ledger = AsyncLedger(pool)
         performed: List[str] = []
         async with ledger.token_attempt(self.run_id, ttl=30):
-            pool.put_delay = 0.5
+            pool.put_delay, pool.putting = 0.5, asyncio.Event()
             call = asyncio.create_task(ledger.guarded(self.run_id, "bank.pay", {"i": 1},
                                                       lambda key: performed.append(key)))
-            await asyncio.sleep(0.25)  # the intent is in; its connection is being given back
+            # the intent is in; its connection is being given back
+            await asyncio.wait_for(pool.putting.wait(), PATIENCE)
+            await asyncio.sleep(0.05)
             call.cancel()
             with self.assertRaises(asyncio.CancelledError):
                 await call
