@@ -1268,24 +1268,34 @@ def plain_ready(conn: Any) -> bool:
             and getattr(conn, "_pipeline", None) is None)
 
 
-def plain_send(conn: Any, query: str, params: Tuple[Any, ...]) -> Tuple[Any, Any]:
+class Sent(NamedTuple):
+    """A statement `plain_send` sent: its transformer, the connection's encoding it was
+    converted with (its rows and errors are read with the same: issue 34, the encoding
+    is read from libpq once a statement), and the generator to wait for."""
+    tx: Any
+    encoding: str
+    gen: Any
+
+
+def plain_send(conn: Any, query: str, params: Tuple[Any, ...]) -> Sent:
     """Converts and sends the statement (the caller holds the connection's lock and waits
-    for ``_execute_gen(pgconn)``, the generator returned): (transformer, generator)."""
+    for ``sent.gen``, ``_execute_gen(pgconn)``): what `plain_rows` reads the reply with."""
     tx = _Transformer(conn)
     pgq = _PostgresQuery(tx)
     pgq.convert(query, params)
     pgconn = conn.pgconn
     pgconn.send_query_params(pgq.query, pgq.params, param_formats=pgq.formats,
                              param_types=pgq.types, result_format=_pq.Format.TEXT)
-    return tx, _execute_gen(pgconn)
+    encoding = getattr(pgq, "_encoding", None) or _pgconn_encoding(pgconn)
+    return Sent(tx, encoding, _execute_gen(pgconn))
 
 
-def plain_rows(conn: Any, tx: Any, results: Sequence[Any], what: str) -> List[Dict[str, Any]]:
+def plain_rows(conn: Any, sent: Sent, results: Sequence[Any], what: str) -> List[Dict[str, Any]]:
     """The rows of a statement sent by `plain_send` as dicts (a cursor's ``dict_row``), or
     its error (psycopg's, as a cursor raises it).  A statement that did not end idle (it
     cannot: a ledger statement opens no transaction) is refused as not committed."""
     pgconn = conn.pgconn
-    encoding = _pgconn_encoding(pgconn)
+    tx, encoding = sent.tx, sent.encoding
     if len(results) != 1:
         for res in results:
             if res.status == _pq.ExecStatus.FATAL_ERROR:

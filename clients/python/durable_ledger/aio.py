@@ -55,6 +55,7 @@ import psycopg
 from psycopg import generators
 from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
 from psycopg.rows import dict_row
+from psycopg.waiting import READY_R, READY_W, WAIT_R, WAIT_W
 
 from . import _protocol as p
 from .outcomes import AsyncReconcile
@@ -272,6 +273,151 @@ async def _finish(work: "Coroutine[Any, Any, T]", out: Optional[_Out] = None) ->
     return task.result()
 
 
+class _Held:
+    """The cancellations of a caller held back while a step of the ledger runs in the
+    caller's own task (issue 34: no task, shield and loop turns a statement on a
+    psycopg_pool pool), which `_held` then raises at the step's end exactly as `_finish`
+    raises them.  Every await of such a step goes through it: `wait_reply` (the reply of a
+    statement sent), `step` (a coroutine of the pool or a lock, run here as long as it does
+    not wait) and `task` (anything else, in a task of its own behind a shield, as
+    `_finish` runs it).  ``out``: the step is one statement (see `_Out`): cancelled before
+    it was sent, it is not sent; once out, a cancellable one is cancelled on the server."""
+
+    __slots__ = ("cancelled", "out")
+
+    def __init__(self, out: Optional[_Out] = None) -> None:
+        self.cancelled = False
+        self.out = out
+
+    def cancel(self) -> None:
+        """The caller was cancelled: remembered, and the statement's fate decided as
+        `_finish` decides it."""
+        self.cancelled = True
+        out = self.out
+        if out is None:
+            return
+        if not out.sent:
+            out.abandoned = True  # checked when the connection is there (out.send)
+        elif out.cancellable and out.conn is not None and not out.cancel_requested:
+            out.cancel_requested = True
+            _cancel_on_server(out.conn)
+
+    async def task(self, work: "Coroutine[Any, Any, T]") -> T:
+        """``await work`` in a task of its own, run to its end whatever happens to the
+        caller (`_finish`'s way): the caller's cancellations meanwhile are held."""
+        task = asyncio.ensure_future(work)
+        while not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                self.cancel()
+            except BaseException:
+                break  # the work failed: its error is raised below
+        return task.result()
+
+    async def step(self, work: "Coroutine[Any, Any, T]") -> T:
+        """``await work`` (the pool's getconn or putconn, a lock, an event), run in the
+        caller's task up to its first wait: one that does not wait (the common case: a
+        connection idle in the pool, a lock free) costs no task; one that waits goes on
+        in a task of its own (`task`), where no cancellation of the caller reaches it and
+        whatever it starts from then on (a timeout) is its own."""
+        try:
+            waiting = work.send(None)
+        except StopIteration as done:
+            return cast(T, done.value)
+        return await self.task(_resume(work, waiting))
+
+    async def wait_reply(self, conn: "psycopg.AsyncConnection[Any]", gen: Any) -> Any:
+        """``await conn.wait(gen)`` (psycopg's generator of a statement sent: its results),
+        in the caller's task, finished whatever happens to the caller: a cancellation that
+        comes while the reply is awaited is held, and the wait goes on (the socket is
+        polled level-triggered: a reply that came meanwhile is not missed)."""
+        loop = asyncio.get_running_loop()
+        fileno = conn.pgconn.socket
+        try:
+            state = next(gen)
+            while True:
+                waiter = loop.create_future()
+                reader, writer = state & WAIT_R, state & WAIT_W
+                if reader:
+                    loop.add_reader(fileno, _wake, waiter, READY_R)
+                if writer:
+                    loop.add_writer(fileno, _wake, waiter, READY_W)
+                try:
+                    ready = await waiter
+                except asyncio.CancelledError:
+                    self.cancel()
+                    continue  # the same wait again
+                finally:
+                    if reader:
+                        loop.remove_reader(fileno)
+                    if writer:
+                        loop.remove_writer(fileno)
+                state = gen.send(ready)
+        except StopIteration as done:
+            return done.value
+
+
+def _wake(waiter: "asyncio.Future[Any]", ready: Any) -> None:
+    if not waiter.done():
+        waiter.set_result(ready)
+
+
+async def _resume(work: "Coroutine[Any, Any, T]", waiting: Any) -> T:
+    """Goes on with ``work``, a coroutine started in another task that now waits for
+    ``waiting`` (a future, or None: a bare yield), as the task running it would: what
+    the future gives (its result, its error, a cancellation of this task) is passed in."""
+    while True:
+        try:
+            if waiting is None:
+                await asyncio.sleep(0)
+            else:
+                waiting._asyncio_future_blocking = False  # taken over, as a task takes it
+                await waiting
+        except BaseException as exc:  # noqa: B036 -- passed to the coroutine, as a task does
+            try:
+                waiting = work.throw(exc)
+            except StopIteration as done:
+                return cast(T, done.value)
+            continue
+        try:
+            waiting = work.send(None)
+        except StopIteration as done:
+            return cast(T, done.value)
+
+
+async def _held(start: "Callable[[_Held], Coroutine[Any, Any, T]]",
+                out: Optional[_Out] = None) -> T:
+    """``await start(held)``, a step of the ledger whose awaits all go through ``held``,
+    run in the caller's task to its end; a cancellation of the caller meanwhile is raised
+    at the end as `_finish` raises it (`_cancelled`: not sent, with the result, or with
+    the error as the cause)."""
+    held = _Held(out)
+    try:
+        result = await start(held)
+    except asyncio.CancelledError:
+        if not held.cancelled:
+            raise
+        raise _cancelled(unsent=out is not None and out.abandoned and not out.sent) from None
+    except BaseException as error:
+        if not held.cancelled:
+            raise
+        raise _cancelled() from error
+    if held.cancelled:
+        raise _cancelled(result=result)
+    return result
+
+
+def _idle_in(pool: Any) -> bool:
+    """Whether psycopg_pool's pool has a connection idle (its getconn then hands it out
+    without waiting, so without entering a timeout of the caller's task first)."""
+    idle = getattr(pool, "_pool", None)
+    try:
+        return len(idle) > 0  # type: ignore[arg-type]
+    except TypeError:
+        return False
+
+
 class AsyncLedger(p.LedgerCore):
     """The ledger, seen through one ``psycopg.AsyncConnection``, an async pool, or an async
     connection factory.  The asyncio twin of `Ledger`: see its docstring for the rules.
@@ -302,6 +448,9 @@ class AsyncLedger(p.LedgerCore):
         self._source = conn
         # a psycopg_pool pool: borrowed with getconn/putconn straight (p.pool_methods)
         self._getconn, self._putconn = p.pool_methods(conn, True)
+        # a statement on such a pool runs in the caller's task, its cancellations held
+        # (`_Held`), where any other source's runs in a task of its own (`_finish`)
+        self._held_path = self._getconn is not None and p.PLAIN_SEND
         self._borrow: Optional[Callable[[], Any]]
         if isinstance(conn, psycopg.AsyncConnection):
             self.conn: Optional["psycopg.AsyncConnection[Any]"] = conn
@@ -633,16 +782,17 @@ class AsyncLedger(p.LedgerCore):
         p.begin_uncertain(run, tool, exc, halt, recorded)
 
     async def _leaseless_one(self, lease: Optional[TokenLease], query: str, params: Tuple[Any, ...], *, what: str,
-                        about: p.About, shielded: bool = False) -> Dict[str, Any]:
+                        about: p.About, shielded: bool = False,
+                        held: Optional[_Held] = None) -> Dict[str, Any]:
         """A statement that needs no lease (a report, a reconciler's finding): for a token
         attempt or a pool, in a transaction of its own; for a session attempt, on the
         session's connection.  Through a pool or a factory it is sent once more on a fresh
         connection if its answer is lost or no connection could be had (each is
         idempotent); a single connection is never replaced.  ``shielded``: see
-        `_pooled_rows`."""
+        `_pooled_rows`; ``held``: the caller's (`_Held`)."""
         if lease is not None or self.conn is None:
             return await self._pooled_one(query, params, retry=True, what=what, about=about,
-                                          shielded=shielded)
+                                          shielded=shielded, held=held)
         return await self._one(query, params, what=what, about=about, shielded=shielded)
 
     async def _record(self, run: str, key: str, attempt: int, function: str, expected: str,
@@ -653,6 +803,9 @@ class AsyncLedger(p.LedgerCore):
         the answer, and the same call again would be the next occurrence), then the
         cancellation goes on.  A new attempt replays what was recorded."""
         try:
+            if self._held_path:  # in this task, its cancellations held (`_held`)
+                return await _held(lambda held: self._record_now(
+                    run, key, attempt, function, expected, payload, lease, recorded, held))
             return await _finish(self._record_now(run, key, attempt, function, expected,
                                                   payload, lease, recorded))
         except asyncio.CancelledError as exc:
@@ -670,14 +823,14 @@ class AsyncLedger(p.LedgerCore):
 
     async def _record_now(self, run: str, key: str, attempt: int, function: str,
                           expected: str, payload: Any, lease: Optional[TokenLease],
-                          recorded: bool) -> Dict[str, Any]:
+                          recorded: bool, held: Optional[_Held] = None) -> Dict[str, Any]:
         halt = self._halter(run, lease)
         query, params = p.report_statement(function, key, payload, attempt, self._route(run))
         about = p.About(run, None, key, from_row=True)
         try:
-            # shielded: _record runs this in a _finish of its own
+            # shielded: _record runs this in a _finish of its own, or holds (`_held`)
             row = await self._leaseless_one(lease, query, params, what=f"{function} of {key}",
-                                            about=about, shielded=True)
+                                            about=about, shielded=True, held=held)
         except BaseException as exc:
             failed = p.report_failed(run, key, function, expected, payload, exc, halt,
                                      recorded)
@@ -912,10 +1065,10 @@ class AsyncLedger(p.LedgerCore):
             yield lease
         except BaseException:
             p.unbind(bound, lease)
-            await _finish(self._end_token_attempt(lease, renewer, body_failed=True))
+            await self._end_attempt(lease, renewer, body_failed=True)
             raise
         p.unbind(bound, lease)
-        await _finish(self._end_token_attempt(lease, renewer, body_failed=False))
+        await self._end_attempt(lease, renewer, body_failed=False)
         lease.check()
 
     async def _renew(self, lease: AsyncTokenLease, stop: asyncio.Event, first: float) -> None:
@@ -951,14 +1104,26 @@ class AsyncLedger(p.LedgerCore):
             lease.renewals += 1
             wait = every
 
+    async def _end_attempt(self, lease: AsyncTokenLease, renewer: "_Renewal", *,
+                           body_failed: bool) -> None:
+        """The end of a token attempt, finished also when the caller is cancelled
+        meanwhile: in this task, its cancellations held, on a psycopg_pool pool (`_held`);
+        else in a task of its own (`_finish`)."""
+        if self._held_path:
+            await _held(lambda held: self._end_token_attempt(lease, renewer,
+                                                             body_failed=body_failed, held=held))
+        else:
+            await _finish(self._end_token_attempt(lease, renewer, body_failed=body_failed))
+
     async def _end_token_attempt(self, lease: AsyncTokenLease, renewer: "_Renewal", *,
-                                 body_failed: bool) -> None:
+                                 body_failed: bool, held: Optional[_Held] = None) -> None:
         # Calls of the attempt not begun yet are refused from now on; those in flight in
         # other tasks finish first (the lease is still renewed meanwhile).
         try:
-            await lease._end_async()
+            await (lease._end_async() if held is None else held.step(lease._end_async()))
         finally:
-            await renewer.end()  # a renewal in flight finishes first
+            # a renewal in flight finishes first
+            await (renewer.end() if held is None else held.step(renewer.end()))
             self._leases.pop(lease.run, None)
             self._halted.pop(lease.run, None)
             self._models.pop(lease.run, None)
@@ -967,7 +1132,8 @@ class AsyncLedger(p.LedgerCore):
         try:
             rows, resent = await self._pooled_rows(p.RELEASE_LEASE, (lease.token,), retry=True,
                                                    what=f"release_lease of {lease.run}",
-                                                   shielded=True)  # in token_attempt's _finish
+                                                   shielded=True,  # in _end_attempt's _finish
+                                                   held=held)  # or held by it
         except Exception:
             if not body_failed:
                 raise
@@ -1107,15 +1273,25 @@ class AsyncLedger(p.LedgerCore):
                            on_uncertain: Optional[Callable[[BaseException], None]] = None,
                            retry: bool = False, cancellable: bool = False,
                            what: str = "a ledger statement", about: p.About = p.NOWHERE,
-                           shielded: bool = False) -> Tuple[List[Dict[str, Any]], bool]:
+                           shielded: bool = False,
+                           held: Optional[_Held] = None) -> Tuple[List[Dict[str, Any]], bool]:
         """One statement in a transaction of its own, and whether it was sent twice (see
         `Ledger._pooled_rows`: only idempotent statements are sent again); finished also
         when the caller is cancelled meanwhile (see `_finish`).  ``shielded``: the caller
         already runs inside a `_finish` of its own (a report, the release at the end of a
         token attempt), which no cancellation of the awaiting task reaches: the statement is
         awaited in it directly, not in a second task of its own (issue 34: a task and a
-        shield a statement less)."""
+        shield a statement less).  On a psycopg_pool pool (``_held_path``) the statement
+        runs in the caller's task, the caller's cancellations held (`_held`), or held by
+        ``held``, the caller's, for a larger step that raises them at its end (a report,
+        the end of a token attempt)."""
         out = _Out(cancellable)
+        if self._held_path:
+            if held is not None:
+                return await self._pooled_rows_held(query, params, on_uncertain, retry, what,
+                                                    out, about, held)
+            return await _held(lambda held: self._pooled_rows_held(
+                query, params, on_uncertain, retry, what, out, about, held), out)
         if shielded:
             return await self._pooled_rows_now(query, params, on_uncertain, retry, what, out,
                                                about)
@@ -1145,6 +1321,106 @@ class AsyncLedger(p.LedgerCore):
                 again.__context__ = first
             raise
 
+    async def _pooled_rows_held(self, query: str, params: Tuple[Any, ...],
+                                on_uncertain: Optional[Callable[[BaseException], None]],
+                                retry: bool, what: str, out: _Out, about: p.About,
+                                held: _Held) -> Tuple[List[Dict[str, Any]], bool]:
+        """`_pooled_rows_now` on a psycopg_pool pool, in the caller's task, every await
+        through ``held``."""
+        broke: List[BaseException] = []
+        try:
+            return (await self._pooled_once_held(query, params, on_uncertain, broke, what, out,
+                                                 about, held), False)
+        except psycopg.OperationalError as exc:
+            if not (retry and (broke or isinstance(exc, _NotSent))):
+                raise
+            log.warning("%s: the connection broke before the reply (%s: %s); sending it once "
+                        "more on a fresh connection", what, type(exc).__name__,
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+            first = exc
+        try:
+            # on a fresh connection (an empty query first): the way any source is borrowed
+            # from, in a task of its own
+            return (await held.task(self._pooled_once(query, params, None, [], what, out,
+                                                      about, fresh=True)), True)
+        except BaseException as again:
+            if again.__context__ is None:
+                again.__context__ = first
+            raise
+
+    async def _pooled_once_held(self, query: str, params: Tuple[Any, ...],
+                                on_uncertain: Optional[Callable[[BaseException], None]],
+                                broke: List[BaseException], what: str, out: _Out,
+                                about: p.About, held: _Held) -> List[Dict[str, Any]]:
+        """`_pooled_once` on a psycopg_pool pool (getconn and putconn straight, what
+        `_connection` does for it), in the caller's task, every await through ``held``."""
+        assert self._getconn is not None and self._putconn is not None
+        try:
+            # a connection idle in the pool is handed out without a wait; else getconn
+            # waits in a task of its own (its timeout its own)
+            conn = await (held.step(self._getconn()) if _idle_in(self._source)
+                          else held.task(self._getconn()))
+        except psycopg.OperationalError as exc:  # (a PoolTimeout) nothing was sent
+            raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
+        plain = False
+        try:
+            lock = conn.lock
+            await held.step(lock.acquire())  # (free: the pool lent the connection to us)
+            try:
+                # idle, open, in no pipeline: usable (`usable_lent`) and sent straight
+                plain = p.plain_ready(conn)
+                if not plain:
+                    p.usable_lent(conn, not (conn.closed or conn.broken), False)
+                out.send(conn)  # CancelledError: the caller gave up before it went out
+                if plain:
+                    try:
+                        return await _send_held(conn, query, params, what, about, held)
+                    except BaseException as exc:
+                        if not _refused_cleanly(exc, conn) and not _not_committed(exc):
+                            broke.append(exc)
+                            if on_uncertain is not None:
+                                on_uncertain(exc)
+                        raise
+            finally:
+                lock.release()
+            # any other: `_pooled_once`'s way, in a task of its own
+            return await held.task(self._once_on(conn, query, params, on_uncertain, broke,
+                                                 what, about))
+        except BaseException:
+            # (plain_rows refuses a statement that did not end idle: as the pool's
+            # connection() does, what is left open after the statement is rolled back)
+            if (plain and out.sent and not conn.closed
+                    and conn.pgconn.transaction_status != TransactionStatus.IDLE):
+                await held.task(conn.rollback())
+            raise
+        finally:
+            await held.step(self._putconn(conn))
+
+    async def _once_on(self, conn: "psycopg.AsyncConnection[Any]", query: str,
+                       params: Tuple[Any, ...],
+                       on_uncertain: Optional[Callable[[BaseException], None]],
+                       broke: List[BaseException], what: str,
+                       about: p.About) -> List[Dict[str, Any]]:
+        """The statement on a lent connection that is not idle (the cursor's way, what
+        `_connection` and `_pooled_once` do around it)."""
+        try:
+            try:
+                rows = await _execute_on(conn, query, params, shared=False, what=what,
+                                         about=about)
+            except BaseException as exc:
+                if not _refused_cleanly(exc, conn) and not _not_committed(exc):
+                    broke.append(exc)
+                    if on_uncertain is not None:
+                        on_uncertain(exc)
+                raise
+        except BaseException:
+            if not conn.closed and conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                await conn.rollback()
+            raise
+        if not conn.closed and conn.pgconn.transaction_status != TransactionStatus.IDLE:
+            await conn.commit()
+        return rows
+
     async def _pooled_once(self, query: str, params: Tuple[Any, ...],
                            on_uncertain: Optional[Callable[[BaseException], None]],
                            broke: List[BaseException], what: str, out: _Out, about: p.About,
@@ -1165,10 +1441,11 @@ class AsyncLedger(p.LedgerCore):
                           on_uncertain: Optional[Callable[[BaseException], None]] = None,
                           retry: bool = False, cancellable: bool = False,
                           what: str = "a ledger statement",
-                          about: p.About = p.NOWHERE, shielded: bool = False) -> Dict[str, Any]:
+                          about: p.About = p.NOWHERE, shielded: bool = False,
+                          held: Optional[_Held] = None) -> Dict[str, Any]:
         rows = (await self._pooled_rows(query, params, on_uncertain=on_uncertain, retry=retry,
                                         cancellable=cancellable, what=what, about=about,
-                                        shielded=shielded))[0]
+                                        shielded=shielded, held=held))[0]
         assert len(rows) == 1, query
         return rows[0]
 
@@ -1250,6 +1527,23 @@ async def _execute_on(conn: "psycopg.AsyncConnection[Any]", query: str,
     return rows
 
 
+async def _send_held(conn: "psycopg.AsyncConnection[Any]", query: str,
+                     params: Tuple[Any, ...], what: str, about: p.About,
+                     held: _Held) -> List[Dict[str, Any]]:
+    """`_execute_on` of an idle pooled connection whose lock the caller holds, in the
+    caller's task: the statement sent straight (`p.plain_send`), its reply awaited here
+    (`_Held.wait_reply`)."""
+    notices: List[Any] = []
+    rows: Optional[List[Dict[str, Any]]] = None
+    try:
+        with p.ledger_errors(), p.notices_of(conn, notices):
+            sent = p.plain_send(conn, query, params)
+            rows = p.plain_rows(conn, sent, await held.wait_reply(conn, sent.gen), what)
+    finally:
+        p.log_notices(notices, about, rows)
+    return rows
+
+
 async def _execute_raw(conn: "psycopg.AsyncConnection[Any]", query: str,
                        params: Tuple[Any, ...], *, shared: bool,
                        what: str) -> List[Dict[str, Any]]:
@@ -1259,8 +1553,8 @@ async def _execute_raw(conn: "psycopg.AsyncConnection[Any]", query: str,
     if not shared:
         async with conn.lock:
             if p.plain_ready(conn):  # idle: the statement alone, sent straight (p.plain_send)
-                tx, gen = p.plain_send(conn, query, params)
-                return p.plain_rows(conn, tx, await conn.wait(gen), what)
+                sent = p.plain_send(conn, query, params)
+                return p.plain_rows(conn, sent, await conn.wait(sent.gen), what)
     async with conn.cursor(row_factory=dict_row) as cur:
         if shared:
             status = await _execute_and_status(conn, cur, query, params, what)

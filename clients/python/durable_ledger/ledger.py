@@ -208,6 +208,9 @@ class Ledger(p.LedgerCore):
         self._source = conn
         # a psycopg_pool pool: borrowed with getconn/putconn straight (p.pool_methods)
         self._getconn, self._putconn = p.pool_methods(conn, False)
+        # such a pool's statements are sent straight on an idle connection (p.plain_send)
+        # without `_connection` around them (`_pooled_once_plain`)
+        self._plain_path = self._getconn is not None and p.PLAIN_SEND
         self._borrow: Optional[Callable[[], ContextManager[Any]]]
         if isinstance(conn, psycopg.Connection):
             self.conn: Optional["psycopg.Connection[Any]"] = conn
@@ -1186,6 +1189,8 @@ class Ledger(p.LedgerCore):
                      on_uncertain: Optional[Callable[[BaseException], None]],
                      broke: List[BaseException], what: str, about: p.About, *, fresh: bool,
                      ) -> List[Dict[str, Any]]:
+        if self._plain_path and not fresh:
+            return self._pooled_once_plain(query, params, on_uncertain, broke, what, about)
         with self._connection(fresh=fresh) as conn:
             try:
                 return _execute_on(conn, query, params, shared=self._borrow is None, what=what,
@@ -1196,6 +1201,45 @@ class Ledger(p.LedgerCore):
                     if on_uncertain is not None:
                         on_uncertain(exc)
                 raise
+
+    def _pooled_once_plain(self, query: str, params: Tuple[Any, ...],
+                           on_uncertain: Optional[Callable[[BaseException], None]],
+                           broke: List[BaseException], what: str,
+                           about: p.About) -> List[Dict[str, Any]]:
+        """`_pooled_once` on a psycopg_pool pool, not fresh: what `_connection` and
+        `_execute_on` do for it, the connection's state read once (issue 34): an idle
+        one (`p.plain_ready`: open, idle, in no pipeline, so usable) takes the statement
+        sent straight; any other goes `_connection`'s way."""
+        assert self._getconn is not None and self._putconn is not None
+        try:
+            conn = self._getconn()
+        except psycopg.OperationalError as exc:  # (a PoolTimeout) nothing was sent
+            raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
+        sent = False  # the statement went out (what it left open is rolled back)
+        try:
+            with conn.lock:
+                plain = p.plain_ready(conn)
+                if plain:
+                    sent = True
+                    rows = _sent_once(conn, lambda: _send_plain(conn, query, params, what, about),
+                                      on_uncertain, broke)
+            if not plain:
+                p.usable_lent(conn, not (conn.closed or conn.broken), False)
+                sent = True
+                rows = _sent_once(conn, lambda: _execute_on(conn, query, params, shared=False,
+                                                            what=what, about=about),
+                                  on_uncertain, broke)
+                if not conn.closed and conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                    conn.commit()
+            return rows
+        except BaseException:
+            # as the pool's connection() does: what the statement left open rolled back
+            if (sent and not conn.closed
+                    and conn.pgconn.transaction_status != TransactionStatus.IDLE):
+                conn.rollback()
+            raise
+        finally:
+            self._putconn(conn)
 
     def _pooled_all(self, query: str, params: Tuple[Any, ...], *,
                     on_uncertain: Optional[Callable[[BaseException], None]] = None,
@@ -1338,6 +1382,36 @@ def _execute_on(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any, 
     return rows
 
 
+def _sent_once(conn: "psycopg.Connection[Any]", send: Callable[[], List[Dict[str, Any]]],
+               on_uncertain: Optional[Callable[[BaseException], None]],
+               broke: List[BaseException]) -> List[Dict[str, Any]]:
+    """``send()``, a statement on a lent connection, its failure noted as `_pooled_once`
+    notes it: one whose outcome is unknown in ``broke`` and given to ``on_uncertain``."""
+    try:
+        return send()
+    except BaseException as exc:
+        if not _refused_cleanly(exc, conn) and not _not_committed(exc):
+            broke.append(exc)
+            if on_uncertain is not None:
+                on_uncertain(exc)
+        raise
+
+
+def _send_plain(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any, ...],
+                what: str, about: p.About) -> List[Dict[str, Any]]:
+    """`_execute_on` of an idle pooled connection whose lock the caller holds: the
+    statement sent straight (`p.plain_send`)."""
+    notices: List[Any] = []
+    rows: Optional[List[Dict[str, Any]]] = None
+    try:
+        with p.ledger_errors(), p.notices_of(conn, notices):
+            sent = p.plain_send(conn, query, params)
+            rows = p.plain_rows(conn, sent, conn.wait(sent.gen), what)
+    finally:
+        p.log_notices(notices, about, rows)
+    return rows
+
+
 def _execute_raw(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any, ...], *,
                  shared: bool, what: str) -> List[Dict[str, Any]]:
     """Run one ledger statement on ``conn`` in a transaction of its own; its rows.
@@ -1352,8 +1426,8 @@ def _execute_raw(conn: "psycopg.Connection[Any]", query: str, params: Tuple[Any,
     if not shared:
         with conn.lock:
             if p.plain_ready(conn):  # idle: the statement alone, sent straight (p.plain_send)
-                tx, gen = p.plain_send(conn, query, params)
-                return p.plain_rows(conn, tx, conn.wait(gen), what)
+                sent = p.plain_send(conn, query, params)
+                return p.plain_rows(conn, sent, conn.wait(sent.gen), what)
     with conn.cursor(row_factory=dict_row) as cur:
         if shared:
             status = _execute_and_status(conn, cur, query, params, what)

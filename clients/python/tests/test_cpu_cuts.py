@@ -6,7 +6,9 @@
   connection goes back idle and exactly as it was lent (its autocommit flag, no notice
   handler left), each statement is a transaction of its own (the intent is committed
   before the effect runs), the rows are read with the connection's own adapters, and a
-  refusal is the named exception it was.
+  refusal is the named exception it was.  The connection's encoding is read once a
+  statement (`_protocol.Sent`) and its rows and refusals are read in it: a connection in
+  LATIN1 reads a run's name, a result and the server's message of a refusal as written.
 - A token attempt's renewal starts when the first renewal is due (ttl / 3): a short
   attempt starts no thread or task, a long one is renewed, nothing of it outlives the
   attempt, and the clock that starts the renewals forgets the attempts that ended.
@@ -16,6 +18,17 @@
 - `AsyncLedger`: a report (already run to its end whatever happens to its caller) awaits
   its statement in the same task: cancelled while it waits for the pool's one
   connection, it still goes out and is recorded.
+- `AsyncLedger` on a psycopg_pool pool: a statement runs in the caller's task, its
+  cancellations held (`aio._Held`) instead of a task and a shield per statement (and
+  per report, and per end of an attempt): a token attempt starts no task at all; a
+  cancellation while a reply is awaited still awaits it (the connection goes back to
+  the pool as it was, not closed half way), cancels an intent on the server and lets a
+  report be recorded; an intent cancelled while it waits for the pool's connection is
+  not sent; a wait of the pool (getconn when none is idle, a putconn that waits) goes
+  on in a task of its own, where a timeout it sets is its own and a cancellation of the
+  caller does not cut it short.
+- Both clients read a lent connection's state once a statement: one closed while idle in
+  the pool is still refused before anything is sent.
 
 DURABLE_LEDGER_DSN as for the other tests.
 """
@@ -85,6 +98,29 @@ class CountingAsyncPool(AsyncConnectionPool):
             yield conn
 
 
+class WaitingPool(AsyncConnectionPool):
+    """psycopg_pool's pool, whose putconn waits a while first (a pool busy with its own
+    work) and whose getconn gives up after ``give_up`` seconds with a timeout of its own
+    (asyncio.timeout: it cancels the task it was entered in).  Its connection() is
+    psycopg_pool's: the ledger borrows with getconn/putconn straight."""
+    put_delay = 0.0
+    give_up: Optional[float] = None
+    putting: Optional[asyncio.Event] = None  # set when a putconn starts its wait
+
+    async def getconn(self, timeout: Optional[float] = None) -> Any:
+        if self.give_up is None:
+            return await super().getconn(timeout)
+        async with asyncio.timeout(self.give_up):  # type: ignore[attr-defined]
+            return await super().getconn(timeout)
+
+    async def putconn(self, conn: Any) -> None:
+        if self.put_delay:
+            if self.putting is not None:
+                self.putting.set()
+            await asyncio.sleep(self.put_delay)
+        await super().putconn(conn)
+
+
 class SyncCutsTest(unittest.TestCase):
 
     def setUp(self) -> None:
@@ -149,6 +185,36 @@ class SyncCutsTest(unittest.TestCase):
         with pool.connection() as conn:
             self.assertIs(conn.autocommit, False)
             self.assertEqual(conn.info.transaction_status, TransactionStatus.IDLE)
+
+    def test_a_connection_in_another_encoding_reads_rows_and_refusals_in_it(self) -> None:
+        ledger = Ledger(self.pool(client_encoding="latin1"))
+        run = f"{self.run_id}-café"
+        # (JSON is read as UTF-8 whatever the encoding: psycopg's jsonb loader, a cursor's too)
+        with ledger.token_attempt(run, ttl=30):
+            result = ledger.guarded(run, "bank.pay", {"a": 1}, lambda key: {"receipt": "R"})
+        self.assertEqual(result, {"receipt": "R"})
+        key = self.admin.execute("SELECT key FROM durable_ledger.effects WHERE run = %s",
+                                 (run,)).fetchone()[0]  # type: ignore[index]
+        self.assertEqual(ledger.effect_status(key)["run"], run)  # type: ignore[index]
+        self.admin.execute("SELECT durable_ledger.abandon_run(%s, 'ops', 'fraud')", (run,))
+        with self.assertRaises(RunAbandoned) as refused:
+            with ledger.token_attempt(run, ttl=30):
+                pass
+        self.assertIn(f'run "{run}" was abandoned', str(refused.exception))
+
+    def test_a_connection_closed_in_the_pool_takes_nothing(self) -> None:
+        # (the lent connection's state is read once: one closed behind the pool's back is
+        # still refused before anything is sent, and the attempt goes on)
+        pool = self.pool()
+        ledger = Ledger(pool)
+        with ledger.token_attempt(self.run_id, ttl=30):
+            pool._pool[0].close()  # type: ignore[attr-defined]  # idle in the pool
+            with self.assertRaises(psycopg.OperationalError) as refused:
+                ledger.guarded(self.run_id, "bank.pay", {"i": 1}, lambda key: {"ok": 1})
+            self.assertIn("handed out a closed connection", str(refused.exception))
+            self.assertEqual(self.status(self.run_id), [])
+            self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"i": 1},
+                                            lambda key: {"ok": 1}), {"ok": 1})
 
     def test_a_pool_subclass_is_borrowed_from_through_its_own_connection(self) -> None:
         pool = CountingPool(DSN or "", min_size=1, max_size=1, open=True)
@@ -239,6 +305,216 @@ class AsyncCutsTest(unittest.IsolatedAsyncioTestCase):
             "SELECT tool, status::text FROM durable_ledger.effects WHERE run = %s "
             "ORDER BY created_at", (run,)).fetchall()
 
+    def hold_effects(self) -> Any:
+        """Another session locks durable_ledger.effects until the returned function is
+        called: the ledger's statements wait for it on the server meanwhile."""
+        blocker = psycopg.connect(ADMIN_DSN, autocommit=True)  # type: ignore[arg-type]
+        blocker.execute("BEGIN")
+        blocker.execute("LOCK TABLE durable_ledger.effects IN ACCESS EXCLUSIVE MODE")
+
+        def let_go() -> None:
+            if not blocker.closed:
+                blocker.execute("COMMIT")
+                blocker.close()
+        self.addCleanup(let_go)
+        return let_go
+
+    async def until_waiting_for_a_lock(self) -> None:
+        deadline = time.monotonic() + PATIENCE
+        while not self.admin.execute(
+                "SELECT count(*) > 0 FROM pg_locks WHERE NOT granted").fetchone()[0]:  # type: ignore[index]
+            self.assertLess(time.monotonic(), deadline, "no statement waited for the lock")
+            await asyncio.sleep(0.01)
+
+    async def pooled_pid(self, pool: AsyncConnectionPool) -> int:
+        async with pool.connection() as conn:
+            return int(conn.info.backend_pid)
+
+    async def test_a_token_attempt_on_a_pool_starts_no_task(self) -> None:
+        ledger = AsyncLedger(await self.pool(size=2))
+        loop = asyncio.get_running_loop()
+        started: List[Any] = []
+        default = loop.get_task_factory()
+
+        def factory(loop: Any, coro: Any, **kwargs: Any) -> Any:
+            started.append(getattr(coro, "__qualname__", coro))
+            if default is not None:
+                return default(loop, coro, **kwargs)
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        loop.set_task_factory(factory)
+        try:
+            async with ledger.token_attempt(self.run_id, ttl=30):
+                await ledger.guarded(self.run_id, "bank.pay", {"i": 1}, lambda key: {"ok": 1})
+                with self.assertRaises(Exception):  # a refusal on the way: no task either
+                    await ledger.guarded(self.run_id, "bank.pay", {"i": 2}, lambda key: {"ok": 2},
+                                         business_key="")
+                await ledger.guarded(self.run_id, "mail.send", {"to": "x"}, lambda key: None)
+        finally:
+            loop.set_task_factory(default)
+        self.assertEqual(started, [])  # take, begin, complete, release: in this task
+        self.assertEqual(self.effects(self.run_id), [("bank.pay", "completed"),
+                                                     ("mail.send", "completed")])
+
+    async def test_an_intent_cancelled_while_its_reply_is_awaited(self) -> None:
+        # the intent waits for a lock on the server; its caller is cancelled: the intent
+        # is cancelled on the server and its reply awaited in the caller's task, the
+        # connection goes back to the pool as it was (the same backend, not closed with a
+        # reply unread), and the attempt stops (a second try would be occurrence 2)
+        pool = await self.pool(size=1)
+        ledger = AsyncLedger(pool)
+        pid = await self.pooled_pid(pool)
+        performed: List[str] = []
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            let_go = self.hold_effects()
+            call = asyncio.create_task(ledger.guarded(self.run_id, "bank.pay", {"i": 1},
+                                                      lambda key: performed.append(key)))
+            await self.until_waiting_for_a_lock()
+            call.cancel()
+            try:  # (cancelled on the server: it ends while the lock is still held)
+                with self.assertRaises(asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(call), 10.0)
+            finally:
+                let_go()
+            with self.assertRaises(EffectPaused):
+                await ledger.guarded(self.run_id, "bank.pay", {"i": 1}, lambda key: None)
+        self.assertEqual(performed, [])
+        self.assertEqual(self.effects(self.run_id), [])  # cancelled on the server
+        self.assertEqual(await self.pooled_pid(pool), pid)
+
+    async def test_a_report_cancelled_while_its_reply_is_awaited_is_recorded(self) -> None:
+        pool = await self.pool(size=1)
+        ledger = AsyncLedger(pool)
+        pid = await self.pooled_pid(pool)
+        let_go: List[Any] = []
+
+        def pay(key: str) -> Any:
+            let_go.append(self.hold_effects())  # the report will wait for the lock
+            return {"receipt": "R-7"}
+
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            call = asyncio.create_task(ledger.guarded(self.run_id, "bank.pay", {"i": 7}, pay))
+            await self.until_waiting_for_a_lock()
+            call.cancel()
+            await asyncio.sleep(0.2)
+            self.assertFalse(call.done())  # the report is awaited to its end
+            let_go[0]()
+            with self.assertRaises(asyncio.CancelledError):
+                await call
+            with self.assertRaises(EffectPaused):  # its caller never saw the answer
+                await ledger.guarded(self.run_id, "bank.pay", {"i": 7}, pay)
+        self.assertEqual(self.effects(self.run_id), [("bank.pay", "completed")])
+        self.assertEqual(await self.pooled_pid(pool), pid)
+        async with ledger.token_attempt(self.run_id, ttl=30):  # the retry replays it
+            self.assertEqual(await ledger.guarded(self.run_id, "bank.pay", {"i": 7}, pay),
+                             {"receipt": "R-7"})
+
+    async def test_an_intent_cancelled_while_waiting_for_the_pools_connection_is_not_sent(self) -> None:
+        # the pool's one connection is busy; the call is cancelled while its intent waits
+        # for it: the intent is not sent when the connection comes, nothing is recorded,
+        # and the attempt goes on (the same call is still occurrence 1)
+        pool = await self.pool(size=1)
+        ledger = AsyncLedger(pool)
+        held, let_go = asyncio.Event(), asyncio.Event()
+
+        async def busy() -> None:
+            async with pool.connection():
+                held.set()
+                await let_go.wait()
+
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            holding = asyncio.create_task(busy())
+            await held.wait()
+            call = asyncio.create_task(ledger.guarded(self.run_id, "bank.pay", {"i": 1},
+                                                      lambda key: {"paid": 1}))
+            await asyncio.sleep(0.2)  # the intent waits for the connection
+            call.cancel()
+            let_go.set()
+            with self.assertRaises(asyncio.CancelledError):
+                await call
+            await holding
+            self.assertEqual(self.effects(self.run_id), [])
+            self.assertEqual(await ledger.guarded(self.run_id, "bank.pay", {"i": 1},
+                                                  lambda key: {"paid": 2}), {"paid": 2})
+        self.assertEqual(self.effects(self.run_id), [("bank.pay", "completed")])
+
+    async def test_a_wait_of_the_pool_is_not_cut_short_by_a_cancellation(self) -> None:
+        # the pool's putconn waits (in a task of its own) while the caller is cancelled:
+        # the connection is still given back (the pool's one connection serves the next
+        # call), the intent's answer is known, and the attempt stops as after any intent
+        # recorded and not performed
+        pool = WaitingPool(DSN or "", min_size=1, max_size=1, open=False, timeout=5.0)
+        await pool.open()
+        self.addAsyncCleanup(pool.close)
+        await pool.wait(timeout=PATIENCE)
+        ledger = AsyncLedger(pool)
+        performed: List[str] = []
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            pool.put_delay, pool.putting = 0.5, asyncio.Event()
+            call = asyncio.create_task(ledger.guarded(self.run_id, "bank.pay", {"i": 1},
+                                                      lambda key: performed.append(key)))
+            # the intent is in; its connection is being given back
+            await asyncio.wait_for(pool.putting.wait(), PATIENCE)
+            await asyncio.sleep(0.05)
+            call.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await call
+            pool.put_delay = 0.0
+            with self.assertRaises(EffectPaused) as stopped:
+                await ledger.guarded(self.run_id, "bank.pay", {"i": 1}, lambda key: None)
+            self.assertIn("cancelled after its intent", str(stopped.exception))
+        self.assertEqual(performed, [])
+        self.assertEqual(self.effects(self.run_id), [("bank.pay", "started")])
+        async with pool.connection(timeout=2.0):  # given back, not lost
+            pass
+
+    async def test_a_wait_taken_over_by_a_task_gets_what_it_waited_for(self) -> None:
+        # _Held.step: a coroutine that waits goes on in a task of its own, which passes it
+        # what it waited for (here an error it handles), and the caller's cancellation
+        # meanwhile is held, not passed in
+        from durable_ledger.aio import _Held
+        loop = asyncio.get_running_loop()
+
+        async def work() -> str:
+            failing = loop.create_future()
+            loop.call_later(0.05, failing.set_exception, ValueError("no"))
+            try:
+                await failing
+            except ValueError:
+                pass
+            await asyncio.sleep(0.2)
+            return "done"
+
+        held = _Held()
+        self.assertEqual(await held.step(work()), "done")
+        self.assertFalse(held.cancelled)
+        held = _Held()
+        call = asyncio.create_task(held.step(work()))
+        await asyncio.sleep(0.1)
+        call.cancel()
+        self.assertEqual(await call, "done")
+        self.assertTrue(held.cancelled)
+
+    async def test_a_getconn_that_waits_keeps_its_own_timeout(self) -> None:
+        # no connection idle: getconn waits in a task of its own, so a timeout it sets
+        # (asyncio.timeout cancels the task it was entered in) ends its own wait and
+        # comes out as its TimeoutError; nothing was sent, the run is not held
+        pool = WaitingPool(DSN or "", min_size=1, max_size=1, open=False, timeout=5.0)
+        await pool.open()
+        self.addAsyncCleanup(pool.close)
+        await pool.wait(timeout=PATIENCE)
+        pool.give_up = 0.3
+        ledger = AsyncLedger(pool)
+        async with pool.connection():  # the pool's one connection is taken
+            started = time.monotonic()
+            with self.assertRaises(TimeoutError):
+                async with ledger.token_attempt(self.run_id, ttl=30):
+                    self.fail("the attempt began without a connection")
+            self.assertLess(time.monotonic() - started, 3.0)
+        self.assertEqual(self.admin.execute(
+            "SELECT count(*) FROM durable_ledger.leases WHERE run = %s",
+            (self.run_id,)).fetchone()[0], 0)  # type: ignore[index]
+
     async def test_a_pooled_connection_goes_back_idle_and_as_lent(self) -> None:
         pool = await self.pool()
         ledger = AsyncLedger(pool)
@@ -299,6 +575,33 @@ class AsyncCutsTest(unittest.IsolatedAsyncioTestCase):
         async with ledger.token_attempt(self.run_id, ttl=30):  # the retry replays it
             self.assertEqual(await ledger.guarded(self.run_id, "bank.pay", {"i": 9}, pay),
                              {"receipt": "R-1"})
+
+    async def test_a_connection_in_another_encoding_reads_rows_and_refusals_in_it(self) -> None:
+        ledger = AsyncLedger(await self.pool(client_encoding="latin1"))
+        run = f"{self.run_id}-café"
+        async with ledger.token_attempt(run, ttl=30):
+            result = await ledger.guarded(run, "bank.pay", {"a": 1}, lambda key: {"receipt": "R"})
+        self.assertEqual(result, {"receipt": "R"})
+        key = self.admin.execute("SELECT key FROM durable_ledger.effects WHERE run = %s",
+                                 (run,)).fetchone()[0]  # type: ignore[index]
+        self.assertEqual((await ledger.effect_status(key))["run"], run)  # type: ignore[index]
+        self.admin.execute("SELECT durable_ledger.abandon_run(%s, 'ops', 'fraud')", (run,))
+        with self.assertRaises(RunAbandoned) as refused:
+            async with ledger.token_attempt(run, ttl=30):
+                pass
+        self.assertIn(f'run "{run}" was abandoned', str(refused.exception))
+
+    async def test_a_connection_closed_in_the_pool_takes_nothing(self) -> None:
+        pool = await self.pool()
+        ledger = AsyncLedger(pool)
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            await pool._pool[0].close()  # type: ignore[attr-defined]  # idle in the pool
+            with self.assertRaises(psycopg.OperationalError) as refused:
+                await ledger.guarded(self.run_id, "bank.pay", {"i": 1}, lambda key: {"ok": 1})
+            self.assertIn("handed out a closed connection", str(refused.exception))
+            self.assertEqual(self.effects(self.run_id), [])
+            self.assertEqual(await ledger.guarded(self.run_id, "bank.pay", {"i": 1},
+                                                  lambda key: {"ok": 1}), {"ok": 1})
 
     async def test_a_pool_subclass_is_borrowed_from_through_its_own_connection(self) -> None:
         pool = CountingAsyncPool(DSN or "", min_size=1, max_size=1, open=False)
