@@ -339,7 +339,7 @@ LANGUAGE C IMMUTABLE PARALLEL SAFE;
 CREATE OR REPLACE FUNCTION durable_ledger.effect_key(run text, tool text, args jsonb, occurrence integer)
 RETURNS text
 AS 'MODULE_PATHNAME', 'dl_effect_key_1_3'
-LANGUAGE C STABLE PARALLEL RESTRICTED;
+LANGUAGE C STABLE PARALLEL UNSAFE;
 
 CREATE OR REPLACE FUNCTION durable_ledger.fork_run(source_run text, new_run text, up_to text,
                                                    forked_by text, note text DEFAULT NULL)

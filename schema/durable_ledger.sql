@@ -1179,7 +1179,7 @@ COMMENT ON FUNCTION durable_ledger.canonical_args(jsonb) IS
 CREATE FUNCTION durable_ledger.effect_key(run text, tool text, args jsonb, occurrence integer)
 RETURNS text
 AS 'MODULE_PATHNAME', 'dl_effect_key_1_3'
-LANGUAGE C STABLE PARALLEL RESTRICTED;
+LANGUAGE C STABLE PARALLEL UNSAFE;
 COMMENT ON FUNCTION durable_ledger.effect_key(text, text, jsonb, integer) IS
     'the derived idempotency key of a call, computed without writing anything';
 

@@ -148,6 +148,30 @@ SELECT count(*) AS hex_business_keys FROM durable_ledger.effects WHERE key = rep
 -- (upper case hex is not a derived key's shape)
 SELECT d.key, d.decision FROM durable_ledger.begin_effect('key-5', 'ship', '{"order": 1003}', business_key => repeat('AB', 32)) d;
 
+-- effect_key reads the registry with the latest snapshot, which no
+-- process may take while a parallel query runs: it is PARALLEL UNSAFE, so a
+-- query that would otherwise get a parallel plan runs without one (before,
+-- XX000 "cannot update SecondarySnapshot during a parallel operation")
+CREATE TABLE public.key_parallel AS
+    SELECT g, 'run-' || g AS run, jsonb_build_object('g', g) AS args FROM generate_series(1, 2000) g;
+ANALYZE public.key_parallel;
+SET max_parallel_workers_per_gather = 2;
+SET parallel_setup_cost = 0;
+SET parallel_tuple_cost = 0;
+SET min_parallel_table_scan_size = 0;
+SET force_parallel_mode = on;
+SELECT count(*) AS rows,
+       count(*) FILTER (WHERE durable_ledger.effect_key(run, 'pay', args, 1)
+                              = encode(digest(convert_to(concat_ws('|', 'durable_ledger.v1', octet_length(run), run,
+                                  3, 'pay', 1, durable_ledger.canonical_args(args)), 'UTF8'), 'sha256'), 'hex')) AS recomputed
+  FROM public.key_parallel;
+RESET force_parallel_mode;
+RESET min_parallel_table_scan_size;
+RESET parallel_tuple_cost;
+RESET parallel_setup_cost;
+RESET max_parallel_workers_per_gather;
+DROP TABLE public.key_parallel;
+
 -- clean up the leases this file took
 SELECT run, durable_ledger.release_run(run) AS released
   FROM (SELECT DISTINCT run FROM key_calls) r
