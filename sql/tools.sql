@@ -77,7 +77,7 @@ SELECT e.key = encode(sha256(convert_to(concat_ws('|', 'durable_ledger.v1',
 SELECT durable_ledger.effect_key('kf-1', 'tl.pay', '{"amount": 4200, "invoice": "INV-1", "memo": "any"}', 1)
        = (SELECT key FROM durable_ledger.effects WHERE run = 'kf-1' AND args ->> 'memo' = 'Thanks for your order')
        AS effect_key_agrees;
--- (it reads the registry: STABLE, and kept out of parallel workers)
+-- (it reads the registry with the latest snapshot: STABLE, and never in a parallel query)
 SELECT provolatile, proparallel FROM pg_proc WHERE oid = 'durable_ledger.effect_key'::regproc;
 -- a call without a key field, or with args that are no object, has no identity
 SELECT regress_registry_footprint() AS before \gset
