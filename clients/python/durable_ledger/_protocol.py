@@ -1335,3 +1335,18 @@ def pool_methods(source: Any, asynchronous: bool) -> Tuple[Any, Any]:
     if isinstance(source, base) and getattr(type(source), "connection", None) is base.connection:
         return source.getconn, source.putconn
     return None, None
+
+
+def pool_methods_own(source: Any) -> bool:
+    """Whether an async pool's ``getconn`` and ``putconn`` are psycopg_pool's own (not a
+    subclass's): only those are stepped in the caller's task (`aio._Held.step`), since a
+    subclass's may enter something bound to the task it runs in (``asyncio.timeout``,
+    which cancels that task) before its first wait."""
+    try:
+        import psycopg_pool
+    except ImportError:  # pragma: no cover
+        return False
+    base: Any = psycopg_pool.AsyncConnectionPool
+    kind = type(source)
+    return (isinstance(source, base) and getattr(kind, "getconn", None) is base.getconn
+            and getattr(kind, "putconn", None) is base.putconn)

@@ -451,6 +451,9 @@ class AsyncLedger(p.LedgerCore):
         # a statement on such a pool runs in the caller's task, its cancellations held
         # (`_Held`), where any other source's runs in a task of its own (`_finish`)
         self._held_path = self._getconn is not None and p.PLAIN_SEND
+        # ... where getconn and putconn run in the caller's task up to their first wait
+        # only when they are psycopg_pool's own; a subclass's always in a task of its own
+        self._pool_steps = p.pool_methods_own(conn)
         self._borrow: Optional[Callable[[], Any]]
         if isinstance(conn, psycopg.AsyncConnection):
             self.conn: Optional["psycopg.AsyncConnection[Any]"] = conn
@@ -1357,8 +1360,9 @@ class AsyncLedger(p.LedgerCore):
         assert self._getconn is not None and self._putconn is not None
         try:
             # a connection idle in the pool is handed out without a wait; else getconn
-            # waits in a task of its own (its timeout its own)
-            conn = await (held.step(self._getconn()) if _idle_in(self._source)
+            # waits in a task of its own (its timeout its own), as a subclass's always
+            # does (what it enters before its first wait is bound to the task it runs in)
+            conn = await (held.step(self._getconn()) if self._pool_steps and _idle_in(self._source)
                           else held.task(self._getconn()))
         except psycopg.OperationalError as exc:  # (a PoolTimeout) nothing was sent
             raise _NotSent(f"the connection source handed out no connection ({exc})") from exc
@@ -1394,7 +1398,8 @@ class AsyncLedger(p.LedgerCore):
                 await held.task(conn.rollback())
             raise
         finally:
-            await held.step(self._putconn(conn))
+            await (held.step(self._putconn(conn)) if self._pool_steps
+                   else held.task(self._putconn(conn)))
 
     async def _once_on(self, conn: "psycopg.AsyncConnection[Any]", query: str,
                        params: Tuple[Any, ...],

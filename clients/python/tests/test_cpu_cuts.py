@@ -121,6 +121,36 @@ class WaitingPool(AsyncConnectionPool):
         await super().putconn(conn)
 
 
+class DeadlinePool(AsyncConnectionPool):
+    """psycopg_pool's pool with deadlines of its own (review of issue 34's cuts): getconn
+    checks the connection it hands out, and putconn resets the one given back, each under
+    asyncio.timeout (which cancels the task it was entered in), before any wait; a check
+    that does not finish in time fails getconn, a reset that does not closes the
+    connection.  ``check_delay`` and ``reset_delay`` make them slow.  Its connection() is
+    psycopg_pool's: the ledger borrows with getconn/putconn straight."""
+    check_delay = 0.0
+    reset_delay = 0.0
+    deadline = 0.2
+
+    async def getconn(self, timeout: Optional[float] = None) -> Any:
+        conn = await super().getconn(timeout)
+        try:
+            async with asyncio.timeout(self.deadline):  # type: ignore[attr-defined]
+                await asyncio.sleep(self.check_delay)
+        except BaseException:
+            await super().putconn(conn)
+            raise
+        return conn
+
+    async def putconn(self, conn: Any) -> None:
+        try:
+            async with asyncio.timeout(self.deadline):  # type: ignore[attr-defined]
+                await asyncio.sleep(self.reset_delay)
+        except TimeoutError:
+            await conn.close()
+        await super().putconn(conn)
+
+
 class SyncCutsTest(unittest.TestCase):
 
     def setUp(self) -> None:
@@ -514,6 +544,52 @@ class AsyncCutsTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(self.admin.execute(
             "SELECT count(*) FROM durable_ledger.leases WHERE run = %s",
             (self.run_id,)).fetchone()[0], 0)  # type: ignore[index]
+
+    async def test_a_subclass_getconn_keeps_its_deadline_its_own(self) -> None:
+        # a connection idle, but the subclass's getconn times its own check: the
+        # deadline ends the check and comes out as its TimeoutError; the caller, whom
+        # nobody cancelled, is not cancelled, and nothing was sent
+        pool = DeadlinePool(DSN or "", min_size=1, max_size=1, open=False, timeout=5.0)
+        await pool.open()
+        self.addAsyncCleanup(pool.close)
+        await pool.wait(timeout=PATIENCE)
+        ledger = AsyncLedger(pool)
+        pool.check_delay = 2.0
+
+        async def attempt() -> None:
+            async with ledger.token_attempt(self.run_id, ttl=30):
+                self.fail("the attempt began without a connection")
+
+        task = asyncio.ensure_future(attempt())
+        with self.assertRaises(TimeoutError):
+            await task
+        self.assertFalse(task.cancelled())
+        self.assertEqual(self.admin.execute(
+            "SELECT count(*) FROM durable_ledger.leases WHERE run = %s",
+            (self.run_id,)).fetchone()[0], 0)  # type: ignore[index]
+
+    async def test_a_subclass_putconn_keeps_its_deadline_its_own(self) -> None:
+        # the subclass's putconn times its reset and closes a connection that misses the
+        # deadline: the caller's calls go on as if the pool were quick (performed once,
+        # recorded), and the caller is not cancelled
+        pool = DeadlinePool(DSN or "", min_size=1, max_size=1, open=False, timeout=5.0)
+        await pool.open()
+        self.addAsyncCleanup(pool.close)
+        await pool.wait(timeout=PATIENCE)
+        ledger = AsyncLedger(pool)
+        pool.reset_delay = 1.0
+        performed: List[str] = []
+
+        async def attempt() -> Any:
+            async with ledger.token_attempt(self.run_id, ttl=30):
+                return await ledger.guarded(self.run_id, "bank.pay", {"i": 1},
+                                            lambda key: performed.append(key) or {"paid": 1})
+
+        task = asyncio.ensure_future(attempt())
+        self.assertEqual(await task, {"paid": 1})
+        self.assertFalse(task.cancelled())
+        self.assertEqual(len(performed), 1)
+        self.assertEqual(self.effects(self.run_id), [("bank.pay", "completed")])
 
     async def test_a_pooled_connection_goes_back_idle_and_as_lent(self) -> None:
         pool = await self.pool()
