@@ -1338,15 +1338,25 @@ def pool_methods(source: Any, asynchronous: bool) -> Tuple[Any, Any]:
 
 
 def pool_methods_own(source: Any) -> bool:
-    """Whether an async pool's ``getconn`` and ``putconn`` are psycopg_pool's own (not a
-    subclass's): only those are stepped in the caller's task (`aio._Held.step`), since a
-    subclass's may enter something bound to the task it runs in (``asyncio.timeout``,
-    which cancels that task) before its first wait."""
+    """Whether an async pool's ``getconn`` and ``putconn`` run nothing but psycopg's and
+    psycopg_pool's own code, so that they may be stepped in the caller's task
+    (`aio._Held.step`): psycopg_pool's ``AsyncConnectionPool`` itself (a subclass may
+    override any of its methods, private ones included), connections whose ``rollback``
+    and ``close`` (which ``putconn`` may call) are psycopg's own, and no callback of the
+    application's that either would run (psycopg_pool 3.2's ``check``, a ``reset``).
+    Code of anyone else's may enter something bound to the task it runs in before its
+    first wait (``asyncio.timeout``, which cancels that task): it runs in a task of its
+    own instead."""
     try:
         import psycopg_pool
     except ImportError:  # pragma: no cover
         return False
-    base: Any = psycopg_pool.AsyncConnectionPool
-    kind = type(source)
-    return (isinstance(source, base) and getattr(kind, "getconn", None) is base.getconn
-            and getattr(kind, "putconn", None) is base.putconn)
+    if type(source) is not psycopg_pool.AsyncConnectionPool:
+        return False
+    kind = getattr(source, "connection_class", None)
+    own = psycopg.AsyncConnection
+    return (isinstance(kind, type) and issubclass(kind, own)
+            and getattr(kind, "rollback", None) is own.rollback
+            and getattr(kind, "close", None) is own.close
+            and getattr(source, "_check", None) is None
+            and getattr(source, "_reset", None) is None)

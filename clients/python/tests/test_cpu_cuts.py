@@ -151,6 +151,21 @@ class DeadlinePool(AsyncConnectionPool):
         await super().putconn(conn)
 
 
+class GoodbyeConnection(psycopg.AsyncConnection[Any]):
+    """A connection class whose close() says goodbye first under a deadline of its own
+    (asyncio.timeout, entered before any wait); ``goodbye`` makes the goodbye slow.
+    psycopg_pool's own putconn closes a connection past its max_lifetime."""
+    goodbye = 0.0
+
+    async def close(self) -> None:
+        try:
+            async with asyncio.timeout(0.2):  # type: ignore[attr-defined]
+                await asyncio.sleep(self.goodbye)
+        except TimeoutError:
+            pass
+        await super().close()
+
+
 class SyncCutsTest(unittest.TestCase):
 
     def setUp(self) -> None:
@@ -578,6 +593,31 @@ class AsyncCutsTest(unittest.IsolatedAsyncioTestCase):
         await pool.wait(timeout=PATIENCE)
         ledger = AsyncLedger(pool)
         pool.reset_delay = 1.0
+        performed: List[str] = []
+
+        async def attempt() -> Any:
+            async with ledger.token_attempt(self.run_id, ttl=30):
+                return await ledger.guarded(self.run_id, "bank.pay", {"i": 1},
+                                            lambda key: performed.append(key) or {"paid": 1})
+
+        task = asyncio.ensure_future(attempt())
+        self.assertEqual(await task, {"paid": 1})
+        self.assertFalse(task.cancelled())
+        self.assertEqual(len(performed), 1)
+        self.assertEqual(self.effects(self.run_id), [("bank.pay", "completed")])
+
+    async def test_a_connection_class_close_keeps_its_deadline_its_own(self) -> None:
+        # psycopg_pool's own pool, but its connections' close() has a deadline of its
+        # own, and every connection is past its max_lifetime when it comes back, so
+        # putconn closes it: the caller's calls go on as if closing were quick
+        pool = AsyncConnectionPool(DSN or "", min_size=1, max_size=1, open=False, timeout=5.0,
+                                   max_lifetime=0.0, connection_class=GoodbyeConnection)
+        await pool.open()
+        self.addAsyncCleanup(pool.close)
+        await pool.wait(timeout=PATIENCE)
+        self.addCleanup(setattr, GoodbyeConnection, "goodbye", 0.0)
+        GoodbyeConnection.goodbye = 1.0
+        ledger = AsyncLedger(pool)
         performed: List[str] = []
 
         async def attempt() -> Any:
