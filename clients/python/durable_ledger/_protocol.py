@@ -1261,11 +1261,16 @@ except (ImportError, AttributeError):  # pragma: no cover -- another psycopg: th
 
 def plain_ready(conn: Any) -> bool:
     """Whether ``conn`` (its lock held) may take a statement sent straight: idle, open, in
-    no pipeline.  Anything else goes the cursor's way."""
+    no pipeline, and of a class whose ``wait`` is psycopg's own (the straight way waits
+    for the reply itself: a class's own ``wait``, a deadline in it, is honoured by the
+    cursor's way only).  Anything else goes the cursor's way."""
     pgconn = conn.pgconn
+    own: Any = (psycopg.AsyncConnection if isinstance(conn, psycopg.AsyncConnection)
+                else psycopg.Connection)
     return (PLAIN_SEND and pgconn.transaction_status == TransactionStatus.IDLE
             and pgconn.status == _pq.ConnStatus.OK
-            and getattr(conn, "_pipeline", None) is None)
+            and getattr(conn, "_pipeline", None) is None
+            and getattr(type(conn), "wait", None) is own.wait)
 
 
 class Sent(NamedTuple):

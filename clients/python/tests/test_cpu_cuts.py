@@ -166,6 +166,25 @@ class GoodbyeConnection(psycopg.AsyncConnection[Any]):
         await super().close()
 
 
+class WaitingConnection(psycopg.Connection[Any]):
+    """A connection class of the application's with its own wait() (counted): the
+    statements on it go the cursor's way, which calls it."""
+    waits = 0
+
+    def wait(self, gen: Any, timeout: Optional[float] = 0.1) -> Any:
+        WaitingConnection.waits += 1
+        return super().wait(gen, timeout)
+
+
+class WaitingAsyncConnection(psycopg.AsyncConnection[Any]):
+    """WaitingConnection's async twin."""
+    waits = 0
+
+    async def wait(self, gen: Any) -> Any:
+        WaitingAsyncConnection.waits += 1
+        return await super().wait(gen)
+
+
 class SyncCutsTest(unittest.TestCase):
 
     def setUp(self) -> None:
@@ -185,6 +204,18 @@ class SyncCutsTest(unittest.TestCase):
         return [r[0] for r in self.admin.execute(
             "SELECT status::text FROM durable_ledger.effects WHERE run = %s "
             "ORDER BY created_at", (run,)).fetchall()]
+
+    def test_a_connection_class_with_its_own_wait_is_waited_by_it(self) -> None:
+        pool = ConnectionPool(DSN or "", min_size=1, max_size=1, open=True,
+                              connection_class=WaitingConnection)
+        self.addCleanup(pool.close)
+        pool.wait(timeout=PATIENCE)
+        ledger = Ledger(pool)
+        WaitingConnection.waits = 0
+        with ledger.token_attempt(self.run_id, ttl=30):
+            self.assertEqual(ledger.guarded(self.run_id, "bank.pay", {"i": 1},
+                                            lambda key: {"paid": 1}), {"paid": 1})
+        self.assertGreaterEqual(WaitingConnection.waits, 4)  # take, begin, report, release
 
     def test_a_pooled_connection_goes_back_idle_and_as_lent(self) -> None:
         for autocommit in (False, True):
@@ -630,6 +661,19 @@ class AsyncCutsTest(unittest.IsolatedAsyncioTestCase):
         self.assertFalse(task.cancelled())
         self.assertEqual(len(performed), 1)
         self.assertEqual(self.effects(self.run_id), [("bank.pay", "completed")])
+
+    async def test_a_connection_class_with_its_own_wait_is_waited_by_it(self) -> None:
+        pool = AsyncConnectionPool(DSN or "", min_size=1, max_size=1, open=False,
+                                   connection_class=WaitingAsyncConnection)
+        await pool.open()
+        self.addAsyncCleanup(pool.close)
+        await pool.wait(timeout=PATIENCE)
+        ledger = AsyncLedger(pool)
+        WaitingAsyncConnection.waits = 0
+        async with ledger.token_attempt(self.run_id, ttl=30):
+            self.assertEqual(await ledger.guarded(self.run_id, "bank.pay", {"i": 1},
+                                                  lambda key: {"paid": 1}), {"paid": 1})
+        self.assertGreaterEqual(WaitingAsyncConnection.waits, 4)  # take, begin, report, release
 
     async def test_a_pooled_connection_goes_back_idle_and_as_lent(self) -> None:
         pool = await self.pool()
