@@ -15,8 +15,8 @@
  *   policy    tools.c divergence.c budgets.c models.c policy.h
  *   lease     lease.c token_lease.c liveness.c runlock.c counters.c lease.h
  *   store     reader.c rows.c write_*.c audit.c audit_chain.c metrics.c cache.c
- *   store     tables.c plans.c durability.c store.h rows.h tables.h
- *   common    names.c canonical.c identity.c keys.c call.c detail.c common.h compat.h
+ *   store     tables.c plans.c durability.c index_plans.c store.h rows.h tables.h
+ *   common    names.c canonical.c identity.c keys.c digest.c call.c detail.c common.h compat.h digest.h
  *
  * The entry points parse, call their subsystem and form the result; the
  * decision layer decides a begin (read, judge, apply); the policy layer
