@@ -28,7 +28,6 @@
 #include "utils/timestamp.h"
 
 #include "rows.h"
-#include "rows.h"
 
 /*
  * Starts a write of table t; with_indexes, its indexes are opened for the

@@ -210,6 +210,26 @@ def _refused_cleanly(exc: BaseException, conn: Any) -> bool:
             and not conn.closed and not conn.broken)
 
 
+
+def note_uncertain(exc: BaseException, conn: Any, broke: List[BaseException],
+                   on_uncertain: Optional[Callable[[BaseException], None]]) -> None:
+    """A statement on ``conn`` failed with ``exc``: unless the server refused it cleanly
+    or it was not committed, its outcome is unknown, noted in ``broke`` (what a retry on
+    a fresh connection looks at) and given to ``on_uncertain``."""
+    if not _refused_cleanly(exc, conn) and not _not_committed(exc):
+        broke.append(exc)
+        if on_uncertain is not None:
+            on_uncertain(exc)
+
+
+def warn_resend(what: str, exc: BaseException) -> None:
+    """Logs that ``what`` is sent once more on a fresh connection after ``exc``."""
+    text = str(exc).strip()
+    log.warning("%s: the connection broke before the reply (%s: %s); sending it once more "
+                "on a fresh connection", what, type(exc).__name__,
+                text.splitlines()[0] if text else "")
+
+
 class TokenLease:
     """One attempt at a run under a token lease: what `Ledger.token_attempt` yields.
 

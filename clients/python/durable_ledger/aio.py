@@ -1312,9 +1312,7 @@ class AsyncLedger(p.LedgerCore):
         except psycopg.OperationalError as exc:
             if not (retry and self._borrow is not None and (broke or isinstance(exc, _NotSent))):
                 raise
-            log.warning("%s: the connection broke before the reply (%s: %s); sending it once "
-                        "more on a fresh connection", what, type(exc).__name__,
-                        str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+            p.warn_resend(what, exc)
             first = exc
         try:
             return (await self._pooled_once(query, params, None, [], what, out, about,
@@ -1337,9 +1335,7 @@ class AsyncLedger(p.LedgerCore):
         except psycopg.OperationalError as exc:
             if not (retry and (broke or isinstance(exc, _NotSent))):
                 raise
-            log.warning("%s: the connection broke before the reply (%s: %s); sending it once "
-                        "more on a fresh connection", what, type(exc).__name__,
-                        str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+            p.warn_resend(what, exc)
             first = exc
         try:
             # on a fresh connection (an empty query first): the way any source is borrowed
@@ -1380,10 +1376,7 @@ class AsyncLedger(p.LedgerCore):
                     try:
                         return await _send_held(conn, query, params, what, about, held)
                     except BaseException as exc:
-                        if not _refused_cleanly(exc, conn) and not _not_committed(exc):
-                            broke.append(exc)
-                            if on_uncertain is not None:
-                                on_uncertain(exc)
+                        p.note_uncertain(exc, conn, broke, on_uncertain)
                         raise
             finally:
                 lock.release()
@@ -1413,10 +1406,7 @@ class AsyncLedger(p.LedgerCore):
                 rows = await _execute_on(conn, query, params, shared=False, what=what,
                                          about=about)
             except BaseException as exc:
-                if not _refused_cleanly(exc, conn) and not _not_committed(exc):
-                    broke.append(exc)
-                    if on_uncertain is not None:
-                        on_uncertain(exc)
+                p.note_uncertain(exc, conn, broke, on_uncertain)
                 raise
         except BaseException:
             if not conn.closed and conn.pgconn.transaction_status != TransactionStatus.IDLE:
@@ -1436,10 +1426,7 @@ class AsyncLedger(p.LedgerCore):
                 return await _execute_on(conn, query, params, shared=self._borrow is None,
                                          what=what, about=about)
             except BaseException as exc:
-                if not _refused_cleanly(exc, conn) and not _not_committed(exc):
-                    broke.append(exc)
-                    if on_uncertain is not None:
-                        on_uncertain(exc)
+                p.note_uncertain(exc, conn, broke, on_uncertain)
                 raise
 
     async def _pooled_one(self, query: str, params: Tuple[Any, ...], *,

@@ -1174,9 +1174,7 @@ class Ledger(p.LedgerCore):
         except psycopg.OperationalError as exc:
             if not (retry and self._borrow is not None and (broke or isinstance(exc, _NotSent))):
                 raise
-            log.warning("%s: the connection broke before the reply (%s: %s); sending it once "
-                        "more on a fresh connection", what, type(exc).__name__,
-                        str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+            p.warn_resend(what, exc)
             first = exc
         try:
             return self._pooled_once(query, params, None, [], what, about, fresh=True), True
@@ -1196,10 +1194,7 @@ class Ledger(p.LedgerCore):
                 return _execute_on(conn, query, params, shared=self._borrow is None, what=what,
                                    about=about)
             except BaseException as exc:
-                if not _refused_cleanly(exc, conn) and not _not_committed(exc):
-                    broke.append(exc)
-                    if on_uncertain is not None:
-                        on_uncertain(exc)
+                p.note_uncertain(exc, conn, broke, on_uncertain)
                 raise
 
     def _pooled_once_plain(self, query: str, params: Tuple[Any, ...],
@@ -1390,10 +1385,7 @@ def _sent_once(conn: "psycopg.Connection[Any]", send: Callable[[], List[Dict[str
     try:
         return send()
     except BaseException as exc:
-        if not _refused_cleanly(exc, conn) and not _not_committed(exc):
-            broke.append(exc)
-            if on_uncertain is not None:
-                on_uncertain(exc)
+        p.note_uncertain(exc, conn, broke, on_uncertain)
         raise
 
 
