@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench/before-cluster.sh REV PORT: a second bench cluster running the
 # library as it was at commit REV, for the access section of bench/bench.py
-# (the same run measures the ledger before and after a change, each against
-# its own floor).
+# and the sections --before measures (the same run measures the ledger before
+# and after a change, each against its own floor).
 #
 # The library of REV is built from `git archive REV` into a private copy of
 # the PostgreSQL installation (PostgreSQL's binaries find their share and lib
@@ -43,4 +43,5 @@ make -s -C "$copy/src" PG_CONFIG="$PG_CONFIG" install >"$copy/build.log" 2>&1 ||
 start_throwaway_cluster before "$port" "${bench_settings[@]}"
 trap 'as_cluster_user "$bindir/pg_ctl" -D "$work/data" -m immediate stop >/dev/null 2>&1 || true; rm -rf "$work" "$copy"' EXIT
 echo "dsn=$dsn"
+echo "src=$copy/src"  # REV's tree, whose clients the clients and fleet sections run
 cat >/dev/null

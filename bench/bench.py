@@ -54,6 +54,7 @@ saturation point (the highest rate served with p99 within 50 ms).
 """
 
 import argparse
+import contextlib
 import datetime
 import glob
 import os
@@ -135,6 +136,16 @@ def interleaved(rounds, a, b):
         else:
             rb.append(b()); ra.append(a())
     return ra, rb
+
+
+def rotated(rounds, sides):
+    """Runs each of sides (a dict of name: function) once a round, rounds times, the
+    order rotating round by round; returns each side's list of results."""
+    names, results = list(sides), {name: [] for name in sides}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            results[name].append(sides[name]())
+    return results
 
 
 def med(results, i):
@@ -423,6 +434,8 @@ def pooler(args, conn, logdir, clients):
 # The last commit before issue 15's access paths (unsettled and the audit log's
 # BRIN, decisions and replays indexes): what the access section compares with.
 ACCESS_BEFORE = "5a28b21"
+# the sections --before measures in a second cluster (issue 34's measures)
+BEFORE_SECTIONS = ("registered", "batch", "clients", "callgrind", "fleet")
 
 
 def register_bench_tool(conn):
@@ -456,6 +469,7 @@ class BeforeCluster:
             self.proc.wait()
             raise SystemExit(f"the cluster of {self.rev} did not start (exit {self.proc.returncode})")
         self.dsn = line[len("dsn="):].strip()
+        self.src = self.proc.stdout.readline()[len("src="):].strip()  # REV's tree
         return self
 
     def __exit__(self, *exc):
@@ -605,6 +619,10 @@ def main():
     p.add_argument("--fleet-ramp", type=int, default=5, help="the fleet section's ramp before each window")
     p.add_argument("--fleet-procs", type=int, default=fleet_scale.FLEET_PROCS,
                    help="the fleet section's client processes")
+    p.add_argument("--before", default=None,
+                   help="a commit: the " + ", ".join(BEFORE_SECTIONS) + " sections also measure its library "
+                        "(in a second cluster, on the port after the access section's) and its clients, "
+                        "in the same run, each against its own floor")
     p.add_argument("--only", default=",".join(SECTIONS),
                    help="the sections to run, comma-separated: " + ", ".join(SECTIONS))
     args = p.parse_args()
@@ -619,6 +637,17 @@ def main():
     logdir = tempfile.mkdtemp(prefix="durable_ledger_bench_logs.")
     rows = []
     say = lambda *a: print(*a, flush=True)
+    # --before: one cluster of that commit's library for every section that measures it
+    # (removed when this process ends: before-cluster.sh waits for its standard input)
+    stack = contextlib.ExitStack()
+    before = bconn = None
+    if args.before and only & set(BEFORE_SECTIONS):
+        say(f"a second cluster with the library of {args.before} (--before) ...")
+        before = stack.enter_context(BeforeCluster(args.before, args.port + 2))
+        bconn = stack.enter_context(psycopg.connect(before.dsn, autocommit=True))
+        bconn.execute(open(os.path.join(HERE, "floor.sql")).read())
+        register_bench_tool(bconn)
+    was = f"before ({args.before})"
 
     if "pairs" in only:
         say("begin+complete against the floor ...")
@@ -645,18 +674,32 @@ def main():
         if section == "registered":
             conn.execute("""SELECT durable_ledger.register_tool('bench.pay', 'bench', note => 'make bench')
                              WHERE NOT EXISTS (SELECT FROM durable_ledger.tools WHERE tool = 'bench.pay')""")
+        if section == "registered" and before:
+            bconn.execute("""SELECT durable_ledger.register_tool('bench.pay', 'bench', note => 'make bench')
+                              WHERE NOT EXISTS (SELECT FROM durable_ledger.tools WHERE tool = 'bench.pay')""")
         for c in clients:
             settle(conn)
-            led, flo = interleaved(args.rounds,
-                                   lambda: pgbench(args, "ledger_registered_pair.sql", c, args.seconds, logdir,
-                                                   f"{tag}{c}", defines={"started": 0, "round": next(rounds),
-                                                                         "tool": tool}),
-                                   lambda: pgbench(args, "floor_pair.sql", c, args.seconds, logdir, f"{tag}f{c}"))
-            rows.append((f"begin+complete, {what.split(' ', 1)[1]}, divergence checked, {c} client{'s' if c > 1 else ''}",
-                         med(led, 0) / med(flo, 0), "≥ 0.95",
-                         f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "
-                         f"floor {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms)"))
-            say("  ", rows[-1])
+            dsns = {"": None}
+            if before:
+                settle(bconn)
+                dsns[" before"] = before.dsn
+            sides = {}
+            for side, dsn in dsns.items():
+                sides["ledger" + side] = (lambda dsn=dsn, side=side: pgbench(
+                    args, "ledger_registered_pair.sql", c, args.seconds, logdir, f"{tag}{side.strip()}{c}", dsn=dsn,
+                    defines={"started": 0, "round": next(rounds), "tool": tool}))
+                sides["floor" + side] = (lambda dsn=dsn, side=side: pgbench(
+                    args, "floor_pair.sql", c, args.seconds, logdir, f"{tag}f{side.strip()}{c}", dsn=dsn))
+            results = rotated(args.rounds, sides)
+            for side in dsns:
+                led, flo = results["ledger" + side], results["floor" + side]
+                rows.append((f"begin+complete, {what.split(' ', 1)[1]}, divergence checked, {c} client{'s' if c > 1 else ''}"
+                             + (f", {was}" if side else ""),
+                             med(led, 0) / med(flo, 0), "≥ 0.95" if not side else "(before)",
+                             f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "
+                             f"floor {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms)"
+                             + ("; the four sides interleaved with the rows before" if before else "")))
+                say("  ", rows[-1])
 
     if "budgeted" in only:
         # a tool with a budget per run (1.3): every execution reads and writes the run's
@@ -705,15 +748,27 @@ def main():
         say("20,000 intents in one transaction against INSERT ... SELECT of the same rows ...")
         check_floor_tables(conn)
         batch_tables = ("floor_effects", "floor_audit", "floor_unsettled", "durable_ledger.unsettled")
-        settle(conn, floor=batch_tables)
-        led, flo = cpu_bound(conn, short_rounds, 20000)
-        rows.append(("20,000 begin_effect vs INSERT … SELECT of the same rows (time)",
-                     med(led, 0) / med(flo, 0), "≤ 1.6",
-                     f"ledger {med(led, 0) * 1000:.0f} ms; floor {med(flo, 0) * 1000:.0f} ms (the ledger's run of "
-                     f"the round before: 20,000 effects, 20,000 unsettled rows, {med(flo, 1):.0f} audit rows with "
-                     f"their chain hashes, one INSERT … SELECT per table into LIKE … INCLUDING ALL copies, one "
-                     f"transaction; statements timed, commits not)"))
-        say("  ", rows[-1])
+        # with --before: after and before alternated, a third of the rounds at a time, each
+        # cluster's ledger against its own floor
+        passes = [("", conn)] + ([(f", {was}", bconn)] * bool(before))
+        figures = {side: ([], []) for side, _ in passes}
+        for part in range(3 if before else 1):
+            for side, c in (passes if part % 2 == 0 else passes[::-1]):
+                if side:
+                    check_floor_tables(c)
+                settle(c, floor=batch_tables)
+                led, flo = cpu_bound(c, short_rounds if not before else max(4, short_rounds // 3 + 1), 20000)
+                figures[side][0].extend(led)
+                figures[side][1].extend(flo)
+        for side, _ in passes:
+            led, flo = figures[side]
+            rows.append(("20,000 begin_effect vs INSERT … SELECT of the same rows (time)" + side,
+                         med(led, 0) / med(flo, 0), "≤ 1.6" if not side else "(before)",
+                         f"ledger {med(led, 0) * 1000:.0f} ms; floor {med(flo, 0) * 1000:.0f} ms (the ledger's run of "
+                         f"the round before: 20,000 effects, 20,000 unsettled rows, {med(flo, 1):.0f} audit rows with "
+                         f"their chain hashes, one INSERT … SELECT per table into LIKE … INCLUDING ALL copies, one "
+                         f"transaction; statements timed, commits not; {len(led)} rounds)"))
+            say("  ", rows[-1])
         # the earlier floor (hand-made rows, one statement), kept for comparison with earlier runs
         settle(conn, floor=batch_tables)
         led, flo = cpu_bound_hand_made(conn, short_rounds, 20000)
@@ -801,7 +856,7 @@ def main():
 
     if "clients" in only:
         # the clients' own CPU per guarded call (issue 34)
-        rows.extend(clients_section(args, args.dsn, say))
+        rows.extend(clients_section(args, args.dsn, say, before and before.src, was))
 
     if "callgrind" in only:
         # instructions per begin+complete pair, counted, not timed (issue 34)
@@ -809,18 +864,30 @@ def main():
             say("callgrind: valgrind is not installed (apt-get install valgrind); section skipped")
         else:
             say("instructions per begin+complete pair (callgrind, single-user backends) ...")
-            out = subprocess.run(["bash", os.path.join(HERE, "callgrind", "run.sh")], check=True,
-                                 capture_output=True, text=True).stdout
-            found = re.search(r"instructions per pair: (\d+)", out)
-            rows.append(("instructions per begin+complete pair (count)", float(found.group(1)),
-                         "≤ 420,000", "callgrind, 2,500 minus 500 pairs, bench/callgrind/run.sh"))
-            say("  ", rows[-1])
+            trees = [("", None, "/tmp/dl-callgrind")] + ([(f", {was}", before.src, "/tmp/dl-callgrind-before")]
+                                                         * bool(before))
+            for side, src, work in trees:
+                out = subprocess.run(["bash", os.path.join(HERE, "callgrind", "run.sh")] + ([src] if src else []),
+                                     check=True, capture_output=True, text=True,
+                                     env={**os.environ, "CG_WORK": work}).stdout
+                found = re.search(r"instructions per pair: (\d+)", out)
+                rows.append(("instructions per begin+complete pair (count)" + side, float(found.group(1)),
+                             "≤ 420,000" if not side else "(before)",
+                             "callgrind, 2,500 minus 500 pairs, bench/callgrind/run.sh"
+                             + (f" on {args.before}'s tree" if side else "")))
+                say("  ", rows[-1])
 
     if "fleet" in only:
         # the fleet shape (issue 34): its own PgBouncer, with the issue's 20 server connections
         fleet_args = argparse.Namespace(**{**vars(args), "pool_size": fleet_scale.SERVER_CONNECTIONS})
-        with PgBouncer(fleet_args) as bouncer:
-            rows.extend(fleet_scale.fleet_section(args, conn, bouncer, lambda: settle(conn), say))
+        with contextlib.ExitStack() as bouncers:
+            bouncer = bouncers.enter_context(PgBouncer(fleet_args))
+            earlier = None
+            if before:
+                bouncer_before = bouncers.enter_context(PgBouncer(argparse.Namespace(**{**vars(fleet_args),
+                                                                                      "dsn": before.dsn})))
+                earlier = fleet_scale.Before(args.before, bconn, bouncer_before, before.src, lambda: settle(bconn))
+            rows.extend(fleet_scale.fleet_section(args, conn, bouncer, lambda: settle(conn), say, earlier))
 
     cores = os.cpu_count()
     print()
@@ -839,6 +906,7 @@ def main():
                  f"{ratio:.0f} s" if name.endswith("(s)") else f"{ratio:.2f}x")
         print(f"| {name} | {value} | {target} | {ctx} |")
     shutil.rmtree(logdir, ignore_errors=True)
+    stack.close()
 
 
 if __name__ == "__main__":

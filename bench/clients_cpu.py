@@ -12,6 +12,7 @@ is another process.  The median of --rounds rounds, the three clients interleave
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 
@@ -21,22 +22,40 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = "600"
 
 
-def clients_section(args, dsn, say):
+def clients_section(args, dsn, say, before_src=None, was="before"):
+    """before_src: an earlier commit's tree (--before): its clients measured too, by this
+    tree's harness (copied into it), against the same cluster, the six interleaved."""
     say("clients: CPU per guarded call (token attempts of three calls on a pool) ...")
-    commands = {
-        "Python (Ledger, sync)": ["/usr/bin/python3", os.path.join(HERE, "client_cpu.py"), "sync", dsn, RUNS, "4"],
-        "Python (AsyncLedger)": ["/usr/bin/python3", os.path.join(HERE, "client_cpu.py"), "async", dsn, RUNS, "4"],
-        "JavaScript (Ledger)": ["node", os.path.join(HERE, "client_cpu.mjs"), node_url(dsn), RUNS, "4"],
-    }
+    trees = [("", HERE)]
+    if before_src:
+        harness = os.path.join(before_src, "bench")
+        os.makedirs(harness, exist_ok=True)
+        for name in ("client_cpu.py", "client_cpu.mjs"):
+            shutil.copy(os.path.join(HERE, name), harness)
+        modules = os.path.join(before_src, "clients", "js", "node_modules")
+        if not os.path.exists(modules):  # the same packages: the lock file is older, not other
+            os.symlink(os.path.join(HERE, "..", "clients", "js", "node_modules"), modules)
+        trees.append((f", {was}", harness))
+    commands = {}
+    for side, bench in trees:
+        commands.update({
+            "Python (Ledger, sync)" + side: ["/usr/bin/python3", os.path.join(bench, "client_cpu.py"), "sync", dsn,
+                                             RUNS, "4"],
+            "Python (AsyncLedger)" + side: ["/usr/bin/python3", os.path.join(bench, "client_cpu.py"), "async", dsn,
+                                            RUNS, "4"],
+            "JavaScript (Ledger)" + side: ["node", os.path.join(bench, "client_cpu.mjs"), node_url(dsn), RUNS, "4"],
+        })
     per_call = {name: [] for name in commands}
-    for _ in range(args.rounds):
-        for name, cmd in commands.items():
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            r = json.loads(out.strip().splitlines()[-1])
-            per_call[name].append(r["cpu_seconds"] / r["calls"] * 1000)
+    names = list(commands)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            out = subprocess.run(commands[name], check=True, capture_output=True, text=True).stdout
+            result = json.loads(out.strip().splitlines()[-1])
+            per_call[name].append(result["cpu_seconds"] / result["calls"] * 1000)
     rows = []
     for name, figures in per_call.items():
-        rows.append((f"client CPU per guarded call, {name} (ms)", statistics.median(figures), "<= 0.5",
+        rows.append((f"client CPU per guarded call, {name} (ms)", statistics.median(figures),
+                     "<= 0.5" if "before" not in name else "(before)",
                      f"rounds {', '.join(f'{x:.3f}' for x in figures)}; {RUNS} runs of 3 calls, 4 at a time"))
         say("  ", rows[-1])
     return rows

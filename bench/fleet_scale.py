@@ -27,6 +27,7 @@ bound, not an estimate between two).
 
 import asyncio
 import collections
+import json
 import multiprocessing
 import os
 import random
@@ -49,10 +50,43 @@ TOOLS = (("lookup", lambda i: {"customer": i}),
          ("pay", lambda i: {"invoice": i, "amount": 4200}),
          ("mail", lambda i: {"to": f"c{i}@example.com"}))
 
+# The fleet's floor: the same runs, model turns and round trips (a take, two statements a
+# call, a release: eight commits a run of three calls) written the usual way with psycopg on
+# the same pool, each a durable write of the minimal floor's rows (bench/floor_minimal.sql:
+# an intent with its audit row, then the completion with its audit row, a primary key each)
+# and a lease row taken and deleted.  What the same fleet costs with nothing of the ledger.
+FLOOR_LEASES = """CREATE TABLE IF NOT EXISTS fleet_floor_leases (
+    run text PRIMARY KEY, holder text NOT NULL, expires_at timestamptz NOT NULL)"""
+FLOOR_TAKE = "INSERT INTO fleet_floor_leases (run, holder, expires_at) VALUES (%s::text, %s::text, now() + interval '60 seconds')"
+FLOOR_RELEASE = "DELETE FROM fleet_floor_leases WHERE run = %s::text"
+FLOOR_INTENT = """WITH i AS (
+    INSERT INTO minimal_effects (key, run, tool, args, business_key, occurrence, attempt,
+                                 status, lease_epoch, holder_pid, created_at)
+    VALUES (encode(sha256(convert_to(%(run)s::text || '|' || %(tool)s::text || '|' || %(args)s::text, 'UTF8')), 'hex'),
+            %(run)s::text, %(tool)s::text, %(args)s::text::jsonb, false, 1, 1, 'started', 1, pg_backend_pid(), clock_timestamp())
+    RETURNING key, run)
+INSERT INTO minimal_audit (logged_at, run, key, event, role_name, session_user_name,
+                           application_name, client_addr, backend_pid, lease_epoch)
+SELECT clock_timestamp(), run, key, 'intent', current_user, session_user,
+       current_setting('application_name'), inet_client_addr(), pg_backend_pid(), 1
+  FROM i
+RETURNING key"""
+FLOOR_REPORT = """WITH u AS (
+    UPDATE minimal_effects SET status = 'completed', result = %s::text::jsonb, completed_at = clock_timestamp()
+     WHERE key = %s::text
+    RETURNING key, run)
+INSERT INTO minimal_audit (logged_at, run, key, event, role_name, session_user_name,
+                           application_name, client_addr, backend_pid, lease_epoch)
+SELECT clock_timestamp(), run, key, 'completed', current_user, session_user,
+       current_setting('application_name'), inet_client_addr(), pg_backend_pid(), 1
+  FROM u"""
 
-def worker(pipe, dsn, index):
-    """A client process: steps (rate in runs/s, ramp, seconds, tag) come in on pipe, results go back."""
-    sys.path.insert(0, os.path.join(HERE, "..", "clients", "python"))
+
+def worker(pipe, dsn, index, client=os.path.join(HERE, "..", "clients", "python")):
+    """A client process: steps (rate in runs/s, ramp, seconds, tag, side) come in on pipe,
+    results go back.  client: the folder of the Python client it runs (an earlier commit's,
+    for --before)."""
+    sys.path.insert(0, client)
     asyncio.run(serve(pipe, dsn, index))
 
 
@@ -67,10 +101,10 @@ async def serve(pipe, dsn, index):
         ledger = AsyncLedger(pool)
         pipe.send("ready")
         while (command := pipe.recv()) is not None:  # between steps nothing runs on this loop
-            pipe.send(await step(ledger, index, *command))
+            pipe.send(await step(ledger, pool, index, *command))
 
 
-async def step(ledger, index, rate, ramp, seconds, tag):
+async def step(ledger, pool, index, rate, ramp, seconds, tag, side="ledger"):
     loop = asyncio.get_running_loop()
     rng = random.Random(f"{tag}-{index}")
     t0 = loop.time()
@@ -80,23 +114,51 @@ async def step(ledger, index, rate, ramp, seconds, tag):
     for at in (start, end):
         loop.call_at(at, lambda: cpu.append(sum(resource.getrusage(resource.RUSAGE_SELF)[:2])))
 
-    async def run(i):
+    async def floor_take(name):
+        async with pool.connection() as conn:
+            await conn.execute(FLOOR_TAKE, (name, f"fleet-{index}"))
+
+    async def floor_release(name):
+        async with pool.connection() as conn:
+            await conn.execute(FLOOR_RELEASE, (name,))
+
+    async def floor_call(name, tool, args):
+        """The floor's guarded call: the intent committed, the tool (nothing), the completion committed."""
+        async with pool.connection() as conn:
+            cur = await conn.execute(FLOOR_INTENT, {"run": name, "tool": tool, "args": json.dumps(args)})
+            key = (await cur.fetchone())[0]
+        result = {"ok": True}
+        async with pool.connection() as conn:
+            await conn.execute(FLOOR_REPORT, (json.dumps(result), key))
+
+    async def calls(name, i, call):
         nonlocal begun, finished
-        name = f"fleet-{tag}-{index}-{i}"
+        for tool, args in TOOLS:
+            await asyncio.sleep(rng.uniform(0.5, 1.5))  # the model's turn
+            began = loop.time()
+            if began >= end:
+                break  # past the window: the run stops here, its lease released
+            begun += start <= began
+            await call(name, tool, args(i))
+            done = loop.time()
+            if start <= began:
+                latencies.append(done - began)
+            if start <= done < end:
+                finished += 1
+
+    async def run(i):
+        name = f"fleet-{side}-{tag}-{index}-{i}"
         try:
-            async with ledger.token_attempt(name, ttl=60):
-                for tool, args in TOOLS:
-                    await asyncio.sleep(rng.uniform(0.5, 1.5))  # the model's turn
-                    began = loop.time()
-                    if began >= end:
-                        break  # past the window: the run stops here, its lease released
-                    begun += start <= began
-                    await ledger.guarded(name, tool, args(i), lambda key: {"ok": True})
-                    done = loop.time()
-                    if start <= began:
-                        latencies.append(done - began)
-                    if start <= done < end:
-                        finished += 1
+            if side == "floor":
+                await floor_take(name)
+                try:
+                    await calls(name, i, floor_call)
+                finally:
+                    await floor_release(name)
+            else:
+                async with ledger.token_attempt(name, ttl=60):
+                    await calls(name, i, lambda name, tool, args: ledger.guarded(
+                        name, tool, args, lambda key: {"ok": True}))
         except Exception as exc:  # counted, not raised: the step goes on
             errors[type(exc).__name__] += 1
 
@@ -193,34 +255,78 @@ def server_waits(conn, seconds):
     return ({k: v / samples for k, v in waits.most_common()}, wal_most, all_busy / samples)
 
 
-def fleet_section(args, conn, bouncer, settle, say):
-    """The steps of args.fleet_rates (calls/s offered) through bouncer (bench.py's PgBouncer,
-    SERVER_CONNECTIONS server connections); settle() before each.  Returns bench.py's row."""
-    procs = args.fleet_procs
-    postmaster = int(open(os.path.join(conn.execute("SHOW data_directory").fetchone()[0],
-                                       "postmaster.pid")).readline())
-    mp = multiprocessing.get_context("spawn")  # a fork would share the driver's libpq sockets
-    pipes, workers = [], []
-    for index in range(procs):
-        mine, theirs = mp.Pipe()
-        w = mp.Process(target=worker, args=(theirs, bouncer.dsn, index), daemon=True)
-        w.start()
-        pipes.append(mine)
-        workers.append(w)
-    try:
-        for p in pipes:
+class Before:
+    """--before: the cluster of an earlier commit's library (bench.py's BeforeCluster),
+    its own PgBouncer (the same settings), and that commit's Python client (src: its
+    tree), measured as a third side of every step."""
+
+    def __init__(self, rev, conn, bouncer, src, settle):
+        self.rev, self.conn, self.bouncer, self.src, self.settle = rev, conn, bouncer, src, settle
+
+
+class Clients:
+    """FLEET_PROCS client processes through one PgBouncer in front of one cluster."""
+
+    def __init__(self, procs, conn, bouncer, client=None):
+        self.procs, self.conn, self.bouncer = procs, conn, bouncer
+        self.postmaster = int(open(os.path.join(conn.execute("SHOW data_directory").fetchone()[0],
+                                                "postmaster.pid")).readline())
+        mp = multiprocessing.get_context("spawn")  # a fork would share the driver's libpq sockets
+        self.pipes, self.workers = [], []
+        for index in range(procs):
+            mine, theirs = mp.Pipe()
+            w = mp.Process(target=worker, args=(theirs, bouncer.dsn, index) + ((client,) if client else ()),
+                           daemon=True)
+            w.start()
+            self.pipes.append(mine)
+            self.workers.append(w)
+
+    def ready(self):
+        for p in self.pipes:
             if p.recv() != "ready":
                 raise SystemExit("fleet: a client process did not start")
 
-        def run_step(calls_per_s, ramp, seconds, tag):
-            for p in pipes:
-                p.send((calls_per_s / 3 / procs, ramp, seconds, tag))
+    def stop(self):
+        for p in self.pipes:
+            try:
+                p.send(None)
+            except OSError:
+                pass
+        for w in self.workers:
+            w.join(timeout=30)
+            if w.is_alive():
+                w.terminate()
+
+
+def fleet_section(args, conn, bouncer, settle, say, before=None):
+    """The steps of args.fleet_rates (calls/s offered) through bouncer (bench.py's PgBouncer,
+    SERVER_CONNECTIONS server connections), each rate stepped by the ledger and by its
+    floor, and with before (a `Before`) by the earlier commit's ledger too; settle() before
+    each.  Returns bench.py's rows."""
+    procs = args.fleet_procs
+    here = Clients(procs, conn, bouncer)
+    clusters = {"ledger": here, "floor": here}
+    settles = {"ledger": settle, "floor": settle}
+    if before:
+        clusters["before"] = Clients(procs, before.conn, before.bouncer,
+                                     os.path.join(before.src, "clients", "python"))
+        settles["before"] = before.settle
+    sides = list(clusters)
+    steps = {side: [] for side in sides}
+    try:
+        for c in set(clusters.values()):
+            c.ready()
+
+        def run_step(calls_per_s, ramp, seconds, tag, side):
+            c = clusters[side]
+            for p in c.pipes:
+                p.send((calls_per_s / 3 / procs, ramp, seconds, tag, "floor" if side == "floor" else "ledger"))
             time.sleep(ramp)
-            before = (cluster_cpu(postmaster), proc_cpu(bouncer.proc.pid), machine_cpu(), io_stalled())
-            waits, wal_most, all_busy = server_waits(conn, seconds)
-            after = (cluster_cpu(postmaster), proc_cpu(bouncer.proc.pid), machine_cpu(), io_stalled())
+            first = (cluster_cpu(c.postmaster), proc_cpu(c.bouncer.proc.pid), machine_cpu(), io_stalled())
+            waits, wal_most, all_busy = server_waits(c.conn, seconds)
+            last = (cluster_cpu(c.postmaster), proc_cpu(c.bouncer.proc.pid), machine_cpu(), io_stalled())
             load = os.getloadavg()
-            results = [p.recv() for p in pipes]
+            results = [p.recv() for p in c.pipes]
             latencies = sorted(x for r in results for x in r["latencies"])
             q = lambda f: latencies[min(len(latencies) - 1, int(f * len(latencies)))] * 1000 if latencies else 0.0
             lags = sorted(x for r in results for x in r["lags"])
@@ -228,8 +334,8 @@ def fleet_section(args, conn, bouncer, settle, say):
             for r in results:
                 errors.update(r["errors"])
             clients = sum(r["cpu"] for r in results) / seconds
-            server, pooler = (after[0] - before[0]) / seconds, (after[1] - before[1]) / seconds
-            busy, irq, whole = [(a - b) / seconds for a, b in zip(after[2], before[2])]
+            server, pooler = (last[0] - first[0]) / seconds, (last[1] - first[1]) / seconds
+            busy, irq, whole = [(a - b) / seconds for a, b in zip(last[2], first[2])]
             achieved = sum(r["finished"] for r in results) / seconds
             return {"nominal": calls_per_s, "offered": sum(r["begun"] for r in results) / seconds,
                     "achieved": achieved,
@@ -238,8 +344,8 @@ def fleet_section(args, conn, bouncer, settle, say):
                     "cpu": f"clients {clients:.2f}, postgres {server:.2f}, pgbouncer {pooler:.2f}, "
                            f"interrupts {irq:.2f}, other processes {max(0.0, busy - irq - clients - server - pooler):.2f}, "
                            f"idle {whole - busy:.2f} of {whole:.0f} cores"
-                           + (f"; I/O stalls {(after[3] - before[3]) / seconds:.0%} of the time"
-                              if before[3] is not None else ""),
+                           + (f"; I/O stalls {(last[3] - first[3]) / seconds:.0%} of the time"
+                              if first[3] is not None else ""),
                     "per_call": f"clients {clients / achieved * 1000:.2f}, postgres {server / achieved * 1000:.2f}, "
                                 f"pgbouncer {pooler / achieved * 1000:.2f} ms" if achieved else "-",
                     "server": ", ".join(f"{k} {v:.1f}" for k, v in waits.items() if v >= 0.05)
@@ -248,57 +354,85 @@ def fleet_section(args, conn, bouncer, settle, say):
                     "load": "/".join(f"{x:.1f}" for x in load)}
 
         say(f"fleet: runs through PgBouncer ({SERVER_CONNECTIONS} server connections), {procs} client process"
-            f"{'es' if procs > 1 else ''} ...")
-        # PgBouncer opens server connections as demand grows: all of them now (a transaction
-        # held on each), or a backend's start would fall in a step
-        held = [psycopg.connect(bouncer.dsn, prepare_threshold=None) for _ in range(SERVER_CONNECTIONS)]
-        for c in held:
-            c.execute("SELECT 1")
-        for c in held:
-            c.rollback()  # a client gone in a transaction would take its server connection with it
-            c.close()
+            f"{'es' if procs > 1 else ''} a cluster, each rate stepped by: {', '.join(sides)} ...")
+        for c in set(clusters.values()):
+            # PgBouncer opens server connections as demand grows: all of them now (a
+            # transaction held on each), or a backend's start would fall in a step
+            held = [psycopg.connect(c.bouncer.dsn, prepare_threshold=None) for _ in range(SERVER_CONNECTIONS)]
+            for h in held:
+                h.execute("SELECT 1")
+            for h in held:
+                h.rollback()  # a client gone in a transaction would take its server connection with it
+                h.close()
+            if c.conn.execute("SELECT to_regclass('minimal_effects')").fetchone()[0] is None:
+                c.conn.execute(open(os.path.join(HERE, "floor_minimal.sql")).read())
+            c.conn.execute(FLOOR_LEASES)
+
+        def settle_side(side):
+            settles[side]()
+            for table in ("minimal_effects", "minimal_audit", "fleet_floor_leases"):
+                clusters[side].conn.execute(f"VACUUM (ANALYZE) {table}")
+
         # Not measured: rows in the tables before settle() analyzes them, else the server
         # connections' plans are made on empty token-lease tables (bench.py's pooler)
-        run_step(min(args.fleet_rates), args.fleet_ramp, 3, "warm")
-        steps, over = [], 0
+        for side in sides:
+            run_step(min(args.fleet_rates), args.fleet_ramp, 3, "warm", side)
+        # each rate stepped by every side (the same minutes of the shared machine for all),
+        # the order rotating; each side stops on its own rule
+        stepping = {side: 0 for side in sides}  # a side's steps in a row over the bound
         for n, rate in enumerate(args.fleet_rates):
-            settle()
-            s = run_step(rate, args.fleet_ramp, args.fleet_seconds, f"s{n}")
-            steps.append(s)
-            say(f"   offered {s['offered']:.0f} calls/s (nominal {rate}): achieved {s['achieved']:.0f}, "
-                f"p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms, errors {s['errors'] or 0}; "
-                f"client event loops' lag p99 {s['lag']:.1f} ms; "
-                f"CPU {s['cpu']}; per call {s['per_call']}; server connections (mean): {s['server']}; load {s['load']}")
-            over = over + 1 if s["p99"] > BOUND_MS else 0
-            if s["achieved"] < 0.9 * s["offered"] or over == 2:
+            order = sides[n % len(sides):] + sides[:n % len(sides)]
+            for side in [x for x in order if x in stepping]:
+                settle_side(side)
+                s = run_step(rate, args.fleet_ramp, args.fleet_seconds, f"s{n}", side)
+                steps[side].append(s)
+                say(f"   {side}: offered {s['offered']:.0f} calls/s (nominal {rate}): achieved {s['achieved']:.0f}, "
+                    f"p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms, errors {s['errors'] or 0}; "
+                    f"client event loops' lag p99 {s['lag']:.1f} ms; "
+                    f"CPU {s['cpu']}; per call {s['per_call']}; server connections (mean): {s['server']}; load {s['load']}")
+                stepping[side] = stepping[side] + 1 if s["p99"] > BOUND_MS else 0
+                if s["achieved"] < 0.9 * s["offered"] or stepping[side] == 2:
+                    del stepping[side]
+            if not stepping:
                 break
     finally:
-        for p in pipes:
-            try:
-                p.send(None)
-            except OSError:
-                pass
-        for w in workers:
-            w.join(timeout=30)
-            if w.is_alive():
-                w.terminate()
+        for c in set(clusters.values()):
+            c.stop()
 
+    figures = {side: saturation(steps[side]) for side in sides}
+    ledger, floor = figures["ledger"], figures["floor"]
+    how = (f"{procs} client process{'es' if procs > 1 else ''} (a psycopg_pool pool of {CLIENT_POOL} each), PgBouncer "
+           f"{SERVER_CONNECTIONS} server connections, runs of 3 calls after model turns of 0.5-1.5 s, "
+           f"Poisson starts; steps of {args.fleet_ramp} + {args.fleet_seconds} s, each rate stepped by "
+           f"{', '.join(sides)}")
+    rows = [("fleet shape: saturation, p99 ≤ 50 ms, token leases through PgBouncer (calls/s)", ledger[0],
+             "≥ 2,000 calls/s", f"AsyncLedger token attempts; {how}; {ledger[1]}"),
+            ("fleet shape: the same fleet's floor, plain psycopg, minimal rows (calls/s)", floor[0],
+             "(floor)", f"a lease row, the minimal floor's two statements a call (bench/floor_minimal.sql's "
+                        f"tables) on the same pool; {floor[1]}"),
+            ("fleet shape: the ledger's saturation against its floor's", ledger[0] / floor[0] if floor[0] else 0.0,
+             "(context)", "the two rows above, the same run")]
+    if before:
+        earlier = figures["before"]
+        rows[1:1] = [(f"fleet shape: saturation, before ({before.rev}): its library and its Python client (calls/s)",
+                      earlier[0], "(before)", f"its own cluster and PgBouncer, the same settings; {earlier[1]}")]
+    for row in rows:
+        say("  ", row)
+    return rows
+
+
+def saturation(steps):
+    """(the saturation point, what the steps measured): the highest achieved rate of a step
+    with p99 within the bound and no error, and each step's figures in a sentence."""
     within = [s for s in steps if s["p99"] <= BOUND_MS and not s["errors"]]
     best = max(within, key=lambda s: s["achieved"], default=None)
-    saturation = best["achieved"] if best else 0.0
+    point = best["achieved"] if best else 0.0
     crossed = next((s for s in steps[steps.index(best) + 1:] if s not in within), None) if best else None
     top = steps[-1]
-    row = ("fleet shape: saturation, p99 ≤ 50 ms, token leases through PgBouncer (calls/s)", saturation,
-           "≥ 2,000 calls/s",
-           f"{procs} client process{'es' if procs > 1 else ''} (AsyncLedger, a pool of {CLIENT_POOL} each), PgBouncer "
-           f"{SERVER_CONNECTIONS} server connections, runs of 3 calls after model turns of 0.5-1.5 s, "
-           f"Poisson starts; steps of {args.fleet_ramp} + {args.fleet_seconds} s, offered → achieved "
-           f"calls/s (p50 / p99 ms): "
-           + "; ".join(f"{s['offered']:.0f} → {s['achieved']:.0f} ({s['p50']:.1f} / {s['p99']:.1f})"
-                       + (f" errors {s['errors']}" if s["errors"] else "") for s in steps)
-           + (f"; p99 passed 50 ms between {saturation:.0f} and {crossed['achieved']:.0f} calls/s" if crossed
-              else "; no step above it passed 50 ms" if best else "; p99 over 50 ms (or errors) at every step")
-           + f"; at the top step, CPU (cores): {top['cpu']}; CPU per call: {top['per_call']}; server connections (mean): {top['server']}; "
-             f"load {top['load']}")
-    say("  ", row)
-    return [row]
+    return point, ("offered → achieved calls/s (p50 / p99 ms): "
+                   + "; ".join(f"{s['offered']:.0f} → {s['achieved']:.0f} ({s['p50']:.1f} / {s['p99']:.1f})"
+                               + (f" errors {s['errors']}" if s["errors"] else "") for s in steps)
+                   + (f"; p99 passed 50 ms between {point:.0f} and {crossed['achieved']:.0f} calls/s" if crossed
+                      else "; no step above it passed 50 ms" if best else "; p99 over 50 ms (or errors) at every step")
+                   + f"; at the top step, CPU (cores): {top['cpu']}; CPU per call: {top['per_call']}; "
+                     f"server connections (mean): {top['server']}; load {top['load']}")
