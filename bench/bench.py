@@ -57,6 +57,7 @@ import argparse
 import contextlib
 import datetime
 import glob
+import itertools
 import os
 import platform
 import pwd
@@ -182,6 +183,9 @@ def check_floor_tables(conn):
             raise SystemExit(f"bench: {floor} is not {ledger}'s shape: {shape(floor)} vs {shape(ledger)}")
 
 
+BATCH_RUNS = itertools.count()
+
+
 def cpu_bound(conn, rounds, n):
     """n begin_effect of bank.pay (registered, divergence off) in a new run's first
     epoch, in one transaction, against the very rows such a run wrote copied by
@@ -197,7 +201,6 @@ def cpu_bound(conn, rounds, n):
     is timed from its first statement to the end of its last, without the commit."""
     ledger_sql = f"""SELECT count(*) FROM generate_series(1, {n}) g,
         LATERAL durable_ledger.begin_effect(%s, 'bank.pay', jsonb_build_object('invoice', g, 'amount', 4200))"""
-    counter = iter(range(10 ** 6))
     pending = []  # the staged copies of the ledger's runs the floor has not copied yet
 
     def stage(run, i):
@@ -220,7 +223,7 @@ def cpu_bound(conn, rounds, n):
         pending.append((src, counts))
 
     def ledger_run():
-        i = next(counter)
+        i = next(BATCH_RUNS)  # a new run every time (the section may call this more than once)
         run = f"bench-batch-{i}"
         with conn.transaction():
             t = timed(conn, ledger_sql, (run,))
@@ -871,7 +874,7 @@ def main():
                                      check=True, capture_output=True, text=True,
                                      env={**os.environ, "CG_WORK": work}).stdout
                 found = re.search(r"instructions per pair: (\d+)", out)
-                rows.append(("instructions per begin+complete pair (count)" + side, float(found.group(1)),
+                rows.append((f"instructions per begin+complete pair{side} (count)", float(found.group(1)),
                              "≤ 420,000" if not side else "(before)",
                              "callgrind, 2,500 minus 500 pairs, bench/callgrind/run.sh"
                              + (f" on {args.before}'s tree" if side else "")))
@@ -901,6 +904,7 @@ def main():
     print("| --- | --- | --- | --- |")
     for name, ratio, target, ctx in rows:
         value = (f"{ratio:.0f}" if name.startswith("bytes") or name.endswith("(count)") else
+                 f"{ratio:.2f} ms" if name.endswith("(ms)") and ratio < 10 else
                  f"{ratio:.1f} ms" if name.endswith("(ms)") else
                  f"{ratio:,.0f} calls/s" if name.endswith("(calls/s)") else
                  f"{ratio:.0f} s" if name.endswith("(s)") else f"{ratio:.2f}x")
