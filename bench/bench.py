@@ -50,7 +50,15 @@ pgbench -M extended (unnamed statements) for both sides.
 The fleet section (bench/fleet_scale.py) starts a PgBouncer of its own (20 server
 connections) and client processes running AsyncLedger token attempts of three guarded
 calls, runs arriving at stepped rates: p50 and p99 per call at each step, and the
-saturation point (the highest rate served with p99 within 50 ms).
+saturation point (the highest rate served with p99 within 50 ms); every rate is stepped
+by the fleet's floor too (the same runs and round trips in plain psycopg, writing the
+minimal floor's rows), whose saturation says what these cores allow anything.
+
+--before REV (issue 34's before and after from one run): the registered, batch,
+clients, callgrind and fleet sections also measure the library of commit REV, in a
+second cluster with the same settings (bench/before-cluster.sh), each against its own
+floor, interleaved with this tree's rounds; the clients and fleet sections run REV's
+Python and JavaScript clients by this tree's harness, callgrind counts REV's tree.
 """
 
 import argparse
