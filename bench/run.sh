@@ -15,6 +15,15 @@ make -s -C "$top/proxy" install >/dev/null  # the proxy section's durable_ledger
 # the gateway section runs the MCP gateway: its npm packages, after the JavaScript client's (it links to it)
 [ -d "$top/clients/js/node_modules/pg" ] || (cd "$top/clients/js" && npm ci --no-audit --no-fund --silent)
 [ -d "$top/adapters/mcp-gateway/node_modules/@modelcontextprotocol" ] || (cd "$top/adapters/mcp-gateway" && npm ci --no-audit --no-fund --silent)
-start_throwaway_cluster bench 5434 "${bench_settings[@]}"
+# the cluster's port: bench.py's --port (its default, 5434), which also places the second
+# clusters of --access-before and --before on the ports after it
+port=5434 args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+	case ${args[i]} in
+	--port) port=${args[i + 1]:-$port} ;;
+	--port=*) port=${args[i]#--port=} ;;
+	esac
+done
+start_throwaway_cluster bench "$port" "${bench_settings[@]}"
 
 /usr/bin/python3 "$top/bench/bench.py" --dsn "$dsn" --pgbench "$bindir/pgbench" "$@"
