@@ -86,6 +86,7 @@ from proxy_scale import proxy_section
 from gateway_latency import gateway_section
 from clients_cpu import clients_section
 import fleet_scale
+from order import turn_order
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -148,11 +149,12 @@ def interleaved(rounds, a, b):
 
 
 def rotated(rounds, sides):
-    """Runs each of sides (a dict of name: function) once a round, rounds times, the
-    order rotating round by round; returns each side's list of results."""
+    """Runs each of sides (a dict of name: function) once a round, rounds times, in
+    order.py's balanced order (each side first, and after each other side, as often);
+    returns each side's list of results."""
     names, results = list(sides), {name: [] for name in sides}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in turn_order(names, r):
             results[name].append(sides[name]())
     return results
 
@@ -233,6 +235,10 @@ def cpu_bound(conn, rounds, n):
     def ledger_run():
         i = next(BATCH_RUNS)  # a new run every time (the section may call this more than once)
         run = f"bench-batch-{i}"
+        # a run nobody used: every call an intent written, none an earlier one replayed
+        # (stage() counts rows, which an earlier run of the same name would also pass)
+        if conn.execute("SELECT EXISTS (SELECT FROM durable_ledger.effects WHERE run = %s)", (run,)).fetchone()[0]:
+            raise SystemExit(f"bench: the batch's run {run} has effects already")
         with conn.transaction():
             t = timed(conn, ledger_sql, (run,))
         stage(run, i)
@@ -628,6 +634,9 @@ def main():
                    help="the fleet section's offered rates (calls/s), stepped up until p99 passes 50 ms")
     p.add_argument("--fleet-seconds", type=int, default=15, help="the fleet section's window per step")
     p.add_argument("--fleet-ramp", type=int, default=5, help="the fleet section's ramp before each window")
+    p.add_argument("--fleet-refine", type=int, default=1,
+                   help="the fleet section's steps halving each side's bracket (its last step within 50 ms, "
+                        "its first over it) after the rates")
     p.add_argument("--fleet-procs", type=int, default=fleet_scale.FLEET_PROCS,
                    help="the fleet section's client processes")
     p.add_argument("--before", default=None,
@@ -688,10 +697,11 @@ def main():
         if section == "registered" and before:
             bconn.execute("""SELECT durable_ledger.register_tool('bench.pay', 'bench', note => 'make bench')
                               WHERE NOT EXISTS (SELECT FROM durable_ledger.tools WHERE tool = 'bench.pay')""")
+        judged_before = before if section in BEFORE_SECTIONS else None
         for c in clients:
             settle(conn)
             dsns = {"": None}
-            if before:
+            if judged_before:
                 settle(bconn)
                 dsns[" before"] = before.dsn
             sides = {}
@@ -709,7 +719,7 @@ def main():
                              med(led, 0) / med(flo, 0), "≥ 0.95" if not side else "(before)",
                              f"ledger {med(led, 0):.0f} tps (p50 {med(led, 1):.2f} ms, p99 {med(led, 2):.2f} ms); "
                              f"floor {med(flo, 0):.0f} tps (p50 {med(flo, 1):.2f} ms, p99 {med(flo, 2):.2f} ms)"
-                             + ("; the four sides interleaved with the rows before" if before else "")))
+                             + ("; the four sides interleaved with the rows before" if judged_before else "")))
                 say("  ", rows[-1])
 
     if "budgeted" in only:
@@ -878,10 +888,11 @@ def main():
             trees = [("", None, "/tmp/dl-callgrind")] + ([(f", {was}", before.src, "/tmp/dl-callgrind-before")]
                                                          * bool(before))
             for side, src, work in trees:
-                out = subprocess.run(["bash", os.path.join(HERE, "callgrind", "run.sh")] + ([src] if src else []),
-                                     check=True, capture_output=True, text=True,
-                                     env={**os.environ, "CG_WORK": work}).stdout
-                found = re.search(r"instructions per pair: (\d+)", out)
+                done = subprocess.run(["bash", os.path.join(HERE, "callgrind", "run.sh")] + ([src] if src else []),
+                                      capture_output=True, text=True, env={**os.environ, "CG_WORK": work})
+                if done.returncode:
+                    raise SystemExit(f"bench: bench/callgrind/run.sh failed: {done.stderr.strip()}")
+                found = re.search(r"instructions per pair: (\d+)", done.stdout)
                 rows.append((f"instructions per begin+complete pair{side} (count)", float(found.group(1)),
                              "≤ 420,000" if not side else "(before)",
                              "callgrind, 2,500 minus 500 pairs, bench/callgrind/run.sh"
@@ -890,15 +901,22 @@ def main():
 
     if "fleet" in only:
         # the fleet shape (issue 34): its own PgBouncer, with the issue's 20 server connections
+        # (and in each cluster a database of its own, made anew: fleet_scale.fresh_database)
         fleet_args = argparse.Namespace(**{**vars(args), "pool_size": fleet_scale.SERVER_CONNECTIONS})
-        with contextlib.ExitStack() as bouncers:
-            bouncer = bouncers.enter_context(PgBouncer(fleet_args))
+        with contextlib.ExitStack() as fleet:
+            fleet_dsn, fconn = fleet_scale.fresh_database(args.dsn)
+            fleet.enter_context(fconn)
+            bouncer = fleet.enter_context(PgBouncer(argparse.Namespace(**{**vars(fleet_args), "dsn": fleet_dsn})))
             earlier = None
             if before:
-                bouncer_before = bouncers.enter_context(PgBouncer(argparse.Namespace(**{**vars(fleet_args),
-                                                                                      "dsn": before.dsn})))
-                earlier = fleet_scale.Before(args.before, bconn, bouncer_before, before.src, lambda: settle(bconn))
-            rows.extend(fleet_scale.fleet_section(args, conn, bouncer, lambda: settle(conn), say, earlier))
+                before_dsn, bfconn = fleet_scale.fresh_database(before.dsn)
+                fleet.enter_context(bfconn)
+                bouncer_before = fleet.enter_context(PgBouncer(argparse.Namespace(**{**vars(fleet_args),
+                                                                                   "dsn": before_dsn})))
+                earlier = fleet_scale.Before(args.before, bfconn, bouncer_before, before.src,
+                                             lambda: settle(bfconn, floor=fleet_scale.FLOOR_TABLES))
+            rows.extend(fleet_scale.fleet_section(args, fconn, bouncer,
+                                                  lambda: settle(fconn, floor=fleet_scale.FLOOR_TABLES), say, earlier))
 
     cores = os.cpu_count()
     print()

@@ -22,6 +22,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = "600"
 
 
+def same_file(a, b):
+    try:
+        with open(a, "rb") as x, open(b, "rb") as y:
+            return x.read() == y.read()
+    except FileNotFoundError:
+        return False
+
+
 def clients_section(args, dsn, say, before_src=None, was="before"):
     """before_src: an earlier commit's tree (--before): its clients measured too, by this
     tree's harness (copied into it), against the same cluster, the six interleaved."""
@@ -32,9 +40,15 @@ def clients_section(args, dsn, say, before_src=None, was="before"):
         os.makedirs(harness, exist_ok=True)
         for name in ("client_cpu.py", "client_cpu.mjs"):
             shutil.copy(os.path.join(HERE, name), harness)
-        modules = os.path.join(before_src, "clients", "js", "node_modules")
-        if not os.path.exists(modules):  # the same packages: the lock file is older, not other
-            os.symlink(os.path.join(HERE, "..", "clients", "js", "node_modules"), modules)
+        js = os.path.join(before_src, "clients", "js")
+        if not os.path.exists(os.path.join(js, "node_modules")):
+            # its own lock file's packages: this tree's, linked, when the lock files are
+            # the same; installed from its lock file when they are not
+            ours = os.path.join(HERE, "..", "clients", "js")
+            if same_file(os.path.join(js, "package-lock.json"), os.path.join(ours, "package-lock.json")):
+                os.symlink(os.path.join(ours, "node_modules"), os.path.join(js, "node_modules"))
+            else:
+                subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--silent"], cwd=js, check=True)
         trees.append((f", {was}", harness))
     commands = {}
     for side, bench in trees:

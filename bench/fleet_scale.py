@@ -22,7 +22,13 @@ after a step whose achieved rate is under 90% of its offered one, or after two s
 row with p99 over 50 ms (one such step alone may be a moment of the shared machine: a disk
 flush stalled, another session's burst).  The saturation point is the highest achieved
 rate of a step with p99 <= 50 ms and no error (not interpolated: a step that met the
-bound, not an estimate between two).
+bound, not an estimate between two); after the rates, each side's bracket (that step, and
+the next one over the bound) is halved --fleet-refine times.
+
+Every rate is stepped by the ledger and by its floor (FLOOR_* below), and with --before
+by an earlier commit's library and client in a cluster of its own, in order.py's balanced
+order; every side of a step gets the same arrivals and model turns.  Each cluster's fleet
+runs in a database of its own made anew (fresh_database).
 """
 
 import asyncio
@@ -36,6 +42,8 @@ import sys
 import time
 
 import psycopg
+
+from order import turn_order
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SERVER_CONNECTIONS = 20  # the issue's fleet: PgBouncer's default_pool_size
@@ -55,6 +63,8 @@ TOOLS = (("lookup", lambda i: {"customer": i}),
 # the same pool, each a durable write of the minimal floor's rows (bench/floor_minimal.sql:
 # an intent with its audit row, then the completion with its audit row, a primary key each)
 # and a lease row taken and deleted.  What the same fleet costs with nothing of the ledger.
+FLOOR_TABLES = ("minimal_effects", "minimal_audit", "fleet_floor_leases")
+FLEET_DATABASE = "durable_ledger_bench_fleet"
 FLOOR_LEASES = """CREATE TABLE IF NOT EXISTS fleet_floor_leases (
     run text PRIMARY KEY, holder text NOT NULL, expires_at timestamptz NOT NULL)"""
 FLOOR_TAKE = "INSERT INTO fleet_floor_leases (run, holder, expires_at) VALUES (%s::text, %s::text, now() + interval '60 seconds')"
@@ -106,7 +116,10 @@ async def serve(pipe, dsn, index):
 
 async def step(ledger, pool, index, rate, ramp, seconds, tag, side="ledger"):
     loop = asyncio.get_running_loop()
-    rng = random.Random(f"{tag}-{index}")
+    # The same arrivals and model turns for every side of a step: the arrivals drawn from
+    # a generator of their own, each run's turns from its own (one generator for both
+    # would hand out turns in the order the runs' calls happen to finish)
+    arrivals = random.Random(f"{tag}-{index}")
     t0 = loop.time()
     start, end = t0 + ramp, t0 + ramp + seconds
     latencies, begun, finished, errors = [], 0, 0, collections.Counter()
@@ -133,8 +146,9 @@ async def step(ledger, pool, index, rate, ramp, seconds, tag, side="ledger"):
 
     async def calls(name, i, call):
         nonlocal begun, finished
+        turns = random.Random(f"{tag}-{index}-{i}")
         for tool, args in TOOLS:
-            await asyncio.sleep(rng.uniform(0.5, 1.5))  # the model's turn
+            await asyncio.sleep(turns.uniform(0.5, 1.5))  # the model's turn
             began = loop.time()
             if began >= end:
                 break  # past the window: the run stops here, its lease released
@@ -172,7 +186,7 @@ async def step(ledger, pool, index, rate, ramp, seconds, tag, side="ledger"):
     lags = []
     ticker = loop.create_task(lag())
     runs, at, i = set(), t0, 0
-    while (at := at + rng.expovariate(rate)) < end:
+    while (at := at + arrivals.expovariate(rate)) < end:
         await asyncio.sleep(at - loop.time())
         task = loop.create_task(run(i))
         runs.add(task)
@@ -245,7 +259,8 @@ def server_waits(conn, seconds):
         now = collections.Counter()
         for state, wait in conn.execute(
                 """SELECT state, coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity
-                    WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"""):
+                    WHERE backend_type = 'client backend' AND datname = current_database()
+                      AND pid <> pg_backend_pid()"""):
             now[wait if state == "active" else state] += 1
         waits.update(now)
         wal_most = max(wal_most, now["IO:WALSync"] + now["LWLock:WALWrite"] + now["IO:WALWrite"])
@@ -253,6 +268,22 @@ def server_waits(conn, seconds):
         samples += 1
         time.sleep(0.1)
     return ({k: v / samples for k, v in waits.most_common()}, wal_most, all_busy / samples)
+
+
+def fresh_database(dsn):
+    """The fleet's own database in dsn's cluster, made anew (FLEET_DATABASE, dropped first
+    if a run before left it): the extension and the floor's tables, nothing else, so that
+    every cluster's fleet starts from the same empty tables whatever the sections before it
+    wrote into their databases.  Returns its dsn and a connection to it (autocommit)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {FLEET_DATABASE} WITH (FORCE)")
+        c.execute(f"CREATE DATABASE {FLEET_DATABASE}")
+    fleet_dsn = psycopg.conninfo.make_conninfo(dsn, dbname=FLEET_DATABASE)
+    conn = psycopg.connect(fleet_dsn, autocommit=True)
+    conn.execute("CREATE EXTENSION durable_ledger")
+    conn.execute(open(os.path.join(HERE, "floor_minimal.sql")).read())
+    conn.execute(FLOOR_LEASES)
+    return fleet_dsn, conn
 
 
 class Before:
@@ -300,9 +331,9 @@ class Clients:
 
 def fleet_section(args, conn, bouncer, settle, say, before=None):
     """The steps of args.fleet_rates (calls/s offered) through bouncer (bench.py's PgBouncer,
-    SERVER_CONNECTIONS server connections), each rate stepped by the ledger and by its
-    floor, and with before (a `Before`) by the earlier commit's ledger too; settle() before
-    each.  Returns bench.py's rows."""
+    SERVER_CONNECTIONS server connections, in front of conn's database: fresh_database),
+    each rate stepped by the ledger and by its floor, and with before (a `Before`) by the
+    earlier commit's ledger too; settle() before each.  Returns bench.py's rows."""
     procs = args.fleet_procs
     here = Clients(procs, conn, bouncer)
     clusters = {"ledger": here, "floor": here}
@@ -364,14 +395,16 @@ def fleet_section(args, conn, bouncer, settle, say, before=None):
             for h in held:
                 h.rollback()  # a client gone in a transaction would take its server connection with it
                 h.close()
-            if c.conn.execute("SELECT to_regclass('minimal_effects')").fetchone()[0] is None:
-                c.conn.execute(open(os.path.join(HERE, "floor_minimal.sql")).read())
-            c.conn.execute(FLOOR_LEASES)
 
-        def settle_side(side):
-            settles[side]()
-            for table in ("minimal_effects", "minimal_audit", "fleet_floor_leases"):
-                clusters[side].conn.execute(f"VACUUM (ANALYZE) {table}")
+        def measured_step(rate, tag, side):
+            settles[side]()  # the floor's tables too, before the checkpoint
+            s = run_step(rate, args.fleet_ramp, args.fleet_seconds, tag, side)
+            steps[side].append(s)
+            say(f"   {side}: offered {s['offered']:.0f} calls/s (nominal {rate}): achieved {s['achieved']:.0f}, "
+                f"p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms, errors {s['errors'] or 0}; "
+                f"client event loops' lag p99 {s['lag']:.1f} ms; "
+                f"CPU {s['cpu']}; per call {s['per_call']}; server connections (mean): {s['server']}; load {s['load']}")
+            return s
 
         # Not measured: rows in the tables before settle() analyzes them, else the server
         # connections' plans are made on empty token-lease tables (bench.py's pooler)
@@ -381,26 +414,28 @@ def fleet_section(args, conn, bouncer, settle, say, before=None):
         # the order rotating; each side stops on its own rule
         stepping = {side: 0 for side in sides}  # a side's steps in a row over the bound
         for n, rate in enumerate(args.fleet_rates):
-            order = sides[n % len(sides):] + sides[:n % len(sides)]
-            for side in [x for x in order if x in stepping]:
-                settle_side(side)
-                s = run_step(rate, args.fleet_ramp, args.fleet_seconds, f"s{n}", side)
-                steps[side].append(s)
-                say(f"   {side}: offered {s['offered']:.0f} calls/s (nominal {rate}): achieved {s['achieved']:.0f}, "
-                    f"p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms, errors {s['errors'] or 0}; "
-                    f"client event loops' lag p99 {s['lag']:.1f} ms; "
-                    f"CPU {s['cpu']}; per call {s['per_call']}; server connections (mean): {s['server']}; load {s['load']}")
+            for side in [x for x in turn_order(sides, n) if x in stepping]:
+                s = measured_step(rate, f"s{n}", side)
                 stepping[side] = stepping[side] + 1 if s["p99"] > BOUND_MS else 0
                 if s["achieved"] < 0.9 * s["offered"] or stepping[side] == 2:
                     del stepping[side]
             if not stepping:
                 break
+        # the grid's steps are far apart (250 calls/s): each side's bracket (its last step
+        # within the bound, its first over it) halved --fleet-refine times, at the midpoint
+        # of the two steps' nominal rates
+        for r in range(args.fleet_refine):
+            for side in turn_order(sides, r):
+                within, over = bracket(steps[side])
+                if within and over and over["nominal"] - within["nominal"] >= 50:
+                    measured_step(round((within["nominal"] + over["nominal"]) / 2), f"r{r}", side)
     finally:
         for c in set(clusters.values()):
             c.stop()
 
     figures = {side: saturation(steps[side]) for side in sides}
     ledger, floor = figures["ledger"], figures["floor"]
+    brackets = {side: bracket(steps[side]) for side in sides}
     how = (f"{procs} client process{'es' if procs > 1 else ''} (a psycopg_pool pool of {CLIENT_POOL} each), PgBouncer "
            f"{SERVER_CONNECTIONS} server connections, runs of 3 calls after model turns of 0.5-1.5 s, "
            f"Poisson starts; steps of {args.fleet_ramp} + {args.fleet_seconds} s, each rate stepped by "
@@ -411,7 +446,8 @@ def fleet_section(args, conn, bouncer, settle, say, before=None):
              "(floor)", f"a lease row, the minimal floor's two statements a call (bench/floor_minimal.sql's "
                         f"tables) on the same pool; {floor[1]}"),
             ("fleet shape: the ledger's saturation against its floor's", ledger[0] / floor[0] if floor[0] else 0.0,
-             "(context)", "the two rows above, the same run")]
+             "(context)", "the ledger's row and the floor's, the same run; " + ratio_range(brackets["ledger"],
+                                                                                            brackets["floor"]))]
     if before:
         earlier = figures["before"]
         rows[1:1] = [(f"fleet shape: saturation, before ({before.rev}): its library and its Python client (calls/s)",
@@ -421,18 +457,48 @@ def fleet_section(args, conn, bouncer, settle, say, before=None):
     return rows
 
 
+def met(s):
+    return s["p99"] <= BOUND_MS and not s["errors"]
+
+
+def bracket(steps):
+    """(the step with the highest achieved rate within the bound, the step over the bound
+    at the lowest rate above that one's): where the saturation point lies, between the
+    first's achieved rate and the second's offered one (an overloaded step's achieved rate
+    falls: what it shows is that its offered rate was not carried).  Either is None: no
+    step within the bound, or none over it at a higher rate."""
+    best = max((s for s in steps if met(s)), key=lambda s: s["achieved"], default=None)
+    over = min((s for s in steps if not met(s) and s["nominal"] > best["nominal"]),
+               key=lambda s: s["nominal"], default=None) if best else None
+    return best, over
+
+
+def ratio_range(ledger, floor):
+    """What two brackets say of the ratio of the saturation points: between the ledger's
+    lowest over its floor's highest, and the other way round."""
+    (l_lo, l_hi), (f_lo, f_hi) = ledger, floor
+    if not (l_lo and f_lo):
+        return "no ratio: a side had no step within 50 ms"
+    low = f"{l_lo['achieved'] / f_hi['offered']:.2f}" if f_hi else "unknown (the floor's top step was within 50 ms)"
+    high = f"{l_hi['offered'] / f_lo['achieved']:.2f}" if l_hi else "unknown (the ledger's top step was within 50 ms)"
+    return (f"each saturation point lies between what a side's best step within 50 ms achieved and what its next "
+            f"step over 50 ms offered: the ledger's between {l_lo['achieved']:.0f} and "
+            + (f"{l_hi['offered']:.0f}" if l_hi else "more") + f" calls/s, the floor's between {f_lo['achieved']:.0f} and "
+            + (f"{f_hi['offered']:.0f}" if f_hi else "more") + f" calls/s; the ratio between {low} and {high}")
+
+
 def saturation(steps):
     """(the saturation point, what the steps measured): the highest achieved rate of a step
     with p99 within the bound and no error, and each step's figures in a sentence."""
-    within = [s for s in steps if s["p99"] <= BOUND_MS and not s["errors"]]
-    best = max(within, key=lambda s: s["achieved"], default=None)
+    best, crossed = bracket(steps)
     point = best["achieved"] if best else 0.0
-    crossed = next((s for s in steps[steps.index(best) + 1:] if s not in within), None) if best else None
+    steps = sorted(steps, key=lambda s: (s["nominal"], s["offered"]))
     top = steps[-1]
     return point, ("offered → achieved calls/s (p50 / p99 ms): "
                    + "; ".join(f"{s['offered']:.0f} → {s['achieved']:.0f} ({s['p50']:.1f} / {s['p99']:.1f})"
                                + (f" errors {s['errors']}" if s["errors"] else "") for s in steps)
-                   + (f"; p99 passed 50 ms between {point:.0f} and {crossed['achieved']:.0f} calls/s" if crossed
+                   + (f"; p99 passed 50 ms between {point:.0f} calls/s achieved and {crossed['offered']:.0f} offered"
+                      if crossed
                       else "; no step above it passed 50 ms" if best else "; p99 over 50 ms (or errors) at every step")
                    + f"; at the top step, CPU (cores): {top['cpu']}; CPU per call: {top['per_call']}; "
                      f"server connections (mean): {top['server']}; load {top['load']}")

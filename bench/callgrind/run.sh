@@ -10,6 +10,20 @@ export CG_WORK=${CG_WORK:-/tmp/dl-callgrind}
 mkdir -p "$CG_WORK"
 "$here/mkcopy.sh" pair "$src" >/dev/null
 "$here/init.sh" pair >/dev/null
-small=$("$here/measure.sh" pair 500 1 cg-small | awk '/^(summary|totals):/ {print $2; exit}')
-large=$("$here/measure.sh" pair 2500 100000 cg-large | awk '/^(summary|totals):/ {print $2; exit}')
+# measure.sh prints the backend's executions and completions, then callgrind's total:
+# every pair (200 warm-up ones included) must have been executed and completed, or the
+# count is of something else (a setup statement that failed, a replay)
+count() {
+	local out
+	out=$("$here/measure.sh" pair "$1" "$2" "$3")
+	local pairs=$(($1 + 200)) executed completed
+	executed=$(sed -n 1p <<<"$out") completed=$(sed -n 2p <<<"$out")
+	if [ "$executed" != "$pairs" ] || [ "$completed" != "$pairs" ]; then
+		echo "callgrind: $pairs pairs sent, $executed executed and $completed completed (see $CG_WORK/pair/out.$1.$2.txt)" >&2
+		exit 1
+	fi
+	awk '/^(summary|totals):/ {print $2; exit}' <<<"$out"
+}
+small=$(count 500 1 cg-small)
+large=$(count 2500 100000 cg-large)
 echo "instructions per pair: $(( (large - small) / 2000 ))  (500 pairs: $small, 2500 pairs: $large)"
