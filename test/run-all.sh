@@ -8,6 +8,7 @@
 #   make check-clients      the clients', demo's, cookbook's and console's tests (test/apps/)
 #   test/check-layers.py    src/ calls only downwards
 #   test/check-links.py     every relative link of the Markdown resolves
+#   test/check-bench.py     the arithmetic that decides what make bench's rows say
 #
 # The suites run from a copy of the tree that the cluster user can enter
 # (the clone may sit where only root can, under /root); clusters run as the
@@ -100,6 +101,7 @@ run_suite tap as_cluster_user env PATH="$bindir:$PATH" make -s prove_installchec
 run_suite apps as_cluster_user env PATH="$bindir:$PATH" make -s check-clients PROVE_FLAGS=-v
 run_suite layers /usr/bin/python3 "$top/test/check-layers.py" "$top/src"
 run_suite links /usr/bin/python3 "$top/test/check-links.py" "$top"
+run_suite bench /usr/bin/python3 "$top/test/check-bench.py" "$top"
 
 echo
 echo "$passed passed, $failed failed"
