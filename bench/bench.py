@@ -904,6 +904,11 @@ def main():
         # (and in each cluster a database of its own, made anew: fleet_scale.fresh_database)
         fleet_args = argparse.Namespace(**{**vars(args), "pool_size": fleet_scale.SERVER_CONNECTIONS})
         with contextlib.ExitStack() as fleet:
+            # the bench databases left as every section leaves them: vacuumed, so that
+            # autovacuum does not wake up for what the sections before wrote during a step
+            settle(conn)
+            if before:
+                settle(bconn)
             fleet_dsn, fconn = fleet_scale.fresh_database(args.dsn)
             fleet.enter_context(fconn)
             bouncer = fleet.enter_context(PgBouncer(argparse.Namespace(**{**vars(fleet_args), "dsn": fleet_dsn})))

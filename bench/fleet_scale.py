@@ -446,8 +446,9 @@ def fleet_section(args, conn, bouncer, settle, say, before=None):
              "(floor)", f"a lease row, the minimal floor's two statements a call (bench/floor_minimal.sql's "
                         f"tables) on the same pool; {floor[1]}"),
             ("fleet shape: the ledger's saturation against its floor's", ledger[0] / floor[0] if floor[0] else 0.0,
-             "(context)", "the ledger's row and the floor's, the same run; " + ratio_range(brackets["ledger"],
-                                                                                            brackets["floor"]))]
+             "(context: " + ratio_range(brackets["ledger"], brackets["floor"]).rsplit("; ", 1)[-1] + ")",
+             "the ledger's row and the floor's, the same run; a ratio of steps: "
+             + ratio_range(brackets["ledger"], brackets["floor"]))]
     if before:
         earlier = figures["before"]
         rows[1:1] = [(f"fleet shape: saturation, before ({before.rev}): its library and its Python client (calls/s)",
@@ -464,13 +465,21 @@ def met(s):
 def bracket(steps):
     """(the step with the highest achieved rate within the bound, the step over the bound
     at the lowest rate above that one's): where the saturation point lies, between the
-    first's achieved rate and the second's offered one (an overloaded step's achieved rate
-    falls: what it shows is that its offered rate was not carried).  Either is None: no
-    step within the bound, or none over it at a higher rate."""
+    first's achieved rate and ceiling(the second) (an overloaded step's achieved rate
+    falls: what it shows is that the rate offered to it was not carried).  Either is None:
+    no step within the bound, or none over it at a higher rate."""
     best = max((s for s in steps if met(s)), key=lambda s: s["achieved"], default=None)
     over = min((s for s in steps if not met(s) and s["nominal"] > best["nominal"]),
                key=lambda s: s["nominal"], default=None) if best else None
     return best, over
+
+
+def ceiling(best, over):
+    """The rate over's step was offered, as the bracket's upper end: the arrival process's
+    (nominal) rate, or the calls begun if more (Poisson).  Not the calls begun alone: an
+    overloaded step begins fewer, a run's next call waiting for its last, and never less
+    than what the best step carried."""
+    return max(over["nominal"], over["offered"], best["achieved"])
 
 
 def ratio_range(ledger, floor):
@@ -479,12 +488,15 @@ def ratio_range(ledger, floor):
     (l_lo, l_hi), (f_lo, f_hi) = ledger, floor
     if not (l_lo and f_lo):
         return "no ratio: a side had no step within 50 ms"
-    low = f"{l_lo['achieved'] / f_hi['offered']:.2f}" if f_hi else "unknown (the floor's top step was within 50 ms)"
-    high = f"{l_hi['offered'] / f_lo['achieved']:.2f}" if l_hi else "unknown (the ledger's top step was within 50 ms)"
-    return (f"each saturation point lies between what a side's best step within 50 ms achieved and what its next "
-            f"step over 50 ms offered: the ledger's between {l_lo['achieved']:.0f} and "
-            + (f"{l_hi['offered']:.0f}" if l_hi else "more") + f" calls/s, the floor's between {f_lo['achieved']:.0f} and "
-            + (f"{f_hi['offered']:.0f}" if f_hi else "more") + f" calls/s; the ratio between {low} and {high}")
+    l_top = ceiling(l_lo, l_hi) if l_hi else None
+    f_top = ceiling(f_lo, f_hi) if f_hi else None
+    low = f"{l_lo['achieved'] / f_top:.2f}" if f_top else "unknown (the floor's top step was within 50 ms)"
+    high = f"{l_top / f_lo['achieved']:.2f}" if l_top else "unknown (the ledger's top step was within 50 ms)"
+    return (f"each saturation point lies between what a side's best step within the bound achieved and the rate "
+            f"its next step over the bound (p99 over 50 ms, or errors) was offered: the ledger's between "
+            f"{l_lo['achieved']:.0f} and " + (f"{l_top:.0f}" if l_top else "more")
+            + f" calls/s, the floor's between {f_lo['achieved']:.0f} and " + (f"{f_top:.0f}" if f_top else "more")
+            + f" calls/s; the ratio between {low} and {high}")
 
 
 def saturation(steps):
@@ -497,8 +509,8 @@ def saturation(steps):
     return point, ("offered → achieved calls/s (p50 / p99 ms): "
                    + "; ".join(f"{s['offered']:.0f} → {s['achieved']:.0f} ({s['p50']:.1f} / {s['p99']:.1f})"
                                + (f" errors {s['errors']}" if s["errors"] else "") for s in steps)
-                   + (f"; p99 passed 50 ms between {point:.0f} calls/s achieved and {crossed['offered']:.0f} offered"
-                      if crossed
+                   + (f"; p99 passed 50 ms (or errors came) between {point:.0f} calls/s achieved and "
+                      f"{ceiling(best, crossed):.0f} offered" if crossed
                       else "; no step above it passed 50 ms" if best else "; p99 over 50 ms (or errors) at every step")
                    + f"; at the top step, CPU (cores): {top['cpu']}; CPU per call: {top['per_call']}; "
                      f"server connections (mean): {top['server']}; load {top['load']}")

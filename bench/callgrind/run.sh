@@ -13,16 +13,19 @@ mkdir -p "$CG_WORK"
 # measure.sh prints the backend's executions and completions, then callgrind's total:
 # every pair (200 warm-up ones included) must have been executed and completed, or the
 # count is of something else (a setup statement that failed, a replay)
+# (count runs in a command substitution, where set -e does not reach: every failure exits
+# by hand, and the caller's assignment then stops the script)
 count() {
-	local out
-	out=$("$here/measure.sh" pair "$1" "$2" "$3")
-	local pairs=$(($1 + 200)) executed completed
+	local out pairs=$(($1 + 200)) executed completed total
+	out=$("$here/measure.sh" pair "$1" "$2" "$3") || { echo "callgrind: measure.sh $1 failed" >&2; exit 1; }
 	executed=$(sed -n 1p <<<"$out") completed=$(sed -n 2p <<<"$out")
 	if [ "$executed" != "$pairs" ] || [ "$completed" != "$pairs" ]; then
 		echo "callgrind: $pairs pairs sent, $executed executed and $completed completed (see $CG_WORK/pair/out.$1.$2.txt)" >&2
 		exit 1
 	fi
-	awk '/^(summary|totals):/ {print $2; exit}' <<<"$out"
+	total=$(awk '/^(summary|totals):/ {print $2; exit}' <<<"$out")
+	[[ $total =~ ^[0-9]+$ ]] || { echo "callgrind: no total in measure.sh $1's output" >&2; exit 1; }
+	echo "$total"
 }
 small=$(count 500 1 cg-small)
 large=$(count 2500 100000 cg-large)
