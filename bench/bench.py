@@ -56,9 +56,11 @@ minimal floor's rows), whose saturation says what these cores allow anything.
 
 --before REV (issue 34's before and after from one run): the registered, batch,
 clients, callgrind and fleet sections also measure the library of commit REV, in a
-second cluster with the same settings (bench/before-cluster.sh), each against its own
-floor, interleaved with this tree's rounds; the clients and fleet sections run REV's
-Python and JavaScript clients by this tree's harness, callgrind counts REV's tree.
+second cluster with the same settings (bench/before-cluster.sh).  The registered and
+batch sections measure it against its own floor, in rounds among this tree's; the
+clients section runs REV's clients by this tree's harness against this cluster,
+callgrind counts REV's tree, and the fleet steps REV's library and Python client as a
+third side beside this cluster's ledger and floor (absolute figures, no floor of REV's).
 """
 
 import argparse
@@ -137,26 +139,22 @@ def pgbench_mixed(args, scripts, clients, seconds, logdir, tag, dsn=None):
     return [statistics.fmean(l) / 1000.0 for l in latencies]
 
 
-def interleaved(rounds, a, b):
-    """Runs a() and b() alternately, rounds times each; returns the lists of results."""
-    ra, rb = [], []
-    for r in range(rounds):
-        if r % 2 == 0:
-            ra.append(a()); rb.append(b())
-        else:
-            rb.append(b()); ra.append(a())
-    return ra, rb
-
-
 def rotated(rounds, sides):
     """Runs each of sides (a dict of name: function) once a round, rounds times, in
-    order.py's balanced order (each side first, and after each other side, as often);
-    returns each side's list of results."""
+    order.py's balanced order (over each cycle of rounds, each side first, and right after
+    each other side, as often); returns each side's list of results."""
     names, results = list(sides), {name: [] for name in sides}
     for r in range(rounds):
         for name in turn_order(names, r):
             results[name].append(sides[name]())
     return results
+
+
+def interleaved(rounds, a, b):
+    """Runs a() and b() alternately (A B, B A, ...), rounds times each; returns the lists
+    of results."""
+    results = rotated(rounds, {"a": a, "b": b})
+    return results["a"], results["b"]
 
 
 def med(results, i):
@@ -502,7 +500,7 @@ def what_before(args):
 def access(args, conn, logdir, clients):
     """begin+complete against the minimal floor (bench/floor_minimal_pair.sql) in
     this cluster and in a cluster running the library of args.access_before,
-    four sides interleaved round by round (their order rotating); yields a row
+    four sides interleaved round by round (rotated(): order.py's balanced order); yields a row
     per number of clients: the median over the rounds of each round's ratio
     after divided by its ratio before."""
     minimal = open(os.path.join(HERE, "floor_minimal.sql")).read()
@@ -523,10 +521,7 @@ def access(args, conn, logdir, clients):
         for c in clients:
             settle(conn, floor=("minimal_effects", "minimal_audit"))
             settle(bconn, floor=("minimal_effects", "minimal_audit"))
-            results = {name: [] for name in names}
-            for r in range(args.rounds):
-                for name in names[r % 4:] + names[:r % 4]:
-                    results[name].append(sides[name](c))
+            results = rotated(args.rounds, {name: (lambda run=run: run(c)) for name, run in sides.items()})
             # Each round's four sides ran within a minute of each other: the
             # round's own ratio of ratios cancels what drifts between rounds
             # (the machine's other load, the disk's flush times), and the
@@ -642,7 +637,7 @@ def main():
     p.add_argument("--before", default=None,
                    help="a commit: the " + ", ".join(BEFORE_SECTIONS) + " sections also measure its library "
                         "(in a second cluster, on the port after the access section's) and its clients, "
-                        "in the same run, each against its own floor")
+                        "in the same run (the registered and batch sections each against its own floor)")
     p.add_argument("--only", default=",".join(SECTIONS),
                    help="the sections to run, comma-separated: " + ", ".join(SECTIONS))
     args = p.parse_args()

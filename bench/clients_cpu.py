@@ -10,6 +10,7 @@ is another process.  The median of --rounds rounds, the three clients interleave
 <= 0.5 ms a call.
 """
 
+import filecmp
 import json
 import os
 import shutil
@@ -20,14 +21,6 @@ from gateway_latency import node_url
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = "600"
-
-
-def same_file(a, b):
-    try:
-        with open(a, "rb") as x, open(b, "rb") as y:
-            return x.read() == y.read()
-    except FileNotFoundError:
-        return False
 
 
 def clients_section(args, dsn, say, before_src=None, was="before"):
@@ -45,7 +38,8 @@ def clients_section(args, dsn, say, before_src=None, was="before"):
             # its own lock file's packages: this tree's, linked, when the lock files are
             # the same; installed from its lock file when they are not
             ours = os.path.join(HERE, "..", "clients", "js")
-            if same_file(os.path.join(js, "package-lock.json"), os.path.join(ours, "package-lock.json")):
+            lock, our_lock = os.path.join(js, "package-lock.json"), os.path.join(ours, "package-lock.json")
+            if os.path.exists(lock) and filecmp.cmp(lock, our_lock, shallow=False):
                 os.symlink(os.path.join(ours, "node_modules"), os.path.join(js, "node_modules"))
             else:
                 subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--silent"], cwd=js, check=True)

@@ -411,7 +411,7 @@ def fleet_section(args, conn, bouncer, settle, say, before=None):
         for side in sides:
             run_step(min(args.fleet_rates), args.fleet_ramp, 3, "warm", side)
         # each rate stepped by every side (the same minutes of the shared machine for all),
-        # the order rotating; each side stops on its own rule
+        # in order.py's balanced order; each side stops on its own rule
         stepping = {side: 0 for side in sides}  # a side's steps in a row over the bound
         for n, rate in enumerate(args.fleet_rates):
             for side in [x for x in turn_order(sides, n) if x in stepping]:
@@ -435,7 +435,7 @@ def fleet_section(args, conn, bouncer, settle, say, before=None):
 
     figures = {side: saturation(steps[side]) for side in sides}
     ledger, floor = figures["ledger"], figures["floor"]
-    brackets = {side: bracket(steps[side]) for side in sides}
+    brackets = (bracket(steps["ledger"]), bracket(steps["floor"]))
     how = (f"{procs} client process{'es' if procs > 1 else ''} (a psycopg_pool pool of {CLIENT_POOL} each), PgBouncer "
            f"{SERVER_CONNECTIONS} server connections, runs of 3 calls after model turns of 0.5-1.5 s, "
            f"Poisson starts; steps of {args.fleet_ramp} + {args.fleet_seconds} s, each rate stepped by "
@@ -446,9 +446,8 @@ def fleet_section(args, conn, bouncer, settle, say, before=None):
              "(floor)", f"a lease row, the minimal floor's two statements a call (bench/floor_minimal.sql's "
                         f"tables) on the same pool; {floor[1]}"),
             ("fleet shape: the ledger's saturation against its floor's", ledger[0] / floor[0] if floor[0] else 0.0,
-             "(context: " + ratio_range(brackets["ledger"], brackets["floor"]).rsplit("; ", 1)[-1] + ")",
-             "the ledger's row and the floor's, the same run; a ratio of steps: "
-             + ratio_range(brackets["ledger"], brackets["floor"]))]
+             f"(context: {ratio_parts(*brackets)[1]})",
+             f"the ledger's row and the floor's, the same run; a ratio of steps: {ratio_range(*brackets)}")]
     if before:
         earlier = figures["before"]
         rows[1:1] = [(f"fleet shape: saturation, before ({before.rev}): its library and its Python client (calls/s)",
@@ -483,20 +482,26 @@ def ceiling(best, over):
 
 
 def ratio_range(ledger, floor):
-    """What two brackets say of the ratio of the saturation points: between the ledger's
-    lowest over its floor's highest, and the other way round."""
+    """What two brackets say of the ratio of the saturation points, in a sentence."""
+    return "; ".join(part for part in ratio_parts(ledger, floor) if part)
+
+
+def ratio_parts(ledger, floor):
+    """(the two brackets, the ratio's range): the ratio lies between the ledger's lowest
+    over its floor's highest, and the other way round."""
     (l_lo, l_hi), (f_lo, f_hi) = ledger, floor
     if not (l_lo and f_lo):
-        return "no ratio: a side had no step within 50 ms"
+        return "", "no ratio: a side had no step within 50 ms"
     l_top = ceiling(l_lo, l_hi) if l_hi else None
     f_top = ceiling(f_lo, f_hi) if f_hi else None
     low = f"{l_lo['achieved'] / f_top:.2f}" if f_top else "unknown (the floor's top step was within 50 ms)"
     high = f"{l_top / f_lo['achieved']:.2f}" if l_top else "unknown (the ledger's top step was within 50 ms)"
-    return (f"each saturation point lies between what a side's best step within the bound achieved and the rate "
-            f"its next step over the bound (p99 over 50 ms, or errors) was offered: the ledger's between "
-            f"{l_lo['achieved']:.0f} and " + (f"{l_top:.0f}" if l_top else "more")
-            + f" calls/s, the floor's between {f_lo['achieved']:.0f} and " + (f"{f_top:.0f}" if f_top else "more")
-            + f" calls/s; the ratio between {low} and {high}")
+    return ((f"each saturation point lies between what a side's best step within the bound achieved and the rate "
+             f"its next step over the bound (p99 over 50 ms, or errors) was offered: the ledger's between "
+             f"{l_lo['achieved']:.0f} and " + (f"{l_top:.0f}" if l_top else "more")
+             + f" calls/s, the floor's between {f_lo['achieved']:.0f} and " + (f"{f_top:.0f}" if f_top else "more")
+             + " calls/s"),
+            f"the ratio between {low} and {high}")
 
 
 def saturation(steps):
