@@ -65,7 +65,7 @@ class Cluster:
         subprocess.run([os.path.join(bindir, "initdb"), "-D", self.data, "-A", "trust", "-U", "postgres"],
                        check=True, stdout=subprocess.DEVNULL, cwd=self.dir, **as_cluster_user())
         with open(os.path.join(self.data, "postgresql.conf"), "a") as conf:
-            conf.write("\n".join([f"listen_addresses = ''", f"unix_socket_directories = '{self.dir}'",
+            conf.write("\n".join(["listen_addresses = ''", f"unix_socket_directories = '{self.dir}'",
                                   f"port = {port}"] + list(settings)) + "\n")
         subprocess.run([os.path.join(bindir, "pg_ctl"), "-D", self.data, "-l", os.path.join(self.dir, "log"),
                         "-w", "start"], check=True, stdout=subprocess.DEVNULL, cwd=self.dir, **as_cluster_user())
