@@ -339,14 +339,16 @@ def replay(conn, rounds, n):
 def settle(conn, floor=("floor_effects", "floor_audit")):
     """Starts a section from the same state for both sides: the tables the
     previous section wrote vacuumed (so that autovacuum does not wake up in the
-    middle of a measurement) and a checkpoint behind us.  A table the cluster's version
-    of the ledger does not have (an earlier commit's, --access-before: run_budgets is
-    1.3's) is passed over."""
-    for table in ("durable_ledger.effects", "durable_ledger.audit_log", "durable_ledger.runs",
-                  "durable_ledger.token_leases", "durable_ledger.token_lease_calls",
-                  "durable_ledger.run_budgets") + floor:
-        if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0] is not None:
-            conn.execute(f"VACUUM (ANALYZE) {table}")
+    middle of a measurement) and a checkpoint behind us.  A ledger table the cluster's
+    version does not have (an earlier commit's, --access-before: run_budgets is 1.3's) is
+    passed over; the floor's tables are the section's own and must be there."""
+    ledger = ("durable_ledger.effects", "durable_ledger.audit_log", "durable_ledger.runs",
+              "durable_ledger.token_leases", "durable_ledger.token_lease_calls",
+              "durable_ledger.run_budgets")
+    present = conn.execute("SELECT t FROM unnest(%s::text[]) t WHERE to_regclass(t) IS NOT NULL",
+                           (list(ledger),)).fetchall()
+    for table in [t for (t,) in present] + list(floor):
+        conn.execute(f"VACUUM (ANALYZE) {table}")
     conn.execute("CHECKPOINT")
 
 
