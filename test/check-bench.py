@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The arithmetic of make bench that decides what its rows say.
 
-    test/check-bench.py TOP
+    test/check-bench.py [TOP]
 
 bench/order.py's balanced order (every side in every position, and right after every
 other side, equally often over a cycle of rounds); bench/fleet_scale.py's saturation
@@ -26,7 +26,9 @@ import zlib
 
 sys.dont_write_bytecode = True  # nothing written into the tree it checks
 
-sys.path.insert(0, os.path.join(sys.argv[1] if len(sys.argv) > 1 else ".", "bench"))
+# the tree it checks: TOP, or the one this script is in (wherever it is run from)
+TOP = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(TOP, "bench"))
 from order import turn_order, williams_rows  # noqa: E402
 import fleet_scale  # noqa: E402
 
@@ -136,8 +138,7 @@ check(len(fast) > 10 and set(fast) == set(slow) and all(k.count("-") == 2 for k 
 # prints executions, completions and a total as the mode says
 work = tempfile.mkdtemp(prefix="check-bench.")
 try:
-    top = sys.argv[1] if len(sys.argv) > 1 else "."
-    shutil.copy(os.path.join(top, "bench", "callgrind", "run.sh"), work)
+    shutil.copy(os.path.join(TOP, "bench", "callgrind", "run.sh"), work)
     for name in ("mkcopy.sh", "init.sh"):
         with open(os.path.join(work, name), "w") as f:
             f.write("#!/bin/sh\nexit 0\n")
