@@ -219,6 +219,93 @@ SET durable_ledger.allow_drop = on;
 DROP EXTENSION durable_ledger;
 RESET durable_ledger.allow_drop;
 
+-- ==== DROP EXTENSION and CREATE EXTENSION rolled back (to a savepoint, or the
+-- ==== whole transaction) after a call in the new ledger: the old ledger comes
+-- ==== back with the session's lease as it was (same epoch, counters, lock),
+-- ==== so a retry in the same attempt is the next occurrence, not a new epoch
+-- ==== that would pause it as an outcome unknown or a divergence
+CREATE EXTENSION durable_ledger;
+SET durable_ledger.allow_drop = on;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-10', 'pay', '{"i": 1}');
+BEGIN;
+SAVEPOINT replace_ledger;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-10', 'pay', '{"i": 9}');
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-10b', 'pay', '{}');
+ROLLBACK TO replace_ledger;
+SELECT decision, occurrence, status FROM durable_ledger.begin_effect('drop-10', 'pay', '{"i": 1}');
+COMMIT;
+BEGIN;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-10', 'pay', '{"i": 1}');
+ROLLBACK;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-10', 'pay', '{"i": 1}');
+SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-10';
+SELECT count(*) AS divergences FROM durable_ledger.divergences;
+SELECT count(*) AS effects, count(DISTINCT lease_epoch) AS epochs FROM durable_ledger.effects;
+-- the lock of drop-10b, taken in the ledger rolled back, is given back by the next call
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+-- a ledger replaced for good (committed) gives back the locks of the runs held
+-- in the old one at the commit, and keeps the lock a run of the same name holds
+-- in the new one: one lock serves both
+BEGIN;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-11', 'pay', '{}');
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+COMMIT;
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+BEGIN;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-11', 'pay', '{}');
+COMMIT;
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-11';
+SELECT durable_ledger.release_run('drop-11') AS released;
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+-- made in an outer savepoint, called in an inner one rolled back: the new
+-- ledger lives on, and the old one's run is given back at the commit
+SELECT decision FROM durable_ledger.begin_effect('drop-12', 'pay', '{}');
+BEGIN;
+SAVEPOINT outer_sp;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+SAVEPOINT inner_sp;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-13', 'pay', '{}');
+ROLLBACK TO inner_sp;
+COMMIT;
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-13', 'pay', '{}');
+SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-13';
+SELECT count(*) AS runs FROM durable_ledger.runs;
+SELECT durable_ledger.release_run('drop-13') AS released;
+-- release_run in the new ledger gives back the one lock of a run held in both;
+-- like any release it stays given back when the transaction rolls back, and
+-- the old ledger's run is no longer held: its next call takes a new lease
+SELECT decision FROM durable_ledger.begin_effect('drop-14', 'pay', '{}');
+BEGIN;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+SELECT decision FROM durable_ledger.begin_effect('drop-14', 'pay', '{}');
+SELECT durable_ledger.release_run('drop-14') AS released;
+ROLLBACK;
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT decision, occurrence, status FROM durable_ledger.begin_effect('drop-14', 'pay', '{}');
+SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-14';
+SELECT durable_ledger.release_run('drop-14') AS released;
+DROP EXTENSION durable_ledger;
+RESET durable_ledger.allow_drop;
+
 -- ==== leave a clean database: the extension installed, its ledger empty ====
 CREATE EXTENSION durable_ledger;
 SELECT extname, pg_get_userbyid(extowner) = current_user AS owned_by_me,

@@ -21,6 +21,7 @@
  */
 #include "postgres.h"
 
+#include "access/htup_details.h"
 #include "access/xact.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
@@ -29,6 +30,7 @@
 #include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
+#include "utils/syscache.h"
 
 #include "lease.h"
 
@@ -88,6 +90,24 @@ static HTAB *held_runs = NULL;
 static Oid	held_in_ledger = InvalidOid;	/* dl_ledger_identity() of held_runs */
 static uint64 next_generation = 1;
 
+/* Has this session forgotten a lost lease?  (Then the audit log is asked.) */
+static bool forgot_lost_leases = false;
+
+/*
+ * The runs this session holds in other ledgers than the current one, which a
+ * rollback may bring back: DROP EXTENSION and CREATE EXTENSION in a
+ * transaction or savepoint that is then rolled back (follow_ledger()).
+ */
+typedef struct OtherLedger
+{
+	Oid			ledger;			/* dl_ledger_identity() of runs */
+	HTAB	   *runs;
+	bool		forgot_lost_leases;
+	struct OtherLedger *next;
+} OtherLedger;
+
+static OtherLedger *other_ledgers = NULL;
+
 /* Entries the undo log keeps room for between transactions. */
 #define UNDO_KEEP 1024
 
@@ -95,20 +115,48 @@ static UndoEntry *undo_log = NULL;
 static int	undo_len = 0;
 static int	undo_cap = 0;
 
-static void
-ensure_state(void)
+static HTAB *
+create_held_runs(void)
 {
 	HASHCTL		ctl;
 
+	ctl.keysize = sizeof(uint64);
+	ctl.entrysize = sizeof(HeldRun);
+	ctl.hcxt = lease_cxt;
+	return hash_create("durable_ledger held runs", 16, &ctl,
+					   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+}
+
+static void
+ensure_state(void)
+{
 	if (held_runs != NULL)
 		return;
 	lease_cxt = AllocSetContextCreate(TopMemoryContext, "durable_ledger leases",
 									  ALLOCSET_SMALL_SIZES);
-	ctl.keysize = sizeof(uint64);
-	ctl.entrysize = sizeof(HeldRun);
-	ctl.hcxt = lease_cxt;
-	held_runs = hash_create("durable_ledger held runs", 16, &ctl,
-							HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	held_runs = create_held_runs();
+}
+
+/*
+ * The held run an undo entry's change belongs to, in whichever ledger's
+ * table it is now (generations are unique in the session); NULL when it was
+ * released, or started another epoch, since.
+ */
+static HeldRun *
+find_generation(uint64 lock_key, uint64 generation)
+{
+	HeldRun    *held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
+	OtherLedger *other;
+
+	if (held != NULL && held->generation == generation)
+		return held;
+	for (other = other_ledgers; other != NULL; other = other->next)
+	{
+		held = hash_search(other->runs, &lock_key, HASH_FIND, NULL);
+		if (held != NULL && held->generation == generation)
+			return held;
+	}
+	return NULL;
 }
 
 /* ---------- counters ---------- */
@@ -173,8 +221,8 @@ push_undo(UndoKind kind, const HeldRun *held)
 static void
 undo_one(UndoEntry *e)
 {
-	HeldRun    *held = hash_search(held_runs, &e->lock_key, HASH_FIND, NULL);
-	bool		current = held != NULL && held->generation == e->generation;
+	HeldRun    *held = find_generation(e->lock_key, e->generation);
+	bool		current = held != NULL;
 
 	switch (e->kind)
 	{
@@ -233,6 +281,12 @@ lease_xact_end(bool commit)
 	}
 }
 
+static void switch_ledger(Oid ledger);
+static void forget_other_ledgers(void);
+
+/* Set before a commit that settles which ledger is live: the others are gone. */
+static bool ledgers_settled = false;
+
 static void
 lease_xact_callback(XactEvent event, void *arg)
 {
@@ -242,14 +296,38 @@ lease_xact_callback(XactEvent event, void *arg)
 			if (undo_len > 0)
 				dl_refuse_prepare();
 			break;
+		case XACT_EVENT_PRE_COMMIT:
+
+			/*
+			 * Runs are held in more than one ledger: the one this transaction
+			 * sees now is the one that lives on.  Made current here, where the
+			 * catalogs can be read and an error still aborts; the others' locks
+			 * are given back once the commit is sure.
+			 */
+			if (other_ledgers != NULL)
+			{
+				Oid			live = dl_ledger_identity_if_any();
+
+				if (live != held_in_ledger)
+					switch_ledger(live);
+				ledgers_settled = true;
+			}
+			break;
 		case XACT_EVENT_COMMIT:
+			lease_xact_end(true);
+			if (ledgers_settled)
+				forget_other_ledgers();
+			ledgers_settled = false;
+			break;
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PREPARE:
 			lease_xact_end(true);
+			ledgers_settled = false;
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 			lease_xact_end(false);
+			ledgers_settled = false;
 			break;
 		default:
 			break;
@@ -331,32 +409,147 @@ start_epoch(HeldRun *held, int64 epoch)
 	e->generation = held->generation;
 }
 
-static void forget_held(HeldRun *held);
-static bool forgot_lost_leases;
+/* ---------- ledgers ---------- */
+
+static void forget_held(HTAB *runs, HeldRun *held);
 
 /*
- * Runs held in a ledger that was dropped since (DROP EXTENSION, then CREATE
- * EXTENSION, in this session) belong to nothing: their locks are given back
- * and they are forgotten, so that the new ledger starts from its own rows.
+ * Was the ledger made by this transaction (or one of its subtransactions)?
+ * Then a rollback may still undo it and bring back the one it replaced.  The
+ * runs table's catalog row tells; a row updated since by this transaction
+ * (GRANT, CREATE INDEX) answers yes too, which only keeps other ledgers'
+ * runs for longer.
+ */
+static bool
+ledger_made_by_this_transaction(Oid ledger)
+{
+	HeapTuple	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(ledger));
+	bool		made;
+
+	if (!HeapTupleIsValid(tuple))
+		return true;			/* nothing to judge by: keep what we have */
+	made = TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data));
+	ReleaseSysCache(tuple);
+	return made;
+}
+
+/*
+ * Makes ledger the current one: the table of runs held in it comes back
+ * from other_ledgers when this session held runs in it before (a rollback
+ * brought it back), and starts empty otherwise.  The runs of the ledger that
+ * was current are put aside, locks and all, until it is known to be gone.
  */
 static void
-forget_dropped_ledger(void)
+switch_ledger(Oid ledger)
+{
+	OtherLedger **link;
+	OtherLedger *found = NULL;
+	OtherLedger *aside = NULL;
+	HTAB	   *fresh = NULL;
+	bool		keep_current = hash_get_num_entries(held_runs) > 0 || forgot_lost_leases;
+
+	for (link = &other_ledgers; *link != NULL; link = &(*link)->next)
+		if ((*link)->ledger == ledger)
+		{
+			found = *link;
+			break;
+		}
+
+	/* allocate first: an error must leave everything as it was */
+	if (keep_current)
+		aside = MemoryContextAlloc(lease_cxt, sizeof(OtherLedger));
+	if (found == NULL && keep_current)
+		fresh = create_held_runs();
+
+	if (found != NULL)
+		*link = found->next;
+	if (keep_current)
+	{
+		aside->ledger = held_in_ledger;
+		aside->runs = held_runs;
+		aside->forgot_lost_leases = forgot_lost_leases;
+		aside->next = other_ledgers;
+		other_ledgers = aside;
+	}
+	else if (found != NULL)
+		hash_destroy(held_runs);	/* empty */
+
+	if (found != NULL)
+	{
+		held_runs = found->runs;
+		forgot_lost_leases = found->forgot_lost_leases;
+		pfree(found);
+	}
+	else
+	{
+		if (fresh != NULL)
+			held_runs = fresh;	/* else the current table, empty, is reused */
+		forgot_lost_leases = false;
+	}
+	held_in_ledger = ledger;
+}
+
+/*
+ * Runs held in ledgers that are gone for good belong to nothing: their locks
+ * are given back (unless the current ledger holds the same run: one lock
+ * serves both) and they are forgotten.
+ */
+static void
+forget_other_ledgers(void)
+{
+	while (other_ledgers != NULL)
+	{
+		OtherLedger *other = other_ledgers;
+		HASH_SEQ_STATUS scan;
+		HeldRun    *held;
+
+		hash_seq_init(&scan, other->runs);
+		while ((held = hash_seq_search(&scan)) != NULL)
+		{
+			if (dl_run_lock_held(held->lock_key) &&
+				hash_search(held_runs, &held->lock_key, HASH_FIND, NULL) == NULL)
+				dl_run_unlock_session(held->lock_key);
+			forget_held(other->runs, held); /* deleting the current entry is allowed */
+		}
+		other_ledgers = other->next;
+		hash_destroy(other->runs);
+		pfree(other);
+	}
+}
+
+/*
+ * Follows the ledger this session works in.  DROP EXTENSION and CREATE
+ * EXTENSION in this session make a new ledger, which knows nothing of the
+ * runs held in the old one.  Those runs are put aside rather than given up at
+ * once, because the transaction that replaced the ledger may still roll back
+ * (to a savepoint, too) and bring the old ledger back, with its leases, its
+ * epochs and its counters as they were.  They are given up once the current
+ * ledger is one this transaction did not make: every other is then gone.
+ */
+static void
+follow_ledger(void)
 {
 	Oid			ledger = dl_ledger_identity();
-	HASH_SEQ_STATUS scan;
+
+	if (ledger != held_in_ledger)
+		switch_ledger(ledger);
+	if (other_ledgers != NULL && !ledger_made_by_this_transaction(ledger))
+		forget_other_ledgers();
+}
+
+/*
+ * release_run gave back run's lock: the same run held in another ledger (the
+ * lock is one) is not held any more either.
+ */
+static void
+forget_in_other_ledgers(uint64 lock_key)
+{
+	OtherLedger *other;
 	HeldRun    *held;
 
-	if (ledger == held_in_ledger)
-		return;
-	hash_seq_init(&scan, held_runs);
-	while ((held = hash_seq_search(&scan)) != NULL)
-	{
-		if (dl_run_lock_held(held->lock_key))
-			dl_run_unlock_session(held->lock_key);
-		forget_held(held);		/* deleting the current entry is allowed */
-	}
-	forgot_lost_leases = false;
-	held_in_ledger = ledger;
+	for (other = other_ledgers; other != NULL; other = other->next)
+		if ((held = hash_search(other->runs, &lock_key, HASH_FIND, NULL)) != NULL)
+			forget_held(other->runs, held);
 }
 
 static HeldRun *
@@ -365,7 +558,7 @@ find_held(const char *run, uint64 lock_key)
 	HeldRun    *held;
 
 	ensure_state();
-	forget_dropped_ledger();
+	follow_ledger();
 	held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
 	if (held != NULL && strcmp(held->run, run) != 0)
 		ereport(ERROR,
@@ -393,14 +586,14 @@ add_held(const char *run, uint64 lock_key)
 }
 
 static void
-forget_held(HeldRun *held)
+forget_held(HTAB *runs, HeldRun *held)
 {
 	uint64		lock_key = held->lock_key;
 
 	if (held->epoch_cxt != NULL)
 		MemoryContextDelete(held->epoch_cxt);
 	pfree(held->run);
-	hash_search(held_runs, &lock_key, HASH_REMOVE, NULL);
+	hash_search(runs, &lock_key, HASH_REMOVE, NULL);
 }
 
 /*
@@ -413,9 +606,6 @@ forget_held(HeldRun *held)
  * every epoch the session took and released (dl_lease_for_call).
  */
 #define DL_MAX_LOST_LEASES 1024
-
-/* Has this session forgotten a lost lease?  (Then the audit log is asked.) */
-static bool forgot_lost_leases = false;
 
 static void
 check_lease_capacity(const char *run)
@@ -440,7 +630,7 @@ check_lease_capacity(const char *run)
 		while ((held = hash_seq_search(&scan)) != NULL)
 		{
 			if (!dl_run_lock_held(held->lock_key))
-				forget_held(held);	/* deleting the current entry is allowed */
+				forget_held(held_runs, held);	/* deleting the current entry is allowed */
 		}
 		forgot_lost_leases = true;
 	}
@@ -809,7 +999,7 @@ dl_lease_acquire(const char *run, bool wait)
 		check_lease_capacity(run);
 		if (!take_session_lock(run, lock_key, wait, &waited))
 			return false;
-		forget_held(held);
+		forget_held(held_runs, held);
 		held = add_held(run, lock_key);
 	}
 	else
@@ -842,13 +1032,14 @@ dl_lease_release(const char *run)
 	epoch = held->epoch;
 	if (!dl_run_lock_held(lock_key))
 	{
-		forget_held(held);
+		forget_held(held_runs, held);
 		record_epoch_end(run, epoch, true);
 		return false;
 	}
 
 	dl_run_unlock_session(lock_key);
-	forget_held(held);
+	forget_held(held_runs, held);
+	forget_in_other_ledgers(lock_key);
 	record_epoch_end(run, epoch, false);
 	return true;
 }

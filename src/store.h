@@ -239,6 +239,7 @@ typedef enum KeyLookup
 } KeyLookup;
 
 extern Oid	dl_ledger_identity(void);
+extern Oid	dl_ledger_identity_if_any(void);
 extern KeyLookup dl_read_key(const char *key, EffectRow *row);
 extern HeapTuple dl_read_effect_now(const char *key, TupleDesc desc, EffectRow *row);
 extern bool dl_read_past_attempt(const char *key, int32 attempt, PastAttempt *past);

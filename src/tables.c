@@ -321,6 +321,15 @@ dl_ledger_identity(void)
 	return OidIsValid(dl_runs_table.relid) ? dl_runs_table.relid : ledger_relid(dl_runs_table.name);
 }
 
+/* The same, looked up afresh; InvalidOid when the database has no ledger now. */
+Oid
+dl_ledger_identity_if_any(void)
+{
+	Oid			schema = get_namespace_oid("durable_ledger", true);
+
+	return OidIsValid(schema) ? get_relname_relid(dl_runs_table.name, schema) : InvalidOid;
+}
+
 /*
  * Opens the ledger table t with lockmode.  When what we knew went stale
  * (opening the table reads invalidations), its name is looked up again: the
