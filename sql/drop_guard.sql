@@ -303,6 +303,38 @@ SELECT count(*) AS lease_locks FROM pg_locks
 SELECT decision, occurrence, status FROM durable_ledger.begin_effect('drop-14', 'pay', '{}');
 SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-14';
 SELECT durable_ledger.release_run('drop-14') AS released;
+-- a lease lost in the old ledger stays lost, although the new ledger took the
+-- run's lock again: after the rollback the old run is refused (55000), and
+-- the lock, the new ledger's, is given back
+SELECT decision FROM durable_ledger.begin_effect('drop-15', 'pay', '{}');
+SELECT pg_advisory_unlock_all();
+BEGIN;
+SAVEPOINT replace_ledger;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+SELECT decision FROM durable_ledger.begin_effect('drop-15', 'pay', '{"other": 1}');
+ROLLBACK TO replace_ledger;
+SELECT decision FROM durable_ledger.begin_effect('drop-15', 'pay', '{"n": 2}');
+ROLLBACK;
+SELECT decision FROM durable_ledger.begin_effect('drop-15', 'pay', '{"n": 2}');
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT durable_ledger.acquire_run('drop-15') AS acquired;
+SELECT durable_ledger.release_run('drop-15') AS released;
+-- the old ledger's locks count against max_leases_per_session while they are
+-- kept: a run of the same name takes no new lock, another run is refused (53400)
+SET durable_ledger.max_leases_per_session = 2;
+SELECT durable_ledger.acquire_run('drop-16a') AS a, durable_ledger.acquire_run('drop-16b') AS b;
+BEGIN;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+SELECT decision FROM durable_ledger.begin_effect('drop-16a', 'pay', '{}');
+SELECT durable_ledger.acquire_run('drop-16c') AS c;
+ROLLBACK;
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT durable_ledger.release_run('drop-16a') AS a, durable_ledger.release_run('drop-16b') AS b;
+RESET durable_ledger.max_leases_per_session;
 DROP EXTENSION durable_ledger;
 RESET durable_ledger.allow_drop;
 

@@ -57,6 +57,8 @@ struct HeldRun
 	uint64		generation;		/* identifies the counters of this epoch */
 	MemoryContext epoch_cxt;	/* holds counters; NULL when epoch is 0 */
 	HTAB	   *counters;
+	bool		lock_lost;		/* its lock was lost, then taken again for another
+								 * ledger's run of the same name: not this run's */
 };
 
 typedef enum UndoKind
@@ -412,6 +414,14 @@ start_epoch(HeldRun *held, int64 epoch)
 /* ---------- ledgers ---------- */
 
 static void forget_held(HTAB *runs, HeldRun *held);
+static bool held_before(uint64 lock_key, const OtherLedger *until);
+
+/* Does this session still hold held's lock, for held? */
+static bool
+lock_still_held(const HeldRun *held)
+{
+	return !held->lock_lost && dl_run_lock_held(held->lock_key);
+}
 
 /*
  * Was the ledger made by this transaction (or one of its subtransactions)?
@@ -433,60 +443,82 @@ ledger_made_by_this_transaction(Oid ledger)
 	return made;
 }
 
+/* The link to ledger's entry in other_ledgers, or NULL when it has none. */
+static OtherLedger **
+find_other_ledger(Oid ledger)
+{
+	OtherLedger **link;
+
+	for (link = &other_ledgers; *link != NULL; link = &(*link)->next)
+		if ((*link)->ledger == ledger)
+			return link;
+	return NULL;
+}
+
 /*
- * Makes ledger the current one: the table of runs held in it comes back
- * from other_ledgers when this session held runs in it before (a rollback
- * brought it back), and starts empty otherwise.  The runs of the ledger that
- * was current are put aside, locks and all, until it is known to be gone.
+ * Makes ledger the current one.  The runs held in the ledger that was
+ * current are parked in other_ledgers, locks and all, until it is known to be
+ * gone; the new current ledger's runs come back from there when this session
+ * held runs in it before (a rollback brought it back), or start empty.
  */
 static void
 switch_ledger(Oid ledger)
 {
-	OtherLedger **link;
-	OtherLedger *found = NULL;
-	OtherLedger *aside = NULL;
-	HTAB	   *fresh = NULL;
-	bool		keep_current = hash_get_num_entries(held_runs) > 0 || forgot_lost_leases;
-
-	for (link = &other_ledgers; *link != NULL; link = &(*link)->next)
-		if ((*link)->ledger == ledger)
-		{
-			found = *link;
-			break;
-		}
+	OtherLedger **back = find_other_ledger(ledger);
+	bool		park = hash_get_num_entries(held_runs) > 0 || forgot_lost_leases;
+	OtherLedger *parked = NULL;
+	HTAB	   *runs = held_runs;	/* an empty table serves the next ledger */
+	bool		forgot = false;
 
 	/* allocate first: an error must leave everything as it was */
-	if (keep_current)
-		aside = MemoryContextAlloc(lease_cxt, sizeof(OtherLedger));
-	if (found == NULL && keep_current)
-		fresh = create_held_runs();
+	if (park)
+		parked = MemoryContextAlloc(lease_cxt, sizeof(OtherLedger));
+	if (park && back == NULL)
+		runs = create_held_runs();
 
-	if (found != NULL)
-		*link = found->next;
-	if (keep_current)
+	if (back != NULL)
 	{
-		aside->ledger = held_in_ledger;
-		aside->runs = held_runs;
-		aside->forgot_lost_leases = forgot_lost_leases;
-		aside->next = other_ledgers;
-		other_ledgers = aside;
-	}
-	else if (found != NULL)
-		hash_destroy(held_runs);	/* empty */
+		OtherLedger *returning = *back;
 
-	if (found != NULL)
-	{
-		held_runs = found->runs;
-		forgot_lost_leases = found->forgot_lost_leases;
-		pfree(found);
+		*back = returning->next;
+		runs = returning->runs;
+		forgot = returning->forgot_lost_leases;
+		pfree(returning);
+		if (!park)
+			hash_destroy(held_runs);	/* empty */
 	}
-	else
+	if (park)
 	{
-		if (fresh != NULL)
-			held_runs = fresh;	/* else the current table, empty, is reused */
-		forgot_lost_leases = false;
+		parked->ledger = held_in_ledger;
+		parked->runs = held_runs;
+		parked->forgot_lost_leases = forgot_lost_leases;
+		parked->next = other_ledgers;
+		other_ledgers = parked;
 	}
+	held_runs = runs;
+	forgot_lost_leases = forgot;
 	held_in_ledger = ledger;
+}
+
+/*
+ * Does the current ledger, or another ledger listed before until, hold the
+ * lock of a run with this key?  (A run held in several ledgers has one lock.)
+ */
+static bool
+held_before(uint64 lock_key, const OtherLedger *until)
+{
+	HeldRun    *held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
+	const OtherLedger *other;
+
+	if (held != NULL && lock_still_held(held))
+		return true;
+	for (other = other_ledgers; other != until; other = other->next)
+	{
+		held = hash_search(other->runs, &lock_key, HASH_FIND, NULL);
+		if (held != NULL && lock_still_held(held))
+			return true;
+	}
+	return false;
 }
 
 /*
@@ -506,8 +538,7 @@ forget_other_ledgers(void)
 		hash_seq_init(&scan, other->runs);
 		while ((held = hash_seq_search(&scan)) != NULL)
 		{
-			if (dl_run_lock_held(held->lock_key) &&
-				hash_search(held_runs, &held->lock_key, HASH_FIND, NULL) == NULL)
+			if (lock_still_held(held) && !held_before(held->lock_key, other))
 				dl_run_unlock_session(held->lock_key);
 			forget_held(other->runs, held); /* deleting the current entry is allowed */
 		}
@@ -538,8 +569,9 @@ follow_ledger(void)
 }
 
 /*
- * release_run gave back run's lock: the same run held in another ledger (the
- * lock is one) is not held any more either.
+ * release_run gives back run's lock: the same run held in another ledger
+ * under that lock is not held any more either (one that had lost it stays
+ * lost).
  */
 static void
 forget_in_other_ledgers(uint64 lock_key)
@@ -548,8 +580,47 @@ forget_in_other_ledgers(uint64 lock_key)
 	HeldRun    *held;
 
 	for (other = other_ledgers; other != NULL; other = other->next)
-		if ((held = hash_search(other->runs, &lock_key, HASH_FIND, NULL)) != NULL)
+		if ((held = hash_search(other->runs, &lock_key, HASH_FIND, NULL)) != NULL &&
+			lock_still_held(held))
 			forget_held(other->runs, held);
+}
+
+/*
+ * The current ledger took a run's lock that this session did not hold: the
+ * same run held in another ledger had lost it, and stays lost, or a rollback
+ * to that ledger would find the new lock and take it for its own lease.
+ */
+static void
+lose_in_other_ledgers(uint64 lock_key)
+{
+	OtherLedger *other;
+	HeldRun    *held;
+
+	for (other = other_ledgers; other != NULL; other = other->next)
+		if ((held = hash_search(other->runs, &lock_key, HASH_FIND, NULL)) != NULL)
+			held->lock_lost = true;
+}
+
+/*
+ * The locks this session holds for runs of other ledgers only: each is an
+ * entry in the shared lock table too.  A run held in several ledgers has one.
+ */
+static int
+locks_of_other_ledgers(void)
+{
+	OtherLedger *other;
+	HASH_SEQ_STATUS scan;
+	HeldRun    *held;
+	int			locks = 0;
+
+	for (other = other_ledgers; other != NULL; other = other->next)
+	{
+		hash_seq_init(&scan, other->runs);
+		while ((held = hash_seq_search(&scan)) != NULL)
+			if (lock_still_held(held) && !held_before(held->lock_key, other))
+				locks++;
+	}
+	return locks;
 }
 
 static HeldRun *
@@ -582,6 +653,7 @@ add_held(const char *run, uint64 lock_key)
 	held->generation = next_generation++;
 	held->epoch_cxt = NULL;
 	held->counters = NULL;
+	held->lock_lost = false;
 	return held;
 }
 
@@ -608,7 +680,7 @@ forget_held(HTAB *runs, HeldRun *held)
 #define DL_MAX_LOST_LEASES 1024
 
 static void
-check_lease_capacity(const char *run)
+check_lease_capacity(const char *run, uint64 lock_key)
 {
 	HASH_SEQ_STATUS scan;
 	HeldRun    *held;
@@ -618,24 +690,27 @@ check_lease_capacity(const char *run)
 	hash_seq_init(&scan, held_runs);
 	while ((held = hash_seq_search(&scan)) != NULL)
 	{
-		if (dl_run_lock_held(held->lock_key))
+		if (lock_still_held(held))
 			held_locks++;
 		else
 			lost++;
 	}
+	if (other_ledgers != NULL)
+		held_locks += locks_of_other_ledgers();
 
 	if (lost > DL_MAX_LOST_LEASES)
 	{
 		hash_seq_init(&scan, held_runs);
 		while ((held = hash_seq_search(&scan)) != NULL)
 		{
-			if (!dl_run_lock_held(held->lock_key))
+			if (!lock_still_held(held))
 				forget_held(held_runs, held);	/* deleting the current entry is allowed */
 		}
 		forgot_lost_leases = true;
 	}
 
-	if (held_locks >= max_leases_per_session)
+	/* a run another ledger holds already takes no new lock */
+	if (held_locks >= max_leases_per_session && !dl_run_lock_held(lock_key))
 		ereport(ERROR,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 				 errmsg("this session already holds %d leases, cannot take run \"%s\"",
@@ -808,7 +883,7 @@ wait_for_session_lock(uint64 lock_key)
  * the run from every other worker without knowing it holds it.
  */
 static void
-wait_until_open(uint64 lock_key)
+wait_until_open(uint64 lock_key, bool had_lock)
 {
 	PG_TRY();
 	{
@@ -816,7 +891,8 @@ wait_until_open(uint64 lock_key)
 	}
 	PG_CATCH();
 	{
-		dl_run_unlock_session(lock_key);
+		if (!had_lock)
+			dl_run_unlock_session(lock_key);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
@@ -832,12 +908,18 @@ wait_until_open(uint64 lock_key)
  * stays locked on either (an error while waiting ends the transaction, and
  * with it the transaction's lock; the session lock is given back when the
  * wait for an abandon_run or a verdict under way fails).
+ *
+ * The session may hold the lock already, for a run of the same name in
+ * another ledger (follow_ledger): that lock is kept, never given back here.
+ * When the lock is new to the session, such a run had lost it, and it stays
+ * lost (lose_in_other_ledgers).
  */
 static bool
 take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 {
 	RunState	state;
 	bool		calls_locked_before = dl_run_lock_xact_held(lock_key, DL_CALL_LOCK_CLASS);
+	bool		had_lock = dl_run_lock_held(lock_key);
 
 	if (!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, false))
 	{
@@ -854,15 +936,17 @@ take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 	}
 	/* read once abandon_run cannot be under way: it may have ended while we waited */
 	if (wait)
-		wait_until_open(lock_key);
+		wait_until_open(lock_key, had_lock);
 	else if (!dl_run_lock_open_nowait(lock_key))
 	{
-		dl_run_unlock_session(lock_key);
+		if (!had_lock)
+			dl_run_unlock_session(lock_key);
 		return false;			/* an abandon_run is under way: not now */
 	}
 	if (dl_read_run_state(run, &state) && (state.abandoned || (state.token && state.token_live)))
 	{
-		dl_run_unlock_session(lock_key);
+		if (!had_lock)
+			dl_run_unlock_session(lock_key);
 		/*
 		 * and the calls' lock: the error below reaches the client before the
 		 * abort releases the transaction's locks, and a take_lease sent at
@@ -877,6 +961,8 @@ take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 			return false;
 		report_token_lease_holds(run, state.expires_at);
 	}
+	if (!had_lock && other_ledgers != NULL)
+		lose_in_other_ledgers(lock_key);
 	return true;
 }
 
@@ -895,7 +981,7 @@ dl_lease_for_call(const char *run)
 
 	if (held != NULL)
 	{
-		if (!dl_run_lock_held(lock_key))
+		if (!lock_still_held(held))
 			report_lost_lease(run);
 	}
 	else
@@ -905,7 +991,7 @@ dl_lease_for_call(const char *run)
 		if (forgot_lost_leases && dl_read_lease_unreleased_by_me(run, &lost_epoch))
 			report_lost_lease(run);
 		dl_refuse_if_abandoned(run);
-		check_lease_capacity(run);
+		check_lease_capacity(run, lock_key);
 		(void) take_session_lock(run, lock_key, true, &waited);
 		held = add_held(run, lock_key);
 	}
@@ -984,19 +1070,19 @@ dl_lease_acquire(const char *run, bool wait)
 	dl_refuse_if_abandoned(run);
 	if (held == NULL)
 	{
-		check_lease_capacity(run);
+		check_lease_capacity(run, lock_key);
 		if (!take_session_lock(run, lock_key, wait, &waited))
 			return false;
 		held = add_held(run, lock_key);
 	}
-	else if (!dl_run_lock_held(lock_key))
+	else if (!lock_still_held(held))
 	{
 		/*
 		 * Lost behind our back: this is the new attempt the error asked for.
 		 * It starts from a fresh entry, so that rolling it back leaves no
 		 * epoch (the next call starts one) rather than the lost attempt's.
 		 */
-		check_lease_capacity(run);
+		check_lease_capacity(run, lock_key);
 		if (!take_session_lock(run, lock_key, wait, &waited))
 			return false;
 		forget_held(held_runs, held);
@@ -1030,16 +1116,16 @@ dl_lease_release(const char *run)
 		return false;
 	}
 	epoch = held->epoch;
-	if (!dl_run_lock_held(lock_key))
+	if (!lock_still_held(held))
 	{
 		forget_held(held_runs, held);
 		record_epoch_end(run, epoch, true);
 		return false;
 	}
 
+	forget_in_other_ledgers(lock_key);
 	dl_run_unlock_session(lock_key);
 	forget_held(held_runs, held);
-	forget_in_other_ledgers(lock_key);
 	record_epoch_end(run, epoch, false);
 	return true;
 }
@@ -1055,7 +1141,7 @@ dl_lease_held_epoch(const char *run)
 	uint64		lock_key = dl_run_lock_key(run);
 	HeldRun    *held = find_held(run, lock_key);
 
-	return held != NULL && dl_run_lock_held(lock_key) ? held->epoch : 0;
+	return held != NULL && lock_still_held(held) ? held->epoch : 0;
 }
 
 /* Is (run, epoch) this session's current, still held lease? */
@@ -1065,5 +1151,5 @@ dl_lease_is_mine(const char *run, int64 epoch)
 	uint64		lock_key = dl_run_lock_key(run);
 	HeldRun    *held = find_held(run, lock_key);
 
-	return held != NULL && held->epoch == epoch && dl_run_lock_held(lock_key);
+	return held != NULL && held->epoch == epoch && lock_still_held(held);
 }
