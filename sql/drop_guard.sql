@@ -335,6 +335,31 @@ SELECT count(*) AS lease_locks FROM pg_locks
  WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
 SELECT durable_ledger.release_run('drop-16a') AS a, durable_ledger.release_run('drop-16b') AS b;
 RESET durable_ledger.max_leases_per_session;
+-- a transaction that made a new ledger while the old one's runs are kept is
+-- not prepared (0A000): which ledger lives is known only at COMMIT PREPARED,
+-- perhaps in another session; one whose replacement was rolled back to a
+-- savepoint is, and the old ledger's lease goes on
+SELECT decision FROM durable_ledger.begin_effect('drop-17', 'pay', '{}');
+BEGIN;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+SELECT durable_ledger.session_epoch('drop-17') AS epoch;
+PREPARE TRANSACTION 'regress_drop_prepare';
+SELECT count(*) AS prepared FROM pg_prepared_xacts WHERE gid = 'regress_drop_prepare';
+SELECT durable_ledger.session_epoch('drop-17') AS epoch;
+BEGIN;
+SAVEPOINT replace_ledger;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+SELECT durable_ledger.session_epoch('drop-17') AS epoch;
+ROLLBACK TO replace_ledger;
+PREPARE TRANSACTION 'regress_drop_prepare';
+COMMIT PREPARED 'regress_drop_prepare';
+SELECT durable_ledger.session_epoch('drop-17') AS epoch;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-17', 'pay', '{}');
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT durable_ledger.release_run('drop-17') AS released;
 DROP EXTENSION durable_ledger;
 RESET durable_ledger.allow_drop;
 

@@ -398,6 +398,29 @@ SELECT count(*) FILTER (WHERE durable_ledger.release_run('lost-' || i)) AS relea
   FROM generate_series(3, 1100) AS i;
 SELECT count(*) AS lost_runs_unreleased FROM durable_ledger.runs
  WHERE run LIKE 'lost-%' AND released_at IS NULL;
+-- acquire_run of a lost lease when more are lost than the session remembers:
+-- making room forgets every lost one, that one too, and it is a new attempt
+-- (it was forgotten a second time, and the backend crashed)
+SET durable_ledger.max_runs_per_transaction = 1100;
+DO $$
+BEGIN
+    FOR i IN 1..1030 LOOP
+        PERFORM durable_ledger.acquire_run('lost2-' || i);
+        IF i % 50 = 0 THEN
+            PERFORM pg_advisory_unlock_all();
+        END IF;
+    END LOOP;
+    PERFORM pg_advisory_unlock_all();
+END
+$$;
+RESET durable_ledger.max_runs_per_transaction;
+SELECT durable_ledger.acquire_run('lost2-1') AS acquired;
+SELECT decision FROM durable_ledger.begin_effect('lost2-1', 'pay', '{}');
+SELECT durable_ledger.release_run('lost2-1') AS released;
+SELECT count(*) FILTER (WHERE durable_ledger.release_run('lost2-' || i)) AS released
+  FROM generate_series(2, 1030) AS i;
+SELECT count(*) AS lost_runs_unreleased FROM durable_ledger.runs
+ WHERE run LIKE 'lost2-%' AND released_at IS NULL;
 
 -- ==== clean up ====
 SELECT public.regress_lease_mine() AS my_leases;

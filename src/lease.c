@@ -57,8 +57,8 @@ struct HeldRun
 	uint64		generation;		/* identifies the counters of this epoch */
 	MemoryContext epoch_cxt;	/* holds counters; NULL when epoch is 0 */
 	HTAB	   *counters;
-	bool		lock_lost;		/* its lock was lost, then taken again for another
-								 * ledger's run of the same name: not this run's */
+	bool		lock_retaken_elsewhere;	/* its lock was lost, then taken again for
+									 * another ledger's run of the same name */
 };
 
 typedef enum UndoKind
@@ -285,6 +285,7 @@ lease_xact_end(bool commit)
 
 static void switch_ledger(Oid ledger);
 static void forget_other_ledgers(void);
+static void settle_ledgers_before_prepare(void);
 
 /* Set before a commit that settles which ledger is live: the others are gone. */
 static bool ledgers_settled = false;
@@ -297,6 +298,8 @@ lease_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PRE_PREPARE:
 			if (undo_len > 0)
 				dl_refuse_prepare();
+			if (other_ledgers != NULL)
+				settle_ledgers_before_prepare();
 			break;
 		case XACT_EVENT_PRE_COMMIT:
 
@@ -420,7 +423,7 @@ static bool held_before(uint64 lock_key, const OtherLedger *until);
 static bool
 lock_still_held(const HeldRun *held)
 {
-	return !held->lock_lost && dl_run_lock_held(held->lock_key);
+	return !held->lock_retaken_elsewhere && dl_run_lock_held(held->lock_key);
 }
 
 /*
@@ -502,7 +505,8 @@ switch_ledger(Oid ledger)
 
 /*
  * Does the current ledger, or another ledger listed before until, hold the
- * lock of a run with this key?  (A run held in several ledgers has one lock.)
+ * lock of a run with this key?  (A run held in several ledgers has one lock:
+ * walking other_ledgers, it belongs to the first that holds it.)
  */
 static bool
 held_before(uint64 lock_key, const OtherLedger *until)
@@ -524,7 +528,8 @@ held_before(uint64 lock_key, const OtherLedger *until)
 /*
  * Runs held in ledgers that are gone for good belong to nothing: their locks
  * are given back (unless the current ledger holds the same run: one lock
- * serves both) and they are forgotten.
+ * serves both) and they are forgotten.  Each is taken off the head of the
+ * list, so that a lock shared by two of them is given back once.
  */
 static void
 forget_other_ledgers(void)
@@ -569,6 +574,26 @@ follow_ledger(void)
 }
 
 /*
+ * A transaction is prepared while runs are held in more than one ledger.
+ * When it did not make the ledger it sees, the others are gone whatever
+ * becomes of it, and are given back now.  When it did (or dropped the ledger),
+ * which ledger lives is known only at COMMIT PREPARED or ROLLBACK PREPARED,
+ * perhaps in another session, which cannot settle this session's locks: it
+ * is refused, like a transaction with lease changes to undo.
+ */
+static void
+settle_ledgers_before_prepare(void)
+{
+	Oid			live = dl_ledger_identity_if_any();
+
+	if (!OidIsValid(live) || ledger_made_by_this_transaction(live))
+		dl_refuse_prepare();
+	if (live != held_in_ledger)
+		switch_ledger(live);
+	forget_other_ledgers();
+}
+
+/*
  * release_run gives back run's lock: the same run held in another ledger
  * under that lock is not held any more either (one that had lost it stays
  * lost).
@@ -598,7 +623,21 @@ lose_in_other_ledgers(uint64 lock_key)
 
 	for (other = other_ledgers; other != NULL; other = other->next)
 		if ((held = hash_search(other->runs, &lock_key, HASH_FIND, NULL)) != NULL)
-			held->lock_lost = true;
+			held->lock_retaken_elsewhere = true;
+}
+
+/* Does a run of another ledger hold this lock? */
+static bool
+held_in_other_ledgers(uint64 lock_key)
+{
+	OtherLedger *other;
+	HeldRun    *held;
+
+	for (other = other_ledgers; other != NULL; other = other->next)
+		if ((held = hash_search(other->runs, &lock_key, HASH_FIND, NULL)) != NULL &&
+			lock_still_held(held))
+			return true;
+	return false;
 }
 
 /*
@@ -653,7 +692,7 @@ add_held(const char *run, uint64 lock_key)
 	held->generation = next_generation++;
 	held->epoch_cxt = NULL;
 	held->counters = NULL;
-	held->lock_lost = false;
+	held->lock_retaken_elsewhere = false;
 	return held;
 }
 
@@ -911,15 +950,14 @@ wait_until_open(uint64 lock_key, bool had_lock)
  *
  * The session may hold the lock already, for a run of the same name in
  * another ledger (follow_ledger): that lock is kept, never given back here.
- * When the lock is new to the session, such a run had lost it, and it stays
- * lost (lose_in_other_ledgers).
+ * Otherwise such a run had lost it, and it stays lost (lose_in_other_ledgers).
  */
 static bool
 take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 {
 	RunState	state;
 	bool		calls_locked_before = dl_run_lock_xact_held(lock_key, DL_CALL_LOCK_CLASS);
-	bool		had_lock = dl_run_lock_held(lock_key);
+	bool		had_lock = other_ledgers != NULL && held_in_other_ledgers(lock_key);
 
 	if (!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, false))
 	{
@@ -1085,7 +1123,10 @@ dl_lease_acquire(const char *run, bool wait)
 		check_lease_capacity(run, lock_key);
 		if (!take_session_lock(run, lock_key, wait, &waited))
 			return false;
-		forget_held(held_runs, held);
+		/* the capacity check may have forgotten it with every lost lease */
+		held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
+		if (held != NULL)
+			forget_held(held_runs, held);
 		held = add_held(run, lock_key);
 	}
 	else
