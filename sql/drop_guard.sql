@@ -360,6 +360,38 @@ SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-17', 'pay', '
 SELECT count(*) AS lease_locks FROM pg_locks
  WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
 SELECT durable_ledger.release_run('drop-17') AS released;
+-- a ledger replaced for good with no call in the new one gives the old one's
+-- locks back at that commit (they were kept until the session's next call)
+SELECT decision FROM durable_ledger.begin_effect('drop-18', 'pay', '{}');
+BEGIN;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+COMMIT;
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-18', 'pay', '{}');
+SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-18';
+SELECT durable_ledger.release_run('drop-18') AS released;
+-- what a rolled-back replacement leaves does not refuse a later transaction's
+-- PREPARE, though it GRANTs on the runs table: the old ledger's lease goes on,
+-- the rolled-back ledger's lock is given back
+CREATE ROLE regress_drop_reader NOLOGIN;
+SELECT decision FROM durable_ledger.begin_effect('drop-19', 'pay', '{}');
+BEGIN;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+SELECT durable_ledger.acquire_run('drop-19b') AS acquired;
+ROLLBACK;
+BEGIN;
+GRANT SELECT ON durable_ledger.runs TO regress_drop_reader;
+PREPARE TRANSACTION 'regress_drop_prepare';
+COMMIT PREPARED 'regress_drop_prepare';
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT durable_ledger.session_epoch('drop-19') AS epoch;
+REVOKE SELECT ON durable_ledger.runs FROM regress_drop_reader;
+DROP ROLE regress_drop_reader;
+SELECT durable_ledger.release_run('drop-19') AS released;
 DROP EXTENSION durable_ledger;
 RESET durable_ledger.allow_drop;
 

@@ -21,7 +21,6 @@
  */
 #include "postgres.h"
 
-#include "access/htup_details.h"
 #include "access/xact.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
@@ -29,8 +28,9 @@
 #include "utils/timestamp.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
+#include "utils/inval.h"
 #include "utils/memutils.h"
-#include "utils/syscache.h"
+#include "utils/rel.h"
 
 #include "lease.h"
 
@@ -290,6 +290,29 @@ static void settle_ledgers_before_prepare(void);
 /* Set before a commit that settles which ledger is live: the others are gone. */
 static bool ledgers_settled = false;
 
+/* The current ledger's runs table had a relcache invalidation: dropped, perhaps. */
+static bool ledger_may_have_changed = false;
+
+static void
+lease_relcache_changed(Datum arg, Oid relid)
+{
+	if (!OidIsValid(relid) || relid == held_in_ledger)
+		ledger_may_have_changed = true;
+}
+
+/*
+ * May this session hold runs in a ledger that is not the one it works in?
+ * Then the end of the transaction settles them.  Runs of another ledger than
+ * the current one, or a current ledger that may have been replaced (without
+ * a call since) while the session holds runs in it.
+ */
+static bool
+ledgers_to_settle(void)
+{
+	return other_ledgers != NULL ||
+		(ledger_may_have_changed && held_runs != NULL && hash_get_num_entries(held_runs) > 0);
+}
+
 static void
 lease_xact_callback(XactEvent event, void *arg)
 {
@@ -298,18 +321,18 @@ lease_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PRE_PREPARE:
 			if (undo_len > 0)
 				dl_refuse_prepare();
-			if (other_ledgers != NULL)
+			if (ledgers_to_settle())
 				settle_ledgers_before_prepare();
 			break;
 		case XACT_EVENT_PRE_COMMIT:
 
 			/*
-			 * Runs are held in more than one ledger: the one this transaction
-			 * sees now is the one that lives on.  Made current here, where the
-			 * catalogs can be read and an error still aborts; the others' locks
-			 * are given back once the commit is sure.
+			 * Runs may be held in more than one ledger: the one this
+			 * transaction sees now is the one that lives on.  Made current
+			 * here, where the catalogs can be read and an error still aborts;
+			 * the others' locks are given back once the commit is sure.
 			 */
-			if (other_ledgers != NULL)
+			if (ledgers_to_settle())
 			{
 				Oid			live = dl_ledger_identity_if_any();
 
@@ -323,9 +346,13 @@ lease_xact_callback(XactEvent event, void *arg)
 			if (ledgers_settled)
 				forget_other_ledgers();
 			ledgers_settled = false;
+			ledger_may_have_changed = false;
+			break;
+		case XACT_EVENT_PREPARE:
+			lease_xact_end(true);
+			ledger_may_have_changed = false;	/* settled before */
 			break;
 		case XACT_EVENT_PARALLEL_COMMIT:
-		case XACT_EVENT_PREPARE:
 			lease_xact_end(true);
 			ledgers_settled = false;
 			break;
@@ -379,6 +406,7 @@ dl_lease_init(void)
 							NULL, NULL, NULL);
 	RegisterXactCallback(lease_xact_callback, NULL);
 	RegisterSubXactCallback(lease_subxact_callback, NULL);
+	CacheRegisterRelcacheCallback(lease_relcache_changed, (Datum) 0);
 }
 
 /* ---------- epochs ---------- */
@@ -429,20 +457,19 @@ lock_still_held(const HeldRun *held)
 /*
  * Was the ledger made by this transaction (or one of its subtransactions)?
  * Then a rollback may still undo it and bring back the one it replaced.  The
- * runs table's catalog row tells; a row updated since by this transaction
- * (GRANT, CREATE INDEX) answers yes too, which only keeps other ledgers'
- * runs for longer.
+ * relation cache knows when its runs table was created in this transaction
+ * (a GRANT, ALTER TABLE or TRUNCATE of an older one does not count).
  */
 static bool
 ledger_made_by_this_transaction(Oid ledger)
 {
-	HeapTuple	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(ledger));
+	Relation	rel = RelationIdGetRelation(ledger);
 	bool		made;
 
-	if (!HeapTupleIsValid(tuple))
-		return true;			/* nothing to judge by: keep what we have */
-	made = TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data));
-	ReleaseSysCache(tuple);
+	if (!RelationIsValid(rel))
+		return false;			/* no such table: gone, whatever rolls back */
+	made = rel->rd_createSubid != InvalidSubTransactionId;
+	RelationClose(rel);
 	return made;
 }
 
@@ -574,20 +601,26 @@ follow_ledger(void)
 }
 
 /*
- * A transaction is prepared while runs are held in more than one ledger.
- * When it did not make the ledger it sees, the others are gone whatever
- * becomes of it, and are given back now.  When it did (or dropped the ledger),
- * which ledger lives is known only at COMMIT PREPARED or ROLLBACK PREPARED,
- * perhaps in another session, which cannot settle this session's locks: it
- * is refused, like a transaction with lease changes to undo.
+ * A transaction is prepared while this session may hold runs in more than
+ * one ledger.  When it did not make the ledger it sees, the others are gone
+ * whatever becomes of it, and are given back now.  When it made it, or
+ * dropped the ledger, which ledger lives is known only at COMMIT PREPARED or
+ * ROLLBACK PREPARED, perhaps in another session, which cannot settle this
+ * session's locks: it is refused.
  */
 static void
 settle_ledgers_before_prepare(void)
 {
 	Oid			live = dl_ledger_identity_if_any();
 
+	if (live == held_in_ledger && other_ledgers == NULL)
+		return;					/* invalidated, not replaced */
 	if (!OidIsValid(live) || ledger_made_by_this_transaction(live))
-		dl_refuse_prepare();
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot PREPARE a transaction that replaces or drops the ledger while this session holds runs in it"),
+				 errdetail("Which ledger lives on is known only at COMMIT PREPARED or ROLLBACK PREPARED, and this session's leases depend on it."),
+				 errhint("Release the session's runs first (durable_ledger.release_run), or COMMIT instead.")));
 	if (live != held_in_ledger)
 		switch_ledger(live);
 	forget_other_ledgers();
