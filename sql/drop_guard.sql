@@ -392,6 +392,36 @@ SELECT durable_ledger.session_epoch('drop-19') AS epoch;
 REVOKE SELECT ON durable_ledger.runs FROM regress_drop_reader;
 DROP ROLE regress_drop_reader;
 SELECT durable_ledger.release_run('drop-19') AS released;
+-- the ledger is its runs table, whatever its name: renamed away and back, the
+-- session's lease goes on (its lock is not given back at the rename's commit)
+SELECT decision FROM durable_ledger.begin_effect('drop-20', 'pay', '{}');
+ALTER TABLE durable_ledger.runs RENAME TO runs_moved;
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+ALTER TABLE durable_ledger.runs_moved RENAME TO runs;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-20', 'pay', '{}');
+SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-20';
+-- a transaction that drops the ledger while the session holds runs is not
+-- prepared (0A000), and the lease goes on
+BEGIN;
+DROP EXTENSION durable_ledger;
+PREPARE TRANSACTION 'regress_drop_prepare';
+SELECT durable_ledger.session_epoch('drop-20') AS epoch;
+-- a ledger another session dropped (committed, while this transaction ran)
+-- is gone whatever becomes of this one: it is prepared, and the dropped
+-- ledger's lock given back
+BEGIN;
+SELECT dblink_connect('regress_fresh', 'dbname=' || current_database());
+SELECT dblink_exec('regress_fresh', 'SET durable_ledger.allow_drop = on');
+SELECT dblink_exec('regress_fresh', 'DROP EXTENSION durable_ledger');
+SELECT dblink_disconnect('regress_fresh');
+CREATE TABLE public.regress_drop_note (x int);
+PREPARE TRANSACTION 'regress_drop_prepare';
+COMMIT PREPARED 'regress_drop_prepare';
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+DROP TABLE public.regress_drop_note;
+CREATE EXTENSION durable_ledger;
 DROP EXTENSION durable_ledger;
 RESET durable_ledger.allow_drop;
 

@@ -21,16 +21,23 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
 #include "access/xact.h"
+#include "catalog/pg_class.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
 #include "storage/proc.h"
 #include "utils/timestamp.h"
+#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
 
 #include "lease.h"
 
@@ -286,6 +293,7 @@ lease_xact_end(bool commit)
 static void switch_ledger(Oid ledger);
 static void forget_other_ledgers(void);
 static void settle_ledgers_before_prepare(void);
+static Oid	live_ledger(void);
 
 /* Set before a commit that settles which ledger is live: the others are gone. */
 static bool ledgers_settled = false;
@@ -334,7 +342,7 @@ lease_xact_callback(XactEvent event, void *arg)
 			 */
 			if (ledgers_to_settle())
 			{
-				Oid			live = dl_ledger_identity_if_any();
+				Oid			live = live_ledger();
 
 				if (live != held_in_ledger)
 					switch_ledger(live);
@@ -601,21 +609,79 @@ follow_ledger(void)
 }
 
 /*
+ * The ledger that lives on when this transaction commits: the one whose runs
+ * table (identified by its OID, whatever its name) this transaction still
+ * sees, first among those this session holds runs in; else the one the
+ * catalogs name now; InvalidOid when there is none.
+ */
+static Oid
+live_ledger(void)
+{
+	OtherLedger *other;
+
+	if (OidIsValid(held_in_ledger) &&
+		SearchSysCacheExists1(RELOID, ObjectIdGetDatum(held_in_ledger)))
+		return held_in_ledger;
+	for (other = other_ledgers; other != NULL; other = other->next)
+		if (OidIsValid(other->ledger) &&
+			SearchSysCacheExists1(RELOID, ObjectIdGetDatum(other->ledger)))
+			return other->ledger;
+	return dl_ledger_identity_if_any();
+}
+
+/*
+ * Did this transaction drop the ledger whose runs table is relid?  (A
+ * rollback would bring it back.)  Its catalog row is deleted by this
+ * transaction: read with SnapshotAny, as no snapshot shows the row then.
+ */
+static bool
+dropped_by_this_transaction(Oid relid)
+{
+	Relation	pg_class;
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	bool		dropped = false;
+
+	if (!OidIsValid(relid) || SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
+		return false;
+	pg_class = table_open(RelationRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_class_oid, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(relid));
+	scan = systable_beginscan(pg_class, ClassOidIndexId, true, SnapshotAny, 1, &key);
+	while (!dropped && HeapTupleIsValid(tuple = systable_getnext(scan)))
+	{
+		HeapTupleHeader row = tuple->t_data;
+
+		dropped = !(row->t_infomask & HEAP_XMAX_INVALID) &&
+			!HEAP_XMAX_IS_LOCKED_ONLY(row->t_infomask) &&
+			TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetUpdateXid(row));
+	}
+	systable_endscan(scan);
+	table_close(pg_class, AccessShareLock);
+	return dropped;
+}
+
+/*
  * A transaction is prepared while this session may hold runs in more than
- * one ledger.  When it did not make the ledger it sees, the others are gone
- * whatever becomes of it, and are given back now.  When it made it, or
- * dropped the ledger, which ledger lives is known only at COMMIT PREPARED or
- * ROLLBACK PREPARED, perhaps in another session, which cannot settle this
- * session's locks: it is refused.
+ * one ledger.  Those of a ledger this transaction dropped come back if it
+ * rolls back, which is known only at COMMIT PREPARED or ROLLBACK PREPARED,
+ * perhaps in another session, which cannot settle this session's locks: it
+ * is refused.  Otherwise every ledger but the live one is gone whatever
+ * becomes of it, and their runs are given back now.
  */
 static void
 settle_ledgers_before_prepare(void)
 {
-	Oid			live = dl_ledger_identity_if_any();
+	Oid			live = live_ledger();
+	OtherLedger *other;
+	bool		dropped_here = dropped_by_this_transaction(held_in_ledger);
 
 	if (live == held_in_ledger && other_ledgers == NULL)
 		return;					/* invalidated, not replaced */
-	if (!OidIsValid(live) || ledger_made_by_this_transaction(live))
+	for (other = other_ledgers; other != NULL && !dropped_here; other = other->next)
+		dropped_here = dropped_by_this_transaction(other->ledger);
+	if (dropped_here)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("cannot PREPARE a transaction that replaces or drops the ledger while this session holds runs in it"),
