@@ -335,18 +335,32 @@ SELECT count(*) AS lease_locks FROM pg_locks
  WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
 SELECT durable_ledger.release_run('drop-16a') AS a, durable_ledger.release_run('drop-16b') AS b;
 RESET durable_ledger.max_leases_per_session;
--- a transaction that made a new ledger while the old one's runs are kept is
--- not prepared (0A000): which ledger lives is known only at COMMIT PREPARED,
--- perhaps in another session; one whose replacement was rolled back to a
--- savepoint is, and the old ledger's lease goes on
+-- a PREPAREd replacement settles nothing until it is decided: rolled back,
+-- the old ledger's lease goes on; committed, the old ledger's lock is given
+-- back at the session's next commit
 SELECT decision FROM durable_ledger.begin_effect('drop-17', 'pay', '{}');
 BEGIN;
 DROP EXTENSION durable_ledger;
 CREATE EXTENSION durable_ledger;
 SELECT durable_ledger.session_epoch('drop-17') AS epoch;
 PREPARE TRANSACTION 'regress_drop_prepare';
-SELECT count(*) AS prepared FROM pg_prepared_xacts WHERE gid = 'regress_drop_prepare';
+ROLLBACK PREPARED 'regress_drop_prepare';
 SELECT durable_ledger.session_epoch('drop-17') AS epoch;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-17', 'pay', '{}');
+BEGIN;
+DROP EXTENSION durable_ledger;
+CREATE EXTENSION durable_ledger;
+SELECT durable_ledger.session_epoch('drop-17') AS epoch;
+PREPARE TRANSACTION 'regress_drop_prepare';
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+COMMIT PREPARED 'regress_drop_prepare';
+SELECT 1 AS any_commit;
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-17', 'pay', '{}');
+SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-17';
+-- a replacement rolled back to a savepoint is prepared, and the lease goes on
 BEGIN;
 SAVEPOINT replace_ledger;
 DROP EXTENSION durable_ledger;
@@ -374,7 +388,8 @@ SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-18';
 SELECT durable_ledger.release_run('drop-18') AS released;
 -- what a rolled-back replacement leaves does not refuse a later transaction's
 -- PREPARE, though it GRANTs on the runs table: the old ledger's lease goes on,
--- the rolled-back ledger's lock is given back
+-- the rolled-back ledger's lock is given back at the next commit (here, the
+-- COMMIT PREPARED's)
 CREATE ROLE regress_drop_reader NOLOGIN;
 SELECT decision FROM durable_ledger.begin_effect('drop-19', 'pay', '{}');
 BEGIN;
@@ -401,15 +416,28 @@ SELECT count(*) AS lease_locks FROM pg_locks
 ALTER TABLE durable_ledger.runs_moved RENAME TO runs;
 SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-20', 'pay', '{}');
 SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-20';
--- a transaction that drops the ledger while the session holds runs is not
--- prepared (0A000), and the lease goes on
+-- a PREPAREd DROP EXTENSION rolled back: the lease goes on
 BEGIN;
 DROP EXTENSION durable_ledger;
 PREPARE TRANSACTION 'regress_drop_prepare';
+ROLLBACK PREPARED 'regress_drop_prepare';
 SELECT durable_ledger.session_epoch('drop-20') AS epoch;
--- a ledger another session dropped (committed, while this transaction ran)
--- is gone whatever becomes of this one: it is prepared, and the dropped
--- ledger's lock given back
+SELECT durable_ledger.release_run('drop-20') AS released;
+-- a runs table detached from the extension is no ledger, whatever its OID:
+-- the lock of a run held in it is given back when the replacement commits
+SELECT decision FROM durable_ledger.begin_effect('drop-21', 'pay', '{}');
+BEGIN;
+ALTER EXTENSION durable_ledger DROP TABLE durable_ledger.runs;
+ALTER TABLE durable_ledger.runs SET SCHEMA public;
+DROP EXTENSION durable_ledger CASCADE;
+CREATE EXTENSION durable_ledger;
+COMMIT;
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+DROP TABLE public.runs;
+SELECT decision FROM durable_ledger.begin_effect('drop-22', 'pay', '{}');
+-- a ledger another session dropped while this transaction ran: it is
+-- prepared, and the dropped ledger's lock given back at the next commit
 BEGIN;
 SELECT dblink_connect('regress_fresh', 'dbname=' || current_database());
 SELECT dblink_exec('regress_fresh', 'SET durable_ledger.allow_drop = on');

@@ -21,22 +21,19 @@
  */
 #include "postgres.h"
 
-#include "access/genam.h"
-#include "access/htup_details.h"
-#include "access/table.h"
 #include "access/xact.h"
+#include "catalog/dependency.h"
 #include "catalog/pg_class.h"
+#include "commands/extension.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
 #include "storage/proc.h"
 #include "utils/timestamp.h"
-#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
-#include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
 #include "lease.h"
@@ -292,7 +289,6 @@ lease_xact_end(bool commit)
 
 static void switch_ledger(Oid ledger);
 static void forget_other_ledgers(void);
-static void settle_ledgers_before_prepare(void);
 static Oid	live_ledger(void);
 
 /* Set before a commit that settles which ledger is live: the others are gone. */
@@ -329,8 +325,6 @@ lease_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PRE_PREPARE:
 			if (undo_len > 0)
 				dl_refuse_prepare();
-			if (ledgers_to_settle())
-				settle_ledgers_before_prepare();
 			break;
 		case XACT_EVENT_PRE_COMMIT:
 
@@ -356,11 +350,14 @@ lease_xact_callback(XactEvent event, void *arg)
 			ledgers_settled = false;
 			ledger_may_have_changed = false;
 			break;
-		case XACT_EVENT_PREPARE:
-			lease_xact_end(true);
-			ledger_may_have_changed = false;	/* settled before */
-			break;
 		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PREPARE:
+
+			/*
+			 * Nothing is settled at a PREPARE: which ledger lives is known
+			 * at COMMIT PREPARED or ROLLBACK PREPARED, and that sends the
+			 * invalidations that make this session's next commit settle.
+			 */
 			lease_xact_end(true);
 			ledgers_settled = false;
 			break;
@@ -609,87 +606,39 @@ follow_ledger(void)
 }
 
 /*
- * The ledger that lives on when this transaction commits: the one whose runs
- * table (identified by its OID, whatever its name) this transaction still
- * sees, first among those this session holds runs in; else the one the
- * catalogs name now; InvalidOid when there is none.
+ * Is relid the runs table of the durable_ledger extension, as this
+ * transaction sees the catalogs?  A ledger is that table, whatever its name;
+ * one dropped, or detached from the extension, is no ledger any more.
+ */
+static bool
+is_ledger(Oid relid)
+{
+	Oid			extension;
+
+	if (!OidIsValid(relid) || !SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
+		return false;
+	extension = get_extension_oid("durable_ledger", true);
+	return OidIsValid(extension) && getExtensionOfObject(RelationRelationId, relid) == extension;
+}
+
+/*
+ * The ledger that lives on when this transaction commits: the current one or
+ * a parked one that still is the ledger, else the one the catalogs name;
+ * InvalidOid when there is none.
  */
 static Oid
 live_ledger(void)
 {
 	OtherLedger *other;
+	Oid			named;
 
-	if (OidIsValid(held_in_ledger) &&
-		SearchSysCacheExists1(RELOID, ObjectIdGetDatum(held_in_ledger)))
+	if (is_ledger(held_in_ledger))
 		return held_in_ledger;
 	for (other = other_ledgers; other != NULL; other = other->next)
-		if (OidIsValid(other->ledger) &&
-			SearchSysCacheExists1(RELOID, ObjectIdGetDatum(other->ledger)))
+		if (is_ledger(other->ledger))
 			return other->ledger;
-	return dl_ledger_identity_if_any();
-}
-
-/*
- * Did this transaction drop the ledger whose runs table is relid?  (A
- * rollback would bring it back.)  Its catalog row is deleted by this
- * transaction: read with SnapshotAny, as no snapshot shows the row then.
- */
-static bool
-dropped_by_this_transaction(Oid relid)
-{
-	Relation	pg_class;
-	ScanKeyData key;
-	SysScanDesc scan;
-	HeapTuple	tuple;
-	bool		dropped = false;
-
-	if (!OidIsValid(relid) || SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
-		return false;
-	pg_class = table_open(RelationRelationId, AccessShareLock);
-	ScanKeyInit(&key, Anum_pg_class_oid, BTEqualStrategyNumber, F_OIDEQ,
-				ObjectIdGetDatum(relid));
-	scan = systable_beginscan(pg_class, ClassOidIndexId, true, SnapshotAny, 1, &key);
-	while (!dropped && HeapTupleIsValid(tuple = systable_getnext(scan)))
-	{
-		HeapTupleHeader row = tuple->t_data;
-
-		dropped = !(row->t_infomask & HEAP_XMAX_INVALID) &&
-			!HEAP_XMAX_IS_LOCKED_ONLY(row->t_infomask) &&
-			TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetUpdateXid(row));
-	}
-	systable_endscan(scan);
-	table_close(pg_class, AccessShareLock);
-	return dropped;
-}
-
-/*
- * A transaction is prepared while this session may hold runs in more than
- * one ledger.  Those of a ledger this transaction dropped come back if it
- * rolls back, which is known only at COMMIT PREPARED or ROLLBACK PREPARED,
- * perhaps in another session, which cannot settle this session's locks: it
- * is refused.  Otherwise every ledger but the live one is gone whatever
- * becomes of it, and their runs are given back now.
- */
-static void
-settle_ledgers_before_prepare(void)
-{
-	Oid			live = live_ledger();
-	OtherLedger *other;
-	bool		dropped_here = dropped_by_this_transaction(held_in_ledger);
-
-	if (live == held_in_ledger && other_ledgers == NULL)
-		return;					/* invalidated, not replaced */
-	for (other = other_ledgers; other != NULL && !dropped_here; other = other->next)
-		dropped_here = dropped_by_this_transaction(other->ledger);
-	if (dropped_here)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("cannot PREPARE a transaction that replaces or drops the ledger while this session holds runs in it"),
-				 errdetail("Which ledger lives on is known only at COMMIT PREPARED or ROLLBACK PREPARED, and this session's leases depend on it."),
-				 errhint("Release the session's runs first (durable_ledger.release_run), or COMMIT instead.")));
-	if (live != held_in_ledger)
-		switch_ledger(live);
-	forget_other_ledgers();
+	named = dl_ledger_identity_if_any();
+	return is_ledger(named) ? named : InvalidOid;
 }
 
 /*
