@@ -435,6 +435,18 @@ COMMIT;
 SELECT count(*) AS lease_locks FROM pg_locks
  WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
 DROP TABLE public.runs;
+-- detached from the extension but still durable_ledger.runs, the table is the
+-- one the ledger's calls use: the lease goes on, through an invalidation of
+-- the table (ANALYZE) and a commit
+SELECT decision FROM durable_ledger.begin_effect('drop-23', 'pay', '{}');
+ALTER EXTENSION durable_ledger DROP TABLE durable_ledger.runs;
+ANALYZE durable_ledger.runs;
+SELECT 1 AS any_commit;
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-23', 'pay', '{}');
+ALTER EXTENSION durable_ledger ADD TABLE durable_ledger.runs;
+SELECT durable_ledger.release_run('drop-23') AS released;
 SELECT decision FROM durable_ledger.begin_effect('drop-22', 'pay', '{}');
 -- a ledger another session dropped while this transaction ran: it is
 -- prepared, and the dropped ledger's lock given back at the next commit

@@ -22,9 +22,6 @@
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "catalog/dependency.h"
-#include "catalog/pg_class.h"
-#include "commands/extension.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
 #include "storage/proc.h"
@@ -336,8 +333,11 @@ lease_xact_callback(XactEvent event, void *arg)
 			 */
 			if (ledgers_to_settle())
 			{
-				Oid			live = live_ledger();
+				Oid			live;
 
+				/* cleared first: an invalidation read from here on counts */
+				ledger_may_have_changed = false;
+				live = live_ledger();
 				if (live != held_in_ledger)
 					switch_ledger(live);
 				ledgers_settled = true;
@@ -348,7 +348,6 @@ lease_xact_callback(XactEvent event, void *arg)
 			if (ledgers_settled)
 				forget_other_ledgers();
 			ledgers_settled = false;
-			ledger_may_have_changed = false;
 			break;
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PREPARE:
@@ -605,40 +604,33 @@ follow_ledger(void)
 		forget_other_ledgers();
 }
 
-/*
- * Is relid the runs table of the durable_ledger extension, as this
- * transaction sees the catalogs?  A ledger is that table, whatever its name;
- * one dropped, or detached from the extension, is no ledger any more.
- */
+/* Does this transaction see a table with OID relid? */
 static bool
-is_ledger(Oid relid)
+table_exists(Oid relid)
 {
-	Oid			extension;
-
-	if (!OidIsValid(relid) || !SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid)))
-		return false;
-	extension = get_extension_oid("durable_ledger", true);
-	return OidIsValid(extension) && getExtensionOfObject(RelationRelationId, relid) == extension;
+	return OidIsValid(relid) && SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid));
 }
 
 /*
- * The ledger that lives on when this transaction commits: the current one or
- * a parked one that still is the ledger, else the one the catalogs name;
- * InvalidOid when there is none.
+ * The ledger that lives on when this transaction commits: the runs table the
+ * ledger's calls will use, durable_ledger.runs; while no table has that name
+ * (renamed away, to be renamed back), the current or a parked ledger whose
+ * runs table still exists; InvalidOid when there is none (dropped).
  */
 static Oid
 live_ledger(void)
 {
+	Oid			named = dl_ledger_identity_if_any();
 	OtherLedger *other;
-	Oid			named;
 
-	if (is_ledger(held_in_ledger))
+	if (OidIsValid(named))
+		return named;
+	if (table_exists(held_in_ledger))
 		return held_in_ledger;
 	for (other = other_ledgers; other != NULL; other = other->next)
-		if (is_ledger(other->ledger))
+		if (table_exists(other->ledger))
 			return other->ledger;
-	named = dl_ledger_identity_if_any();
-	return is_ledger(named) ? named : InvalidOid;
+	return InvalidOid;
 }
 
 /*
