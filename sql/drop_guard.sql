@@ -423,8 +423,9 @@ PREPARE TRANSACTION 'regress_drop_prepare';
 ROLLBACK PREPARED 'regress_drop_prepare';
 SELECT durable_ledger.session_epoch('drop-20') AS epoch;
 SELECT durable_ledger.release_run('drop-20') AS released;
--- a runs table detached from the extension is no ledger, whatever its OID:
--- the lock of a run held in it is given back when the replacement commits
+-- a runs table detached from the extension and kept when the ledger is
+-- replaced keeps the lock of a run held in it while it exists (given up at
+-- the session's next call in the new ledger, or once the table is dropped)
 SELECT decision FROM durable_ledger.begin_effect('drop-21', 'pay', '{}');
 BEGIN;
 ALTER EXTENSION durable_ledger DROP TABLE durable_ledger.runs;
@@ -435,6 +436,27 @@ COMMIT;
 SELECT count(*) AS lease_locks FROM pg_locks
  WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
 DROP TABLE public.runs;
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+-- a runs table renamed away while another table takes its name is the same
+-- ledger when it comes back: an unrelated commit in between gives nothing up
+SELECT decision FROM durable_ledger.begin_effect('drop-21b', 'pay', '{}');
+SELECT dblink_connect('regress_fresh', 'dbname=' || current_database());
+SELECT dblink_exec('regress_fresh', 'BEGIN');
+SELECT dblink_exec('regress_fresh', 'ALTER TABLE durable_ledger.runs RENAME TO runs_away');
+SELECT dblink_exec('regress_fresh', 'CREATE TABLE durable_ledger.runs (note text)');
+SELECT dblink_exec('regress_fresh', 'COMMIT');
+SELECT 1 AS any_commit;
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT dblink_exec('regress_fresh', 'BEGIN');
+SELECT dblink_exec('regress_fresh', 'DROP TABLE durable_ledger.runs');
+SELECT dblink_exec('regress_fresh', 'ALTER TABLE durable_ledger.runs_away RENAME TO runs');
+SELECT dblink_exec('regress_fresh', 'COMMIT');
+SELECT dblink_disconnect('regress_fresh');
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-21b', 'pay', '{}');
+SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-21b';
+SELECT durable_ledger.release_run('drop-21b') AS released;
 -- detached from the extension but still durable_ledger.runs, the table is the
 -- one the ledger's calls use: the lease goes on, through an invalidation of
 -- the table (ANALYZE) and a commit

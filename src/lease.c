@@ -106,6 +106,7 @@ typedef struct OtherLedger
 	Oid			ledger;			/* dl_ledger_identity() of runs */
 	HTAB	   *runs;
 	bool		forgot_lost_leases;
+	bool		gone;			/* its runs table is dropped (seen at PRE_COMMIT) */
 	struct OtherLedger *next;
 } OtherLedger;
 
@@ -285,7 +286,8 @@ lease_xact_end(bool commit)
 }
 
 static void switch_ledger(Oid ledger);
-static void forget_other_ledgers(void);
+static void forget_gone_ledgers(void);
+static bool table_exists(Oid relid);
 static Oid	live_ledger(void);
 
 /* Set before a commit that settles which ledger is live: the others are gone. */
@@ -334,19 +336,23 @@ lease_xact_callback(XactEvent event, void *arg)
 			if (ledgers_to_settle())
 			{
 				Oid			live;
+				OtherLedger *other;
 
 				/* cleared first: an invalidation read from here on counts */
 				ledger_may_have_changed = false;
 				live = live_ledger();
 				if (live != held_in_ledger)
 					switch_ledger(live);
+				/* only a ledger whose runs table is dropped is given up */
+				for (other = other_ledgers; other != NULL; other = other->next)
+					other->gone = !table_exists(other->ledger);
 				ledgers_settled = true;
 			}
 			break;
 		case XACT_EVENT_COMMIT:
 			lease_xact_end(true);
 			if (ledgers_settled)
-				forget_other_ledgers();
+				forget_gone_ledgers();
 			ledgers_settled = false;
 			break;
 		case XACT_EVENT_PARALLEL_COMMIT:
@@ -526,6 +532,7 @@ switch_ledger(Oid ledger)
 		parked->ledger = held_in_ledger;
 		parked->runs = held_runs;
 		parked->forgot_lost_leases = forgot_lost_leases;
+		parked->gone = false;
 		parked->next = other_ledgers;
 		other_ledgers = parked;
 	}
@@ -557,31 +564,70 @@ held_before(uint64 lock_key, const OtherLedger *until)
 }
 
 /*
- * Runs held in ledgers that are gone for good belong to nothing: their locks
- * are given back (unless the current ledger holds the same run: one lock
- * serves both) and they are forgotten.  Each is taken off the head of the
- * list, so that a lock shared by two of them is given back once.
+ * Does the current ledger, or a parked one that is not gone, hold the lock
+ * of a run with this key?  (A run held in several ledgers has one lock.)
+ */
+static bool
+held_by_kept_ledger(uint64 lock_key)
+{
+	HeldRun    *held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
+	OtherLedger *other;
+
+	if (held != NULL && lock_still_held(held))
+		return true;
+	for (other = other_ledgers; other != NULL; other = other->next)
+		if (!other->gone &&
+			(held = hash_search(other->runs, &lock_key, HASH_FIND, NULL)) != NULL &&
+			lock_still_held(held))
+			return true;
+	return false;
+}
+
+/*
+ * Runs held in parked ledgers that are gone belong to nothing: their locks
+ * are given back (unless a ledger kept holds the same run: one lock serves
+ * both; the first of the gone ones gives it back, so it is given back once)
+ * and they are forgotten.  Allocates nothing and cannot fail: it runs at
+ * COMMIT.
  */
 static void
-forget_other_ledgers(void)
+forget_gone_ledgers(void)
 {
-	while (other_ledgers != NULL)
+	OtherLedger **link = &other_ledgers;
+
+	while (*link != NULL)
 	{
-		OtherLedger *other = other_ledgers;
+		OtherLedger *other = *link;
 		HASH_SEQ_STATUS scan;
 		HeldRun    *held;
 
+		if (!other->gone)
+		{
+			link = &other->next;
+			continue;
+		}
 		hash_seq_init(&scan, other->runs);
 		while ((held = hash_seq_search(&scan)) != NULL)
 		{
-			if (lock_still_held(held) && !held_before(held->lock_key, other))
+			if (lock_still_held(held) && !held_by_kept_ledger(held->lock_key))
 				dl_run_unlock_session(held->lock_key);
 			forget_held(other->runs, held); /* deleting the current entry is allowed */
 		}
-		other_ledgers = other->next;
+		*link = other->next;
 		hash_destroy(other->runs);
 		pfree(other);
 	}
+}
+
+/* Every parked ledger is gone: the current one is not made by this transaction. */
+static void
+forget_other_ledgers(void)
+{
+	OtherLedger *other;
+
+	for (other = other_ledgers; other != NULL; other = other->next)
+		other->gone = true;
+	forget_gone_ledgers();
 }
 
 /*
@@ -612,25 +658,23 @@ table_exists(Oid relid)
 }
 
 /*
- * The ledger that lives on when this transaction commits: the runs table the
- * ledger's calls will use, durable_ledger.runs; while no table has that name
- * (renamed away, to be renamed back), the current or a parked ledger whose
- * runs table still exists; InvalidOid when there is none (dropped).
+ * The ledger to keep as the current one when this transaction commits: the
+ * current one while its runs table exists (whatever its name or schema: a
+ * rename, even one that puts another table in its place for a while, is no
+ * replacement), else the first parked one whose table exists (a rollback
+ * brought it back), else the one the catalogs name; InvalidOid for none.
  */
 static Oid
 live_ledger(void)
 {
-	Oid			named = dl_ledger_identity_if_any();
 	OtherLedger *other;
 
-	if (OidIsValid(named))
-		return named;
 	if (table_exists(held_in_ledger))
 		return held_in_ledger;
 	for (other = other_ledgers; other != NULL; other = other->next)
 		if (table_exists(other->ledger))
 			return other->ledger;
-	return InvalidOid;
+	return dl_ledger_identity_if_any();
 }
 
 /*
