@@ -106,7 +106,7 @@ typedef struct OtherLedger
 	Oid			ledger;			/* dl_ledger_identity() of runs */
 	HTAB	   *runs;
 	bool		forgot_lost_leases;
-	bool		gone;			/* its runs table is dropped (seen at PRE_COMMIT) */
+	bool		gone;			/* to be given up (marked at PRE_COMMIT) */
 	struct OtherLedger *next;
 } OtherLedger;
 
@@ -343,9 +343,12 @@ lease_xact_callback(XactEvent event, void *arg)
 				live = live_ledger();
 				if (live != held_in_ledger)
 					switch_ledger(live);
-				/* only a ledger whose runs table is dropped is given up */
+				/*
+				 * every other ledger is gone once this commits: dropped, or a
+				 * runs table renamed or detached and replaced under its name
+				 */
 				for (other = other_ledgers; other != NULL; other = other->next)
-					other->gone = !table_exists(other->ledger);
+					other->gone = true;
 				ledgers_settled = true;
 			}
 			break;
