@@ -457,6 +457,23 @@ SELECT dblink_disconnect('regress_fresh');
 SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-21b', 'pay', '{}');
 SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-21b';
 SELECT durable_ledger.release_run('drop-21b') AS released;
+-- a session that renames the runs table away, makes another under the name
+-- and calls it, then swaps the two back before it commits: the commit keeps
+-- the ledger the catalogs name, and the lease in it goes on
+SELECT decision FROM durable_ledger.begin_effect('drop-24', 'pay', '{}');
+BEGIN;
+ALTER TABLE durable_ledger.runs RENAME TO runs_old;
+CREATE TABLE durable_ledger.runs (LIKE durable_ledger.runs_old INCLUDING ALL);
+SELECT durable_ledger.acquire_run('drop-24b') AS acquired;
+ALTER TABLE durable_ledger.runs RENAME TO runs_b;
+ALTER TABLE durable_ledger.runs_old RENAME TO runs;
+COMMIT;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-24', 'pay', '{}');
+SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-24';
+SELECT count(*) AS lease_locks FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+DROP TABLE durable_ledger.runs_b;
+SELECT durable_ledger.release_run('drop-24') AS released;
 -- detached from the extension but still durable_ledger.runs, the table is the
 -- one the ledger's calls use: the lease goes on, through an invalidation of
 -- the table (ANALYZE) and a commit

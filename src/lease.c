@@ -336,6 +336,7 @@ lease_xact_callback(XactEvent event, void *arg)
 			if (ledgers_to_settle())
 			{
 				Oid			live;
+				Oid			named;
 				OtherLedger *other;
 
 				/* cleared first: an invalidation read from here on counts */
@@ -344,11 +345,13 @@ lease_xact_callback(XactEvent event, void *arg)
 				if (live != held_in_ledger)
 					switch_ledger(live);
 				/*
-				 * every other ledger is gone once this commits: dropped, or a
-				 * runs table renamed or detached and replaced under its name
+				 * every other ledger is gone once this commits (dropped, or a
+				 * runs table renamed or detached and replaced under its name),
+				 * but one the catalogs name: the next call goes back to it
 				 */
+				named = dl_ledger_identity_if_any();
 				for (other = other_ledgers; other != NULL; other = other->next)
-					other->gone = true;
+					other->gone = other->ledger != named;
 				ledgers_settled = true;
 			}
 			break;
