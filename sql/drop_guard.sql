@@ -200,6 +200,11 @@ RESET durable_ledger.allow_drop;
 
 -- ==== a run this session still holds when its ledger is dropped: the
 -- ==== re-created ledger knows nothing of it, and neither does the session
+-- (the session's lease locks: the extension's lock class in pg_locks)
+CREATE FUNCTION pg_temp.lease_locks() RETURNS bigint LANGUAGE sql AS $$
+    SELECT count(*) FROM pg_locks
+     WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid()
+$$;
 CREATE EXTENSION durable_ledger;
 SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-9', 'pay', '{"i": 1}');
 SET durable_ledger.allow_drop = on;
@@ -210,11 +215,9 @@ SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-9', 'pay', '{
 SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-9';
 SELECT status FROM durable_ledger.effect_status(durable_ledger.effect_key('drop-9', 'pay', '{"i": 1}', 1));
 SELECT count(*) AS unresolved FROM durable_ledger.unresolved WHERE run = 'drop-9';
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 SELECT durable_ledger.release_run('drop-9') AS released;
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 SET durable_ledger.allow_drop = on;
 DROP EXTENSION durable_ledger;
 RESET durable_ledger.allow_drop;
@@ -246,8 +249,7 @@ SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-10';
 SELECT count(*) AS divergences FROM durable_ledger.divergences;
 SELECT count(*) AS effects, count(DISTINCT lease_epoch) AS epochs FROM durable_ledger.effects;
 -- the lock of drop-10b, taken in the ledger rolled back, is given back by the next call
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 -- a ledger replaced for good (committed) gives back the locks of the runs held
 -- in the old one at the commit, and keeps the lock a run of the same name holds
 -- in the new one: one lock serves both
@@ -255,22 +257,18 @@ BEGIN;
 DROP EXTENSION durable_ledger;
 CREATE EXTENSION durable_ledger;
 SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-11', 'pay', '{}');
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 COMMIT;
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 BEGIN;
 DROP EXTENSION durable_ledger;
 CREATE EXTENSION durable_ledger;
 SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-11', 'pay', '{}');
 COMMIT;
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-11';
 SELECT durable_ledger.release_run('drop-11') AS released;
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 -- made in an outer savepoint, called in an inner one rolled back: the new
 -- ledger lives on, and the old one's run is given back at the commit
 SELECT decision FROM durable_ledger.begin_effect('drop-12', 'pay', '{}');
@@ -282,8 +280,7 @@ SAVEPOINT inner_sp;
 SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-13', 'pay', '{}');
 ROLLBACK TO inner_sp;
 COMMIT;
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-13', 'pay', '{}');
 SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-13';
 SELECT count(*) AS runs FROM durable_ledger.runs;
@@ -298,8 +295,7 @@ CREATE EXTENSION durable_ledger;
 SELECT decision FROM durable_ledger.begin_effect('drop-14', 'pay', '{}');
 SELECT durable_ledger.release_run('drop-14') AS released;
 ROLLBACK;
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 SELECT decision, occurrence, status FROM durable_ledger.begin_effect('drop-14', 'pay', '{}');
 SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-14';
 SELECT durable_ledger.release_run('drop-14') AS released;
@@ -317,8 +313,7 @@ ROLLBACK TO replace_ledger;
 SELECT decision FROM durable_ledger.begin_effect('drop-15', 'pay', '{"n": 2}');
 ROLLBACK;
 SELECT decision FROM durable_ledger.begin_effect('drop-15', 'pay', '{"n": 2}');
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 SELECT durable_ledger.acquire_run('drop-15') AS acquired;
 SELECT durable_ledger.release_run('drop-15') AS released;
 -- the old ledger's locks count against max_leases_per_session while they are
@@ -331,8 +326,7 @@ CREATE EXTENSION durable_ledger;
 SELECT decision FROM durable_ledger.begin_effect('drop-16a', 'pay', '{}');
 SELECT durable_ledger.acquire_run('drop-16c') AS c;
 ROLLBACK;
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 SELECT durable_ledger.release_run('drop-16a') AS a, durable_ledger.release_run('drop-16b') AS b;
 RESET durable_ledger.max_leases_per_session;
 -- a PREPAREd replacement settles nothing until it is decided: rolled back,
@@ -352,12 +346,10 @@ DROP EXTENSION durable_ledger;
 CREATE EXTENSION durable_ledger;
 SELECT durable_ledger.session_epoch('drop-17') AS epoch;
 PREPARE TRANSACTION 'regress_drop_prepare';
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 COMMIT PREPARED 'regress_drop_prepare';
 SELECT 1 AS any_commit;
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-17', 'pay', '{}');
 SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-17';
 -- a replacement rolled back to a savepoint is prepared, and the lease goes on
@@ -371,8 +363,7 @@ PREPARE TRANSACTION 'regress_drop_prepare';
 COMMIT PREPARED 'regress_drop_prepare';
 SELECT durable_ledger.session_epoch('drop-17') AS epoch;
 SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-17', 'pay', '{}');
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 SELECT durable_ledger.release_run('drop-17') AS released;
 -- a ledger replaced for good with no call in the new one gives the old one's
 -- locks back at that commit (they were kept until the session's next call)
@@ -381,8 +372,7 @@ BEGIN;
 DROP EXTENSION durable_ledger;
 CREATE EXTENSION durable_ledger;
 COMMIT;
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-18', 'pay', '{}');
 SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-18';
 SELECT durable_ledger.release_run('drop-18') AS released;
@@ -401,8 +391,7 @@ BEGIN;
 GRANT SELECT ON durable_ledger.runs TO regress_drop_reader;
 PREPARE TRANSACTION 'regress_drop_prepare';
 COMMIT PREPARED 'regress_drop_prepare';
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 SELECT durable_ledger.session_epoch('drop-19') AS epoch;
 REVOKE SELECT ON durable_ledger.runs FROM regress_drop_reader;
 DROP ROLE regress_drop_reader;
@@ -411,8 +400,7 @@ SELECT durable_ledger.release_run('drop-19') AS released;
 -- session's lease goes on (its lock is not given back at the rename's commit)
 SELECT decision FROM durable_ledger.begin_effect('drop-20', 'pay', '{}');
 ALTER TABLE durable_ledger.runs RENAME TO runs_moved;
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 ALTER TABLE durable_ledger.runs_moved RENAME TO runs;
 SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-20', 'pay', '{}');
 SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-20';
@@ -433,11 +421,9 @@ ALTER TABLE durable_ledger.runs SET SCHEMA public;
 DROP EXTENSION durable_ledger CASCADE;
 CREATE EXTENSION durable_ledger;
 COMMIT;
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 DROP TABLE public.runs;
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 -- a runs table renamed away while another table takes its name is the same
 -- ledger when it comes back: an unrelated commit in between gives nothing up
 SELECT decision FROM durable_ledger.begin_effect('drop-21b', 'pay', '{}');
@@ -447,8 +433,7 @@ SELECT dblink_exec('regress_fresh', 'ALTER TABLE durable_ledger.runs RENAME TO r
 SELECT dblink_exec('regress_fresh', 'CREATE TABLE durable_ledger.runs (note text)');
 SELECT dblink_exec('regress_fresh', 'COMMIT');
 SELECT 1 AS any_commit;
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 SELECT dblink_exec('regress_fresh', 'BEGIN');
 SELECT dblink_exec('regress_fresh', 'DROP TABLE durable_ledger.runs');
 SELECT dblink_exec('regress_fresh', 'ALTER TABLE durable_ledger.runs_away RENAME TO runs');
@@ -470,8 +455,7 @@ ALTER TABLE durable_ledger.runs_old RENAME TO runs;
 COMMIT;
 SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-24', 'pay', '{}');
 SELECT epochs FROM durable_ledger.runs WHERE run = 'drop-24';
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 DROP TABLE durable_ledger.runs_b;
 SELECT durable_ledger.release_run('drop-24') AS released;
 -- detached from the extension but still durable_ledger.runs, the table is the
@@ -481,8 +465,7 @@ SELECT decision FROM durable_ledger.begin_effect('drop-23', 'pay', '{}');
 ALTER EXTENSION durable_ledger DROP TABLE durable_ledger.runs;
 ANALYZE durable_ledger.runs;
 SELECT 1 AS any_commit;
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 SELECT decision, occurrence FROM durable_ledger.begin_effect('drop-23', 'pay', '{}');
 ALTER EXTENSION durable_ledger ADD TABLE durable_ledger.runs;
 SELECT durable_ledger.release_run('drop-23') AS released;
@@ -497,8 +480,7 @@ SELECT dblink_disconnect('regress_fresh');
 CREATE TABLE public.regress_drop_note (x int);
 PREPARE TRANSACTION 'regress_drop_prepare';
 COMMIT PREPARED 'regress_drop_prepare';
-SELECT count(*) AS lease_locks FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();
+SELECT pg_temp.lease_locks() AS lease_locks;
 DROP TABLE public.regress_drop_note;
 CREATE EXTENSION durable_ledger;
 DROP EXTENSION durable_ledger;

@@ -351,11 +351,11 @@ DROP ROLE regress_lease_worker;
 -- ==== silently starts a new epoch on one of them: the audit log remembers
 -- 1,100 leases taken, and lost 50 at a time (in one transaction: past the
 -- 1,000 runs a transaction may call by default, sql/hostile_input)
-SET durable_ledger.max_runs_per_transaction = 1100;
-DO $$
+CREATE FUNCTION pg_temp.take_and_lose_leases(prefix text, runs int) RETURNS void
+LANGUAGE plpgsql SET durable_ledger.max_runs_per_transaction = 1100 AS $$
 BEGIN
-    FOR i IN 1..1100 LOOP
-        PERFORM durable_ledger.acquire_run('lost-' || i);
+    FOR i IN 1..runs LOOP
+        PERFORM durable_ledger.acquire_run(prefix || i);
         IF i % 50 = 0 THEN
             PERFORM pg_advisory_unlock_all();
         END IF;
@@ -363,7 +363,7 @@ BEGIN
     PERFORM pg_advisory_unlock_all();
 END
 $$;
-RESET durable_ledger.max_runs_per_transaction;
+SELECT pg_temp.take_and_lose_leases('lost-', 1100);
 SELECT public.regress_lease_footprint('lost-1') AS before \gset
 \set VERBOSITY default
 SELECT decision FROM durable_ledger.begin_effect('lost-1', 'pay', '{}');
@@ -401,19 +401,7 @@ SELECT count(*) AS lost_runs_unreleased FROM durable_ledger.runs
 -- acquire_run of a lost lease when more are lost than the session remembers:
 -- making room forgets every lost one, that one too, and it is a new attempt
 -- (it was forgotten a second time, and the backend crashed)
-SET durable_ledger.max_runs_per_transaction = 1100;
-DO $$
-BEGIN
-    FOR i IN 1..1030 LOOP
-        PERFORM durable_ledger.acquire_run('lost2-' || i);
-        IF i % 50 = 0 THEN
-            PERFORM pg_advisory_unlock_all();
-        END IF;
-    END LOOP;
-    PERFORM pg_advisory_unlock_all();
-END
-$$;
-RESET durable_ledger.max_runs_per_transaction;
+SELECT pg_temp.take_and_lose_leases('lost2-', 1030);
 SELECT durable_ledger.acquire_run('lost2-1') AS acquired;
 SELECT decision FROM durable_ledger.begin_effect('lost2-1', 'pay', '{}');
 SELECT durable_ledger.release_run('lost2-1') AS released;

@@ -288,10 +288,7 @@ lease_xact_end(bool commit)
 static void switch_ledger(Oid ledger);
 static void forget_gone_ledgers(void);
 static bool table_exists(Oid relid);
-static Oid	live_ledger(void);
-
-/* Set before a commit that settles which ledger is live: the others are gone. */
-static bool ledgers_settled = false;
+static Oid	live_ledger(Oid named);
 
 /* The current ledger's runs table had a relcache invalidation: dropped, perhaps. */
 static bool ledger_may_have_changed = false;
@@ -341,7 +338,8 @@ lease_xact_callback(XactEvent event, void *arg)
 
 				/* cleared first: an invalidation read from here on counts */
 				ledger_may_have_changed = false;
-				live = live_ledger();
+				named = dl_ledger_identity_if_any();
+				live = live_ledger(named);
 				if (live != held_in_ledger)
 					switch_ledger(live);
 				/*
@@ -349,17 +347,13 @@ lease_xact_callback(XactEvent event, void *arg)
 				 * runs table renamed or detached and replaced under its name),
 				 * but one the catalogs name: the next call goes back to it
 				 */
-				named = dl_ledger_identity_if_any();
 				for (other = other_ledgers; other != NULL; other = other->next)
 					other->gone = other->ledger != named;
-				ledgers_settled = true;
 			}
 			break;
 		case XACT_EVENT_COMMIT:
 			lease_xact_end(true);
-			if (ledgers_settled)
-				forget_gone_ledgers();
-			ledgers_settled = false;
+			forget_gone_ledgers();	/* those PRE_COMMIT marked */
 			break;
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PREPARE:
@@ -370,12 +364,10 @@ lease_xact_callback(XactEvent event, void *arg)
 			 * invalidations that make this session's next commit settle.
 			 */
 			lease_xact_end(true);
-			ledgers_settled = false;
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 			lease_xact_end(false);
-			ledgers_settled = false;
 			break;
 		default:
 			break;
@@ -471,6 +463,19 @@ lock_still_held(const HeldRun *held)
 }
 
 /*
+ * The run with this lock key that ledger other (NULL: the current ledger)
+ * holds the lock for; NULL when it holds none.
+ */
+static HeldRun *
+holding_run(const OtherLedger *other, uint64 lock_key)
+{
+	HeldRun    *held = hash_search(other != NULL ? other->runs : held_runs,
+								   &lock_key, HASH_FIND, NULL);
+
+	return held != NULL && lock_still_held(held) ? held : NULL;
+}
+
+/*
  * Was the ledger made by this transaction (or one of its subtransactions)?
  * Then a rollback may still undo it and bring back the one it replaced.  The
  * relation cache knows when its runs table was created in this transaction
@@ -555,17 +560,13 @@ switch_ledger(Oid ledger)
 static bool
 held_before(uint64 lock_key, const OtherLedger *until)
 {
-	HeldRun    *held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
 	const OtherLedger *other;
 
-	if (held != NULL && lock_still_held(held))
+	if (holding_run(NULL, lock_key) != NULL)
 		return true;
 	for (other = other_ledgers; other != until; other = other->next)
-	{
-		held = hash_search(other->runs, &lock_key, HASH_FIND, NULL);
-		if (held != NULL && lock_still_held(held))
+		if (holding_run(other, lock_key) != NULL)
 			return true;
-	}
 	return false;
 }
 
@@ -576,15 +577,12 @@ held_before(uint64 lock_key, const OtherLedger *until)
 static bool
 held_by_kept_ledger(uint64 lock_key)
 {
-	HeldRun    *held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
 	OtherLedger *other;
 
-	if (held != NULL && lock_still_held(held))
+	if (holding_run(NULL, lock_key) != NULL)
 		return true;
 	for (other = other_ledgers; other != NULL; other = other->next)
-		if (!other->gone &&
-			(held = hash_search(other->runs, &lock_key, HASH_FIND, NULL)) != NULL &&
-			lock_still_held(held))
+		if (!other->gone && holding_run(other, lock_key) != NULL)
 			return true;
 	return false;
 }
@@ -668,10 +666,10 @@ table_exists(Oid relid)
  * current one while its runs table exists (whatever its name or schema: a
  * rename, even one that puts another table in its place for a while, is no
  * replacement), else the first parked one whose table exists (a rollback
- * brought it back), else the one the catalogs name; InvalidOid for none.
+ * brought it back), else named, the one the catalogs name (InvalidOid: none).
  */
 static Oid
-live_ledger(void)
+live_ledger(Oid named)
 {
 	OtherLedger *other;
 
@@ -680,7 +678,7 @@ live_ledger(void)
 	for (other = other_ledgers; other != NULL; other = other->next)
 		if (table_exists(other->ledger))
 			return other->ledger;
-	return dl_ledger_identity_if_any();
+	return named;
 }
 
 /*
@@ -695,8 +693,7 @@ forget_in_other_ledgers(uint64 lock_key)
 	HeldRun    *held;
 
 	for (other = other_ledgers; other != NULL; other = other->next)
-		if ((held = hash_search(other->runs, &lock_key, HASH_FIND, NULL)) != NULL &&
-			lock_still_held(held))
+		if ((held = holding_run(other, lock_key)) != NULL)
 			forget_held(other->runs, held);
 }
 
@@ -721,11 +718,9 @@ static bool
 held_in_other_ledgers(uint64 lock_key)
 {
 	OtherLedger *other;
-	HeldRun    *held;
 
 	for (other = other_ledgers; other != NULL; other = other->next)
-		if ((held = hash_search(other->runs, &lock_key, HASH_FIND, NULL)) != NULL &&
-			lock_still_held(held))
+		if (holding_run(other, lock_key) != NULL)
 			return true;
 	return false;
 }
