@@ -31,6 +31,7 @@ OBJS = \
 	src/durability.o \
 	src/runlock.o \
 	src/lease.o \
+	src/held_runs.o \
 	src/token_lease.o \
 	src/liveness.o \
 	src/counters.o \

@@ -13,7 +13,8 @@
  *   entry     *_funcs.c
  *   decision  decide.c report.c local.c decision.h
  *   policy    tools.c divergence.c budgets.c models.c policy.h
- *   lease     lease.c token_lease.c liveness.c runlock.c counters.c lease.h
+ *   lease     lease.c held_runs.c token_lease.c liveness.c runlock.c counters.c
+ *   lease     lease.h held_runs.h
  *   store     reader.c rows.c write_*.c audit.c audit_chain.c metrics.c cache.c
  *   store     tables.c plans.c durability.c index_plans.c store.h rows.h tables.h
  *   common    names.c canonical.c identity.c keys.c digest.c call.c detail.c common.h compat.h digest.h

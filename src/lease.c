@@ -18,6 +18,8 @@
  *
  * Runs are keyed by their lock key; the run text is kept and compared, so a
  * 64-bit hash collision is reported instead of silently sharing a lease.
+ * The held runs (held_runs.h) belong to a ledger; held_runs.c follows
+ * the ledger when this session drops it and creates it again.
  */
 #include "postgres.h"
 
@@ -28,13 +30,10 @@
 #include "utils/timestamp.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
-#include "utils/inval.h"
 #include "utils/memutils.h"
-#include "utils/rel.h"
-#include "utils/syscache.h"
 
 #include "lease.h"
-
+#include "held_runs.h"
 
 /* What identical calls are counted by: tool and canonical args. */
 typedef struct CallKey
@@ -48,18 +47,6 @@ struct CallCounter
 {
 	CallKey		key;			/* must be first */
 	int32		count;
-};
-
-struct HeldRun
-{
-	uint64		lock_key;		/* hash key; must be first */
-	char	   *run;
-	int64		epoch;			/* 0: lock held, no epoch (its start rolled back) */
-	uint64		generation;		/* identifies the counters of this epoch */
-	MemoryContext epoch_cxt;	/* holds counters; NULL when epoch is 0 */
-	HTAB	   *counters;
-	bool		lock_retaken_elsewhere;	/* its lock was lost, then taken again for
-									 * another ledger's run of the same name */
 };
 
 typedef enum UndoKind
@@ -88,29 +75,7 @@ static int	max_leases_per_session = 64;
 /* durable_ledger.lease_wait_timeout: ms, 0 = no limit (used when lock_timeout is 0) */
 static int	lease_wait_timeout = 5000;
 
-static MemoryContext lease_cxt = NULL;
-static HTAB *held_runs = NULL;
-static Oid	held_in_ledger = InvalidOid;	/* dl_ledger_identity() of held_runs */
 static uint64 next_generation = 1;
-
-/* Has this session forgotten a lost lease?  (Then the audit log is asked.) */
-static bool forgot_lost_leases = false;
-
-/*
- * The runs this session holds in other ledgers than the current one, which a
- * rollback may bring back: DROP EXTENSION and CREATE EXTENSION in a
- * transaction or savepoint that is then rolled back (follow_ledger()).
- */
-typedef struct OtherLedger
-{
-	Oid			ledger;			/* dl_ledger_identity() of runs */
-	HTAB	   *runs;
-	bool		forgot_lost_leases;
-	bool		gone;			/* to be given up (marked at PRE_COMMIT) */
-	struct OtherLedger *next;
-} OtherLedger;
-
-static OtherLedger *other_ledgers = NULL;
 
 /* Entries the undo log keeps room for between transactions. */
 #define UNDO_KEEP 1024
@@ -118,50 +83,6 @@ static OtherLedger *other_ledgers = NULL;
 static UndoEntry *undo_log = NULL;
 static int	undo_len = 0;
 static int	undo_cap = 0;
-
-static HTAB *
-create_held_runs(void)
-{
-	HASHCTL		ctl;
-
-	ctl.keysize = sizeof(uint64);
-	ctl.entrysize = sizeof(HeldRun);
-	ctl.hcxt = lease_cxt;
-	return hash_create("durable_ledger held runs", 16, &ctl,
-					   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-}
-
-static void
-ensure_state(void)
-{
-	if (held_runs != NULL)
-		return;
-	lease_cxt = AllocSetContextCreate(TopMemoryContext, "durable_ledger leases",
-									  ALLOCSET_SMALL_SIZES);
-	held_runs = create_held_runs();
-}
-
-/*
- * The held run an undo entry's change belongs to, in whichever ledger's
- * table it is now (generations are unique in the session); NULL when it was
- * released, or started another epoch, since.
- */
-static HeldRun *
-find_generation(uint64 lock_key, uint64 generation)
-{
-	HeldRun    *held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
-	OtherLedger *other;
-
-	if (held != NULL && held->generation == generation)
-		return held;
-	for (other = other_ledgers; other != NULL; other = other->next)
-	{
-		held = hash_search(other->runs, &lock_key, HASH_FIND, NULL);
-		if (held != NULL && held->generation == generation)
-			return held;
-	}
-	return NULL;
-}
 
 /* ---------- counters ---------- */
 
@@ -208,7 +129,7 @@ push_undo(UndoKind kind, const HeldRun *held)
 		int			new_cap = undo_cap == 0 ? 64 : undo_cap * 2;
 
 		if (undo_log == NULL)
-			undo_log = MemoryContextAlloc(lease_cxt, new_cap * sizeof(UndoEntry));
+			undo_log = MemoryContextAlloc(dl_lease_cxt, new_cap * sizeof(UndoEntry));
 		else
 			undo_log = repalloc(undo_log, new_cap * sizeof(UndoEntry));
 		undo_cap = new_cap;
@@ -225,7 +146,7 @@ push_undo(UndoKind kind, const HeldRun *held)
 static void
 undo_one(UndoEntry *e)
 {
-	HeldRun    *held = find_generation(e->lock_key, e->generation);
+	HeldRun    *held = dl_find_generation(e->lock_key, e->generation);
 	bool		current = held != NULL;
 
 	switch (e->kind)
@@ -285,34 +206,6 @@ lease_xact_end(bool commit)
 	}
 }
 
-static void switch_ledger(Oid ledger);
-static void forget_gone_ledgers(void);
-static bool table_exists(Oid relid);
-static Oid	live_ledger(Oid named);
-
-/* The current ledger's runs table had a relcache invalidation: dropped, perhaps. */
-static bool ledger_may_have_changed = false;
-
-static void
-lease_relcache_changed(Datum arg, Oid relid)
-{
-	if (!OidIsValid(relid) || relid == held_in_ledger)
-		ledger_may_have_changed = true;
-}
-
-/*
- * May this session hold runs in a ledger that is not the one it works in?
- * Then the end of the transaction settles them.  Runs of another ledger than
- * the current one, or a current ledger that may have been replaced (without
- * a call since) while the session holds runs in it.
- */
-static bool
-ledgers_to_settle(void)
-{
-	return other_ledgers != NULL ||
-		(ledger_may_have_changed && held_runs != NULL && hash_get_num_entries(held_runs) > 0);
-}
-
 static void
 lease_xact_callback(XactEvent event, void *arg)
 {
@@ -323,37 +216,11 @@ lease_xact_callback(XactEvent event, void *arg)
 				dl_refuse_prepare();
 			break;
 		case XACT_EVENT_PRE_COMMIT:
-
-			/*
-			 * Runs may be held in more than one ledger: the one this
-			 * transaction sees now is the one that lives on.  Made current
-			 * here, where the catalogs can be read and an error still aborts;
-			 * the others' locks are given back once the commit is sure.
-			 */
-			if (ledgers_to_settle())
-			{
-				Oid			live;
-				Oid			named;
-				OtherLedger *other;
-
-				/* cleared first: an invalidation read from here on counts */
-				ledger_may_have_changed = false;
-				named = dl_ledger_identity_if_any();
-				live = live_ledger(named);
-				if (live != held_in_ledger)
-					switch_ledger(live);
-				/*
-				 * every other ledger is gone once this commits (dropped, or a
-				 * runs table renamed or detached and replaced under its name),
-				 * but one the catalogs name: the next call goes back to it
-				 */
-				for (other = other_ledgers; other != NULL; other = other->next)
-					other->gone = other->ledger != named;
-			}
+			dl_settle_ledgers();	/* which ledger the held runs belong to */
 			break;
 		case XACT_EVENT_COMMIT:
 			lease_xact_end(true);
-			forget_gone_ledgers();	/* those PRE_COMMIT marked */
+			dl_forget_gone_ledgers();	/* those PRE_COMMIT marked */
 			break;
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PREPARE:
@@ -414,7 +281,7 @@ dl_lease_init(void)
 							NULL, NULL, NULL);
 	RegisterXactCallback(lease_xact_callback, NULL);
 	RegisterSubXactCallback(lease_subxact_callback, NULL);
-	CacheRegisterRelcacheCallback(lease_relcache_changed, (Datum) 0);
+	dl_held_runs_init();
 }
 
 /* ---------- epochs ---------- */
@@ -436,7 +303,7 @@ start_epoch(HeldRun *held, int64 epoch)
 	counters = create_counters(cxt);
 
 	e = push_undo(UNDO_EPOCH, held);
-	MemoryContextSetParent(cxt, lease_cxt);
+	MemoryContextSetParent(cxt, dl_lease_cxt);
 	e->old_epoch = held->epoch;
 	e->old_generation = held->generation;
 	e->old_cxt = held->epoch_cxt;
@@ -450,311 +317,13 @@ start_epoch(HeldRun *held, int64 epoch)
 	e->generation = held->generation;
 }
 
-/* ---------- ledgers ---------- */
-
-static void forget_held(HTAB *runs, HeldRun *held);
-static bool held_before(uint64 lock_key, const OtherLedger *until);
-
-/* Does this session still hold held's lock, for held? */
-static bool
-lock_still_held(const HeldRun *held)
-{
-	return !held->lock_retaken_elsewhere && dl_run_lock_held(held->lock_key);
-}
-
-/*
- * The run with this lock key that ledger other (NULL: the current ledger)
- * holds the lock for; NULL when it holds none.
- */
-static HeldRun *
-holding_run(const OtherLedger *other, uint64 lock_key)
-{
-	HeldRun    *held = hash_search(other != NULL ? other->runs : held_runs,
-								   &lock_key, HASH_FIND, NULL);
-
-	return held != NULL && lock_still_held(held) ? held : NULL;
-}
-
-/*
- * Was the ledger made by this transaction (or one of its subtransactions)?
- * Then a rollback may still undo it and bring back the one it replaced.  The
- * relation cache knows when its runs table was created in this transaction
- * (a GRANT, ALTER TABLE or TRUNCATE of an older one does not count).
- */
-static bool
-ledger_made_by_this_transaction(Oid ledger)
-{
-	Relation	rel = RelationIdGetRelation(ledger);
-	bool		made;
-
-	if (!RelationIsValid(rel))
-		return false;			/* no such table: gone, whatever rolls back */
-	made = rel->rd_createSubid != InvalidSubTransactionId;
-	RelationClose(rel);
-	return made;
-}
-
-/* The link to ledger's entry in other_ledgers, or NULL when it has none. */
-static OtherLedger **
-find_other_ledger(Oid ledger)
-{
-	OtherLedger **link;
-
-	for (link = &other_ledgers; *link != NULL; link = &(*link)->next)
-		if ((*link)->ledger == ledger)
-			return link;
-	return NULL;
-}
-
-/*
- * Makes ledger the current one.  The runs held in the ledger that was
- * current are parked in other_ledgers, locks and all, until it is known to be
- * gone; the new current ledger's runs come back from there when this session
- * held runs in it before (a rollback brought it back), or start empty.
- */
-static void
-switch_ledger(Oid ledger)
-{
-	OtherLedger **back = find_other_ledger(ledger);
-	bool		park = hash_get_num_entries(held_runs) > 0 || forgot_lost_leases;
-	OtherLedger *parked = NULL;
-	HTAB	   *runs = held_runs;	/* an empty table serves the next ledger */
-	bool		forgot = false;
-
-	/* allocate first: an error must leave everything as it was */
-	if (park)
-		parked = MemoryContextAlloc(lease_cxt, sizeof(OtherLedger));
-	if (park && back == NULL)
-		runs = create_held_runs();
-
-	if (back != NULL)
-	{
-		OtherLedger *returning = *back;
-
-		*back = returning->next;
-		runs = returning->runs;
-		forgot = returning->forgot_lost_leases;
-		pfree(returning);
-		if (!park)
-			hash_destroy(held_runs);	/* empty */
-	}
-	if (park)
-	{
-		parked->ledger = held_in_ledger;
-		parked->runs = held_runs;
-		parked->forgot_lost_leases = forgot_lost_leases;
-		parked->gone = false;
-		parked->next = other_ledgers;
-		other_ledgers = parked;
-	}
-	held_runs = runs;
-	forgot_lost_leases = forgot;
-	held_in_ledger = ledger;
-}
-
-/*
- * Does the current ledger, or another ledger listed before until, hold the
- * lock of a run with this key?  (A run held in several ledgers has one lock:
- * walking other_ledgers, it belongs to the first that holds it.)
- */
-static bool
-held_before(uint64 lock_key, const OtherLedger *until)
-{
-	const OtherLedger *other;
-
-	if (holding_run(NULL, lock_key) != NULL)
-		return true;
-	for (other = other_ledgers; other != until; other = other->next)
-		if (holding_run(other, lock_key) != NULL)
-			return true;
-	return false;
-}
-
-/*
- * Does the current ledger, or a parked one that is not gone, hold the lock
- * of a run with this key?  (A run held in several ledgers has one lock.)
- */
-static bool
-held_by_kept_ledger(uint64 lock_key)
-{
-	OtherLedger *other;
-
-	if (holding_run(NULL, lock_key) != NULL)
-		return true;
-	for (other = other_ledgers; other != NULL; other = other->next)
-		if (!other->gone && holding_run(other, lock_key) != NULL)
-			return true;
-	return false;
-}
-
-/*
- * Runs held in parked ledgers that are gone belong to nothing: their locks
- * are given back (unless a ledger kept holds the same run: one lock serves
- * both; the first of the gone ones gives it back, so it is given back once)
- * and they are forgotten.  Allocates nothing and cannot fail: it runs at
- * COMMIT.
- */
-static void
-forget_gone_ledgers(void)
-{
-	OtherLedger **link = &other_ledgers;
-
-	while (*link != NULL)
-	{
-		OtherLedger *other = *link;
-		HASH_SEQ_STATUS scan;
-		HeldRun    *held;
-
-		if (!other->gone)
-		{
-			link = &other->next;
-			continue;
-		}
-		hash_seq_init(&scan, other->runs);
-		while ((held = hash_seq_search(&scan)) != NULL)
-		{
-			if (lock_still_held(held) && !held_by_kept_ledger(held->lock_key))
-				dl_run_unlock_session(held->lock_key);
-			forget_held(other->runs, held); /* deleting the current entry is allowed */
-		}
-		*link = other->next;
-		hash_destroy(other->runs);
-		pfree(other);
-	}
-}
-
-/* Every parked ledger is gone: the current one is not made by this transaction. */
-static void
-forget_other_ledgers(void)
-{
-	OtherLedger *other;
-
-	for (other = other_ledgers; other != NULL; other = other->next)
-		other->gone = true;
-	forget_gone_ledgers();
-}
-
-/*
- * Follows the ledger this session works in.  DROP EXTENSION and CREATE
- * EXTENSION in this session make a new ledger, which knows nothing of the
- * runs held in the old one.  Those runs are put aside rather than given up at
- * once, because the transaction that replaced the ledger may still roll back
- * (to a savepoint, too) and bring the old ledger back, with its leases, its
- * epochs and its counters as they were.  They are given up once the current
- * ledger is one this transaction did not make: every other is then gone.
- */
-static void
-follow_ledger(void)
-{
-	Oid			ledger = dl_ledger_identity();
-
-	if (ledger != held_in_ledger)
-		switch_ledger(ledger);
-	if (other_ledgers != NULL && !ledger_made_by_this_transaction(ledger))
-		forget_other_ledgers();
-}
-
-/* Does this transaction see a table with OID relid? */
-static bool
-table_exists(Oid relid)
-{
-	return OidIsValid(relid) && SearchSysCacheExists1(RELOID, ObjectIdGetDatum(relid));
-}
-
-/*
- * The ledger to keep as the current one when this transaction commits: the
- * current one while its runs table exists (whatever its name or schema: a
- * rename, even one that puts another table in its place for a while, is no
- * replacement), else the first parked one whose table exists (a rollback
- * brought it back), else named, the one the catalogs name (InvalidOid: none).
- */
-static Oid
-live_ledger(Oid named)
-{
-	OtherLedger *other;
-
-	if (table_exists(held_in_ledger))
-		return held_in_ledger;
-	for (other = other_ledgers; other != NULL; other = other->next)
-		if (table_exists(other->ledger))
-			return other->ledger;
-	return named;
-}
-
-/*
- * release_run gives back run's lock: the same run held in another ledger
- * under that lock is not held any more either (one that had lost it stays
- * lost).
- */
-static void
-forget_in_other_ledgers(uint64 lock_key)
-{
-	OtherLedger *other;
-	HeldRun    *held;
-
-	for (other = other_ledgers; other != NULL; other = other->next)
-		if ((held = holding_run(other, lock_key)) != NULL)
-			forget_held(other->runs, held);
-}
-
-/*
- * The current ledger took a run's lock that this session did not hold: the
- * same run held in another ledger had lost it, and stays lost, or a rollback
- * to that ledger would find the new lock and take it for its own lease.
- */
-static void
-lose_in_other_ledgers(uint64 lock_key)
-{
-	OtherLedger *other;
-	HeldRun    *held;
-
-	for (other = other_ledgers; other != NULL; other = other->next)
-		if ((held = hash_search(other->runs, &lock_key, HASH_FIND, NULL)) != NULL)
-			held->lock_retaken_elsewhere = true;
-}
-
-/* Does a run of another ledger hold this lock? */
-static bool
-held_in_other_ledgers(uint64 lock_key)
-{
-	OtherLedger *other;
-
-	for (other = other_ledgers; other != NULL; other = other->next)
-		if (holding_run(other, lock_key) != NULL)
-			return true;
-	return false;
-}
-
-/*
- * The locks this session holds for runs of other ledgers only: each is an
- * entry in the shared lock table too.  A run held in several ledgers has one.
- */
-static int
-locks_of_other_ledgers(void)
-{
-	OtherLedger *other;
-	HASH_SEQ_STATUS scan;
-	HeldRun    *held;
-	int			locks = 0;
-
-	for (other = other_ledgers; other != NULL; other = other->next)
-	{
-		hash_seq_init(&scan, other->runs);
-		while ((held = hash_seq_search(&scan)) != NULL)
-			if (lock_still_held(held) && !held_before(held->lock_key, other))
-				locks++;
-	}
-	return locks;
-}
-
 static HeldRun *
 find_held(const char *run, uint64 lock_key)
 {
 	HeldRun    *held;
 
-	ensure_state();
-	follow_ledger();
-	held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
+	dl_follow_ledger();
+	held = hash_search(dl_held_runs, &lock_key, HASH_FIND, NULL);
 	if (held != NULL && strcmp(held->run, run) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_IN_USE),
@@ -770,26 +339,15 @@ add_held(const char *run, uint64 lock_key)
 	HeldRun    *held;
 	bool		found;
 
-	held = hash_search(held_runs, &lock_key, HASH_ENTER, &found);
+	held = hash_search(dl_held_runs, &lock_key, HASH_ENTER, &found);
 	Assert(!found);
-	held->run = MemoryContextStrdup(lease_cxt, run);
+	held->run = MemoryContextStrdup(dl_lease_cxt, run);
 	held->epoch = 0;
 	held->generation = next_generation++;
 	held->epoch_cxt = NULL;
 	held->counters = NULL;
 	held->lock_retaken_elsewhere = false;
 	return held;
-}
-
-static void
-forget_held(HTAB *runs, HeldRun *held)
-{
-	uint64		lock_key = held->lock_key;
-
-	if (held->epoch_cxt != NULL)
-		MemoryContextDelete(held->epoch_cxt);
-	pfree(held->run);
-	hash_search(runs, &lock_key, HASH_REMOVE, NULL);
 }
 
 /*
@@ -811,7 +369,7 @@ check_lease_capacity(const char *run, uint64 lock_key)
 	int			held_locks = 0;
 	int			lost = 0;
 
-	hash_seq_init(&scan, held_runs);
+	hash_seq_init(&scan, dl_held_runs);
 	while ((held = hash_seq_search(&scan)) != NULL)
 	{
 		if (lock_still_held(held))
@@ -819,18 +377,18 @@ check_lease_capacity(const char *run, uint64 lock_key)
 		else
 			lost++;
 	}
-	if (other_ledgers != NULL)
-		held_locks += locks_of_other_ledgers();
+	if (dl_other_ledgers != NULL)
+		held_locks += dl_locks_of_other_ledgers();
 
 	if (lost > DL_MAX_LOST_LEASES)
 	{
-		hash_seq_init(&scan, held_runs);
+		hash_seq_init(&scan, dl_held_runs);
 		while ((held = hash_seq_search(&scan)) != NULL)
 		{
 			if (!lock_still_held(held))
-				forget_held(held_runs, held);	/* deleting the current entry is allowed */
+				dl_forget_held(dl_held_runs, held);	/* deleting the current entry is allowed */
 		}
-		forgot_lost_leases = true;
+		dl_forgot_lost_leases = true;
 	}
 
 	/* a run another ledger holds already takes no new lock */
@@ -1034,15 +592,15 @@ wait_until_open(uint64 lock_key, bool had_lock)
  * wait for an abandon_run or a verdict under way fails).
  *
  * The session may hold the lock already, for a run of the same name in
- * another ledger (follow_ledger): that lock is kept, never given back here.
- * Otherwise such a run had lost it, and it stays lost (lose_in_other_ledgers).
+ * another ledger (dl_follow_ledger): that lock is kept, never given back here.
+ * Otherwise such a run had lost it, and it stays lost (dl_lose_in_other_ledgers).
  */
 static bool
 take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 {
 	RunState	state;
 	bool		calls_locked_before = dl_run_lock_xact_held(lock_key, DL_CALL_LOCK_CLASS);
-	bool		had_lock = other_ledgers != NULL && held_in_other_ledgers(lock_key);
+	bool		had_lock = dl_other_ledgers != NULL && dl_held_in_other_ledgers(lock_key);
 
 	if (!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, false))
 	{
@@ -1084,8 +642,8 @@ take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 			return false;
 		report_token_lease_holds(run, state.expires_at);
 	}
-	if (!had_lock && other_ledgers != NULL)
-		lose_in_other_ledgers(lock_key);
+	if (!had_lock && dl_other_ledgers != NULL)
+		dl_lose_in_other_ledgers(lock_key);
 	return true;
 }
 
@@ -1111,7 +669,7 @@ dl_lease_for_call(const char *run)
 	{
 		int64		lost_epoch;
 
-		if (forgot_lost_leases && dl_read_lease_unreleased_by_me(run, &lost_epoch))
+		if (dl_forgot_lost_leases && dl_read_lease_unreleased_by_me(run, &lost_epoch))
 			report_lost_lease(run);
 		dl_refuse_if_abandoned(run);
 		check_lease_capacity(run, lock_key);
@@ -1209,9 +767,9 @@ dl_lease_acquire(const char *run, bool wait)
 		if (!take_session_lock(run, lock_key, wait, &waited))
 			return false;
 		/* the capacity check may have forgotten it with every lost lease */
-		held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
+		held = hash_search(dl_held_runs, &lock_key, HASH_FIND, NULL);
 		if (held != NULL)
-			forget_held(held_runs, held);
+			dl_forget_held(dl_held_runs, held);
 		held = add_held(run, lock_key);
 	}
 	else
@@ -1237,21 +795,21 @@ dl_lease_release(const char *run)
 
 	if (held == NULL)
 	{
-		if (forgot_lost_leases && dl_read_lease_unreleased_by_me(run, &epoch))
+		if (dl_forgot_lost_leases && dl_read_lease_unreleased_by_me(run, &epoch))
 			record_epoch_end(run, epoch, true);
 		return false;
 	}
 	epoch = held->epoch;
 	if (!lock_still_held(held))
 	{
-		forget_held(held_runs, held);
+		dl_forget_held(dl_held_runs, held);
 		record_epoch_end(run, epoch, true);
 		return false;
 	}
 
-	forget_in_other_ledgers(lock_key);
+	dl_forget_in_other_ledgers(lock_key);
 	dl_run_unlock_session(lock_key);
-	forget_held(held_runs, held);
+	dl_forget_held(dl_held_runs, held);
 	record_epoch_end(run, epoch, false);
 	return true;
 }
