@@ -2,17 +2,17 @@
  * held_runs.c: the runs this session holds a session lease on, and the
  * ledger they belong to.
  *
- * lease.c finds, adds and forgets held runs in dl_held_runs, the table of
- * the ledger this session works in.  DROP EXTENSION and CREATE EXTENSION in
- * this session make a new ledger, which knows nothing of the runs held in
- * the old one.  The old ledger's held runs are parked in dl_other_ledgers,
- * with their locks, epochs and counters, because the transaction that
- * replaced the ledger may still roll back (to a savepoint, too) and bring
- * the old ledger back.  They are given up at a call once the current ledger
- * is one this transaction did not make, and at a commit once the
- * transaction sees their ledger gone.  A run of the same name held in
- * several ledgers has one lock.  docs/design.md, "A ledger dropped and
- * created again in one session", gives the decisions.
+ * lease.c finds, adds and forgets the runs held in the ledger this session
+ * works in.  DROP EXTENSION and CREATE EXTENSION in this session make a new
+ * ledger, which knows nothing of the runs held in the old one.  The old
+ * ledger's held runs are parked in other_ledgers, with their locks, epochs
+ * and counters, because the transaction that replaced the ledger may still
+ * roll back (to a savepoint, too) and bring the old ledger back.  They are
+ * given up at a call once the current ledger is one this transaction did
+ * not make, and at a commit for every ledger but the one that lives on and
+ * the one the catalogs name.  A run of the same name held in several
+ * ledgers has one lock.  docs/design.md, "A ledger dropped and created again
+ * in one session", gives the decisions.
  */
 #include "postgres.h"
 
@@ -27,13 +27,36 @@
 #include "lease.h"
 #include "held_runs.h"
 
-MemoryContext dl_lease_cxt = NULL;
-HTAB	   *dl_held_runs = NULL;
-bool		dl_forgot_lost_leases = false;
-OtherLedger *dl_other_ledgers = NULL;
+/*
+ * The runs this session holds in other ledgers than the current one, which a
+ * rollback may bring back: DROP EXTENSION and CREATE EXTENSION in a
+ * transaction or savepoint that is then rolled back (dl_follow_ledger()).
+ */
+typedef struct OtherLedger
+{
+	Oid			ledger;			/* dl_ledger_identity() of runs */
+	HTAB	   *runs;
+	bool		forgot_lost_leases;
+	bool		gone;			/* to be given up (marked at PRE_COMMIT) */
+	struct OtherLedger *next;
+} OtherLedger;
 
-/* dl_ledger_identity() of the ledger dl_held_runs belongs to */
+static MemoryContext held_runs_cxt = NULL;
+
+/* The runs held in the current ledger, and its dl_ledger_identity() */
+static HTAB *held_runs = NULL;
 static Oid	held_in_ledger = InvalidOid;
+
+/* Has this session forgotten a lost lease of it?  (Then the audit log is asked.) */
+static bool forgot_lost_leases = false;
+
+static OtherLedger *other_ledgers = NULL;
+
+static void switch_ledger(Oid ledger);
+static bool table_exists(Oid relid);
+static Oid	live_ledger(Oid named);
+static bool held_before(uint64 lock_key, const OtherLedger *until);
+static int	locks_of_other_ledgers(void);
 
 static HTAB *
 create_held_runs(void)
@@ -42,7 +65,7 @@ create_held_runs(void)
 
 	ctl.keysize = sizeof(uint64);
 	ctl.entrysize = sizeof(HeldRun);
-	ctl.hcxt = dl_lease_cxt;
+	ctl.hcxt = held_runs_cxt;
 	return hash_create("durable_ledger held runs", 16, &ctl,
 					   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 }
@@ -50,15 +73,41 @@ create_held_runs(void)
 static void
 ensure_state(void)
 {
-	if (dl_held_runs != NULL)
+	if (held_runs != NULL)
 		return;
-	dl_lease_cxt = AllocSetContextCreate(TopMemoryContext, "durable_ledger leases",
-										 ALLOCSET_SMALL_SIZES);
-	dl_held_runs = create_held_runs();
+	held_runs_cxt = AllocSetContextCreate(TopMemoryContext, "durable_ledger held runs",
+										  ALLOCSET_SMALL_SIZES);
+	held_runs = create_held_runs();
 }
 
-void
-dl_forget_held(HTAB *runs, HeldRun *held)
+/* ---------- the runs held in the current ledger ---------- */
+
+HeldRun *
+dl_find_held_run(uint64 lock_key)
+{
+	return hash_search(held_runs, &lock_key, HASH_FIND, NULL);
+}
+
+/* A new entry: its lock is held, no epoch yet. */
+HeldRun *
+dl_add_held_run(const char *run, uint64 lock_key, uint64 generation)
+{
+	HeldRun    *held;
+	bool		found;
+
+	held = hash_search(held_runs, &lock_key, HASH_ENTER, &found);
+	Assert(!found);
+	held->run = MemoryContextStrdup(held_runs_cxt, run);
+	held->epoch = 0;
+	held->generation = generation;
+	held->epoch_cxt = NULL;
+	held->counters = NULL;
+	held->lock_retaken_elsewhere = false;
+	return held;
+}
+
+static void
+forget_held(HTAB *runs, HeldRun *held)
 {
 	uint64		lock_key = held->lock_key;
 
@@ -66,6 +115,61 @@ dl_forget_held(HTAB *runs, HeldRun *held)
 		MemoryContextDelete(held->epoch_cxt);
 	pfree(held->run);
 	hash_search(runs, &lock_key, HASH_REMOVE, NULL);
+}
+
+void
+dl_forget_held_run(HeldRun *held)
+{
+	forget_held(held_runs, held);
+}
+
+/*
+ * The lease locks this session holds, in every ledger (a run held in several
+ * ledgers has one); *lost: the runs of the current ledger whose lock was lost
+ * behind the ledger's back.
+ */
+int
+dl_count_lease_locks(int *lost)
+{
+	HASH_SEQ_STATUS scan;
+	HeldRun    *held;
+	int			locks = 0;
+
+	*lost = 0;
+	hash_seq_init(&scan, held_runs);
+	while ((held = hash_seq_search(&scan)) != NULL)
+	{
+		if (lock_still_held(held))
+			locks++;
+		else
+			(*lost)++;
+	}
+	return locks + locks_of_other_ledgers();
+}
+
+/*
+ * Forgets the current ledger's runs whose lock was lost; from then on the
+ * audit log answers whether a run not held was lost (lease.c).
+ */
+void
+dl_forget_lost_leases(void)
+{
+	HASH_SEQ_STATUS scan;
+	HeldRun    *held;
+
+	hash_seq_init(&scan, held_runs);
+	while ((held = hash_seq_search(&scan)) != NULL)
+	{
+		if (!lock_still_held(held))
+			forget_held(held_runs, held);	/* deleting the current entry is allowed */
+	}
+	forgot_lost_leases = true;
+}
+
+bool
+dl_lost_leases_forgotten(void)
+{
+	return forgot_lost_leases;
 }
 
 /*
@@ -76,12 +180,12 @@ dl_forget_held(HTAB *runs, HeldRun *held)
 HeldRun *
 dl_find_generation(uint64 lock_key, uint64 generation)
 {
-	HeldRun    *held = hash_search(dl_held_runs, &lock_key, HASH_FIND, NULL);
+	HeldRun    *held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
 	OtherLedger *other;
 
 	if (held != NULL && held->generation == generation)
 		return held;
-	for (other = dl_other_ledgers; other != NULL; other = other->next)
+	for (other = other_ledgers; other != NULL; other = other->next)
 	{
 		held = hash_search(other->runs, &lock_key, HASH_FIND, NULL);
 		if (held != NULL && held->generation == generation)
@@ -91,11 +195,6 @@ dl_find_generation(uint64 lock_key, uint64 generation)
 }
 
 /* ---------- the ledger they belong to ---------- */
-
-static void switch_ledger(Oid ledger);
-static bool table_exists(Oid relid);
-static Oid	live_ledger(Oid named);
-static bool held_before(uint64 lock_key, const OtherLedger *until);
 
 /* The current ledger's runs table had a relcache invalidation: dropped, perhaps. */
 static bool ledger_may_have_changed = false;
@@ -116,8 +215,8 @@ lease_relcache_changed(Datum arg, Oid relid)
 static bool
 ledgers_to_settle(void)
 {
-	return dl_other_ledgers != NULL ||
-		(ledger_may_have_changed && dl_held_runs != NULL && hash_get_num_entries(dl_held_runs) > 0);
+	return other_ledgers != NULL ||
+		(ledger_may_have_changed && held_runs != NULL && hash_get_num_entries(held_runs) > 0);
 }
 
 /*
@@ -146,7 +245,7 @@ dl_settle_ledgers(void)
 	 * renamed or detached and replaced under its name), but one the catalogs
 	 * name: the next call goes back to it
 	 */
-	for (other = dl_other_ledgers; other != NULL; other = other->next)
+	for (other = other_ledgers; other != NULL; other = other->next)
 		other->gone = other->ledger != named;
 }
 
@@ -163,7 +262,7 @@ dl_held_runs_init(void)
 static HeldRun *
 holding_run(const OtherLedger *other, uint64 lock_key)
 {
-	HeldRun    *held = hash_search(other != NULL ? other->runs : dl_held_runs,
+	HeldRun    *held = hash_search(other != NULL ? other->runs : held_runs,
 								   &lock_key, HASH_FIND, NULL);
 
 	return held != NULL && lock_still_held(held) ? held : NULL;
@@ -188,13 +287,13 @@ ledger_made_by_this_transaction(Oid ledger)
 	return made;
 }
 
-/* The link to ledger's entry in dl_other_ledgers, or NULL when it has none. */
+/* The link to ledger's entry in other_ledgers, or NULL when it has none. */
 static OtherLedger **
 find_other_ledger(Oid ledger)
 {
 	OtherLedger **link;
 
-	for (link = &dl_other_ledgers; *link != NULL; link = &(*link)->next)
+	for (link = &other_ledgers; *link != NULL; link = &(*link)->next)
 		if ((*link)->ledger == ledger)
 			return link;
 	return NULL;
@@ -202,7 +301,7 @@ find_other_ledger(Oid ledger)
 
 /*
  * Makes ledger the current one.  The runs held in the ledger that was
- * current are parked in dl_other_ledgers, locks and all, until it is known
+ * current are parked in other_ledgers, locks and all, until it is known
  * to be gone; the new current ledger's runs come back from there when this
  * session held runs in it before (a rollback brought it back), or start
  * empty.
@@ -211,14 +310,14 @@ static void
 switch_ledger(Oid ledger)
 {
 	OtherLedger **back = find_other_ledger(ledger);
-	bool		park = hash_get_num_entries(dl_held_runs) > 0 || dl_forgot_lost_leases;
+	bool		park = hash_get_num_entries(held_runs) > 0 || forgot_lost_leases;
 	OtherLedger *parked = NULL;
-	HTAB	   *runs = dl_held_runs;	/* an empty table serves the next ledger */
+	HTAB	   *runs = held_runs;	/* an empty table serves the next ledger */
 	bool		forgot = false;
 
 	/* allocate first: an error must leave everything as it was */
 	if (park)
-		parked = MemoryContextAlloc(dl_lease_cxt, sizeof(OtherLedger));
+		parked = MemoryContextAlloc(held_runs_cxt, sizeof(OtherLedger));
 	if (park && back == NULL)
 		runs = create_held_runs();
 
@@ -231,26 +330,26 @@ switch_ledger(Oid ledger)
 		forgot = returning->forgot_lost_leases;
 		pfree(returning);
 		if (!park)
-			hash_destroy(dl_held_runs);	/* empty */
+			hash_destroy(held_runs);	/* empty */
 	}
 	if (park)
 	{
 		parked->ledger = held_in_ledger;
-		parked->runs = dl_held_runs;
-		parked->forgot_lost_leases = dl_forgot_lost_leases;
+		parked->runs = held_runs;
+		parked->forgot_lost_leases = forgot_lost_leases;
 		parked->gone = false;
-		parked->next = dl_other_ledgers;
-		dl_other_ledgers = parked;
+		parked->next = other_ledgers;
+		other_ledgers = parked;
 	}
-	dl_held_runs = runs;
-	dl_forgot_lost_leases = forgot;
+	held_runs = runs;
+	forgot_lost_leases = forgot;
 	held_in_ledger = ledger;
 }
 
 /*
  * Does the current ledger, or another ledger listed before until, hold the
  * lock of a run with this key?  (A run held in several ledgers has one lock:
- * walking dl_other_ledgers, it belongs to the first that holds it.)
+ * walking other_ledgers, it belongs to the first that holds it.)
  */
 static bool
 held_before(uint64 lock_key, const OtherLedger *until)
@@ -259,7 +358,7 @@ held_before(uint64 lock_key, const OtherLedger *until)
 
 	if (holding_run(NULL, lock_key) != NULL)
 		return true;
-	for (other = dl_other_ledgers; other != until; other = other->next)
+	for (other = other_ledgers; other != until; other = other->next)
 		if (holding_run(other, lock_key) != NULL)
 			return true;
 	return false;
@@ -276,7 +375,7 @@ held_by_kept_ledger(uint64 lock_key)
 
 	if (holding_run(NULL, lock_key) != NULL)
 		return true;
-	for (other = dl_other_ledgers; other != NULL; other = other->next)
+	for (other = other_ledgers; other != NULL; other = other->next)
 		if (!other->gone && holding_run(other, lock_key) != NULL)
 			return true;
 	return false;
@@ -292,7 +391,7 @@ held_by_kept_ledger(uint64 lock_key)
 void
 dl_forget_gone_ledgers(void)
 {
-	OtherLedger **link = &dl_other_ledgers;
+	OtherLedger **link = &other_ledgers;
 
 	while (*link != NULL)
 	{
@@ -310,7 +409,7 @@ dl_forget_gone_ledgers(void)
 		{
 			if (lock_still_held(held) && !held_by_kept_ledger(held->lock_key))
 				dl_run_unlock_session(held->lock_key);
-			dl_forget_held(other->runs, held);	/* deleting the current entry is allowed */
+			forget_held(other->runs, held);	/* deleting the current entry is allowed */
 		}
 		*link = other->next;
 		hash_destroy(other->runs);
@@ -324,7 +423,7 @@ forget_other_ledgers(void)
 {
 	OtherLedger *other;
 
-	for (other = dl_other_ledgers; other != NULL; other = other->next)
+	for (other = other_ledgers; other != NULL; other = other->next)
 		other->gone = true;
 	dl_forget_gone_ledgers();
 }
@@ -344,7 +443,7 @@ dl_follow_ledger(void)
 	ledger = dl_ledger_identity();
 	if (ledger != held_in_ledger)
 		switch_ledger(ledger);
-	if (dl_other_ledgers != NULL && !ledger_made_by_this_transaction(ledger))
+	if (other_ledgers != NULL && !ledger_made_by_this_transaction(ledger))
 		forget_other_ledgers();
 }
 
@@ -369,7 +468,7 @@ live_ledger(Oid named)
 
 	if (table_exists(held_in_ledger))
 		return held_in_ledger;
-	for (other = dl_other_ledgers; other != NULL; other = other->next)
+	for (other = other_ledgers; other != NULL; other = other->next)
 		if (table_exists(other->ledger))
 			return other->ledger;
 	return named;
@@ -386,9 +485,9 @@ dl_forget_in_other_ledgers(uint64 lock_key)
 	OtherLedger *other;
 	HeldRun    *held;
 
-	for (other = dl_other_ledgers; other != NULL; other = other->next)
+	for (other = other_ledgers; other != NULL; other = other->next)
 		if ((held = holding_run(other, lock_key)) != NULL)
-			dl_forget_held(other->runs, held);
+			forget_held(other->runs, held);
 }
 
 /*
@@ -402,7 +501,7 @@ dl_lose_in_other_ledgers(uint64 lock_key)
 	OtherLedger *other;
 	HeldRun    *held;
 
-	for (other = dl_other_ledgers; other != NULL; other = other->next)
+	for (other = other_ledgers; other != NULL; other = other->next)
 		if ((held = hash_search(other->runs, &lock_key, HASH_FIND, NULL)) != NULL)
 			held->lock_retaken_elsewhere = true;
 }
@@ -413,7 +512,7 @@ dl_held_in_other_ledgers(uint64 lock_key)
 {
 	OtherLedger *other;
 
-	for (other = dl_other_ledgers; other != NULL; other = other->next)
+	for (other = other_ledgers; other != NULL; other = other->next)
 		if (holding_run(other, lock_key) != NULL)
 			return true;
 	return false;
@@ -423,15 +522,15 @@ dl_held_in_other_ledgers(uint64 lock_key)
  * The locks this session holds for runs of other ledgers only: each is an
  * entry in the shared lock table too.  A run held in several ledgers has one.
  */
-int
-dl_locks_of_other_ledgers(void)
+static int
+locks_of_other_ledgers(void)
 {
 	OtherLedger *other;
 	HASH_SEQ_STATUS scan;
 	HeldRun    *held;
 	int			locks = 0;
 
-	for (other = dl_other_ledgers; other != NULL; other = other->next)
+	for (other = other_ledgers; other != NULL; other = other->next)
 	{
 		hash_seq_init(&scan, other->runs);
 		while ((held = hash_seq_search(&scan)) != NULL)

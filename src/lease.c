@@ -75,6 +75,8 @@ static int	max_leases_per_session = 64;
 /* durable_ledger.lease_wait_timeout: ms, 0 = no limit (used when lock_timeout is 0) */
 static int	lease_wait_timeout = 5000;
 
+/* the undo log and the epochs' counters live here */
+static MemoryContext lease_cxt = NULL;
 static uint64 next_generation = 1;
 
 /* Entries the undo log keeps room for between transactions. */
@@ -129,7 +131,7 @@ push_undo(UndoKind kind, const HeldRun *held)
 		int			new_cap = undo_cap == 0 ? 64 : undo_cap * 2;
 
 		if (undo_log == NULL)
-			undo_log = MemoryContextAlloc(dl_lease_cxt, new_cap * sizeof(UndoEntry));
+			undo_log = MemoryContextAlloc(lease_cxt, new_cap * sizeof(UndoEntry));
 		else
 			undo_log = repalloc(undo_log, new_cap * sizeof(UndoEntry));
 		undo_cap = new_cap;
@@ -303,7 +305,7 @@ start_epoch(HeldRun *held, int64 epoch)
 	counters = create_counters(cxt);
 
 	e = push_undo(UNDO_EPOCH, held);
-	MemoryContextSetParent(cxt, dl_lease_cxt);
+	MemoryContextSetParent(cxt, lease_cxt);
 	e->old_epoch = held->epoch;
 	e->old_generation = held->generation;
 	e->old_cxt = held->epoch_cxt;
@@ -317,13 +319,20 @@ start_epoch(HeldRun *held, int64 epoch)
 	e->generation = held->generation;
 }
 
+/*
+ * The run this session holds under lock_key in the ledger it works in, or
+ * NULL.  Every entry point starts here.
+ */
 static HeldRun *
 find_held(const char *run, uint64 lock_key)
 {
 	HeldRun    *held;
 
+	if (lease_cxt == NULL)
+		lease_cxt = AllocSetContextCreate(TopMemoryContext, "durable_ledger leases",
+										  ALLOCSET_SMALL_SIZES);
 	dl_follow_ledger();
-	held = hash_search(dl_held_runs, &lock_key, HASH_FIND, NULL);
+	held = dl_find_held_run(lock_key);
 	if (held != NULL && strcmp(held->run, run) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_IN_USE),
@@ -336,18 +345,7 @@ find_held(const char *run, uint64 lock_key)
 static HeldRun *
 add_held(const char *run, uint64 lock_key)
 {
-	HeldRun    *held;
-	bool		found;
-
-	held = hash_search(dl_held_runs, &lock_key, HASH_ENTER, &found);
-	Assert(!found);
-	held->run = MemoryContextStrdup(dl_lease_cxt, run);
-	held->epoch = 0;
-	held->generation = next_generation++;
-	held->epoch_cxt = NULL;
-	held->counters = NULL;
-	held->lock_retaken_elsewhere = false;
-	return held;
+	return dl_add_held_run(run, lock_key, next_generation++);
 }
 
 /*
@@ -364,32 +362,11 @@ add_held(const char *run, uint64 lock_key)
 static void
 check_lease_capacity(const char *run, uint64 lock_key)
 {
-	HASH_SEQ_STATUS scan;
-	HeldRun    *held;
-	int			held_locks = 0;
-	int			lost = 0;
-
-	hash_seq_init(&scan, dl_held_runs);
-	while ((held = hash_seq_search(&scan)) != NULL)
-	{
-		if (lock_still_held(held))
-			held_locks++;
-		else
-			lost++;
-	}
-	if (dl_other_ledgers != NULL)
-		held_locks += dl_locks_of_other_ledgers();
+	int			lost;
+	int			held_locks = dl_count_lease_locks(&lost);
 
 	if (lost > DL_MAX_LOST_LEASES)
-	{
-		hash_seq_init(&scan, dl_held_runs);
-		while ((held = hash_seq_search(&scan)) != NULL)
-		{
-			if (!lock_still_held(held))
-				dl_forget_held(dl_held_runs, held);	/* deleting the current entry is allowed */
-		}
-		dl_forgot_lost_leases = true;
-	}
+		dl_forget_lost_leases();
 
 	/* a run another ledger holds already takes no new lock */
 	if (held_locks >= max_leases_per_session && !dl_run_lock_held(lock_key))
@@ -600,7 +577,7 @@ take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 {
 	RunState	state;
 	bool		calls_locked_before = dl_run_lock_xact_held(lock_key, DL_CALL_LOCK_CLASS);
-	bool		had_lock = dl_other_ledgers != NULL && dl_held_in_other_ledgers(lock_key);
+	bool		had_lock = dl_held_in_other_ledgers(lock_key);
 
 	if (!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, false))
 	{
@@ -642,7 +619,7 @@ take_session_lock(const char *run, uint64 lock_key, bool wait, bool *waited)
 			return false;
 		report_token_lease_holds(run, state.expires_at);
 	}
-	if (!had_lock && dl_other_ledgers != NULL)
+	if (!had_lock)
 		dl_lose_in_other_ledgers(lock_key);
 	return true;
 }
@@ -669,7 +646,7 @@ dl_lease_for_call(const char *run)
 	{
 		int64		lost_epoch;
 
-		if (dl_forgot_lost_leases && dl_read_lease_unreleased_by_me(run, &lost_epoch))
+		if (dl_lost_leases_forgotten() && dl_read_lease_unreleased_by_me(run, &lost_epoch))
 			report_lost_lease(run);
 		dl_refuse_if_abandoned(run);
 		check_lease_capacity(run, lock_key);
@@ -767,9 +744,9 @@ dl_lease_acquire(const char *run, bool wait)
 		if (!take_session_lock(run, lock_key, wait, &waited))
 			return false;
 		/* the capacity check may have forgotten it with every lost lease */
-		held = hash_search(dl_held_runs, &lock_key, HASH_FIND, NULL);
+		held = dl_find_held_run(lock_key);
 		if (held != NULL)
-			dl_forget_held(dl_held_runs, held);
+			dl_forget_held_run(held);
 		held = add_held(run, lock_key);
 	}
 	else
@@ -795,21 +772,21 @@ dl_lease_release(const char *run)
 
 	if (held == NULL)
 	{
-		if (dl_forgot_lost_leases && dl_read_lease_unreleased_by_me(run, &epoch))
+		if (dl_lost_leases_forgotten() && dl_read_lease_unreleased_by_me(run, &epoch))
 			record_epoch_end(run, epoch, true);
 		return false;
 	}
 	epoch = held->epoch;
 	if (!lock_still_held(held))
 	{
-		dl_forget_held(dl_held_runs, held);
+		dl_forget_held_run(held);
 		record_epoch_end(run, epoch, true);
 		return false;
 	}
 
 	dl_forget_in_other_ledgers(lock_key);
 	dl_run_unlock_session(lock_key);
-	dl_forget_held(dl_held_runs, held);
+	dl_forget_held_run(held);
 	record_epoch_end(run, epoch, false);
 	return true;
 }
