@@ -887,17 +887,21 @@ def main():
             say("instructions per begin+complete pair (callgrind, single-user backends) ...")
             trees = [("", None, "/tmp/dl-callgrind")] + ([(f", {was}", before.src, "/tmp/dl-callgrind-before")]
                                                          * bool(before))
-            for side, src, work in trees:
-                done = subprocess.run(["bash", os.path.join(HERE, "callgrind", "run.sh")] + ([src] if src else []),
-                                      capture_output=True, text=True, env={**os.environ, "CG_WORK": work})
-                if done.returncode:
-                    raise SystemExit(f"bench: bench/callgrind/run.sh failed: {done.stderr.strip()}")
-                found = re.search(r"instructions per pair: (\d+)", done.stdout)
-                rows.append((f"instructions per begin+complete pair{side} (count)", float(found.group(1)),
-                             "≤ 420,000" if not side else "(before)",
-                             "callgrind, 2,500 minus 500 pairs, bench/callgrind/run.sh"
-                             + (f" on {args.before}'s tree" if side else "")))
-                say("  ", rows[-1])
+            # the issue's pair under the session's lease; a fleet's workers call under a token lease
+            for lease, kind in (("session", ""), ("token", " under a token lease")):
+                for side, src, work in trees:
+                    done = subprocess.run(["bash", os.path.join(HERE, "callgrind", "run.sh")] + ([src] if src else []),
+                                          capture_output=True, text=True,
+                                          env={**os.environ, "CG_WORK": work, "CG_LEASE": lease})
+                    if done.returncode:
+                        raise SystemExit(f"bench: bench/callgrind/run.sh failed: {done.stderr.strip()}")
+                    found = re.search(r"instructions per pair: (\d+)", done.stdout)
+                    rows.append((f"instructions per begin+complete pair{kind}{side} (count)", float(found.group(1)),
+                                 ("≤ 420,000" if lease == "session" else "") if not side else "(before)",
+                                 "callgrind, 2,500 minus 500 pairs, bench/callgrind/run.sh"
+                                 + (f" (CG_LEASE={lease})" if lease != "session" else "")
+                                 + (f" on {args.before}'s tree" if side else "")))
+                    say("  ", rows[-1])
 
     if "fleet" in only:
         # the fleet shape (issue 34): its own PgBouncer, with the issue's 20 server connections

@@ -184,20 +184,22 @@ dl_token_take(const char *run, Interval *ttl, const char *holder, TokenGrant *gr
 /*
  * The epoch a call of run with this token belongs to.  Waits for the run's
  * other calls in progress (serialised inside their transactions), then
- * checks the lease with a fresh look: it must be this run's, and live.
+ * checks the lease with a fresh look: it must be this run's, and live.  The
+ * token is looked up once, after the wait: a token of another run (or none)
+ * is refused after waiting for the calls of the run named, which the caller
+ * could take anyway with a token of its own.
  */
 int64
 dl_token_for_call(const char *run, const char *token)
 {
 	TokenLease	lease;
 
+	(void) dl_run_lock_xact(dl_run_lock_key(run), DL_CALL_LOCK_CLASS, true);
 	find_token(token, &lease);
 	if (strcmp(lease.run, run) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("the token lease is for run \"%s\", not \"%s\"", lease.run, run)));
-	(void) dl_run_lock_xact(dl_run_lock_key(run), DL_CALL_LOCK_CLASS, true);
-	find_token(token, &lease);
 	check_live(run, lease.released, lease.expired, lease.expires_at, lease.epoch,
 			   lease.current_epoch);
 	return lease.epoch;

@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
 # measure.sh NAME N BASE RUN: callgrind of a single-user backend running 200 warm-up pairs then N pairs; prints total Ir
+# (CG_LEASE=token: every begin_effect under one token lease taken first, as a fleet's workers call; default: the
+# session's lease, taken by the first call)
 set -euo pipefail
 name=$1 n=$2 base=$3 run=${4:-cgrun}; copy=${CG_WORK:-/tmp/dl-callgrind}/$name; bin=$copy/usr/lib/postgresql/15/bin
+take= lease_arg=
+case ${CG_LEASE:-session} in
+session) ;;
+token) take="SELECT set_config('dl.token', (durable_ledger.take_lease('$run', '1 day')).token, false)"
+	lease_arg=", lease => current_setting('dl.token')" ;;
+*) echo "measure.sh: CG_LEASE is session or token" >&2; exit 1 ;;
+esac
 
 runuser -u postgres -- $bin/postgres --single -D $copy/data postgres >/dev/null 2>&1 <<SQL
 COPY (SELECT l FROM (SELECT jsonb_build_object('invoice', g, 'amount', 4200, 'currency', 'USD') a, g FROM generate_series($base, $base + 200 + $n - 1) g) s, LATERAL (VALUES (1, format('EXECUTE b(%L, %L)', '$run', a)), (2, format('EXECUTE c(%L)', durable_ledger.effect_key('$run', 'bank.pay', a, 1)))) v(o, l) ORDER BY g, o) TO '$copy/in.sql'
 SQL
 cd $copy
-{ echo "PREPARE b(text, jsonb) AS SELECT (durable_ledger.begin_effect(\$1, 'bank.pay', \$2)).decision"
+{ [ -z "$take" ] || echo "$take"
+  echo "PREPARE b(text, jsonb) AS SELECT (durable_ledger.begin_effect(\$1, 'bank.pay', \$2$lease_arg)).decision"
   echo "PREPARE c(text) AS SELECT (durable_ledger.complete_effect(\$1, '{\"payment_id\": \"pay_1\"}')).status"
   cat $copy/in.sql; } > $copy/in2.sql
 out=$copy/cg.$n.$base.out

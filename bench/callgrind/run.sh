@@ -3,6 +3,7 @@
 # a private copy of PostgreSQL with the extension built from SRC (default: this tree), a
 # single-user backend under callgrind running 200 warm-up pairs then 500, then a fresh
 # backend running 2,500; prints the difference over 2,000.  As root; needs valgrind.
+# CG_LEASE=token: every begin_effect under a token lease (measure.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 src=${1:-$(cd "$here/../.." && pwd)}
