@@ -47,7 +47,10 @@ static MemoryContext held_runs_cxt = NULL;
 static HTAB *held_runs = NULL;
 static Oid	held_in_ledger = InvalidOid;
 
-/* Has this session forgotten a lost lease of it?  (Then the audit log is asked.) */
+/*
+ * Has this session forgotten a lost lease of the current ledger?  (Then the
+ * audit log is asked.)  Parked and brought back with its ledger.
+ */
 static bool forgot_lost_leases = false;
 
 static OtherLedger *other_ledgers = NULL;
@@ -92,12 +95,14 @@ dl_find_held_run(uint64 lock_key)
 HeldRun *
 dl_add_held_run(const char *run, uint64 lock_key, uint64 generation)
 {
+	/* allocated first: an entry is never left without its run */
+	char	   *name = MemoryContextStrdup(held_runs_cxt, run);
 	HeldRun    *held;
 	bool		found;
 
 	held = hash_search(held_runs, &lock_key, HASH_ENTER, &found);
 	Assert(!found);
-	held->run = MemoryContextStrdup(held_runs_cxt, run);
+	held->run = name;
 	held->epoch = 0;
 	held->generation = generation;
 	held->epoch_cxt = NULL;
@@ -166,6 +171,7 @@ dl_forget_lost_leases(void)
 	forgot_lost_leases = true;
 }
 
+/* Has this session forgotten a lost lease of the current ledger? */
 bool
 dl_lost_leases_forgotten(void)
 {

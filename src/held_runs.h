@@ -17,7 +17,8 @@ struct HeldRun
 	char	   *run;
 	int64		epoch;			/* 0: lock held, no epoch (its start rolled back) */
 	uint64		generation;		/* identifies the counters of this epoch */
-	MemoryContext epoch_cxt;	/* holds counters; NULL when epoch is 0 */
+	MemoryContext epoch_cxt;	/* holds counters; NULL when epoch is 0 (made
+								 * by lease.c, deleted with the entry) */
 	HTAB	   *counters;
 	bool		lock_retaken_elsewhere;	/* its lock was lost, then taken again for
 									 * another ledger's run of the same name */
@@ -30,19 +31,21 @@ lock_still_held(const HeldRun *held)
 	return !held->lock_retaken_elsewhere && dl_run_lock_held(held->lock_key);
 }
 
-/* The ledger they belong to, followed at every call before the others */
-extern void dl_follow_ledger(void);
+/* The ledger they belong to */
+extern void dl_follow_ledger(void);	/* at a call, before the functions below */
 extern void dl_settle_ledgers(void);	/* at PRE_COMMIT */
 extern void dl_forget_gone_ledgers(void);	/* at COMMIT */
 extern void dl_held_runs_init(void);
 
-/* The runs held in the current ledger */
+/* The runs held in the current ledger (after dl_follow_ledger in the call) */
 extern HeldRun *dl_find_held_run(uint64 lock_key);
 extern HeldRun *dl_add_held_run(const char *run, uint64 lock_key, uint64 generation);
 extern void dl_forget_held_run(HeldRun *held);
 extern int	dl_count_lease_locks(int *lost);
 extern void dl_forget_lost_leases(void);
 extern bool dl_lost_leases_forgotten(void);
+
+/* A held run by its epoch's generation, in any ledger (for the undo log) */
 extern HeldRun *dl_find_generation(uint64 lock_key, uint64 generation);
 
 /* The same run (lock key) held in other ledgers */

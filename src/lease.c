@@ -321,7 +321,7 @@ start_epoch(HeldRun *held, int64 epoch)
 
 /*
  * The run this session holds under lock_key in the ledger it works in, or
- * NULL.  Every entry point starts here.
+ * NULL.  Every entry point that names a run starts here.
  */
 static HeldRun *
 find_held(const char *run, uint64 lock_key)
