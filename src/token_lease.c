@@ -181,27 +181,56 @@ dl_token_take(const char *run, Interval *ttl, const char *holder, TokenGrant *gr
 	return true;
 }
 
+/* A token of another run is a caller's mistake (22023), not a lost lease. */
+static void
+check_run_of_token(const char *run, const TokenLease *lease)
+{
+	if (strcmp(lease->run, run) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("the token lease is for run \"%s\", not \"%s\"", lease->run, run)));
+}
+
 /*
  * The epoch a call of run with this token belongs to.  Waits for the run's
  * other calls in progress (serialised inside their transactions), then
- * checks the lease with a fresh look: it must be this run's, and live.  The
- * token is looked up once, after the wait: a token of another run (or none)
- * is refused after waiting for the calls of the run named, which the caller
- * could take anyway with a token of its own.
+ * checks the lease with a fresh look: it must be this run's, and live.
+ *
+ * Uncontended, the token is looked up once, with the run's call lock held.
+ * When another call holds that lock, a token of another run or one never
+ * issued is refused before waiting (a wait could deadlock with the holder,
+ * or sit on a pooled connection), and the lease is looked at again after
+ * the wait.  A refusal gives back the call lock this call took: the error
+ * reaches the client before the abort lets go of the transaction's locks,
+ * and a take_lease sent at once would be told that the run is busy.
  */
 int64
 dl_token_for_call(const char *run, const char *token)
 {
+	uint64		lock_key = dl_run_lock_key(run);
+	bool		locked_before = dl_run_lock_xact_held(lock_key, DL_CALL_LOCK_CLASS);
 	TokenLease	lease;
 
-	(void) dl_run_lock_xact(dl_run_lock_key(run), DL_CALL_LOCK_CLASS, true);
-	find_token(token, &lease);
-	if (strcmp(lease.run, run) != 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("the token lease is for run \"%s\", not \"%s\"", lease.run, run)));
-	check_live(run, lease.released, lease.expired, lease.expires_at, lease.epoch,
-			   lease.current_epoch);
+	if (!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, false))
+	{
+		find_token(token, &lease);
+		check_run_of_token(run, &lease);
+		(void) dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, true);
+	}
+	PG_TRY();
+	{
+		find_token(token, &lease);
+		check_run_of_token(run, &lease);
+		check_live(run, lease.released, lease.expired, lease.expires_at, lease.epoch,
+				   lease.current_epoch);
+	}
+	PG_CATCH();
+	{
+		if (!locked_before)
+			dl_run_unlock_xact(lock_key, DL_CALL_LOCK_CLASS);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
 	return lease.epoch;
 }
 
