@@ -85,10 +85,17 @@ ensure_state(void)
 
 /* ---------- the runs held in the current ledger ---------- */
 
+/* The run with this lock key held in ledger other (NULL: the current one), or NULL. */
+static HeldRun *
+run_in(const OtherLedger *other, uint64 lock_key)
+{
+	return hash_search(other != NULL ? other->runs : held_runs, &lock_key, HASH_FIND, NULL);
+}
+
 HeldRun *
 dl_find_held_run(uint64 lock_key)
 {
-	return hash_search(held_runs, &lock_key, HASH_FIND, NULL);
+	return run_in(NULL, lock_key);
 }
 
 /* A new entry: its lock is held, no epoch yet. */
@@ -186,14 +193,14 @@ dl_lost_leases_forgotten(void)
 HeldRun *
 dl_find_generation(uint64 lock_key, uint64 generation)
 {
-	HeldRun    *held = hash_search(held_runs, &lock_key, HASH_FIND, NULL);
+	HeldRun    *held = run_in(NULL, lock_key);
 	OtherLedger *other;
 
 	if (held != NULL && held->generation == generation)
 		return held;
 	for (other = other_ledgers; other != NULL; other = other->next)
 	{
-		held = hash_search(other->runs, &lock_key, HASH_FIND, NULL);
+		held = run_in(other, lock_key);
 		if (held != NULL && held->generation == generation)
 			return held;
 	}
@@ -268,8 +275,7 @@ dl_held_runs_init(void)
 static HeldRun *
 holding_run(const OtherLedger *other, uint64 lock_key)
 {
-	HeldRun    *held = hash_search(other != NULL ? other->runs : held_runs,
-								   &lock_key, HASH_FIND, NULL);
+	HeldRun    *held = run_in(other, lock_key);
 
 	return held != NULL && lock_still_held(held) ? held : NULL;
 }
@@ -508,7 +514,7 @@ dl_lose_in_other_ledgers(uint64 lock_key)
 	HeldRun    *held;
 
 	for (other = other_ledgers; other != NULL; other = other->next)
-		if ((held = hash_search(other->runs, &lock_key, HASH_FIND, NULL)) != NULL)
+		if ((held = run_in(other, lock_key)) != NULL)
 			held->lock_retaken_elsewhere = true;
 }
 

@@ -181,10 +181,14 @@ dl_token_take(const char *run, Interval *ttl, const char *holder, TokenGrant *gr
 	return true;
 }
 
-/* A token of another run is a caller's mistake (22023), not a lost lease. */
+/*
+ * The token lease with this token, which must be run's: a token of another
+ * run is a caller's mistake (22023), not a lost lease.
+ */
 static void
-check_run_of_token(const char *run, const TokenLease *lease)
+find_token_of_run(const char *run, const char *token, TokenLease *lease)
 {
+	find_token(token, lease);
 	if (strcmp(lease->run, run) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -213,14 +217,12 @@ dl_token_for_call(const char *run, const char *token)
 
 	if (!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, false))
 	{
-		find_token(token, &lease);
-		check_run_of_token(run, &lease);
+		find_token_of_run(run, token, &lease);
 		(void) dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, true);
 	}
 	PG_TRY();
 	{
-		find_token(token, &lease);
-		check_run_of_token(run, &lease);
+		find_token_of_run(run, token, &lease);
 		check_live(run, lease.released, lease.expired, lease.expires_at, lease.epoch,
 				   lease.current_epoch);
 	}
