@@ -223,3 +223,16 @@ SELECT decision, status, occurrence, result FROM durable_ledger.begin_effect('de
 SELECT decision, status, occurrence FROM durable_ledger.begin_effect('dec-norun', 'pay', '{"invoice": 62}');
 SELECT epochs FROM durable_ledger.runs WHERE run = 'dec-norun';
 SELECT durable_ledger.release_run('dec-norun');
+
+-- the same for a run whose lease epochs were token leases: after three
+-- epochs and its row deleted, the next take_lease starts epoch 4 (the
+-- highest the log names, not its first or its count of rows)
+SELECT durable_ledger.release_lease((durable_ledger.take_lease('dec-norun-tok')).token) AS released
+  FROM generate_series(1, 3);
+SELECT count(*) AS lease_rows, max(lease_epoch) AS highest
+  FROM durable_ledger.audit_log WHERE run = 'dec-norun-tok';
+DELETE FROM durable_ledger.runs WHERE run = 'dec-norun-tok';
+SELECT epoch, durable_ledger.release_lease(token) AS released
+  FROM durable_ledger.take_lease('dec-norun-tok');
+SELECT epochs, lease_kind, released_at IS NOT NULL AS released
+  FROM durable_ledger.runs WHERE run = 'dec-norun-tok';

@@ -64,6 +64,12 @@ ROLLBACK TO s;
 SELECT decision, occurrence FROM durable_ledger.begin_effect('tok-2', 'pay', '{"n": 1}', lease => :'t2');
 COMMIT;
 SELECT calls FROM durable_ledger.token_lease_calls WHERE run = 'tok-2';
+-- what is stored of the token and of the calls counted: SHA-256 of their bytes
+SELECT token_sha256 = sha256(convert_to(:'t2', 'UTF8')) AS token_hashed
+  FROM durable_ledger.token_leases WHERE run = 'tok-2';
+SELECT call = sha256(convert_to('pay', 'UTF8') || '\x00'::bytea ||
+                     convert_to(durable_ledger.canonical_args('{"n": 1}'), 'UTF8')) AS call_hashed
+  FROM durable_ledger.token_lease_calls WHERE run = 'tok-2';
 -- the session takes no lease lock for them
 SELECT count(*) AS session_locks FROM pg_locks
  WHERE locktype = 'advisory' AND objsubid = 17484 AND pid = pg_backend_pid();

@@ -46,8 +46,9 @@ extern bool dl_token_take(const char *run, Interval *ttl, const char *holder,
 						  TokenGrant *grant);
 extern int64 dl_token_for_call(const char *run, const char *token);
 extern int32 dl_token_counter(const char *run, int64 epoch, const char *tool,
-							  const char *what, int what_len, bytea **call);
-extern void dl_token_set_count(const char *run, int64 epoch, bytea *call, int32 count);
+							  const char *what, int what_len, bytea **call, bool *has_row);
+extern void dl_token_set_count(const char *run, int64 epoch, bytea *call, int32 count,
+							   bool has_row);
 extern TimestampTz dl_token_renew(const char *token, Interval *ttl);
 extern bool dl_token_release(const char *token);
 extern bool dl_token_break(const char *run, const char *broken_by, const char *note);
@@ -66,6 +67,7 @@ typedef struct EpochCounter
 	int32		count;			/* its value */
 	CallCounter *session;		/* where a session lease keeps it */
 	bytea	   *token_call;		/* what a token lease's row is keyed by */
+	bool		token_row;		/* that row exists (was read, or written since) */
 } EpochCounter;
 
 extern void dl_epoch_counter(const CallLease *lease, const char *tool,

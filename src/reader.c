@@ -512,6 +512,21 @@ take_calls(TupleTableSlot *slot, void *arg)
 }
 
 /*
+ * The run's row as committed now (take_run_state's fields; the token lease
+ * of its epoch is not read); false when the run has no row.
+ */
+static bool
+read_run_row(const char *run, RunState *state)
+{
+	static LookupIndex runs_by_run;
+	static const int run_key[] = {RUN_RUN};
+	Datum		values[1];
+
+	values[0] = CStringGetTextDatum(run);
+	return find_row_now(&dl_runs_table, &runs_by_run, 1, run_key, values, take_run_state, state);
+}
+
+/*
  * What the ledger knows of the run's current epoch, as committed now
  * (whatever the transaction's snapshot); false when the run has no row.
  * Token leases are judged by the server's clock.
@@ -519,18 +534,16 @@ take_calls(TupleTableSlot *slot, void *arg)
 bool
 dl_read_run_state(const char *run, RunState *state)
 {
-	static LookupIndex runs_by_run;
 	static LookupIndex token_by_epoch;
-	static const int run_key[] = {RUN_RUN};
 	static const int token_key[] = {TOK_RUN, TOK_EPOCH};
 	Datum		values[2];
 	TokenRow	token;
 
-	values[0] = CStringGetTextDatum(run);
-	if (!find_row_now(&dl_runs_table, &runs_by_run, 1, run_key, values, take_run_state, state))
+	if (!read_run_row(run, state))
 		return false;
 	state->token_live = false;
 	state->expires_at = 0;
+	values[0] = CStringGetTextDatum(run);
 	values[1] = Int64GetDatum(state->epoch);
 	if (state->token &&
 		find_row_now(&dl_token_table, &token_by_epoch, 2, token_key, values, take_token_row, &token))
@@ -539,6 +552,36 @@ dl_read_run_state(const char *run, RunState *state)
 		state->expires_at = token.expires_at;
 	}
 	return true;
+}
+
+static bool
+take_highest_epoch(TupleTableSlot *slot, void *arg)
+{
+	bool		isnull;
+	Datum		epoch = column_value(&dl_audit_table, slot, AUD_LEASE_EPOCH, &isnull);
+
+	if (!isnull && DatumGetInt64(epoch) > *(int64 *) arg)
+		*(int64 *) arg = DatumGetInt64(epoch);
+	return true;
+}
+
+/*
+ * The highest lease epoch that run's audit rows name, as committed now; 0
+ * when none does.  Through the index on the log's runs: a run that is new
+ * has no entry there, and its first take_lease looks at nothing more.
+ */
+int64
+dl_read_highest_logged_epoch(const char *run)
+{
+	static LookupIndex audit_by_run;	/* not unique: an index beginning with run */
+	static const int run_key[] = {AUD_RUN};
+	Datum		values[1];
+	int64		highest = 0;
+
+	values[0] = CStringGetTextDatum(run);
+	(void) scan_rows_now(&dl_audit_table, &audit_by_run, 1, run_key, values,
+						 take_highest_epoch, &highest);
+	return highest;
 }
 
 /*
@@ -559,7 +602,8 @@ dl_read_token_lease(bytea *token_sha256, TokenLease *lease)
 		return false;
 	lease->run = token.run;
 	lease->epoch = token.epoch;
-	lease->current_epoch = dl_read_run_state(token.run, &state) ? state.epoch : 0;
+	/* only the run's epoch: this token's own row says the rest */
+	lease->current_epoch = read_run_row(token.run, &state) ? state.epoch : 0;
 	lease->released = token.released;
 	lease->expired = token.expires_at <= GetCurrentTimestamp();
 	lease->expires_at = token.expires_at;
@@ -569,21 +613,20 @@ dl_read_token_lease(bytea *token_sha256, TokenLease *lease)
 /*
  * The identical calls counted so far in a token lease's epoch, as committed
  * now (the caller serialises the epoch's calls; an older snapshot would
- * count a call twice).
+ * count a call twice), in *calls; false (and 0) when it has no row.
  */
-int32
-dl_read_token_calls(const char *run, int64 epoch, bytea *call)
+bool
+dl_read_token_calls(const char *run, int64 epoch, bytea *call, int32 *calls)
 {
 	static LookupIndex calls_by_call;
 	static const int calls_key[] = {CALLS_RUN, CALLS_EPOCH, CALLS_CALL};
 	Datum		values[3];
-	int32		calls = 0;
 
 	values[0] = CStringGetTextDatum(run);
 	values[1] = Int64GetDatum(epoch);
 	values[2] = PointerGetDatum(call);
-	(void) find_row_now(&dl_calls_table, &calls_by_call, 3, calls_key, values, take_calls, &calls);
-	return calls;
+	*calls = 0;
+	return find_row_now(&dl_calls_table, &calls_by_call, 3, calls_key, values, take_calls, calls);
 }
 
 /* The pid holding the run's lease lock (by its lock key), or 0. */

@@ -247,8 +247,9 @@ extern List *dl_read_past_attempt_runs(const char *key);
 extern bool dl_read_found_unknown_at(const char *key, int32 attempt, TimestampTz begun_at,
 									 TimestampTz *at);
 extern bool dl_read_run_state(const char *run, RunState *state);
+extern int64 dl_read_highest_logged_epoch(const char *run);
 extern bool dl_read_token_lease(bytea *token_sha256, TokenLease *lease);
-extern int32 dl_read_token_calls(const char *run, int64 epoch, bytea *call);
+extern bool dl_read_token_calls(const char *run, int64 epoch, bytea *call, int32 *calls);
 extern int	dl_read_lease_holder_pid(uint64 lock_key);
 extern void dl_read_lease_holder(const char *run, LeaseHolder *holder);
 extern bool dl_read_tool(const char *tool, ToolRow *row);
@@ -325,7 +326,8 @@ extern void dl_write_token_lease(const char *run, int64 epoch, bytea *token_sha2
 extern bool dl_lock_token_lease(const char *run, int64 epoch, LockedToken *locked);
 extern void dl_write_token_expiry(LockedToken *locked, TimestampTz expires_at);
 extern void dl_write_token_release(LockedToken *locked);
-extern void dl_write_token_calls(const char *run, int64 epoch, bytea *call, int32 calls);
+extern void dl_write_token_calls(const char *run, int64 epoch, bytea *call, int32 calls,
+								 bool has_row);
 extern void dl_write_epoch_end(const char *run, int64 epoch, bool token);
 extern bool dl_lock_run(const char *run);
 extern bool dl_write_run_abandoned(const char *run, const char *abandoned_by,

@@ -16,13 +16,12 @@
  */
 #include "postgres.h"
 
-#include "common/cryptohash.h"
 #include "common/int.h"
-#include "common/sha2.h"
 #include "port.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
+#include "digest.h"
 #include "lease.h"
 
 /* How many random bytes a token carries (hex-encoded: twice as many characters). */
@@ -69,22 +68,19 @@ dl_check_ttl(Interval *ttl)
 															   IntervalPGetDatum(ttl))))));
 }
 
-/* SHA-256 of bytes, as a bytea. */
+/*
+ * SHA-256 of bytes, as a bytea: through the backend's one digest context
+ * (digest.c), not a cryptohash context made and registered per hash.
+ */
 static bytea *
 token_sha256(const char *bytes, size_t len)
 {
-	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
 	bytea	   *digest = palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
 
 	SET_VARSIZE(digest, VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
-	if (pg_cryptohash_init(ctx) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) bytes, len) < 0 ||
-		pg_cryptohash_final(ctx, (uint8 *) VARDATA(digest), PG_SHA256_DIGEST_LENGTH) < 0)
-	{
-		pg_cryptohash_free(ctx);
-		elog(ERROR, "could not compute SHA-256");
-	}
-	pg_cryptohash_free(ctx);
+	dl_sha256_begin();
+	dl_sha256_add(bytes, len);
+	dl_sha256_end((uint8 *) VARDATA(digest));
 	return digest;
 }
 
@@ -239,12 +235,15 @@ dl_token_for_call(const char *run, const char *token)
 /*
  * A counter of a token lease's epoch, as committed now (the caller holds the
  * run's call lock): of identical calls (tool, canonical args), or of what else
- * the epoch counts about a tool (lease.c).  *call names it in the counters.
+ * the epoch counts about a tool (lease.c).  *call names it in the counters;
+ * *has_row says whether it has a row there yet.
  */
 int32
 dl_token_counter(const char *run, int64 epoch, const char *tool, const char *what,
-				 int what_len, bytea **call)
+				 int what_len, bytea **call, bool *has_row)
 {
+	int32		count = 0;
+
 	size_t		tool_len = strlen(tool);
 	char	   *bytes = palloc(tool_len + 1 + what_len);
 
@@ -252,18 +251,20 @@ dl_token_counter(const char *run, int64 epoch, const char *tool, const char *wha
 	memcpy(bytes + tool_len + 1, what, what_len);
 	*call = token_sha256(bytes, tool_len + 1 + what_len);
 	pfree(bytes);
-	return dl_read_token_calls(run, epoch, *call);
+	*has_row = dl_read_token_calls(run, epoch, *call, &count);
+	return count;
 }
 
 /*
  * Sets a counter of a token lease's epoch (rolled back with the transaction).
  * Durable like an intent: the holder goes on after a failover, and a lost
- * count would give its next identical call an occurrence again.
+ * count would give its next identical call an occurrence again.  has_row:
+ * dl_token_counter found its row, or it was set since.
  */
 void
-dl_token_set_count(const char *run, int64 epoch, bytea *call, int32 count)
+dl_token_set_count(const char *run, int64 epoch, bytea *call, int32 count, bool has_row)
 {
-	dl_write_token_calls(run, epoch, call, count);
+	dl_write_token_calls(run, epoch, call, count, has_row);
 	dl_note_durable_write();
 }
 

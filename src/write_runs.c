@@ -11,11 +11,6 @@
 
 /* ---------- runs ---------- */
 
-static Statement highest_epoch_logged = {
-	"SELECT pg_catalog.max(lease_epoch) FROM durable_ledger.audit_log WHERE run" EQ "$1",
-	1, {TEXTOID}
-};
-
 static void
 set_holder(RowWrite *w)
 {
@@ -37,7 +32,7 @@ set_holder(RowWrite *w)
  * The caller holds the run's lock, so nobody else starts one meanwhile.  A
  * run without a row (a new one, or one whose row was deleted or not
  * restored) continues after the highest epoch its append-only audit log
- * names: an epoch number is never used twice.  Needs an open SPI connection.
+ * names: an epoch number is never used twice.
  */
 int64
 dl_write_next_epoch(const char *run, uint64 lock_key, bool token)
@@ -62,14 +57,7 @@ dl_write_next_epoch(const char *run, uint64 lock_key, bool token)
 	}
 	else
 	{
-		Datum		values[1];
-		bool		isnull;
-		Datum		highest;
-
-		values[0] = dl_text_datum(run);
-		dl_plan_run_now(&highest_epoch_logged, values, NULL, SPI_OK_SELECT);
-		highest = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-		epoch = 1 + (isnull ? 0 : DatumGetInt64(highest));
+		epoch = 1 + dl_read_highest_logged_epoch(run);
 		dl_row_set(&w, RUN_RUN, CStringGetTextDatum(run));
 		dl_row_set(&w, RUN_EPOCHS, Int64GetDatum(epoch));
 		dl_row_set(&w, RUN_LOCK_KEY, Int64GetDatum((int64) lock_key));
