@@ -887,16 +887,19 @@ def main():
             say("instructions per begin+complete pair (callgrind, single-user backends) ...")
             trees = [("", None, "/tmp/dl-callgrind")] + ([(f", {was}", before.src, "/tmp/dl-callgrind-before")]
                                                          * bool(before))
-            # the pair under the session's lease; a fleet's workers call under a token lease
-            for lease, kind in (("session", ""), ("token", " under a token lease")):
+            # the pair under the session's lease; a fleet's workers call under a token lease,
+            # and take one for each run of calls and release it (CG_LEASE=take: a new run's each)
+            for lease, kind in (("session", ""), ("token", " under a token lease"),
+                                ("take", " (a new run's take_lease and release_lease)")):
                 for side, src, work in trees:
                     done = subprocess.run(["bash", os.path.join(HERE, "callgrind", "run.sh")] + ([src] if src else []),
                                           capture_output=True, text=True,
                                           env={**os.environ, "CG_WORK": work, "CG_LEASE": lease})
                     if done.returncode:
                         raise SystemExit(f"bench: bench/callgrind/run.sh failed: {done.stderr.strip()}")
-                    found = re.search(r"instructions per pair: (\d+)", done.stdout)
-                    rows.append((f"instructions per begin+complete pair{kind}{side} (count)", float(found.group(1)),
+                    found = re.search(r"instructions per (?:pair|take\+release): (\d+)", done.stdout)
+                    what = "take+release" if lease == "take" else "begin+complete pair"
+                    rows.append((f"instructions per {what}{kind}{side} (count)", float(found.group(1)),
                                  ("≤ 420,000" if lease == "session" else "") if not side else "(before)",
                                  "callgrind, 2,500 minus 500 pairs, bench/callgrind/run.sh"
                                  + (f" (CG_LEASE={lease})" if lease != "session" else "")

@@ -159,6 +159,10 @@ esac
             for mode in ("ok", "replay", "nototal", "failed")}
     check(runs["ok"].returncode == 0 and "instructions per pair: 1000 " in runs["ok"].stdout,
           "callgrind/run.sh: the difference of the two passes over 2,000 pairs")
+    take = subprocess.run(["bash", os.path.join(work, "run.sh"), work], capture_output=True, text=True,
+                          env={**os.environ, "MODE": "ok", "CG_LEASE": "take", "CG_WORK": os.path.join(work, "w")})
+    check(take.returncode == 0 and "instructions per take+release: 1000 " in take.stdout,
+          "callgrind/run.sh: CG_LEASE=take names its pair a take+release")
     check(all(runs[m].returncode != 0 and "instructions per pair" not in runs[m].stdout
               for m in ("replay", "nototal", "failed")),
           "callgrind/run.sh: no figure when a pair was not executed, a total is missing, or measure.sh failed")

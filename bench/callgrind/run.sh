@@ -3,7 +3,8 @@
 # a private copy of PostgreSQL with the extension built from SRC (default: this tree), a
 # single-user backend under callgrind running 200 warm-up pairs then 500, then a fresh
 # backend running 2,500; prints the difference over 2,000.  As root; needs valgrind.
-# CG_LEASE=token: every begin_effect under a token lease (measure.sh).
+# CG_LEASE=token: every begin_effect under a token lease; CG_LEASE=take: a pair is a new run's
+# take_lease and release_lease (measure.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 src=${1:-$(cd "$here/../.." && pwd)}
@@ -30,4 +31,5 @@ count() {
 }
 small=$(count 500 1 cg-small)
 large=$(count 2500 100000 cg-large)
-echo "instructions per pair: $(( (large - small) / 2000 ))  (500 pairs: $small, 2500 pairs: $large)"
+what=pair; [ "${CG_LEASE:-session}" != take ] || what=take+release
+echo "instructions per $what: $(( (large - small) / 2000 ))  (500 pairs: $small, 2500 pairs: $large)"
