@@ -236,3 +236,17 @@ SELECT epoch, durable_ledger.release_lease(token) AS released
   FROM durable_ledger.take_lease('dec-norun-tok');
 SELECT epochs, lease_kind, released_at IS NOT NULL AS released
   FROM durable_ledger.runs WHERE run = 'dec-norun-tok';
+
+-- without an index beginning with the audit log's run (dropped, or being
+-- rebuilt), a new run is still started, its epoch found by a query
+BEGIN;
+DROP INDEX durable_ledger.audit_log_run_idx;
+SELECT (durable_ledger.take_lease('dec-noidx-1')).epoch AS token_epoch;
+SELECT durable_ledger.acquire_run('dec-noidx-2') AS acquired;
+SELECT decision FROM durable_ledger.begin_effect('dec-noidx-3', 'pay', '{}');
+-- and a run whose row is gone still continues after its highest logged epoch
+DELETE FROM durable_ledger.runs WHERE run = 'dec-norun-tok';
+SELECT epoch, durable_ledger.release_lease(token) AS released
+  FROM durable_ledger.take_lease('dec-norun-tok');
+SELECT durable_ledger.release_run('dec-noidx-2') AS r2, durable_ledger.release_run('dec-noidx-3') AS r3;
+ROLLBACK;

@@ -319,3 +319,34 @@ SELECT verdict FROM durable_ledger.resolve_divergence(
 SELECT retired_by FROM durable_ledger.retire_tool('dv.pay', 'ana');
 SELECT decision, result FROM durable_ledger.begin_effect('dr-8', 'dv.pay', '{"invoice": "R", "memo": "2"}');
 SELECT durable_ledger.release_run('dr-8');
+
+-- ===================================================================
+-- a ledger call nested in another (an administrator's trigger on a ledger
+-- table) under the same token lease: in a later epoch both count the tool's
+-- counters; the outer call finds the counter rows its nested call added
+-- (a counter read without a row is added without a second look only when
+-- no counter was set since the read), as under a session lease
+-- ===================================================================
+SELECT tool, divergence FROM durable_ledger.register_tool('dv.nested', 'admin', divergence => 'off');
+SELECT (durable_ledger.take_lease('tok-nest')).token AS tn1 \gset
+SELECT decision, occurrence FROM durable_ledger.begin_effect('tok-nest', 'dv.nested', '{"a": 1}', lease => :'tn1');
+SELECT durable_ledger.release_lease(:'tn1') AS released;
+CREATE FUNCTION regress_nested_call() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.args ? 'outer' THEN
+    PERFORM durable_ledger.begin_effect(NEW.run, NEW.tool, '{"nested": 1}',
+                                        lease => current_setting('regress.token'));
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER regress_nested_call AFTER INSERT ON durable_ledger.effects
+  FOR EACH ROW EXECUTE FUNCTION regress_nested_call();
+SELECT (durable_ledger.take_lease('tok-nest')).token AS tn2 \gset
+SELECT set_config('regress.token', :'tn2', false) IS NOT NULL AS noted;
+SELECT decision, occurrence FROM durable_ledger.begin_effect('tok-nest', 'dv.nested', '{"outer": 1}', lease => :'tn2');
+SELECT args, status, lease_epoch, occurrence FROM durable_ledger.effects
+ WHERE run = 'tok-nest' ORDER BY lease_epoch, args::text;
+SELECT epoch, calls FROM durable_ledger.token_lease_calls WHERE run = 'tok-nest' ORDER BY epoch, calls;
+DROP TRIGGER regress_nested_call ON durable_ledger.effects;
+DROP FUNCTION regress_nested_call();
+SELECT durable_ledger.release_lease(:'tn2') AS released;

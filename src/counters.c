@@ -17,14 +17,12 @@ dl_epoch_counter(const CallLease *lease, const char *tool, const char *what,
 				 int what_len, EpochCounter *counter)
 {
 	counter->session = NULL;
-	counter->token_call = NULL;
-	counter->token_row = false;
 	if (lease->held != NULL)
 		counter->session = dl_lease_call_counter(lease->held, tool, what, what_len,
 												 &counter->count);
 	else
 		counter->count = dl_token_counter(lease->run, lease->epoch, tool, what, what_len,
-										  &counter->token_call, &counter->token_row);
+										  &counter->token);
 }
 
 void
@@ -33,11 +31,7 @@ dl_epoch_count(const CallLease *lease, EpochCounter *counter, int32 count)
 	if (lease->held != NULL)
 		dl_lease_set_count(lease->held, counter->session, count);
 	else
-	{
-		dl_token_set_count(lease->run, lease->epoch, counter->token_call, count,
-						   counter->token_row);
-		counter->token_row = true;
-	}
+		dl_token_set_count(lease->run, lease->epoch, &counter->token, count);
 	counter->count = count;
 }
 

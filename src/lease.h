@@ -45,10 +45,17 @@ typedef struct TokenGrant
 extern bool dl_token_take(const char *run, Interval *ttl, const char *holder,
 						  TokenGrant *grant);
 extern int64 dl_token_for_call(const char *run, const char *token);
+/* A counter of a token lease's epoch, as its read found it. */
+typedef struct TokenCall
+{
+	bytea	   *call;			/* what its row is keyed by */
+	bool		has_row;		/* the row was there, or was written since */
+	uint64		read_after;		/* the token calls begun in this backend when it was read */
+} TokenCall;
+
 extern int32 dl_token_counter(const char *run, int64 epoch, const char *tool,
-							  const char *what, int what_len, bytea **call, bool *has_row);
-extern void dl_token_set_count(const char *run, int64 epoch, bytea *call, int32 count,
-							   bool has_row);
+							  const char *what, int what_len, TokenCall *call);
+extern void dl_token_set_count(const char *run, int64 epoch, TokenCall *call, int32 count);
 extern TimestampTz dl_token_renew(const char *token, Interval *ttl);
 extern bool dl_token_release(const char *token);
 extern bool dl_token_break(const char *run, const char *broken_by, const char *note);
@@ -66,8 +73,7 @@ typedef struct EpochCounter
 {
 	int32		count;			/* its value */
 	CallCounter *session;		/* where a session lease keeps it */
-	bytea	   *token_call;		/* what a token lease's row is keyed by */
-	bool		token_row;		/* that row exists (was read, or written since) */
+	TokenCall	token;			/* where a token lease keeps it */
 } EpochCounter;
 
 extern void dl_epoch_counter(const CallLease *lease, const char *tool,

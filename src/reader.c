@@ -80,6 +80,11 @@ dl_read_key(const char *key, EffectRow *row)
 
 /* ---------- questions asked in SQL ---------- */
 
+static Statement highest_epoch_logged = {
+	"SELECT pg_catalog.max(lease_epoch) FROM durable_ledger.audit_log WHERE run" EQ "$1",
+	1, {TEXTOID}
+};
+
 static Statement effect_row = {
 	"SELECT * FROM durable_ledger.effects WHERE key" EQ "$1",
 	1, {TEXTOID}
@@ -326,17 +331,20 @@ dl_read_approval_requester(const char *key, int32 attempt, TimestampTz begun_at,
 typedef struct LookupIndex
 {
 	uint64		learned;		/* the version of the table it was found in */
-	Oid			index;
+	Oid			index;			/* InvalidOid: none (only when missing_ok) */
 	bool		unique;			/* unique on exactly the lookup's columns */
+	bool		missing_ok;		/* none is no error: no scan, the caller asks SQL */
 } LookupIndex;
 
 /*
  * The valid btree index of rel (no expressions, no predicate) whose key
  * columns are exactly t's columns, in that order, and that is unique; or,
- * when unique is false, whose key columns begin with them.
+ * when unique is false, whose key columns begin with them.  None: an error,
+ * or InvalidOid when missing_ok.
  */
 static Oid
-index_on(LedgerTable *t, Relation rel, int nkeys, const int *columns, bool unique)
+index_on(LedgerTable *t, Relation rel, int nkeys, const int *columns, bool unique,
+		 bool missing_ok)
 {
 	List	   *indexes = RelationGetIndexList(rel);
 	ListCell   *lc;
@@ -359,6 +367,8 @@ index_on(LedgerTable *t, Relation rel, int nkeys, const int *columns, bool uniqu
 		if (matches)
 			return lfirst_oid(lc);
 	}
+	if (missing_ok)
+		return InvalidOid;
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 			 errmsg("durable_ledger.%s lost an index the ledger looks its rows up by", t->name),
@@ -396,7 +406,8 @@ equality_proc(Oid type)
  * it returns false.  by->unique: the index is unique on exactly those
  * columns, else one whose key begins with them.  Returns whether any row was
  * found.  An index scan, never a plan: a plan made while the table was small
- * would scan it whole once it has grown.
+ * would scan it whole once it has grown.  With no such index and
+ * by->missing_ok, nothing is scanned (by->index says so).
  */
 static bool
 scan_rows_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
@@ -413,8 +424,13 @@ scan_rows_now(LedgerTable *t, LookupIndex *by, int nkeys, const int *columns,
 
 	if (by->learned != t->learned)
 	{
-		by->index = index_on(t, rel, nkeys, columns, by->unique);
+		by->index = index_on(t, rel, nkeys, columns, by->unique, by->missing_ok);
 		by->learned = t->learned;
+	}
+	if (!OidIsValid(by->index))
+	{
+		table_close(rel, NoLock);
+		return false;
 	}
 	index = index_open(by->index, AccessShareLock);
 	for (i = 0; i < nkeys; i++)
@@ -512,16 +528,20 @@ take_calls(TupleTableSlot *slot, void *arg)
 }
 
 /*
- * The run's row as committed now (take_run_state's fields; the token lease
- * of its epoch is not read); false when the run has no row.
+ * The run's row as committed now, as dl_read_run_state reads it but for the
+ * token lease of its epoch, which is not read (token_live false, expires_at
+ * 0): for who asks only about the run (its epoch, whether it was abandoned).
+ * False when the run has no row.
  */
-static bool
-read_run_row(const char *run, RunState *state)
+bool
+dl_read_run_row(const char *run, RunState *state)
 {
 	static LookupIndex runs_by_run;
 	static const int run_key[] = {RUN_RUN};
 	Datum		values[1];
 
+	state->token_live = false;
+	state->expires_at = 0;
 	values[0] = CStringGetTextDatum(run);
 	return find_row_now(&dl_runs_table, &runs_by_run, 1, run_key, values, take_run_state, state);
 }
@@ -539,10 +559,8 @@ dl_read_run_state(const char *run, RunState *state)
 	Datum		values[2];
 	TokenRow	token;
 
-	if (!read_run_row(run, state))
+	if (!dl_read_run_row(run, state))
 		return false;
-	state->token_live = false;
-	state->expires_at = 0;
 	values[0] = CStringGetTextDatum(run);
 	values[1] = Int64GetDatum(state->epoch);
 	if (state->token &&
@@ -567,21 +585,30 @@ take_highest_epoch(TupleTableSlot *slot, void *arg)
 
 /*
  * The highest lease epoch that run's audit rows name, as committed now; 0
- * when none does.  Through the index on the log's runs: a run that is new
- * has no entry there, and its first take_lease looks at nothing more.
+ * when none does.  Through an index beginning with the log's run (the
+ * extension's audit_log_run_idx): a run that is new has no entry there, and
+ * its first lease looks at nothing more.  Without one (dropped, or being
+ * rebuilt), by a query, which may read the whole log: a run must still be
+ * startable.  Needs an open SPI connection.
  */
 int64
 dl_read_highest_logged_epoch(const char *run)
 {
-	static LookupIndex audit_by_run;	/* not unique: an index beginning with run */
+	static LookupIndex audit_by_run = {.missing_ok = true};	/* not unique */
 	static const int run_key[] = {AUD_RUN};
 	Datum		values[1];
 	int64		highest = 0;
+	bool		isnull;
+	Datum		d;
 
 	values[0] = CStringGetTextDatum(run);
 	(void) scan_rows_now(&dl_audit_table, &audit_by_run, 1, run_key, values,
 						 take_highest_epoch, &highest);
-	return highest;
+	if (OidIsValid(audit_by_run.index))
+		return highest;
+	dl_plan_run_now(&highest_epoch_logged, values, NULL, SPI_OK_SELECT);
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	return isnull ? 0 : DatumGetInt64(d);
 }
 
 /*
@@ -603,7 +630,7 @@ dl_read_token_lease(bytea *token_sha256, TokenLease *lease)
 	lease->run = token.run;
 	lease->epoch = token.epoch;
 	/* only the run's epoch: this token's own row says the rest */
-	lease->current_epoch = read_run_row(token.run, &state) ? state.epoch : 0;
+	lease->current_epoch = dl_read_run_row(token.run, &state) ? state.epoch : 0;
 	lease->released = token.released;
 	lease->expired = token.expires_at <= GetCurrentTimestamp();
 	lease->expires_at = token.expires_at;

@@ -388,7 +388,7 @@ dl_refuse_if_abandoned(const char *run)
 {
 	RunState	state;
 
-	if (dl_read_run_state(run, &state) && state.abandoned)
+	if (dl_read_run_row(run, &state) && state.abandoned)
 		report_abandoned(run, &state);
 }
 

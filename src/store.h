@@ -247,6 +247,7 @@ extern List *dl_read_past_attempt_runs(const char *key);
 extern bool dl_read_found_unknown_at(const char *key, int32 attempt, TimestampTz begun_at,
 									 TimestampTz *at);
 extern bool dl_read_run_state(const char *run, RunState *state);
+extern bool dl_read_run_row(const char *run, RunState *state);
 extern int64 dl_read_highest_logged_epoch(const char *run);
 extern bool dl_read_token_lease(bytea *token_sha256, TokenLease *lease);
 extern bool dl_read_token_calls(const char *run, int64 epoch, bytea *call, int32 *calls);

@@ -28,6 +28,12 @@
 #define TOKEN_BYTES 32
 
 /*
+ * How many calls under a token lease this backend has begun: one nested in
+ * another (a trigger's, on a ledger table) is counted when it begins.
+ */
+static uint64 calls_begun;
+
+/*
  * A ttl is a duration: its days count 24 hours each, and months (whose
  * length depends on the calendar) are refused; -1 for those, and for one
  * whose microseconds do not fit in 64 bits (a ttl of 584,000 years would
@@ -145,7 +151,7 @@ dl_token_take(const char *run, Interval *ttl, const char *holder, TokenGrant *gr
 		!dl_run_exclude_sessions(lock_key) ||
 		!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, false))
 		return false;
-	if (dl_read_run_state(run, &state) && dl_lease_is_live(run, state.epoch))
+	if (dl_read_run_row(run, &state) && dl_lease_is_live(run, state.epoch))
 		return false;
 	/* abandon_run cannot be under way from here on (one under way: not now) */
 	if (!dl_run_lock_open_nowait(lock_key))
@@ -211,6 +217,7 @@ dl_token_for_call(const char *run, const char *token)
 	bool		locked_before = dl_run_lock_xact_held(lock_key, DL_CALL_LOCK_CLASS);
 	TokenLease	lease;
 
+	calls_begun++;
 	if (!dl_run_lock_xact(lock_key, DL_CALL_LOCK_CLASS, false))
 	{
 		find_token_of_run(run, token, &lease);
@@ -235,12 +242,12 @@ dl_token_for_call(const char *run, const char *token)
 /*
  * A counter of a token lease's epoch, as committed now (the caller holds the
  * run's call lock): of identical calls (tool, canonical args), or of what else
- * the epoch counts about a tool (lease.c).  *call names it in the counters;
- * *has_row says whether it has a row there yet.
+ * the epoch counts about a tool (lease.c).  call: its name in the counters,
+ * and whether it has a row there yet.
  */
 int32
 dl_token_counter(const char *run, int64 epoch, const char *tool, const char *what,
-				 int what_len, bytea **call, bool *has_row)
+				 int what_len, TokenCall *call)
 {
 	int32		count = 0;
 
@@ -249,22 +256,31 @@ dl_token_counter(const char *run, int64 epoch, const char *tool, const char *wha
 
 	memcpy(bytes, tool, tool_len + 1);
 	memcpy(bytes + tool_len + 1, what, what_len);
-	*call = token_sha256(bytes, tool_len + 1 + what_len);
+	call->call = token_sha256(bytes, tool_len + 1 + what_len);
 	pfree(bytes);
-	*has_row = dl_read_token_calls(run, epoch, *call, &count);
+	call->has_row = dl_read_token_calls(run, epoch, call->call, &count);
+	call->read_after = calls_begun;
 	return count;
 }
 
 /*
  * Sets a counter of a token lease's epoch (rolled back with the transaction).
  * Durable like an intent: the holder goes on after a failover, and a lost
- * count would give its next identical call an occurrence again.  has_row:
- * dl_token_counter found its row, or it was set since.
+ * count would give its next identical call an occurrence again.
+ *
+ * A counter read without a row is added without looking for it again when
+ * no other token call has begun in this backend since the read: the caller
+ * holds the run's call lock, so no other backend's call adds it meanwhile,
+ * but a call nested in this one (a trigger's, on a ledger table) holds that
+ * lock too, and may have.
  */
 void
-dl_token_set_count(const char *run, int64 epoch, bytea *call, int32 count, bool has_row)
+dl_token_set_count(const char *run, int64 epoch, TokenCall *call, int32 count)
 {
-	dl_write_token_calls(run, epoch, call, count, has_row);
+	bool		look = call->has_row || call->read_after != calls_begun;
+
+	dl_write_token_calls(run, epoch, call->call, count, look);
+	call->has_row = true;
 	dl_note_durable_write();
 }
 
@@ -286,7 +302,7 @@ dl_token_renew(const char *token, Interval *ttl)
 	(void) dl_run_lock_xact(dl_run_lock_key(lease.run), DL_CALL_LOCK_CLASS, true);
 	if (!dl_lock_token_lease(lease.run, lease.epoch, &locked))
 		elog(ERROR, "token lease of run \"%s\" disappeared", lease.run);
-	if (!dl_read_run_state(lease.run, &state))
+	if (!dl_read_run_row(lease.run, &state))
 		elog(ERROR, "run \"%s\" of a token lease has no row", lease.run);
 	check_live(lease.run, locked.released, locked.expired, locked.expires_at, lease.epoch,
 			   state.epoch);
@@ -307,7 +323,7 @@ dl_token_release(const char *token)
 
 	if (!dl_read_token_lease(token_sha256(token, strlen(token)), &lease) ||
 		!dl_lock_token_lease(lease.run, lease.epoch, &locked) ||
-		!dl_read_run_state(lease.run, &state) ||
+		!dl_read_run_row(lease.run, &state) ||
 		locked.released || locked.expired || state.epoch != lease.epoch)
 		return false;
 	dl_write_token_release(&locked);

@@ -32,7 +32,7 @@ set_holder(RowWrite *w)
  * The caller holds the run's lock, so nobody else starts one meanwhile.  A
  * run without a row (a new one, or one whose row was deleted or not
  * restored) continues after the highest epoch its append-only audit log
- * names: an epoch number is never used twice.
+ * names: an epoch number is never used twice.  Needs an open SPI connection.
  */
 int64
 dl_write_next_epoch(const char *run, uint64 lock_key, bool token)
