@@ -250,3 +250,20 @@ SELECT epoch, durable_ledger.release_lease(token) AS released
   FROM durable_ledger.take_lease('dec-norun-tok');
 SELECT durable_ledger.release_run('dec-noidx-2') AS r2, durable_ledger.release_run('dec-noidx-3') AS r3;
 ROLLBACK;
+
+-- an index beginning with the log's run that compares runs otherwise than
+-- the column does (an administrator's, case-insensitive) is not used: a new
+-- run 'dec-ci' starts at epoch 1, not after the epochs of 'DEC-CI'
+BEGIN;
+CREATE COLLATION regress_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+CREATE INDEX regress_audit_run_ci ON durable_ledger.audit_log (run COLLATE regress_ci, lease_epoch);
+DROP INDEX durable_ledger.audit_log_run_idx;
+SELECT durable_ledger.release_lease((durable_ledger.take_lease('DEC-CI')).token) AS released
+  FROM generate_series(1, 2);
+SELECT epoch, durable_ledger.release_lease(token) AS released
+  FROM durable_ledger.take_lease('dec-ci');
+-- with the extension's index there too (made again, so with the higher OID)
+CREATE INDEX audit_log_run_idx ON durable_ledger.audit_log (run);
+SELECT epoch, durable_ledger.release_lease(token) AS released
+  FROM durable_ledger.take_lease('Dec-Ci');
+ROLLBACK;

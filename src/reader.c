@@ -19,11 +19,13 @@
 #include "catalog/pg_am.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_type.h"
+#include "commands/defrem.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -339,8 +341,11 @@ typedef struct LookupIndex
 /*
  * The valid btree index of rel (no expressions, no predicate) whose key
  * columns are exactly t's columns, in that order, and that is unique; or,
- * when unique is false, whose key columns begin with them.  None: an error,
- * or InvalidOid when missing_ok.
+ * when unique is false, whose key columns begin with them.  Each of them
+ * compared as the column's own equality compares it (its type's default
+ * operator family, the column's collation): an index an administrator made
+ * with a case-insensitive collation would find another run's rows.  None:
+ * an error, or InvalidOid when missing_ok.
  */
 static Oid
 index_on(LedgerTable *t, Relation rel, int nkeys, const int *columns, bool unique,
@@ -362,7 +367,17 @@ index_on(LedgerTable *t, Relation rel, int nkeys, const int *columns, bool uniqu
 		int			i;
 
 		for (i = 0; matches && i < nkeys; i++)
-			matches = form->indkey.values[i] == t->attnums[columns[i]];
+		{
+			Form_pg_attribute att = TupleDescAttr(RelationGetDescr(rel),
+												  t->attnums[columns[i]] - 1);
+			Oid			type = getBaseType(att->atttypid);
+
+			matches = form->indkey.values[i] == t->attnums[columns[i]] &&
+				index->rd_indcollation[i] == att->attcollation &&
+				index->rd_opcintype[i] == type &&
+				index->rd_opfamily[i] ==
+				get_opclass_family(GetDefaultOpClass(type, BTREE_AM_OID));
+		}
 		index_close(index, AccessShareLock);
 		if (matches)
 			return lfirst_oid(lc);
