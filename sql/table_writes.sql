@@ -260,6 +260,35 @@ SELECT id, event FROM durable_ledger.audit_log WHERE run = 'direct-id' ORDER BY 
 ROLLBACK;
 SELECT durable_ledger.release_run('direct-id');
 
+-- a ledger column given a nondeterministic collation (case-insensitive) is
+-- refused, as a column of another type is: the ledger compares runs, keys and
+-- tools byte for byte, and such a column would match another run's rows.  A
+-- check that fails keeps nothing for the backend: no context is left behind
+-- by each refused call (tried in a transaction, rolled back)
+CREATE COLLATION regress_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+SELECT set_config('regress.tci', (durable_ledger.take_lease('direct-ci')).token, false) IS NOT NULL AS taken;
+BEGIN;
+ALTER TABLE durable_ledger.token_lease_calls ALTER COLUMN run TYPE text COLLATE regress_ci;
+SELECT regress_try($$SELECT durable_ledger.begin_effect('direct-ci', 'pay', '{"n": 20}',
+                                                        lease => current_setting('regress.tci'))$$);
+SELECT count(*) AS writers FROM pg_backend_memory_contexts WHERE name = 'durable_ledger writer' \gset
+DO $$
+BEGIN
+    FOR i IN 1..50 LOOP
+        BEGIN
+            PERFORM durable_ledger.begin_effect('direct-ci', 'pay', '{"n": 20}',
+                                                lease => current_setting('regress.tci'));
+        EXCEPTION WHEN collation_mismatch THEN NULL;
+        END;
+    END LOOP;
+END $$;
+SELECT count(*) - :writers AS writers_left_by_50_refusals
+  FROM pg_backend_memory_contexts WHERE name = 'durable_ledger writer';
+ROLLBACK;
+SELECT count(*) AS written FROM durable_ledger.effects WHERE run = 'direct-ci';
+SELECT durable_ledger.release_lease(current_setting('regress.tci')) AS released;
+DROP COLLATION regress_ci;
+
 -- a read-only transaction writes nothing
 SELECT durable_ledger.acquire_run('direct-ro');
 SELECT key AS k12 FROM durable_ledger.begin_effect('direct-ro', 'pay', '{}') \gset

@@ -268,7 +268,10 @@ report_missing_column(LedgerTable *t, const char *column)
 
 /*
  * Learns where t's columns are in relation rel (opened and locked), and
- * checks that each holds what the ledger writes into it.
+ * checks that each holds what the ledger writes into it, compared as the
+ * ledger compares it: byte for byte, which a nondeterministic collation
+ * (case-insensitive, say) would not do in the ledger's lookups and queries.
+ * Only once every check has passed is anything kept for the backend.
  */
 static void
 learn_table(LedgerTable *t, Relation rel)
@@ -276,28 +279,39 @@ learn_table(LedgerTable *t, Relation rel)
 	TupleDesc	desc = RelationGetDescr(rel);
 	MemoryContext cxt;
 	MemoryContext old;
+	AttrNumber *found = palloc(sizeof(AttrNumber) * t->ncolumns);
 	AttrNumber *attnums;
 	int			i;
 
-	cxt = AllocSetContextCreate(TopMemoryContext, "durable_ledger writer",
-								ALLOCSET_SMALL_SIZES);
-	attnums = MemoryContextAlloc(cxt, sizeof(AttrNumber) * t->ncolumns);
 	for (i = 0; i < t->ncolumns; i++)
 	{
 		AttrNumber	attnum = get_attnum(RelationGetRelid(rel), t->columns[i].name);
+		Form_pg_attribute att;
 		Oid			type;
 
 		if (attnum == InvalidAttrNumber)
 			report_missing_column(t, t->columns[i].name);
-		type = getBaseType(TupleDescAttr(desc, attnum - 1)->atttypid);
+		att = TupleDescAttr(desc, attnum - 1);
+		type = getBaseType(att->atttypid);
 		if (type != t->columns[i].type)
 			ereport(ERROR,
 					(errcode(ERRCODE_DATATYPE_MISMATCH),
 					 errmsg("column \"%s\" of durable_ledger.%s is of type %s, but the ledger writes %s",
 							t->columns[i].name, t->name, format_type_be(type),
 							format_type_be(t->columns[i].type))));
-		attnums[i] = attnum;
+		if (OidIsValid(att->attcollation) && !get_collation_isdeterministic(att->attcollation))
+			ereport(ERROR,
+					(errcode(ERRCODE_COLLATION_MISMATCH),
+					 errmsg("column \"%s\" of durable_ledger.%s has the nondeterministic collation \"%s\", but the ledger compares its values byte for byte",
+							t->columns[i].name, t->name, get_collation_name(att->attcollation)),
+					 errhint("Give the column back the collation the extension created it with.")));
+		found[i] = attnum;
 	}
+	cxt = AllocSetContextCreate(TopMemoryContext, "durable_ledger writer",
+								ALLOCSET_SMALL_SIZES);
+	attnums = MemoryContextAlloc(cxt, sizeof(AttrNumber) * t->ncolumns);
+	memcpy(attnums, found, sizeof(AttrNumber) * t->ncolumns);
+	pfree(found);
 	if (t->cxt != NULL)
 		MemoryContextDelete(t->cxt);
 	t->cxt = cxt;
