@@ -328,7 +328,7 @@ extern bool dl_lock_token_lease(const char *run, int64 epoch, LockedToken *locke
 extern void dl_write_token_expiry(LockedToken *locked, TimestampTz expires_at);
 extern void dl_write_token_release(LockedToken *locked);
 extern void dl_write_token_calls(const char *run, int64 epoch, bytea *call, int32 calls,
-								 bool has_row);
+								 bool look);
 extern void dl_write_epoch_end(const char *run, int64 epoch, bool token);
 extern bool dl_lock_run(const char *run);
 extern bool dl_write_run_abandoned(const char *run, const char *abandoned_by,

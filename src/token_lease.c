@@ -28,8 +28,9 @@
 #define TOKEN_BYTES 32
 
 /*
- * How many calls under a token lease this backend has begun: one nested in
- * another (a trigger's, on a ledger table) is counted when it begins.
+ * How many times this backend has looked up a call's token lease
+ * (dl_token_for_call): a call nested in another (a trigger's, on a ledger
+ * table) does so when it begins, before it reads or sets a counter.
  */
 static uint64 calls_begun;
 
@@ -75,17 +76,20 @@ dl_check_ttl(Interval *ttl)
 }
 
 /*
- * SHA-256 of bytes, as a bytea: through the backend's one digest context
- * (digest.c), not a cryptohash context made and registered per hash.
+ * SHA-256 of bytes followed by more bytes (more_len may be 0), as a bytea:
+ * through the backend's one digest context (digest.c), not a cryptohash
+ * context made and registered per hash.
  */
 static bytea *
-token_sha256(const char *bytes, size_t len)
+token_sha256(const char *bytes, size_t len, const char *more, size_t more_len)
 {
 	bytea	   *digest = palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
 
 	SET_VARSIZE(digest, VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
 	dl_sha256_begin();
 	dl_sha256_add(bytes, len);
+	if (more_len > 0)
+		dl_sha256_add(more, more_len);
 	dl_sha256_end((uint8 *) VARDATA(digest));
 	return digest;
 }
@@ -120,7 +124,7 @@ check_live(const char *run, bool released, bool expired, TimestampTz expires_at,
 static void
 find_token(const char *token, TokenLease *lease)
 {
-	if (!dl_read_token_lease(token_sha256(token, strlen(token)), lease))
+	if (!dl_read_token_lease(token_sha256(token, strlen(token), NULL, 0), lease))
 		ereport(ERROR,
 				(errcode(ERRCODE_DL_LEASE_LOST),
 				 errmsg("no token lease has this token"),
@@ -169,7 +173,7 @@ dl_token_take(const char *run, Interval *ttl, const char *holder, TokenGrant *gr
 	grant->epoch = dl_write_next_epoch(run, lock_key, true);
 	now = GetCurrentTimestamp();
 	grant->expires_at = expiry(now, ttl);
-	dl_write_token_lease(run, grant->epoch, token_sha256(grant->token, 2 * TOKEN_BYTES),
+	dl_write_token_lease(run, grant->epoch, token_sha256(grant->token, 2 * TOKEN_BYTES, NULL, 0),
 						 holder, ttl, now, grant->expires_at);
 	dl_detail_init(&detail);
 	dl_detail_text(&detail, "kind", "token");
@@ -249,15 +253,10 @@ int32
 dl_token_counter(const char *run, int64 epoch, const char *tool, const char *what,
 				 int what_len, TokenCall *call)
 {
-	int32		count = 0;
+	int32		count;
 
-	size_t		tool_len = strlen(tool);
-	char	   *bytes = palloc(tool_len + 1 + what_len);
-
-	memcpy(bytes, tool, tool_len + 1);
-	memcpy(bytes + tool_len + 1, what, what_len);
-	call->call = token_sha256(bytes, tool_len + 1 + what_len);
-	pfree(bytes);
+	/* the tool, its terminating zero byte, what is counted */
+	call->call = token_sha256(tool, strlen(tool) + 1, what, what_len);
 	call->has_row = dl_read_token_calls(run, epoch, call->call, &count);
 	call->read_after = calls_begun;
 	return count;
@@ -269,7 +268,7 @@ dl_token_counter(const char *run, int64 epoch, const char *tool, const char *wha
  * count would give its next identical call an occurrence again.
  *
  * A counter read without a row is added without looking for it again when
- * no other token call has begun in this backend since the read: the caller
+ * no token call has begun in this backend since the read: the caller
  * holds the run's call lock, so no other backend's call adds it meanwhile,
  * but a call nested in this one (a trigger's, on a ledger table) holds that
  * lock too, and may have.
@@ -321,7 +320,7 @@ dl_token_release(const char *token)
 	RunState	state;
 	DetailBuilder detail;
 
-	if (!dl_read_token_lease(token_sha256(token, strlen(token)), &lease) ||
+	if (!dl_read_token_lease(token_sha256(token, strlen(token), NULL, 0), &lease) ||
 		!dl_lock_token_lease(lease.run, lease.epoch, &locked) ||
 		!dl_read_run_row(lease.run, &state) ||
 		locked.released || locked.expired || state.epoch != lease.epoch)

@@ -101,14 +101,14 @@ dl_write_token_release(LockedToken *locked)
 /*
  * Records that calls identical calls were counted in a token lease's epoch.
  * The caller serialises the epoch's calls, so the row is changed in place
- * (its latest version, whatever the transaction's snapshot) or added.  One
- * the caller found no row of (has_row false) is added without looking
- * again: under the run's call lock nobody else adds it, and one that
- * another writer added all the same meets the primary key (a unique
- * violation, never a second row or a count lost).
+ * (its latest version, whatever the transaction's snapshot) or added.  When
+ * the caller knows it has no row (look false: dl_token_set_count says when),
+ * it is added without looking for one; a row another writer added all the
+ * same meets the primary key (a unique violation, never a second row or a
+ * count lost).
  */
 void
-dl_write_token_calls(const char *run, int64 epoch, bytea *call, int32 calls, bool has_row)
+dl_write_token_calls(const char *run, int64 epoch, bytea *call, int32 calls, bool look)
 {
 	static const int keys[] = {CALLS_RUN, CALLS_EPOCH, CALLS_CALL};
 	Datum		values[3];
@@ -119,7 +119,7 @@ dl_write_token_calls(const char *run, int64 epoch, bytea *call, int32 calls, boo
 	values[1] = Int64GetDatum(epoch);
 	values[2] = PointerGetDatum(call);
 	dl_row_begin(&w, &dl_calls_table);
-	if (has_row && dl_row_lock_by(&w, 3, keys, values, &counted))
+	if (look && dl_row_lock_by(&w, 3, keys, values, &counted))
 	{
 		dl_row_start_from(&w, counted);
 		dl_row_set(&w, CALLS_CALLS, Int32GetDatum(calls));
